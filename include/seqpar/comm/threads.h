@@ -1,0 +1,36 @@
+// threads backend: N ranks as threads of one process, sharing one ThreadWorld. No launcher.
+// A receiver copies straight from the sender's buffer (rendezvous), collectives read peers'
+// buffers in place: no staging copies.
+// Thread-safety: ThreadWorld is shared by all rank threads (internally synchronized); each
+// Communicator it hands out belongs to one rank thread.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "seqpar/comm/communicator.h"
+
+namespace seqpar {
+
+class ThreadWorldState;  // opaque, src/comm/threads/
+
+class ThreadWorld {
+ public:
+  explicit ThreadWorld(int size, std::chrono::milliseconds timeout = Communicator::default_timeout());
+  ~ThreadWorld();
+  int size() const;
+  // The world communicator of rank r (call once per rank).
+  std::unique_ptr<Communicator> communicator(int rank);
+
+  // Runs fn(comm) on `size` threads, one per rank. If any rank throws, the others' communication
+  // fails fast (abort), all threads are joined, and the first exception (by time) is rethrown
+  // here; errors on other ranks that only report that abort are not rethrown.
+  static void run(int size, const std::function<void(Communicator&)>& fn,
+                  std::chrono::milliseconds timeout = Communicator::default_timeout());
+
+ private:
+  std::shared_ptr<ThreadWorldState> state_;
+};
+
+}  // namespace seqpar

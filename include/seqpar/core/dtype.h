@@ -1,0 +1,41 @@
+// Element types and conversions. Storage may be fp32, bf16 or fp16; all arithmetic is fp32.
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+namespace seqpar {
+
+enum class DType { kF32, kBF16, kF16 };
+
+inline size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
+std::string_view dtype_name(DType t);  // "fp32", "bf16", "fp16"
+// Parses "fp32"/"f32"/"float32", "bf16"/"bfloat16", "fp16"/"f16"/"float16"; throws InvalidArgument.
+DType parse_dtype(std::string_view name);
+
+// bf16: the upper 16 bits of an fp32, rounded to nearest even (NaN stays NaN).
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+inline float bf16_to_f32(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+// IEEE half precision, round to nearest even.
+uint16_t f32_to_f16(float f);
+float f16_to_f32(uint16_t h);
+
+// Converts n elements between storage types (src and dst must not overlap).
+void convert(const void* src, DType src_type, void* dst, DType dst_type, size_t n);
+
+}  // namespace seqpar

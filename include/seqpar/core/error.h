@@ -1,0 +1,58 @@
+// Errors. Three channels (see docs/design-notes.md):
+//   - broken invariants and bad arguments inside the library throw seqpar::Error (with file:line);
+//   - communication failures are stored in a Request and rethrown by Request::wait();
+//   - the CLI turns InvalidArgument into one line on stderr and exit code 2.
+// Thread-safety: all types here are values; safe to use from any thread.
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace seqpar {
+
+// A broken invariant or a failed operation. what() is one line.
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& msg) : std::runtime_error(msg) {}
+};
+
+// A caller passed something invalid (a shape, a degree, a name). what() names the parameter and
+// what would be valid; the CLI reports it as exit code 2.
+class InvalidArgument : public Error {
+ public:
+  explicit InvalidArgument(const std::string& msg) : Error(msg) {}
+};
+
+// A communication failure: a timeout, a peer that failed or died, a mismatched collective.
+class CommError : public Error {
+ public:
+  explicit CommError(const std::string& msg) : Error(msg) {}
+};
+
+namespace detail {
+template <typename... Args>
+std::string concat(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+}  // namespace detail
+
+}  // namespace seqpar
+
+// Throws seqpar::Error("file:line: check `cond` failed: <message>") when cond is false.
+#define SEQPAR_CHECK(cond, ...)                                                               \
+  do {                                                                                        \
+    if (!(cond)) {                                                                            \
+      throw ::seqpar::Error(::seqpar::detail::concat(__FILE__, ":", __LINE__, ": check `",    \
+                                                     #cond, "` failed: " __VA_OPT__(, )       \
+                                                         __VA_ARGS__));                       \
+    }                                                                                         \
+  } while (0)
+
+// Throws seqpar::InvalidArgument with the concatenated message when cond is false.
+#define SEQPAR_ARG_CHECK(cond, ...)                                                   \
+  do {                                                                                \
+    if (!(cond)) throw ::seqpar::InvalidArgument(::seqpar::detail::concat(__VA_ARGS__)); \
+  } while (0)

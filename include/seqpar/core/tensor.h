@@ -1,0 +1,70 @@
+// Tensor: an owning, 64-byte aligned, row-major buffer of up to 4 dimensions and one dtype.
+// The canonical activation layout is token-major [B, S, H, D] ("bshd").
+// Thread-safety: a Tensor is a value; concurrent reads are safe, writes need external sync.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "seqpar/core/dtype.h"
+#include "seqpar/core/error.h"
+
+namespace seqpar {
+
+class Tensor {
+ public:
+  Tensor() = default;
+  // Zero-filled tensor of the given shape.
+  Tensor(std::vector<int64_t> shape, DType dtype = DType::kF32);
+  Tensor(std::initializer_list<int64_t> shape, DType dtype = DType::kF32)
+      : Tensor(std::vector<int64_t>(shape), dtype) {}
+
+  Tensor(const Tensor& other);
+  Tensor& operator=(const Tensor& other);
+  Tensor(Tensor&&) noexcept = default;
+  Tensor& operator=(Tensor&&) noexcept = default;
+
+  const std::vector<int64_t>& shape() const { return shape_; }
+  int64_t dim(int i) const { return shape_.at(i < 0 ? i + shape_.size() : i); }
+  int ndim() const { return static_cast<int>(shape_.size()); }
+  int64_t numel() const { return numel_; }
+  DType dtype() const { return dtype_; }
+  size_t nbytes() const { return static_cast<size_t>(numel_) * dtype_size(dtype_); }
+  bool empty() const { return numel_ == 0; }
+
+  void* raw() { return data_.get(); }
+  const void* raw() const { return data_.get(); }
+  template <typename T>
+  T* data() {
+    return static_cast<T*>(raw());
+  }
+  template <typename T>
+  const T* data() const {
+    return static_cast<const T*>(raw());
+  }
+
+  // Element i as fp32, whatever the storage type (slow; for tests and checks).
+  float at(int64_t i) const;
+  // Copy converted to another dtype.
+  Tensor to(DType dtype) const;
+  void fill(float value);
+  std::string shape_str() const;  // "[2, 128, 8, 64]"
+
+ private:
+  struct Free {
+    void operator()(void* p) const;
+  };
+  std::vector<int64_t> shape_;
+  int64_t numel_ = 0;
+  DType dtype_ = DType::kF32;
+  std::unique_ptr<void, Free> data_;
+};
+
+// Max |a - b| over all elements (shapes must match; dtypes may differ).
+double max_abs_diff(const Tensor& a, const Tensor& b);
+
+}  // namespace seqpar

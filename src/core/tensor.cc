@@ -1,0 +1,79 @@
+#include "seqpar/core/tensor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+namespace seqpar {
+
+void Tensor::Free::operator()(void* p) const { std::free(p); }
+
+Tensor::Tensor(std::vector<int64_t> shape, DType dtype) : shape_(std::move(shape)), dtype_(dtype) {
+  numel_ = 1;
+  for (int64_t d : shape_) {
+    SEQPAR_CHECK(d >= 0, "negative dimension in shape");
+    numel_ *= d;
+  }
+  size_t bytes = (nbytes() + 63) / 64 * 64;
+  if (bytes == 0) bytes = 64;
+  void* p = std::aligned_alloc(64, bytes);
+  if (p == nullptr) throw Error(detail::concat("out of memory allocating ", bytes, " bytes"));
+  std::memset(p, 0, bytes);
+  data_.reset(p);
+}
+
+Tensor::Tensor(const Tensor& other) : Tensor(other.shape_, other.dtype_) {
+  if (other.nbytes() > 0) std::memcpy(raw(), other.raw(), nbytes());
+}
+
+Tensor& Tensor::operator=(const Tensor& other) {
+  if (this != &other) *this = Tensor(other);
+  return *this;
+}
+
+float Tensor::at(int64_t i) const {
+  switch (dtype_) {
+    case DType::kF32: return data<float>()[i];
+    case DType::kBF16: return bf16_to_f32(data<uint16_t>()[i]);
+    case DType::kF16: return f16_to_f32(data<uint16_t>()[i]);
+  }
+  return 0.f;
+}
+
+Tensor Tensor::to(DType dtype) const {
+  Tensor t(shape_, dtype);
+  convert(raw(), dtype_, t.raw(), dtype, static_cast<size_t>(numel_));
+  return t;
+}
+
+void Tensor::fill(float value) {
+  if (dtype_ == DType::kF32) {
+    std::fill_n(data<float>(), numel_, value);
+    return;
+  }
+  uint16_t h = dtype_ == DType::kBF16 ? f32_to_bf16(value) : f32_to_f16(value);
+  std::fill_n(data<uint16_t>(), numel_, h);
+}
+
+std::string Tensor::shape_str() const {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < shape_.size(); ++i) os << (i ? ", " : "") << shape_[i];
+  os << "]";
+  return os.str();
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  SEQPAR_CHECK(a.shape() == b.shape(), "shapes differ: ", a.shape_str(), " vs ", b.shape_str());
+  double m = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    double d = std::fabs(static_cast<double>(a.at(i)) - static_cast<double>(b.at(i)));
+    if (std::isnan(d)) return INFINITY;
+    m = std::max(m, d);
+  }
+  return m;
+}
+
+}  // namespace seqpar
