@@ -22,6 +22,22 @@ Tensor::Tensor(std::vector<int64_t> shape, DType dtype) : shape_(std::move(shape
   if (p == nullptr) throw Error(detail::concat("out of memory allocating ", bytes, " bytes"));
   std::memset(p, 0, bytes);
   data_.reset(p);
+  capacity_ = bytes;
+}
+
+void Tensor::resize(std::vector<int64_t> shape, DType dtype) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    SEQPAR_CHECK(d >= 0, "negative dimension in shape");
+    n *= d;
+  }
+  if (static_cast<size_t>(n) * dtype_size(dtype) > capacity_ || !data_) {
+    *this = Tensor(std::move(shape), dtype);
+    return;
+  }
+  shape_ = std::move(shape);
+  numel_ = n;
+  dtype_ = dtype;
 }
 
 Tensor::Tensor(const Tensor& other) : Tensor(other.shape_, other.dtype_) {

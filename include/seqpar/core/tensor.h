@@ -52,6 +52,12 @@ class Tensor {
   // Copy converted to another dtype.
   Tensor to(DType dtype) const;
   void fill(float value);
+  // Changes the shape (and dtype) in place, reusing the storage when it is large enough (the
+  // contents are then unspecified); otherwise reallocates. Lets a receive buffer hold blocks of
+  // varying length without new allocations.
+  void resize(std::vector<int64_t> shape, DType dtype);
+  void resize(std::vector<int64_t> shape) { resize(std::move(shape), dtype_); }
+  size_t capacity_bytes() const { return capacity_; }
   std::string shape_str() const;  // "[2, 128, 8, 64]"
 
  private:
@@ -61,6 +67,7 @@ class Tensor {
   std::vector<int64_t> shape_;
   int64_t numel_ = 0;
   DType dtype_ = DType::kF32;
+  size_t capacity_ = 0;
   std::unique_ptr<void, Free> data_;
 };
 

@@ -1,0 +1,32 @@
+# seqpar: two commands do all of the set-up on a fresh Debian 12 machine.
+#   make demo   install what is missing, build (Release), run a representative job (threads)
+#   make test   install what is missing, build, run every test (MPI ones under mpirun)
+BUILD ?= build
+JOBS ?= 2
+CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
+SEQPAR = $(BUILD)/seqpar
+
+.PHONY: all deps build demo test bench clean
+
+all: build
+
+deps:
+	@bash scripts/install-deps.sh
+
+build: deps
+	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) >/dev/null
+	@cmake --build $(BUILD) -j$(JOBS)
+
+demo: build
+	$(SEQPAR) info
+	$(SEQPAR) run --strategy ring --layout contiguous --ranks 2 --seq 8192 --heads 8 \
+	  --head-dim 128 --causal --verify
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure --timeout 900 -j$(JOBS)
+
+bench: build
+	$(BUILD)/bench/kernel_bench
+
+clean:
+	rm -rf $(BUILD)

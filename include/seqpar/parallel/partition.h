@@ -1,0 +1,50 @@
+// Partition of a sequence over the ranks of a sequence-parallel group: which global token
+// positions each rank holds. Every layout keeps each rank's positions ascending.
+//   contiguous: rank r holds one run; the first S mod N ranks hold ceil(S/N), the rest floor.
+//   striped:    token i on rank i mod N.
+//   zigzag:     2N chunks (lengths differ by at most one); rank r holds chunks r and 2N-1-r,
+//               which balances causal work.
+// Thread-safety: immutable value once built.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "seqpar/core/tensor.h"
+
+namespace seqpar {
+
+enum class Layout { kContiguous, kStriped, kZigzag };
+std::string_view layout_name(Layout layout);
+Layout parse_layout(std::string_view name);  // throws InvalidArgument listing valid names
+
+class Partition {
+ public:
+  Partition() = default;
+  // Throws InvalidArgument if seq < 1, ranks < 1, or ranks > seq.
+  Partition(int64_t seq, int ranks, Layout layout);
+
+  int64_t seq() const { return seq_; }
+  int ranks() const { return static_cast<int>(positions_.size()); }
+  Layout layout() const { return layout_; }
+  int64_t count(int rank) const { return static_cast<int64_t>(positions_[rank].size()); }
+  int64_t max_count() const;
+  std::span<const int64_t> positions(int rank) const { return positions_[rank]; }
+  // All positions in rank order (rank 0's, then rank 1's, ...): the key order after a gather.
+  std::vector<int64_t> concatenated_positions() const;
+
+ private:
+  int64_t seq_ = 0;
+  Layout layout_ = Layout::kContiguous;
+  std::vector<std::vector<int64_t>> positions_;
+};
+
+// full (B, S, H, D) -> this rank's rows (B, count(rank), H, D), in its position order.
+Tensor shard(const Tensor& full, const Partition& part, int rank);
+// Inverse of shard: shards[r] (B, count(r), H, D) -> (B, S, H, D).
+Tensor unshard(std::span<const Tensor> shards, const Partition& part);
+
+}  // namespace seqpar

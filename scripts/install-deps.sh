@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs the Debian packages seqpar needs to build, test and benchmark, if any is missing.
+# Debian 12 (bookworm). Runs apt-get as root (or through sudo).
+set -euo pipefail
+
+packages=(
+  g++ cmake make pkg-config python3
+  libdnnl-dev
+  libopenmpi-dev openmpi-bin
+  nlohmann-json3-dev libcli11-dev libfmt-dev
+  libgtest-dev libbenchmark-dev
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+sudo_cmd=()
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null; then sudo_cmd=(sudo); else
+    echo "install-deps: need root (or sudo) to install: ${missing[*]}" >&2; exit 1
+  fi
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: done"

@@ -1,0 +1,41 @@
+// The seqpar subcommands. Each returns the process exit code: 0 ok, 1 failed (verification or a
+// runtime error), 2 bad arguments.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+namespace seqpar::cli {
+
+struct RunOptions {
+  std::string strategy = "ring";
+  std::string layout = "contiguous";
+  int ranks = 0;  // 0: 2 on threads, the world size under MPI
+  int64_t seq = 4096;
+  int64_t heads = 8;
+  int64_t kv_heads = 0;  // 0: same as heads
+  int64_t head_dim = 128;
+  int64_t batch = 1;
+  bool causal = false;
+  std::string dtype = "fp32";
+  std::string backend = "threads";
+  bool verify = false;
+  bool json = false;
+  uint64_t seed = 0;
+  int threads = 0;  // 0: cores / ranks on threads, 1 per process under MPI
+  int repeat = 3;
+  double timeout_s = 0;  // 0: SEQPAR_TIMEOUT_S or 60
+};
+
+void add_run_command(CLI::App& app, RunOptions& opts);
+int run_command(const RunOptions& opts);
+
+struct InfoOptions {
+  bool json = false;
+};
+void add_info_command(CLI::App& app, InfoOptions& opts);
+int info_command(const InfoOptions& opts);
+
+}  // namespace seqpar::cli

@@ -1,0 +1,67 @@
+// seqpar info: what this build is and what it runs on (backends, CPU ISA, kernel path).
+#include <dnnl.hpp>
+#include <nlohmann/json.hpp>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/commands.h"
+#include "seqpar/attention/attention.h"
+#include "seqpar/comm/mpi.h"
+
+namespace seqpar::cli {
+
+namespace {
+std::vector<std::string> cpu_features() {
+  std::vector<std::string> f;
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2")) f.push_back("avx2");
+  if (__builtin_cpu_supports("fma")) f.push_back("fma");
+  if (__builtin_cpu_supports("avx512f")) f.push_back("avx512f");
+  if (__builtin_cpu_supports("avx512bw")) f.push_back("avx512bw");
+  if (__builtin_cpu_supports("avx512bf16")) f.push_back("avx512bf16");
+#if defined(__GNUC__) && __GNUC__ >= 12
+  if (__builtin_cpu_supports("amx-bf16")) f.push_back("amx-bf16");
+#endif
+  return f;
+}
+}  // namespace
+
+void add_info_command(CLI::App& app, InfoOptions& o) {
+  CLI::App* info = app.add_subcommand("info", "Print the build: backends, CPU ISA, kernel path");
+  info->add_flag("--json", o.json, "print one JSON object");
+}
+
+int info_command(const InfoOptions& o) {
+  const dnnl_version_t* v = dnnl_version();
+  std::string onednn = std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+                       std::to_string(v->patch);
+  std::vector<std::string> backends = {"threads"};
+  if (mpi_available()) backends.push_back("mpi");
+  const auto features = cpu_features();
+  const std::string kernel = attention_kernel_info();
+  const unsigned cores = std::thread::hardware_concurrency();
+  if (o.json) {
+    nlohmann::json j;
+    j["version"] = "0.1.0";
+    j["backends"] = backends;
+    j["cpu_features"] = features;
+    j["cores"] = cores;
+    j["onednn"] = onednn;
+    j["kernel"] = kernel;
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::string b, f;
+  for (const auto& x : backends) b += (b.empty() ? "" : ", ") + x;
+  for (const auto& x : features) f += (f.empty() ? "" : " ") + x;
+  std::printf("seqpar 0.1.0\n");
+  std::printf("  backends  %s\n", b.c_str());
+  std::printf("  cpu       %u cores; %s\n", cores, f.c_str());
+  std::printf("  oneDNN    %s\n", onednn.c_str());
+  std::printf("  kernel    %s\n", kernel.c_str());
+  return 0;
+}
+
+}  // namespace seqpar::cli

@@ -1,0 +1,67 @@
+// allgather: every rank gathers the whole K and V, then attends its queries to all of it.
+//   step 0: all_gatherv K, then V ([B, n_r, Hkv, D] from each rank, in rank order)
+//   step 1: (B > 1 only) regroup [rank][B][n_i] -> [B][rank, n_i]
+//   step 2: flash_attention(q, K, V) with the gathered key positions.
+#include <cstring>
+#include <vector>
+
+#include "parallel/strategy_common.h"
+#include "seqpar/core/timer.h"
+
+namespace seqpar {
+
+namespace {
+
+// Gathers x (B, n_r, Hkv, D) from every rank into (B, S, Hkv, D), keys in rank order.
+Tensor gather_tokens(Communicator& comm, const Partition& part, const Tensor& x) {
+  const int n = comm.size();
+  const int64_t B = x.dim(0), S = part.seq();
+  const size_t row = static_cast<size_t>(x.dim(2) * x.dim(3)) * dtype_size(x.dtype());
+  std::vector<size_t> counts(n);
+  for (int i = 0; i < n; ++i) counts[i] = static_cast<size_t>(B * part.count(i)) * row;
+  Tensor full({B, S, x.dim(2), x.dim(3)}, x.dtype());
+  if (B == 1) {
+    comm.all_gatherv(x.raw(), full.raw(), counts);
+    return full;
+  }
+  Tensor staged({B * S, x.dim(2), x.dim(3)}, x.dtype());
+  comm.all_gatherv(x.raw(), staged.raw(), counts);
+  const char* src = static_cast<const char*>(staged.raw());
+  char* dst = static_cast<char*>(full.raw());
+  int64_t offset = 0;  // token offset of rank i's block within a batch row
+  for (int i = 0; i < n; ++i) {
+    const int64_t ni = part.count(i);
+    for (int64_t b = 0; b < B; ++b) {
+      std::memcpy(dst + (b * S + offset) * row, src, ni * row);
+      src += ni * row;
+    }
+    offset += ni;
+  }
+  return full;
+}
+
+}  // namespace
+
+AttnState allgather_attention(Communicator& comm, const Partition& part, const Tensor& q,
+                              const Tensor& k, const Tensor& v, const CpOptions& opts,
+                              CpStats* stats) {
+  validate_local_shapes(comm, part, q, k, v);
+  const int r = comm.rank();
+  double t0 = now_seconds();
+  Tensor k_full = gather_tokens(comm, part, k);
+  Tensor v_full = gather_tokens(comm, part, v);
+  double t1 = now_seconds();
+  const std::vector<int64_t> k_pos = part.concatenated_positions();
+  AttnParams params = kernel_params(opts, part.positions(r), k_pos);
+  AttnState state = flash_attention(q, k_full, v_full, params);
+  double t2 = now_seconds();
+  if (stats) {
+    stats->peak_kv_bytes = static_cast<int64_t>(k_full.nbytes() + v_full.nbytes());
+    stats->work = visible_score_elements(q.dim(0), q.dim(2), q.dim(1), k_full.dim(1), params.mask);
+    stats->wait_seconds = t1 - t0;
+    stats->compute_seconds = t2 - t1;
+  }
+  return state;
+}
+
+}  // namespace seqpar

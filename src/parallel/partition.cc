@@ -1,0 +1,111 @@
+#include "seqpar/parallel/partition.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+namespace seqpar {
+
+std::string_view layout_name(Layout layout) {
+  switch (layout) {
+    case Layout::kContiguous: return "contiguous";
+    case Layout::kStriped: return "striped";
+    case Layout::kZigzag: return "zigzag";
+  }
+  return "?";
+}
+
+Layout parse_layout(std::string_view name) {
+  if (name == "contiguous") return Layout::kContiguous;
+  if (name == "striped") return Layout::kStriped;
+  if (name == "zigzag") return Layout::kZigzag;
+  throw InvalidArgument(
+      detail::concat("--layout '", name, "' is unknown; valid: contiguous, striped, zigzag"));
+}
+
+namespace {
+// Start of chunk c when [0, seq) is cut into n chunks whose lengths differ by at most one
+// (the first seq mod n chunks are one longer).
+int64_t chunk_start(int64_t seq, int64_t n, int64_t c) {
+  int64_t base = seq / n, extra = seq % n;
+  return c * base + std::min(c, extra);
+}
+void append_range(std::vector<int64_t>& v, int64_t begin, int64_t end) {
+  for (int64_t p = begin; p < end; ++p) v.push_back(p);
+}
+}  // namespace
+
+Partition::Partition(int64_t seq, int ranks, Layout layout) : seq_(seq), layout_(layout) {
+  SEQPAR_ARG_CHECK(seq >= 1, "--seq ", seq, " is invalid; it must be at least 1");
+  SEQPAR_ARG_CHECK(ranks >= 1, "--ranks ", ranks, " is invalid; it must be at least 1");
+  SEQPAR_ARG_CHECK(ranks <= seq, "--ranks ", ranks, " exceeds --seq ", seq,
+                   "; every rank needs a token: use at most ", seq, " ranks");
+  positions_.resize(ranks);
+  for (int r = 0; r < ranks; ++r) {
+    auto& pos = positions_[r];
+    switch (layout) {
+      case Layout::kContiguous:
+        append_range(pos, chunk_start(seq, ranks, r), chunk_start(seq, ranks, r + 1));
+        break;
+      case Layout::kStriped:
+        for (int64_t p = r; p < seq; p += ranks) pos.push_back(p);
+        break;
+      case Layout::kZigzag: {
+        const int64_t n2 = 2 * static_cast<int64_t>(ranks);
+        const int64_t lo = r, hi = n2 - 1 - r;
+        append_range(pos, chunk_start(seq, n2, lo), chunk_start(seq, n2, lo + 1));
+        append_range(pos, chunk_start(seq, n2, hi), chunk_start(seq, n2, hi + 1));
+        break;
+      }
+    }
+  }
+}
+
+int64_t Partition::max_count() const {
+  int64_t m = 0;
+  for (const auto& p : positions_) m = std::max<int64_t>(m, p.size());
+  return m;
+}
+
+std::vector<int64_t> Partition::concatenated_positions() const {
+  std::vector<int64_t> all;
+  all.reserve(seq_);
+  for (const auto& p : positions_) all.insert(all.end(), p.begin(), p.end());
+  return all;
+}
+
+Tensor shard(const Tensor& full, const Partition& part, int rank) {
+  SEQPAR_CHECK(full.ndim() == 4 && full.dim(1) == part.seq(), "shard: tensor ", full.shape_str(),
+               " does not hold ", part.seq(), " tokens");
+  const int64_t B = full.dim(0), S = full.dim(1);
+  const size_t row = static_cast<size_t>(full.dim(2) * full.dim(3)) * dtype_size(full.dtype());
+  auto pos = part.positions(rank);
+  Tensor out({B, static_cast<int64_t>(pos.size()), full.dim(2), full.dim(3)}, full.dtype());
+  auto* dst = static_cast<char*>(out.raw());
+  const auto* src = static_cast<const char*>(full.raw());
+  for (int64_t b = 0; b < B; ++b)
+    for (size_t i = 0; i < pos.size(); ++i)
+      std::memcpy(dst + (b * pos.size() + i) * row, src + (b * S + pos[i]) * row, row);
+  return out;
+}
+
+Tensor unshard(std::span<const Tensor> shards, const Partition& part) {
+  SEQPAR_CHECK(static_cast<int>(shards.size()) == part.ranks(), "unshard: need one shard per rank");
+  const Tensor& s0 = shards[0];
+  const int64_t B = s0.dim(0), S = part.seq();
+  const size_t row = static_cast<size_t>(s0.dim(2) * s0.dim(3)) * dtype_size(s0.dtype());
+  Tensor full({B, S, s0.dim(2), s0.dim(3)}, s0.dtype());
+  for (int r = 0; r < part.ranks(); ++r) {
+    auto pos = part.positions(r);
+    SEQPAR_CHECK(shards[r].dim(1) == static_cast<int64_t>(pos.size()), "unshard: shard ", r,
+                 " has ", shards[r].dim(1), " tokens, partition says ", pos.size());
+    const auto* src = static_cast<const char*>(shards[r].raw());
+    auto* dst = static_cast<char*>(full.raw());
+    for (int64_t b = 0; b < B; ++b)
+      for (size_t i = 0; i < pos.size(); ++i)
+        std::memcpy(dst + (b * S + pos[i]) * row, src + (b * pos.size() + i) * row, row);
+  }
+  return full;
+}
+
+}  // namespace seqpar

@@ -1,0 +1,53 @@
+#include <gtest/gtest.h>
+
+#include <cstdint>
+
+#include "seqpar/core/tensor.h"
+
+namespace seqpar {
+
+TEST(Tensor, ZeroFilledAligned) {
+  Tensor t({2, 3, 4, 5});
+  EXPECT_EQ(t.numel(), 120);
+  EXPECT_EQ(t.nbytes(), 480u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(t.raw()) % 64, 0u);
+  for (int64_t i = 0; i < t.numel(); ++i) EXPECT_EQ(t.at(i), 0.f);
+}
+
+TEST(Tensor, CopyIsDeep) {
+  Tensor a({4});
+  a.fill(2.f);
+  Tensor b = a;
+  b.data<float>()[0] = 7.f;
+  EXPECT_EQ(a.at(0), 2.f);
+  EXPECT_EQ(b.at(0), 7.f);
+}
+
+TEST(Tensor, ConvertAndDiff) {
+  Tensor a({3});
+  a.data<float>()[0] = 1.f;
+  a.data<float>()[1] = 2.5f;
+  a.data<float>()[2] = -3.f;
+  Tensor b = a.to(DType::kBF16);
+  EXPECT_EQ(b.dtype(), DType::kBF16);
+  EXPECT_EQ(max_abs_diff(a, b), 0.0);
+  b.fill(0.f);
+  EXPECT_EQ(max_abs_diff(a, b), 3.0);
+  EXPECT_THROW(max_abs_diff(a, Tensor({4})), Error);
+}
+
+TEST(Tensor, ResizeReusesStorage) {
+  Tensor t({1, 100, 2, 8});
+  const void* p = t.raw();
+  t.resize({1, 50, 2, 8});
+  EXPECT_EQ(t.raw(), p);
+  EXPECT_EQ(t.dim(1), 50);
+  EXPECT_EQ(t.numel(), 800);
+  t.resize({1, 200, 2, 8});
+  EXPECT_EQ(t.numel(), 3200);
+  EXPECT_GE(t.capacity_bytes(), t.nbytes());
+}
+
+TEST(Tensor, RejectsNegativeDims) { EXPECT_THROW(Tensor({2, -1}), Error); }
+
+}  // namespace seqpar

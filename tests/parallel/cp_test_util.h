@@ -1,0 +1,101 @@
+// Shared helpers of the context-parallel tests: seeded global inputs, a cached oracle, and a
+// runner that shards, runs a strategy on every rank and gathers the result.
+#pragma once
+
+#include <map>
+#include <mutex>
+#include <random>
+#include <tuple>
+#include <vector>
+
+#include "seqpar/attention/attention.h"
+#include "seqpar/comm/threads.h"
+#include "seqpar/parallel/partition.h"
+#include "seqpar/parallel/strategies.h"
+
+namespace seqpar::testing {
+
+struct Problem {
+  int64_t batch = 1, seq = 64, heads = 4, kv_heads = 4, head_dim = 32;
+  bool causal = false;
+  DType dtype = DType::kF32;
+  uint32_t seed = 1;
+  auto key() const { return std::tuple(batch, seq, heads, kv_heads, head_dim, causal, dtype, seed); }
+};
+
+inline Tensor random_tensor(std::vector<int64_t> shape, std::mt19937& rng, DType dtype) {
+  Tensor t(std::move(shape));
+  std::normal_distribution<float> dist(0.f, 1.f);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = dist(rng);
+  return dtype == DType::kF32 ? t : t.to(dtype);
+}
+
+struct Inputs {
+  Tensor q, k, v;
+  AttnState ref;
+};
+
+// Global inputs and the reference for a problem, computed once per process.
+inline const Inputs& inputs_for(const Problem& p) {
+  static std::mutex mu;
+  static std::map<decltype(p.key()), Inputs> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(p.key());
+  if (it != cache.end()) return it->second;
+  std::mt19937 rng(p.seed);
+  Inputs in;
+  in.q = random_tensor({p.batch, p.seq, p.heads, p.head_dim}, rng, p.dtype);
+  in.k = random_tensor({p.batch, p.seq, p.kv_heads, p.head_dim}, rng, p.dtype);
+  in.v = random_tensor({p.batch, p.seq, p.kv_heads, p.head_dim}, rng, p.dtype);
+  AttnParams params;
+  params.mask.causal = p.causal;
+  in.ref = reference_attention(in.q, in.k, in.v, params);
+  return cache.emplace(p.key(), std::move(in)).first->second;
+}
+
+struct CpRun {
+  AttnState state;                   // gathered to (B, S, H, D) / (B, S, H)
+  std::vector<CommStats> comm;       // per rank
+  std::vector<CpStats> cp;           // per rank
+};
+
+// Runs `strategy` on `ranks` threads over the problem's global inputs.
+inline CpRun run_cp(const Problem& p, Strategy strategy, Layout layout, int ranks,
+                    CpOptions opts = {}) {
+  const Inputs& in = inputs_for(p);
+  opts.causal = p.causal;
+  Partition part(p.seq, ranks, layout);
+  std::vector<Tensor> outs(ranks), lses(ranks);
+  CpRun result;
+  result.comm.resize(ranks);
+  result.cp.resize(ranks);
+  ThreadWorld::run(ranks, [&](Communicator& comm) {
+    const int r = comm.rank();
+    Tensor q = shard(in.q, part, r), k = shard(in.k, part, r), v = shard(in.v, part, r);
+    AttnState s = context_parallel_attention(strategy, comm, part, q, k, v, opts, &result.cp[r]);
+    result.comm[r] = comm.stats();
+    outs[r] = std::move(s.out);
+    // lse (B, n, H) is sharded like a (B, n, H, 1) tensor.
+    lses[r] = std::move(s.lse);
+    lses[r].resize({p.batch, part.count(r), p.heads, 1});
+  });
+  result.state.out = unshard(outs, part);
+  result.state.lse = unshard(lses, part);
+  result.state.lse.resize({p.batch, p.seq, p.heads});
+  return result;
+}
+
+// Max |a - b| treating matching infinities as equal.
+inline double max_err_lse(const Tensor& a, const Tensor& b) {
+  double m = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    float x = a.at(i), y = b.at(i);
+    if (std::isinf(x) && std::isinf(y) && (x > 0) == (y > 0)) continue;
+    double d = std::fabs(static_cast<double>(x) - y);
+    if (std::isnan(d)) return INFINITY;
+    m = std::max(m, d);
+  }
+  return m;
+}
+
+}  // namespace seqpar::testing
