@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# The command line: `seqpar run` verifies against the reference on both backends, prints the
+# JSON keys of the contract, and rejects bad input with exit 2 and one line.
+# usage: test_cli.sh path/to/seqpar [path/to/mpiexec]
+set -u
+bin=${1:?usage: test_cli.sh path/to/seqpar [mpiexec]}
+mpiexec=${2:-}
+pass=0; fail=0
+ok()  { pass=$((pass+1)); }
+bad() { fail=$((fail+1)); echo "FAIL: $*"; }
+
+# json_get '<json>' key: prints the value of key (python3).
+json_get() { python3 -c 'import json,sys; d=json.loads(sys.argv[1]); v=d[sys.argv[2]]; print(json.dumps(v) if isinstance(v,(list,dict)) else v)' "$1" "$2"; }
+
+expect_ok() {  # expect_ok <description> <command...>: exit 0 and "ok": true
+  local desc=$1; shift
+  local out rc
+  out=$("$@" 2>&1); rc=$?
+  if [ $rc -ne 0 ]; then bad "$desc: exit $rc: $(echo "$out" | tail -3)"; return; fi
+  [ "$(json_get "$out" ok)" = "True" ] && ok || bad "$desc: not ok: $out"
+}
+
+# 1. threads backend: every strategy x layout x causal, uneven S, GQA.
+for strategy in ring allgather; do
+  for layout in contiguous striped zigzag; do
+    for causal in "" "--causal"; do
+      expect_ok "threads $strategy $layout $causal" "$bin" run --strategy $strategy --layout $layout \
+        --ranks 3 --seq 301 --heads 4 --kv-heads 2 --head-dim 32 $causal --verify --json
+    done
+  done
+done
+expect_ok "threads bf16" "$bin" run --ranks 4 --seq 256 --heads 2 --head-dim 64 --dtype bf16 --causal --verify --json
+expect_ok "threads batch 2" "$bin" run --ranks 2 --seq 100 --heads 2 --head-dim 16 --batch 2 --verify --json
+expect_ok "threads one rank" "$bin" run --ranks 1 --seq 64 --heads 2 --head-dim 16 --verify --json
+expect_ok "threads 8 ranks" "$bin" run --ranks 8 --seq 1000 --heads 2 --head-dim 16 --causal --verify --json
+
+# 2. JSON keys of the contract and exact byte counts for an even ring.
+out=$("$bin" run --strategy ring --ranks 2 --seq 256 --heads 2 --head-dim 32 --causal --verify --json)
+for key in strategy layout backend ranks seq heads kv_heads head_dim dtype causal seconds gflops \
+    max_abs_err ok bytes_sent_per_rank bytes_recv_per_rank peak_kv_bytes_per_rank work_imbalance; do
+  python3 -c 'import json,sys; sys.exit(0 if sys.argv[2] in json.loads(sys.argv[1]) else 1)' "$out" "$key" \
+    && ok || bad "run --json lacks $key"
+done
+# 2·S·Hkv·D·e·(N-1)/N = 2·256·2·32·4·1/2 = 65536 bytes per rank
+[ "$(json_get "$out" bytes_sent_per_rank)" = "[65536, 65536]" ] && ok || bad "ring bytes: $(json_get "$out" bytes_sent_per_rank)"
+# contiguous causal on 2 ranks: rank 1 does 3x the work of rank 0 -> max/mean = 1.5
+python3 -c 'import json,sys; d=json.loads(sys.argv[1]); sys.exit(0 if abs(d["work_imbalance"]-1.5)<0.01 else 1)' "$out" \
+  && ok || bad "work_imbalance $(json_get "$out" work_imbalance)"
+out=$("$bin" run --strategy ring --layout zigzag --ranks 4 --seq 4096 --heads 1 --head-dim 16 --causal --json --repeat 1)
+python3 -c 'import json,sys; d=json.loads(sys.argv[1]); sys.exit(0 if d["work_imbalance"]<=1.05 else 1)' "$out" \
+  && ok || bad "zigzag work_imbalance $(json_get "$out" work_imbalance)"
+
+# 3. Table output names the verification.
+"$bin" run --ranks 2 --seq 128 --heads 2 --head-dim 16 --verify | grep -q "verify.*ok" && ok || bad "table lacks verify ok"
+"$bin" info | grep -q "kernel" && ok || bad "info lacks kernel line"
+"$bin" info --json | python3 -c 'import json,sys; d=json.load(sys.stdin); sys.exit(0 if "threads" in d["backends"] else 1)' \
+  && ok || bad "info --json"
+
+# 4. Bad input: exit 2, one line naming the parameter.
+check_bad() {  # check_bad <expected word> <args...>
+  local word=$1; shift
+  local err rc
+  err=$("$bin" run "$@" 2>&1 >/dev/null); rc=$?
+  [ $rc -eq 2 ] && ok || bad "run $* exited $rc, want 2"
+  [ "$(printf '%s\n' "$err" | grep -c .)" -eq 1 ] && ok || bad "run $*: error is not one line: $err"
+  printf '%s' "$err" | grep -q -- "$word" && ok || bad "run $*: error does not name $word: $err"
+}
+base="--ranks 2 --seq 128 --heads 2 --head-dim 32"
+check_bad "--ranks" $base --ranks 0
+check_bad "--ranks" --ranks 200 --seq 100
+check_bad "--kv-heads" $base --heads 6 --kv-heads 4
+check_bad "--strategy" $base --strategy spiral
+check_bad "--layout" $base --layout spiral
+check_bad "--seq" $base --seq -5
+check_bad "--seq" $base --seq 0
+check_bad "--heads" $base --heads 0
+check_bad "--head-dim" $base --head-dim 0
+check_bad "--dtype" $base --dtype int8
+check_bad "--backend" $base --backend nccl
+check_bad "--batch" $base --batch -1
+
+# 5. mpi backend under mpiexec.
+if [ -n "$mpiexec" ]; then
+  mpi=("$mpiexec" --allow-run-as-root --oversubscribe --mca btl_vader_single_copy_mechanism none)
+  for np in 2 4; do
+    for strategy in ring allgather; do
+      expect_ok "mpi np$np $strategy" "${mpi[@]}" -n $np "$bin" run --backend mpi --strategy $strategy \
+        --layout zigzag --seq 517 --heads 4 --kv-heads 2 --head-dim 32 --causal --verify --json
+    done
+  done
+  out=$("${mpi[@]}" -n 2 "$bin" run --backend mpi --seq 256 --heads 2 --head-dim 32 --json 2>&1)
+  [ "$(json_get "$out" backend)" = "mpi" ] && ok || bad "mpi backend not reported: $out"
+  [ "$(echo "$out" | grep -c '^{')" -eq 1 ] && ok || bad "mpi run printed more than one JSON object"
+  err=$("${mpi[@]}" -n 2 "$bin" run --backend mpi --ranks 3 --seq 64 2>&1 >/dev/null); rc=$?
+  [ $rc -eq 2 ] && ok || bad "mpi --ranks mismatch exited $rc, want 2"
+  echo "$err" | grep -q "world size" && ok || bad "mpi --ranks mismatch message: $err"
+else
+  echo "skip: no mpiexec given"
+fi
+
+echo "cli: $pass passed, $fail failed"
+[ $fail -eq 0 ]
