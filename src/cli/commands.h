@@ -12,6 +12,9 @@ namespace seqpar::cli {
 struct RunOptions {
   std::string strategy = "ring";
   std::string layout = "contiguous";
+  std::string ulysses_mode = "uaa";
+  int ulysses_degree = 0;  // usp: ranks / ring_degree if 0
+  int ring_degree = 0;     // usp: ranks / ulysses_degree if 0
   int ranks = 0;  // 0: 2 on threads, the world size under MPI
   int64_t seq = 4096;
   int64_t heads = 8;

@@ -37,7 +37,52 @@ struct Config {
   DType dtype;
   int ranks;
   int threads;
+  int ulysses_degree;  // usp: the Ulysses group size; ulysses: ranks; else 1
+  int ring_degree;     // usp: the number of groups; ring, allgather: ranks
 };
+
+std::string divisors(int64_t x);
+
+// Fills the degrees and checks the strategy can run this shape (InvalidArgument otherwise).
+void resolve_degrees(Config& cfg) {
+  const RunOptions& o = cfg.opts;
+  const int n = cfg.ranks;
+  int u = o.ulysses_degree, r = o.ring_degree;
+  SEQPAR_ARG_CHECK(u >= 0 && r >= 0, "--ulysses-degree and --ring-degree must be positive");
+  switch (cfg.strategy) {
+    case Strategy::kUsp:
+      if (u == 0 && r == 0) {
+        u = 1;  // default: the largest divisor of the ranks that divides the heads
+        for (int d = 1; d <= n; ++d)
+          if (n % d == 0 && o.heads % d == 0) u = d;
+      }
+      if (u == 0) u = r > 0 && n % r == 0 ? n / r : 0;
+      if (r == 0) r = u > 0 && n % u == 0 ? n / u : 0;
+      SEQPAR_ARG_CHECK(u > 0 && r > 0 && u * r == n, "--ulysses-degree ", o.ulysses_degree,
+                       " x --ring-degree ", o.ring_degree, " must equal the ", n,
+                       " ranks; valid ulysses degrees: ", divisors(n));
+      break;
+    case Strategy::kUlysses:
+      SEQPAR_ARG_CHECK((u == 0 || u == n) && (r == 0 || r == 1), "--strategy ulysses uses all ",
+                       n, " ranks as one Ulysses group; for --ulysses-degree ", u,
+                       " --ring-degree ", r, " use --strategy usp");
+      u = n;
+      r = 1;
+      break;
+    default:
+      SEQPAR_ARG_CHECK((u == 0 || u == 1) && (r == 0 || r == n), "--strategy ",
+                       strategy_name(cfg.strategy), " does not take --ulysses-degree or ",
+                       "--ring-degree; use --strategy usp to combine them");
+      u = 1;
+      r = n;
+  }
+  cfg.ulysses_degree = u;
+  cfg.ring_degree = r;
+  CpOptions cp;
+  cp.ulysses_mode = parse_ulysses_mode(o.ulysses_mode);
+  const int64_t kv = o.kv_heads == 0 ? o.heads : o.kv_heads;
+  check_strategy_shape(cfg.strategy, Partition(o.seq, n, cfg.layout), o.heads, kv, u, cp);
+}
 
 // What rank 0 reports.
 struct Report {
@@ -74,6 +119,13 @@ void validate(const RunOptions& o) {
                    "' is unknown; valid: threads, mpi");
 }
 
+std::string divisors(int64_t x) {
+  std::string s;
+  for (int64_t d = 1; d <= x; ++d)
+    if (x % d == 0) s += (s.empty() ? "" : ", ") + std::to_string(d);
+  return s;
+}
+
 // Query positions checked by --verify: all rows if cheap, else an even spread with both ends.
 std::vector<int64_t> verify_positions(const RunOptions& o, int64_t kv_heads) {
   const double per_row = static_cast<double>(o.batch) * o.seq * o.heads * o.head_dim;
@@ -99,6 +151,8 @@ void run_rank(Communicator& comm, const Config& cfg, Report* report) {
   Tensor v = synthetic_rows(o.seed, Which::kV, o.batch, pos, kv_heads, o.head_dim, cfg.dtype);
   CpOptions cp;
   cp.causal = o.causal;
+  cp.ulysses_mode = parse_ulysses_mode(o.ulysses_mode);
+  SpComms comms(comm, cfg.ulysses_degree);
 
   AttnState state;
   CpStats cps;
@@ -107,11 +161,11 @@ void run_rank(Communicator& comm, const Config& cfg, Report* report) {
   double wait_sum = 0, time_sum = 0;
   for (int rep = 0; rep <= o.repeat; ++rep) {  // rep 0 is the warm-up
     comm.barrier();
-    comm.stats().reset();
+    comms.reset_stats();
     double t0 = now_seconds();
-    state = context_parallel_attention(cfg.strategy, comm, part, q, k, v, cp, &cps);
+    state = context_parallel_attention(cfg.strategy, comms, part, q, k, v, cp, &cps);
     double dt = now_seconds() - t0;
-    call_stats = comm.stats();
+    call_stats = comms.stats();
     if (rep > 0) {
       seconds.push_back(comm.all_reduce_max(dt));
       wait_sum += cps.wait_seconds;
@@ -238,6 +292,9 @@ int print_report(const Config& cfg, const Report& rep, const std::string& backen
     json j;
     j["strategy"] = strategy_name(cfg.strategy);
     j["layout"] = layout_name(cfg.layout);
+    j["ulysses_degree"] = cfg.ulysses_degree;
+    j["ring_degree"] = cfg.ring_degree;
+    j["ulysses_mode"] = o.ulysses_mode;
     j["backend"] = backend;
     j["ranks"] = cfg.ranks;
     j["seq"] = o.seq;
@@ -270,6 +327,9 @@ int print_report(const Config& cfg, const Report& rep, const std::string& backen
                 std::string(strategy_name(cfg.strategy)).c_str(),
                 std::string(layout_name(cfg.layout)).c_str(), backend.c_str(), cfg.ranks,
                 cfg.threads);
+    if (cfg.strategy == Strategy::kUsp || cfg.strategy == Strategy::kUlysses)
+      std::printf("  ulysses degree %d x ring degree %d, ulysses mode %s\n", cfg.ulysses_degree,
+                  cfg.ring_degree, o.ulysses_mode.c_str());
     std::printf("  seq %lld  batch %lld  heads %lld  kv_heads %lld  head_dim %lld  %s  %s\n",
                 (long long)o.seq, (long long)o.batch, (long long)o.heads, (long long)kv_heads,
                 (long long)o.head_dim, std::string(dtype_name(cfg.dtype)).c_str(),
@@ -297,8 +357,14 @@ int print_report(const Config& cfg, const Report& rep, const std::string& backen
 void add_run_command(CLI::App& app, RunOptions& o) {
   CLI::App* run = app.add_subcommand(
       "run", "Run one distributed attention on seeded inputs, optionally verify it, report it");
-  run->add_option("--strategy", o.strategy, "ring | allgather");
+  run->add_option("--strategy", o.strategy, "ring | allgather | ulysses | usp");
   run->add_option("--layout", o.layout, "contiguous | striped | zigzag");
+  run->add_option("--ulysses-degree,--ulysses_degree", o.ulysses_degree,
+                  "usp: ranks per Ulysses group (default: ranks / ring degree)");
+  run->add_option("--ring-degree,--ring_degree", o.ring_degree,
+                  "usp: number of ring groups (default: ranks / ulysses degree)");
+  run->add_option("--ulysses-mode,--ulysses_mode", o.ulysses_mode,
+                  "strict (divisible shapes) | uaa (any length and head count)");
   run->add_option("--ranks", o.ranks, "ranks (default 2 on threads; the MPI world size)");
   run->add_option("--seq", o.seq, "sequence length S (tokens)");
   run->add_option("--heads", o.heads, "query heads H");
@@ -319,7 +385,8 @@ void add_run_command(CLI::App& app, RunOptions& o) {
 int run_command(const RunOptions& opts) {
   validate(opts);
   Config cfg{opts, parse_strategy(opts.strategy), parse_layout(opts.layout),
-             parse_dtype(opts.dtype), 0, 0};
+             parse_dtype(opts.dtype), 0, 0, 1, 1};
+  parse_ulysses_mode(opts.ulysses_mode);
   std::chrono::milliseconds timeout =
       opts.timeout_s > 0 ? std::chrono::milliseconds(static_cast<int64_t>(opts.timeout_s * 1000))
                          : Communicator::default_timeout();
@@ -330,6 +397,7 @@ int run_command(const RunOptions& opts) {
     SEQPAR_ARG_CHECK(cfg.ranks >= 1, "--ranks ", opts.ranks, " is invalid; it must be at least 1");
     cfg.threads = opts.threads > 0 ? opts.threads : std::max(1, cores / cfg.ranks);
     Partition check(opts.seq, cfg.ranks, cfg.layout);  // argument errors before any thread starts
+    resolve_degrees(cfg);
     Report report;
     ThreadWorld::run(
         cfg.ranks, [&](Communicator& comm) { run_rank(comm, cfg, comm.rank() == 0 ? &report : nullptr); },
@@ -349,6 +417,7 @@ int run_command(const RunOptions& opts) {
                      " does not match the MPI world size ", cfg.ranks,
                      "; omit --ranks or launch mpirun -np ", opts.ranks);
     Partition check(opts.seq, cfg.ranks, cfg.layout);
+    resolve_degrees(cfg);
   } catch (const InvalidArgument&) {
     comm.reset();
     mpi_finalize();

@@ -11,6 +11,7 @@ std::string_view layout_name(Layout layout) {
     case Layout::kContiguous: return "contiguous";
     case Layout::kStriped: return "striped";
     case Layout::kZigzag: return "zigzag";
+    case Layout::kCustom: return "custom";
   }
   return "?";
 }
@@ -57,8 +58,45 @@ Partition::Partition(int64_t seq, int ranks, Layout layout) : seq_(seq), layout_
         append_range(pos, chunk_start(seq, n2, hi), chunk_start(seq, n2, hi + 1));
         break;
       }
+      case Layout::kCustom:
+        throw InvalidArgument("a custom layout is built with Partition::from_counts or from_positions");
     }
   }
+}
+
+Partition Partition::from_counts(std::span<const int64_t> counts) {
+  std::vector<std::vector<int64_t>> pos(counts.size());
+  int64_t next = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    SEQPAR_ARG_CHECK(counts[r] >= 1, "rank ", r, " would hold ", counts[r],
+                     " tokens; every rank needs at least 1");
+    append_range(pos[r], next, next + counts[r]);
+    next += counts[r];
+  }
+  return from_positions(std::move(pos));
+}
+
+Partition Partition::from_positions(std::vector<std::vector<int64_t>> positions) {
+  SEQPAR_ARG_CHECK(!positions.empty(), "a partition needs at least one rank");
+  int64_t seq = 0;
+  for (const auto& p : positions) seq += static_cast<int64_t>(p.size());
+  std::vector<uint8_t> seen(seq, 0);
+  for (size_t r = 0; r < positions.size(); ++r) {
+    SEQPAR_ARG_CHECK(!positions[r].empty(), "rank ", r, " holds no token");
+    for (size_t i = 0; i < positions[r].size(); ++i) {
+      const int64_t p = positions[r][i];
+      SEQPAR_ARG_CHECK(p >= 0 && p < seq && !seen[p], "position ", p, " of rank ", r,
+                       " is outside [0, ", seq, ") or held twice");
+      SEQPAR_ARG_CHECK(i == 0 || positions[r][i - 1] < p, "positions of rank ", r,
+                       " must ascend");
+      seen[p] = 1;
+    }
+  }
+  Partition part;
+  part.seq_ = seq;
+  part.layout_ = Layout::kCustom;
+  part.positions_ = std::move(positions);
+  return part;
 }
 
 int64_t Partition::max_count() const {

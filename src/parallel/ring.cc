@@ -1,10 +1,10 @@
 // ring (pass-KV): K/V blocks travel around the ring while each rank computes on the block it
-// holds; partial states merge by LSE. On rank r of N, with next = r+1 and prev = r-1 (mod N):
-//   step s (0 <= s < N), holding the block of rank src = r - s:
+// holds; partial states merge by LSE. On member r of N, with next = r+1 and prev = r-1 (mod N):
+//   step s (0 <= s < N), holding the block of member src = r - s:
 //     1. if s < N-1: post irecv(prev) into the free buffer, isend(next) of the held block
 //     2. attend q to the held block unless causal masking hides all of it; merge into acc
-//     3. wait for both transfers; the received block (of rank r-s-1) becomes the held block
-// Buffers: the own shard plus two receive buffers used alternately, so a buffer is refilled only
+//     3. wait for both transfers; the received block (of member r-s-1) becomes the held block
+// Buffers: the own block plus two receive buffers used alternately, so a buffer is refilled only
 // after its send and its compute finished (the step before).
 #include <array>
 #include <vector>
@@ -19,14 +19,14 @@ constexpr int kTagK = 101;
 constexpr int kTagV = 102;
 }  // namespace
 
-AttnState ring_attention(Communicator& comm, const Partition& part, const Tensor& q,
-                         const Tensor& k, const Tensor& v, const CpOptions& opts,
-                         CpStats* stats) {
-  validate_local_shapes(comm, part, q, k, v);
+AttnState ring_over_blocks(Communicator& comm, std::span<const std::span<const int64_t>> block_pos,
+                           std::span<const int64_t> q_pos, const Tensor& q, const Tensor& k,
+                           const Tensor& v, const CpOptions& opts, CpStats* stats) {
   const int n = comm.size(), r = comm.rank();
   const int next = (r + 1) % n, prev = (r + n - 1) % n;
   const int64_t B = q.dim(0), H = q.dim(2), D = q.dim(3), Hkv = k.dim(2);
-  const auto q_pos = part.positions(r);
+  SEQPAR_CHECK(static_cast<int>(block_pos.size()) == n, "one block per ring member");
+  SEQPAR_CHECK(k.dim(1) == static_cast<int64_t>(block_pos[r].size()), "own block size");
 
   AttnState acc = AttnState::empty(B, q.dim(1), H, D);
   std::array<Tensor, 2> buf_k, buf_v;
@@ -43,17 +43,17 @@ AttnState ring_attention(Communicator& comm, const Partition& part, const Tensor
     if (step + 1 < n) {
       Tensor& nk = buf_k[step % 2];
       Tensor& nv = buf_v[step % 2];
-      nk.resize({B, part.count(incoming), Hkv, D}, k.dtype());
-      nv.resize({B, part.count(incoming), Hkv, D}, v.dtype());
+      const int64_t len = static_cast<int64_t>(block_pos[incoming].size());
+      nk.resize({B, len, Hkv, D}, k.dtype());
+      nv.resize({B, len, Hkv, D}, v.dtype());
       reqs[0] = comm.irecv(nk.raw(), nk.nbytes(), prev, kTagK);
       reqs[1] = comm.irecv(nv.raw(), nv.nbytes(), prev, kTagV);
       reqs[2] = comm.isend(cur_k->raw(), cur_k->nbytes(), next, kTagK);
       reqs[3] = comm.isend(cur_v->raw(), cur_v->nbytes(), next, kTagV);
     }
 
-    const auto k_pos = part.positions(src);
-    const bool hidden = opts.causal && k_pos.front() > q_pos.back();
-    if (!hidden) {
+    const auto k_pos = block_pos[src];
+    if (!q_pos.empty() && !k_pos.empty() && !fully_hidden(opts, q_pos, k_pos)) {
       double t0 = now_seconds();
       AttnParams params = kernel_params(opts, q_pos, k_pos);
       params.progress = [&reqs] {
@@ -84,12 +84,22 @@ AttnState ring_attention(Communicator& comm, const Partition& part, const Tensor
     int64_t kv = static_cast<int64_t>(k.nbytes() + v.nbytes());
     for (int i = 0; i < 2; ++i)
       kv += static_cast<int64_t>(buf_k[i].capacity_bytes() + buf_v[i].capacity_bytes());
-    stats->peak_kv_bytes = kv;
-    stats->work = work;
-    stats->compute_seconds = compute;
-    stats->wait_seconds = wait;
+    stats->peak_kv_bytes = std::max(stats->peak_kv_bytes, kv);
+    stats->work += work;
+    stats->compute_seconds += compute;
+    stats->wait_seconds += wait;
   }
   return acc;
+}
+
+AttnState ring_attention(Communicator& comm, const Partition& part, const Tensor& q,
+                         const Tensor& k, const Tensor& v, const CpOptions& opts,
+                         CpStats* stats) {
+  validate_local_shapes(comm, part, q, k, v);
+  std::vector<std::span<const int64_t>> blocks(part.ranks());
+  for (int i = 0; i < part.ranks(); ++i) blocks[i] = part.positions(i);
+  if (stats) *stats = CpStats{};
+  return ring_over_blocks(comm, blocks, part.positions(comm.rank()), q, k, v, opts, stats);
 }
 
 }  // namespace seqpar

@@ -1,5 +1,7 @@
 #include "seqpar/parallel/strategies.h"
 
+#include <numeric>
+
 #include "parallel/strategy_common.h"
 
 namespace seqpar {
@@ -8,6 +10,8 @@ std::string_view strategy_name(Strategy s) {
   switch (s) {
     case Strategy::kAllGather: return "allgather";
     case Strategy::kRing: return "ring";
+    case Strategy::kUlysses: return "ulysses";
+    case Strategy::kUsp: return "usp";
   }
   return "?";
 }
@@ -16,8 +20,82 @@ Strategy parse_strategy(std::string_view name) {
   if (name == "allgather" || name == "all_gather" || name == "all-gather")
     return Strategy::kAllGather;
   if (name == "ring" || name == "passkv" || name == "pass-kv") return Strategy::kRing;
+  if (name == "ulysses") return Strategy::kUlysses;
+  if (name == "usp" || name == "hybrid") return Strategy::kUsp;
   throw InvalidArgument(
-      detail::concat("--strategy '", name, "' is unknown; valid: ring, allgather"));
+      detail::concat("--strategy '", name, "' is unknown; valid: ring, allgather, ulysses, usp"));
+}
+
+std::string_view ulysses_mode_name(UlyssesMode m) {
+  return m == UlyssesMode::kStrict ? "strict" : "uaa";
+}
+
+UlyssesMode parse_ulysses_mode(std::string_view name) {
+  if (name == "strict") return UlyssesMode::kStrict;
+  if (name == "uaa") return UlyssesMode::kUaa;
+  throw InvalidArgument(
+      detail::concat("--ulysses-mode '", name, "' is unknown; valid: strict, uaa"));
+}
+
+// ---- communicators -------------------------------------------------------------------------
+
+SpComms::SpComms(Communicator& sp, int ulysses_degree)
+    : sp_(sp), ulysses_degree_(ulysses_degree == 0 ? sp.size() : ulysses_degree) {
+  const int n = sp.size();
+  SEQPAR_ARG_CHECK(ulysses_degree_ >= 1 && n % ulysses_degree_ == 0, "--ulysses-degree ",
+                   ulysses_degree_, " does not divide the ", n, " ranks; valid: ",
+                   divisors_text(n));
+  if (ulysses_degree_ != n) ulysses_ = sp.split(sp.rank() / ulysses_degree_, sp.rank());
+  if (ulysses_degree_ != 1) ring_ = sp.split(sp.rank() % ulysses_degree_, sp.rank());
+}
+
+Communicator& SpComms::ulysses() { return ulysses_ ? *ulysses_ : sp_; }
+Communicator& SpComms::ring() { return ring_ ? *ring_ : sp_; }
+
+CommStats SpComms::stats() const {
+  CommStats s = sp_.stats();
+  if (ulysses_) s += ulysses_->stats();
+  if (ring_) s += ring_->stats();
+  return s;
+}
+
+void SpComms::reset_stats() {
+  sp_.stats().reset();
+  if (ulysses_) ulysses_->stats().reset();
+  if (ring_) ring_->stats().reset();
+}
+
+// ---- shapes ---------------------------------------------------------------------------------
+
+std::string divisors_text(int64_t x) {
+  std::string s;
+  for (int64_t d = 1; d <= x; ++d)
+    if (x % d == 0) s += (s.empty() ? "" : ", ") + std::to_string(d);
+  return s;
+}
+
+HeadRange ulysses_q_heads(int64_t heads, int n, int j) {
+  const int64_t per = (heads + n - 1) / n;
+  return {std::min(j * per, heads), std::min((j + 1) * per, heads)};
+}
+
+HeadRange ulysses_kv_heads(int64_t heads, int64_t kv_heads, int n, int j) {
+  const HeadRange q = ulysses_q_heads(heads, n, j);
+  if (q.size() == 0) return {0, 0};
+  const int64_t group = heads / kv_heads;
+  return {q.begin / group, (q.end - 1) / group + 1};
+}
+
+bool standard_gqa(HeadRange q, HeadRange kv, int64_t group) {
+  bool standard = kv.size() > 0 && q.size() % kv.size() == 0;
+  for (int64_t i = 0; standard && i < q.size(); ++i)
+    standard = (q.begin + i) / group - kv.begin == i / (q.size() / kv.size());
+  return standard;
+}
+
+int64_t ulysses_kernel_kv_heads(int64_t heads, int64_t kv_heads, int n, int j) {
+  const HeadRange q = ulysses_q_heads(heads, n, j), kv = ulysses_kv_heads(heads, kv_heads, n, j);
+  return standard_gqa(q, kv, heads / kv_heads) ? kv.size() : q.size();
 }
 
 void validate_local_shapes(const Communicator& comm, const Partition& part, const Tensor& q,
@@ -41,6 +119,45 @@ void validate_local_shapes(const Communicator& comm, const Partition& part, cons
                    "q, k, v must have one dtype");
 }
 
+void check_strategy_shape(Strategy strategy, const Partition& part, int64_t heads,
+                          int64_t kv_heads, int ulysses_degree, const CpOptions& opts) {
+  const int n = part.ranks();
+  if (strategy != Strategy::kUlysses && strategy != Strategy::kUsp) return;
+  const int u = strategy == Strategy::kUlysses ? n : (ulysses_degree == 0 ? n : ulysses_degree);
+  SEQPAR_ARG_CHECK(u >= 1 && n % u == 0, "--ulysses-degree ", u, " does not divide the ", n,
+                   " ranks; valid: ", divisors_text(n));
+  if (opts.ulysses_mode == UlyssesMode::kStrict) {
+    // Degrees that would work: for ulysses (degree = ranks) those dividing heads and sequence;
+    // for usp the divisors of the ranks that divide the heads.
+    std::string valid;
+    for (int64_t d = 1; d <= (strategy == Strategy::kUlysses ? heads : n); ++d) {
+      const bool fits = strategy == Strategy::kUlysses ? heads % d == 0 && part.seq() % d == 0
+                                                       : n % d == 0 && heads % d == 0;
+      if (fits) valid += (valid.empty() ? "" : ", ") + std::to_string(d);
+    }
+    SEQPAR_ARG_CHECK(heads % u == 0, "--ulysses-mode strict needs --heads ", heads,
+                     " divisible by the Ulysses degree ", u, "; valid degrees here: ",
+                     valid.empty() ? "none" : valid, "; or use --ulysses-mode uaa");
+    SEQPAR_ARG_CHECK(part.seq() % n == 0, "--ulysses-mode strict needs --seq ", part.seq(),
+                     " divisible by the ", n, " ranks (remainder ", part.seq() % n,
+                     "); pad to ", (part.seq() + n - 1) / n * n,
+                     " tokens, or use --ulysses-mode uaa");
+  }
+  if (strategy == Strategy::kUsp && opts.ulysses_mode == UlyssesMode::kStrict) {
+    // Ring peers must hold sequences of one length after the Ulysses exchange.
+    std::vector<int64_t> lengths;
+    for (int g = 0; g < n / u; ++g) {
+      int64_t len = 0;
+      for (int j = 0; j < u; ++j) len += part.count(g * u + j);
+      lengths.push_back(len);
+    }
+    for (size_t g = 1; g < lengths.size(); ++g)
+      SEQPAR_ARG_CHECK(lengths[g] == lengths[0], "usp ring groups hold different lengths after "
+                       "the Ulysses exchange (group 0: ", lengths[0], " tokens, group ", g, ": ",
+                       lengths[g], "); make --seq divisible by the ranks or use --ulysses-mode uaa");
+  }
+}
+
 AttnParams kernel_params(const CpOptions& opts, std::span<const int64_t> q_pos,
                          std::span<const int64_t> k_pos) {
   AttnParams p;
@@ -53,33 +170,87 @@ AttnParams kernel_params(const CpOptions& opts, std::span<const int64_t> q_pos,
   return p;
 }
 
-AttnState context_parallel_attention(Strategy strategy, Communicator& comm, const Partition& part,
+AttnState context_parallel_attention(Strategy strategy, SpComms& comms, const Partition& part,
                                      const Tensor& q, const Tensor& k, const Tensor& v,
                                      const CpOptions& opts, CpStats* stats) {
   switch (strategy) {
-    case Strategy::kAllGather: return allgather_attention(comm, part, q, k, v, opts, stats);
-    case Strategy::kRing: return ring_attention(comm, part, q, k, v, opts, stats);
+    case Strategy::kAllGather: return allgather_attention(comms.sp(), part, q, k, v, opts, stats);
+    case Strategy::kRing: return ring_attention(comms.sp(), part, q, k, v, opts, stats);
+    case Strategy::kUlysses: return ulysses_attention(comms.sp(), part, q, k, v, opts, stats);
+    case Strategy::kUsp: return usp_attention(comms, part, q, k, v, opts, stats);
   }
   throw Error("unknown strategy");
 }
 
-CommPrediction predict_comm_bytes(Strategy strategy, const Partition& part, int rank,
-                                  int64_t batch, int64_t kv_heads, int64_t head_dim,
-                                  size_t elem_bytes) {
-  const int n = part.ranks();
-  const uint64_t token_kv = 2ull * batch * kv_heads * head_dim * elem_bytes;  // K and V of a token
-  const uint64_t others = static_cast<uint64_t>(part.seq() - part.count(rank));
+// ---- predicted bytes --------------------------------------------------------------------------
+
+namespace {
+
+// Bytes of the Ulysses exchanges for member `me` of the group whose members hold counts[j]
+// tokens: q, k, v to heads (element bytes e), out and lse back (fp32), plus the 8-byte token
+// counts all-gathered first.
+CommPrediction ulysses_bytes(std::span<const int64_t> counts, int me, int64_t batch, int64_t heads,
+                             int64_t kv_heads, int64_t head_dim, size_t e) {
+  const int n = static_cast<int>(counts.size());
   CommPrediction p;
   if (n == 1) return p;
+  const HeadRange my_q = ulysses_q_heads(heads, n, me);
+  const HeadRange my_kv = ulysses_kv_heads(heads, kv_heads, n, me);
+  for (int j = 0; j < n; ++j) {
+    if (j == me) continue;
+    const HeadRange jq = ulysses_q_heads(heads, n, j);
+    const HeadRange jkv = ulysses_kv_heads(heads, kv_heads, n, j);
+    // to member j: my tokens of its heads; back from j: my tokens of its heads (out + lse)
+    p.sent += batch * counts[me] * (jq.size() + 2 * jkv.size()) * head_dim * e;
+    p.recv += batch * counts[me] * jq.size() * (head_dim + 1) * 4;
+    // from member j: its tokens of my heads; back to j: its tokens of my heads
+    p.recv += batch * counts[j] * (my_q.size() + 2 * my_kv.size()) * head_dim * e;
+    p.sent += batch * counts[j] * my_q.size() * (head_dim + 1) * 4;
+  }
+  p.sent += 8ull * (n - 1);
+  p.recv += 8ull * (n - 1);
+  return p;
+}
+
+}  // namespace
+
+CommPrediction predict_comm_bytes(Strategy strategy, const Partition& part, int rank,
+                                  int64_t batch, int64_t heads, int64_t kv_heads,
+                                  int64_t head_dim, size_t elem_bytes, int ulysses_degree) {
+  const int n = part.ranks();
+  const uint64_t token_kv = 2ull * batch * kv_heads * head_dim * elem_bytes;  // K and V of a token
+  CommPrediction p;
+  if (n == 1) return p;
+  std::vector<int64_t> counts(n);
+  for (int i = 0; i < n; ++i) counts[i] = part.count(i);
   switch (strategy) {
     case Strategy::kAllGather:
-      p.sent = token_kv * part.count(rank) * (n - 1);
-      p.recv = token_kv * others;
+      p.sent = token_kv * counts[rank] * (n - 1);
+      p.recv = token_kv * (part.seq() - counts[rank]);
       break;
     case Strategy::kRing:
-      p.sent = token_kv * (part.seq() - part.count((rank + 1) % n));
-      p.recv = token_kv * others;
+      p.sent = token_kv * (part.seq() - counts[(rank + 1) % n]);
+      p.recv = token_kv * (part.seq() - counts[rank]);
       break;
+    case Strategy::kUlysses:
+      p = ulysses_bytes(counts, rank, batch, heads, kv_heads, head_dim, elem_bytes);
+      break;
+    case Strategy::kUsp: {
+      const int u = ulysses_degree == 0 ? n : ulysses_degree, groups = n / u;
+      const int g = rank / u, me = rank % u;
+      p = ulysses_bytes(std::span(counts).subspan(g * u, u), me, batch, heads, kv_heads,
+                        head_dim, elem_bytes);
+      if (groups > 1) {
+        // Ring across groups of this member's kv heads over the groups' sequences.
+        std::vector<int64_t> len(groups, 0);
+        for (int i = 0; i < n; ++i) len[i / u] += counts[i];
+        const uint64_t token =
+            2ull * batch * ulysses_kernel_kv_heads(heads, kv_heads, u, me) * head_dim * elem_bytes;
+        p.sent += token * (part.seq() - len[(g + 1) % groups]);
+        p.recv += token * (part.seq() - len[g]);
+      }
+      break;
+    }
   }
   return p;
 }

@@ -60,11 +60,12 @@ struct CpRun {
 };
 
 // Runs `strategy` on `ranks` threads over the problem's global inputs.
-inline CpRun run_cp(const Problem& p, Strategy strategy, Layout layout, int ranks,
-                    CpOptions opts = {}) {
+// ulysses_degree is used by usp (0: all ranks in one Ulysses group).
+inline CpRun run_cp(const Problem& p, Strategy strategy, const Partition& part,
+                    CpOptions opts = {}, int ulysses_degree = 0) {
   const Inputs& in = inputs_for(p);
   opts.causal = p.causal;
-  Partition part(p.seq, ranks, layout);
+  const int ranks = part.ranks();
   std::vector<Tensor> outs(ranks), lses(ranks);
   CpRun result;
   result.comm.resize(ranks);
@@ -72,8 +73,9 @@ inline CpRun run_cp(const Problem& p, Strategy strategy, Layout layout, int rank
   ThreadWorld::run(ranks, [&](Communicator& comm) {
     const int r = comm.rank();
     Tensor q = shard(in.q, part, r), k = shard(in.k, part, r), v = shard(in.v, part, r);
-    AttnState s = context_parallel_attention(strategy, comm, part, q, k, v, opts, &result.cp[r]);
-    result.comm[r] = comm.stats();
+    SpComms comms(comm, ulysses_degree);
+    AttnState s = context_parallel_attention(strategy, comms, part, q, k, v, opts, &result.cp[r]);
+    result.comm[r] = comms.stats();
     outs[r] = std::move(s.out);
     // lse (B, n, H) is sharded like a (B, n, H, 1) tensor.
     lses[r] = std::move(s.lse);
@@ -83,6 +85,11 @@ inline CpRun run_cp(const Problem& p, Strategy strategy, Layout layout, int rank
   result.state.lse = unshard(lses, part);
   result.state.lse.resize({p.batch, p.seq, p.heads});
   return result;
+}
+
+inline CpRun run_cp(const Problem& p, Strategy strategy, Layout layout, int ranks,
+                    CpOptions opts = {}, int ulysses_degree = 0) {
+  return run_cp(p, strategy, Partition(p.seq, ranks, layout), opts, ulysses_degree);
 }
 
 // Max |a - b| treating matching infinities as equal.

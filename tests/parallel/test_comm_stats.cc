@@ -24,8 +24,8 @@ TEST_P(CommBytes, EqualFormula) {
   auto run = run_cp(p, strategy, layout, ranks);
   Partition part(seq, ranks, layout);
   for (int r = 0; r < ranks; ++r) {
-    CommPrediction want =
-        predict_comm_bytes(strategy, part, r, batch, p.kv_heads, p.head_dim, dtype_size(dtype));
+    CommPrediction want = predict_comm_bytes(strategy, part, r, batch, p.heads, p.kv_heads,
+                                             p.head_dim, dtype_size(dtype));
     EXPECT_EQ(run.comm[r].total_sent(), want.sent) << "rank " << r;
     EXPECT_EQ(run.comm[r].total_recv(), want.recv) << "rank " << r;
     // Which ops carry the bytes: ring only point-to-point, allgather only all-gathers.
@@ -47,7 +47,7 @@ TEST(CommBytes, EvenFormulaOfDesign) {
   for (int n : {2, 4, 8}) {
     Partition part(S, n, Layout::kContiguous);
     for (Strategy s : {Strategy::kAllGather, Strategy::kRing}) {
-      auto p = predict_comm_bytes(s, part, 0, 1, Hkv, D, e);
+      auto p = predict_comm_bytes(s, part, 0, 1, 4, Hkv, D, e);
       EXPECT_EQ(p.sent, static_cast<uint64_t>(2 * S * Hkv * D * e * (n - 1) / n));
       EXPECT_EQ(p.recv, p.sent);
     }

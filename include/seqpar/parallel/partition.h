@@ -17,7 +17,7 @@
 
 namespace seqpar {
 
-enum class Layout { kContiguous, kStriped, kZigzag };
+enum class Layout { kContiguous, kStriped, kZigzag, kCustom };  // kCustom: from_counts/positions
 std::string_view layout_name(Layout layout);
 Layout parse_layout(std::string_view name);  // throws InvalidArgument listing valid names
 
@@ -26,6 +26,10 @@ class Partition {
   Partition() = default;
   // Throws InvalidArgument if seq < 1, ranks < 1, or ranks > seq.
   Partition(int64_t seq, int ranks, Layout layout);
+  // Contiguous runs (layout kCustom) of the given lengths (rank r holds the next counts[r] tokens); each >= 1.
+  static Partition from_counts(std::span<const int64_t> counts);
+  // Explicit positions per rank: each ascending, together every token of [0, S) exactly once.
+  static Partition from_positions(std::vector<std::vector<int64_t>> positions);
 
   int64_t seq() const { return seq_; }
   int ranks() const { return static_cast<int>(positions_.size()); }

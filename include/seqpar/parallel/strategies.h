@@ -10,10 +10,13 @@
 //   ring:      N-1 steps; step s passes the block that arrived at step s-1 (own at s=0) to rank
 //              r+1 while computing on it; sent 2·B·(S-n_{r+1})·Hkv·D·e, received
 //              2·B·(S-n_r)·Hkv·D·e. K/V memory: own shard plus two blocks in flight.
+//   ulysses:   all-to-all of q, k, v (sequence -> heads), attention, all-to-all of out and lse
+//              (fp32) back; see docs/algorithms.md for the bytes.
 // Thread-safety: one call per rank thread; ranks run the same call concurrently.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,16 +27,56 @@
 
 namespace seqpar {
 
-enum class Strategy { kAllGather, kRing };
+enum class Strategy { kAllGather, kRing, kUlysses, kUsp };
 std::string_view strategy_name(Strategy s);
 Strategy parse_strategy(std::string_view name);  // throws InvalidArgument listing valid names
+
+// strict: sequence and heads must divide the Ulysses degree; uaa: any length (variable
+// all-to-all) and any head count (heads padded to the next multiple of the degree; padded head
+// slots are neither sent nor computed).
+enum class UlyssesMode { kStrict, kUaa };
+std::string_view ulysses_mode_name(UlyssesMode m);
+UlyssesMode parse_ulysses_mode(std::string_view name);
 
 struct CpOptions {
   bool causal = false;
   float scale = 0.f;  // 0 = 1/sqrt(D)
   int block_q = 0;    // kernel block sizes, 0 = the kernel's choice
   int block_k = 0;
+  UlyssesMode ulysses_mode = UlyssesMode::kUaa;
 };
+
+// The communicators a strategy runs on: the sequence-parallel group (N ranks) and, for usp, its
+// split into Ulysses groups of `ulysses_degree` consecutive ranks and ring groups of the ranks
+// with the same Ulysses rank. Constructing it is collective over `sp` (it splits).
+// Thread-safety: owned and used by one rank thread.
+class SpComms {
+ public:
+  explicit SpComms(Communicator& sp, int ulysses_degree = 0);  // 0: no split (N for ulysses)
+  Communicator& sp() { return sp_; }
+  int ulysses_degree() const { return ulysses_degree_; }
+  int ring_degree() const { return sp_.size() / ulysses_degree_; }
+  Communicator& ulysses();  // the sp group itself when ulysses_degree == N
+  Communicator& ring();     // a group of one when ring_degree == 1
+  // Sum of the stats of every communicator here (sp, ulysses, ring), and their reset.
+  CommStats stats() const;
+  void reset_stats();
+
+ private:
+  Communicator& sp_;
+  int ulysses_degree_;
+  std::unique_ptr<Communicator> ulysses_, ring_;
+};
+
+// Head ranges of Ulysses member j of n: query heads padded to the next multiple of n, member j
+// owning slots [j·ceil(H/n), (j+1)·ceil(H/n)) clipped to H; kv heads are those its query heads
+// read (query head h reads kv head h / (H/Hkv)); kv heads are replicated when members share one.
+struct HeadRange {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+};
+HeadRange ulysses_q_heads(int64_t heads, int n, int j);
+HeadRange ulysses_kv_heads(int64_t heads, int64_t kv_heads, int n, int j);
 
 // What one call did on this rank, besides CommStats.
 struct CpStats {
@@ -51,8 +94,24 @@ AttnState ring_attention(Communicator& comm, const Partition& part, const Tensor
                          const Tensor& k, const Tensor& v, const CpOptions& opts,
                          CpStats* stats = nullptr);
 
+// ulysses: all-to-all [B, n_r, H, D] -> [B, S, H/N, D] (sequence to heads), full-sequence
+// attention on the local heads, all-to-all back (heads to sequence) of out and lse.
+AttnState ulysses_attention(Communicator& comm, const Partition& part, const Tensor& q,
+                            const Tensor& k, const Tensor& v, const CpOptions& opts,
+                            CpStats* stats = nullptr);
+
+// usp: ulysses inside groups of U consecutive ranks, ring across the R = N/U groups.
+AttnState usp_attention(SpComms& comms, const Partition& part, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const CpOptions& opts, CpStats* stats = nullptr);
+
+// Throws InvalidArgument (naming the sizes and what would work) if the strategy cannot run this
+// shape: strict Ulysses with indivisible sequence or heads, usp degrees that do not multiply to
+// the ranks, strict usp ring groups of different lengths.
+void check_strategy_shape(Strategy strategy, const Partition& part, int64_t heads,
+                          int64_t kv_heads, int ulysses_degree, const CpOptions& opts);
+
 // Dispatches on strategy. Validates shapes against the partition (InvalidArgument).
-AttnState context_parallel_attention(Strategy strategy, Communicator& comm, const Partition& part,
+AttnState context_parallel_attention(Strategy strategy, SpComms& comms, const Partition& part,
                                      const Tensor& q, const Tensor& k, const Tensor& v,
                                      const CpOptions& opts, CpStats* stats = nullptr);
 
@@ -62,8 +121,9 @@ struct CommPrediction {
   uint64_t sent = 0;
   uint64_t recv = 0;
 };
+// heads is the query head count (used by ulysses and usp); ulysses_degree by usp (0 = N).
 CommPrediction predict_comm_bytes(Strategy strategy, const Partition& part, int rank,
-                                  int64_t batch, int64_t kv_heads, int64_t head_dim,
-                                  size_t elem_bytes);
+                                  int64_t batch, int64_t heads, int64_t kv_heads,
+                                  int64_t head_dim, size_t elem_bytes, int ulysses_degree = 0);
 
 }  // namespace seqpar

@@ -1,0 +1,260 @@
+// ulysses and usp.
+//
+// ulysses on member r of N (tokens n_i on member i, S_g = sum n_i):
+//   step 0: all_gather the token counts (8 bytes each); they must match the partition
+//   step 1: all_to_allv q, k, v: [B, n_r, H, D] -> [B, S_g, |heads_r|, D]  (sequence -> heads)
+//           member j receives the query heads ulysses_q_heads(j) and the kv heads they read
+//   step 2: attention of the local heads over the whole group sequence (keys at the gathered
+//           positions, so masks follow global positions for every layout)
+//   step 3: all_to_allv out and lse back: [B, S_g, |heads_r|, .] -> [B, n_r, H, .]
+// usp: step 2 becomes a ring across the groups (members with the same Ulysses rank), each block
+// being one group's whole sequence of this member's kv heads.
+#include <cstring>
+#include <vector>
+
+#include "parallel/strategy_common.h"
+#include "seqpar/core/timer.h"
+
+namespace seqpar {
+
+namespace {
+
+// x (B, T, Hx, W) -> the copy of heads [h0, h1): (B, T, h1-h0, W), appended to out.
+void append_heads(const Tensor& x, int64_t h0, int64_t h1, int64_t w_bytes, char*& out) {
+  const int64_t rows = x.dim(0) * x.dim(1), hx = x.dim(2);
+  const char* src = static_cast<const char*>(x.raw());
+  const size_t chunk = static_cast<size_t>((h1 - h0) * w_bytes);
+  if (chunk == 0) return;
+  for (int64_t t = 0; t < rows; ++t) {
+    std::memcpy(out, src + (t * hx + h0) * w_bytes, chunk);
+    out += chunk;
+  }
+}
+
+// Sequence -> heads. x (B, n_me, Hx, W): member j gets heads ranges[j]. Returns
+// (B, S_g, |ranges[me]|, W) with the tokens of member 0, then 1, ... (counts[i] each).
+Tensor seq_to_heads(Communicator& comm, const Tensor& x, std::span<const int64_t> counts,
+                    std::span<const HeadRange> ranges) {
+  const int n = comm.size(), me = comm.rank();
+  const int64_t B = x.dim(0), W = x.dim(3);
+  const int64_t w_bytes = W * static_cast<int64_t>(dtype_size(x.dtype()));
+  const int64_t mine = ranges[me].size();
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  std::vector<size_t> send_counts(n), recv_counts(n);
+  for (int j = 0; j < n; ++j) {
+    send_counts[j] = static_cast<size_t>(B * counts[me] * ranges[j].size() * w_bytes);
+    recv_counts[j] = static_cast<size_t>(B * counts[j] * mine * w_bytes);
+  }
+  Tensor send({B * counts[me] * x.dim(2) * W}, x.dtype());
+  char* p = static_cast<char*>(send.raw());
+  for (int j = 0; j < n; ++j) append_heads(x, ranges[j].begin, ranges[j].end, w_bytes, p);
+
+  Tensor out({B, total, mine, W}, x.dtype());
+  if (B == 1) {
+    comm.all_to_allv(send.raw(), send_counts, out.raw(), recv_counts);
+    return out;
+  }
+  Tensor staged({B * total * mine * W}, x.dtype());
+  comm.all_to_allv(send.raw(), send_counts, staged.raw(), recv_counts);
+  // staged holds [member i][B][n_i]; regroup to [B][member i, n_i].
+  const size_t row = static_cast<size_t>(mine * w_bytes);
+  const char* src = static_cast<const char*>(staged.raw());
+  char* dst = static_cast<char*>(out.raw());
+  int64_t offset = 0;
+  for (int i = 0; i < n; ++i) {
+    for (int64_t b = 0; b < B; ++b) {
+      std::memcpy(dst + (b * total + offset) * row, src, counts[i] * row);
+      src += counts[i] * row;
+    }
+    offset += counts[i];
+  }
+  return out;
+}
+
+// Heads -> sequence. y (B, S_g, |ranges[me]|, W) fp32 over the group's tokens -> (B, n_me, H, W)
+// with member j's heads at ranges[j].
+Tensor heads_to_seq(Communicator& comm, const Tensor& y, std::span<const int64_t> counts,
+                    std::span<const HeadRange> ranges, int64_t heads) {
+  const int n = comm.size(), me = comm.rank();
+  const int64_t B = y.dim(0), total = y.dim(1), mine = y.dim(2), W = y.dim(3);
+  const size_t w_bytes = static_cast<size_t>(W) * dtype_size(y.dtype());
+  std::vector<size_t> send_counts(n), recv_counts(n);
+  for (int j = 0; j < n; ++j) {
+    send_counts[j] = static_cast<size_t>(B * counts[j] * mine) * w_bytes;
+    recv_counts[j] = static_cast<size_t>(B * counts[me] * ranges[j].size()) * w_bytes;
+  }
+  // Send buffer in member order: [member i][B][n_i][mine][W].
+  Tensor send({B * total * mine * W}, y.dtype());
+  {
+    const size_t row = static_cast<size_t>(mine) * w_bytes;
+    const char* src = static_cast<const char*>(y.raw());
+    char* dst = static_cast<char*>(send.raw());
+    int64_t offset = 0;
+    for (int i = 0; i < n; ++i) {
+      for (int64_t b = 0; b < B; ++b) {
+        std::memcpy(dst, src + (b * total + offset) * row, counts[i] * row);
+        dst += counts[i] * row;
+      }
+      offset += counts[i];
+    }
+  }
+  Tensor recv({B * counts[me] * heads * W}, y.dtype());
+  comm.all_to_allv(send.raw(), send_counts, recv.raw(), recv_counts);
+  // recv holds [member j][B][n_me][|ranges[j]|][W]; place each at its heads.
+  Tensor out({B, counts[me], heads, W}, y.dtype());
+  const char* src = static_cast<const char*>(recv.raw());
+  char* dst = static_cast<char*>(out.raw());
+  for (int j = 0; j < n; ++j) {
+    const size_t chunk = static_cast<size_t>(ranges[j].size()) * w_bytes;
+    if (chunk == 0) continue;
+    for (int64_t t = 0; t < B * counts[me]; ++t) {
+      std::memcpy(dst + (t * heads + ranges[j].begin) * w_bytes, src, chunk);
+      src += chunk;
+    }
+  }
+  return out;
+}
+
+// Token counts of the group, checked against what every member actually holds.
+std::vector<int64_t> exchange_counts(Communicator& comm, std::span<const int64_t> expected,
+                                     int64_t mine) {
+  std::vector<int64_t> counts(comm.size());
+  comm.all_gather(&mine, sizeof(mine), counts.data());
+  for (int i = 0; i < comm.size(); ++i)
+    SEQPAR_ARG_CHECK(counts[i] == expected[i], "ulysses: member ", i, " holds ", counts[i],
+                     " tokens but the partition gives it ", expected[i]);
+  return counts;
+}
+
+// k/v (B, T, h_kv, D) for query heads q (local kv heads kv): if the kernel's GQA rule
+// (local head i reads local kv head i / (hq/hkv)) does not give each query head its kv head,
+// expands to one kv head per query head.
+Tensor kv_for_heads(const Tensor& x, HeadRange q, HeadRange kv, int64_t group) {
+  const int64_t hq = q.size(), hkv = kv.size();
+  if (standard_gqa(q, kv, group)) return x;
+  const int64_t B = x.dim(0), T = x.dim(1), D = x.dim(3);
+  const size_t w = static_cast<size_t>(D) * dtype_size(x.dtype());
+  Tensor out({B, T, hq, D}, x.dtype());
+  const char* src = static_cast<const char*>(x.raw());
+  char* dst = static_cast<char*>(out.raw());
+  for (int64_t t = 0; t < B * T; ++t)
+    for (int64_t i = 0; i < hq; ++i)
+      std::memcpy(dst + (t * hq + i) * w, src + (t * hkv + (q.begin + i) / group - kv.begin) * w, w);
+  return out;
+}
+
+struct UlyssesLayout {
+  std::vector<int64_t> expected;   // tokens per member, from the partition
+  std::vector<int64_t> positions;  // the group's positions, member order
+  std::vector<HeadRange> q_heads, kv_heads;
+};
+
+UlyssesLayout ulysses_layout(const Partition& part, int first_rank, int n, int64_t heads,
+                             int64_t kv_heads) {
+  UlyssesLayout l;
+  for (int j = 0; j < n; ++j) {
+    l.expected.push_back(part.count(first_rank + j));
+    auto p = part.positions(first_rank + j);
+    l.positions.insert(l.positions.end(), p.begin(), p.end());
+    l.q_heads.push_back(ulysses_q_heads(heads, n, j));
+    l.kv_heads.push_back(ulysses_kv_heads(heads, kv_heads, n, j));
+  }
+  return l;
+}
+
+// lse (B, T, h) viewed as (B, T, h, 1) and back.
+Tensor as4(Tensor t) {
+  t.resize({t.dim(0), t.dim(1), t.dim(2), 1});
+  return t;
+}
+Tensor as3(Tensor t) {
+  t.resize({t.dim(0), t.dim(1), t.dim(2)});
+  return t;
+}
+
+// The common body: Ulysses exchange in `ucomm` (members first_rank.. of part), then `attend`
+// on the local heads, then the exchange back.
+template <typename Attend>
+AttnState ulysses_body(Communicator& ucomm, const Partition& part, int first_rank,
+                       const Tensor& q, const Tensor& k, const Tensor& v, const CpOptions& opts,
+                       CpStats* stats, Attend&& attend) {
+  const int n = ucomm.size(), me = ucomm.rank();
+  const int64_t B = q.dim(0), H = q.dim(2), Hkv = k.dim(2), D = q.dim(3);
+  UlyssesLayout l = ulysses_layout(part, first_rank, n, H, Hkv);
+  double t0 = now_seconds();
+  std::vector<int64_t> counts = exchange_counts(ucomm, l.expected, q.dim(1));
+  Tensor ql = seq_to_heads(ucomm, q, counts, l.q_heads);
+  Tensor kl = seq_to_heads(ucomm, k, counts, l.kv_heads);
+  Tensor vl = seq_to_heads(ucomm, v, counts, l.kv_heads);
+  double t1 = now_seconds();
+  const HeadRange myq = l.q_heads[me], mykv = l.kv_heads[me];
+  AttnState local;
+  if (myq.size() > 0) {
+    kl = kv_for_heads(kl, myq, mykv, H / Hkv);
+    vl = kv_for_heads(vl, myq, mykv, H / Hkv);
+    local = attend(ql, kl, vl, l.positions);
+  } else {
+    local = AttnState::empty(B, ql.dim(1), 0, D);
+  }
+  double t2 = now_seconds();
+  AttnState out;
+  out.out = heads_to_seq(ucomm, local.out, counts, l.q_heads, H);
+  out.lse = as3(heads_to_seq(ucomm, as4(std::move(local.lse)), counts, l.q_heads, H));
+  double t3 = now_seconds();
+  if (stats) {
+    stats->wait_seconds += (t1 - t0) + (t3 - t2);
+    stats->peak_kv_bytes = std::max<int64_t>(stats->peak_kv_bytes, kl.nbytes() + vl.nbytes());
+  }
+  return out;
+}
+
+}  // namespace
+
+AttnState ulysses_attention(Communicator& comm, const Partition& part, const Tensor& q,
+                            const Tensor& k, const Tensor& v, const CpOptions& opts,
+                            CpStats* stats) {
+  validate_local_shapes(comm, part, q, k, v);
+  check_strategy_shape(Strategy::kUlysses, part, q.dim(2), k.dim(2), comm.size(), opts);
+  if (stats) *stats = CpStats{};
+  return ulysses_body(comm, part, 0, q, k, v, opts, stats,
+                      [&](const Tensor& ql, const Tensor& kl, const Tensor& vl,
+                          std::span<const int64_t> pos) {
+                        double t0 = now_seconds();
+                        AttnParams params = kernel_params(opts, pos, pos);
+                        AttnState s = flash_attention(ql, kl, vl, params);
+                        if (stats) {
+                          stats->work += visible_score_elements(ql.dim(0), ql.dim(2), ql.dim(1),
+                                                                kl.dim(1), params.mask);
+                          stats->compute_seconds += now_seconds() - t0;
+                        }
+                        return s;
+                      });
+}
+
+AttnState usp_attention(SpComms& comms, const Partition& part, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const CpOptions& opts, CpStats* stats) {
+  Communicator& sp = comms.sp();
+  validate_local_shapes(sp, part, q, k, v);
+  const int u = comms.ulysses_degree(), groups = comms.ring_degree();
+  check_strategy_shape(Strategy::kUsp, part, q.dim(2), k.dim(2), u, opts);
+  const int group = sp.rank() / u;
+  if (stats) *stats = CpStats{};
+  // Every group's sequence (its members' positions), the ring's blocks.
+  std::vector<std::vector<int64_t>> group_pos(groups);
+  for (int g = 0; g < groups; ++g)
+    for (int j = 0; j < u; ++j) {
+      auto p = part.positions(g * u + j);
+      group_pos[g].insert(group_pos[g].end(), p.begin(), p.end());
+    }
+  std::vector<std::span<const int64_t>> blocks(groups);
+  for (int g = 0; g < groups; ++g) blocks[g] = group_pos[g];
+  return ulysses_body(comms.ulysses(), part, group * u, q, k, v, opts, stats,
+                      [&](const Tensor& ql, const Tensor& kl, const Tensor& vl,
+                          std::span<const int64_t> pos) {
+                        return ring_over_blocks(comms.ring(), blocks, pos, ql, kl, vl, opts,
+                                                stats);
+                      });
+}
+
+}  // namespace seqpar

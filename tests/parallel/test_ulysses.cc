@@ -1,0 +1,190 @@
+// ulysses and usp against reference_attention: layouts, rank counts, odd head counts, GQA with
+// split or replicated kv heads, uneven lengths, strict-mode errors, and exact bytes.
+#include <gtest/gtest.h>
+
+#include "parallel/cp_test_util.h"
+
+namespace seqpar {
+
+using seqpar::testing::Problem;
+using seqpar::testing::inputs_for;
+using seqpar::testing::max_err_lse;
+using seqpar::testing::run_cp;
+
+constexpr double kTol = 1e-4;
+
+void expect_matches(const Problem& p, const seqpar::testing::CpRun& run, const std::string& what) {
+  const auto& ref = inputs_for(p).ref;
+  EXPECT_LE(max_abs_diff(run.state.out, ref.out), kTol) << what;
+  EXPECT_LE(max_err_lse(run.state.lse, ref.lse), kTol) << what;
+}
+
+// (layout, ranks, causal, (heads, kv_heads), seq)
+using UlyssesParam = std::tuple<Layout, int, bool, std::pair<int, int>, int64_t>;
+class UlyssesSweep : public ::testing::TestWithParam<UlyssesParam> {};
+
+TEST_P(UlyssesSweep, MatchesReference) {
+  auto [layout, ranks, causal, hk, seq] = GetParam();
+  if (ranks > seq) GTEST_SKIP();
+  Problem p;
+  p.seq = seq;
+  p.heads = hk.first;
+  p.kv_heads = hk.second;
+  p.head_dim = 32;
+  p.causal = causal;
+  expect_matches(p, run_cp(p, Strategy::kUlysses, layout, ranks), "ulysses");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, UlyssesSweep,
+    ::testing::Combine(::testing::Values(Layout::kContiguous, Layout::kStriped, Layout::kZigzag),
+                       ::testing::Values(1, 2, 3, 4, 6, 8), ::testing::Bool(),
+                       ::testing::Values(std::pair{4, 4}, std::pair{8, 2}, std::pair{3, 3},
+                                         std::pair{7, 7}, std::pair{9, 3}, std::pair{6, 1}),
+                       ::testing::Values(int64_t{9}, int64_t{130})));
+
+TEST(Ulysses, IssueCases) {
+  // (ranks, S, H) = (2,6,3), (2,5,4), (4,9,30), (4,10,8); heads 3 and 7 on 4 ranks.
+  for (auto [ranks, seq, heads] : std::vector<std::tuple<int, int64_t, int64_t>>{
+           {2, 6, 3}, {2, 5, 4}, {4, 9, 30}, {4, 10, 8}, {4, 64, 3}, {4, 64, 7}}) {
+    for (bool causal : {false, true}) {
+      Problem p;
+      p.seq = seq;
+      p.heads = heads;
+      p.kv_heads = heads;
+      p.head_dim = 16;
+      p.causal = causal;
+      expect_matches(p, run_cp(p, Strategy::kUlysses, Layout::kContiguous, ranks),
+                     "ranks " + std::to_string(ranks) + " S " + std::to_string(seq) + " H " +
+                         std::to_string(heads));
+    }
+  }
+}
+
+TEST(Ulysses, BatchAndBf16) {
+  Problem p;
+  p.batch = 2;
+  p.seq = 41;
+  p.heads = 6;
+  p.kv_heads = 2;
+  p.head_dim = 16;
+  p.causal = true;
+  expect_matches(p, run_cp(p, Strategy::kUlysses, Layout::kZigzag, 4), "batch 2");
+  expect_matches(p, run_cp(p, Strategy::kUsp, Layout::kZigzag, 4, {}, 2), "usp batch 2");
+  p.batch = 1;
+  p.dtype = DType::kBF16;
+  auto run = run_cp(p, Strategy::kUlysses, Layout::kContiguous, 3);
+  EXPECT_LE(max_abs_diff(run.state.out, inputs_for(p).ref.out), 2e-2);
+}
+
+TEST(Ulysses, StrictRejectsIndivisibleShapes) {
+  CpOptions strict;
+  strict.ulysses_mode = UlyssesMode::kStrict;
+  Partition even(64, 4, Layout::kContiguous);
+  EXPECT_THROW(check_strategy_shape(Strategy::kUlysses, even, 5, 5, 4, strict), InvalidArgument);
+  EXPECT_NO_THROW(check_strategy_shape(Strategy::kUlysses, even, 8, 8, 4, strict));
+  Partition uneven(63, 4, Layout::kContiguous);
+  EXPECT_THROW(check_strategy_shape(Strategy::kUlysses, uneven, 8, 8, 4, strict),
+               InvalidArgument);
+  try {
+    check_strategy_shape(Strategy::kUlysses, even, 5, 5, 4, strict);
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("valid degrees here: 1"), std::string::npos) << e.what();
+  }
+  // uaa takes both.
+  EXPECT_NO_THROW(check_strategy_shape(Strategy::kUlysses, uneven, 5, 5, 4, {}));
+}
+
+// (ulysses degree, ring degree, layout, causal, (heads, kv_heads))
+using UspParam = std::tuple<std::pair<int, int>, Layout, bool, std::pair<int, int>>;
+class UspSweep : public ::testing::TestWithParam<UspParam> {};
+
+TEST_P(UspSweep, MatchesReference) {
+  auto [deg, layout, causal, hk] = GetParam();
+  Problem p;
+  p.seq = 101;
+  p.heads = hk.first;
+  p.kv_heads = hk.second;
+  p.head_dim = 16;
+  p.causal = causal;
+  expect_matches(p, run_cp(p, Strategy::kUsp, layout, deg.first * deg.second, {}, deg.first),
+                 "usp");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, UspSweep,
+    ::testing::Combine(::testing::Values(std::pair{2, 2}, std::pair{2, 4}, std::pair{4, 2},
+                                         std::pair{1, 4}, std::pair{4, 1}, std::pair{3, 2},
+                                         std::pair{2, 3}),
+                       ::testing::Values(Layout::kContiguous, Layout::kStriped, Layout::kZigzag),
+                       ::testing::Bool(),
+                       ::testing::Values(std::pair{4, 4}, std::pair{3, 3}, std::pair{8, 2},
+                                         std::pair{9, 3})));
+
+TEST(Usp, IssueCaseLengths3232Heads3) {
+  const std::vector<int64_t> counts = {3, 2, 3, 2};
+  Partition part = Partition::from_counts(counts);
+  for (bool causal : {false, true}) {
+    Problem p;
+    p.seq = 10;
+    p.heads = 3;
+    p.kv_heads = 3;
+    p.head_dim = 8;
+    p.causal = causal;
+    expect_matches(p, run_cp(p, Strategy::kUsp, part, {}, 2), "usp 2x2 3,2,3,2");
+  }
+}
+
+TEST(Usp, StrictRejectsRingGroupsOfDifferentLengths) {
+  CpOptions strict;
+  strict.ulysses_mode = UlyssesMode::kStrict;
+  const std::vector<int64_t> counts = {3, 3, 2, 2};
+  Partition part = Partition::from_counts(counts);
+  try {
+    check_strategy_shape(Strategy::kUsp, part, 4, 4, 2, strict);
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("group 0: 6 tokens, group 1: 4"), std::string::npos)
+        << e.what();
+  }
+  // uaa runs it.
+  Problem p;
+  p.seq = 10;
+  p.heads = 4;
+  p.kv_heads = 4;
+  p.head_dim = 8;
+  p.causal = true;
+  expect_matches(p, run_cp(p, Strategy::kUsp, part, {}, 2), "usp uaa 3,3,2,2");
+}
+
+class UlyssesBytes
+    : public ::testing::TestWithParam<std::tuple<Strategy, int, int, std::pair<int, int>, int64_t>> {};
+
+TEST_P(UlyssesBytes, EqualFormula) {
+  auto [strategy, ranks, udeg, hk, seq] = GetParam();
+  if (strategy == Strategy::kUsp && ranks % udeg != 0) GTEST_SKIP();
+  Problem p;
+  p.seq = seq;
+  p.heads = hk.first;
+  p.kv_heads = hk.second;
+  p.head_dim = 8;
+  p.causal = true;
+  const int u = strategy == Strategy::kUsp ? udeg : 0;
+  auto run = run_cp(p, strategy, Layout::kZigzag, ranks, {}, u);
+  Partition part(seq, ranks, Layout::kZigzag);
+  for (int r = 0; r < ranks; ++r) {
+    auto want = predict_comm_bytes(strategy, part, r, 1, p.heads, p.kv_heads, p.head_dim, 4, u);
+    EXPECT_EQ(run.comm[r].total_sent(), want.sent) << "rank " << r;
+    EXPECT_EQ(run.comm[r].total_recv(), want.recv) << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, UlyssesBytes,
+    ::testing::Combine(::testing::Values(Strategy::kUlysses, Strategy::kUsp),
+                       ::testing::Values(2, 4, 6, 8), ::testing::Values(2, 3),
+                       ::testing::Values(std::pair{8, 8}, std::pair{8, 2}, std::pair{9, 3},
+                                         std::pair{3, 1}),
+                       ::testing::Values(int64_t{48}, int64_t{53})));
+
+}  // namespace seqpar
