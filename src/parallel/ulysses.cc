@@ -46,7 +46,9 @@ Tensor seq_to_heads(Communicator& comm, const Tensor& x, std::span<const int64_t
     send_counts[j] = static_cast<size_t>(B * counts[me] * ranges[j].size() * w_bytes);
     recv_counts[j] = static_cast<size_t>(B * counts[j] * mine * w_bytes);
   }
-  Tensor send({B * counts[me] * x.dim(2) * W}, x.dtype());
+  int64_t sent_heads = 0;  // kv heads shared by several members are sent to each
+  for (int j = 0; j < n; ++j) sent_heads += ranges[j].size();
+  Tensor send({B * counts[me] * sent_heads * W}, x.dtype());
   char* p = static_cast<char*>(send.raw());
   for (int j = 0; j < n; ++j) append_heads(x, ranges[j].begin, ranges[j].end, w_bytes, p);
 

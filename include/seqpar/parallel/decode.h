@@ -1,0 +1,64 @@
+// Attention over a distributed K/V cache: partial prefill and decode.
+//
+// Each rank holds a K/V shard (its share of P cached tokens plus the K/V of the new tokens it
+// owns) and the queries of the new tokens it owns (T in all; a rank may own none). Two ways to
+// bring queries and keys together:
+//   passkv: K/V shards travel around the ring (ring_over_blocks), the queries stay;
+//   passq:  the queries travel (all-gathered), every rank attends them to its K/V shard, and the
+//           partial states go back to the query owners (all-to-all) and merge there by LSE.
+// `choose_pass` picks one with the rule of Meta's context-parallel inference paper.
+// Thread-safety: one call per rank thread; ranks run the same call concurrently.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "seqpar/parallel/strategies.h"
+
+namespace seqpar {
+
+// Where the tokens of a partial prefill / decode live: per rank, ascending global positions of
+// its K/V (cache and own new tokens) and of its queries (own new tokens, possibly none).
+struct KvPlacement {
+  std::vector<std::vector<int64_t>> kv_pos;
+  std::vector<std::vector<int64_t>> q_pos;
+  int ranks() const { return static_cast<int>(kv_pos.size()); }
+};
+
+// cached tokens [0, P) split by `layout` over the ranks (P >= ranks); new tokens [P, P+T) split
+// contiguously (floor or ceil of T/N each; with T < N the last T ranks get one each, as decode
+// appends the newest token to the last rank).
+KvPlacement decode_placement(int64_t cached, int64_t fresh, int ranks, Layout layout);
+
+enum class PassKind { kPassKv, kPassQ };
+std::string_view pass_name(PassKind k);  // "passkv", "passq"
+
+// Attention of this rank's queries q (B, Tq_r, H, D) over every rank's K/V (B, Kv_r, Hkv, D).
+AttnState passq_attention(Communicator& comm, const KvPlacement& place, const Tensor& q,
+                          const Tensor& k, const Tensor& v, const CpOptions& opts,
+                          CpStats* stats = nullptr);
+AttnState passkv_attention(Communicator& comm, const KvPlacement& place, const Tensor& q,
+                           const Tensor& k, const Tensor& v, const CpOptions& opts,
+                           CpStats* stats = nullptr);
+
+// Meta's rule: pass-KV if T >= N·C·Hkv·e / (2·H·BW) or T/(T+P) >= 2·Hkv/H, else pass-Q.
+// C: attention compute rate of a rank (FLOP/s); BW: its network bandwidth (bytes/s).
+struct PassChoice {
+  PassKind kind;
+  double threshold_tokens;  // N·C·Hkv·e / (2·H·BW)
+  double miss_rate;         // T / (T + P)
+  double miss_threshold;    // 2·Hkv / H
+  std::string reason;       // one line
+};
+PassChoice choose_pass(int64_t new_tokens, int64_t cached_tokens, int ranks, int64_t heads,
+                       int64_t kv_heads, size_t elem_bytes, double flops_per_s,
+                       double bytes_per_s);
+
+// Bytes this rank sends and receives in one call (docs/algorithms.md).
+CommPrediction predict_decode_bytes(PassKind kind, const KvPlacement& place, int rank,
+                                    int64_t batch, int64_t heads, int64_t kv_heads,
+                                    int64_t head_dim, size_t elem_bytes);
+
+}  // namespace seqpar

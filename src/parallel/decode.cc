@@ -1,0 +1,219 @@
+// passq and passkv over a distributed K/V cache.
+//
+// passq on rank r of N (T_i queries on rank i, T = sum T_i):
+//   step 0: all_gatherv the queries: (B, T_i, H, D) from each rank -> (B, T, H, D)
+//   step 1: attend all T queries to the local K/V shard -> partial state (B, T, H, D) + lse
+//   step 2: all_to_allv the partials: rank i gets the rows of its own queries from every rank
+//   step 3: merge the N partials of each own query by LSE (in rank order)
+// passkv: ring_over_blocks with the K/V shards as blocks and the queries staying.
+#include "seqpar/parallel/decode.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "parallel/strategy_common.h"
+#include "seqpar/core/timer.h"
+
+namespace seqpar {
+
+std::string_view pass_name(PassKind k) { return k == PassKind::kPassQ ? "passq" : "passkv"; }
+
+KvPlacement decode_placement(int64_t cached, int64_t fresh, int ranks, Layout layout) {
+  SEQPAR_ARG_CHECK(cached >= ranks, "--cached ", cached, " is too small: each of the ", ranks,
+                   " ranks needs at least one cached token");
+  SEQPAR_ARG_CHECK(fresh >= 1, "--new ", fresh, " is invalid; it must be at least 1");
+  Partition cache(cached, ranks, layout);
+  KvPlacement p;
+  p.kv_pos.resize(ranks);
+  p.q_pos.resize(ranks);
+  // New tokens: contiguous runs; the first ranks get the smaller share so that with T < N the
+  // newest tokens sit on the last ranks.
+  int64_t next = cached;
+  for (int r = 0; r < ranks; ++r) {
+    const int64_t share = fresh / ranks + (r >= ranks - fresh % ranks ? 1 : 0);
+    for (int64_t i = 0; i < share; ++i) p.q_pos[r].push_back(next++);
+    auto c = cache.positions(r);
+    p.kv_pos[r].assign(c.begin(), c.end());
+    p.kv_pos[r].insert(p.kv_pos[r].end(), p.q_pos[r].begin(), p.q_pos[r].end());
+  }
+  return p;
+}
+
+namespace {
+
+void validate_placement(const Communicator& comm, const KvPlacement& place, const Tensor& q,
+                        const Tensor& k, const Tensor& v) {
+  const int r = comm.rank();
+  SEQPAR_ARG_CHECK(place.ranks() == comm.size(), "placement has ", place.ranks(),
+                   " ranks, the communicator ", comm.size());
+  SEQPAR_ARG_CHECK(q.ndim() == 4 && k.ndim() == 4 && k.shape() == v.shape(),
+                   "q must be (B, T, H, D) and k, v (B, K, Hkv, D) alike");
+  SEQPAR_ARG_CHECK(q.dim(1) == static_cast<int64_t>(place.q_pos[r].size()) &&
+                       k.dim(1) == static_cast<int64_t>(place.kv_pos[r].size()),
+                   "rank ", r, " holds ", q.dim(1), " queries and ", k.dim(1),
+                   " keys; the placement says ", place.q_pos[r].size(), " and ",
+                   place.kv_pos[r].size());
+  SEQPAR_ARG_CHECK(q.dim(2) % k.dim(2) == 0, "heads ", q.dim(2), " not divisible by kv_heads ",
+                   k.dim(2));
+}
+
+}  // namespace
+
+AttnState passq_attention(Communicator& comm, const KvPlacement& place, const Tensor& q,
+                          const Tensor& k, const Tensor& v, const CpOptions& opts,
+                          CpStats* stats) {
+  validate_placement(comm, place, q, k, v);
+  const int n = comm.size(), r = comm.rank();
+  const int64_t B = q.dim(0), H = q.dim(2), D = q.dim(3);
+  const size_t e = dtype_size(q.dtype());
+  if (stats) *stats = CpStats{};
+
+  // step 0: gather every rank's queries, [rank i][B][T_i] order, positions alike.
+  std::vector<int64_t> counts(n);
+  std::vector<int64_t> all_pos;
+  int64_t total = 0;
+  for (int i = 0; i < n; ++i) {
+    counts[i] = static_cast<int64_t>(place.q_pos[i].size());
+    all_pos.insert(all_pos.end(), place.q_pos[i].begin(), place.q_pos[i].end());
+    total += counts[i];
+  }
+  const size_t q_row = static_cast<size_t>(H * D) * e;
+  std::vector<size_t> q_bytes(n);
+  for (int i = 0; i < n; ++i) q_bytes[i] = static_cast<size_t>(B * counts[i]) * q_row;
+  double t0 = now_seconds();
+  Tensor staged({B * total, H, D}, q.dtype());
+  comm.all_gatherv(q.raw(), staged.raw(), q_bytes);
+  // Regroup to (B, T, H, D) with tokens in rank order.
+  Tensor all_q({B, total, H, D}, q.dtype());
+  {
+    const char* src = static_cast<const char*>(staged.raw());
+    char* dst = static_cast<char*>(all_q.raw());
+    int64_t off = 0;
+    for (int i = 0; i < n; ++i) {
+      for (int64_t b = 0; b < B; ++b) {
+        std::memcpy(dst + (b * total + off) * q_row, src, counts[i] * q_row);
+        src += counts[i] * q_row;
+      }
+      off += counts[i];
+    }
+  }
+  double t1 = now_seconds();
+
+  // step 1: partial state of every query over the local shard.
+  AttnState partial;
+  if (total > 0 && k.dim(1) > 0) {
+    AttnParams params = kernel_params(opts, all_pos, place.kv_pos[r]);
+    partial = flash_attention(all_q, k, v, params);
+    if (stats) stats->work = visible_score_elements(B, H, total, k.dim(1), params.mask);
+  } else {
+    partial = AttnState::empty(B, total, H, D);
+  }
+  double t2 = now_seconds();
+
+  // step 2: rows of rank j's queries go to rank j; packed per destination as [B][T_j][H][D+1]
+  // (out row then lse), fp32.
+  const int64_t w = H * (D + 1);
+  std::vector<size_t> send_counts(n), recv_counts(n);
+  for (int j = 0; j < n; ++j) {
+    send_counts[j] = static_cast<size_t>(B * counts[j] * w) * sizeof(float);
+    recv_counts[j] = static_cast<size_t>(B * counts[r] * w) * sizeof(float);
+  }
+  std::vector<float> send(static_cast<size_t>(B * total * w));
+  {
+    float* dst = send.data();
+    int64_t off = 0;
+    for (int j = 0; j < n; ++j) {
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t t = 0; t < counts[j]; ++t) {
+          const int64_t row = b * total + off + t;
+          std::memcpy(dst, partial.out.data<float>() + row * H * D, H * D * sizeof(float));
+          std::memcpy(dst + H * D, partial.lse.data<float>() + row * H, H * sizeof(float));
+          dst += w;
+        }
+      off += counts[j];
+    }
+  }
+  std::vector<float> recv(static_cast<size_t>(n * B * counts[r] * w));
+  comm.all_to_allv(send.data(), send_counts, recv.data(), recv_counts);
+  double t3 = now_seconds();
+
+  // step 3: merge, rank by rank.
+  AttnState acc = AttnState::empty(B, counts[r], H, D);
+  for (int i = 0; i < n; ++i) {
+    const float* src = recv.data() + static_cast<size_t>(i * B * counts[r] * w);
+    for (int64_t row = 0; row < B * counts[r]; ++row)
+      for (int64_t h = 0; h < H; ++h)
+        merge_row(acc.out.data<float>() + (row * H + h) * D, acc.lse.data<float>() + row * H + h,
+                  src + row * w + h * D, src[row * w + H * D + h], D);
+  }
+  if (stats) {
+    stats->peak_kv_bytes = static_cast<int64_t>(k.nbytes() + v.nbytes());
+    stats->wait_seconds = (t1 - t0) + (t3 - t2);
+    stats->compute_seconds = (t2 - t1) + (now_seconds() - t3);
+  }
+  return acc;
+}
+
+AttnState passkv_attention(Communicator& comm, const KvPlacement& place, const Tensor& q,
+                           const Tensor& k, const Tensor& v, const CpOptions& opts,
+                           CpStats* stats) {
+  validate_placement(comm, place, q, k, v);
+  std::vector<std::span<const int64_t>> blocks(place.ranks());
+  for (int i = 0; i < place.ranks(); ++i) blocks[i] = place.kv_pos[i];
+  if (stats) *stats = CpStats{};
+  return ring_over_blocks(comm, blocks, place.q_pos[comm.rank()], q, k, v, opts, stats);
+}
+
+PassChoice choose_pass(int64_t new_tokens, int64_t cached_tokens, int ranks, int64_t heads,
+                       int64_t kv_heads, size_t elem_bytes, double flops_per_s,
+                       double bytes_per_s) {
+  PassChoice c;
+  c.threshold_tokens = static_cast<double>(ranks) * flops_per_s * kv_heads * elem_bytes /
+                       (2.0 * heads * bytes_per_s);
+  c.miss_rate = static_cast<double>(new_tokens) / static_cast<double>(new_tokens + cached_tokens);
+  c.miss_threshold = 2.0 * kv_heads / heads;
+  char buf[256];
+  if (new_tokens >= c.threshold_tokens) {
+    c.kind = PassKind::kPassKv;
+    std::snprintf(buf, sizeof buf, "passkv: T = %lld new tokens >= N*C*Hkv*e/(2*H*BW) = %.0f",
+                  static_cast<long long>(new_tokens), c.threshold_tokens);
+  } else if (c.miss_rate >= c.miss_threshold) {
+    c.kind = PassKind::kPassKv;
+    std::snprintf(buf, sizeof buf, "passkv: T/(T+P) = %.4f >= 2*Hkv/H = %.4f", c.miss_rate,
+                  c.miss_threshold);
+  } else {
+    c.kind = PassKind::kPassQ;
+    std::snprintf(buf, sizeof buf,
+                  "passq: T = %lld < %.0f tokens and T/(T+P) = %.4f < 2*Hkv/H = %.4f",
+                  static_cast<long long>(new_tokens), c.threshold_tokens, c.miss_rate,
+                  c.miss_threshold);
+  }
+  c.reason = buf;
+  return c;
+}
+
+CommPrediction predict_decode_bytes(PassKind kind, const KvPlacement& place, int rank,
+                                    int64_t batch, int64_t heads, int64_t kv_heads,
+                                    int64_t head_dim, size_t elem_bytes) {
+  const int n = place.ranks();
+  CommPrediction p;
+  if (n == 1) return p;
+  if (kind == PassKind::kPassKv) {
+    const uint64_t token = 2ull * batch * kv_heads * head_dim * elem_bytes;
+    uint64_t total = 0;
+    for (const auto& kv : place.kv_pos) total += kv.size();
+    p.sent = token * (total - place.kv_pos[(rank + 1) % n].size());
+    p.recv = token * (total - place.kv_pos[rank].size());
+    return p;
+  }
+  const uint64_t q_token = static_cast<uint64_t>(batch * heads * head_dim) * elem_bytes;
+  const uint64_t partial = static_cast<uint64_t>(batch * heads * (head_dim + 1)) * 4;
+  const uint64_t mine = place.q_pos[rank].size();
+  uint64_t total = 0;
+  for (const auto& q : place.q_pos) total += q.size();
+  p.sent = q_token * mine * (n - 1) + partial * (total - mine);
+  p.recv = q_token * (total - mine) + partial * mine * (n - 1);
+  return p;
+}
+
+}  // namespace seqpar
