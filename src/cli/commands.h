@@ -30,6 +30,11 @@ struct RunOptions {
   int threads = 0;  // 0: cores / ranks on threads, 1 per process under MPI
   int repeat = 3;
   double timeout_s = 0;  // 0: SEQPAR_TIMEOUT_S or 60
+  bool pad = false;           // pad the sequence to a multiple of the ranks, mask the padding
+  int64_t text_tokens = 0;    // joint attention: replicated text tokens
+  int64_t cached = 0;         // decode / partial prefill: tokens in the distributed K/V cache
+  int64_t fresh = 0;          // decode / partial prefill: new tokens (--new)
+  std::string hardware = "h100";  // profile for --strategy auto
 };
 
 void add_run_command(CLI::App& app, RunOptions& opts);

@@ -1,13 +1,20 @@
 // seqpar run: seeded Q/K/V, one distributed attention per repetition, optional verification
 // against reference_attention, a table or one JSON object.
+//
+// Three kinds of job, all checked against the same oracle:
+//   sequence: the S tokens sharded by --layout, every strategy (ring, allgather, ulysses, usp),
+//             optionally padded (--pad) and with replicated text tokens (--text-tokens);
+//   decode:   --cached P --new T: a distributed K/V cache and T new queries (passq, passkv,
+//             auto choosing between them).
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
+#include <cstring>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,8 +25,10 @@
 #include "seqpar/comm/mpi.h"
 #include "seqpar/comm/threads.h"
 #include "seqpar/core/timer.h"
+#include "seqpar/parallel/decode.h"
 #include "seqpar/parallel/partition.h"
 #include "seqpar/parallel/strategies.h"
+#include "seqpar/plan/hardware.h"
 
 namespace seqpar::cli {
 
@@ -30,26 +39,84 @@ using nlohmann::json;
 // Largest number of query rows whose reference (double, naive) stays cheap: rows·B·S·H·D <= this.
 constexpr double kVerifyBudget = 6e8;
 
-struct Config {
+enum class Kind { kSequence, kDecode };
+
+// Everything a rank needs, resolved from the options before any rank starts.
+struct Job {
   RunOptions opts;
-  Strategy strategy;
-  Layout layout;
-  DType dtype;
-  int ranks;
-  int threads;
-  int ulysses_degree;  // usp: the Ulysses group size; ulysses: ranks; else 1
-  int ring_degree;     // usp: the number of groups; ring, allgather: ranks
+  Kind kind = Kind::kSequence;
+  std::string strategy_label;  // as reported: ring, ulysses, passq, ...
+  Strategy strategy = Strategy::kRing;
+  PassKind pass = PassKind::kPassKv;
+  std::optional<PassChoice> choice;  // --strategy auto
+  Layout layout = Layout::kContiguous;
+  DType dtype = DType::kF32;
+  int ranks = 0;
+  int threads = 1;
+  int ulysses_degree = 1;
+  int ring_degree = 1;
+  int64_t kv_heads = 0;
+  int64_t seq = 0;         // real tokens (sequence job) or cached + new (decode job)
+  int64_t padded_seq = 0;  // tokens after --pad (== seq without it)
+  Partition part;          // sequence job
+  KvPlacement place;       // decode job
+  CpOptions cp;
+
+  std::span<const int64_t> q_pos(int r) const {
+    return kind == Kind::kSequence ? part.positions(r) : std::span<const int64_t>(place.q_pos[r]);
+  }
+  std::span<const int64_t> kv_pos(int r) const {
+    return kind == Kind::kSequence ? part.positions(r) : std::span<const int64_t>(place.kv_pos[r]);
+  }
 };
 
-std::string divisors(int64_t x);
+// What rank 0 reports.
+struct Report {
+  std::vector<double> seconds;  // per repetition, slowest rank
+  std::vector<int64_t> sent, recv, peak_kv, work, tokens;
+  double max_abs_err = NAN;
+  double max_lse_err = NAN;
+  int64_t verified_rows = 0;
+  double wait_fraction = 0;
+};
 
-// Fills the degrees and checks the strategy can run this shape (InvalidArgument otherwise).
-void resolve_degrees(Config& cfg) {
-  const RunOptions& o = cfg.opts;
-  const int n = cfg.ranks;
+std::string divisors(int64_t x) {
+  std::string s;
+  for (int64_t d = 1; d <= x; ++d)
+    if (x % d == 0) s += (s.empty() ? "" : ", ") + std::to_string(d);
+  return s;
+}
+
+void validate(const RunOptions& o) {
+  SEQPAR_ARG_CHECK(o.seq >= 1, "--seq ", o.seq, " is invalid; it must be at least 1");
+  SEQPAR_ARG_CHECK(o.heads >= 1, "--heads ", o.heads, " is invalid; it must be at least 1");
+  SEQPAR_ARG_CHECK(o.kv_heads >= 0, "--kv-heads ", o.kv_heads,
+                   " is invalid; it must divide --heads (0 means equal to --heads)");
+  SEQPAR_ARG_CHECK(o.head_dim >= 1 && o.head_dim <= 1024, "--head-dim ", o.head_dim,
+                   " is invalid; valid: 1 to 1024");
+  SEQPAR_ARG_CHECK(o.batch >= 1, "--batch ", o.batch, " is invalid; it must be at least 1");
+  SEQPAR_ARG_CHECK(o.repeat >= 1, "--repeat ", o.repeat, " is invalid; it must be at least 1");
+  SEQPAR_ARG_CHECK(o.threads >= 0, "--threads ", o.threads,
+                   " is invalid; it must be at least 1 (0 = automatic)");
+  SEQPAR_ARG_CHECK(o.timeout_s >= 0, "--timeout ", o.timeout_s,
+                   " is invalid; it must be positive seconds");
+  SEQPAR_ARG_CHECK(o.text_tokens >= 0, "--text-tokens ", o.text_tokens,
+                   " is invalid; it must be 0 or more");
+  SEQPAR_ARG_CHECK(o.cached >= 0 && o.fresh >= 0, "--cached and --new must be 0 or more");
+  const int64_t kv = o.kv_heads == 0 ? o.heads : o.kv_heads;
+  SEQPAR_ARG_CHECK(o.heads % kv == 0, "--heads ", o.heads, " is not divisible by --kv-heads ",
+                   kv, "; valid kv-heads: ", divisors(o.heads));
+  SEQPAR_ARG_CHECK(o.backend == "threads" || o.backend == "mpi", "--backend '", o.backend,
+                   "' is unknown; valid: threads, mpi");
+}
+
+// Fills the Ulysses and ring degrees of a sequence job (InvalidArgument if they do not fit).
+void resolve_degrees(Job& job) {
+  const RunOptions& o = job.opts;
+  const int n = job.ranks;
   int u = o.ulysses_degree, r = o.ring_degree;
   SEQPAR_ARG_CHECK(u >= 0 && r >= 0, "--ulysses-degree and --ring-degree must be positive");
-  switch (cfg.strategy) {
+  switch (job.strategy) {
     case Strategy::kUsp:
       if (u == 0 && r == 0) {
         u = 1;  // default: the largest divisor of the ranks that divides the heads
@@ -71,101 +138,258 @@ void resolve_degrees(Config& cfg) {
       break;
     default:
       SEQPAR_ARG_CHECK((u == 0 || u == 1) && (r == 0 || r == n), "--strategy ",
-                       strategy_name(cfg.strategy), " does not take --ulysses-degree or ",
+                       strategy_name(job.strategy), " does not take --ulysses-degree or ",
                        "--ring-degree; use --strategy usp to combine them");
       u = 1;
       r = n;
   }
-  cfg.ulysses_degree = u;
-  cfg.ring_degree = r;
-  CpOptions cp;
-  cp.ulysses_mode = parse_ulysses_mode(o.ulysses_mode);
-  const int64_t kv = o.kv_heads == 0 ? o.heads : o.kv_heads;
-  check_strategy_shape(cfg.strategy, Partition(o.seq, n, cfg.layout), o.heads, kv, u, cp);
+  job.ulysses_degree = u;
+  job.ring_degree = r;
 }
 
-// What rank 0 reports.
-struct Report {
-  std::vector<double> seconds;  // per repetition, slowest rank
-  std::vector<int64_t> sent, recv, peak_kv, work, tokens;
-  double max_abs_err = NAN;
-  double max_lse_err = NAN;
-  int64_t verified_rows = 0;
-  double wait_fraction = 0;
-};
+// Builds the job for `ranks` ranks; every argument error surfaces here, before ranks start.
+Job make_job(const RunOptions& o, int ranks, int threads) {
+  validate(o);
+  Job job;
+  job.opts = o;
+  job.ranks = ranks;
+  job.threads = threads;
+  job.layout = parse_layout(o.layout);
+  job.dtype = parse_dtype(o.dtype);
+  job.kv_heads = o.kv_heads == 0 ? o.heads : o.kv_heads;
+  job.cp.causal = o.causal;
+  job.cp.ulysses_mode = parse_ulysses_mode(o.ulysses_mode);
+  SEQPAR_ARG_CHECK(ranks >= 1, "--ranks ", ranks, " is invalid; it must be at least 1");
 
-void validate(const RunOptions& o) {
-  SEQPAR_ARG_CHECK(o.seq >= 1, "--seq ", o.seq, " is invalid; it must be at least 1");
-  SEQPAR_ARG_CHECK(o.heads >= 1, "--heads ", o.heads, " is invalid; it must be at least 1");
-  SEQPAR_ARG_CHECK(o.kv_heads >= 0, "--kv-heads ", o.kv_heads,
-                   " is invalid; it must divide --heads (0 means equal to --heads)");
-  SEQPAR_ARG_CHECK(o.head_dim >= 1 && o.head_dim <= 1024, "--head-dim ", o.head_dim,
-                   " is invalid; valid: 1 to 1024");
-  SEQPAR_ARG_CHECK(o.batch >= 1, "--batch ", o.batch, " is invalid; it must be at least 1");
-  SEQPAR_ARG_CHECK(o.repeat >= 1, "--repeat ", o.repeat, " is invalid; it must be at least 1");
-  SEQPAR_ARG_CHECK(o.threads >= 0, "--threads ", o.threads,
-                   " is invalid; it must be at least 1 (0 = automatic)");
-  SEQPAR_ARG_CHECK(o.timeout_s >= 0, "--timeout ", o.timeout_s,
-                   " is invalid; it must be positive seconds");
-  const int64_t kv = o.kv_heads == 0 ? o.heads : o.kv_heads;
-  if (o.heads % kv != 0) {
-    std::string valid;
-    for (int64_t d = 1; d <= o.heads; ++d)
-      if (o.heads % d == 0) valid += (valid.empty() ? "" : ", ") + std::to_string(d);
-    throw InvalidArgument(detail::concat("--heads ", o.heads, " is not divisible by --kv-heads ",
-                                         kv, "; valid kv-heads: ", valid));
+  const bool decode = o.cached > 0 || o.fresh > 0 || o.strategy == "passq" ||
+                      o.strategy == "auto";
+  if (decode) {
+    job.kind = Kind::kDecode;
+    SEQPAR_ARG_CHECK(o.cached > 0 && o.fresh > 0, "--strategy ", o.strategy,
+                     " runs over a K/V cache: give --cached P (tokens cached) and --new T "
+                     "(new tokens), both at least 1");
+    SEQPAR_ARG_CHECK(o.strategy == "passq" || o.strategy == "passkv" || o.strategy == "ring" ||
+                         o.strategy == "auto",
+                     "--strategy ", o.strategy, " does not run over a K/V cache (--cached/--new);",
+                     " valid: passq, passkv, auto");
+    SEQPAR_ARG_CHECK(!o.pad && o.text_tokens == 0 && o.ulysses_degree == 0 && o.ring_degree == 0,
+                     "--cached/--new take none of --pad, --text-tokens, --ulysses-degree, "
+                     "--ring-degree");
+    job.place = decode_placement(o.cached, o.fresh, ranks, job.layout);
+    job.seq = job.padded_seq = o.cached + o.fresh;
+    if (o.strategy == "auto") {
+      const HardwareProfile hw = hardware_profile(o.hardware);
+      job.choice = choose_pass(o.fresh, o.cached, ranks, o.heads, job.kv_heads,
+                               dtype_size(job.dtype), hw.attention_flops, hw.inter_node_bw);
+      job.pass = job.choice->kind;
+    } else {
+      job.pass = o.strategy == "passq" ? PassKind::kPassQ : PassKind::kPassKv;
+    }
+    job.strategy_label = std::string(pass_name(job.pass));
+    return job;
   }
-  SEQPAR_ARG_CHECK(o.backend == "threads" || o.backend == "mpi", "--backend '", o.backend,
-                   "' is unknown; valid: threads, mpi");
+
+  job.strategy = parse_strategy(o.strategy);
+  job.strategy_label = std::string(strategy_name(job.strategy));
+  job.seq = o.seq;
+  job.padded_seq = o.seq;
+  if (o.pad) {
+    // auto_pad: a multiple of the ranks (of 2·ranks for zigzag, so its chunks are equal).
+    const int64_t m = job.layout == Layout::kZigzag ? 2 * ranks : ranks;
+    job.padded_seq = (o.seq + m - 1) / m * m;
+    if (job.padded_seq != o.seq) job.cp.valid_len = o.seq;
+  }
+  SEQPAR_ARG_CHECK(ranks <= job.padded_seq, "--ranks ", ranks, " exceeds --seq ", o.seq,
+                   "; every rank needs a token: use at most ", job.padded_seq, " ranks");
+  job.part = Partition(job.padded_seq, ranks, job.layout);
+  resolve_degrees(job);
+  check_strategy_shape(job.strategy, job.part, o.heads, job.kv_heads, job.ulysses_degree, job.cp);
+  SEQPAR_ARG_CHECK(o.text_tokens == 0 || !o.causal,
+                   "--text-tokens (joint attention) is bidirectional; drop --causal");
+  return job;
 }
 
-std::string divisors(int64_t x) {
-  std::string s;
-  for (int64_t d = 1; d <= x; ++d)
-    if (x % d == 0) s += (s.empty() ? "" : ", ") + std::to_string(d);
-  return s;
+// Rows of `which` at positions, with padded positions (>= real) zeroed as auto_pad does.
+Tensor rows(const Job& job, Which which, std::span<const int64_t> pos, int64_t heads) {
+  const RunOptions& o = job.opts;
+  Tensor t = synthetic_rows(o.seed, which, o.batch, pos, heads, o.head_dim, DType::kF32);
+  if (job.padded_seq != job.seq) {
+    const int64_t row = heads * o.head_dim;
+    for (int64_t b = 0; b < o.batch; ++b)
+      for (size_t i = 0; i < pos.size(); ++i)
+        if (pos[i] >= job.seq)
+          std::fill_n(t.data<float>() + (b * pos.size() + i) * row, row, 0.f);
+  }
+  return job.dtype == DType::kF32 ? t : t.to(job.dtype);
 }
 
-// Query positions checked by --verify: all rows if cheap, else an even spread with both ends.
-std::vector<int64_t> verify_positions(const RunOptions& o, int64_t kv_heads) {
-  const double per_row = static_cast<double>(o.batch) * o.seq * o.heads * o.head_dim;
-  int64_t rows = static_cast<int64_t>(kVerifyBudget / per_row);
-  rows = std::clamp<int64_t>(rows, std::min<int64_t>(16, o.seq), o.seq);
-  std::vector<int64_t> pos;
-  for (int64_t i = 0; i < rows; ++i)
-    pos.push_back(rows == 1 ? 0 : i * (o.seq - 1) / (rows - 1));
-  pos.erase(std::unique(pos.begin(), pos.end()), pos.end());
-  return pos;
+std::vector<int64_t> iota(int64_t n) {
+  std::vector<int64_t> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = i;
+  return v;
+}
+
+// Query positions checked by --verify among `candidates` (sorted): all if cheap, else an even
+// spread with both ends.
+std::vector<int64_t> verify_sample(const Job& job, const std::vector<int64_t>& candidates) {
+  const RunOptions& o = job.opts;
+  const double per_row =
+      static_cast<double>(o.batch) * (job.seq + o.text_tokens) * o.heads * o.head_dim;
+  const int64_t n = static_cast<int64_t>(candidates.size());
+  int64_t want = std::clamp<int64_t>(static_cast<int64_t>(kVerifyBudget / per_row),
+                                     std::min<int64_t>(16, n), n);
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < want; ++i)
+    out.push_back(candidates[want == 1 ? 0 : i * (n - 1) / (want - 1)]);
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+// Max |got - want| over out rows (B, n, H, D) and lse rows (B, n, H); NaN counts as infinite.
+void accumulate_err(const float* got, const float* want, int64_t count, double& err) {
+  for (int64_t x = 0; x < count; ++x) {
+    const float a = got[x], b = want[x];
+    if (std::isinf(a) && std::isinf(b) && (a > 0) == (b > 0)) continue;
+    const double d = std::fabs(static_cast<double>(a) - b);
+    err = std::isnan(d) ? INFINITY : std::max(err, d);
+  }
+}
+
+// Compares the sampled rows with reference_attention on rank 0; every rank gets the errors.
+void verify(Communicator& comm, const Job& job, const AttnState& state, const AttnState* text,
+            Report* report) {
+  const RunOptions& o = job.opts;
+  const int n = comm.size(), r = comm.rank();
+  const int64_t H = o.heads, D = o.head_dim, row = H * D, w = row + H;
+  // Candidates: the real query positions of the job.
+  std::vector<int64_t> candidates;
+  for (int i = 0; i < n; ++i)
+    for (int64_t p : job.q_pos(i))
+      if (p < job.seq) candidates.push_back(p);
+  std::sort(candidates.begin(), candidates.end());
+  const std::vector<int64_t> sample = verify_sample(job, candidates);
+
+  // Every rank sends (out row, lse) of the sampled positions it holds, per batch row.
+  std::vector<float> packed;
+  std::vector<size_t> counts(n, 0);
+  std::vector<int64_t> order;  // sampled positions in arrival order (rank by rank)
+  for (int i = 0; i < n; ++i) {
+    auto pi = job.q_pos(i);
+    for (int64_t p : sample) {
+      auto it = std::lower_bound(pi.begin(), pi.end(), p);
+      if (it == pi.end() || *it != p) continue;
+      order.push_back(p);
+      counts[i] += static_cast<size_t>(o.batch * w) * sizeof(float);
+      if (i != r) continue;
+      const int64_t local = it - pi.begin();
+      for (int64_t b = 0; b < o.batch; ++b) {
+        const float* out = state.out.data<float>() + (b * pi.size() + local) * row;
+        const float* lse = state.lse.data<float>() + (b * pi.size() + local) * H;
+        packed.insert(packed.end(), out, out + row);
+        packed.insert(packed.end(), lse, lse + H);
+      }
+    }
+  }
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  std::vector<float> gathered(total / sizeof(float));
+  comm.all_gatherv(packed.data(), gathered.data(), counts);
+
+  double errs[3] = {0, 0, 0};  // out, lse, rows checked
+  if (r == 0) {
+    // Reference keys: the real tokens 0..seq-1, then the text tokens (joint attention).
+    const int64_t T = o.text_tokens, ns = static_cast<int64_t>(order.size());
+    const std::vector<int64_t> key_pos = iota(job.seq + T);
+    const std::vector<int64_t> real = iota(job.seq), text_idx = iota(T);
+    auto cat = [&](Which img, Which txt, std::span<const int64_t> img_pos, int64_t heads) {
+      Tensor a = synthetic_rows(o.seed, img, o.batch, img_pos, heads, D, job.dtype);
+      if (T == 0) return a;
+      Tensor b = synthetic_rows(o.seed, txt, o.batch, text_idx, heads, D, job.dtype);
+      Tensor c({o.batch, a.dim(1) + T, heads, D}, job.dtype);
+      const size_t ra = a.dim(1) * heads * D * dtype_size(job.dtype);
+      const size_t rb = T * heads * D * dtype_size(job.dtype);
+      for (int64_t bb = 0; bb < o.batch; ++bb) {
+        std::memcpy(static_cast<char*>(c.raw()) + bb * (ra + rb),
+                    static_cast<const char*>(a.raw()) + bb * ra, ra);
+        std::memcpy(static_cast<char*>(c.raw()) + bb * (ra + rb) + ra,
+                    static_cast<const char*>(b.raw()) + bb * rb, rb);
+      }
+      return c;
+    };
+    Tensor kf = cat(Which::kK, Which::kTextK, real, job.kv_heads);
+    Tensor vf = cat(Which::kV, Which::kTextV, real, job.kv_heads);
+    AttnParams params;
+    params.mask.causal = o.causal;
+    params.mask.k_pos = key_pos;
+    params.mask.q_pos = order;
+    Tensor qs = synthetic_rows(o.seed, Which::kQ, o.batch, order, H, D, job.dtype);
+    AttnState ref = reference_attention(qs, kf, vf, params);
+    for (int64_t j = 0; j < ns; ++j)
+      for (int64_t b = 0; b < o.batch; ++b) {
+        const float* got = gathered.data() + (j * o.batch + b) * w;
+        accumulate_err(got, ref.out.data<float>() + (b * ns + j) * row, row, errs[0]);
+        accumulate_err(got + row, ref.lse.data<float>() + (b * ns + j) * H, H, errs[1]);
+      }
+    errs[2] = static_cast<double>(ns);
+    if (text != nullptr && T > 0) {  // the replicated text outputs, checked on rank 0
+      std::vector<int64_t> tq_pos(T);
+      for (int64_t t = 0; t < T; ++t) tq_pos[t] = job.seq + t;
+      Tensor tq = synthetic_rows(o.seed, Which::kTextQ, o.batch, text_idx, H, D, job.dtype);
+      params.mask.q_pos = tq_pos;
+      AttnState tref = reference_attention(tq, kf, vf, params);
+      accumulate_err(text->out.data<float>(), tref.out.data<float>(), tref.out.numel(), errs[0]);
+      accumulate_err(text->lse.data<float>(), tref.lse.data<float>(), tref.lse.numel(), errs[1]);
+      errs[2] += static_cast<double>(T);
+    }
+  }
+  comm.broadcast(errs, sizeof(errs), 0);
+  if (report) {
+    report->max_abs_err = errs[0];
+    report->max_lse_err = errs[1];
+    report->verified_rows = static_cast<int64_t>(errs[2]);
+  }
 }
 
 // One rank's part of `seqpar run`. Rank 0 fills *report.
-void run_rank(Communicator& comm, const Config& cfg, Report* report) {
-  const RunOptions& o = cfg.opts;
+void run_rank(Communicator& comm, const Job& job, Report* report) {
+  const RunOptions& o = job.opts;
   const int r = comm.rank(), n = comm.size();
-  omp_set_num_threads(cfg.threads);
-  const int64_t kv_heads = o.kv_heads == 0 ? o.heads : o.kv_heads;
-  Partition part(o.seq, n, cfg.layout);
-  auto pos = part.positions(r);
-  Tensor q = synthetic_rows(o.seed, Which::kQ, o.batch, pos, o.heads, o.head_dim, cfg.dtype);
-  Tensor k = synthetic_rows(o.seed, Which::kK, o.batch, pos, kv_heads, o.head_dim, cfg.dtype);
-  Tensor v = synthetic_rows(o.seed, Which::kV, o.batch, pos, kv_heads, o.head_dim, cfg.dtype);
-  CpOptions cp;
-  cp.causal = o.causal;
-  cp.ulysses_mode = parse_ulysses_mode(o.ulysses_mode);
-  SpComms comms(comm, cfg.ulysses_degree);
+  omp_set_num_threads(job.threads);
+  Tensor q = rows(job, Which::kQ, job.q_pos(r), o.heads);
+  Tensor k = rows(job, Which::kK, job.kv_pos(r), job.kv_heads);
+  Tensor v = rows(job, Which::kV, job.kv_pos(r), job.kv_heads);
+  Tensor tq, tk, tv;
+  if (o.text_tokens > 0) {
+    const std::vector<int64_t> t = iota(o.text_tokens);
+    tq = synthetic_rows(o.seed, Which::kTextQ, o.batch, t, o.heads, o.head_dim, job.dtype);
+    tk = synthetic_rows(o.seed, Which::kTextK, o.batch, t, job.kv_heads, o.head_dim, job.dtype);
+    tv = synthetic_rows(o.seed, Which::kTextV, o.batch, t, job.kv_heads, o.head_dim, job.dtype);
+  }
+  std::optional<SpComms> comms;
+  if (job.kind == Kind::kSequence) comms.emplace(comm, job.ulysses_degree);
 
-  AttnState state;
+  AttnState state, text;
   CpStats cps;
   CommStats call_stats;
   std::vector<double> seconds;
   double wait_sum = 0, time_sum = 0;
   for (int rep = 0; rep <= o.repeat; ++rep) {  // rep 0 is the warm-up
     comm.barrier();
-    comms.reset_stats();
+    if (comms) comms->reset_stats(); else comm.stats().reset();
     double t0 = now_seconds();
-    state = context_parallel_attention(cfg.strategy, comms, part, q, k, v, cp, &cps);
+    if (job.kind == Kind::kDecode) {
+      state = job.pass == PassKind::kPassQ ? passq_attention(comm, job.place, q, k, v, job.cp, &cps)
+                                           : passkv_attention(comm, job.place, q, k, v, job.cp, &cps);
+    } else if (o.text_tokens > 0) {
+      JointState js = joint_attention(job.strategy, *comms, job.part, q, k, v, tq, tk, tv, job.cp,
+                                      &cps);
+      state = std::move(js.image);
+      text = std::move(js.text);
+    } else {
+      state = context_parallel_attention(job.strategy, *comms, job.part, q, k, v, job.cp, &cps);
+    }
     double dt = now_seconds() - t0;
-    call_stats = comms.stats();
+    call_stats = comms ? comms->stats() : comm.stats();
     if (rep > 0) {
       seconds.push_back(comm.all_reduce_max(dt));
       wait_sum += cps.wait_seconds;
@@ -176,80 +400,12 @@ void run_rank(Communicator& comm, const Config& cfg, Report* report) {
   // Per-rank figures of the last call, gathered everywhere (rank 0 reports them).
   std::array<int64_t, 5> mine = {static_cast<int64_t>(call_stats.total_sent()),
                                  static_cast<int64_t>(call_stats.total_recv()),
-                                 cps.peak_kv_bytes, cps.work, part.count(r)};
+                                 cps.peak_kv_bytes, cps.work,
+                                 static_cast<int64_t>(job.q_pos(r).size())};
   std::vector<int64_t> all(5 * n);
   comm.all_gather(mine.data(), sizeof(mine), all.data());
   const double wait_fraction = comm.all_reduce_max(time_sum > 0 ? wait_sum / time_sum : 0);
-
-  double max_err = NAN, lse_err = NAN;
-  int64_t verified = 0;
-  if (o.verify) {
-    // Every rank sends its out/lse rows for the sampled positions it holds, rank 0 compares.
-    const std::vector<int64_t> sample = verify_positions(o, kv_heads);
-    const int64_t row = o.heads * o.head_dim;
-    std::vector<float> packed;  // per sample owned: for each b: out row, then lse (H)
-    std::vector<size_t> counts(n, 0);
-    for (int i = 0; i < n; ++i) {
-      auto pi = part.positions(i);
-      for (int64_t p : sample) {
-        auto it = std::lower_bound(pi.begin(), pi.end(), p);
-        if (it == pi.end() || *it != p) continue;
-        counts[i] += static_cast<size_t>(o.batch * (row + o.heads)) * sizeof(float);
-        if (i != r) continue;
-        const int64_t local = it - pi.begin();
-        for (int64_t b = 0; b < o.batch; ++b) {
-          const float* out = state.out.data<float>() + (b * pos.size() + local) * row;
-          const float* lse = state.lse.data<float>() + (b * pos.size() + local) * o.heads;
-          packed.insert(packed.end(), out, out + row);
-          packed.insert(packed.end(), lse, lse + o.heads);
-        }
-      }
-    }
-    size_t total = 0;
-    for (size_t c : counts) total += c;
-    std::vector<float> gathered(total / sizeof(float));
-    comm.all_gatherv(packed.data(), gathered.data(), counts);
-    double errs[2] = {0, 0};
-    if (r == 0) {
-      // Rows arrive grouped by owner rank; map each back to its sample index.
-      std::vector<int64_t> order;
-      for (int i = 0; i < n; ++i) {
-        auto pi = part.positions(i);
-        for (int64_t p : sample)
-          if (std::binary_search(pi.begin(), pi.end(), p)) order.push_back(p);
-      }
-      std::vector<int64_t> all_pos(o.seq);
-      for (int64_t i = 0; i < o.seq; ++i) all_pos[i] = i;
-      Tensor qs = synthetic_rows(o.seed, Which::kQ, o.batch, order, o.heads, o.head_dim, cfg.dtype);
-      Tensor kf = synthetic_rows(o.seed, Which::kK, o.batch, all_pos, kv_heads, o.head_dim, cfg.dtype);
-      Tensor vf = synthetic_rows(o.seed, Which::kV, o.batch, all_pos, kv_heads, o.head_dim, cfg.dtype);
-      AttnParams params;
-      params.mask.causal = o.causal;
-      params.mask.q_pos = order;
-      AttnState ref = reference_attention(qs, kf, vf, params);
-      const int64_t ns = static_cast<int64_t>(order.size());
-      for (int64_t j = 0; j < ns; ++j) {
-        for (int64_t b = 0; b < o.batch; ++b) {
-          const float* got = gathered.data() + (j * o.batch + b) * (row + o.heads);
-          const float* want = ref.out.data<float>() + (b * ns + j) * row;
-          const float* want_lse = ref.lse.data<float>() + (b * ns + j) * o.heads;
-          for (int64_t x = 0; x < row; ++x) {
-            double d = std::fabs(static_cast<double>(got[x]) - want[x]);
-            errs[0] = std::isnan(d) ? INFINITY : std::max(errs[0], d);
-          }
-          for (int64_t h = 0; h < o.heads; ++h) {
-            double d = std::fabs(static_cast<double>(got[row + h]) - want_lse[h]);
-            errs[1] = std::isnan(d) ? INFINITY : std::max(errs[1], d);
-          }
-        }
-      }
-      verified = ns;
-    }
-    comm.broadcast(errs, sizeof(errs), 0);
-    max_err = errs[0];
-    lse_err = errs[1];
-  }
-
+  if (o.verify) verify(comm, job, state, o.text_tokens > 0 ? &text : nullptr, report);
   if (r == 0 && report) {
     report->seconds = seconds;
     for (int i = 0; i < n; ++i) {
@@ -259,9 +415,6 @@ void run_rank(Communicator& comm, const Config& cfg, Report* report) {
       report->work.push_back(all[5 * i + 3]);
       report->tokens.push_back(all[5 * i + 4]);
     }
-    report->max_abs_err = max_err;
-    report->max_lse_err = lse_err;
-    report->verified_rows = verified;
     report->wait_fraction = wait_fraction;
   }
 }
@@ -273,45 +426,40 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
-int print_report(const Config& cfg, const Report& rep, const std::string& backend) {
-  const RunOptions& o = cfg.opts;
-  const int64_t kv_heads = o.kv_heads == 0 ? o.heads : o.kv_heads;
+int print_report(const Job& job, const Report& rep, const std::string& backend) {
+  const RunOptions& o = job.opts;
   const double secs = median(rep.seconds);
   int64_t total_work = 0, max_work = 0;
   for (int64_t w : rep.work) {
     total_work += w;
     max_work = std::max(max_work, w);
   }
-  const double mean_work = static_cast<double>(total_work) / cfg.ranks;
+  const double mean_work = static_cast<double>(total_work) / job.ranks;
   const double imbalance = mean_work > 0 ? max_work / mean_work : 1.0;
   const double gflops = secs > 0 ? 4.0 * o.head_dim * total_work / secs / 1e9 : 0;
-  const bool verified = o.verify;
-  const bool ok = !verified || (rep.max_abs_err <= tolerance(cfg.dtype));
+  const bool ok = !o.verify || (rep.max_abs_err <= tolerance(job.dtype));
 
   if (o.json) {
     json j;
-    j["strategy"] = strategy_name(cfg.strategy);
-    j["layout"] = layout_name(cfg.layout);
-    j["ulysses_degree"] = cfg.ulysses_degree;
-    j["ring_degree"] = cfg.ring_degree;
-    j["ulysses_mode"] = o.ulysses_mode;
+    j["strategy"] = job.strategy_label;
+    j["layout"] = layout_name(job.layout);
     j["backend"] = backend;
-    j["ranks"] = cfg.ranks;
-    j["seq"] = o.seq;
+    j["ranks"] = job.ranks;
+    j["seq"] = job.seq;
     j["heads"] = o.heads;
-    j["kv_heads"] = kv_heads;
+    j["kv_heads"] = job.kv_heads;
     j["head_dim"] = o.head_dim;
     j["batch"] = o.batch;
-    j["dtype"] = dtype_name(cfg.dtype);
+    j["dtype"] = dtype_name(job.dtype);
     j["causal"] = o.causal;
-    j["threads"] = cfg.threads;
+    j["threads"] = job.threads;
     j["repeat"] = o.repeat;
     j["seconds"] = secs;
     j["seconds_all"] = rep.seconds;
     j["gflops"] = gflops;
-    j["max_abs_err"] = verified ? json(rep.max_abs_err) : json(nullptr);
-    j["max_lse_err"] = verified ? json(rep.max_lse_err) : json(nullptr);
-    j["tolerance"] = tolerance(cfg.dtype);
+    j["max_abs_err"] = o.verify ? json(rep.max_abs_err) : json(nullptr);
+    j["max_lse_err"] = o.verify ? json(rep.max_lse_err) : json(nullptr);
+    j["tolerance"] = tolerance(job.dtype);
     j["verified_rows"] = rep.verified_rows;
     j["ok"] = ok;
     j["tokens_per_rank"] = rep.tokens;
@@ -321,32 +469,60 @@ int print_report(const Config& cfg, const Report& rep, const std::string& backen
     j["work_per_rank"] = rep.work;
     j["work_imbalance"] = imbalance;
     j["comm_wait_fraction"] = rep.wait_fraction;
+    if (job.kind == Kind::kSequence) {
+      j["ulysses_degree"] = job.ulysses_degree;
+      j["ring_degree"] = job.ring_degree;
+      j["ulysses_mode"] = ulysses_mode_name(job.cp.ulysses_mode);
+      j["padded_seq"] = job.padded_seq;
+      j["text_tokens"] = o.text_tokens;
+    } else {
+      j["cached"] = o.cached;
+      j["new"] = o.fresh;
+      if (job.choice) {
+        j["choice"] = pass_name(job.choice->kind);
+        j["threshold_tokens"] = job.choice->threshold_tokens;
+        j["choice_reason"] = job.choice->reason;
+        j["hardware"] = o.hardware;
+      }
+    }
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("seqpar run: %s attention, %s layout, %s backend, %d ranks x %d threads\n",
-                std::string(strategy_name(cfg.strategy)).c_str(),
-                std::string(layout_name(cfg.layout)).c_str(), backend.c_str(), cfg.ranks,
-                cfg.threads);
-    if (cfg.strategy == Strategy::kUsp || cfg.strategy == Strategy::kUlysses)
-      std::printf("  ulysses degree %d x ring degree %d, ulysses mode %s\n", cfg.ulysses_degree,
-                  cfg.ring_degree, o.ulysses_mode.c_str());
+                job.strategy_label.c_str(), std::string(layout_name(job.layout)).c_str(),
+                backend.c_str(), job.ranks, job.threads);
+    if (job.kind == Kind::kDecode) {
+      std::printf("  K/V cache of %lld tokens + %lld new tokens\n", (long long)o.cached,
+                  (long long)o.fresh);
+      if (job.choice)
+        std::printf("  auto (%s profile): %s\n", o.hardware.c_str(), job.choice->reason.c_str());
+    } else {
+      if (job.strategy == Strategy::kUsp || job.strategy == Strategy::kUlysses)
+        std::printf("  ulysses degree %d x ring degree %d, ulysses mode %s\n", job.ulysses_degree,
+                    job.ring_degree, std::string(ulysses_mode_name(job.cp.ulysses_mode)).c_str());
+      if (job.padded_seq != job.seq)
+        std::printf("  padded to %lld tokens (%lld padding, masked)\n", (long long)job.padded_seq,
+                    (long long)(job.padded_seq - job.seq));
+      if (o.text_tokens > 0)
+        std::printf("  joint attention with %lld replicated text tokens\n",
+                    (long long)o.text_tokens);
+    }
     std::printf("  seq %lld  batch %lld  heads %lld  kv_heads %lld  head_dim %lld  %s  %s\n",
-                (long long)o.seq, (long long)o.batch, (long long)o.heads, (long long)kv_heads,
-                (long long)o.head_dim, std::string(dtype_name(cfg.dtype)).c_str(),
-                o.causal ? "causal" : "non-causal");
+                (long long)job.seq, (long long)o.batch, (long long)o.heads,
+                (long long)job.kv_heads, (long long)o.head_dim,
+                std::string(dtype_name(job.dtype)).c_str(), o.causal ? "causal" : "non-causal");
     std::printf("  time     %.6f s (median of %d, slowest rank)\n", secs, o.repeat);
     std::printf("  rate     %.2f GFLOP/s (4*D flops per visible score)\n", gflops);
     std::printf("  work imbalance %.3f (max/mean over ranks), comm wait %.1f%% of call time\n",
                 imbalance, 100 * rep.wait_fraction);
-    std::printf("\n  %-5s %10s %15s %15s %16s\n", "rank", "tokens", "bytes sent", "bytes recv",
+    std::printf("\n  %-5s %10s %15s %15s %16s\n", "rank", "queries", "bytes sent", "bytes recv",
                 "peak K/V bytes");
-    for (int i = 0; i < cfg.ranks; ++i)
+    for (int i = 0; i < job.ranks; ++i)
       std::printf("  %-5d %10lld %15lld %15lld %16lld\n", i, (long long)rep.tokens[i],
                   (long long)rep.sent[i], (long long)rep.recv[i], (long long)rep.peak_kv[i]);
-    if (verified)
+    if (o.verify)
       std::printf("\n  verify   max abs err %.3g (lse %.3g) over %lld query rows, tolerance %.0e: %s\n",
                   rep.max_abs_err, rep.max_lse_err, (long long)rep.verified_rows,
-                  tolerance(cfg.dtype), ok ? "ok" : "FAILED");
+                  tolerance(job.dtype), ok ? "ok" : "FAILED");
   }
   std::fflush(stdout);
   return ok ? 0 : 1;
@@ -357,7 +533,8 @@ int print_report(const Config& cfg, const Report& rep, const std::string& backen
 void add_run_command(CLI::App& app, RunOptions& o) {
   CLI::App* run = app.add_subcommand(
       "run", "Run one distributed attention on seeded inputs, optionally verify it, report it");
-  run->add_option("--strategy", o.strategy, "ring | allgather | ulysses | usp");
+  run->add_option("--strategy", o.strategy,
+                  "ring | allgather | ulysses | usp; over a K/V cache: passq | passkv | auto");
   run->add_option("--layout", o.layout, "contiguous | striped | zigzag");
   run->add_option("--ulysses-degree,--ulysses_degree", o.ulysses_degree,
                   "usp: ranks per Ulysses group (default: ranks / ring degree)");
@@ -372,6 +549,13 @@ void add_run_command(CLI::App& app, RunOptions& o) {
   run->add_option("--head-dim,--head_dim", o.head_dim, "head dimension D");
   run->add_option("--batch", o.batch, "batch size B");
   run->add_flag("--causal", o.causal, "causal mask");
+  run->add_flag("--pad", o.pad, "pad S to a multiple of the ranks and mask the padding");
+  run->add_option("--text-tokens,--text_tokens", o.text_tokens,
+                  "joint attention: T text tokens replicated on every rank");
+  run->add_option("--cached", o.cached, "tokens in the distributed K/V cache (decode)");
+  run->add_option("--new", o.fresh, "new tokens attending the cache (decode)");
+  run->add_option("--hardware", o.hardware, "profile for --strategy auto: h100 | h200 | "
+                  "cpu-ethernet | local");
   run->add_option("--dtype", o.dtype, "fp32 | bf16 | fp16");
   run->add_option("--backend", o.backend, "threads | mpi (launch with mpirun)");
   run->add_flag("--verify", o.verify, "compare with the single-rank reference");
@@ -383,26 +567,20 @@ void add_run_command(CLI::App& app, RunOptions& o) {
 }
 
 int run_command(const RunOptions& opts) {
-  validate(opts);
-  Config cfg{opts, parse_strategy(opts.strategy), parse_layout(opts.layout),
-             parse_dtype(opts.dtype), 0, 0, 1, 1};
-  parse_ulysses_mode(opts.ulysses_mode);
   std::chrono::milliseconds timeout =
       opts.timeout_s > 0 ? std::chrono::milliseconds(static_cast<int64_t>(opts.timeout_s * 1000))
                          : Communicator::default_timeout();
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 
-  if (opts.backend == "threads") {
-    cfg.ranks = opts.ranks == 0 ? 2 : opts.ranks;
-    SEQPAR_ARG_CHECK(cfg.ranks >= 1, "--ranks ", opts.ranks, " is invalid; it must be at least 1");
-    cfg.threads = opts.threads > 0 ? opts.threads : std::max(1, cores / cfg.ranks);
-    Partition check(opts.seq, cfg.ranks, cfg.layout);  // argument errors before any thread starts
-    resolve_degrees(cfg);
+  if (opts.backend != "mpi") {
+    const int ranks = opts.ranks == 0 ? 2 : opts.ranks;
+    const int threads = opts.threads > 0 ? opts.threads : std::max(1, cores / std::max(1, ranks));
+    const Job job = make_job(opts, ranks, threads);  // argument errors before any thread starts
     Report report;
     ThreadWorld::run(
-        cfg.ranks, [&](Communicator& comm) { run_rank(comm, cfg, comm.rank() == 0 ? &report : nullptr); },
+        ranks, [&](Communicator& comm) { run_rank(comm, job, comm.rank() == 0 ? &report : nullptr); },
         timeout);
-    return print_report(cfg, report, "threads");
+    return print_report(job, report, "threads");
   }
 
   // mpi: every process runs this; rank 0 prints.
@@ -410,14 +588,12 @@ int run_command(const RunOptions& opts) {
   mpi_init(nullptr, nullptr);
   std::unique_ptr<Communicator> comm = mpi_world();
   comm->set_timeout(timeout);
-  cfg.ranks = comm->size();
-  cfg.threads = opts.threads > 0 ? opts.threads : 1;
+  Job job;
   try {  // every rank sees the same arguments, so every rank stops here alike
-    SEQPAR_ARG_CHECK(opts.ranks == 0 || opts.ranks == cfg.ranks, "--ranks ", opts.ranks,
-                     " does not match the MPI world size ", cfg.ranks,
+    SEQPAR_ARG_CHECK(opts.ranks == 0 || opts.ranks == comm->size(), "--ranks ", opts.ranks,
+                     " does not match the MPI world size ", comm->size(),
                      "; omit --ranks or launch mpirun -np ", opts.ranks);
-    Partition check(opts.seq, cfg.ranks, cfg.layout);
-    resolve_degrees(cfg);
+    job = make_job(opts, comm->size(), opts.threads > 0 ? opts.threads : 1);
   } catch (const InvalidArgument&) {
     comm.reset();
     mpi_finalize();
@@ -425,20 +601,18 @@ int run_command(const RunOptions& opts) {
   }
   Report report;
   try {
-    run_rank(*comm, cfg, &report);
+    run_rank(*comm, job, &report);
   } catch (const std::exception& e) {
     comm->abort(e.what());
     std::fprintf(stderr, "seqpar: error: rank %d: %s\n", comm->rank(), e.what());
     std::fflush(stderr);
     std::_Exit(1);
   }
-  int code = 0;
-  if (comm->rank() == 0) code = print_report(cfg, report, "mpi");
-  int32_t codes = code;
-  comm->broadcast(&codes, sizeof(codes), 0);
+  int32_t code = comm->rank() == 0 ? print_report(job, report, "mpi") : 0;
+  comm->broadcast(&code, sizeof(code), 0);
   comm.reset();
   mpi_finalize();
-  return codes;
+  return code;
 }
 
 }  // namespace seqpar::cli

@@ -10,7 +10,8 @@
 
 namespace seqpar::cli {
 
-enum class Which : uint64_t { kQ = 1, kK = 2, kV = 3 };
+// Text rows (joint attention) are their own streams, indexed by text position 0..T-1.
+enum class Which : uint64_t { kQ = 1, kK = 2, kV = 3, kTextQ = 4, kTextK = 5, kTextV = 6 };
 
 // (B, positions.size(), heads, head_dim) holding rows at the given global positions.
 // Values are uniform with unit variance (in [-sqrt(3), sqrt(3)]), rounded to dtype.

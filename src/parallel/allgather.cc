@@ -52,7 +52,8 @@ AttnState allgather_attention(Communicator& comm, const Partition& part, const T
   Tensor v_full = gather_tokens(comm, part, v);
   double t1 = now_seconds();
   const std::vector<int64_t> k_pos = part.concatenated_positions();
-  AttnParams params = kernel_params(opts, part.positions(r), k_pos);
+  KernelCall call(opts, part.positions(r), k_pos, q.dim(0));
+  const AttnParams& params = call.params;
   AttnState state = flash_attention(q, k_full, v_full, params);
   double t2 = now_seconds();
   if (stats) {

@@ -102,7 +102,8 @@ AttnState passq_attention(Communicator& comm, const KvPlacement& place, const Te
   // step 1: partial state of every query over the local shard.
   AttnState partial;
   if (total > 0 && k.dim(1) > 0) {
-    AttnParams params = kernel_params(opts, all_pos, place.kv_pos[r]);
+    KernelCall call(opts, all_pos, place.kv_pos[r], B);
+    const AttnParams& params = call.params;
     partial = flash_attention(all_q, k, v, params);
     if (stats) stats->work = visible_score_elements(B, H, total, k.dim(1), params.mask);
   } else {

@@ -53,9 +53,10 @@ AttnState ring_over_blocks(Communicator& comm, std::span<const std::span<const i
     }
 
     const auto k_pos = block_pos[src];
-    if (!q_pos.empty() && !k_pos.empty() && !fully_hidden(opts, q_pos, k_pos)) {
+    if (!fully_hidden(opts, q_pos, k_pos)) {
       double t0 = now_seconds();
-      AttnParams params = kernel_params(opts, q_pos, k_pos);
+      KernelCall call(opts, q_pos, k_pos, B);
+      AttnParams& params = call.params;
       params.progress = [&reqs] {
         for (auto& rq : reqs) rq.test();
       };

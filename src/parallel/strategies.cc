@@ -158,16 +158,26 @@ void check_strategy_shape(Strategy strategy, const Partition& part, int64_t head
   }
 }
 
-AttnParams kernel_params(const CpOptions& opts, std::span<const int64_t> q_pos,
-                         std::span<const int64_t> k_pos) {
-  AttnParams p;
-  p.scale = opts.scale;
-  p.block_q = opts.block_q;
-  p.block_k = opts.block_k;
-  p.mask.causal = opts.causal;
-  p.mask.q_pos = q_pos;
-  p.mask.k_pos = k_pos;
-  return p;
+KernelCall::KernelCall(const CpOptions& opts, std::span<const int64_t> q_pos,
+                       std::span<const int64_t> k_pos, int64_t batch) {
+  params.scale = opts.scale;
+  params.block_q = opts.block_q;
+  params.block_k = opts.block_k;
+  params.mask.causal = opts.causal;
+  params.mask.q_pos = q_pos;
+  params.mask.k_pos = k_pos;
+  if (opts.valid_len > 0) {
+    bool any_pad = false;
+    for (int64_t p : k_pos) any_pad |= p >= opts.valid_len;
+    if (any_pad) {
+      const size_t sk = k_pos.size();
+      k_valid_.resize(sk * batch);
+      for (size_t j = 0; j < sk; ++j) k_valid_[j] = k_pos[j] < opts.valid_len;
+      for (int64_t b = 1; b < batch; ++b)
+        std::copy(k_valid_.begin(), k_valid_.begin() + sk, k_valid_.begin() + b * sk);
+      params.mask.k_valid = k_valid_;
+    }
+  }
 }
 
 AttnState context_parallel_attention(Strategy strategy, SpComms& comms, const Partition& part,
@@ -216,30 +226,38 @@ CommPrediction ulysses_bytes(std::span<const int64_t> counts, int me, int64_t ba
 
 CommPrediction predict_comm_bytes(Strategy strategy, const Partition& part, int rank,
                                   int64_t batch, int64_t heads, int64_t kv_heads,
-                                  int64_t head_dim, size_t elem_bytes, int ulysses_degree) {
+                                  int64_t head_dim, size_t elem_bytes, int ulysses_degree,
+                                  int64_t text_tokens) {
   const int n = part.ranks();
   const uint64_t token_kv = 2ull * batch * kv_heads * head_dim * elem_bytes;  // K and V of a token
   CommPrediction p;
   if (n == 1) return p;
+  const uint64_t text_partials = 4ull * batch * text_tokens * heads * (head_dim + 1) * (n - 1);
+  p.sent = p.recv = text_partials;
   std::vector<int64_t> counts(n);
   for (int i = 0; i < n; ++i) counts[i] = part.count(i);
   switch (strategy) {
     case Strategy::kAllGather:
-      p.sent = token_kv * counts[rank] * (n - 1);
-      p.recv = token_kv * (part.seq() - counts[rank]);
+      p.sent += token_kv * counts[rank] * (n - 1);
+      p.recv += token_kv * (part.seq() - counts[rank]);
       break;
     case Strategy::kRing:
-      p.sent = token_kv * (part.seq() - counts[(rank + 1) % n]);
-      p.recv = token_kv * (part.seq() - counts[rank]);
+      p.sent += token_kv * (part.seq() - counts[(rank + 1) % n]);
+      p.recv += token_kv * (part.seq() - counts[rank]);
       break;
-    case Strategy::kUlysses:
-      p = ulysses_bytes(counts, rank, batch, heads, kv_heads, head_dim, elem_bytes);
+    case Strategy::kUlysses: {
+      CommPrediction u = ulysses_bytes(counts, rank, batch, heads, kv_heads, head_dim, elem_bytes);
+      p.sent += u.sent;
+      p.recv += u.recv;
       break;
+    }
     case Strategy::kUsp: {
       const int u = ulysses_degree == 0 ? n : ulysses_degree, groups = n / u;
       const int g = rank / u, me = rank % u;
-      p = ulysses_bytes(std::span(counts).subspan(g * u, u), me, batch, heads, kv_heads,
-                        head_dim, elem_bytes);
+      CommPrediction ub = ulysses_bytes(std::span(counts).subspan(g * u, u), me, batch, heads,
+                                        kv_heads, head_dim, elem_bytes);
+      p.sent += ub.sent;
+      p.recv += ub.recv;
       if (groups > 1) {
         // Ring across groups of this member's kv heads over the groups' sequences.
         std::vector<int64_t> len(groups, 0);

@@ -25,16 +25,29 @@ bool standard_gqa(HeadRange q, HeadRange kv, int64_t group);
 // per query head (expanded locally; the ring of usp then carries the expanded heads).
 int64_t ulysses_kernel_kv_heads(int64_t heads, int64_t kv_heads, int n, int j);
 
-// Kernel parameters for queries at q_pos attending keys at k_pos under opts.
-AttnParams kernel_params(const CpOptions& opts, std::span<const int64_t> q_pos,
-                         std::span<const int64_t> k_pos);
+// Kernel parameters for queries at q_pos attending keys at k_pos under opts, with the padding
+// mask (keys at positions >= opts.valid_len) for `batch` rows when padding is on. Holds the mask
+// storage, so it is neither copied nor moved; `params` refers into it.
+class KernelCall {
+ public:
+  KernelCall(const CpOptions& opts, std::span<const int64_t> q_pos, std::span<const int64_t> k_pos,
+             int64_t batch);
+  KernelCall(const KernelCall&) = delete;
+  KernelCall& operator=(const KernelCall&) = delete;
+  AttnParams params;
 
-// True if the mask hides every (query, key) pair: causal and every key comes after every query.
+ private:
+  std::vector<uint8_t> k_valid_;
+};
+
+// True if the mask hides every (query, key) pair: every key is padding, or causal and every key
+// comes after every query.
 inline bool fully_hidden(const CpOptions& opts, std::span<const int64_t> q_pos,
                          std::span<const int64_t> k_pos) {
-  if (!opts.causal || q_pos.empty() || k_pos.empty()) return false;
-  return *std::min_element(k_pos.begin(), k_pos.end()) >
-         *std::max_element(q_pos.begin(), q_pos.end());
+  if (q_pos.empty() || k_pos.empty()) return true;
+  const int64_t k_min = *std::min_element(k_pos.begin(), k_pos.end());
+  if (opts.valid_len > 0 && k_min >= opts.valid_len) return true;
+  return opts.causal && k_min > *std::max_element(q_pos.begin(), q_pos.end());
 }
 
 // The ring core: member i of comm holds the K/V block of the tokens at block_pos[i] (any

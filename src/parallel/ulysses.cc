@@ -223,7 +223,8 @@ AttnState ulysses_attention(Communicator& comm, const Partition& part, const Ten
                       [&](const Tensor& ql, const Tensor& kl, const Tensor& vl,
                           std::span<const int64_t> pos) {
                         double t0 = now_seconds();
-                        AttnParams params = kernel_params(opts, pos, pos);
+                        KernelCall call(opts, pos, pos, ql.dim(0));
+                        const AttnParams& params = call.params;
                         AttnState s = flash_attention(ql, kl, vl, params);
                         if (stats) {
                           stats->work += visible_score_elements(ql.dim(0), ql.dim(2), ql.dim(1),

@@ -44,6 +44,9 @@ struct CpOptions {
   int block_q = 0;    // kernel block sizes, 0 = the kernel's choice
   int block_k = 0;
   UlyssesMode ulysses_mode = UlyssesMode::kUaa;
+  // Padding (auto_pad): keys at positions >= valid_len are padding and masked; 0 = no padding.
+  // The outputs of padded queries are computed but meaningless; callers drop them.
+  int64_t valid_len = 0;
 };
 
 // The communicators a strategy runs on: the sequence-parallel group (N ranks) and, for usp, its
@@ -104,6 +107,22 @@ AttnState ulysses_attention(Communicator& comm, const Partition& part, const Ten
 AttnState usp_attention(SpComms& comms, const Partition& part, const Tensor& q, const Tensor& k,
                         const Tensor& v, const CpOptions& opts, CpStats* stats = nullptr);
 
+// Joint attention (MMDiT dual stream): the image tokens are sharded by `part`, the T text tokens
+// are replicated on every rank (text_q (B, T, H, D), text_k/v (B, T, Hkv, D), the same on every
+// rank). Together they form one bidirectional sequence, text after the image (positions
+// part.seq() .. part.seq()+T-1). Image queries attend the image keys through `strategy` and the
+// text keys locally; text queries attend the local image shard, their partial states are
+// all-gathered and merged (every text key and value counted exactly once), then the text keys.
+// Returns the image state (B, n_r, H, D) and the text state (B, T, H, D), identical on all ranks.
+struct JointState {
+  AttnState image;
+  AttnState text;
+};
+JointState joint_attention(Strategy strategy, SpComms& comms, const Partition& part,
+                           const Tensor& q, const Tensor& k, const Tensor& v,
+                           const Tensor& text_q, const Tensor& text_k, const Tensor& text_v,
+                           const CpOptions& opts, CpStats* stats = nullptr);
+
 // Throws InvalidArgument (naming the sizes and what would work) if the strategy cannot run this
 // shape: strict Ulysses with indivisible sequence or heads, usp degrees that do not multiply to
 // the ranks, strict usp ring groups of different lengths.
@@ -121,9 +140,11 @@ struct CommPrediction {
   uint64_t sent = 0;
   uint64_t recv = 0;
 };
-// heads is the query head count (used by ulysses and usp); ulysses_degree by usp (0 = N).
+// heads is the query head count (used by ulysses and usp); ulysses_degree by usp (0 = N);
+// text_tokens > 0 adds the all-gather of the text queries' partial states of joint attention.
 CommPrediction predict_comm_bytes(Strategy strategy, const Partition& part, int rank,
                                   int64_t batch, int64_t heads, int64_t kv_heads,
-                                  int64_t head_dim, size_t elem_bytes, int ulysses_degree = 0);
+                                  int64_t head_dim, size_t elem_bytes, int ulysses_degree = 0,
+                                  int64_t text_tokens = 0);
 
 }  // namespace seqpar
