@@ -138,10 +138,16 @@ void check_strategy_shape(Strategy strategy, const Partition& part, int64_t head
     SEQPAR_ARG_CHECK(heads % u == 0, "--ulysses-mode strict needs --heads ", heads,
                      " divisible by the Ulysses degree ", u, "; valid degrees here: ",
                      valid.empty() ? "none" : valid, "; or use --ulysses-mode uaa");
-    SEQPAR_ARG_CHECK(part.seq() % n == 0, "--ulysses-mode strict needs --seq ", part.seq(),
-                     " divisible by the ", n, " ranks (remainder ", part.seq() % n,
-                     "); pad to ", (part.seq() + n - 1) / n * n,
-                     " tokens, or use --ulysses-mode uaa");
+    // The all-to-all of strict mode needs equal shards inside each Ulysses group.
+    for (int r = 0; r < n; ++r) {
+      const int first = r / u * u;
+      SEQPAR_ARG_CHECK(part.count(r) == part.count(first), "--ulysses-mode strict needs equal ",
+                       "shards in a Ulysses group, but rank ", first, " holds ",
+                       part.count(first), " tokens and rank ", r, " holds ", part.count(r),
+                       " (--seq ", part.seq(), " on ", n, " ranks, remainder ",
+                       part.seq() % n, "); pad to ", (part.seq() + n - 1) / n * n,
+                       " tokens (--pad), or use --ulysses-mode uaa");
+    }
   }
   if (strategy == Strategy::kUsp && opts.ulysses_mode == UlyssesMode::kStrict) {
     // Ring peers must hold sequences of one length after the Ulysses exchange.
