@@ -1,0 +1,234 @@
+// Backend-independent parts of the communicator: CommStats, Request, the default timeout and the
+// shared op rules of op_rules.h.
+#include "seqpar/comm/communicator.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+
+#include "comm/op_rules.h"
+
+namespace seqpar {
+
+std::string_view op_kind_name(OpKind kind) {
+  switch (kind) {
+    case OpKind::kSendRecv:
+      return "send_recv";
+    case OpKind::kAllGather:
+      return "all_gather";
+    case OpKind::kAllToAll:
+      return "all_to_all";
+    case OpKind::kAllReduce:
+      return "all_reduce";
+    case OpKind::kBroadcast:
+      return "broadcast";
+    case OpKind::kBarrier:
+      return "barrier";
+    case OpKind::kCount:
+      break;
+  }
+  return "unknown";
+}
+
+uint64_t CommStats::total_sent() const {
+  uint64_t t = 0;
+  for (uint64_t b : bytes_sent) t += b;
+  return t;
+}
+
+uint64_t CommStats::total_recv() const {
+  uint64_t t = 0;
+  for (uint64_t b : bytes_recv) t += b;
+  return t;
+}
+
+void CommStats::add(OpKind kind, uint64_t sent, uint64_t recv) {
+  const auto k = static_cast<size_t>(kind);
+  SEQPAR_CHECK(k < bytes_sent.size(), "bad OpKind");
+  bytes_sent[k] += sent;
+  bytes_recv[k] += recv;
+  ops[k] += 1;
+}
+
+CommStats& CommStats::operator+=(const CommStats& o) {
+  for (size_t k = 0; k < bytes_sent.size(); ++k) {
+    bytes_sent[k] += o.bytes_sent[k];
+    bytes_recv[k] += o.bytes_recv[k];
+    ops[k] += o.ops[k];
+  }
+  wait_seconds += o.wait_seconds;
+  return *this;
+}
+
+void Request::wait() {
+  if (!impl_) return;
+  impl_->wait();
+  impl_.reset();  // done: later waits return at once
+}
+
+bool Request::test() {
+  if (!impl_) return true;
+  if (!impl_->test()) return false;
+  impl_.reset();
+  return true;
+}
+
+void wait_all(std::span<Request> requests) {
+  std::exception_ptr first;
+  for (Request& r : requests) {
+    try {
+      r.wait();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+std::chrono::milliseconds Communicator::default_timeout() {
+  constexpr std::chrono::milliseconds kDefault{60'000};
+  const char* env = std::getenv("SEQPAR_TIMEOUT_S");
+  if (env == nullptr || *env == '\0') return kDefault;
+  errno = 0;
+  char* end = nullptr;
+  const double seconds = std::strtod(env, &end);
+  const bool parsed = end != env && *end == '\0' && errno == 0;
+  // Upper bound: ~31 years, far from overflowing steady_clock deadlines.
+  SEQPAR_ARG_CHECK(parsed && std::isfinite(seconds) && seconds > 0 && seconds <= 1e9,
+                   "SEQPAR_TIMEOUT_S='", env,
+                   "' is not valid: expected a positive number of seconds (e.g. 60 or 0.5)");
+  const auto ms = static_cast<int64_t>(std::llround(seconds * 1000.0));
+  return std::chrono::milliseconds(ms < 1 ? 1 : ms);
+}
+
+double Communicator::all_reduce_max(double x) {
+  all_reduce(&x, 1, Elem::kF64, ReduceOp::kMax);
+  return x;
+}
+
+double Communicator::all_reduce_sum(double x) {
+  all_reduce(&x, 1, Elem::kF64, ReduceOp::kSum);
+  return x;
+}
+
+namespace comm_rules {
+
+void check_peer(int peer, int size, const char* what) {
+  SEQPAR_ARG_CHECK(peer >= 0 && peer < size, what, " ", peer, " is out of range: the group has ",
+                   size, " ranks (0..", size - 1, ")");
+}
+
+void check_tag(int tag) { SEQPAR_ARG_CHECK(tag >= 0, "tag ", tag, " is invalid: tags are >= 0"); }
+
+void check_counts(std::span<const size_t> counts, int size, const char* what) {
+  SEQPAR_ARG_CHECK(counts.size() == static_cast<size_t>(size), what, " has ", counts.size(),
+                   " entries, expected one per rank (", size, ")");
+}
+
+void check_buffer(const void* p, size_t bytes, const char* what) {
+  SEQPAR_ARG_CHECK(p != nullptr || bytes == 0, what, " is null but ", bytes, " bytes are expected");
+}
+
+void check_gather_buffers(const void* send, size_t bytes, const void* recv, size_t offset,
+                          size_t total, const char* what) {
+  const auto* s = static_cast<const char*>(send);
+  const auto* r = static_cast<const char*>(recv);
+  if (bytes == 0 || total == 0 || s == r + offset) return;
+  const bool overlap = s < r + total && r < s + bytes;
+  SEQPAR_ARG_CHECK(!overlap, what, ": send overlaps recv; pass either a separate buffer or this ",
+                   "rank's block of recv (recv + ", offset, ") to gather in place");
+}
+
+size_t elem_size(Communicator::Elem elem) { return elem == Communicator::Elem::kF32 ? 4 : 8; }
+
+std::string_view elem_name(Communicator::Elem elem) {
+  switch (elem) {
+    case Communicator::Elem::kF32:
+      return "f32";
+    case Communicator::Elem::kF64:
+      return "f64";
+    case Communicator::Elem::kI64:
+      return "i64";
+  }
+  return "?";
+}
+
+std::string_view reduce_name(ReduceOp op) { return op == ReduceOp::kSum ? "sum" : "max"; }
+
+void account_send(CommStats& s, size_t bytes, bool self) {
+  s.add(OpKind::kSendRecv, self ? 0 : bytes, 0);
+}
+
+void account_recv(CommStats& s, size_t bytes, bool self) {
+  s.add(OpKind::kSendRecv, 0, self ? 0 : bytes);
+}
+
+void account_all_gather(CommStats& s, size_t bytes, int size) {
+  const uint64_t others = static_cast<uint64_t>(size - 1);
+  s.add(OpKind::kAllGather, bytes * others, bytes * others);
+}
+
+void account_all_gatherv(CommStats& s, std::span<const size_t> counts, int rank) {
+  uint64_t recv = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (static_cast<int>(i) != rank) recv += counts[i];
+  }
+  s.add(OpKind::kAllGather, counts[rank] * static_cast<uint64_t>(counts.size() - 1), recv);
+}
+
+void account_all_to_all(CommStats& s, size_t bytes_per_rank, int size) {
+  const uint64_t b = bytes_per_rank * static_cast<uint64_t>(size - 1);
+  s.add(OpKind::kAllToAll, b, b);
+}
+
+void account_all_to_allv(CommStats& s, std::span<const size_t> send_counts,
+                         std::span<const size_t> recv_counts, int rank) {
+  uint64_t sent = 0, recv = 0;
+  for (size_t j = 0; j < send_counts.size(); ++j) {
+    if (static_cast<int>(j) == rank) continue;
+    sent += send_counts[j];
+    recv += recv_counts[j];
+  }
+  s.add(OpKind::kAllToAll, sent, recv);
+}
+
+void account_all_reduce(CommStats& s, size_t bytes, int size) {
+  const uint64_t b = bytes * static_cast<uint64_t>(size - 1);
+  s.add(OpKind::kAllReduce, b, b);
+}
+
+void account_broadcast(CommStats& s, size_t bytes, int root, int rank, int size) {
+  if (rank == root) {
+    s.add(OpKind::kBroadcast, bytes * static_cast<uint64_t>(size - 1), 0);
+  } else {
+    s.add(OpKind::kBroadcast, 0, bytes);
+  }
+}
+
+void account_barrier(CommStats& s) { s.add(OpKind::kBarrier, 0, 0); }
+
+std::string format_seconds(std::chrono::milliseconds t) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", static_cast<double>(t.count()) / 1000.0);
+  return buf;
+}
+
+std::string rank_label(int rank, int world_rank, bool is_world) {
+  if (is_world) return detail::concat("rank ", rank);
+  return detail::concat("rank ", rank, " (world rank ", world_rank, ")");
+}
+
+std::string timeout_message(std::chrono::milliseconds t, const std::string& who,
+                            const std::string& what) {
+  return detail::concat("timeout after ", format_seconds(t), " s: ", who, " waiting for ", what,
+                        "; set SEQPAR_TIMEOUT_S to wait longer");
+}
+
+std::string peer_failed_message(int world_rank, const std::string& message) {
+  return detail::concat("rank ", world_rank, " failed: ", message);
+}
+
+}  // namespace comm_rules
+}  // namespace seqpar
