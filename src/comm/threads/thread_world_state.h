@@ -1,0 +1,119 @@
+// The shared state of a ThreadWorld: the world-wide abort flag, the point-to-point matching
+// queues and the groups (world and splits) with their collective rendezvous. Private to
+// src/comm/threads/.
+//
+// Synchronization: one mutex and one condition variable per world guard every field below
+// (except `aborted`, also readable without the lock as a fast-path hint). Data never moves under
+// the lock: a matched send/recv pair is marked kCopying, the copy runs unlocked, then both are
+// marked kDone; collectives read peers' buffers between two rendezvous of their group.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "seqpar/comm/communicator.h"
+
+namespace seqpar {
+
+// One pending isend or irecv.
+struct ThreadP2pOp {
+  enum class State { kPosted, kCopying, kDone, kFailed };
+  bool is_send = false;
+  const void* send_buf = nullptr;  // is_send
+  void* recv_buf = nullptr;        // !is_send
+  size_t bytes = 0;
+  uint64_t group_id = 0;
+  int src = 0, dst = 0, tag = 0;  // ranks in the group
+  State state = State::kPosted;
+  std::string error;  // kFailed
+};
+
+// Matching queue of one (group, src, dst, tag): FIFO on both sides; at most one side non-empty.
+struct ThreadChannel {
+  std::deque<std::shared_ptr<ThreadP2pOp>> sends;
+  std::deque<std::shared_ptr<ThreadP2pOp>> recvs;
+};
+
+// What a rank brings to a collective, published at its first rendezvous.
+enum class CollKind {
+  kAllGather,
+  kAllGatherV,
+  kAllToAll,
+  kAllToAllV,
+  kAllReduce,
+  kBroadcast,
+  kBarrier,
+  kSplit
+};
+
+struct CollSlot {
+  CollKind kind = CollKind::kBarrier;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  size_t bytes = 0;                     // all_gather, all_to_all, broadcast
+  std::span<const size_t> counts;       // all_gatherv (all), all_to_allv (send counts)
+  std::span<const size_t> recv_counts;  // all_to_allv
+  size_t n = 0;                         // all_reduce
+  Communicator::Elem elem = Communicator::Elem::kF32;
+  ReduceOp op = ReduceOp::kSum;
+  int root = 0;            // broadcast
+  int color = 0, key = 0;  // split
+};
+
+// A group of ranks (the world or one color of a split) shared by its members' communicators.
+struct ThreadGroup {
+  uint64_t id = 0;
+  std::vector<int> world_ranks;  // member i -> world rank
+  // Collective rendezvous.
+  std::vector<CollSlot> slots;     // member i's slot of the current collective
+  std::vector<uint64_t> arrivals;  // rendezvous each member has entered (to name late ranks)
+  int arrived = 0;                 // members at the current rendezvous
+  uint64_t generation = 0;         // completed rendezvous
+  std::string mismatch;            // set by the last arriver of a first rendezvous, if any
+
+  int size() const { return static_cast<int>(world_ranks.size()); }
+};
+
+class ThreadWorldState {
+ public:
+  ThreadWorldState(int size, std::chrono::milliseconds timeout);
+
+  // Marks the world failed (first call wins) and wakes every waiter. Never throws.
+  void abort(int world_rank, const std::string& message);
+  void abort_locked(int world_rank, const std::string& message);
+  // "rank R failed: message" of the first abort. Requires the lock and aborted.
+  std::string failure_locked() const;
+
+  const int size;
+  const std::chrono::milliseconds timeout;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::atomic<bool> aborted{false};
+  int abort_rank = -1;
+  std::string abort_message;
+
+  using ChannelKey = std::tuple<uint64_t, int, int, int>;  // group, src, dst, tag
+  std::map<ChannelKey, ThreadChannel> channels;
+
+  // Groups being created by a split: (parent group, split number, color) -> group, fetches left.
+  using SplitKey = std::tuple<uint64_t, uint64_t, int>;
+  std::map<SplitKey, std::pair<std::shared_ptr<ThreadGroup>, int>> pending_splits;
+  uint64_t next_group_id = 1;
+
+  std::shared_ptr<ThreadGroup> world_group;
+  std::vector<bool> handed_out;  // communicator(r) already called
+};
+
+}  // namespace seqpar
