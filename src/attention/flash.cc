@@ -1,0 +1,631 @@
+// Blockwise flash attention on the CPU (see docs/kernel.md).
+//
+// Steps, for one work item = (batch b, kv head hk, a chunk of query blocks, some of the query
+// heads that read hk):
+//   0. pack each (query block, head) "tile" of Q into a contiguous (rows, D) buffer; O = 0,
+//      running max m = -inf, running sum l = 0 per row.
+//   1. for each key block kb (Bk keys):
+//        classify (query block, kb) from the mask: skip (fully masked: never computed), full,
+//        range (each row sees one contiguous run of keys: causal with sorted positions,
+//        sorted segments) or general (per-element mask);
+//        pack K and V of kb once (converted to the matmul dtype) and reuse them for every tile;
+//        for each tile that is not skipped:
+//          S = Q·Kᵀ                         oneDNN matmul (rows × nk, K = D)
+//          mask S, then per row the online softmax update with a stale running max
+//          (simd.h: exp2 with scale·log2(e) and the max folded into one FMA), P in place
+//          O += P·V                         oneDNN matmul with a sum post-op (rows × D, K = nk)
+//        call params.progress() (from the calling thread only).
+//   2. out = O / l, lse = (m + log2 l)·ln 2; rows that saw no key stay out = 0, lse = -inf.
+// Work items run in an OpenMP loop over the caller's thread count (omp_get_max_threads(); never
+// changed here); oneDNN runs single-threaded inside it.
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <dnnl.hpp>
+#include <exception>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "attention/simd.h"
+#include "seqpar/attention/attention.h"
+#include "seqpar/core/error.h"
+
+namespace seqpar {
+
+namespace {
+
+namespace simd = attn_simd;
+using dnnl::memory;
+
+constexpr int64_t kDefaultBlockQ = 256;
+constexpr int64_t kDefaultBlockK = 256;
+// At most this many (query block, head) tiles per work item: bounds the per-thread buffers
+// (two (Bq, D) fp32 buffers per tile) while amortizing the K/V packing over the tiles.
+constexpr int64_t kMaxTilesPerItem = 16;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// ---- oneDNN matmuls, cached per thread ---------------------------------------------------------
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+// C (m × n, row stride ldc) = A (m × k, row stride lda) · B (k × n) [+ C]; B's element (kk, nn)
+// sits at kk·ldb_k + nn·ldb_n (so a row-major K block is a transposed B for Q·Kᵀ).
+struct MatmulShape {
+  int64_t m, n, k, lda, ldb_k, ldb_n, ldc;
+  memory::data_type ab_type;  // f32 or bf16; C is always f32
+  bool accumulate;            // C += A·B (sum post-op)
+  bool operator==(const MatmulShape&) const = default;
+};
+
+struct MatmulShapeHash {
+  size_t operator()(const MatmulShape& s) const {
+    size_t h = 0;
+    for (int64_t x : {s.m, s.n, s.k, s.lda, s.ldb_k, s.ldb_n, s.ldc,
+                      static_cast<int64_t>(s.ab_type), static_cast<int64_t>(s.accumulate)}) {
+      h = h * 1000003u ^ std::hash<int64_t>()(x);
+    }
+    return h;
+  }
+};
+
+dnnl::matmul::primitive_desc make_matmul_pd(const MatmulShape& s) {
+  const memory::desc a_md({s.m, s.k}, s.ab_type, memory::dims{s.lda, 1});
+  const memory::desc b_md({s.k, s.n}, s.ab_type, memory::dims{s.ldb_k, s.ldb_n});
+  const memory::desc c_md({s.m, s.n}, memory::data_type::f32, memory::dims{s.ldc, 1});
+  dnnl::primitive_attr attr;
+  if (s.accumulate) {
+    dnnl::post_ops ops;
+    ops.append_sum(1.f);
+    attr.set_post_ops(ops);
+  }
+  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, cpu_engine());
+}
+
+// Primitive creation is slow (JIT); execution of a cached one is cheap. One cache per thread, so
+// no locking; bounded so that a process seeing many tail shapes does not grow without limit.
+class MatmulCache {
+ public:
+  void run(const MatmulShape& s, const void* a, const void* b, float* c) {
+    auto it = map_.find(s);
+    if (it == map_.end()) {
+      if (map_.size() >= kCapacity) map_.clear();
+      auto pd = make_matmul_pd(s);
+      Entry e{dnnl::matmul(pd), memory(pd.src_desc(), cpu_engine(), DNNL_MEMORY_NONE),
+              memory(pd.weights_desc(), cpu_engine(), DNNL_MEMORY_NONE),
+              memory(pd.dst_desc(), cpu_engine(), DNNL_MEMORY_NONE)};
+      it = map_.emplace(s, std::move(e)).first;
+    }
+    Entry& e = it->second;
+    e.a.set_data_handle(const_cast<void*>(a));
+    e.b.set_data_handle(const_cast<void*>(b));
+    e.c.set_data_handle(c);
+    e.prim.execute(stream_, {{DNNL_ARG_SRC, e.a}, {DNNL_ARG_WEIGHTS, e.b}, {DNNL_ARG_DST, e.c}});
+  }
+
+ private:
+  static constexpr size_t kCapacity = 256;
+  struct Entry {
+    dnnl::matmul prim;
+    memory a, b, c;
+  };
+  dnnl::stream stream_{cpu_engine()};
+  std::unordered_map<MatmulShape, Entry, MatmulShapeHash> map_;
+};
+
+MatmulCache& thread_matmul_cache() {
+  thread_local MatmulCache cache;
+  return cache;
+}
+
+// ---- which matmul path bf16 inputs take ---------------------------------------------------------
+
+// oneDNN's cpu_isa values are bit sets: an ISA includes avx512_core_bf16 iff all its bits are set.
+bool onednn_has_bf16_isa() {
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto want = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+  return (isa & want) == want;
+}
+
+// bf16 inputs use a bf16 matmul (bf16 A/B, fp32 C) only where the CPU has avx512_bf16 or AMX and
+// oneDNN can build it; elsewhere the blocks are converted to fp32. SEQPAR_KERNEL_BF16_MATMUL=0
+// forces the conversion path.
+bool use_bf16_matmul() {
+  static const bool use = [] {
+    const char* env = std::getenv("SEQPAR_KERNEL_BF16_MATMUL");
+    if (env != nullptr && std::string(env) == "0") return false;
+    if (!onednn_has_bf16_isa()) return false;
+    try {
+      make_matmul_pd({256, 256, 128, 128, 1, 128, 256, memory::data_type::bf16, false});
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return use;
+}
+
+// ---- the mask, summarized per block ----------------------------------------------------------
+
+enum class BlockKind { kSkip, kFull, kRange, kGeneral };
+
+struct BlockSummary {
+  int64_t pos_min, pos_max;
+  bool pos_sorted;  // non-decreasing
+  int64_t seg_min, seg_max;
+  bool seg_sorted;
+};
+
+// The first j in [l, h) with pred(j) false, for pred true on a prefix of [l, h).
+template <typename Pred>
+int64_t partition_point(int64_t l, int64_t h, Pred pred) {
+  while (l < h) {
+    const int64_t mid = l + (h - l) / 2;
+    if (pred(mid)) {
+      l = mid + 1;
+    } else {
+      h = mid;
+    }
+  }
+  return l;
+}
+
+class MaskPlan {
+ public:
+  MaskPlan(const MaskSpec& mask, int64_t batch, int64_t sq, int64_t sk, int64_t bq, int64_t bk)
+      : m_(mask), sq_(sq), sk_(sk), bq_(bq), bk_(bk) {
+    seg_ = !mask.q_segment.empty();
+    const int64_t nqb = (sq + bq - 1) / bq, nkb = (sk + bk - 1) / bk;
+    for (int64_t qb = 0; qb < nqb; ++qb) {
+      qblk_.push_back(summarize(qb * bq, std::min(sq, (qb + 1) * bq), true));
+    }
+    for (int64_t kb = 0; kb < nkb; ++kb) {
+      kblk_.push_back(summarize(kb * bk, std::min(sk, (kb + 1) * bk), false));
+    }
+    if (!mask.k_valid.empty()) {
+      valid_count_.resize(static_cast<size_t>(batch * nkb));
+      for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t kb = 0; kb < nkb; ++kb) {
+          int64_t c = 0;
+          for (int64_t j = kb * bk; j < std::min(sk, (kb + 1) * bk); ++j) {
+            c += mask.k_valid[b * sk + j] != 0;
+          }
+          valid_count_[b * nkb + kb] = c;
+        }
+      }
+    }
+  }
+
+  int64_t qpos(int64_t i) const { return m_.q_pos.empty() ? i : m_.q_pos[i]; }
+  int64_t kpos(int64_t j) const { return m_.k_pos.empty() ? j : m_.k_pos[j]; }
+  int64_t qseg(int64_t i) const { return seg_ ? m_.q_segment[i] : 0; }
+  int64_t kseg(int64_t j) const { return seg_ ? m_.k_segment[j] : 0; }
+  bool key_valid(int64_t b, int64_t j) const {
+    return m_.k_valid.empty() || m_.k_valid[b * sk_ + j] != 0;
+  }
+  bool visible(int64_t b, int64_t i, int64_t j) const {
+    return (!m_.causal || kpos(j) <= qpos(i)) && key_valid(b, j) && qseg(i) == kseg(j);
+  }
+  // Keys of block kb that are padding for batch b: none, all or some.
+  bool keys_all_valid(int64_t b, int64_t kb) const {
+    return m_.k_valid.empty() || valid_count_[b * kblk_.size() + kb] == block_keys(kb);
+  }
+  int64_t block_keys(int64_t kb) const { return std::min(sk_, (kb + 1) * bk_) - kb * bk_; }
+
+  BlockKind classify(int64_t b, int64_t qb, int64_t kb) const {
+    const BlockSummary& q = qblk_[qb];
+    const BlockSummary& k = kblk_[kb];
+    if (m_.causal && k.pos_min > q.pos_max) return BlockKind::kSkip;
+    if (!m_.k_valid.empty() && valid_count_[b * kblk_.size() + kb] == 0) return BlockKind::kSkip;
+    if (seg_ && (k.seg_max < q.seg_min || k.seg_min > q.seg_max)) return BlockKind::kSkip;
+    const bool causal_full = !m_.causal || k.pos_max <= q.pos_min;
+    const bool seg_full =
+        !seg_ || (q.seg_min == q.seg_max && k.seg_min == k.seg_max && q.seg_min == k.seg_min);
+    if (causal_full && seg_full) return BlockKind::kFull;  // padding handled per key
+    // Each row's visible keys form one run when the keys are sorted by what masks them.
+    if ((causal_full || k.pos_sorted) && (seg_full || k.seg_sorted)) {
+      return BlockKind::kRange;
+    }
+    return BlockKind::kGeneral;
+  }
+
+  // For a kFull/kRange block: the run [lo, hi) of block-relative keys row i (global index)
+  // sees, before padding. Requires classify() to have said kFull or kRange.
+  void row_run(int64_t i, int64_t kb, int64_t* lo, int64_t* hi) const {
+    const int64_t k0 = kb * bk_, nk = block_keys(kb);
+    int64_t a = 0, e = nk;
+    if (seg_) {
+      const int64_t s = qseg(i);
+      const BlockSummary& k = kblk_[kb];
+      if (!(k.seg_min == k.seg_max && k.seg_min == s)) {  // the run of segment s (sorted)
+        a = partition_point(0, nk, [&](int64_t j) { return kseg(k0 + j) < s; });
+        e = partition_point(a, nk, [&](int64_t j) { return kseg(k0 + j) <= s; });
+      }
+    }
+    if (m_.causal && kblk_[kb].pos_max > qpos(i)) {  // its prefix with pos <= q pos (sorted)
+      const int64_t p = qpos(i);
+      e = partition_point(a, e, [&](int64_t j) { return kpos(k0 + j) <= p; });
+    }
+    *lo = a;
+    *hi = e;
+  }
+
+ private:
+  BlockSummary summarize(int64_t from, int64_t to, bool query) const {
+    BlockSummary s{std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min(), true,
+                   std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min(), true};
+    for (int64_t i = from; i < to; ++i) {
+      const int64_t p = query ? qpos(i) : kpos(i);
+      const int64_t g = query ? qseg(i) : kseg(i);
+      if (i > from) {
+        s.pos_sorted = s.pos_sorted && p >= (query ? qpos(i - 1) : kpos(i - 1));
+        s.seg_sorted = s.seg_sorted && g >= (query ? qseg(i - 1) : kseg(i - 1));
+      }
+      s.pos_min = std::min(s.pos_min, p);
+      s.pos_max = std::max(s.pos_max, p);
+      s.seg_min = std::min(s.seg_min, g);
+      s.seg_max = std::max(s.seg_max, g);
+    }
+    return s;
+  }
+
+  const MaskSpec& m_;
+  int64_t sq_, sk_, bq_, bk_;
+  bool seg_ = false;
+  std::vector<BlockSummary> qblk_, kblk_;
+  std::vector<int64_t> valid_count_;  // (B, number of key blocks)
+};
+
+// ---- per-thread buffers ----------------------------------------------------------------------
+
+// A grow-only, 64-byte aligned scratch buffer.
+class Scratch {
+ public:
+  template <typename T>
+  T* get(int64_t count) {
+    const size_t bytes = static_cast<size_t>(count) * sizeof(T);
+    if (bytes > size_) {
+      const size_t alloc = (bytes + 63) / 64 * 64;
+      void* p = std::aligned_alloc(64, alloc);
+      if (p == nullptr) throw Error(detail::concat("out of memory allocating ", alloc, " bytes"));
+      ptr_.reset(p);
+      size_ = alloc;
+    }
+    return static_cast<T*>(ptr_.get());
+  }
+
+ private:
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
+  std::unique_ptr<void, Free> ptr_;
+  size_t size_ = 0;
+};
+
+struct Workspace {
+  Scratch q, qtile, o, m, l, k, v, s, p16, lo, hi, emask, invalid;
+};
+
+// ---- one call's constants -----------------------------------------------------------------------
+
+struct Problem {
+  const Tensor *q, *k, *v;
+  int64_t nb, sq, nh, d, sk, nkv, group;
+  int64_t bq, bk, ld_s;  // block sizes; row stride of the score block
+  int64_t nqb, nkb;
+  float c;        // scale · log2(e)
+  DType in_type;  // storage of q, k, v
+  bool bf16_mm;   // bf16 matmul (else fp32 matmul on converted blocks)
+  memory::data_type mm_type;
+  const simd::Kernels* kern;
+  simd::RowUpdateF32 row_update;
+  const MaskPlan* plan;
+  const std::function<void()>* progress;
+};
+
+// Makes `rows` rows of d elements (source row stride src_ld elements, storage in_type) available
+// as a contiguous (rows, d) block of the matmul type: the source itself when it already is one,
+// else a copy (or conversion to fp32) into dst. Returns the block.
+const void* pack_rows(const Problem& p, const void* src, int64_t src_ld, int64_t rows, void* dst) {
+  const int64_t d = p.d;
+  const bool same_type = p.in_type == DType::kF32 || (p.in_type == DType::kBF16 && p.bf16_mm);
+  if (same_type && src_ld == d) return src;  // one head: rows are already contiguous
+  if (p.in_type == DType::kF32) {
+    const float* s = static_cast<const float*>(src);
+    float* o = static_cast<float*>(dst);
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(o + r * d, s + r * src_ld, d * sizeof(float));
+    return dst;
+  }
+  const uint16_t* s = static_cast<const uint16_t*>(src);
+  if (p.bf16_mm) {
+    uint16_t* o = static_cast<uint16_t*>(dst);
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(o + r * d, s + r * src_ld, d * 2);
+    return dst;
+  }
+  float* o = static_cast<float*>(dst);
+  auto conv = p.in_type == DType::kBF16 ? p.kern->bf16_to_f32 : p.kern->f16_to_f32;
+  for (int64_t r = 0; r < rows; ++r) conv(s + r * src_ld, o + r * d, d);
+  return dst;
+}
+
+// The work item: batch b, kv head hk, query blocks [qb0, qb1), query heads hk·group + [g0, g1),
+// key blocks [kb0, kb1). Writes its rows of the state (out, lse) over those keys.
+struct Item {
+  int64_t b, hk, qb0, qb1, g0, g1, kb0, kb1;
+};
+
+void run_item(const Problem& p, const Item& it, float* out, float* lse, Workspace& ws,
+              bool calling_thread) {
+  const int64_t b = it.b, hk = it.hk, qb0 = it.qb0, qb1 = it.qb1, g0 = it.g0, g1 = it.g1;
+  const int64_t d = p.d, bq = p.bq, bk = p.bk, ld_s = p.ld_s;
+  const int64_t ng = g1 - g0, nqt = qb1 - qb0, tiles = nqt * ng;
+  const size_t esz = p.bf16_mm ? 2 : 4;  // bytes per packed element
+  char* qbuf = ws.q.get<char>(tiles * bq * d * esz);
+  float* obuf = ws.o.get<float>(tiles * bq * d);
+  float* mbuf = ws.m.get<float>(tiles * bq);
+  double* lbuf = ws.l.get<double>(tiles * bq);
+  char* kbuf = ws.k.get<char>(bk * d * esz);
+  char* vbuf = ws.v.get<char>(bk * d * esz);
+  float* sbuf = ws.s.get<float>(bq * ld_s);
+  uint16_t* p16 = p.bf16_mm ? ws.p16.get<uint16_t>(bq * ld_s) : nullptr;
+  int64_t* lo = ws.lo.get<int64_t>(bq);
+  int64_t* hi = ws.hi.get<int64_t>(bq);
+  uint8_t* emask = ws.emask.get<uint8_t>(bq * bk);
+  int64_t* invalid = ws.invalid.get<int64_t>(bk);
+  const size_t in_esz = dtype_size(p.in_type);
+  const char* qsrc = static_cast<const char*>(p.q->raw());
+  const char* ksrc = static_cast<const char*>(p.k->raw());
+  const char* vsrc = static_cast<const char*>(p.v->raw());
+
+  auto tile_rows = [&](int64_t t) { return std::min(bq, p.sq - (qb0 + t / ng) * bq); };
+  // Step 0: pack Q tiles; reset the accumulators.
+  const void** qtile = ws.qtile.get<const void*>(tiles);
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t i0 = (qb0 + t / ng) * bq, h = hk * p.group + g0 + t % ng;
+    const char* src = qsrc + (((b * p.sq + i0) * p.nh + h) * d) * in_esz;
+    qtile[t] = pack_rows(p, src, p.nh * d, tile_rows(t), qbuf + t * bq * d * esz);
+  }
+  std::fill_n(obuf, tiles * bq * d, 0.f);
+  std::fill_n(mbuf, tiles * bq, kNegInf);
+  std::fill_n(lbuf, tiles * bq, 0.0);
+
+  std::vector<BlockKind> kinds(static_cast<size_t>(nqt));
+  // Step 1: walk the key blocks.
+  for (int64_t kb = it.kb0; kb < it.kb1; ++kb) {
+    bool any = false;
+    for (int64_t qt = 0; qt < nqt; ++qt) {
+      kinds[qt] = p.plan->classify(b, qb0 + qt, kb);
+      any = any || kinds[qt] != BlockKind::kSkip;
+    }
+    if (!any) continue;  // fully masked for every tile: never touched
+    const int64_t k0 = kb * bk, nk = p.plan->block_keys(kb);
+    const int64_t kv_off = ((b * p.sk + k0) * p.nkv + hk) * d;
+    const void* kblk = pack_rows(p, ksrc + kv_off * in_esz, p.nkv * d, nk, kbuf);
+    const void* vblk = pack_rows(p, vsrc + kv_off * in_esz, p.nkv * d, nk, vbuf);
+    // Padding keys of this block (for rows whose run is computed from positions/segments).
+    int64_t n_invalid = 0;
+    if (!p.plan->keys_all_valid(b, kb)) {
+      for (int64_t j = 0; j < nk; ++j) {
+        if (!p.plan->key_valid(b, k0 + j)) invalid[n_invalid++] = j;
+      }
+    }
+    const MatmulShape qk{0, nk, d, d, 1, d, ld_s, p.mm_type, false};
+    const MatmulShape pv{0, d, nk, ld_s, d, 1, d, p.mm_type, true};
+
+    for (int64_t qt = 0; qt < nqt; ++qt) {
+      const BlockKind kind = kinds[qt];
+      if (kind == BlockKind::kSkip) continue;
+      const int64_t i0 = (qb0 + qt) * bq, rows = std::min(bq, p.sq - i0);
+      // The mask of this (query block, key block), shared by all heads of the item.
+      if (kind == BlockKind::kGeneral) {
+        for (int64_t r = 0; r < rows; ++r) {
+          lo[r] = 0;
+          hi[r] = nk;
+          for (int64_t j = 0; j < nk; ++j) emask[r * bk + j] = p.plan->visible(b, i0 + r, k0 + j);
+        }
+      } else {
+        for (int64_t r = 0; r < rows; ++r) {
+          if (kind == BlockKind::kFull) {
+            lo[r] = 0;
+            hi[r] = nk;
+          } else {
+            p.plan->row_run(i0 + r, kb, &lo[r], &hi[r]);
+          }
+        }
+      }
+      for (int64_t g = 0; g < ng; ++g) {
+        const int64_t t = qt * ng + g;
+        float* o = obuf + t * bq * d;
+        float* m = mbuf + t * bq;
+        double* l = lbuf + t * bq;
+        MatmulShape s_qk = qk;
+        s_qk.m = rows;
+        thread_matmul_cache().run(s_qk, qtile[t], kblk, sbuf);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* srow = sbuf + r * ld_s;
+          if (kind == BlockKind::kGeneral) {
+            const uint8_t* em = emask + r * bk;
+            for (int64_t j = 0; j < nk; ++j) srow[j] = em[j] ? srow[j] : kNegInf;
+          } else {
+            for (int64_t x = 0; x < n_invalid; ++x) srow[invalid[x]] = kNegInf;
+          }
+          if (p.bf16_mm) {
+            p.kern->row_update_bf16_deg3(srow, p16 + r * ld_s, lo[r], hi[r], nk, p.c, m + r, l + r,
+                                         o + r * d, d);
+          } else {
+            p.row_update(srow, lo[r], hi[r], nk, p.c, m + r, l + r, o + r * d, d);
+          }
+        }
+        MatmulShape s_pv = pv;
+        s_pv.m = rows;
+        thread_matmul_cache().run(s_pv, p.bf16_mm ? static_cast<void*>(p16) : sbuf, vblk, o);
+      }
+    }
+    if (calling_thread && *p.progress) (*p.progress)();
+  }
+
+  // Step 2: normalize and write out (B, Sq, H, D) and lse (B, Sq, H).
+  constexpr double kLn2 = 0.69314718055994530942;
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t i0 = (qb0 + t / ng) * bq, h = hk * p.group + g0 + t % ng;
+    for (int64_t r = 0; r < tile_rows(t); ++r) {
+      const double l = lbuf[t * bq + r];
+      if (!(l > 0)) continue;  // saw no key: stays empty (out 0, lse -inf)
+      const int64_t row = (b * p.sq + i0 + r) * p.nh + h;
+      p.kern->scale_copy(obuf + (t * bq + r) * d, static_cast<float>(1.0 / l), out + row * d, d);
+      lse[row] = static_cast<float>(mbuf[t * bq + r] * kLn2 + std::log(l));
+    }
+  }
+}
+
+Workspace& thread_workspace() {
+  thread_local Workspace ws;
+  return ws;
+}
+
+}  // namespace
+
+AttnState flash_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                          const AttnParams& params) {
+  validate_attention_inputs(q, k, v, params.mask);
+  Problem p{};
+  p.q = &q;
+  p.k = &k;
+  p.v = &v;
+  p.nb = q.dim(0);
+  p.sq = q.dim(1);
+  p.nh = q.dim(2);
+  p.d = q.dim(3);
+  p.sk = k.dim(1);
+  p.nkv = k.dim(2);
+  p.group = p.nh / p.nkv;
+  AttnState st = AttnState::empty(p.nb, p.sq, p.nh, p.d);
+  if (p.nb == 0 || p.sq == 0 || p.sk == 0) return st;
+
+  SEQPAR_ARG_CHECK(std::isfinite(params.scale) && params.scale >= 0.f, "attention scale ",
+                   params.scale, " is invalid; valid: > 0 (or 0 for 1/sqrt(head_dim))");
+  SEQPAR_ARG_CHECK(params.block_q >= 0 && params.block_k >= 0, "block sizes (", params.block_q,
+                   ", ", params.block_k, ") are invalid; valid: >= 1, or 0 for the default");
+  const double scale = params.scale != 0.f ? params.scale : 1.0 / std::sqrt(double(p.d));
+  p.c = static_cast<float>(scale * 1.44269504088896340736);  // log2(e)
+  p.bq = params.block_q > 0 ? params.block_q : kDefaultBlockQ;
+  p.bk = params.block_k > 0 ? params.block_k : kDefaultBlockK;
+  p.bq = std::min(p.bq, p.sq);
+  p.bk = std::min(p.bk, p.sk);
+  p.ld_s = simd::round_up_row(p.bk);
+  p.nqb = (p.sq + p.bq - 1) / p.bq;
+  p.nkb = (p.sk + p.bk - 1) / p.bk;
+  p.in_type = q.dtype();
+  p.bf16_mm = p.in_type == DType::kBF16 && use_bf16_matmul();
+  p.mm_type = p.bf16_mm ? memory::data_type::bf16 : memory::data_type::f32;
+  p.kern = &simd::kernels();
+  p.row_update = p.in_type == DType::kF32 ? p.kern->row_update_deg5 : p.kern->row_update_deg3;
+  const MaskPlan plan(params.mask, p.nb, p.sq, p.sk, p.bq, p.bk);
+  p.plan = &plan;
+  p.progress = &params.progress;
+
+  // Work items: (b, kv head, head sub-group, chunk of query blocks). Big chunks amortize the K/V
+  // packing; halve them until there are a few items per thread. With still fewer items than
+  // threads (decode, short queries), the key blocks are split too: each split yields a partial
+  // state and the partials are merged by LSE (merge_into), like ring steps.
+  const int64_t threads = omp_in_parallel() ? 1 : std::max(1, omp_get_max_threads());
+  const int64_t g_per_item = std::min(p.group, kMaxTilesPerItem);
+  const int64_t n_gchunks = (p.group + g_per_item - 1) / g_per_item;
+  int64_t chunk = std::clamp<int64_t>(kMaxTilesPerItem / g_per_item, 1, p.nqb);
+  auto n_items_for = [&](int64_t c) { return p.nb * p.nkv * n_gchunks * ((p.nqb + c - 1) / c); };
+  while (threads > 1 && chunk > 1 && n_items_for(chunk) < 4 * threads) chunk = (chunk + 1) / 2;
+  const int64_t n_qchunks = (p.nqb + chunk - 1) / chunk;
+  const int64_t n_base = n_items_for(chunk);
+  const int64_t n_ksplits =
+      threads > 1 && n_base < threads ? std::min(p.nkb, (2 * threads + n_base - 1) / n_base) : 1;
+  const int64_t n_items = n_base * n_ksplits;
+  std::vector<AttnState> partial(static_cast<size_t>(n_ksplits - 1));
+  for (AttnState& ps : partial) ps = AttnState::empty(p.nb, p.sq, p.nh, p.d);
+
+  auto run = [&](int64_t item, bool calling_thread) {
+    int64_t x = item;
+    const int64_t ks = x % n_ksplits;
+    x /= n_ksplits;
+    const int64_t qc = x % n_qchunks;
+    x /= n_qchunks;
+    const int64_t gc = x % n_gchunks;
+    x /= n_gchunks;
+    const Item it{x / p.nkv,
+                  x % p.nkv,
+                  qc * chunk,
+                  std::min(p.nqb, (qc + 1) * chunk),
+                  gc * g_per_item,
+                  std::min(p.group, (gc + 1) * g_per_item),
+                  p.nkb * ks / n_ksplits,
+                  p.nkb * (ks + 1) / n_ksplits};
+    AttnState& dst = ks == 0 ? st : partial[ks - 1];
+    run_item(p, it, dst.out.data<float>(), dst.lse.data<float>(), thread_workspace(),
+             calling_thread);
+  };
+
+  if (threads == 1 || n_items == 1) {
+    for (int64_t it = 0; it < n_items; ++it) run(it, true);
+    return st;
+  }
+  // Exceptions must not cross the OpenMP region: keep the first, stop handing out work.
+  std::exception_ptr error;
+  std::atomic<bool> failed{false};
+  std::mutex error_mu;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t it = 0; it < n_items; ++it) {
+    if (failed.load(std::memory_order_relaxed)) continue;
+    try {
+      run(it, omp_get_thread_num() == 0);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mu);
+      if (!error) error = std::current_exception();
+      failed = true;
+    }
+  }
+  if (error) std::rethrow_exception(error);
+  for (const AttnState& ps : partial) merge_into(st, ps);
+  return st;
+}
+
+std::string attention_kernel_info() {
+  static const std::string info = [] {
+    const auto* ver = dnnl::version();
+    std::string mm = "unavailable";
+    try {
+      mm = make_matmul_pd({256, 256, 128, 128, 1, 128, 256, memory::data_type::f32, false})
+               .impl_info_str();
+    } catch (const dnnl::error&) {
+    }
+    std::string s =
+        detail::concat("blockwise flash attention (Bq ", kDefaultBlockQ, ", Bk ", kDefaultBlockK,
+                       "); softmax ", simd::isa_name(simd::kernels().isa),
+                       " (exp2 poly deg 5 for fp32, deg 3 for bf16/fp16); oneDNN ", ver->major, ".",
+                       ver->minor, ".", ver->patch, " matmul ", mm, " fp32");
+    if (use_bf16_matmul()) {
+      std::string bf = "?";
+      try {
+        bf = make_matmul_pd({256, 256, 128, 128, 1, 128, 256, memory::data_type::bf16, false})
+                 .impl_info_str();
+      } catch (const dnnl::error&) {
+      }
+      s += "; bf16 inputs: oneDNN bf16 matmul " + bf;
+    } else {
+      s += "; bf16/fp16 inputs: converted to fp32 per block (no avx512_bf16/AMX matmul)";
+    }
+    return s;
+  }();
+  return info;
+}
+
+}  // namespace seqpar

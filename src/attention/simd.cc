@@ -1,0 +1,253 @@
+// Per-ISA instantiations of the kernel's vector routines (simd_body.inc) and run-time dispatch.
+// Each variant lives in its own namespace; the AVX ones are compiled under `#pragma GCC target`
+// so the library itself needs no -m flags and runs on any x86-64 (or other) CPU.
+#include "attention/simd.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "seqpar/core/dtype.h"
+#include "seqpar/core/error.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define SEQPAR_X86_SIMD 1
+// GCC 12 reports -Wmaybe-uninitialized inside avx512fintrin.h (its _mm512_undefined_* idiom,
+// GCC bug 105593); the state must be set where the header is read to silence it.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#else
+#define SEQPAR_X86_SIMD 0
+#endif
+
+namespace seqpar::attn_simd {
+
+// ---- portable scalar variant: vectors of one float ---------------------------------------------
+namespace scalar {
+using V = float;
+constexpr int kW = 1;
+inline V vload(const float* p) { return *p; }
+inline void vstore(float* p, V v) { *p = v; }
+inline V vset1(float x) { return x; }
+inline V vadd(V a, V b) { return a + b; }
+inline V vmul(V a, V b) { return a * b; }
+inline V vmax(V a, V b) { return a > b ? a : b; }
+inline V vmin(V a, V b) { return a < b ? a : b; }
+// Fused in double: exact product, one rounding (matches the FMA of the vector variants closely).
+inline V vfmadd(V a, V b, V c) {
+  return static_cast<float>(static_cast<double>(a) * static_cast<double>(b) + c);
+}
+inline float hmax(V v) { return v; }
+inline float hsum(V v) { return v; }
+inline V vround(V x) { return std::nearbyint(x); }
+inline V vpow2i(V n) {
+  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+inline V vload_bf16(const uint16_t* p) { return ::seqpar::bf16_to_f32(*p); }
+inline V vload_f16(const uint16_t* p) { return ::seqpar::f16_to_f32(*p); }
+inline void vstore_bf16(uint16_t* p, V v) { *p = ::seqpar::f32_to_bf16(v); }
+#include "attention/simd_body.inc"
+}  // namespace scalar
+
+#if SEQPAR_X86_SIMD
+// ---- AVX2 + FMA + F16C: 8 floats --------------------------------------------------------------
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace avx2 {
+using V = __m256;
+constexpr int kW = 8;
+inline V vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, V v) { _mm256_storeu_ps(p, v); }
+inline V vset1(float x) { return _mm256_set1_ps(x); }
+inline V vadd(V a, V b) { return _mm256_add_ps(a, b); }
+inline V vmul(V a, V b) { return _mm256_mul_ps(a, b); }
+inline V vmax(V a, V b) { return _mm256_max_ps(a, b); }
+inline V vmin(V a, V b) { return _mm256_min_ps(a, b); }
+inline V vfmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+inline float hmax(V v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+inline float hsum(V v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+inline V vround(V x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline V vpow2i(V n) {
+  const __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
+}
+inline V vload_bf16(const uint16_t* p) {
+  const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+}
+inline V vload_f16(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline void vstore_bf16(uint16_t* p, V v) {
+  // Round to nearest even: u + 0x7fff + ((u >> 16) & 1), keep the upper half.
+  __m256i u = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  u = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+  u = _mm256_srli_epi32(u, 16);
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(u, u), 0x08);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+}
+#include "attention/simd_body.inc"
+}  // namespace avx2
+#pragma GCC pop_options
+
+// ---- AVX-512 (F, BW, DQ, VL): 16 floats ---------------------------------------------------------
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl")
+namespace avx512 {
+using V = __m512;
+constexpr int kW = 16;
+inline V vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, V v) { _mm512_storeu_ps(p, v); }
+inline V vset1(float x) { return _mm512_set1_ps(x); }
+inline V vadd(V a, V b) { return _mm512_add_ps(a, b); }
+inline V vmul(V a, V b) { return _mm512_mul_ps(a, b); }
+inline V vmax(V a, V b) { return _mm512_max_ps(a, b); }
+inline V vmin(V a, V b) { return _mm512_min_ps(a, b); }
+inline V vfmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+inline float hmax(V v) { return _mm512_reduce_max_ps(v); }
+inline float hsum(V v) { return _mm512_reduce_add_ps(v); }
+inline V vround(V x) {
+  return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+inline V vpow2i(V n) {
+  const __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
+}
+inline V vload_bf16(const uint16_t* p) {
+  const __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+}
+inline V vload_f16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline void vstore_bf16(uint16_t* p, V v) {
+  __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  u = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                      _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
+}
+#include "attention/simd_body.inc"
+}  // namespace avx512
+#pragma GCC pop_options
+#endif  // SEQPAR_X86_SIMD
+
+namespace {
+
+#define SEQPAR_KERNEL_TABLE(ns, isa)                                               \
+  Kernels {                                                                        \
+    isa, &ns::row_update_f32<5>, &ns::row_update_f32<3>, &ns::row_update_bf16<3>,  \
+        &ns::exp2_array<5>, &ns::exp2_array<3>, &ns::scale_copy, &ns::bf16_to_f32, \
+        &ns::f16_to_f32, &ns::f32_to_bf16                                          \
+  }
+
+const Kernels kScalar = SEQPAR_KERNEL_TABLE(scalar, Isa::kScalar);
+#if SEQPAR_X86_SIMD
+const Kernels kAvx2 = SEQPAR_KERNEL_TABLE(avx2, Isa::kAvx2);
+const Kernels kAvx512 = SEQPAR_KERNEL_TABLE(avx512, Isa::kAvx512);
+#endif
+
+// -1: no override; otherwise an Isa value.
+std::atomic<int> g_forced_isa{-1};
+
+Isa isa_from_env() {
+  const char* env = std::getenv("SEQPAR_KERNEL_ISA");
+  if (env == nullptr || *env == '\0') return best_isa();
+  const std::string name(env);
+  Isa want = Isa::kAvx512;
+  if (name == "scalar") {
+    want = Isa::kScalar;
+  } else if (name == "avx2") {
+    want = Isa::kAvx2;
+  } else if (name != "avx512") {
+    throw InvalidArgument("SEQPAR_KERNEL_ISA '" + name +
+                          "' is unknown; valid: scalar, avx2, avx512");
+  }
+  return std::min(want, best_isa());
+}
+
+}  // namespace
+
+std::string_view isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar:
+      return "scalar";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kAvx512:
+      return "avx512";
+  }
+  return "?";
+}
+
+bool cpu_has(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar:
+      return true;
+#if SEQPAR_X86_SIMD
+    case Isa::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+    case Isa::kAvx512:
+      return cpu_has(Isa::kAvx2) && __builtin_cpu_supports("avx512f") &&
+             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("avx512vl");
+#else
+    default:
+      return false;
+#endif
+  }
+  return false;
+}
+
+Isa best_isa() {
+  static const Isa best = cpu_has(Isa::kAvx512) ? Isa::kAvx512
+                          : cpu_has(Isa::kAvx2) ? Isa::kAvx2
+                                                : Isa::kScalar;
+  return best;
+}
+
+const Kernels& kernels(Isa isa) {
+  if (!cpu_has(isa)) {
+    throw InvalidArgument(detail::concat("kernel ISA '", isa_name(isa),
+                                         "' is not supported by this CPU; valid: up to ",
+                                         isa_name(best_isa())));
+  }
+#if SEQPAR_X86_SIMD
+  if (isa == Isa::kAvx512) return kAvx512;
+  if (isa == Isa::kAvx2) return kAvx2;
+#endif
+  return kScalar;
+}
+
+const Kernels& kernels() {
+  const int forced = g_forced_isa.load(std::memory_order_relaxed);
+  if (forced >= 0) return kernels(static_cast<Isa>(forced));
+  static const Isa from_env = isa_from_env();
+  return kernels(from_env);
+}
+
+void force_softmax_isa(std::optional<Isa> isa) {
+  if (isa && !cpu_has(*isa)) kernels(*isa);  // throws the message
+  g_forced_isa.store(isa ? static_cast<int>(*isa) : -1, std::memory_order_relaxed);
+}
+
+}  // namespace seqpar::attn_simd

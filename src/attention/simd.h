@@ -1,0 +1,77 @@
+// Vectorized inner loops of the flash-attention kernel (private to src/attention/): the online
+// softmax update of one score row, the fast exp2, and dtype conversions of packed blocks.
+//
+// Each routine exists for three instruction sets: portable scalar C++, AVX2+FMA+F16C and
+// AVX-512 (F, BW, DQ, VL). They are compiled with per-function target attributes (never
+// -march=native) from one generic body (simd_body.inc) and chosen at run time with
+// __builtin_cpu_supports, so one binary runs everywhere.
+//
+// Thread-safety: the tables are immutable; force_softmax_isa() is an atomic process-wide override
+// meant for tests and benchmarks.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace seqpar::attn_simd {
+
+enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+std::string_view isa_name(Isa isa);  // "scalar", "avx2", "avx512"
+bool cpu_has(Isa isa);               // the CPU (and OS) can run this variant
+Isa best_isa();                      // the widest variant this CPU runs
+
+// Rows of the score block are padded to a multiple of this many floats (the widest vector), so
+// every row routine may read and write whole vectors up to round_up(n, kRowAlign).
+constexpr int kRowAlign = 16;
+constexpr int64_t round_up_row(int64_t n) { return (n + kRowAlign - 1) / kRowAlign * kRowAlign; }
+
+// The degree of the exp2 polynomial: 5 (rel. err. ~2e-7, for fp32 inputs) or 3 (~7.5e-5,
+// enough for bf16/fp16 inputs, whose own rounding is ~4e-3).
+enum class Exp2Degree { kDeg3 = 3, kDeg5 = 5 };
+
+// Online softmax update of one query row against one key block (log2 domain).
+//   s     (round_up_row(n)) raw scores q·k of the row; only s[lo, hi) are candidates, and any
+//         -inf among them is masked. On return s[0, n) holds p_j = 2^(c·s_j - m) (0 where masked);
+//         entries in [n, round_up_row(n)) are scratch.
+//   c     softmax scale · log2(e) (> 0)
+//   m     running max in log2 units (-inf before the row saw any key)
+//   l     running sum of 2^(c·s - m)
+//   o     (d) the row's output accumulator; rescaled with l when m moves
+// The max is stale: m moves only when the block's max exceeds it by more than kStaleMaxSlack,
+// so p_j <= 2^kStaleMaxSlack and the common case needs no rescale.
+constexpr float kStaleMaxSlack = 8.f;
+using RowUpdateF32 = void (*)(float* s, int64_t lo, int64_t hi, int64_t n, float c, float* m,
+                              double* l, float* o, int64_t d);
+// Same, but p is written as bf16 to p16 (round_up_row(n)) for a bf16 P·V matmul; s is scratch.
+using RowUpdateBF16 = void (*)(float* s, uint16_t* p16, int64_t lo, int64_t hi, int64_t n, float c,
+                               float* m, double* l, float* o, int64_t d);
+
+struct Kernels {
+  Isa isa;
+  RowUpdateF32 row_update_deg5;
+  RowUpdateF32 row_update_deg3;
+  RowUpdateBF16 row_update_bf16_deg3;
+  // y[i] = 2^x[i] with the degree-5 or degree-3 polynomial (for tests).
+  void (*exp2_deg5)(const float* x, float* y, int64_t n);
+  void (*exp2_deg3)(const float* x, float* y, int64_t n);
+  // dst = src · f (n elements), e.g. the final out = o / l.
+  void (*scale_copy)(const float* src, float f, float* dst, int64_t n);
+  // Storage conversions to fp32 (packing bf16/fp16 blocks for the fp32 matmul path).
+  void (*bf16_to_f32)(const uint16_t* src, float* dst, int64_t n);
+  void (*f16_to_f32)(const uint16_t* src, float* dst, int64_t n);
+  // fp32 -> bf16, round to nearest even.
+  void (*f32_to_bf16)(const float* src, uint16_t* dst, int64_t n);
+};
+
+// The variant in use: force_softmax_isa()'s choice if set, else the environment variable
+// SEQPAR_KERNEL_ISA (scalar|avx2|avx512, capped at what the CPU runs), else best_isa().
+const Kernels& kernels();
+// A specific variant; throws seqpar::InvalidArgument if the CPU cannot run it.
+const Kernels& kernels(Isa isa);
+// Process-wide override for tests and benchmarks (std::nullopt restores the default).
+// Throws InvalidArgument if the CPU cannot run it.
+void force_softmax_isa(std::optional<Isa> isa);
+
+}  // namespace seqpar::attn_simd
