@@ -1,0 +1,907 @@
+// The flash-attention kernel against the naive reference over a wide sweep of shapes, masks,
+// layouts, dtypes, block sizes, instruction sets and thread counts; the vector routines against
+// scalar math; visible_score_elements against brute force; argument checks.
+//
+// Tolerances (max abs error vs reference_attention on the same, possibly bf16-rounded, inputs):
+//   fp32: out <= 1e-4, lse <= 1e-4.
+//   bf16: out, lse <= 1e-2 (where oneDNN's bf16 matmul is used, P is rounded to bf16 before
+//         P·V, a relative error of 2^-8 per weight; on CPUs without avx512_bf16 the blocks are
+//         converted to fp32 and the error is that of the degree-3 exp2, ~1e-4).
+//   fp16: out, lse <= 1e-3 (always converted to fp32; degree-3 exp2).
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "attention/simd.h"
+#include "seqpar/attention/attention.h"
+
+namespace seqpar {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+namespace simd = attn_simd;
+
+// ---- inputs ----------------------------------------------------------------------------------
+
+enum class Layout { kContiguous, kStriped, kZigzag, kShuffled };
+
+struct Case {
+  std::string name;
+  int64_t b = 1, sq = 64, sk = -1, h = 4, hkv = 4, d = 64;  // sk -1: = sq
+  bool causal = false;
+  Layout layout = Layout::kContiguous;
+  bool padding = false;
+  bool segments = false;
+  DType dtype = DType::kF32;
+  int bq = 0, bk = 0;
+  float q_scale = 1.f;        // multiplies q: large logits
+  bool growing_keys = false;  // key norms grow along the sequence: the running max keeps moving
+};
+
+// gtest prints a failing parameter with this (instead of its bytes).
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+Tensor random_tensor(std::vector<int64_t> shape, uint64_t seed) {
+  Tensor t(std::move(shape), DType::kF32);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> n(0.f, 1.f);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = n(rng);
+  return t;
+}
+
+// Positions of the n tokens of rank r out of `ranks` under a layout (global sequence of
+// n·ranks tokens); kShuffled: a random subset of [0, 2n) in random order.
+std::vector<int64_t> layout_positions(Layout layout, int64_t n, int r, int ranks, uint64_t seed) {
+  std::vector<int64_t> pos(static_cast<size_t>(n));
+  switch (layout) {
+    case Layout::kContiguous:
+      for (int64_t i = 0; i < n; ++i) pos[i] = r * n + i;
+      break;
+    case Layout::kStriped:
+      for (int64_t i = 0; i < n; ++i) pos[i] = i * ranks + r;
+      break;
+    case Layout::kZigzag: {  // 2·ranks chunks; rank r holds chunks r and 2·ranks-1-r
+      const int64_t c = (n + 1) / 2;
+      for (int64_t i = 0; i < n; ++i) {
+        pos[i] = i < c ? r * c + i : (2 * ranks - 1 - r) * c + (i - c);
+      }
+      break;
+    }
+    case Layout::kShuffled: {
+      std::vector<int64_t> all(static_cast<size_t>(2 * n));
+      std::iota(all.begin(), all.end(), 0);
+      std::mt19937_64 rng(seed);
+      std::shuffle(all.begin(), all.end(), rng);
+      std::copy_n(all.begin(), n, pos.begin());
+      break;
+    }
+  }
+  return pos;
+}
+
+struct Inputs {
+  Tensor q, k, v;
+  std::vector<int64_t> q_pos, k_pos;
+  std::vector<uint8_t> k_valid;
+  std::vector<int32_t> q_seg, k_seg;
+  AttnParams params;
+};
+
+Inputs make_inputs(const Case& c, uint64_t seed = 1) {
+  const int64_t sk = c.sk < 0 ? c.sq : c.sk;
+  Inputs in;
+  in.q = random_tensor({c.b, c.sq, c.h, c.d}, seed * 3 + 0);
+  in.k = random_tensor({c.b, sk, c.hkv, c.d}, seed * 3 + 1);
+  in.v = random_tensor({c.b, sk, c.hkv, c.d}, seed * 3 + 2);
+  if (c.q_scale != 1.f) {
+    for (int64_t i = 0; i < in.q.numel(); ++i) in.q.data<float>()[i] *= c.q_scale;
+  }
+  if (c.growing_keys) {
+    for (int64_t bi = 0; bi < c.b; ++bi) {
+      for (int64_t j = 0; j < sk; ++j) {
+        float* row = in.k.data<float>() + (bi * sk + j) * c.hkv * c.d;
+        const float f = 1.f + 6.f * static_cast<float>(j) / static_cast<float>(sk);
+        for (int64_t e = 0; e < c.hkv * c.d; ++e) row[e] *= f;
+      }
+    }
+  }
+  if (c.dtype != DType::kF32) {
+    in.q = in.q.to(c.dtype);
+    in.k = in.k.to(c.dtype);
+    in.v = in.v.to(c.dtype);
+  }
+  MaskSpec& m = in.params.mask;
+  m.causal = c.causal;
+  if (c.layout == Layout::kContiguous) {
+    if (c.sq != sk) {  // queries are the last sq tokens (prefill continuation / decode)
+      in.q_pos.resize(c.sq);
+      std::iota(in.q_pos.begin(), in.q_pos.end(), sk - c.sq);
+    }
+  } else if (c.layout == Layout::kShuffled) {
+    in.q_pos = layout_positions(c.layout, c.sq, 0, 1, seed + 11);
+    in.k_pos = layout_positions(c.layout, sk, 0, 1, seed + 12);
+  } else {  // queries of rank 1 against the keys of rank 2 (a ring step), 4 ranks
+    in.q_pos = layout_positions(c.layout, c.sq, 1, 4, 0);
+    in.k_pos = layout_positions(c.layout, sk, 2, 4, 0);
+  }
+  std::mt19937_64 rng(seed + 5);
+  if (c.padding) {
+    in.k_valid.assign(static_cast<size_t>(c.b * sk), 1);
+    for (int64_t bi = 0; bi < c.b; ++bi) {
+      uint8_t* row = in.k_valid.data() + bi * sk;
+      if (bi % 3 == 0) {  // trailing padding
+        for (int64_t j = sk - sk / 4; j < sk; ++j) row[j] = 0;
+      } else if (bi % 3 == 1) {  // random holes
+        for (int64_t j = 0; j < sk; ++j) row[j] = rng() % 5 != 0;
+      } else {  // a fully padded sequence: every row of this batch is empty
+        std::fill_n(row, sk, 0);
+      }
+    }
+  }
+  if (c.segments) {
+    // Packed sequences: random lengths over the global positions of the keys.
+    const int64_t span = 2 * std::max(c.sq, sk) * 4;
+    std::vector<int32_t> seg_of_pos(static_cast<size_t>(span));
+    int32_t s = 0;
+    for (int64_t p = 0; p < span;) {
+      const int64_t len = 1 + static_cast<int64_t>(rng() % (std::max<int64_t>(sk, 4) / 3 + 1));
+      for (int64_t e = 0; e < len && p < span; ++e) seg_of_pos[p++] = s;
+      ++s;
+    }
+    in.q_seg.resize(c.sq);
+    in.k_seg.resize(sk);
+    for (int64_t i = 0; i < c.sq; ++i) in.q_seg[i] = seg_of_pos[in.q_pos.empty() ? i : in.q_pos[i]];
+    for (int64_t j = 0; j < sk; ++j) in.k_seg[j] = seg_of_pos[in.k_pos.empty() ? j : in.k_pos[j]];
+  }
+  m.q_pos = in.q_pos;
+  m.k_pos = in.k_pos;
+  m.k_valid = in.k_valid;
+  m.q_segment = in.q_seg;
+  m.k_segment = in.k_seg;
+  in.params.block_q = c.bq;
+  in.params.block_k = c.bk;
+  return in;
+}
+
+// ---- comparison --------------------------------------------------------------------------------
+
+struct Errors {
+  double out = 0, lse = 0;
+  bool nan = false;
+  int64_t empty_mismatch = 0;  // rows empty in one and not the other
+};
+
+Errors compare(const AttnState& got, const AttnState& want) {
+  Errors e;
+  EXPECT_EQ(got.out.shape(), want.out.shape());
+  EXPECT_EQ(got.lse.shape(), want.lse.shape());
+  const int64_t d = want.head_dim();
+  for (int64_t r = 0; r < want.lse.numel(); ++r) {
+    const float gl = got.lse.at(r), wl = want.lse.at(r);
+    if (std::isnan(gl)) e.nan = true;
+    if ((gl == -kInf) != (wl == -kInf)) {
+      ++e.empty_mismatch;
+    } else if (wl != -kInf) {
+      e.lse = std::max(e.lse, std::fabs(static_cast<double>(gl) - wl));
+    }
+    for (int64_t x = 0; x < d; ++x) {
+      const float go = got.out.at(r * d + x), wo = want.out.at(r * d + x);
+      if (std::isnan(go)) e.nan = true;
+      e.out = std::max(e.out, std::fabs(static_cast<double>(go) - wo));
+    }
+  }
+  return e;
+}
+
+double tolerance(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return 1e-4;
+    case DType::kBF16:
+      return 1e-2;
+    case DType::kF16:
+      return 1e-3;
+  }
+  return 0;
+}
+
+void expect_matches_reference(const Case& c, const Inputs& in, const AttnState& got,
+                              const AttnState& want) {
+  const Errors e = compare(got, want);
+  const double tol = tolerance(c.dtype);
+  EXPECT_FALSE(e.nan) << c.name;
+  EXPECT_EQ(e.empty_mismatch, 0) << c.name;
+  EXPECT_LE(e.out, tol) << c.name;
+  EXPECT_LE(e.lse, tol) << c.name;
+}
+
+void check_case(const Case& c) {
+  const Inputs in = make_inputs(c);
+  const AttnState want = reference_attention(in.q, in.k, in.v, in.params);
+  const AttnState got = flash_attention(in.q, in.k, in.v, in.params);
+  expect_matches_reference(c, in, got, want);
+}
+
+std::string layout_name(Layout l) {
+  switch (l) {
+    case Layout::kContiguous:
+      return "contig";
+    case Layout::kStriped:
+      return "striped";
+    case Layout::kZigzag:
+      return "zigzag";
+    case Layout::kShuffled:
+      return "shuffled";
+  }
+  return "?";
+}
+
+std::string auto_name(const Case& c) {
+  std::string s = "B" + std::to_string(c.b) + "_Sq" + std::to_string(c.sq) + "_Sk" +
+                  std::to_string(c.sk < 0 ? c.sq : c.sk) + "_H" + std::to_string(c.h) + "_" +
+                  std::to_string(c.hkv) + "_D" + std::to_string(c.d) + "_" + layout_name(c.layout);
+  if (c.causal) s += "_causal";
+  if (c.padding) s += "_pad";
+  if (c.segments) s += "_seg";
+  if (c.dtype != DType::kF32) s += "_" + std::string(dtype_name(c.dtype));
+  if (c.bq || c.bk) s += "_bq" + std::to_string(c.bq) + "_bk" + std::to_string(c.bk);
+  if (c.q_scale != 1.f) s += "_qx" + std::to_string(static_cast<int>(c.q_scale));
+  if (c.growing_keys) s += "_grow";
+  return s;
+}
+
+// ---- the sweep ---------------------------------------------------------------------------------
+
+std::vector<Case> sweep_cases() {
+  std::vector<Case> cases;
+  auto add = [&](Case c) {
+    c.name = auto_name(c);
+    cases.push_back(c);
+  };
+  // Shapes: S x D x (H, Hkv) x causal.
+  for (int64_t s : {1, 7, 64, 1000}) {
+    for (int64_t d : {64, 128}) {
+      for (auto [h, hkv] : {std::pair<int64_t, int64_t>{8, 8}, {8, 2}, {5, 5}}) {
+        for (bool causal : {false, true}) {
+          Case c;
+          c.b = s <= 64 ? 2 : 1;
+          c.sq = s;
+          c.d = d;
+          c.h = h;
+          c.hkv = hkv;
+          c.causal = causal;
+          add(c);
+        }
+      }
+    }
+  }
+  for (int64_t d : {64, 128}) {
+    for (bool causal : {false, true}) {
+      Case c;
+      c.sq = 4096;
+      c.h = c.hkv = 1;
+      c.d = d;
+      c.causal = causal;
+      add(c);
+    }
+  }
+  // Layouts (a ring step between two ranks' shards), with several block shapes.
+  for (Layout l : {Layout::kStriped, Layout::kZigzag, Layout::kShuffled}) {
+    for (auto [bq, bk] : {std::pair<int, int>{0, 0}, {64, 48}, {32, 100}}) {
+      Case c;
+      c.b = 2;
+      c.sq = 300;
+      c.sk = 333;
+      c.h = 4;
+      c.hkv = 2;
+      c.causal = true;
+      c.layout = l;
+      c.bq = bq;
+      c.bk = bk;
+      add(c);
+    }
+  }
+  {  // contiguous: queries at the end of a longer key sequence; decode
+    Case c;
+    c.sq = 200;
+    c.sk = 900;
+    c.causal = true;
+    c.bk = 128;
+    add(c);
+    c.sq = 1;
+    c.b = 3;
+    add(c);
+    c.causal = false;
+    add(c);
+  }
+  // Padding (trailing, holes, a fully padded sequence), with and without causal / layouts.
+  for (bool causal : {false, true}) {
+    for (Layout l : {Layout::kContiguous, Layout::kStriped}) {
+      Case c;
+      c.b = 3;
+      c.sq = 257;
+      c.h = 6;
+      c.hkv = 3;
+      c.causal = causal;
+      c.layout = l;
+      c.padding = true;
+      c.bq = 64;
+      c.bk = 64;
+      add(c);
+    }
+  }
+  // Segments (packed sequences), sorted and shuffled, with causal and padding.
+  for (bool causal : {false, true}) {
+    for (Layout l : {Layout::kContiguous, Layout::kZigzag, Layout::kShuffled}) {
+      Case c;
+      c.b = 2;
+      c.sq = 400;
+      c.h = 4;
+      c.hkv = 1;
+      c.causal = causal;
+      c.layout = l;
+      c.segments = true;
+      c.bq = 64;
+      c.bk = 32;
+      add(c);
+    }
+  }
+  {
+    Case c;
+    c.b = 3;
+    c.sq = 300;
+    c.h = 2;
+    c.hkv = 2;
+    c.causal = true;
+    c.layout = Layout::kStriped;
+    c.segments = true;
+    c.padding = true;
+    c.bq = 32;
+    c.bk = 64;
+    add(c);
+  }
+  // bf16 and fp16 inputs.
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    for (bool causal : {false, true}) {
+      Case c;
+      c.b = 2;
+      c.sq = 500;
+      c.h = 8;
+      c.hkv = 2;
+      c.d = 128;
+      c.causal = causal;
+      c.dtype = t;
+      add(c);
+    }
+    Case c;
+    c.b = 3;
+    c.sq = 200;
+    c.sk = 260;
+    c.h = 4;
+    c.hkv = 2;
+    c.causal = true;
+    c.layout = Layout::kStriped;
+    c.padding = true;
+    c.segments = true;
+    c.dtype = t;
+    add(c);
+  }
+  // Block sizes: tiny, odd, larger than the sequence.
+  for (auto [bq, bk] : {std::pair<int, int>{1, 1}, {3, 17}, {256, 512}, {1000, 1000}}) {
+    Case c;
+    c.sq = bq == 1 ? 40 : 300;
+    c.h = 2;
+    c.hkv = 1;
+    c.causal = true;
+    c.bq = bq;
+    c.bk = bk;
+    add(c);
+  }
+  // Large logits: the stale running max must be moved and the accumulators rescaled.
+  for (bool causal : {false, true}) {
+    Case c;
+    c.sq = 600;
+    c.h = 2;
+    c.hkv = 2;
+    c.causal = causal;
+    c.bk = 64;
+    c.q_scale = 30.f;
+    add(c);
+    c.q_scale = 3.f;
+    c.growing_keys = true;
+    add(c);
+  }
+  return cases;
+}
+
+class FlashVsReference : public ::testing::TestWithParam<Case> {};
+
+TEST_P(FlashVsReference, Matches) { check_case(GetParam()); }
+
+INSTANTIATE_TEST_SUITE_P(Sweep, FlashVsReference, ::testing::ValuesIn(sweep_cases()),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.name;
+                         });
+
+// ---- every instruction set this CPU runs, and several thread counts --------------------------
+
+std::vector<Case> small_cases() {
+  std::vector<Case> cases;
+  Case c;
+  c.b = 2;
+  c.sq = 150;
+  c.sk = 170;
+  c.h = 4;
+  c.hkv = 2;
+  c.causal = true;
+  c.layout = Layout::kStriped;
+  c.padding = true;
+  c.bq = 32;
+  c.bk = 40;
+  cases.push_back(c);
+  c.layout = Layout::kShuffled;
+  c.segments = true;
+  cases.push_back(c);
+  c.layout = Layout::kContiguous;
+  c.segments = false;
+  c.padding = false;
+  c.dtype = DType::kBF16;
+  cases.push_back(c);
+  c.dtype = DType::kF32;
+  c.q_scale = 30.f;
+  c.causal = false;
+  cases.push_back(c);
+  for (Case& x : cases) x.name = auto_name(x);
+  return cases;
+}
+
+struct IsaGuard {
+  ~IsaGuard() { simd::force_softmax_isa(std::nullopt); }
+};
+
+TEST(FlashIsa, EveryIsaMatchesReference) {
+  IsaGuard guard;
+  for (simd::Isa isa : {simd::Isa::kScalar, simd::Isa::kAvx2, simd::Isa::kAvx512}) {
+    if (!simd::cpu_has(isa)) {
+      EXPECT_THROW(simd::force_softmax_isa(isa), InvalidArgument);
+      std::printf("[   INFO   ] %s not supported on this CPU: skipped\n",
+                  std::string(simd::isa_name(isa)).c_str());
+      continue;
+    }
+    simd::force_softmax_isa(isa);
+    EXPECT_EQ(simd::kernels().isa, isa);
+    for (Case c : small_cases()) {
+      c.name += std::string("_") + std::string(simd::isa_name(isa));
+      check_case(c);
+    }
+  }
+}
+
+TEST(FlashThreads, SameResultForAnyThreadCount) {
+  Case c = small_cases()[0];
+  c.sq = 700;
+  c.sk = 650;
+  const Inputs in = make_inputs(c);
+  const AttnState want = reference_attention(in.q, in.k, in.v, in.params);
+  const int saved = omp_get_max_threads();
+  AttnState first;
+  for (int threads : {1, 2, 3, 5}) {
+    omp_set_num_threads(threads);
+    const AttnState got = flash_attention(in.q, in.k, in.v, in.params);
+    c.name = auto_name(c) + "_threads" + std::to_string(threads);
+    expect_matches_reference(c, in, got, want);
+    if (threads == 1) {
+      first = got;
+    } else {  // tiles are computed the same way whatever the work split: bitwise equal
+      EXPECT_EQ(std::memcmp(first.out.raw(), got.out.raw(), got.out.nbytes()), 0) << threads;
+      EXPECT_EQ(std::memcmp(first.lse.raw(), got.lse.raw(), got.lse.nbytes()), 0) << threads;
+    }
+  }
+  omp_set_num_threads(saved);
+  // Called from inside a parallel region (ranks as OpenMP threads): runs serially per caller.
+  std::vector<AttnState> results(2);
+#pragma omp parallel for num_threads(2)
+  for (int r = 0; r < 2; ++r) results[r] = flash_attention(in.q, in.k, in.v, in.params);
+  for (const AttnState& r : results) expect_matches_reference(c, in, r, want);
+}
+
+TEST(FlashThreads, KeySplitWhenFewerItemsThanThreads) {
+  // Decode-like shapes give one work item; with several threads the key blocks are split and the
+  // partial states merged.
+  const int saved = omp_get_max_threads();
+  for (int64_t sq : {1, 5}) {
+    Case c;
+    c.sq = sq;
+    c.sk = 2000;
+    c.h = 2;
+    c.hkv = 1;
+    c.b = 1;
+    c.causal = true;
+    c.padding = true;
+    c.bk = 128;
+    c.name = auto_name(c);
+    const Inputs in = make_inputs(c);
+    const AttnState want = reference_attention(in.q, in.k, in.v, in.params);
+    for (int threads : {2, 4}) {
+      omp_set_num_threads(threads);
+      expect_matches_reference(c, in, flash_attention(in.q, in.k, in.v, in.params), want);
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
+TEST(FlashThreads, ConcurrentCallsFromStdThreads) {
+  // Ranks as std::threads, each with its own inputs; thread-local caches must not interfere.
+  std::vector<Case> cases = small_cases();
+  std::vector<Inputs> ins;
+  std::vector<AttnState> want, got(cases.size());
+  for (const Case& c : cases) {
+    ins.push_back(make_inputs(c));
+    want.push_back(
+        reference_attention(ins.back().q, ins.back().k, ins.back().v, ins.back().params));
+  }
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    threads.emplace_back([&, i] {
+      omp_set_num_threads(1);
+      for (int rep = 0; rep < 3; ++rep)
+        got[i] = flash_attention(ins[i].q, ins[i].k, ins[i].v, ins[i].params);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < cases.size(); ++i)
+    expect_matches_reference(cases[i], ins[i], got[i], want[i]);
+}
+
+// ---- masking details ------------------------------------------------------------------------
+
+// Keys in fully masked blocks are poisoned with NaN: if the kernel computed those blocks at all
+// (0·NaN = NaN in P·V), the output would be NaN.
+TEST(FlashMask, FullyMaskedBlocksAreNeverComputed) {
+  for (bool padding_case : {false, true}) {
+    Case c;
+    c.b = 1;
+    c.sq = 256;
+    c.sk = 1024;
+    c.h = 2;
+    c.hkv = 1;
+    c.bq = 128;
+    c.bk = 256;
+    Inputs in = make_inputs(c);
+    std::vector<int64_t> qpos(256);
+    std::iota(qpos.begin(), qpos.end(), 0);
+    std::vector<uint8_t> valid(1024, 1);
+    int64_t poison_from = 512, poison_to = 1024;
+    if (padding_case) {  // keys 256..511 are padding; no causal
+      std::fill(valid.begin() + 256, valid.begin() + 512, 0);
+      poison_from = 256;
+      poison_to = 512;
+      in.params.mask.k_valid = valid;
+    } else {  // queries 0..255, causal: key blocks from 256 on are in the future
+      in.params.mask.causal = true;
+      in.params.mask.q_pos = qpos;
+      poison_from = 256;
+    }
+    for (int64_t j = poison_from; j < poison_to; ++j) {
+      for (int64_t e = 0; e < c.d; ++e) {
+        in.k.data<float>()[j * c.d + e] = std::nanf("");
+        in.v.data<float>()[j * c.d + e] = std::nanf("");
+      }
+    }
+    const AttnState got = flash_attention(in.q, in.k, in.v, in.params);
+    const AttnState want = reference_attention(in.q, in.k, in.v, in.params);
+    c.name = padding_case ? "padding_poisoned" : "causal_poisoned";
+    expect_matches_reference(c, in, got, want);
+  }
+}
+
+TEST(FlashMask, RowsThatSeeNoKeyAreEmpty) {
+  // Causal, keys all after the queries: every row is empty; nothing NaN.
+  Case c;
+  c.sq = 50;
+  c.sk = 70;
+  Inputs in = make_inputs(c);
+  std::vector<int64_t> kpos(70);
+  std::iota(kpos.begin(), kpos.end(), 1000);
+  in.params.mask.causal = true;
+  in.params.mask.k_pos = kpos;
+  const AttnState got = flash_attention(in.q, in.k, in.v, in.params);
+  for (int64_t i = 0; i < got.lse.numel(); ++i) ASSERT_EQ(got.lse.at(i), -kInf);
+  for (int64_t i = 0; i < got.out.numel(); ++i) ASSERT_EQ(got.out.at(i), 0.f);
+}
+
+TEST(FlashMask, EmptyInputsGiveEmptyStates) {
+  const Tensor q = random_tensor({2, 5, 2, 16}, 1);
+  const Tensor k = random_tensor({2, 0, 2, 16}, 2), v = random_tensor({2, 0, 2, 16}, 3);
+  const AttnState st = flash_attention(q, k, v);
+  EXPECT_EQ(st.out.shape(), (std::vector<int64_t>{2, 5, 2, 16}));
+  for (int64_t i = 0; i < st.lse.numel(); ++i) EXPECT_EQ(st.lse.at(i), -kInf);
+  const Tensor q0 = random_tensor({2, 0, 2, 16}, 4), k1 = random_tensor({2, 9, 2, 16}, 5);
+  EXPECT_EQ(flash_attention(q0, k1, k1).out.numel(), 0);
+}
+
+TEST(FlashMask, ScaleIsApplied) {
+  Case c;
+  c.sq = 100;
+  c.causal = true;
+  Inputs in = make_inputs(c);
+  in.params.scale = 0.37f;
+  const AttnState want = reference_attention(in.q, in.k, in.v, in.params);
+  const AttnState got = flash_attention(in.q, in.k, in.v, in.params);
+  c.name = "scale";
+  expect_matches_reference(c, in, got, want);
+  AttnParams def = in.params;
+  def.scale = 0.f;
+  EXPECT_GT(max_abs_diff(flash_attention(in.q, in.k, in.v, def).out, got.out), 1e-3);
+}
+
+TEST(FlashProgress, CalledBetweenKeyBlocksFromTheCallingThread) {
+  Case c;
+  c.sq = 300;
+  c.sk = 1000;
+  c.bk = 100;
+  c.h = 4;
+  Inputs in = make_inputs(c);
+  int calls = 0;
+  bool other_thread = false;
+  const auto caller = std::this_thread::get_id();
+  in.params.progress = [&] {
+    ++calls;
+    other_thread = other_thread || std::this_thread::get_id() != caller;
+  };
+  flash_attention(in.q, in.k, in.v, in.params);
+  EXPECT_GE(calls, 10);  // at least once per key block
+  EXPECT_FALSE(other_thread);
+  // An exception thrown by progress (e.g. a failed transfer) reaches the caller.
+  in.params.progress = [] { throw CommError("peer died"); };
+  EXPECT_THROW(flash_attention(in.q, in.k, in.v, in.params), CommError);
+}
+
+TEST(FlashInfo, NamesThePath) {
+  const std::string info = attention_kernel_info();
+  EXPECT_NE(info.find("oneDNN"), std::string::npos) << info;
+  EXPECT_NE(info.find(std::string(simd::isa_name(simd::kernels().isa))), std::string::npos) << info;
+  std::printf("[   INFO   ] %s\n", info.c_str());
+}
+
+// ---- argument checks --------------------------------------------------------------------------
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "(no InvalidArgument)";
+}
+
+TEST(FlashArgs, ShapeErrorsThrowInvalidArgument) {
+  const Tensor q = random_tensor({1, 8, 6, 16}, 1), k = random_tensor({1, 8, 4, 16}, 2);
+  const Tensor k2 = random_tensor({1, 8, 2, 16}, 3);
+  const std::string heads = error_of([&] { flash_attention(q, k, k); });
+  EXPECT_EQ(heads, "--heads 6 is not divisible by --kv-heads 4; valid kv-heads: 1, 2, 3, 6");
+  EXPECT_NE(error_of([&] { reference_attention(q, k, k); }).find("--kv-heads 4"),
+            std::string::npos);
+  const Tensor q3 = random_tensor({8, 6, 16}, 4);
+  EXPECT_NE(error_of([&] { flash_attention(q3, k2, k2); }).find("q must be 4-D"),
+            std::string::npos);
+  const Tensor kd = random_tensor({1, 8, 2, 32}, 5);
+  EXPECT_NE(error_of([&] { flash_attention(q, kd, kd); }).find("--head-dim"), std::string::npos);
+  const Tensor kb = random_tensor({2, 8, 2, 16}, 6);
+  EXPECT_NE(error_of([&] { flash_attention(q, kb, kb); }).find("--batch"), std::string::npos);
+  const Tensor vs = random_tensor({1, 9, 2, 16}, 7);
+  EXPECT_NE(error_of([&] { flash_attention(q, k2, vs); }).find("v shape"), std::string::npos);
+  const Tensor kbf = k2.to(DType::kBF16);
+  EXPECT_NE(error_of([&] { flash_attention(q, kbf, k2); }).find("--dtype"), std::string::npos);
+
+  AttnParams p;
+  std::vector<int64_t> pos(7);
+  p.mask.q_pos = pos;
+  EXPECT_NE(error_of([&] { flash_attention(q, k2, k2, p); }).find("mask.q_pos has 7"),
+            std::string::npos);
+  p = {};
+  p.mask.k_pos = pos;
+  EXPECT_NE(error_of([&] { flash_attention(q, k2, k2, p); }).find("mask.k_pos"), std::string::npos);
+  p = {};
+  std::vector<uint8_t> valid(7, 1);
+  p.mask.k_valid = valid;
+  EXPECT_NE(error_of([&] { flash_attention(q, k2, k2, p); }).find("mask.k_valid"),
+            std::string::npos);
+  p = {};
+  std::vector<int32_t> seg(8);
+  p.mask.q_segment = seg;
+  EXPECT_NE(error_of([&] { flash_attention(q, k2, k2, p); }).find("together"), std::string::npos);
+  std::vector<int32_t> seg7(7);
+  p.mask.k_segment = seg7;
+  EXPECT_NE(error_of([&] { flash_attention(q, k2, k2, p); }).find("mask.k_segment"),
+            std::string::npos);
+  p = {};
+  p.scale = -1.f;
+  EXPECT_NE(error_of([&] { flash_attention(q, k2, k2, p); }).find("scale"), std::string::npos);
+  EXPECT_NO_THROW(validate_attention_inputs(q, k2, k2, {}));
+}
+
+// ---- vector routines --------------------------------------------------------------------------
+
+std::vector<simd::Isa> cpu_isas() {
+  std::vector<simd::Isa> v;
+  for (simd::Isa isa : {simd::Isa::kScalar, simd::Isa::kAvx2, simd::Isa::kAvx512}) {
+    if (simd::cpu_has(isa)) v.push_back(isa);
+  }
+  return v;
+}
+
+TEST(Simd, Exp2Accuracy) {
+  std::vector<float> x;
+  for (float t = -126.f; t <= 9.f; t += 0.0137f) x.push_back(t);
+  for (float t : {0.f, -0.5f, 0.5f, 1.f, -1.f, 8.f, -125.99f}) x.push_back(t);
+  std::vector<float> y(x.size());
+  for (simd::Isa isa : cpu_isas()) {
+    const simd::Kernels& k = simd::kernels(isa);
+    for (int deg : {5, 3}) {
+      (deg == 5 ? k.exp2_deg5 : k.exp2_deg3)(x.data(), y.data(), static_cast<int64_t>(x.size()));
+      double worst = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        const double want = std::exp2(static_cast<double>(x[i]));
+        worst = std::max(worst, std::fabs(y[i] - want) / want);
+      }
+      EXPECT_LE(worst, deg == 5 ? 3e-7 : 1e-4) << simd::isa_name(isa) << " deg " << deg;
+    }
+    // Masked scores: -inf and anything below -127 give exactly 0, never NaN.
+    const float special[5] = {-kInf, -1e30f, -200.f, -127.f, -3e4f};
+    float out[5];
+    k.exp2_deg5(special, out, 5);
+    for (float o : out) EXPECT_EQ(o, 0.f) << simd::isa_name(isa);
+  }
+}
+
+TEST(Simd, ConversionsMatchScalar) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> n(0.f, 10.f);
+  std::vector<float> f(1003);
+  for (float& x : f) x = n(rng);
+  f[5] = 0.f;
+  f[6] = -0.f;
+  f[7] = 1e-40f;  // subnormal
+  std::vector<uint16_t> bf(f.size()), hf(f.size()), got16(f.size());
+  for (size_t i = 0; i < f.size(); ++i) {
+    bf[i] = f32_to_bf16(f[i]);
+    hf[i] = f32_to_f16(f[i]);
+  }
+  std::vector<float> got(f.size());
+  for (simd::Isa isa : cpu_isas()) {
+    const simd::Kernels& k = simd::kernels(isa);
+    const auto n_el = static_cast<int64_t>(f.size());
+    k.bf16_to_f32(bf.data(), got.data(), n_el);
+    for (size_t i = 0; i < f.size(); ++i) ASSERT_EQ(got[i], bf16_to_f32(bf[i])) << i;
+    k.f16_to_f32(hf.data(), got.data(), n_el);
+    for (size_t i = 0; i < f.size(); ++i) ASSERT_EQ(got[i], f16_to_f32(hf[i])) << i;
+    k.f32_to_bf16(f.data(), got16.data(), n_el);
+    for (size_t i = 0; i < f.size(); ++i) ASSERT_EQ(got16[i], bf[i]) << i;
+    k.scale_copy(f.data(), 0.25f, got.data(), n_el);
+    for (size_t i = 0; i < f.size(); ++i) ASSERT_EQ(got[i], f[i] * 0.25f) << i;
+  }
+}
+
+TEST(Simd, RowUpdateRescalesWhenTheMaxMovesFar) {
+  // Two blocks for one row: the second block's max is 20 (log2 units) above the first's, so the
+  // stale max must move and the accumulator be rescaled; the result equals exact softmax.
+  for (simd::Isa isa : cpu_isas()) {
+    const simd::Kernels& k = simd::kernels(isa);
+    const float c = 1.f;  // scores already in log2 units
+    std::vector<float> s1(32, -kInf), s2(32, -kInf);
+    for (int j = 0; j < 20; ++j) s1[j] = 0.1f * j;
+    for (int j = 3; j < 13; ++j) s2[j] = 20.f + 0.2f * j;
+    float m = -kInf;
+    double l = 0;
+    float o[3] = {0, 0, 0};
+    k.row_update_deg5(s1.data(), 0, 20, 20, c, &m, &l, o, 3);
+    double o_ref = 0, l_ref = 0;
+    for (int j = 0; j < 20; ++j) {  // o accumulates p_j · v_j with v_j = 1
+      o[0] += s1[j];
+      o_ref += std::exp2(0.1 * j);
+      l_ref += std::exp2(0.1 * j);
+    }
+    k.row_update_deg5(s2.data(), 3, 13, 20, c, &m, &l, o, 3);
+    for (int j = 3; j < 13; ++j) {
+      o[0] += s2[j];
+      o_ref += std::exp2(20 + 0.2 * j);
+      l_ref += std::exp2(20 + 0.2 * j);
+    }
+    for (int j = 0; j < 20; ++j) {
+      if (j < 3 || j >= 13) {
+        EXPECT_EQ(s2[j], 0.f) << j;  // outside the run: p = 0
+      }
+    }
+    const double lse = m + std::log2(l), lse_ref = std::log2(l_ref);
+    EXPECT_NEAR(lse, lse_ref, 1e-5) << simd::isa_name(isa);
+    EXPECT_NEAR(o[0] / l, o_ref / l_ref, 1e-6) << simd::isa_name(isa);
+    EXPECT_GE(m, 20.f);  // moved
+  }
+}
+
+// ---- visible_score_elements ----------------------------------------------------------------
+
+int64_t brute_visible(int64_t b, int64_t h, int64_t sq, int64_t sk, const MaskSpec& m) {
+  int64_t n = 0;
+  for (int64_t bi = 0; bi < b; ++bi) {
+    for (int64_t i = 0; i < sq; ++i) {
+      for (int64_t j = 0; j < sk; ++j) {
+        const int64_t qp = m.q_pos.empty() ? i : m.q_pos[i];
+        const int64_t kp = m.k_pos.empty() ? j : m.k_pos[j];
+        if (m.causal && kp > qp) continue;
+        if (!m.k_valid.empty() && !m.k_valid[bi * sk + j]) continue;
+        if (!m.q_segment.empty() && m.q_segment[i] != m.k_segment[j]) continue;
+        ++n;
+      }
+    }
+  }
+  return n * h;
+}
+
+TEST(VisibleScoreElements, MatchesBruteForce) {
+  int checked = 0;
+  for (Layout l : {Layout::kContiguous, Layout::kStriped, Layout::kZigzag, Layout::kShuffled}) {
+    for (bool causal : {false, true}) {
+      for (bool padding : {false, true}) {
+        for (bool segments : {false, true}) {
+          for (auto [sq, sk] : {std::pair<int64_t, int64_t>{37, 37}, {20, 53}, {1, 9}}) {
+            Case c;
+            c.b = 3;
+            c.sq = sq;
+            c.sk = sk;
+            c.h = 2;
+            c.hkv = 1;
+            c.d = 4;
+            c.layout = l;
+            c.causal = causal;
+            c.padding = padding;
+            c.segments = segments;
+            const Inputs in = make_inputs(c, 17 + checked);
+            EXPECT_EQ(visible_score_elements(3, 2, sq, sk, in.params.mask),
+                      brute_visible(3, 2, sq, sk, in.params.mask))
+                << auto_name(c);
+            ++checked;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(visible_score_elements(2, 3, 0, 5, {}), 0);
+  EXPECT_EQ(visible_score_elements(2, 3, 4, 5, {}), 2 * 3 * 4 * 5);
+}
+
+TEST(VisibleScoreElements, FastAtAMillionTokens) {
+  const int64_t s = 1 << 20;
+  MaskSpec m;
+  m.causal = true;
+  EXPECT_EQ(visible_score_elements(1, 2, s, s, m), 2 * s * (s + 1) / 2);
+  // Striped shards: queries of rank 1, keys of rank 2 of 4: query i sees keys 0..i-1.
+  std::vector<int64_t> qpos(s), kpos(s);
+  for (int64_t i = 0; i < s; ++i) {
+    qpos[i] = 4 * i + 1;
+    kpos[i] = 4 * i + 2;
+  }
+  m.q_pos = qpos;
+  m.k_pos = kpos;
+  EXPECT_EQ(visible_score_elements(1, 1, s, s, m), s * (s - 1) / 2);
+  // Unsorted positions: a permutation of 0..s-1 on both sides, causal: s(s+1)/2 again.
+  std::vector<int64_t> perm(s);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937_64(5));
+  m.q_pos = perm;
+  m.k_pos = perm;
+  EXPECT_EQ(visible_score_elements(1, 1, s, s, m), s * (s + 1) / 2);
+}
+
+}  // namespace
+}  // namespace seqpar
