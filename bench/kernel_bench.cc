@@ -1,0 +1,264 @@
+// kernel_bench: the local flash-attention kernel's rate against oneDNN's fp32 GEMM rate measured
+// in the same rounds (this machine's speed drifts, so only same-moment ratios mean anything).
+//
+//   kernel_bench [--seq 4096[,16384]] [--head-dim 128[,64]] [--causal 0|1|both] [--heads 1]
+//                [--kv-heads H] [--batch 1] [--dtype fp32|bf16|fp16] [--rounds 3]
+//                [--threads 1] [--block-q 0] [--block-k 0] [--min-time 0.3]
+//
+// Prints a markdown table. Kernel GFLOP/s counts 4·D flops per visible score element (QKᵀ and
+// PV; masked pairs are not counted). Each round times, back to back: the kernel, a GEMM with
+// M = N = K = 1024 ("GEMM 1024³"), and the kernel's own two block GEMMs (Bq×Bk×D Q·Kᵀ with K
+// row-major, then Bq×D×Bk P·V accumulating; "block GEMMs"; with --threads N, one pair per thread
+// at once), each repeated for at least
+// --min-time seconds; the table holds the best of --rounds rounds for each.
+// Not a test: timing never decides pass or fail.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <dnnl.hpp>
+#include <functional>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "seqpar/attention/attention.h"
+#include "seqpar/core/error.h"
+#include "seqpar/core/timer.h"
+
+namespace {
+
+using seqpar::DType;
+using seqpar::Tensor;
+
+struct Options {
+  std::vector<int64_t> seqs = {1024, 4096, 16384};
+  std::vector<int64_t> head_dims = {64, 128};
+  std::vector<bool> causal = {false, true};
+  int64_t heads = 1, kv_heads = 0, batch = 1;
+  DType dtype = DType::kF32;
+  int rounds = 3;
+  int threads = 1;
+  int block_q = 0, block_k = 0;
+  double min_time = 0.3;
+};
+
+[[noreturn]] void usage_error(const std::string& msg) {
+  std::fprintf(stderr, "kernel_bench: %s\n", msg.c_str());
+  std::exit(2);
+}
+
+std::vector<int64_t> parse_list(const std::string& flag, const std::string& s) {
+  std::vector<int64_t> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      size_t used = 0;
+      v.push_back(std::stoll(item, &used));
+      if (used != item.size() || v.back() <= 0) throw std::invalid_argument(item);
+    } catch (const std::exception&) {
+      usage_error(flag + " '" + s + "' is invalid; valid: positive integers, comma separated");
+    }
+  }
+  if (v.empty()) usage_error(flag + " is empty; valid: positive integers, comma separated");
+  return v;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    std::replace(a.begin(), a.end(), '_', '-');
+    if (a == "--help" || a == "-h") {
+      std::printf(
+          "kernel_bench [--seq 1024,4096,16384] [--head-dim 64,128] [--causal 0|1|both]\n"
+          "             [--heads 1] [--kv-heads H] [--batch 1] [--dtype fp32|bf16|fp16]\n"
+          "             [--rounds 3] [--threads 1] [--block-q 0] [--block-k 0] [--min-time 0.3]\n");
+      std::exit(0);
+    }
+    if (i + 1 >= argc) usage_error(a + " needs a value (see --help)");
+    const std::string v = argv[++i];
+    if (a == "--seq") {
+      o.seqs = parse_list(a, v);
+    } else if (a == "--head-dim") {
+      o.head_dims = parse_list(a, v);
+    } else if (a == "--causal") {
+      if (v == "both") {
+        o.causal = {false, true};
+      } else if (v == "0" || v == "1") {
+        o.causal = {v == "1"};
+      } else {
+        usage_error("--causal '" + v + "' is invalid; valid: 0, 1, both");
+      }
+    } else if (a == "--heads") {
+      o.heads = parse_list(a, v)[0];
+    } else if (a == "--kv-heads") {
+      o.kv_heads = parse_list(a, v)[0];
+    } else if (a == "--batch") {
+      o.batch = parse_list(a, v)[0];
+    } else if (a == "--dtype") {
+      try {
+        o.dtype = seqpar::parse_dtype(v);
+      } catch (const seqpar::InvalidArgument& e) {
+        usage_error(e.what());
+      }
+    } else if (a == "--rounds") {
+      o.rounds = static_cast<int>(parse_list(a, v)[0]);
+    } else if (a == "--threads") {
+      o.threads = static_cast<int>(parse_list(a, v)[0]);
+    } else if (a == "--block-q") {
+      o.block_q = static_cast<int>(parse_list(a, v)[0]);
+    } else if (a == "--block-k") {
+      o.block_k = static_cast<int>(parse_list(a, v)[0]);
+    } else if (a == "--min-time") {
+      o.min_time = std::atof(v.c_str());
+      if (!(o.min_time > 0)) usage_error("--min-time '" + v + "' is invalid; valid: > 0");
+    } else {
+      usage_error("unknown option " + a + " (see --help)");
+    }
+  }
+  if (o.kv_heads == 0) o.kv_heads = o.heads;
+  return o;
+}
+
+Tensor random_tensor(std::vector<int64_t> shape, uint64_t seed, DType dtype) {
+  Tensor t(std::move(shape), DType::kF32);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> n(0.f, 1.f);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = n(rng);
+  return dtype == DType::kF32 ? t : t.to(dtype);
+}
+
+// Seconds per call of f: repeated until min_time has passed (at least once).
+double time_per_call(const std::function<void()>& f, double min_time) {
+  int calls = 0;
+  const double t0 = seqpar::now_seconds();
+  double t = 0;
+  do {
+    f();
+    ++calls;
+    t = seqpar::now_seconds() - t0;
+  } while (t < min_time);
+  return t / calls;
+}
+
+// A cached fp32 matmul C (m × n) [+]= A (m × k) · B (k × n), B with strides (ldb_k, ldb_n).
+class Gemm {
+ public:
+  Gemm(int64_t m, int64_t n, int64_t k, int64_t ldb_k, int64_t ldb_n, bool accumulate)
+      : m_(m), n_(n), k_(k), eng_(dnnl::engine::kind::cpu, 0), strm_(eng_) {
+    using dnnl::memory;
+    const memory::desc a_md({m, k}, memory::data_type::f32, memory::dims{k, 1});
+    const memory::desc b_md({k, n}, memory::data_type::f32, memory::dims{ldb_k, ldb_n});
+    const memory::desc c_md({m, n}, memory::data_type::f32, memory::dims{n, 1});
+    dnnl::primitive_attr attr;
+    if (accumulate) {
+      dnnl::post_ops ops;
+      ops.append_sum(1.f);
+      attr.set_post_ops(ops);
+    }
+    const auto pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, eng_);
+    impl_ = pd.impl_info_str();
+    prim_ = dnnl::matmul(pd);
+    a_.assign(m * k, 0.01f);
+    b_.assign(k * n, 0.02f);
+    c_.assign(m * n, 0.f);
+    am_ = memory(a_md, eng_, a_.data());
+    bm_ = memory(b_md, eng_, b_.data());
+    cm_ = memory(c_md, eng_, c_.data());
+  }
+  void run() {
+    prim_.execute(strm_, {{DNNL_ARG_SRC, am_}, {DNNL_ARG_WEIGHTS, bm_}, {DNNL_ARG_DST, cm_}});
+  }
+  double flops() const { return 2.0 * m_ * n_ * k_; }
+  const std::string& impl() const { return impl_; }
+
+ private:
+  int64_t m_, n_, k_;
+  dnnl::engine eng_;
+  dnnl::stream strm_;
+  dnnl::matmul prim_;
+  std::string impl_;
+  std::vector<float> a_, b_, c_;
+  dnnl::memory am_, bm_, cm_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  omp_set_num_threads(o.threads);
+
+  Gemm big(1024, 1024, 1024, 1024, 1, false);
+  std::printf("kernel: %s\n", seqpar::attention_kernel_info().c_str());
+  std::printf("threads: %d; best of %d rounds (each timing >= %.2f s); GEMM 1024^3 impl: %s\n\n",
+              o.threads, o.rounds, o.min_time, big.impl().c_str());
+  std::printf(
+      "| S | D | H/Hkv | B | causal | dtype | kernel GFLOP/s | GEMM 1024^3 GFLOP/s | ratio | "
+      "block GEMMs GFLOP/s | ratio |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::fflush(stdout);
+
+  for (int64_t s : o.seqs) {
+    for (int64_t d : o.head_dims) {
+      const Tensor q = random_tensor({o.batch, s, o.heads, d}, 1, o.dtype);
+      const Tensor k = random_tensor({o.batch, s, o.kv_heads, d}, 2, o.dtype);
+      const Tensor v = random_tensor({o.batch, s, o.kv_heads, d}, 3, o.dtype);
+      // The kernel's block GEMMs at this head dim (default Bq = Bk = 256, capped at S).
+      const int64_t bq = std::min<int64_t>(o.block_q ? o.block_q : 256, s);
+      const int64_t bk = std::min<int64_t>(o.block_k ? o.block_k : 256, s);
+      // One pair per thread: with --threads N each thread runs its own pair at once (inside a
+      // parallel region oneDNN runs single-threaded, as in the kernel).
+      std::vector<std::unique_ptr<Gemm>> qk, pv;
+      for (int t = 0; t < o.threads; ++t) {
+        qk.push_back(std::make_unique<Gemm>(bq, bk, d, 1, d, false));  // S = Q·Kᵀ, K (bk × d)
+        pv.push_back(std::make_unique<Gemm>(bq, d, bk, d, 1, true));   // O += P·V
+      }
+      auto run_block_gemms = [&] {
+        if (o.threads == 1) {
+          qk[0]->run();
+          pv[0]->run();
+          return;
+        }
+#pragma omp parallel num_threads(o.threads)
+        {
+          const int t = omp_get_thread_num();
+          qk[t]->run();
+          pv[t]->run();
+        }
+      };
+      const double block_flops = o.threads * (qk[0]->flops() + pv[0]->flops());
+      for (bool causal : o.causal) {
+        seqpar::AttnParams p;
+        p.mask.causal = causal;
+        p.block_q = o.block_q;
+        p.block_k = o.block_k;
+        const double work =
+            4.0 * d *
+            static_cast<double>(seqpar::visible_score_elements(o.batch, o.heads, s, s, p.mask));
+        seqpar::flash_attention(q, k, v, p);  // warm-up: primitives, buffers
+        double best_kernel = 0, best_big = 0, best_blk = 0;
+        for (int r = 0; r < o.rounds; ++r) {
+          const double tk = time_per_call([&] { seqpar::flash_attention(q, k, v, p); }, o.min_time);
+          const double tb = time_per_call([&] { big.run(); }, o.min_time);
+          const double tq = time_per_call(run_block_gemms, o.min_time);
+          best_kernel = std::max(best_kernel, work / tk * 1e-9);
+          best_big = std::max(best_big, big.flops() / tb * 1e-9);
+          best_blk = std::max(best_blk, block_flops / tq * 1e-9);
+        }
+        std::printf(
+            "| %lld | %lld | %lld/%lld | %lld | %s | %s | %.1f | %.1f | %.2f | %.1f | %.2f |\n",
+            static_cast<long long>(s), static_cast<long long>(d), static_cast<long long>(o.heads),
+            static_cast<long long>(o.kv_heads), static_cast<long long>(o.batch),
+            causal ? "yes" : "no", std::string(seqpar::dtype_name(o.dtype)).c_str(), best_kernel,
+            best_big, best_kernel / best_big, best_blk, best_kernel / best_blk);
+        std::fflush(stdout);
+      }
+    }
+  }
+  return 0;
+}
