@@ -4,6 +4,13 @@
 //   kernel_bench [--seq 4096[,16384]] [--head-dim 128[,64]] [--causal 0|1|both] [--heads 1]
 //                [--kv-heads H] [--batch 1] [--dtype fp32|bf16|fp16] [--rounds 3]
 //                [--threads 1] [--block-q 0] [--block-k 0] [--min-time 0.3]
+//                [--layout contiguous|striped|zigzag|shuffled] [--ranks 4] [--rank 1]
+//
+// --layout: queries and keys are the S tokens that rank --rank of --ranks holds of a sequence of
+// S·ranks tokens (the diagonal step of ring attention), so the causal mask is by those global
+// positions: striped (token i on rank i mod N) and zigzag (chunks r and 2N-1-r) exercise the
+// partially masked block path with non-contiguous positions; shuffled (contiguous positions in
+// random order, a different order for keys) measures the general per-element mask path.
 //
 // Prints a markdown table. Kernel GFLOP/s counts 4·D flops per visible score element (QKᵀ and
 // PV; masked pairs are not counted). Each round times, back to back: the kernel, a GEMM with
@@ -44,6 +51,8 @@ struct Options {
   int threads = 1;
   int block_q = 0, block_k = 0;
   double min_time = 0.3;
+  std::string layout = "contiguous";
+  int64_t ranks = 4, rank = 1;
 };
 
 [[noreturn]] void usage_error(const std::string& msg) {
@@ -77,7 +86,8 @@ Options parse(int argc, char** argv) {
       std::printf(
           "kernel_bench [--seq 1024,4096,16384] [--head-dim 64,128] [--causal 0|1|both]\n"
           "             [--heads 1] [--kv-heads H] [--batch 1] [--dtype fp32|bf16|fp16]\n"
-          "             [--rounds 3] [--threads 1] [--block-q 0] [--block-k 0] [--min-time 0.3]\n");
+          "             [--rounds 3] [--threads 1] [--block-q 0] [--block-k 0] [--min-time 0.3]\n"
+          "             [--layout contiguous|striped|zigzag|shuffled] [--ranks 4] [--rank 1]\n");
       std::exit(0);
     }
     if (i + 1 >= argc) usage_error(a + " needs a value (see --help)");
@@ -114,6 +124,16 @@ Options parse(int argc, char** argv) {
       o.block_q = static_cast<int>(parse_list(a, v)[0]);
     } else if (a == "--block-k") {
       o.block_k = static_cast<int>(parse_list(a, v)[0]);
+    } else if (a == "--layout") {
+      if (v != "contiguous" && v != "striped" && v != "zigzag" && v != "shuffled") {
+        usage_error("--layout '" + v +
+                    "' is invalid; valid: contiguous, striped, zigzag, shuffled");
+      }
+      o.layout = v;
+    } else if (a == "--ranks") {
+      o.ranks = parse_list(a, v)[0];
+    } else if (a == "--rank") {
+      o.rank = std::atoll(v.c_str());
     } else if (a == "--min-time") {
       o.min_time = std::atof(v.c_str());
       if (!(o.min_time > 0)) usage_error("--min-time '" + v + "' is invalid; valid: > 0");
@@ -122,6 +142,10 @@ Options parse(int argc, char** argv) {
     }
   }
   if (o.kv_heads == 0) o.kv_heads = o.heads;
+  if (o.rank < 0 || o.rank >= o.ranks) {
+    usage_error("--rank " + std::to_string(o.rank) + " is invalid; valid: 0.." +
+                std::to_string(o.ranks - 1));
+  }
   return o;
 }
 
@@ -131,6 +155,24 @@ Tensor random_tensor(std::vector<int64_t> shape, uint64_t seed, DType dtype) {
   std::normal_distribution<float> n(0.f, 1.f);
   for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = n(rng);
   return dtype == DType::kF32 ? t : t.to(dtype);
+}
+
+// Global positions of the n tokens rank r of `ranks` holds under a layout.
+std::vector<int64_t> layout_positions(const std::string& layout, int64_t n, int64_t r,
+                                      int64_t ranks) {
+  std::vector<int64_t> pos(static_cast<size_t>(n));
+  const int64_t half = (n + 1) / 2;
+  for (int64_t i = 0; i < n; ++i) {
+    if (layout == "striped") {
+      pos[i] = i * ranks + r;
+    } else if (layout == "zigzag") {  // chunks r and 2·ranks-1-r of length half
+      pos[i] = i < half ? r * half + i : (2 * ranks - 1 - r) * half + (i - half);
+    } else {
+      pos[i] = r * n + i;
+    }
+  }
+  if (layout == "shuffled") std::shuffle(pos.begin(), pos.end(), std::mt19937_64(3));
+  return pos;
 }
 
 // Seconds per call of f: repeated until min_time has passed (at least once).
@@ -198,9 +240,9 @@ int main(int argc, char** argv) {
   std::printf("threads: %d; best of %d rounds (each timing >= %.2f s); GEMM 1024^3 impl: %s\n\n",
               o.threads, o.rounds, o.min_time, big.impl().c_str());
   std::printf(
-      "| S | D | H/Hkv | B | causal | dtype | kernel GFLOP/s | GEMM 1024^3 GFLOP/s | ratio | "
-      "block GEMMs GFLOP/s | ratio |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "| S | D | H/Hkv | B | layout | causal | dtype | kernel GFLOP/s | GEMM 1024^3 GFLOP/s | "
+      "ratio | block GEMMs GFLOP/s | ratio |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::fflush(stdout);
 
   for (int64_t s : o.seqs) {
@@ -232,9 +274,16 @@ int main(int argc, char** argv) {
         }
       };
       const double block_flops = o.threads * (qk[0]->flops() + pv[0]->flops());
+      const std::vector<int64_t> pos = layout_positions(o.layout, s, o.rank, o.ranks);
+      std::vector<int64_t> kpos = pos;
+      if (o.layout == "shuffled") std::shuffle(kpos.begin(), kpos.end(), std::mt19937_64(7));
       for (bool causal : o.causal) {
         seqpar::AttnParams p;
         p.mask.causal = causal;
+        if (o.layout != "contiguous") {
+          p.mask.q_pos = pos;
+          p.mask.k_pos = kpos;
+        }
         p.block_q = o.block_q;
         p.block_k = o.block_k;
         const double work =
@@ -251,9 +300,10 @@ int main(int argc, char** argv) {
           best_blk = std::max(best_blk, block_flops / tq * 1e-9);
         }
         std::printf(
-            "| %lld | %lld | %lld/%lld | %lld | %s | %s | %.1f | %.1f | %.2f | %.1f | %.2f |\n",
+            "| %lld | %lld | %lld/%lld | %lld | %s | %s | %s | %.1f | %.1f | %.2f | %.1f | %.2f "
+            "|\n",
             static_cast<long long>(s), static_cast<long long>(d), static_cast<long long>(o.heads),
-            static_cast<long long>(o.kv_heads), static_cast<long long>(o.batch),
+            static_cast<long long>(o.kv_heads), static_cast<long long>(o.batch), o.layout.c_str(),
             causal ? "yes" : "no", std::string(seqpar::dtype_name(o.dtype)).c_str(), best_kernel,
             best_big, best_kernel / best_big, best_blk, best_kernel / best_blk);
         std::fflush(stdout);

@@ -214,9 +214,7 @@ class MaskPlan {
   bool key_valid(int64_t b, int64_t j) const {
     return m_.k_valid.empty() || m_.k_valid[b * sk_ + j] != 0;
   }
-  bool visible(int64_t b, int64_t i, int64_t j) const {
-    return (!m_.causal || kpos(j) <= qpos(i)) && key_valid(b, j) && qseg(i) == kseg(j);
-  }
+  bool causal() const { return m_.causal; }
   // Keys of block kb that are padding for batch b: none, all or some.
   bool keys_all_valid(int64_t b, int64_t kb) const {
     return m_.k_valid.empty() || valid_count_[b * kblk_.size() + kb] == block_keys(kb);
@@ -314,7 +312,7 @@ class Scratch {
 };
 
 struct Workspace {
-  Scratch q, qtile, o, m, l, k, v, s, p16, lo, hi, emask, invalid;
+  Scratch q, qtile, o, m, l, k, v, s, p16, lo, hi, emask, invalid, kpos, kseg, kvalid;
 };
 
 // ---- one call's constants -----------------------------------------------------------------------
@@ -383,6 +381,9 @@ void run_item(const Problem& p, const Item& it, float* out, float* lse, Workspac
   int64_t* hi = ws.hi.get<int64_t>(bq);
   uint8_t* emask = ws.emask.get<uint8_t>(bq * bk);
   int64_t* invalid = ws.invalid.get<int64_t>(bk);
+  int64_t* kpos = ws.kpos.get<int64_t>(bk);
+  int64_t* kseg = ws.kseg.get<int64_t>(bk);
+  uint8_t* kvalid = ws.kvalid.get<uint8_t>(bk);
   const size_t in_esz = dtype_size(p.in_type);
   const char* qsrc = static_cast<const char*>(p.q->raw());
   const char* ksrc = static_cast<const char*>(p.k->raw());
@@ -420,6 +421,7 @@ void run_item(const Problem& p, const Item& it, float* out, float* lse, Workspac
         if (!p.plan->key_valid(b, k0 + j)) invalid[n_invalid++] = j;
       }
     }
+    bool general_keys_ready = false;
     const MatmulShape qk{0, nk, d, d, 1, d, ld_s, p.mm_type, false};
     const MatmulShape pv{0, d, nk, ld_s, d, 1, d, p.mm_type, true};
 
@@ -429,10 +431,23 @@ void run_item(const Problem& p, const Item& it, float* out, float* lse, Workspac
       const int64_t i0 = (qb0 + qt) * bq, rows = std::min(bq, p.sq - i0);
       // The mask of this (query block, key block), shared by all heads of the item.
       if (kind == BlockKind::kGeneral) {
+        if (!general_keys_ready) {  // the block's keys, gathered once for branch-free rows
+          for (int64_t j = 0; j < nk; ++j) {
+            kpos[j] = p.plan->kpos(k0 + j);
+            kseg[j] = p.plan->kseg(k0 + j);
+            kvalid[j] = p.plan->key_valid(b, k0 + j);
+          }
+          general_keys_ready = true;
+        }
+        const bool causal = p.plan->causal();
         for (int64_t r = 0; r < rows; ++r) {
           lo[r] = 0;
           hi[r] = nk;
-          for (int64_t j = 0; j < nk; ++j) emask[r * bk + j] = p.plan->visible(b, i0 + r, k0 + j);
+          const int64_t qp = p.plan->qpos(i0 + r), qs = p.plan->qseg(i0 + r);
+          uint8_t* em = emask + r * bk;
+          for (int64_t j = 0; j < nk; ++j) {
+            em[j] = static_cast<uint8_t>((!causal || kpos[j] <= qp) & (kseg[j] == qs) & kvalid[j]);
+          }
         }
       } else {
         for (int64_t r = 0; r < rows; ++r) {
