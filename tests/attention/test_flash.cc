@@ -406,6 +406,20 @@ std::vector<Case> sweep_cases() {
     c.bk = bk;
     add(c);
   }
+  // Head dims that are not a multiple of the vector width.
+  for (int64_t d : {1, 80}) {
+    Case c;
+    c.b = 2;
+    c.sq = 150;
+    c.h = 3;
+    c.hkv = 1;
+    c.d = d;
+    c.causal = true;
+    c.padding = true;
+    c.bq = 64;
+    c.bk = 64;
+    add(c);
+  }
   // Large logits: the stale running max must be moved and the accumulators rescaled.
   for (bool causal : {false, true}) {
     Case c;
