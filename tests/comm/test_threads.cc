@@ -1,0 +1,433 @@
+// The communicator suite (comm_suite.h) on the threads backend for 1, 2, 3, 4 and 8 ranks, plus
+// what only an in-process world can check: ThreadWorld::run's error handling, barrier
+// semantics through shared memory, withdrawing unwaited requests, CommStats and the timeout
+// setting.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <stdexcept>
+
+#include "comm/comm_suite.h"
+#include "seqpar/comm/threads.h"
+
+namespace seqpar {
+namespace {
+
+using std::chrono::milliseconds;
+namespace suite = comm_suite;
+
+// Suite runs are bounded: a bug fails in 20 s instead of hanging for the default 60.
+constexpr milliseconds kSuiteTimeout{20000};
+
+class ThreadsSuite : public ::testing::TestWithParam<int> {
+ protected:
+  void run(void (*fn)(Communicator&)) {
+    ThreadWorld::run(
+        GetParam(),
+        [fn](Communicator& c) {
+          EXPECT_EQ(c.backend(), "threads");
+          fn(c);
+        },
+        kSuiteTimeout);
+  }
+};
+
+TEST_P(ThreadsSuite, Identity) { run(suite::identity); }
+TEST_P(ThreadsSuite, RingExchange) { run(suite::ring_exchange); }
+TEST_P(ThreadsSuite, SameTagOrdering) { run(suite::same_tag_ordering); }
+TEST_P(ThreadsSuite, TagsDoNotCross) { run(suite::tags_do_not_cross); }
+TEST_P(ThreadsSuite, P2pSizeMismatch) { run(suite::p2p_size_mismatch); }
+TEST_P(ThreadsSuite, AllGather) { run(suite::all_gather); }
+TEST_P(ThreadsSuite, AllGatherV) { run(suite::all_gatherv); }
+TEST_P(ThreadsSuite, AllToAll) { run(suite::all_to_all); }
+TEST_P(ThreadsSuite, AllToAllV) { run(suite::all_to_allv); }
+TEST_P(ThreadsSuite, AllReduce) { run(suite::all_reduce); }
+TEST_P(ThreadsSuite, Broadcast) { run(suite::broadcast); }
+TEST_P(ThreadsSuite, Barrier) { run(suite::barrier); }
+TEST_P(ThreadsSuite, SplitGroups) { run(suite::split_groups); }
+TEST_P(ThreadsSuite, StatsExact) { run(suite::stats_exact); }
+TEST_P(ThreadsSuite, TimeoutOnMissingSend) { run(suite::timeout_on_missing_send); }
+TEST_P(ThreadsSuite, AbortPropagates) { run(suite::abort_propagates); }
+TEST_P(ThreadsSuite, AbortWakesPendingRecv) { run(suite::abort_wakes_pending_recv); }
+TEST_P(ThreadsSuite, CheckedMismatches) { run(suite::checked_mismatches); }
+TEST_P(ThreadsSuite, CheckedDrop) { run(suite::checked_drop); }
+
+TEST_P(ThreadsSuite, CheckedFaults) { run(suite::checked_faults); }
+
+INSTANTIATE_TEST_SUITE_P(Sizes, ThreadsSuite, ::testing::Values(1, 2, 3, 4, 8),
+                         [](const auto& info) { return "n" + std::to_string(info.param); });
+
+// ---------------------------------------------------------------------------------------------
+// ThreadWorld::run
+
+// Rank 2 throws while the others block in a barrier (with a 60 s timeout): they fail fast with
+// "rank 2 failed: ...", and run() rethrows rank 2's own exception with its type.
+TEST(ThreadWorldRun, ExceptionOnOneRankFailsAllAndKeepsItsType) {
+  std::mutex mu;
+  std::vector<std::string> seen;
+  try {
+    ThreadWorld::run(
+        4,
+        [&](Communicator& c) {
+          if (c.rank() == 2) throw InvalidArgument("rank two's bad argument");
+          try {
+            c.barrier();
+          } catch (const CommError& e) {
+            std::lock_guard<std::mutex> lk(mu);
+            seen.push_back(e.what());
+            throw;
+          }
+        },
+        milliseconds(60000));
+    FAIL() << "run() returned normally";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(std::string(e.what()), "rank two's bad argument");
+  }
+  ASSERT_EQ(seen.size(), 3u);
+  // Not a timeout: the abort reached them, they did not wait out the 60 s.
+  for (const auto& m : seen) EXPECT_EQ(m, "rank 2 failed: rank two's bad argument");
+}
+
+TEST(ThreadWorldRun, NonSeqparExceptionKeepsItsType) {
+  EXPECT_THROW(ThreadWorld::run(3,
+                                [](Communicator& c) {
+                                  if (c.rank() == 0) throw std::out_of_range("index 9");
+                                  std::vector<uint8_t> buf(4);
+                                  c.irecv(buf.data(), 4, 0, 1).wait();  // rank 0 never sends
+                                }),
+               std::out_of_range);
+}
+
+// A rank that times out aborts inside its wait, before its exception reaches run(): run() still
+// rethrows the timeout, not a peer's "rank 0 failed" report of it.
+TEST(ThreadWorldRun, RethrowsTheTimeoutNotItsEchoes) {
+  try {
+    ThreadWorld::run(
+        4,
+        [](Communicator& c) {
+          if (c.rank() == 0) {
+            c.set_timeout(milliseconds(100));
+            int v;
+            c.irecv(&v, sizeof v, 1, 7).wait();
+          } else {
+            c.barrier();
+          }
+        },
+        milliseconds(60000));
+    FAIL() << "run() returned normally";
+  } catch (const CommError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "timeout after 0.1 s: rank 0 waiting for recv from rank 1 (tag 7); set "
+              "SEQPAR_TIMEOUT_S to wait longer");
+  }
+}
+
+TEST(ThreadWorldRun, NoErrorNoThrow) {
+  std::atomic<int> ran{0};
+  ThreadWorld::run(5, [&](Communicator& c) {
+    EXPECT_EQ(c.size(), 5);
+    ++ran;
+  });
+  EXPECT_EQ(ran.load(), 5);
+}
+
+TEST(ThreadWorldRun, ExplicitAbortWithoutThrowStillFailsRun) {
+  EXPECT_THROW(ThreadWorld::run(2,
+                                [](Communicator& c) {
+                                  if (c.rank() == 1) {
+                                    c.abort("quietly giving up");
+                                    return;
+                                  }
+                                  c.barrier();
+                                }),
+               CommError);
+}
+
+TEST(ThreadWorldRun, TimeoutOfCollectiveNamesLateRanks) {
+  try {
+    ThreadWorld::run(4, [](Communicator& c) {
+      if (c.rank() == 3) return;  // never joins
+      c.set_timeout(milliseconds(100));
+      if (c.rank() == 0) {
+        c.all_gather(nullptr, 0, nullptr);
+      } else {
+        c.set_timeout(milliseconds(30000));
+        c.all_gather(nullptr, 0, nullptr);
+      }
+    });
+    FAIL() << "run() returned normally";
+  } catch (const CommError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "timeout after 0.1 s: rank 0 waiting for all_gather (rank(s) 3 of 4 not arrived); "
+              "set SEQPAR_TIMEOUT_S to wait longer");
+  }
+}
+
+TEST(ThreadWorldRun, SubCommunicatorTimeoutNamesWorldRank) {
+  try {
+    ThreadWorld::run(
+        4,
+        [](Communicator& c) {
+          auto sub = c.split(c.rank() % 2, 0);
+          if (c.rank() == 3) {
+            sub->set_timeout(milliseconds(100));
+            int v;
+            sub->irecv(&v, sizeof v, 0, 2).wait();  // sub rank 0 = world rank 1, never sends
+          } else {
+            c.barrier();
+          }
+        },
+        milliseconds(30000));
+    FAIL() << "run() returned normally";
+  } catch (const CommError& e) {
+    suite::expect_contains(e.what(), "rank 1 (world rank 3) waiting for recv from rank 0 (tag 2)");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Threads-only semantics
+
+TEST(ThreadsBackend, BarrierOrdersMemory) {
+  std::atomic<int> arrived{0};
+  ThreadWorld::run(6, [&](Communicator& c) {
+    for (int round = 1; round <= 50; ++round) {
+      ++arrived;
+      c.barrier();
+      EXPECT_EQ(arrived.load(), 6 * round);
+      c.barrier();
+    }
+  });
+}
+
+// Receivers copy straight from the sender's buffer: a send completes only once received.
+TEST(ThreadsBackend, SendIsRendezvous) {
+  ThreadWorld::run(2, [](Communicator& c) {
+    int v = 42, got = 0;
+    if (c.rank() == 0) {
+      Request s = c.isend(&v, sizeof v, 1, 0);
+      EXPECT_FALSE(s.test());
+      c.barrier();  // rank 1 receives after this
+      c.barrier();
+      EXPECT_TRUE(s.test());
+    } else {
+      c.barrier();
+      c.irecv(&got, sizeof got, 0, 0).wait();
+      EXPECT_EQ(got, 42);
+      c.barrier();
+    }
+  });
+}
+
+// A request dropped without wait is withdrawn: no peer copies into or out of its buffer later.
+TEST(ThreadsBackend, DroppedRequestIsWithdrawn) {
+  ThreadWorld::run(2, [](Communicator& c) {
+    if (c.rank() == 0) {
+      {
+        auto first = std::make_unique<int>(1);
+        Request dropped = c.isend(first.get(), sizeof(int), 1, 4);
+      }  // request and buffer gone
+      c.barrier();
+      int second = 2;
+      c.isend(&second, sizeof second, 1, 4).wait();
+    } else {
+      {
+        int never = 0;
+        Request dropped = c.irecv(&never, sizeof never, 0, 5);
+      }
+      c.barrier();
+      int got = 0;
+      c.irecv(&got, sizeof got, 0, 4).wait();
+      EXPECT_EQ(got, 2);
+    }
+  });
+}
+
+TEST(ThreadsBackend, WaitAllWaitsEveryRequestAndRethrowsTheFirstFailure) {
+  ThreadWorld::run(2, [](Communicator& c) {
+    if (c.rank() == 0) {
+      int a = 1, b = 2;
+      c.isend(&a, sizeof a, 1, 1).wait();
+      EXPECT_THROW(c.isend(&a, sizeof a, 1, 3).wait(), CommError);  // receiver expects 2 bytes
+      c.isend(&b, sizeof b, 1, 1).wait();
+    } else {
+      int a = 0, b = 0;
+      std::vector<Request> reqs;
+      reqs.push_back(c.irecv(&a, sizeof a, 0, 1));
+      reqs.push_back(c.irecv(&a, 2, 0, 3));  // size mismatch
+      reqs.push_back(c.irecv(&b, sizeof b, 0, 1));
+      EXPECT_THROW(wait_all(reqs), CommError);
+      EXPECT_EQ(a, 1);
+      EXPECT_EQ(b, 2);                // waited although an earlier request failed
+      EXPECT_FALSE(reqs[0].valid());  // completed requests are released
+      EXPECT_TRUE(reqs[1].valid());
+    }
+  });
+}
+
+TEST(ThreadsBackend, ArgumentErrors) {
+  ThreadWorld::run(2, [](Communicator& c) {
+    int v = 0;
+    EXPECT_THROW(c.isend(&v, 4, 2, 0), InvalidArgument);
+    EXPECT_THROW(c.irecv(&v, 4, -1, 0), InvalidArgument);
+    EXPECT_THROW(c.isend(&v, 4, 0, -3), InvalidArgument);
+    EXPECT_THROW(c.isend(nullptr, 4, 0, 0), InvalidArgument);
+    std::vector<size_t> counts(3, 1);
+    EXPECT_THROW(c.all_gatherv(&v, &v, counts), InvalidArgument);
+    EXPECT_THROW(c.broadcast(&v, 4, 5), InvalidArgument);
+    EXPECT_THROW(c.all_to_all(&v, &v, 2), InvalidArgument);
+    c.barrier();  // argument errors are local and leave the world usable
+  });
+  EXPECT_THROW(ThreadWorld(0), InvalidArgument);
+  ThreadWorld world(2);
+  EXPECT_EQ(world.size(), 2);
+  auto c0 = world.communicator(0);
+  EXPECT_THROW(world.communicator(0), Error);
+  EXPECT_THROW(world.communicator(2), InvalidArgument);
+}
+
+TEST(ThreadsBackend, CollectiveMismatchFailsEveryRankAlike) {
+  ThreadWorld::run(3, [](Communicator& c) {
+    std::vector<uint8_t> buf(64 * 3);
+    std::string msg = suite::comm_error_of(
+        [&] { c.all_gather(buf.data(), c.rank() == 2 ? 32 : 64, buf.data() + 64); }, "mismatch");
+    EXPECT_EQ(msg, "all_gather size mismatch: rank 0 sends 64 bytes, rank 2 sends 32");
+    msg = suite::comm_error_of(
+        [&] {
+          if (c.rank() == 1) {
+            c.barrier();
+          } else {
+            double x = 0;
+            c.all_reduce(&x, 1, Communicator::Elem::kF64, ReduceOp::kSum);
+          }
+        },
+        "kind mismatch");
+    EXPECT_EQ(msg, "collective mismatch: rank 0 calls all_reduce, rank 1 calls barrier");
+    EXPECT_EQ(c.all_reduce_sum(1.0), 3.0);  // the group is still usable
+  });
+}
+
+TEST(ThreadsBackend, ManyConcurrentGroups) {
+  // 8 ranks, pairs and quads, each running rings and reductions at the same time, repeatedly.
+  ThreadWorld::run(8, [](Communicator& c) {
+    auto pair = c.split(c.rank() / 2, 0);
+    auto quad = c.split(c.rank() / 4, c.rank());
+    for (int it = 0; it < 200; ++it) {
+      for (Communicator* g : {pair.get(), quad.get(), &c}) {
+        const int n = g->size(), me = g->rank();
+        int out = it * 100 + me, in = -1;
+        Request r = g->irecv(&in, sizeof in, (me + n - 1) % n, it % 3);
+        Request s = g->isend(&out, sizeof out, (me + 1) % n, it % 3);
+        r.wait();
+        s.wait();
+        ASSERT_EQ(in, it * 100 + (me + n - 1) % n);
+      }
+      ASSERT_EQ(quad->all_reduce_sum(1.0), 4.0);
+      ASSERT_EQ(pair->all_reduce_max(c.rank()), (c.rank() / 2) * 2 + 1);
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared pieces: CommStats, Request, the timeout setting
+
+TEST(CommStats, AddAccumulateReset) {
+  CommStats a, b;
+  a.add(OpKind::kAllGather, 10, 20);
+  a.add(OpKind::kAllGather, 1, 2);
+  b.add(OpKind::kBarrier, 0, 0);
+  b.add(OpKind::kSendRecv, 5, 0);
+  b.wait_seconds = 0.5;
+  a += b;
+  EXPECT_EQ(a.bytes_sent[static_cast<size_t>(OpKind::kAllGather)], 11u);
+  EXPECT_EQ(a.bytes_recv[static_cast<size_t>(OpKind::kAllGather)], 22u);
+  EXPECT_EQ(a.ops[static_cast<size_t>(OpKind::kAllGather)], 2u);
+  EXPECT_EQ(a.ops[static_cast<size_t>(OpKind::kBarrier)], 1u);
+  EXPECT_EQ(a.total_sent(), 16u);
+  EXPECT_EQ(a.total_recv(), 22u);
+  EXPECT_EQ(a.wait_seconds, 0.5);
+  a.reset();
+  EXPECT_EQ(a.total_sent(), 0u);
+  EXPECT_EQ(a.ops[static_cast<size_t>(OpKind::kAllGather)], 0u);
+}
+
+TEST(CommStats, OpKindNames) {
+  EXPECT_EQ(op_kind_name(OpKind::kSendRecv), "send_recv");
+  EXPECT_EQ(op_kind_name(OpKind::kAllGather), "all_gather");
+  EXPECT_EQ(op_kind_name(OpKind::kAllToAll), "all_to_all");
+  EXPECT_EQ(op_kind_name(OpKind::kAllReduce), "all_reduce");
+  EXPECT_EQ(op_kind_name(OpKind::kBroadcast), "broadcast");
+  EXPECT_EQ(op_kind_name(OpKind::kBarrier), "barrier");
+}
+
+TEST(RequestTest, DefaultIsComplete) {
+  Request r;
+  EXPECT_FALSE(r.valid());
+  EXPECT_TRUE(r.test());
+  r.wait();
+  std::vector<Request> none(3);
+  wait_all(none);
+}
+
+// Sets SEQPAR_TIMEOUT_S for one scope.
+class TimeoutEnv {
+ public:
+  explicit TimeoutEnv(const char* value) {
+    const char* old = std::getenv("SEQPAR_TIMEOUT_S");
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    if (value) {
+      setenv("SEQPAR_TIMEOUT_S", value, 1);
+    } else {
+      unsetenv("SEQPAR_TIMEOUT_S");
+    }
+  }
+  ~TimeoutEnv() {
+    if (had_) {
+      setenv("SEQPAR_TIMEOUT_S", old_.c_str(), 1);
+    } else {
+      unsetenv("SEQPAR_TIMEOUT_S");
+    }
+  }
+
+ private:
+  bool had_ = false;
+  std::string old_;
+};
+
+TEST(DefaultTimeout, FromEnvironment) {
+  {
+    TimeoutEnv env(nullptr);
+    EXPECT_EQ(Communicator::default_timeout(), milliseconds(60000));
+  }
+  {
+    TimeoutEnv env("0.25");
+    EXPECT_EQ(Communicator::default_timeout(), milliseconds(250));
+    ThreadWorld::run(2, [](Communicator& c) { EXPECT_EQ(c.timeout(), milliseconds(250)); });
+  }
+  {
+    TimeoutEnv env("120");
+    EXPECT_EQ(Communicator::default_timeout(), milliseconds(120000));
+  }
+  for (const char* bad : {"abc", "-1", "0", "5s", "nan", "inf", "1e30"}) {
+    TimeoutEnv env(bad);
+    try {
+      Communicator::default_timeout();
+      ADD_FAILURE() << "accepted SEQPAR_TIMEOUT_S=" << bad;
+    } catch (const InvalidArgument& e) {
+      suite::expect_contains(e.what(), "SEQPAR_TIMEOUT_S");
+    }
+  }
+}
+
+TEST(DefaultTimeout, SplitInheritsTimeout) {
+  ThreadWorld::run(2, [](Communicator& c) {
+    c.set_timeout(milliseconds(1234));
+    auto sub = c.split(0, 0);
+    EXPECT_EQ(sub->timeout(), milliseconds(1234));
+  });
+}
+
+}  // namespace
+}  // namespace seqpar
