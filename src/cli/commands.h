@@ -15,7 +15,8 @@ struct RunOptions {
   std::string ulysses_mode = "uaa";
   int ulysses_degree = 0;  // usp: ranks / ring_degree if 0
   int ring_degree = 0;     // usp: ranks / ulysses_degree if 0
-  int ranks = 0;  // 0: 2 on threads, the world size under MPI
+  int ranks = kUnset;  // unset: 2 on threads, the world size under MPI
+  static constexpr int kUnset = -1000000;
   int64_t seq = 4096;
   int64_t heads = 8;
   int64_t kv_heads = 0;  // 0: same as heads

@@ -12,7 +12,8 @@ int main(int argc, char** argv) {
   using namespace seqpar::cli;
   CLI::App app{"seqpar: sequence (context) parallel transformer inference", "seqpar"};
   app.require_subcommand(1);
-  app.option_defaults()->always_capture_default();
+  app.option_defaults()->always_capture_default()->multi_option_policy(
+      CLI::MultiOptionPolicy::TakeLast);  // a later flag overrides an earlier one
   RunOptions run;
   InfoOptions info;
   add_run_command(app, run);

@@ -542,7 +542,8 @@ void add_run_command(CLI::App& app, RunOptions& o) {
                   "usp: number of ring groups (default: ranks / ulysses degree)");
   run->add_option("--ulysses-mode,--ulysses_mode", o.ulysses_mode,
                   "strict (divisible shapes) | uaa (any length and head count)");
-  run->add_option("--ranks", o.ranks, "ranks (default 2 on threads; the MPI world size)");
+  run->add_option("--ranks", o.ranks, "ranks (default 2 on threads; the MPI world size)")
+      ->default_str("2");
   run->add_option("--seq", o.seq, "sequence length S (tokens)");
   run->add_option("--heads", o.heads, "query heads H");
   run->add_option("--kv-heads,--kv_heads", o.kv_heads, "key/value heads (divides H; default H)");
@@ -573,7 +574,7 @@ int run_command(const RunOptions& opts) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 
   if (opts.backend != "mpi") {
-    const int ranks = opts.ranks == 0 ? 2 : opts.ranks;
+    const int ranks = opts.ranks == RunOptions::kUnset ? 2 : opts.ranks;
     const int threads = opts.threads > 0 ? opts.threads : std::max(1, cores / std::max(1, ranks));
     const Job job = make_job(opts, ranks, threads);  // argument errors before any thread starts
     Report report;
@@ -590,7 +591,8 @@ int run_command(const RunOptions& opts) {
   comm->set_timeout(timeout);
   Job job;
   try {  // every rank sees the same arguments, so every rank stops here alike
-    SEQPAR_ARG_CHECK(opts.ranks == 0 || opts.ranks == comm->size(), "--ranks ", opts.ranks,
+    SEQPAR_ARG_CHECK(opts.ranks == RunOptions::kUnset || opts.ranks == comm->size(), "--ranks ",
+                     opts.ranks,
                      " does not match the MPI world size ", comm->size(),
                      "; omit --ranks or launch mpirun -np ", opts.ranks);
     job = make_job(opts, comm->size(), opts.threads > 0 ? opts.threads : 1);

@@ -1,0 +1,162 @@
+#include "seqpar/model/presets.h"
+
+#include "seqpar/core/error.h"
+
+namespace seqpar {
+
+std::string_view model_family_name(ModelFamily f) {
+  switch (f) {
+    case ModelFamily::kDiT: return "dit";
+    case ModelFamily::kMMDiT: return "mmdit";
+    case ModelFamily::kLlm: return "llm";
+  }
+  return "?";
+}
+
+namespace {
+
+ModelPreset dit(std::string name, std::string desc, int64_t hidden, int64_t heads, int64_t layers,
+                int64_t ffn, int64_t in_ch, std::array<int64_t, 3> vae, int64_t params) {
+  ModelPreset m;
+  m.name = std::move(name);
+  m.description = std::move(desc);
+  m.family = ModelFamily::kDiT;
+  m.hidden = hidden;
+  m.heads = m.kv_heads = heads;
+  m.head_dim = hidden / heads;
+  m.layers = layers;
+  m.ffn_dim = ffn;
+  m.in_channels = in_ch;
+  m.vae_stride = vae;
+  m.text_dim = 4096;  // umT5-XXL
+  m.text_len = 512;
+  m.freq_dim = 256;
+  m.video = true;
+  m.params = params;
+  return m;
+}
+
+ModelPreset mmdit(std::string name, std::string desc, int64_t layers, int64_t text_dim,
+                  int64_t text_len, int64_t ffn, int64_t in_ch, int64_t params) {
+  ModelPreset m;
+  m.name = std::move(name);
+  m.description = std::move(desc);
+  m.family = ModelFamily::kMMDiT;
+  m.hidden = 3072;
+  m.heads = m.kv_heads = 24;
+  m.head_dim = 128;
+  m.layers = layers;
+  m.ffn_dim = ffn;
+  m.in_channels = in_ch;
+  m.patch = {1, 2, 2};
+  m.vae_stride = {1, 8, 8};
+  m.text_dim = text_dim;
+  m.text_len = text_len;
+  m.freq_dim = 256;
+  m.params = params;
+  return m;
+}
+
+ModelPreset llm(std::string name, std::string desc, int64_t hidden, int64_t heads,
+                int64_t kv_heads, int64_t layers, int64_t ffn, int64_t vocab, double theta,
+                int64_t params) {
+  ModelPreset m;
+  m.name = std::move(name);
+  m.description = std::move(desc);
+  m.family = ModelFamily::kLlm;
+  m.hidden = hidden;
+  m.heads = heads;
+  m.kv_heads = kv_heads;
+  m.head_dim = hidden / heads;
+  m.layers = layers;
+  m.ffn_dim = ffn;
+  m.vocab = vocab;
+  m.rope_theta = theta;
+  m.params = params;
+  return m;
+}
+
+const std::vector<ModelPreset>& presets() {
+  static const std::vector<ModelPreset> all = [] {
+    std::vector<ModelPreset> v;
+    v.push_back(dit("wan2.1-t2v-1.3b", "Wan 2.1 text-to-video 1.3B", 1536, 12, 30, 8960, 16,
+                    {4, 8, 8}, 1'300'000'000));
+    v.push_back(dit("wan2.1-t2v-14b", "Wan 2.1 text-to-video 14B", 5120, 40, 40, 13824, 16,
+                    {4, 8, 8}, 14'000'000'000));
+    v.push_back(dit("wan2.2-t2v-a14b", "Wan 2.2 text-to-video A14B (two 14B experts, one active)",
+                    5120, 40, 40, 13824, 16, {4, 8, 8}, 14'000'000'000));
+    v.push_back(dit("wan2.2-ti2v-5b", "Wan 2.2 text/image-to-video 5B (16x16 VAE)", 3072, 24, 30,
+                    14336, 48, {4, 16, 16}, 5'000'000'000));
+    ModelPreset tiny = dit("tiny-dit", "small Wan-style DiT for tests (Wan's 4x8x8 VAE, 1x2x2 patches)",
+                           64, 4, 2, 128, 4, {4, 8, 8}, 0);
+    tiny.text_dim = 32;
+    tiny.text_len = 16;
+    tiny.freq_dim = 32;
+    v.push_back(tiny);
+    v.push_back(mmdit("flux.1-dev", "FLUX.1 [dev] 12B (19 dual + 38 single stream blocks)", 57,
+                      4096, 512, 12288, 16, 12'000'000'000));
+    v.push_back(mmdit("qwen-image", "Qwen-Image 20B MMDiT", 60, 3584, 512, 12288, 16,
+                      20'000'000'000));
+    v.push_back(llm("llama3-8b", "Llama 3 8B", 4096, 32, 8, 32, 14336, 128256, 500000.0,
+                    8'000'000'000));
+    v.push_back(llm("llama3-70b", "Llama 3 70B", 8192, 64, 8, 80, 28672, 128256, 500000.0,
+                    70'000'000'000));
+    v.push_back(llm("llama3-405b", "Llama 3.1 405B", 16384, 128, 8, 126, 53248, 128256, 500000.0,
+                    405'000'000'000));
+    v.push_back(llm("tiny-llm", "small Llama-style decoder for tests", 64, 4, 2, 2, 128, 256,
+                    10000.0, 0));
+    return v;
+  }();
+  return all;
+}
+
+}  // namespace
+
+std::vector<std::string> model_preset_names() {
+  std::vector<std::string> names;
+  for (const auto& m : presets()) names.push_back(m.name);
+  return names;
+}
+
+const ModelPreset& model_preset(std::string_view name) {
+  for (const auto& m : presets())
+    if (m.name == name) return m;
+  std::string valid;
+  for (const auto& n : model_preset_names()) valid += (valid.empty() ? "" : ", ") + n;
+  throw InvalidArgument(detail::concat("model '", name, "' is unknown; valid: ", valid));
+}
+
+LatentShape latent_shape(const ModelPreset& m, int64_t frames, int64_t height, int64_t width) {
+  SEQPAR_ARG_CHECK(m.family != ModelFamily::kLlm, "model ", m.name,
+                   " is a language model; give a token count, not frames x height x width");
+  const int64_t st = m.vae_stride[0], sh = m.vae_stride[1] * m.patch[1],
+                sw = m.vae_stride[2] * m.patch[2];
+  SEQPAR_ARG_CHECK(frames >= 1 && height >= 1 && width >= 1, "--frames, --height and --width ",
+                   "must be at least 1");
+  if (m.video) {
+    const int64_t below = (frames - 1) / st * st + 1;
+    SEQPAR_ARG_CHECK((frames - 1) % st == 0, "--frames ", frames, " does not fit ", m.name,
+                     "'s temporal VAE stride ", st, ": frames must be ", st,
+                     "k+1; nearest: ", below, " or ", below + st);
+  } else {
+    SEQPAR_ARG_CHECK(frames == 1, "--frames ", frames, ": ", m.name, " is an image model; use 1");
+  }
+  auto nearest = [](int64_t x, int64_t m) {
+    const int64_t lo = x / m * m;
+    return detail::concat(lo > 0 ? std::to_string(lo) + " or " : std::string(), lo + m);
+  };
+  SEQPAR_ARG_CHECK(height % sh == 0, "--height ", height, " is not a multiple of ", sh,
+                   " (VAE stride x patch) for ", m.name, "; nearest: ", nearest(height, sh));
+  SEQPAR_ARG_CHECK(width % sw == 0, "--width ", width, " is not a multiple of ", sw,
+                   " (VAE stride x patch) for ", m.name, "; nearest: ", nearest(width, sw));
+  LatentShape s;
+  s.latent_frames = m.video ? (frames - 1) / st + 1 : 1;
+  s.latent_height = height / m.vae_stride[1];
+  s.latent_width = width / m.vae_stride[2];
+  s.grid = {s.latent_frames / m.patch[0], s.latent_height / m.patch[1],
+            s.latent_width / m.patch[2]};
+  s.tokens = s.grid[0] * s.grid[1] * s.grid[2];
+  return s;
+}
+
+}  // namespace seqpar
