@@ -1,0 +1,52 @@
+// Dense operations of the transformer modules, on fp32 row-major matrices: x (rows, features).
+// Activations of shape (B, S, ...) are viewed as rows = B·S. Each call runs on the calling
+// thread's OpenMP team (ranks as threads set it to 1).
+// Thread-safety: reentrant; oneDNN primitives are cached per thread.
+#pragma once
+
+#include <cstdint>
+
+#include "seqpar/core/tensor.h"
+
+namespace seqpar {
+
+// y (rows, out) = x (rows, in) · wᵀ + bias, w (out, in) as stored by PyTorch's nn.Linear, bias
+// (out) or empty. fp32 only.
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias);
+
+// y = x / sqrt(mean(x²) + eps) · weight, over the last dimension (weight empty: no scale).
+// sum_sq, when given, replaces the local sum of squares per row (for statistics reduced over a
+// group): then mean = sum_sq[row] / full_width.
+Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps);
+// Row-wise sums of squares of x (rows, features) -> (rows).
+Tensor row_sum_squares(const Tensor& x);
+// rms_norm with given per-row sums of squares over a width of full_width features.
+Tensor rms_norm_with_stats(const Tensor& x, const Tensor& sum_sq, int64_t full_width,
+                           const Tensor& weight, float eps);
+// LayerNorm over the last dimension, optional affine weight/bias (empty: none).
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps);
+
+// Elementwise, in place.
+void gelu_tanh_(Tensor& x);
+void silu_(Tensor& x);
+void add_(Tensor& x, const Tensor& y);  // same numel
+// x (rows, F) <- x · (1 + scale) + shift, scale/shift (F) broadcast over rows (adaLN).
+void modulate_(Tensor& x, const float* shift, const float* scale);
+// x (rows, F) += gate (F) · y (rows, F)
+void gated_add_(Tensor& x, const float* gate, const Tensor& y);
+// SwiGLU: silu(a) · b, a and b (rows, F) -> (rows, F)
+Tensor swiglu(const Tensor& a, const Tensor& b);
+
+// Reinterprets the shape (same number of elements, row-major); returns the moved tensor.
+Tensor reshape(Tensor t, std::vector<int64_t> shape);
+// Rows [begin, end) of the leading dimension viewed as (rows, features); a copy.
+Tensor slice_rows(const Tensor& x, int64_t begin, int64_t end);
+// Columns [begin, end) of x (rows, cols); a copy.
+Tensor slice_cols(const Tensor& x, int64_t begin, int64_t end);
+// Concatenates x (rows, a) and y (rows, b) along columns -> (rows, a+b).
+Tensor concat_cols(const Tensor& x, const Tensor& y);
+
+// Sinusoidal timestep embedding (cos then sin halves), t a scalar -> (dim).
+Tensor timestep_embedding(float t, int64_t dim);
+
+}  // namespace seqpar

@@ -1,0 +1,296 @@
+// seqpar model: runs a transformer (dit or llm preset) on a cfg x tp x ring x ulysses mesh, and
+// with --verify compares it with the same model on one rank.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <thread>
+
+#include "cli/commands.h"
+#include "seqpar/comm/mpi.h"
+#include "seqpar/comm/threads.h"
+#include "seqpar/core/timer.h"
+#include "seqpar/model/decoder.h"
+#include "seqpar/model/dit.h"
+#include "seqpar/model/safetensors.h"
+#include "seqpar/parallel/mesh.h"
+
+namespace seqpar::cli {
+
+namespace {
+
+using nlohmann::json;
+
+Tensor seeded(std::vector<int64_t> shape, uint64_t seed) {
+  Tensor t(std::move(shape));
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = dist(rng);
+  return t;
+}
+
+// What a run produced on rank 0 (for comparison and the report).
+struct ModelResult {
+  Tensor output;                 // dit: the sample (or velocity); llm: all logits stacked
+  std::vector<int32_t> tokens;   // llm
+  double seconds = 0;
+  int64_t seq = 0;
+  CommStats comm;                // rank 0's traffic over all mesh groups
+};
+
+struct Resolved {
+  ModelPreset preset;
+  MeshShape shape;
+  Strategy strategy = Strategy::kRing;
+  Layout layout = Layout::kContiguous;
+  UlyssesMode mode = UlyssesMode::kUaa;
+  std::vector<WeightStore::Spec> specs;
+};
+
+Resolved resolve(const ModelOptions& o, int world) {
+  Resolved r;
+  r.preset = model_preset(o.preset);
+  r.shape = {o.cfg, o.tp, o.ring_degree, o.ulysses_degree};
+  SEQPAR_ARG_CHECK(o.cfg >= 1 && o.tp >= 1 && o.ring_degree >= 1 && o.ulysses_degree >= 1,
+                   "--cfg, --tp, --ring-degree and --ulysses-degree must be at least 1");
+  SEQPAR_ARG_CHECK(world == 0 || r.shape.world() == world, "the mesh ", mesh_shape_text(r.shape),
+                   " needs ", r.shape.world(), " ranks but the MPI world has ", world,
+                   "; launch mpirun -np ", r.shape.world());
+  SEQPAR_ARG_CHECK(o.cfg <= 2, "--cfg ", o.cfg, " is invalid; valid: 1, 2");
+  SEQPAR_ARG_CHECK(r.preset.family != ModelFamily::kLlm || o.cfg == 1,
+                   "--cfg ", o.cfg, ": classifier-free guidance is for diffusion models; use --cfg 1 with ",
+                   r.preset.name);
+  SEQPAR_ARG_CHECK(r.preset.family != ModelFamily::kMMDiT, "model ", r.preset.name,
+                   " (mmdit) is available to `seqpar plan` only; runnable presets: the dit and "
+                   "llm ones (tiny-dit, tiny-llm, wan2.1-t2v-1.3b, llama3-8b, ...)");
+  SEQPAR_ARG_CHECK(r.preset.heads % o.tp == 0, "--tp ", o.tp, " does not divide the ",
+                   r.preset.heads, " heads of ", r.preset.name, "; valid: ",
+                   [&] {
+                     std::string s;
+                     for (int64_t d = 1; d <= r.preset.heads; ++d)
+                       if (r.preset.heads % d == 0) s += (s.empty() ? "" : ", ") + std::to_string(d);
+                     return s;
+                   }());
+  r.layout = parse_layout(o.layout);
+  r.mode = parse_ulysses_mode(o.ulysses_mode);
+  if (o.ring_degree > 1 && o.ulysses_degree > 1) {
+    r.strategy = Strategy::kUsp;
+  } else if (o.ulysses_degree > 1) {
+    r.strategy = Strategy::kUlysses;
+  } else {
+    r.strategy = parse_strategy(o.strategy);
+    SEQPAR_ARG_CHECK(r.strategy == Strategy::kRing || r.strategy == Strategy::kAllGather,
+                     "--strategy ", o.strategy, " needs --ulysses-degree > 1; with only ",
+                     "--ring-degree use ring or allgather");
+  }
+  r.specs = r.preset.family == ModelFamily::kDiT ? DiT::parameters(r.preset)
+                                                 : Decoder::parameters(r.preset);
+  if (r.preset.family == ModelFamily::kDiT) latent_shape(r.preset, o.frames, o.height, o.width);
+  SEQPAR_ARG_CHECK(r.preset.family != ModelFamily::kLlm || o.prompt_len >= 1,
+                   "--prompt-len ", o.prompt_len, " is invalid; it must be at least 1");
+  SEQPAR_ARG_CHECK(o.steps >= 1 && o.decode >= 0, "--steps must be at least 1 and --decode 0 or more");
+  return r;
+}
+
+// One model run on `world` (every rank calls it); rank 0's result.
+ModelResult run_model(Communicator& world, const Resolved& r, const ModelOptions& o,
+                      const WeightStore& ws, MeshShape shape) {
+  MeshComms mc(world, shape);
+  ParallelContext ctx;
+  ctx.tp = &mc.tp();
+  ctx.sp = &mc.sp_comms();
+  ctx.cfg = &mc.cfg();
+  ctx.strategy = shape.sp() > 1 ? r.strategy : Strategy::kRing;
+  ctx.layout = r.layout;
+  ctx.pad = o.pad;
+  ctx.cp.ulysses_mode = r.mode;
+  ModelResult res;
+  world.barrier();
+  mc.reset_stats();
+  const double t0 = now_seconds();
+  if (r.preset.family == ModelFamily::kDiT) {
+    const ModelPreset& m = r.preset;
+    LatentShape s = latent_shape(m, o.frames, o.height, o.width);
+    Tensor latent = seeded({1, m.in_channels, s.latent_frames, s.latent_height, s.latent_width},
+                           o.seed + 1);
+    Tensor text = seeded({1, m.text_len, m.text_dim}, o.seed + 2);
+    Tensor null_text({1, m.text_len, m.text_dim});
+    DiT dit(m, ws, ctx);
+    res.output = dit.sample(latent, o.steps, text, null_text, o.guidance, ctx);
+    res.seq = s.tokens;
+  } else {
+    std::mt19937_64 rng(o.seed + 3);
+    std::vector<int32_t> prompt(o.prompt_len);
+    for (auto& t : prompt) t = static_cast<int32_t>(rng() % r.preset.vocab);
+    Decoder dec(r.preset, ws, ctx);
+    Decoder::Output out = dec.generate(prompt, o.decode, ctx);
+    res.tokens = out.tokens;
+    res.output = Tensor({static_cast<int64_t>(out.logits.size()), r.preset.vocab});
+    for (size_t i = 0; i < out.logits.size(); ++i)
+      std::copy_n(out.logits[i].data<float>(), r.preset.vocab,
+                  res.output.data<float>() + i * r.preset.vocab);
+    res.seq = o.prompt_len;
+  }
+  res.seconds = world.all_reduce_max(now_seconds() - t0);
+  res.comm = mc.stats();
+  return res;
+}
+
+int report(const ModelOptions& o, const Resolved& r, const ModelResult& got,
+           const ModelResult* single, const std::string& backend) {
+  double err = NAN;
+  bool tokens_match = true;
+  if (single) {
+    err = max_abs_diff(got.output, single->output);
+    tokens_match = got.tokens == single->tokens;
+  }
+  const bool ok = !single || (err <= 1e-4 && tokens_match);
+  if (o.json) {
+    json j;
+    j["preset"] = r.preset.name;
+    j["family"] = model_family_name(r.preset.family);
+    j["backend"] = backend;
+    j["ranks"] = r.shape.world();
+    j["cfg"] = r.shape.cfg;
+    j["tp"] = r.shape.tp;
+    j["ring_degree"] = r.shape.ring;
+    j["ulysses_degree"] = r.shape.ulysses;
+    j["strategy"] = strategy_name(r.strategy);
+    j["layout"] = layout_name(r.layout);
+    j["pad"] = o.pad;
+    j["seq"] = got.seq;
+    j["seconds"] = got.seconds;
+    j["bytes_sent_rank0"] = got.comm.total_sent();
+    j["max_abs_err"] = single ? json(err) : json(nullptr);
+    j["ok"] = ok;
+    if (r.preset.family == ModelFamily::kLlm) {
+      j["tokens"] = got.tokens;
+      j["tokens_match"] = single ? json(tokens_match) : json(nullptr);
+    } else {
+      j["steps"] = o.steps;
+    }
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("seqpar model: %s (%s) on %s, %s backend\n", r.preset.name.c_str(),
+                std::string(model_family_name(r.preset.family)).c_str(),
+                mesh_shape_text(r.shape).c_str(), backend.c_str());
+    std::printf("  %lld tokens, %s attention, %s layout%s\n", (long long)got.seq,
+                std::string(strategy_name(r.strategy)).c_str(),
+                std::string(layout_name(r.layout)).c_str(), o.pad ? ", padded" : "");
+    std::printf("  time     %.4f s (slowest rank)\n", got.seconds);
+    if (r.preset.family == ModelFamily::kLlm) {
+      std::printf("  tokens  ");
+      for (int32_t t : got.tokens) std::printf(" %d", t);
+      std::printf("\n");
+    }
+    if (single)
+      std::printf("  verify   max abs err %.3g vs one rank%s: %s\n", err,
+                  r.preset.family == ModelFamily::kLlm
+                      ? (tokens_match ? ", tokens identical" : ", TOKENS DIFFER")
+                      : "",
+                  ok ? "ok" : "FAILED");
+  }
+  std::fflush(stdout);
+  return ok ? 0 : 1;
+}
+
+WeightStore load_weights(const ModelOptions& o, const Resolved& r) {
+  if (!o.weights.empty()) return WeightStore::from_safetensors(o.weights, r.specs);
+  return WeightStore::random(r.specs, o.seed);
+}
+
+}  // namespace
+
+void add_model_command(CLI::App& app, ModelOptions& o) {
+  CLI::App* m = app.add_subcommand(
+      "model", "Run a transformer (dit or llm preset) on a cfg x tp x ring x ulysses mesh");
+  m->add_option("--preset", o.preset, "tiny-dit | tiny-llm | wan2.1-t2v-1.3b | llama3-8b | ...");
+  m->add_option("--weights", o.weights, "safetensors file (default: seeded random weights)");
+  m->add_option("--save-weights,--save_weights", o.save_weights,
+                "write the weights used to this safetensors file");
+  m->add_option("--cfg", o.cfg, "classifier-free guidance parallel size (1 or 2)");
+  m->add_option("--tp", o.tp, "tensor parallel size");
+  m->add_option("--ulysses-degree,--ulysses_degree", o.ulysses_degree, "Ulysses degree");
+  m->add_option("--ring-degree,--ring_degree", o.ring_degree, "ring degree");
+  m->add_option("--strategy", o.strategy, "ring | allgather (meshes without Ulysses)");
+  m->add_option("--layout", o.layout, "contiguous | striped | zigzag");
+  m->add_option("--ulysses-mode,--ulysses_mode", o.ulysses_mode, "strict | uaa");
+  m->add_flag("--pad", o.pad, "pad the sequence to a multiple of the sequence-parallel size");
+  m->add_option("--frames", o.frames, "dit: video frames (4k+1)");
+  m->add_option("--height", o.height, "dit: height in pixels");
+  m->add_option("--width", o.width, "dit: width in pixels");
+  m->add_option("--steps", o.steps, "dit: denoising steps");
+  m->add_option("--guidance", o.guidance, "dit: classifier-free guidance scale");
+  m->add_option("--prompt-len,--prompt_len", o.prompt_len, "llm: prompt tokens (prefill)");
+  m->add_option("--decode", o.decode, "llm: greedy decode steps");
+  m->add_option("--seed", o.seed, "seed of weights and inputs");
+  m->add_option("--backend", o.backend, "threads | mpi");
+  m->add_flag("--verify", o.verify, "compare with the same model on one rank");
+  m->add_flag("--json", o.json, "print one JSON object");
+}
+
+int model_command(const ModelOptions& o) {
+  SEQPAR_ARG_CHECK(o.backend == "threads" || o.backend == "mpi", "--backend '", o.backend,
+                   "' is unknown; valid: threads, mpi");
+  if (o.backend == "threads") {
+    Resolved r = resolve(o, 0);
+    WeightStore ws = load_weights(o, r);
+    if (!o.save_weights.empty()) write_safetensors(o.save_weights, ws.all(), {});
+    const int n = r.shape.world();
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    ModelResult got, single;
+    ThreadWorld::run(n, [&](Communicator& world) {
+      omp_set_num_threads(std::max(1, cores / n));
+      ModelResult res = run_model(world, r, o, ws, r.shape);
+      if (world.rank() == 0) got = std::move(res);
+    });
+    if (o.verify)
+      ThreadWorld::run(1, [&](Communicator& world) {
+        omp_set_num_threads(cores);
+        single = run_model(world, r, o, ws, MeshShape{});
+      });
+    return report(o, r, got, o.verify ? &single : nullptr, "threads");
+  }
+  SEQPAR_ARG_CHECK(mpi_available(), "--backend mpi: this build has no MPI; valid: threads");
+  mpi_init(nullptr, nullptr);
+  std::unique_ptr<Communicator> world = mpi_world();
+  Resolved r;
+  WeightStore ws;
+  try {
+    r = resolve(o, world->size());
+    ws = load_weights(o, r);
+  } catch (const InvalidArgument&) {
+    world.reset();
+    mpi_finalize();
+    throw;
+  }
+  int code = 0;
+  try {
+    omp_set_num_threads(1);
+    ModelResult got = run_model(*world, r, o, ws, r.shape);
+    // The single-rank reference runs on rank 0 alone.
+    std::unique_ptr<Communicator> alone = world->split(world->rank() == 0 ? 0 : 1, world->rank());
+    if (world->rank() == 0) {
+      ModelResult single;
+      if (o.verify) single = run_model(*alone, r, o, ws, MeshShape{});
+      code = report(o, r, got, o.verify ? &single : nullptr, "mpi");
+    }
+    int32_t c = code;
+    world->broadcast(&c, sizeof(c), 0);
+    code = c;
+  } catch (const std::exception& e) {
+    world->abort(e.what());
+    std::fprintf(stderr, "seqpar: error: rank %d: %s\n", world->rank(), e.what());
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+  world.reset();
+  mpi_finalize();
+  return code;
+}
+
+}  // namespace seqpar::cli

@@ -1,0 +1,241 @@
+#include "seqpar/model/ops.h"
+
+#include <dnnl.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <unordered_map>
+
+namespace seqpar {
+
+namespace {
+
+struct MatmulKey {
+  int64_t m, n, k;
+  bool bias;
+  bool operator==(const MatmulKey&) const = default;
+};
+struct MatmulKeyHash {
+  size_t operator()(const MatmulKey& s) const {
+    return std::hash<int64_t>()(s.m) * 1000003u ^ std::hash<int64_t>()(s.n) * 10007u ^
+           std::hash<int64_t>()(s.k) * 31u ^ static_cast<size_t>(s.bias);
+  }
+};
+
+dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+// y (m, n) = x (m, k) · wᵀ (w is (n, k) row-major, i.e. B (k, n) with strides {1, k}) + bias.
+dnnl::matmul& matmul_for(const MatmulKey& key) {
+  thread_local std::unordered_map<MatmulKey, dnnl::matmul, MatmulKeyHash> cache;
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  using dt = dnnl::memory::data_type;
+  dnnl::memory::desc a({key.m, key.k}, dt::f32, dnnl::memory::dims{key.k, 1});
+  dnnl::memory::desc b({key.k, key.n}, dt::f32, dnnl::memory::dims{1, key.k});
+  dnnl::memory::desc c({key.m, key.n}, dt::f32, dnnl::memory::dims{key.n, 1});
+  dnnl::matmul::primitive_desc pd;
+  if (key.bias) {
+    dnnl::memory::desc bias({1, key.n}, dt::f32, dnnl::memory::dims{key.n, 1});
+    pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, bias, c), engine());
+  } else {
+    pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), engine());
+  }
+  return cache.emplace(key, dnnl::matmul(pd)).first->second;
+}
+
+int64_t rows_of(const Tensor& x) { return x.numel() / x.dim(-1); }
+
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  SEQPAR_CHECK(x.dtype() == DType::kF32 && w.dtype() == DType::kF32, "linear is fp32");
+  SEQPAR_CHECK(w.ndim() == 2 && x.dim(-1) == w.dim(1), "linear: x ", x.shape_str(), " vs w ",
+               w.shape_str());
+  const int64_t m = rows_of(x), k = w.dim(1), n = w.dim(0);
+  std::vector<int64_t> shape = x.shape();
+  shape.back() = n;
+  Tensor y(shape);
+  if (m == 0 || n == 0) return y;
+  if (k == 0) {
+    for (int64_t r = 0; r < m && !bias.empty(); ++r)
+      std::memcpy(y.data<float>() + r * n, bias.data<float>(), n * sizeof(float));
+    return y;
+  }
+  const bool has_bias = !bias.empty();
+  SEQPAR_CHECK(!has_bias || bias.numel() == n, "linear: bias ", bias.shape_str(), " for ", n,
+               " outputs");
+  dnnl::matmul& mm = matmul_for({m, n, k, has_bias});
+  using dt = dnnl::memory::data_type;
+  dnnl::memory am({{m, k}, dt::f32, dnnl::memory::dims{k, 1}}, engine(),
+                  const_cast<void*>(x.raw()));
+  dnnl::memory bm({{k, n}, dt::f32, dnnl::memory::dims{1, k}}, engine(),
+                  const_cast<void*>(w.raw()));
+  dnnl::memory cm({{m, n}, dt::f32, dnnl::memory::dims{n, 1}}, engine(), y.raw());
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
+  if (has_bias)
+    args.emplace(DNNL_ARG_BIAS, dnnl::memory({{1, n}, dt::f32, dnnl::memory::dims{n, 1}},
+                                             engine(), const_cast<void*>(bias.raw())));
+  dnnl::stream s(engine());
+  mm.execute(s, args);
+  s.wait();
+  return y;
+}
+
+Tensor row_sum_squares(const Tensor& x) {
+  const int64_t rows = rows_of(x), f = x.dim(-1);
+  Tensor s({rows});
+  const float* p = x.data<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    double acc = 0;
+    for (int64_t i = 0; i < f; ++i) acc += static_cast<double>(p[r * f + i]) * p[r * f + i];
+    s.data<float>()[r] = static_cast<float>(acc);
+  }
+  return s;
+}
+
+Tensor rms_norm_with_stats(const Tensor& x, const Tensor& sum_sq, int64_t full_width,
+                           const Tensor& weight, float eps) {
+  const int64_t rows = rows_of(x), f = x.dim(-1);
+  SEQPAR_CHECK(weight.empty() || weight.numel() == f, "rms_norm weight ", weight.shape_str());
+  Tensor y(x.shape());
+  for (int64_t r = 0; r < rows; ++r) {
+    const float inv = 1.0f / std::sqrt(sum_sq.data<float>()[r] / full_width + eps);
+    for (int64_t i = 0; i < f; ++i) {
+      float v = x.data<float>()[r * f + i] * inv;
+      y.data<float>()[r * f + i] = weight.empty() ? v : v * weight.data<float>()[i];
+    }
+  }
+  return y;
+}
+
+Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps) {
+  return rms_norm_with_stats(x, row_sum_squares(x), x.dim(-1), weight, eps);
+}
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps) {
+  const int64_t rows = rows_of(x), f = x.dim(-1);
+  Tensor y(x.shape());
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* p = x.data<float>() + r * f;
+    double mean = 0, var = 0;
+    for (int64_t i = 0; i < f; ++i) mean += p[i];
+    mean /= f;
+    for (int64_t i = 0; i < f; ++i) var += (p[i] - mean) * (p[i] - mean);
+    var /= f;
+    const float inv = 1.0f / std::sqrt(static_cast<float>(var) + eps);
+    float* q = y.data<float>() + r * f;
+    for (int64_t i = 0; i < f; ++i) {
+      float v = (p[i] - static_cast<float>(mean)) * inv;
+      if (!weight.empty()) v *= weight.data<float>()[i];
+      if (!bias.empty()) v += bias.data<float>()[i];
+      q[i] = v;
+    }
+  }
+  return y;
+}
+
+void gelu_tanh_(Tensor& x) {
+  float* p = x.data<float>();
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const float v = p[i];
+    p[i] = 0.5f * v * (1.0f + std::tanh(0.7978845608f * (v + 0.044715f * v * v * v)));
+  }
+}
+
+void silu_(Tensor& x) {
+  float* p = x.data<float>();
+  for (int64_t i = 0; i < x.numel(); ++i) p[i] = p[i] / (1.0f + std::exp(-p[i]));
+}
+
+void add_(Tensor& x, const Tensor& y) {
+  SEQPAR_CHECK(x.numel() == y.numel(), "add_: ", x.shape_str(), " + ", y.shape_str());
+  float* p = x.data<float>();
+  const float* q = y.data<float>();
+  for (int64_t i = 0; i < x.numel(); ++i) p[i] += q[i];
+}
+
+void modulate_(Tensor& x, const float* shift, const float* scale) {
+  const int64_t rows = rows_of(x), f = x.dim(-1);
+  float* p = x.data<float>();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < f; ++i) p[r * f + i] = p[r * f + i] * (1.0f + scale[i]) + shift[i];
+}
+
+void gated_add_(Tensor& x, const float* gate, const Tensor& y) {
+  const int64_t rows = rows_of(x), f = x.dim(-1);
+  SEQPAR_CHECK(x.numel() == y.numel(), "gated_add_ shapes");
+  float* p = x.data<float>();
+  const float* q = y.data<float>();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < f; ++i) p[r * f + i] += gate[i] * q[r * f + i];
+}
+
+Tensor swiglu(const Tensor& a, const Tensor& b) {
+  SEQPAR_CHECK(a.shape() == b.shape(), "swiglu shapes");
+  Tensor y(a.shape());
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const float v = a.data<float>()[i];
+    y.data<float>()[i] = v / (1.0f + std::exp(-v)) * b.data<float>()[i];
+  }
+  return y;
+}
+
+Tensor reshape(Tensor t, std::vector<int64_t> shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  SEQPAR_CHECK(n == t.numel(), "reshape ", t.shape_str(), " to ", n, " elements");
+  t.resize(std::move(shape));
+  return t;
+}
+
+Tensor slice_rows(const Tensor& x, int64_t begin, int64_t end) {
+  const int64_t f = x.numel() / std::max<int64_t>(1, x.dim(0));
+  std::vector<int64_t> shape = x.shape();
+  shape[0] = end - begin;
+  Tensor y(shape, x.dtype());
+  const size_t e = dtype_size(x.dtype());
+  std::memcpy(y.raw(), static_cast<const char*>(x.raw()) + begin * f * e, (end - begin) * f * e);
+  return y;
+}
+
+Tensor slice_cols(const Tensor& x, int64_t begin, int64_t end) {
+  const int64_t rows = rows_of(x), f = x.dim(-1), w = end - begin;
+  std::vector<int64_t> shape = x.shape();
+  shape.back() = w;
+  Tensor y(shape, x.dtype());
+  const size_t e = dtype_size(x.dtype());
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(static_cast<char*>(y.raw()) + r * w * e,
+                static_cast<const char*>(x.raw()) + (r * f + begin) * e, w * e);
+  return y;
+}
+
+Tensor concat_cols(const Tensor& x, const Tensor& y) {
+  const int64_t rows = rows_of(x), a = x.dim(-1), b = y.dim(-1);
+  SEQPAR_CHECK(rows == rows_of(y), "concat_cols rows");
+  std::vector<int64_t> shape = x.shape();
+  shape.back() = a + b;
+  Tensor z(shape);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(z.data<float>() + r * (a + b), x.data<float>() + r * a, a * sizeof(float));
+    std::memcpy(z.data<float>() + r * (a + b) + a, y.data<float>() + r * b, b * sizeof(float));
+  }
+  return z;
+}
+
+Tensor timestep_embedding(float t, int64_t dim) {
+  Tensor e({dim});
+  const int64_t half = dim / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const double freq = std::exp(-std::log(10000.0) * i / half);
+    e.data<float>()[i] = static_cast<float>(std::cos(t * freq));
+    e.data<float>()[half + i] = static_cast<float>(std::sin(t * freq));
+  }
+  return e;
+}
+
+}  // namespace seqpar
