@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# The command line of the strategies beyond ring/allgather and of `seqpar model`: verification on
+# both backends, the JSON keys, and every invalid combination exiting 2 with one line.
+# usage: test_cli_strategies.sh path/to/seqpar [path/to/mpiexec]
+set -u
+bin=${1:?usage: test_cli_strategies.sh path/to/seqpar [mpiexec]}
+mpiexec=${2:-}
+pass=0; fail=0
+ok()  { pass=$((pass+1)); }
+bad() { fail=$((fail+1)); echo "FAIL: $*"; }
+json_get() { python3 -c 'import json,sys; d=json.loads(sys.argv[1]); v=d[sys.argv[2]]; print(json.dumps(v) if isinstance(v,(list,dict)) else v)' "$1" "$2"; }
+
+expect_ok() {  # expect_ok <description> <command...>: exit 0 and "ok": true
+  local desc=$1; shift
+  local out rc
+  out=$("$@" 2>&1); rc=$?
+  if [ $rc -ne 0 ]; then bad "$desc: exit $rc: $(echo "$out" | tail -3)"; return; fi
+  [ "$(json_get "$out" ok)" = "True" ] && ok || bad "$desc: not ok: $out"
+}
+check_bad() {  # check_bad <expected text> <seqpar args...>: exit 2, one line naming it
+  local word=$1; shift
+  local err rc
+  err=$("$bin" "$@" 2>&1 >/dev/null); rc=$?
+  [ $rc -eq 2 ] && ok || bad "$* exited $rc, want 2"
+  [ "$(printf '%s\n' "$err" | grep -c .)" -eq 1 ] && ok || bad "$*: error is not one line: $err"
+  printf '%s' "$err" | grep -q -- "$word" && ok || bad "$*: error does not say '$word': $err"
+}
+
+# 1. ulysses, usp, padding, joint attention, decode: verified on threads.
+small="--head-dim 32 --verify --json"
+for layout in contiguous striped zigzag; do
+  expect_ok "ulysses $layout" "$bin" run --strategy ulysses --layout $layout --ranks 4 --seq 301 --heads 6 --kv-heads 2 --causal $small
+  expect_ok "usp $layout" "$bin" run --strategy usp --ulysses-degree 2 --ring-degree 2 --layout $layout --ranks 4 --seq 301 --heads 4 $small
+done
+expect_ok "ulysses odd heads (2,6,3)" "$bin" run --strategy ulysses --ranks 2 --seq 6 --heads 3 $small
+expect_ok "ulysses (4,9,30)" "$bin" run --strategy ulysses --ranks 4 --seq 9 --heads 30 --causal $small
+expect_ok "ulysses 7 heads on 4 ranks" "$bin" run --strategy ulysses --ranks 4 --seq 64 --heads 7 $small
+expect_ok "strict + pad" "$bin" run --strategy ulysses --ulysses-mode strict --pad --ranks 8 --seq 3645 --heads 8 --head-dim 16 --verify --json --repeat 1
+expect_ok "ring pad zigzag" "$bin" run --strategy ring --pad --layout zigzag --ranks 4 --seq 1001 --heads 2 --causal $small
+expect_ok "joint ring" "$bin" run --strategy ring --ranks 3 --seq 200 --text-tokens 17 --heads 4 $small
+expect_ok "joint usp" "$bin" run --strategy usp --ranks 4 --seq 200 --text-tokens 17 --heads 4 $small
+expect_ok "passq" "$bin" run --strategy passq --ranks 4 --cached 4096 --new 5 --heads 4 --kv-heads 2 --causal $small
+expect_ok "passkv" "$bin" run --strategy passkv --ranks 3 --cached 1000 --new 64 --heads 4 --causal $small
+expect_ok "bf16 usp" "$bin" run --strategy usp --ranks 4 --seq 256 --heads 4 --dtype bf16 --causal $small
+out=$("$bin" run --strategy auto --ranks 4 --cached 12480 --new 320 --heads 128 --kv-heads 8 --head-dim 8 --causal --json --repeat 1)
+[ "$(json_get "$out" choice)" = "passq" ] && ok || bad "auto chose $(json_get "$out" choice), want passq"
+python3 -c 'import json,sys; d=json.loads(sys.argv[1]); sys.exit(0 if d["threshold_tokens"] > 320 else 1)' "$out" && ok || bad "threshold_tokens"
+out=$("$bin" run --strategy auto --ranks 4 --cached 1000 --new 1000 --heads 32 --kv-heads 2 --head-dim 8 --causal --json --repeat 1)
+[ "$(json_get "$out" choice)" = "passkv" ] && ok || bad "auto on half-new tokens chose $(json_get "$out" choice)"
+out=$("$bin" run --strategy ring --layout zigzag --ranks 8 --seq 8192 --heads 1 --head-dim 8 --causal --json --repeat 1)
+python3 -c 'import json,sys; d=json.loads(sys.argv[1]); sys.exit(0 if d["work_imbalance"] <= 1.05 else 1)' "$out" && ok || bad "zigzag imbalance"
+out=$("$bin" run --strategy ring --layout contiguous --ranks 8 --seq 8192 --heads 1 --head-dim 8 --causal --json --repeat 1)
+python3 -c 'import json,sys; d=json.loads(sys.argv[1]); sys.exit(0 if 1.8 <= d["work_imbalance"] <= 2.0 else 1)' "$out" && ok || bad "contiguous imbalance"
+
+# 2. invalid combinations: exit 2, one line, naming the cause.
+base="run --ranks 4 --seq 64 --heads 4 --head-dim 16"
+check_bad "valid degrees here" $base --strategy ulysses --ulysses-mode strict --heads 5
+check_bad "remainder" $base --strategy ulysses --ulysses-mode strict --seq 63
+check_bad "must equal the 4 ranks" $base --strategy usp --ulysses-degree 3 --ring-degree 2
+check_bad "use --strategy usp" $base --strategy ring --ulysses-degree 2
+check_bad "drop --causal" $base --text-tokens 4 --causal
+check_bad "--cached" $base --strategy passq
+check_bad "--ulysses-mode" $base --strategy ulysses --ulysses-mode fast
+check_bad "--cached" run --ranks 4 --strategy passq --cached 2 --new 1 --heads 4
+check_bad "does not run over a K/V cache" run --ranks 2 --strategy ulysses --cached 100 --new 1 --heads 4
+check_bad "--hardware" run --ranks 2 --strategy auto --cached 100 --new 1 --heads 4 --hardware tpu
+
+# 3. seqpar model: verified against one rank.
+expect_ok "dit cfg2 tp2 ring2" "$bin" model --preset tiny-dit --cfg 2 --tp 2 --ring-degree 2 --verify --json
+expect_ok "dit usp zigzag pad" "$bin" model --preset tiny-dit --ulysses-degree 2 --ring-degree 2 --layout zigzag --pad --verify --json
+expect_ok "dit 4 steps" "$bin" model --preset tiny-dit --ulysses-degree 4 --steps 4 --verify --json
+expect_ok "llm tp2 ring2" "$bin" model --preset tiny-llm --tp 2 --ring-degree 2 --prompt-len 1000 --decode 16 --verify --json
+out=$("$bin" model --preset tiny-llm --ulysses-degree 2 --prompt-len 200 --decode 4 --verify --json)
+[ "$(json_get "$out" tokens_match)" = "True" ] && ok || bad "llm tokens differ: $out"
+tmp=$(mktemp -d)
+"$bin" model --preset tiny-llm --prompt-len 32 --decode 2 --save-weights "$tmp/w.safetensors" >/dev/null && ok || bad "save weights"
+expect_ok "llm from safetensors" "$bin" model --preset tiny-llm --weights "$tmp/w.safetensors" --ring-degree 2 --prompt-len 32 --decode 2 --verify --json
+head -c 500 "$tmp/w.safetensors" > "$tmp/trunc.safetensors"
+check_bad "trunc.safetensors" model --preset tiny-llm --weights "$tmp/trunc.safetensors"
+check_bad "no tensor" model --preset tiny-dit --weights "$tmp/w.safetensors"
+rm -rf "$tmp"
+check_bad "does not divide the 4 heads" model --preset tiny-dit --tp 3
+check_bad "4k+1" model --preset tiny-dit --frames 8
+check_bad "multiple of 16" model --preset tiny-dit --height 100
+check_bad "diffusion" model --preset tiny-llm --cfg 2
+check_bad "unknown" model --preset gpt-5
+check_bad "remainder 5" model --preset tiny-dit --frames 33 --height 240 --width 432 --ulysses-degree 4 --ring-degree 2 --ulysses-mode strict
+
+# 4. mpi backend.
+if [ -n "$mpiexec" ]; then
+  mpi=("$mpiexec" --allow-run-as-root --oversubscribe --mca btl_vader_single_copy_mechanism none)
+  expect_ok "mpi usp" "${mpi[@]}" -n 4 "$bin" run --backend mpi --strategy usp --ulysses-degree 2 --seq 517 --heads 4 --causal $small
+  expect_ok "mpi passq" "${mpi[@]}" -n 4 "$bin" run --backend mpi --strategy passq --cached 2000 --new 3 --heads 4 --causal $small
+  expect_ok "mpi joint" "${mpi[@]}" -n 2 "$bin" run --backend mpi --strategy ulysses --seq 100 --text-tokens 9 --heads 4 $small
+  expect_ok "mpi model dit" "${mpi[@]}" -n 4 "$bin" model --backend mpi --preset tiny-dit --cfg 2 --ring-degree 2 --verify --json
+  expect_ok "mpi model llm" "${mpi[@]}" -n 4 "$bin" model --backend mpi --preset tiny-llm --tp 2 --ulysses-degree 2 --prompt-len 300 --decode 8 --verify --json
+else
+  echo "skip: no mpiexec given"
+fi
+
+echo "cli strategies and models: $pass passed, $fail failed"
+[ $fail -eq 0 ]
