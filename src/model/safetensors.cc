@@ -1,0 +1,412 @@
+#include "seqpar/model/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string_view>
+
+#include "seqpar/core/error.h"
+
+namespace seqpar {
+
+static_assert(std::endian::native == std::endian::little,
+              "safetensors data is little-endian; seqpar reads it in place");
+
+namespace {
+
+using nlohmann::json;
+
+// Element sizes of the safetensors dtypes with whole-byte elements. Sub-byte types (F4, F6) are
+// not listed and are rejected as unknown.
+struct DtypeInfo {
+  std::string_view name;
+  uint64_t size;
+};
+constexpr DtypeInfo kDtypes[] = {
+    {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"F8_E8M0", 1},
+    {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},     {"U32", 4},
+    {"F32", 4},  {"F64", 8}, {"I64", 8}, {"U64", 8},     {"C64", 8},
+};
+
+std::optional<uint64_t> dtype_bytes(std::string_view name) {
+  for (const auto& d : kDtypes)
+    if (d.name == name) return d.size;
+  return std::nullopt;
+}
+
+std::string known_dtypes() {
+  std::string s;
+  for (const auto& d : kDtypes) s += (s.empty() ? "" : ", ") + std::string(d.name);
+  return s;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// A JSON value as short one-line text for messages.
+std::string brief(const json& j) {
+  std::string s = j.dump();
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return s;
+}
+
+// A parse error may quote raw header bytes: keep the message one line of printable ASCII.
+std::string printable(std::string s) {
+  for (char& c : s)
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
+  return s;
+}
+
+// "<path>: <message>" as InvalidArgument.
+template <typename... Args>
+[[noreturn]] void fail(const std::string& path, const Args&... args) {
+  throw InvalidArgument(detail::concat(path, ": ", args...));
+}
+
+// Parses the header JSON, rejecting a key repeated within one object (nlohmann would keep the
+// last silently). `path` only labels errors.
+json parse_header(const std::string& path, std::string_view text) {
+  std::vector<std::set<std::string>> keys;  // one set per open object
+  std::string tensor;                       // the top-level key being parsed
+  auto callback = [&](int depth, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+        keys.emplace_back();
+        break;
+      case json::parse_event_t::object_end:
+        if (!keys.empty()) keys.pop_back();
+        break;
+      case json::parse_event_t::key: {
+        const std::string k = parsed.get<std::string>();
+        if (depth == 1) tensor = k;
+        if (!keys.empty() && !keys.back().insert(k).second) {
+          if (depth == 1) fail(path, "tensor '", k, "' appears more than once in the header");
+          fail(path, "the header repeats the key '", k, "' inside '", tensor, "'");
+        }
+        break;
+      }
+      default:
+        break;
+    }
+    return true;
+  };
+  try {
+    return json::parse(text.begin(), text.end(), callback);
+  } catch (const json::exception& e) {
+    fail(path, "the header is not valid JSON: ", printable(e.what()));
+  }
+}
+
+uint64_t read_offset(const std::string& path, const std::string& name, const json& v) {
+  if (!v.is_number_unsigned())
+    fail(path, "tensor '", name, "' has data offset ", brief(v),
+         "; offsets are non-negative integers");
+  return v.get<uint64_t>();
+}
+
+SafetensorsEntry parse_entry(const std::string& path, const std::string& name, const json& e) {
+  if (!e.is_object())
+    fail(path, "tensor '", name, "' is ", brief(e),
+         " in the header; expected an object with dtype, shape and data_offsets");
+  for (const char* key : {"dtype", "shape", "data_offsets"})
+    if (!e.contains(key)) fail(path, "tensor '", name, "' has no '", key, "' in the header");
+  SafetensorsEntry out;
+  out.name = name;
+
+  const json& dtype = e["dtype"];
+  if (!dtype.is_string())
+    fail(path, "tensor '", name, "' has dtype ", brief(dtype),
+         "; expected a string such as \"F32\"");
+  out.dtype = dtype.get<std::string>();
+  const std::optional<uint64_t> elem = dtype_bytes(out.dtype);
+  if (!elem)
+    fail(path, "tensor '", name, "' has unknown dtype '", out.dtype, "'; known: ", known_dtypes());
+
+  const json& shape = e["shape"];
+  if (!shape.is_array())
+    fail(path, "tensor '", name, "' has shape ", brief(shape), "; expected a list of integers");
+  uint64_t numel = 1;
+  bool overflow = false;
+  for (const json& d : shape) {
+    if (!d.is_number_unsigned() ||
+        d.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      fail(path, "tensor '", name, "' has shape ", brief(shape),
+           "; dimensions are non-negative integers");
+    out.shape.push_back(static_cast<int64_t>(d.get<uint64_t>()));
+    overflow |= __builtin_mul_overflow(numel, d.get<uint64_t>(), &numel);
+  }
+  uint64_t want = 0;
+  overflow |= __builtin_mul_overflow(numel, *elem, &want);
+  if (overflow) fail(path, "tensor '", name, "' has shape ", shape_text(out.shape), ", too large");
+
+  const json& offsets = e["data_offsets"];
+  if (!offsets.is_array() || offsets.size() != 2)
+    fail(path, "tensor '", name, "' has data_offsets ", brief(offsets), "; expected [begin, end]");
+  out.begin = read_offset(path, name, offsets[0]);
+  out.end = read_offset(path, name, offsets[1]);
+  if (out.end < out.begin)
+    fail(path, "tensor '", name, "' has data_offsets [", out.begin, ", ", out.end,
+         "] which end before they begin");
+  if (want != out.nbytes())
+    fail(path, "tensor '", name, "' has shape ", shape_text(out.shape), " (", want, " bytes as ",
+         out.dtype, ") but its byte range is ", out.nbytes(), " bytes");
+  return out;
+}
+
+// The byte ranges, sorted by (begin, end), must tile [0, data_bytes) exactly.
+void check_coverage(const std::string& path, std::vector<const SafetensorsEntry*> by_offset,
+                    uint64_t data_bytes) {
+  std::sort(by_offset.begin(), by_offset.end(), [](const auto* a, const auto* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  for (const SafetensorsEntry* e : by_offset) {
+    if (e->end > data_bytes)
+      fail(path, "tensor '", e->name, "' has data_offsets [", e->begin, ", ", e->end,
+           "] past the end of the data section (", data_bytes, " bytes): truncated file?");
+  }
+  uint64_t covered = 0;  // [0, covered) is tiled so far
+  const SafetensorsEntry* prev = nullptr;
+  for (const SafetensorsEntry* e : by_offset) {
+    if (e->begin < covered)
+      fail(path, "tensor '", e->name, "' (bytes [", e->begin, ", ", e->end, ")) overlaps tensor '",
+           prev->name, "' (bytes [", prev->begin, ", ", prev->end, "))");
+    if (e->begin > covered)
+      fail(path, "bytes [", covered, ", ", e->begin, ") of the data section belong to no tensor",
+           " (before tensor '", e->name, "')");
+    covered = e->end;
+    prev = e;
+  }
+  if (covered != data_bytes)
+    fail(path, "bytes [", covered, ", ", data_bytes, ") at the end of the data section belong to ",
+         "no tensor");
+}
+
+}  // namespace
+
+int64_t SafetensorsEntry::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::optional<DType> SafetensorsEntry::seqpar_dtype() const {
+  if (dtype == "F32") return DType::kF32;
+  if (dtype == "BF16") return DType::kBF16;
+  if (dtype == "F16") return DType::kF16;
+  return std::nullopt;
+}
+
+std::string_view safetensors_dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return "F32";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF16:
+      return "F16";
+  }
+  return "?";
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(path, "cannot open: ", std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail(path, "not a regular file");
+  }
+  const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
+  if (file_bytes < 8) {
+    ::close(fd);
+    fail(path, "the file is ", file_bytes,
+         " bytes, too short for the 8-byte header size: truncated or not a safetensors file");
+  }
+  void* p = ::mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int map_errno = errno;
+  ::close(fd);
+  if (p == MAP_FAILED) fail(path, "cannot map the file: ", std::strerror(map_errno));
+  map_ = static_cast<const std::byte*>(p);
+  map_bytes_ = file_bytes;
+
+  try {
+    uint64_t header_bytes = 0;
+    std::memcpy(&header_bytes, map_, 8);  // little-endian u64
+    if (header_bytes > kSafetensorsMaxHeaderBytes)
+      fail(path, "the header size is ", header_bytes, " bytes, over the limit of ",
+           kSafetensorsMaxHeaderBytes, " bytes: corrupt or not a safetensors file");
+    if (header_bytes > file_bytes - 8)
+      fail(path, "the header size is ", header_bytes, " bytes but only ", file_bytes - 8,
+           " bytes follow the size field: truncated or not a safetensors file");
+    data_offset_ = 8 + header_bytes;
+    const std::string_view text(reinterpret_cast<const char*>(map_ + 8), header_bytes);
+    const json header = parse_header(path, text);
+    if (!header.is_object()) fail(path, "the header is ", brief(header), ", not a JSON object");
+
+    for (const auto& [name, value] : header.items()) {
+      if (name == "__metadata__") {
+        if (!value.is_object())
+          fail(path, "__metadata__ is ", brief(value), "; expected an object of strings");
+        for (const auto& [k, v] : value.items()) {
+          if (!v.is_string())
+            fail(path, "__metadata__ key '", k, "' has value ", brief(v), "; values are strings");
+          metadata_[k] = v.get<std::string>();
+        }
+        continue;
+      }
+      entries_.push_back(parse_entry(path, name, value));
+    }
+    std::sort(entries_.begin(), entries_.end(),
+              [](const auto& a, const auto& b) { return a.name < b.name; });
+    std::vector<const SafetensorsEntry*> by_offset;
+    for (const auto& e : entries_) by_offset.push_back(&e);
+    check_coverage(path, std::move(by_offset), file_bytes - data_offset_);
+  } catch (...) {
+    unmap();
+    throw;
+  }
+}
+
+SafetensorsFile::~SafetensorsFile() { unmap(); }
+
+SafetensorsFile::SafetensorsFile(SafetensorsFile&& other) noexcept
+    : path_(std::move(other.path_)),
+      map_(std::exchange(other.map_, nullptr)),
+      map_bytes_(std::exchange(other.map_bytes_, 0)),
+      data_offset_(other.data_offset_),
+      entries_(std::move(other.entries_)),
+      metadata_(std::move(other.metadata_)) {}
+
+SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& other) noexcept {
+  if (this != &other) {
+    unmap();
+    path_ = std::move(other.path_);
+    map_ = std::exchange(other.map_, nullptr);
+    map_bytes_ = std::exchange(other.map_bytes_, 0);
+    data_offset_ = other.data_offset_;
+    entries_ = std::move(other.entries_);
+    metadata_ = std::move(other.metadata_);
+  }
+  return *this;
+}
+
+void SafetensorsFile::unmap() {
+  if (map_ != nullptr) ::munmap(const_cast<std::byte*>(map_), map_bytes_);
+  map_ = nullptr;
+  map_bytes_ = 0;
+}
+
+std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::string> out;
+  out.reserve(entries_.size());
+  for (const auto& e : entries_) out.push_back(e.name);
+  return out;
+}
+
+bool SafetensorsFile::contains(const std::string& name) const {
+  auto it =
+      std::lower_bound(entries_.begin(), entries_.end(), name,
+                       [](const SafetensorsEntry& e, const std::string& n) { return e.name < n; });
+  return it != entries_.end() && it->name == name;
+}
+
+const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
+  auto it =
+      std::lower_bound(entries_.begin(), entries_.end(), name,
+                       [](const SafetensorsEntry& e, const std::string& n) { return e.name < n; });
+  if (it != entries_.end() && it->name == name) return *it;
+  // Name a few tensors that exist, preferring those sharing the longest prefix with `name`.
+  std::string hint;
+  if (entries_.empty()) {
+    hint = "the file holds no tensors";
+  } else {
+    auto common = [&](const std::string& s) {
+      size_t n = 0;
+      while (n < s.size() && n < name.size() && s[n] == name[n]) ++n;
+      return n;
+    };
+    std::vector<const SafetensorsEntry*> near;
+    for (const auto& e : entries_) near.push_back(&e);
+    std::stable_sort(near.begin(), near.end(), [&](const auto* a, const auto* b) {
+      return common(a->name) > common(b->name);
+    });
+    hint = detail::concat("it holds ", entries_.size(), " tensors, e.g. ");
+    for (size_t i = 0; i < std::min<size_t>(3, near.size()); ++i)
+      hint += (i ? ", '" : "'") + near[i]->name + "'";
+  }
+  fail(path_, "no tensor '", name, "' (", hint, ")");
+}
+
+std::span<const std::byte> SafetensorsFile::bytes(const std::string& name) const {
+  const SafetensorsEntry& e = entry(name);
+  return {map_ + data_offset_ + e.begin, static_cast<size_t>(e.nbytes())};
+}
+
+Tensor SafetensorsFile::tensor(const std::string& name) const {
+  const SafetensorsEntry& e = entry(name);
+  const std::optional<DType> dtype = e.seqpar_dtype();
+  if (!dtype)
+    fail(path_, "tensor '", name, "' has dtype ", e.dtype, "; seqpar reads F32, BF16 and F16");
+  Tensor t(e.shape, *dtype);
+  if (e.nbytes() > 0) std::memcpy(t.raw(), map_ + data_offset_ + e.begin, e.nbytes());
+  return t;
+}
+
+Tensor SafetensorsFile::tensor(const std::string& name, DType to) const {
+  Tensor t = tensor(name);
+  return t.dtype() == to ? t : t.to(to);
+}
+
+void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    SEQPAR_ARG_CHECK(name != "__metadata__", path,
+                     ": '__metadata__' is reserved and cannot name a tensor");
+    header[name] = {{"dtype", std::string(safetensors_dtype_name(t.dtype()))},
+                    {"shape", t.shape()},
+                    {"data_offsets", {offset, offset + t.nbytes()}}};
+    offset += t.nbytes();
+  }
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // data section starts 8-byte aligned
+  const uint64_t header_bytes = text.size();
+
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw Error(detail::concat(path, ": cannot open for writing: ", std::strerror(errno)));
+  char size_le[8];
+  std::memcpy(size_le, &header_bytes, 8);
+  out.write(size_le, 8);
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  for (const auto& [name, t] : tensors)
+    if (t.nbytes() > 0)
+      out.write(static_cast<const char*>(t.raw()), static_cast<std::streamsize>(t.nbytes()));
+  out.close();
+  if (!out) throw Error(detail::concat(path, ": write failed: ", std::strerror(errno)));
+}
+
+Tensor load_checked(const SafetensorsFile& file, const std::string& name,
+                    const std::vector<int64_t>& expected_shape, DType to) {
+  const SafetensorsEntry& e = file.entry(name);
+  if (e.shape != expected_shape)
+    fail(file.path(), "tensor '", name, "' has shape ", shape_text(e.shape), " but the model ",
+         "expects ", shape_text(expected_shape));
+  return file.tensor(name, to);
+}
+
+}  // namespace seqpar
