@@ -47,4 +47,19 @@ struct InfoOptions {
 void add_info_command(CLI::App& app, InfoOptions& opts);
 int info_command(const InfoOptions& opts);
 
+// seqpar mesh: per-rank coordinates, heads and tokens of a cfg x tp x ring x ulysses mesh.
+struct MeshOptions {
+  int cfg = 1;
+  int tp = 1;
+  int ring_degree = 1;
+  int ulysses_degree = 1;
+  int64_t heads = 0;  // required
+  int64_t seq = 0;    // required
+  int ranks = kUnset;  // unset: the product of the degrees
+  static constexpr int kUnset = -1000000;
+  bool json = false;
+};
+void add_mesh_command(CLI::App& app, MeshOptions& opts);
+int mesh_command(const MeshOptions& opts);
+
 }  // namespace seqpar::cli

@@ -1,4 +1,4 @@
-// seqpar: the command-line program. Subcommands: run, info.
+// seqpar: the command-line program. Subcommands: run, info, mesh.
 // Argument errors print one line "seqpar: error: ..." to stderr and exit 2.
 #include <cstdio>
 #include <cstdlib>
@@ -16,8 +16,10 @@ int main(int argc, char** argv) {
       CLI::MultiOptionPolicy::TakeLast);  // a later flag overrides an earlier one
   RunOptions run;
   InfoOptions info;
+  MeshOptions mesh;
   add_run_command(app, run);
   add_info_command(app, info);
+  add_mesh_command(app, mesh);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -34,6 +36,7 @@ int main(int argc, char** argv) {
   try {
     if (app.got_subcommand("run")) return run_command(run);
     if (app.got_subcommand("info")) return info_command(info);
+    if (app.got_subcommand("mesh")) return mesh_command(mesh);
   } catch (const seqpar::InvalidArgument& e) {
     // Under mpirun every rank finds the same argument error; one line is enough.
     const char* world_rank = std::getenv("OMPI_COMM_WORLD_RANK");

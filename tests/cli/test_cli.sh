@@ -98,5 +98,48 @@ else
   echo "skip: no mpiexec given"
 fi
 
+# seqpar mesh: the design's example, JSON keys and half-open ranges, exit 2 with valid choices.
+mesh_json=$("$bin" mesh --tp 4 --ring-degree 8 --heads 40 --seq 1024 --json 2>&1); rc=$?
+[ $rc -eq 0 ] && ok || bad "mesh --json exited $rc: $mesh_json"
+python3 -c '
+import json, sys
+rows = json.loads(sys.argv[1])
+keys = {"rank", "cfg_rank", "tp_rank", "ulysses_rank", "ring_rank", "cp_rank", "heads", "tokens"}
+assert len(rows) == 32 and all(set(r) == keys for r in rows), "rows or keys"
+r8 = rows[8]
+assert (r8["tp_rank"], r8["cp_rank"], r8["heads"], r8["tokens"]) == (1, 0, [10, 20], [0, 128]), r8
+assert sorted(tuple(r["tokens"]) for r in rows if r["tp_rank"] == 0)[-1] == (896, 1024)
+' "$mesh_json" && ok || bad "mesh --json rows: $mesh_json"
+out=$("$bin" mesh --tp 4 --ring-degree 8 --heads 40 --seq 1024 2>&1); rc=$?
+[ $rc -eq 0 ] && ok || bad "mesh table exited $rc"
+echo "$out" | grep -Eq '^ +8 +0 +1 +0 +0 +0 +10-19 +0-127$' && ok || bad "mesh table row 8: $out"
+# uneven tokens, every axis, '_' spellings
+out=$("$bin" mesh --cfg 2 --tp 2 --ulysses_degree 2 --ring_degree 2 --heads 4 --seq 1001 --json); rc=$?
+[ $rc -eq 0 ] && ok || bad "mesh 4 axes exited $rc"
+python3 -c '
+import json, sys
+rows = json.loads(sys.argv[1])
+assert len(rows) == 16
+assert [r["tokens"] for r in rows[:4]] == [[0, 251], [251, 501], [501, 751], [751, 1001]], rows[:4]
+assert [(r["ring_rank"], r["ulysses_rank"], r["cp_rank"]) for r in rows[:4]] == [(0,0,0),(0,1,1),(1,0,2),(1,1,3)]
+assert rows[12]["cfg_rank"] == 1 and rows[12]["tp_rank"] == 1 and rows[12]["heads"] == [2, 4]
+' "$out" && ok || bad "mesh 4 axes rows: $out"
+out=$("$bin" mesh --tp 2 --ring-degree 2 --heads 4 --seq 64 --ranks 4 --json); rc=$?
+[ $rc -eq 0 ] && ok || bad "mesh --ranks equal to the product exited $rc"
+check_mesh_bad() {  # check_mesh_bad <word the error names> <args...>
+  local word=$1; shift
+  local err rc
+  err=$("$bin" mesh "$@" 2>&1 >/dev/null); rc=$?
+  [ $rc -eq 2 ] && ok || bad "mesh $* exited $rc, want 2"
+  [ "$(printf '%s\n' "$err" | grep -c .)" -eq 1 ] && ok || bad "mesh $*: error is not one line: $err"
+  printf '%s' "$err" | grep -q -- "$word" && ok || bad "mesh $*: error does not name $word: $err"
+}
+check_mesh_bad "2 x 2" --tp 4 --ring-degree 8 --heads 40 --seq 1024 --ranks 16
+check_mesh_bad "1, 2, 4, 5, 8, 10, 20, 40" --tp 3 --heads 40 --seq 1024
+check_mesh_bad "--seq" --ring-degree 8 --heads 4 --seq 5
+check_mesh_bad "--tp" --tp 0 --heads 4 --seq 8
+check_mesh_bad "--ranks" --heads 4 --seq 8 --ranks 0
+check_mesh_bad "--heads" --seq 8
+
 echo "cli: $pass passed, $fail failed"
 [ $fail -eq 0 ]

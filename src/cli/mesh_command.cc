@@ -1,0 +1,83 @@
+// seqpar mesh: where every rank of a cfg x tp x ring x ulysses mesh sits, which heads it computes
+// and which tokens it holds. Pure arithmetic over the Mesh (parallel/mesh.h); starts no ranks.
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli/commands.h"
+#include "seqpar/parallel/mesh.h"
+
+namespace seqpar::cli {
+
+void add_mesh_command(CLI::App& app, MeshOptions& o) {
+  CLI::App* mesh = app.add_subcommand(
+      "mesh", "Print each rank's mesh coordinates, heads and tokens (cfg x tp x ring x ulysses)");
+  mesh->add_option("--tp,--tensor-parallel-size,--tensor_parallel_size", o.tp,
+                   "tensor_parallel_size: heads split over tp ranks");
+  mesh->add_option("--ulysses-degree,--ulysses_degree", o.ulysses_degree,
+                   "ulysses_degree: the inner sequence-parallel axis");
+  mesh->add_option("--ring-degree,--ring_degree", o.ring_degree,
+                   "ring_degree: the outer sequence-parallel axis");
+  mesh->add_option("--cfg,--cfg-parallel-size,--cfg_parallel_size", o.cfg,
+                   "cfg_parallel_size: classifier-free-guidance branches (outermost)");
+  mesh->add_option("--heads", o.heads, "attention heads H (divisible by --tp)")->required();
+  mesh->add_option("--seq", o.seq, "sequence length S (tokens; at least ulysses x ring)")
+      ->required();
+  mesh->add_option("--ranks", o.ranks, "world size (default: the product of the degrees)")
+      ->default_str("product");
+  mesh->add_flag("--json", o.json, "print a JSON list, one object per rank");
+}
+
+int mesh_command(const MeshOptions& o) {
+  const MeshShape shape{
+      .cfg = o.cfg, .tp = o.tp, .ring = o.ring_degree, .ulysses = o.ulysses_degree};
+  SEQPAR_ARG_CHECK(o.ranks == MeshOptions::kUnset || o.ranks >= 1, "--ranks ", o.ranks,
+                   " is invalid; it must be at least 1");
+  const Mesh mesh(shape, o.ranks == MeshOptions::kUnset ? 0 : o.ranks);
+  mesh.check(o.heads, o.seq);
+
+  if (o.json) {
+    nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+    for (int r = 0; r < mesh.world_size(); ++r) {
+      const MeshCoord c = mesh.coord(r);
+      const IndexRange h = mesh.heads(o.heads, c.tp_rank);
+      const IndexRange t = mesh.tokens(o.seq, c.cp_rank);
+      rows.push_back({{"rank", c.rank},
+                      {"cfg_rank", c.cfg_rank},
+                      {"tp_rank", c.tp_rank},
+                      {"ulysses_rank", c.ulysses_rank},
+                      {"ring_rank", c.ring_rank},
+                      {"cp_rank", c.cp_rank},
+                      {"heads", {h.begin, h.end}},
+                      {"tokens", {t.begin, t.end}}});
+    }
+    std::printf("%s\n", rows.dump().c_str());
+    return 0;
+  }
+
+  const int64_t per_tp = o.heads / shape.tp;
+  const int64_t lo = o.seq / shape.sp(), hi = (o.seq + shape.sp() - 1) / shape.sp();
+  std::printf(
+      "mesh: cfg_parallel_size %d x tensor_parallel_size %d x ring_degree %d x "
+      "ulysses_degree %d = %d ranks; sequence_parallel_size %d\n",
+      shape.cfg, shape.tp, shape.ring, shape.ulysses, shape.world(), shape.sp());
+  std::printf("      %lld heads, %lld per tp rank; %lld tokens, %lld%s per sp rank\n",
+              static_cast<long long>(o.heads), static_cast<long long>(per_tp),
+              static_cast<long long>(o.seq), static_cast<long long>(lo),
+              lo == hi ? "" : (" or " + std::to_string(hi)).c_str());
+  std::printf("%6s %8s %7s %9s %12s %7s  %-13s %s\n", "rank", "cfg_rank", "tp_rank", "ring_rank",
+              "ulysses_rank", "cp_rank", "heads", "tokens");
+  for (int r = 0; r < mesh.world_size(); ++r) {
+    const MeshCoord c = mesh.coord(r);
+    const IndexRange h = mesh.heads(o.heads, c.tp_rank);
+    const IndexRange t = mesh.tokens(o.seq, c.cp_rank);
+    // Inclusive ranges for reading ("heads 10-19"); the JSON holds half-open [first, end).
+    const std::string heads = std::to_string(h.begin) + "-" + std::to_string(h.end - 1);
+    const std::string tokens = std::to_string(t.begin) + "-" + std::to_string(t.end - 1);
+    std::printf("%6d %8d %7d %9d %12d %7d  %-13s %s\n", c.rank, c.cfg_rank, c.tp_rank, c.ring_rank,
+                c.ulysses_rank, c.cp_rank, heads.c_str(), tokens.c_str());
+  }
+  return 0;
+}
+
+}  // namespace seqpar::cli

@@ -1,0 +1,148 @@
+#include "seqpar/parallel/mesh.h"
+
+#include <string>
+
+#include "seqpar/core/error.h"
+
+namespace seqpar {
+
+namespace {
+
+std::string divisor_list(int64_t x) {
+  std::string s;
+  for (int64_t d = 1; d <= x; ++d)
+    if (x % d == 0) s += (s.empty() ? "" : ", ") + std::to_string(d);
+  return s;
+}
+
+std::string flags_text(const MeshShape& s) {
+  return detail::concat("--cfg ", s.cfg, " x --tp ", s.tp, " x --ring-degree ", s.ring,
+                        " x --ulysses-degree ", s.ulysses);
+}
+
+// What would fit a world of n ranks, given the degrees the user chose.
+std::string world_hint(const MeshShape& s, int n) {
+  const int outer = s.cfg * s.tp;
+  if (n % outer == 0) {
+    const int sp = n / outer;
+    std::string pairs;
+    for (int u = 1; u <= sp; ++u)
+      if (sp % u == 0)
+        pairs += (pairs.empty() ? "" : ", ") + std::to_string(u) + " x " + std::to_string(sp / u);
+    return detail::concat("with --cfg ", s.cfg, " --tp ", s.tp,
+                          ", --ulysses-degree x --ring-degree must be ", sp, " (", pairs, ")");
+  }
+  return detail::concat("every degree must divide ", n, ": ", divisor_list(n),
+                        ", and their product equal ", n);
+}
+
+}  // namespace
+
+std::string mesh_shape_text(const MeshShape& s) {
+  return detail::concat("cfg ", s.cfg, " x tp ", s.tp, " x ring ", s.ring, " x ulysses ",
+                        s.ulysses);
+}
+
+Mesh::Mesh(MeshShape shape, int world_size) : shape_(shape) {
+  const std::pair<const char*, int> degrees[] = {{"--cfg", shape.cfg},
+                                                 {"--tp", shape.tp},
+                                                 {"--ring-degree", shape.ring},
+                                                 {"--ulysses-degree", shape.ulysses}};
+  for (const auto& [flag, d] : degrees)
+    SEQPAR_ARG_CHECK(d >= 1, flag, " ", d, " is invalid; every degree (--cfg, --tp, ",
+                     "--ring-degree, --ulysses-degree) must be at least 1");
+  SEQPAR_ARG_CHECK(
+      static_cast<int64_t>(shape.cfg) * shape.tp * shape.ring * shape.ulysses <= (int64_t{1} << 24),
+      flags_text(shape), " is more than 2^24 ranks");
+  SEQPAR_ARG_CHECK(world_size >= 0, "--ranks ", world_size, " is invalid; it must be at least 1");
+  SEQPAR_ARG_CHECK(world_size == 0 || world_size == shape.world(), flags_text(shape), " = ",
+                   shape.world(), " ranks, but the world size (--ranks) is ", world_size, "; ",
+                   world_hint(shape, world_size));
+}
+
+MeshCoord Mesh::coord(int rank) const {
+  SEQPAR_CHECK(rank >= 0 && rank < world_size(), "rank ", rank, " outside the mesh of ",
+               world_size());
+  MeshCoord c;
+  c.rank = rank;
+  c.ulysses_rank = rank % shape_.ulysses;
+  rank /= shape_.ulysses;
+  c.ring_rank = rank % shape_.ring;
+  rank /= shape_.ring;
+  c.tp_rank = rank % shape_.tp;
+  c.cfg_rank = rank / shape_.tp;
+  c.cp_rank = c.ring_rank * shape_.ulysses + c.ulysses_rank;
+  return c;
+}
+
+int Mesh::rank_of(int cfg_rank, int tp_rank, int ring_rank, int ulysses_rank) const {
+  SEQPAR_CHECK(cfg_rank >= 0 && cfg_rank < shape_.cfg && tp_rank >= 0 && tp_rank < shape_.tp &&
+                   ring_rank >= 0 && ring_rank < shape_.ring && ulysses_rank >= 0 &&
+                   ulysses_rank < shape_.ulysses,
+               "coordinates outside the mesh ", mesh_shape_text(shape_));
+  return ((cfg_rank * shape_.tp + tp_rank) * shape_.ring + ring_rank) * shape_.ulysses +
+         ulysses_rank;
+}
+
+void Mesh::check(int64_t heads, int64_t seq) const {
+  SEQPAR_ARG_CHECK(heads >= 1, "--heads ", heads, " is invalid; it must be at least 1");
+  SEQPAR_ARG_CHECK(heads % shape_.tp == 0, "--heads ", heads, " is not divisible by --tp ",
+                   shape_.tp, "; valid --tp for ", heads, " heads: ", divisor_list(heads));
+  SEQPAR_ARG_CHECK(seq >= 1, "--seq ", seq, " is invalid; it must be at least 1");
+  SEQPAR_ARG_CHECK(seq >= shape_.sp(), "--seq ", seq,
+                   " is shorter than the sequence-parallel size ", shape_.sp(),
+                   " (--ulysses-degree ", shape_.ulysses, " x --ring-degree ", shape_.ring,
+                   "): every sp rank needs a token; valid: --seq >= ", shape_.sp(),
+                   ", or --ulysses-degree x --ring-degree <= ", seq);
+}
+
+IndexRange Mesh::heads(int64_t heads, int tp_rank) const {
+  SEQPAR_ARG_CHECK(heads >= 1 && heads % shape_.tp == 0, "--heads ", heads,
+                   " is not divisible by --tp ", shape_.tp, "; valid --tp for ", heads,
+                   " heads: ", divisor_list(heads));
+  SEQPAR_CHECK(tp_rank >= 0 && tp_rank < shape_.tp, "tp_rank ", tp_rank, " of ", shape_.tp);
+  const int64_t per = heads / shape_.tp;
+  return {tp_rank * per, (tp_rank + 1) * per};
+}
+
+IndexRange Mesh::tokens(int64_t seq, int cp_rank) const {
+  const int n = shape_.sp();
+  SEQPAR_ARG_CHECK(seq >= n, "--seq ", seq, " is shorter than the sequence-parallel size ", n);
+  SEQPAR_CHECK(cp_rank >= 0 && cp_rank < n, "cp_rank ", cp_rank, " of ", n);
+  // As Partition(seq, n, kContiguous): the first seq mod n ranks hold one token more.
+  const int64_t base = seq / n, extra = seq % n;
+  const int64_t begin = cp_rank * base + std::min<int64_t>(cp_rank, extra);
+  return {begin, begin + base + (cp_rank < extra ? 1 : 0)};
+}
+
+MeshComms::MeshComms(Communicator& world, MeshShape shape)
+    : world_(world), mesh_(shape, world.size()), coord_(mesh_.coord(world.rank())) {
+  const MeshShape& s = mesh_.shape();
+  const MeshCoord& c = coord_;
+  // One split per axis: the color numbers the other coordinates, the key orders by this one.
+  // Every rank calls the splits in the same order (they are collectives over world).
+  cfg_ = world.split(c.tp_rank * s.sp() + c.cp_rank, c.cfg_rank);
+  tp_ = world.split(c.cfg_rank * s.sp() + c.cp_rank, c.tp_rank);
+  sp_ = world.split(c.cfg_rank * s.tp + c.tp_rank, c.cp_rank);
+  // Within sp (rank = cp_rank), SpComms groups ulysses_degree consecutive ranks (one ring_rank)
+  // and strides them for the ring groups (one ulysses_rank), matching the coordinates above.
+  sp_comms_ = std::make_unique<SpComms>(*sp_, s.ulysses);
+  SEQPAR_CHECK(cfg_->rank() == c.cfg_rank && tp_->rank() == c.tp_rank && sp_->rank() == c.cp_rank &&
+                   ring().rank() == c.ring_rank && ulysses().rank() == c.ulysses_rank,
+               "sub-communicator ranks do not match the mesh coordinates");
+}
+
+CommStats MeshComms::stats() const {
+  CommStats total = cfg_->stats();
+  total += tp_->stats();
+  total += sp_comms_->stats();  // sp, ring, ulysses
+  return total;
+}
+
+void MeshComms::reset_stats() {
+  cfg_->stats().reset();
+  tp_->stats().reset();
+  sp_comms_->reset_stats();
+}
+
+}  // namespace seqpar
