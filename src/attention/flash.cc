@@ -16,6 +16,11 @@
 //          O += P·V                         oneDNN matmul with a sum post-op (rows × D, K = nk)
 //        call params.progress() (from the calling thread only).
 //   2. out = O / l, lse = (m + log2 l)·ln 2; rows that saw no key stay out = 0, lse = -inf.
+// Fixed row maximum (params.row_max, const-max softmax): a row with a finite bound starts with
+// m = bound·log2(e) instead of -inf. The row update is unchanged: with m preset it rescales
+// only if a block's max exceeds m by more than the stale-max slack (the bound was wrong; the row
+// is flagged), so l and O stay relative to the bound and partial sums of such rows over
+// different key sets add without rescaling.
 // Work items run in an OpenMP loop over the caller's thread count (omp_get_max_threads(); never
 // changed here); oneDNN runs single-threaded inside it.
 #include <omp.h>
@@ -52,6 +57,15 @@ constexpr int64_t kDefaultBlockK = 256;
 // (two (Bq, D) fp32 buffers per tile) while amortizing the K/V packing over the tiles.
 constexpr int64_t kMaxTilesPerItem = 16;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr double kLog2e = 1.44269504088896340736;
+constexpr double kLn2 = 0.69314718055994530942;
+
+// A fixed row maximum (natural log) as the kernel's preset running max (log2 units); -inf (the
+// online softmax) for a non-finite bound or one whose log2 value is not a finite float.
+inline float fixed_max_log2(float row_max) {
+  const float m = std::isfinite(row_max) ? static_cast<float>(row_max * kLog2e) : kNegInf;
+  return std::isfinite(m) ? m : kNegInf;
+}
 
 // ---- oneDNN matmuls, cached per thread ---------------------------------------------------------
 
@@ -330,6 +344,7 @@ struct Problem {
   simd::RowUpdateF32 row_update;
   const MaskPlan* plan;
   const std::function<void()>* progress;
+  const float* row_max;  // (B, Sq, H) fixed row maxima, or nullptr (online softmax for all rows)
 };
 
 // Makes `rows` rows of d elements (source row stride src_ld elements, storage in_type) available
@@ -363,8 +378,9 @@ struct Item {
   int64_t b, hk, qb0, qb1, g0, g1, kb0, kb1;
 };
 
-void run_item(const Problem& p, const Item& it, float* out, float* lse, Workspace& ws,
-              bool calling_thread) {
+// With p.row_max, also writes row_sum and row_flags (kRowMaxExceeded only) of its fixed rows.
+void run_item(const Problem& p, const Item& it, float* out, float* lse, float* row_sum,
+              uint8_t* row_flags, Workspace& ws, bool calling_thread) {
   const int64_t b = it.b, hk = it.hk, qb0 = it.qb0, qb1 = it.qb1, g0 = it.g0, g1 = it.g1;
   const int64_t d = p.d, bq = p.bq, bk = p.bk, ld_s = p.ld_s;
   const int64_t ng = g1 - g0, nqt = qb1 - qb0, tiles = nqt * ng;
@@ -400,6 +416,13 @@ void run_item(const Problem& p, const Item& it, float* out, float* lse, Workspac
   std::fill_n(obuf, tiles * bq * d, 0.f);
   std::fill_n(mbuf, tiles * bq, kNegInf);
   std::fill_n(lbuf, tiles * bq, 0.0);
+  if (p.row_max != nullptr) {  // fixed rows start at their bound and normally stay there
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t i0 = (qb0 + t / ng) * bq, h = hk * p.group + g0 + t % ng;
+      for (int64_t r = 0; r < tile_rows(t); ++r)
+        mbuf[t * bq + r] = fixed_max_log2(p.row_max[(b * p.sq + i0 + r) * p.nh + h]);
+    }
+  }
 
   std::vector<BlockKind> kinds(static_cast<size_t>(nqt));
   // Step 1: walk the key blocks.
@@ -491,13 +514,21 @@ void run_item(const Problem& p, const Item& it, float* out, float* lse, Workspac
   }
 
   // Step 2: normalize and write out (B, Sq, H, D) and lse (B, Sq, H).
-  constexpr double kLn2 = 0.69314718055994530942;
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t i0 = (qb0 + t / ng) * bq, h = hk * p.group + g0 + t % ng;
     for (int64_t r = 0; r < tile_rows(t); ++r) {
       const double l = lbuf[t * bq + r];
-      if (!(l > 0)) continue;  // saw no key: stays empty (out 0, lse -inf)
       const int64_t row = (b * p.sq + i0 + r) * p.nh + h;
+      if (p.row_max != nullptr) {
+        const float m0 = fixed_max_log2(p.row_max[row]);
+        if (m0 != kNegInf) {
+          const float m = mbuf[t * bq + r];
+          if (row_sum != nullptr)
+            row_sum[row] = static_cast<float>(m == m0 ? l : l * std::exp2(double(m) - m0));
+          if (row_flags != nullptr && m != m0) row_flags[row] |= AttnParams::kRowMaxExceeded;
+        }
+      }
+      if (!(l > 0)) continue;  // saw no key: stays empty (out 0, lse -inf)
       p.kern->scale_copy(obuf + (t * bq + r) * d, static_cast<float>(1.0 / l), out + row * d, d);
       lse[row] = static_cast<float>(mbuf[t * bq + r] * kLn2 + std::log(l));
     }
@@ -526,7 +557,36 @@ AttnState flash_attention(const Tensor& q, const Tensor& k, const Tensor& v,
   p.nkv = k.dim(2);
   p.group = p.nh / p.nkv;
   AttnState st = AttnState::empty(p.nb, p.sq, p.nh, p.d);
-  if (p.nb == 0 || p.sq == 0 || p.sk == 0) return st;
+
+  // Fixed row maxima: outputs start at 0; loose rows are flagged from the final lse.
+  const int64_t n_rows = p.nb * p.sq * p.nh;
+  const bool fixed = !params.row_max.empty();
+  SEQPAR_ARG_CHECK(!fixed || static_cast<int64_t>(params.row_max.size()) == n_rows, "row_max has ",
+                   params.row_max.size(), " entries; valid: B·Sq·H = ", n_rows);
+  SEQPAR_ARG_CHECK(
+      params.row_sum.empty() || (fixed && static_cast<int64_t>(params.row_sum.size()) == n_rows),
+      "row_sum has ", params.row_sum.size(), " entries; valid: B·Sq·H = ", n_rows,
+      ", with row_max given");
+  SEQPAR_ARG_CHECK(params.row_flags.empty() ||
+                       (fixed && static_cast<int64_t>(params.row_flags.size()) == n_rows),
+                   "row_flags has ", params.row_flags.size(), " entries; valid: B·Sq·H = ", n_rows,
+                   ", with row_max given");
+  std::fill(params.row_sum.begin(), params.row_sum.end(), 0.f);
+  std::fill(params.row_flags.begin(), params.row_flags.end(), uint8_t{0});
+  auto flag_loose_rows = [&] {
+    if (params.row_flags.empty()) return;
+    const float* lse = st.lse.data<float>();
+    for (int64_t i = 0; i < n_rows; ++i) {
+      const float m = params.row_max[i];
+      if (fixed_max_log2(m) == kNegInf) continue;          // online row
+      if (!(m - lse[i] <= AttnParams::kRowMaxLooseLimit))  // also lse = -inf (sum 0)
+        params.row_flags[i] |= AttnParams::kRowMaxLoose;
+    }
+  };
+  if (p.nb == 0 || p.sq == 0 || p.sk == 0) {
+    flag_loose_rows();
+    return st;
+  }
 
   SEQPAR_ARG_CHECK(std::isfinite(params.scale) && params.scale >= 0.f, "attention scale ",
                    params.scale, " is invalid; valid: > 0 (or 0 for 1/sqrt(head_dim))");
@@ -549,6 +609,7 @@ AttnState flash_attention(const Tensor& q, const Tensor& k, const Tensor& v,
   const MaskPlan plan(params.mask, p.nb, p.sq, p.sk, p.bq, p.bk);
   p.plan = &plan;
   p.progress = &params.progress;
+  p.row_max = fixed ? params.row_max.data() : nullptr;
 
   // Work items: (b, kv head, head sub-group, chunk of query blocks). Big chunks amortize the K/V
   // packing; halve them until there are a few items per thread. With still fewer items than
@@ -567,6 +628,12 @@ AttnState flash_attention(const Tensor& q, const Tensor& k, const Tensor& v,
   const int64_t n_items = n_base * n_ksplits;
   std::vector<AttnState> partial(static_cast<size_t>(n_ksplits - 1));
   for (AttnState& ps : partial) ps = AttnState::empty(p.nb, p.sq, p.nh, p.d);
+  // Key splits of fixed rows: each split's row sums and flags, added / OR-ed afterwards.
+  const bool split_fixed = fixed && n_ksplits > 1;
+  std::vector<float> split_sum(split_fixed && !params.row_sum.empty() ? partial.size() * n_rows : 0,
+                               0.f);
+  std::vector<uint8_t> split_flags(
+      split_fixed && !params.row_flags.empty() ? partial.size() * n_rows : 0, 0);
 
   auto run = [&](int64_t item, bool calling_thread) {
     int64_t x = item;
@@ -585,12 +652,19 @@ AttnState flash_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                   p.nkb * ks / n_ksplits,
                   p.nkb * (ks + 1) / n_ksplits};
     AttnState& dst = ks == 0 ? st : partial[ks - 1];
-    run_item(p, it, dst.out.data<float>(), dst.lse.data<float>(), thread_workspace(),
+    float* sum = params.row_sum.empty() ? nullptr
+                 : ks == 0              ? params.row_sum.data()
+                                        : split_sum.data() + (ks - 1) * n_rows;
+    uint8_t* flags = params.row_flags.empty() ? nullptr
+                     : ks == 0                ? params.row_flags.data()
+                                              : split_flags.data() + (ks - 1) * n_rows;
+    run_item(p, it, dst.out.data<float>(), dst.lse.data<float>(), sum, flags, thread_workspace(),
              calling_thread);
   };
 
   if (threads == 1 || n_items == 1) {
     for (int64_t it = 0; it < n_items; ++it) run(it, true);
+    flag_loose_rows();
     return st;
   }
   // Exceptions must not cross the OpenMP region: keep the first, stop handing out work.
@@ -610,6 +684,9 @@ AttnState flash_attention(const Tensor& q, const Tensor& k, const Tensor& v,
   }
   if (error) std::rethrow_exception(error);
   for (const AttnState& ps : partial) merge_into(st, ps);
+  for (size_t x = 0; x < split_sum.size(); ++x) params.row_sum[x % n_rows] += split_sum[x];
+  for (size_t x = 0; x < split_flags.size(); ++x) params.row_flags[x % n_rows] |= split_flags[x];
+  flag_loose_rows();
   return st;
 }
 

@@ -917,5 +917,312 @@ TEST(VisibleScoreElements, FastAtAMillionTokens) {
   EXPECT_EQ(visible_score_elements(1, 1, s, s, m), s * (s + 1) / 2);
 }
 
+// ---- fixed row maximum (const-max softmax) ------------------------------------------------
+
+// Cauchy–Schwarz bounds (B, Sq, H): scale·|q|·max_j |k_j| of the row's kv head, plus `offset`.
+std::vector<float> norm_bounds(const Inputs& in, float offset = 0.f) {
+  const int64_t b = in.q.dim(0), sq = in.q.dim(1), h = in.q.dim(2), d = in.q.dim(3);
+  const int64_t sk = in.k.dim(1), hkv = in.k.dim(2);
+  const double scale = in.params.scale != 0.f ? in.params.scale : 1.0 / std::sqrt(double(d));
+  auto norm = [&](const Tensor& t, int64_t off) {
+    double x = 0;
+    for (int64_t e = 0; e < d; ++e) x += double(t.at(off + e)) * t.at(off + e);
+    return std::sqrt(x);
+  };
+  std::vector<float> bound(static_cast<size_t>(b * sq * h));
+  for (int64_t bi = 0; bi < b; ++bi) {
+    std::vector<double> kmax(static_cast<size_t>(hkv), 0.0);
+    for (int64_t j = 0; j < sk; ++j)
+      for (int64_t hk = 0; hk < hkv; ++hk)
+        kmax[hk] = std::max(kmax[hk], norm(in.k, ((bi * sk + j) * hkv + hk) * d));
+    for (int64_t i = 0; i < sq; ++i)
+      for (int64_t hh = 0; hh < h; ++hh) {
+        const int64_t row = (bi * sq + i) * h + hh;
+        bound[row] =
+            static_cast<float>(scale * norm(in.q, row * d) * kmax[hh / (h / hkv)]) + offset;
+      }
+  }
+  return bound;
+}
+
+// The max the kernel applies for a bound (fp32 in log2 units), in natural log.
+double applied_max(float bound) {
+  return double(float(bound * 1.44269504088896340736)) * 0.6931471805599453;
+}
+
+struct FixedRun {
+  AttnState state;
+  std::vector<float> sum;
+  std::vector<uint8_t> flags;
+};
+
+FixedRun run_fixed(const Inputs& in, const std::vector<float>& bound) {
+  FixedRun r;
+  r.sum.assign(bound.size(), -1.f);  // the kernel must overwrite every entry
+  r.flags.assign(bound.size(), 0xff);
+  AttnParams params = in.params;
+  params.row_max = bound;
+  params.row_sum = r.sum;
+  params.row_flags = r.flags;
+  r.state = flash_attention(in.q, in.k, in.v, params);
+  return r;
+}
+
+std::vector<Case> fixed_max_cases() {
+  std::vector<Case> cases;
+  auto add = [&](Case c) {
+    c.name = auto_name(c);
+    cases.push_back(c);
+  };
+  for (bool causal : {false, true}) {
+    Case c;
+    c.b = 2;
+    c.sq = 300;
+    c.h = 6;
+    c.hkv = 2;
+    c.causal = causal;
+    c.bq = 64;
+    c.bk = 96;
+    add(c);
+    c.layout = Layout::kZigzag;  // a ring step: rows that see nothing in this block
+    add(c);
+    c.layout = Layout::kContiguous;
+    c.padding = true;  // includes a fully padded batch row
+    c.b = 3;
+    add(c);
+  }
+  Case c;
+  c.sq = 200;
+  c.sk = 333;
+  c.d = 128;
+  c.dtype = DType::kBF16;
+  c.causal = true;
+  add(c);
+  c.dtype = DType::kF32;
+  c.q_scale = 2.f;  // larger logits (norm bounds of random vectors grow with them, see below)
+  add(c);
+  c.q_scale = 1.f;
+  c.layout = Layout::kShuffled;  // the general mask path
+  add(c);
+  return cases;
+}
+
+TEST(FlashFixedMax, MatchesReferenceWithNormBounds) {
+  for (const Case& c : fixed_max_cases()) {
+    const Inputs in = make_inputs(c);
+    const AttnState want = reference_attention(in.q, in.k, in.v, in.params);
+    const std::vector<float> bound = norm_bounds(in);
+    const FixedRun got = run_fixed(in, bound);
+    expect_matches_reference(c, in, got.state, want);
+    int64_t checked = 0;
+    for (size_t i = 0; i < bound.size(); ++i) {
+      const float wl = want.lse.at(static_cast<int64_t>(i));
+      if (wl == -kInf) {  // saw no key: sum 0, flagged loose (there is nothing to be exact about)
+        EXPECT_EQ(got.sum[i], 0.f) << c.name << " row " << i;
+        EXPECT_EQ(got.flags[i], AttnParams::kRowMaxLoose) << c.name << " row " << i;
+        continue;
+      }
+      ++checked;
+      EXPECT_EQ(got.flags[i], 0) << c.name << " row " << i;
+      // row_sum = Σ exp(s − M) = exp(lse − M), relative to the max the kernel applied.
+      const double want_sum = std::exp(double(wl) - applied_max(bound[i]));
+      EXPECT_NEAR(got.sum[i] / want_sum, 1.0, 10 * tolerance(c.dtype)) << c.name << " row " << i;
+    }
+    EXPECT_GT(checked, 0) << c.name;
+  }
+}
+
+TEST(FlashFixedMax, SumsOverKeyHalvesAddWithoutRescaling) {
+  // Two calls over disjoint key halves with the same bounds: O = out1·l1 + out2·l2 and
+  // l = l1 + l2 give the attention over all keys (what a const-max ring does).
+  Case c;
+  c.b = 2;
+  c.sq = 150;
+  c.sk = 260;
+  c.h = 4;
+  c.hkv = 2;
+  c.causal = true;
+  c.name = auto_name(c);
+  const Inputs in = make_inputs(c);
+  const AttnState want = reference_attention(in.q, in.k, in.v, in.params);
+  const std::vector<float> bound = norm_bounds(in);
+  const int64_t d = c.d, half = 130, rows = c.b * c.sq * c.h;
+  std::vector<int64_t> kpos(c.sk);
+  std::iota(kpos.begin(), kpos.end(), 0);
+  std::vector<FixedRun> parts;
+  for (int part = 0; part < 2; ++part) {
+    Inputs sub = in;
+    const int64_t k0 = part * half, nk = part == 0 ? half : c.sk - half;
+    sub.k = Tensor({c.b, nk, c.hkv, d});
+    sub.v = Tensor({c.b, nk, c.hkv, d});
+    for (int64_t bi = 0; bi < c.b; ++bi) {
+      const size_t row = c.hkv * d * sizeof(float);
+      std::memcpy(sub.k.data<float>() + bi * nk * c.hkv * d,
+                  in.k.data<float>() + (bi * c.sk + k0) * c.hkv * d, nk * row);
+      std::memcpy(sub.v.data<float>() + bi * nk * c.hkv * d,
+                  in.v.data<float>() + (bi * c.sk + k0) * c.hkv * d, nk * row);
+    }
+    sub.k_pos.assign(kpos.begin() + k0, kpos.begin() + k0 + nk);
+    sub.params.mask.k_pos = sub.k_pos;
+    sub.params.mask.q_pos = sub.q_pos;
+    parts.push_back(run_fixed(sub, bound));
+  }
+  double err_out = 0, err_lse = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    const double l = double(parts[0].sum[i]) + parts[1].sum[i];
+    ASSERT_GT(l, 0) << i;
+    for (int64_t x = 0; x < d; ++x) {
+      const double o = double(parts[0].state.out.at(i * d + x)) * parts[0].sum[i] +
+                       double(parts[1].state.out.at(i * d + x)) * parts[1].sum[i];
+      err_out = std::max(err_out, std::fabs(o / l - want.out.at(i * d + x)));
+    }
+    err_lse = std::max(err_lse, std::fabs(applied_max(bound[i]) + std::log(l) - want.lse.at(i)));
+  }
+  EXPECT_LE(err_out, 1e-4);
+  EXPECT_LE(err_lse, 1e-4);
+}
+
+TEST(FlashFixedMax, LooseBoundsAreFlagged) {
+  Case c;
+  c.b = 2;
+  c.sq = 100;
+  c.h = 4;
+  c.hkv = 2;
+  c.causal = true;
+  c.name = auto_name(c);
+  const Inputs in = make_inputs(c);
+  const AttnState want = reference_attention(in.q, in.k, in.v, in.params);
+  auto above_lse = [&](float x) {  // bounds x above each row's log-sum-exp (>= its max)
+    std::vector<float> b(static_cast<size_t>(want.lse.numel()));
+    for (size_t i = 0; i < b.size(); ++i) b[i] = want.lse.at(static_cast<int64_t>(i)) + x;
+    return b;
+  };
+  // 40 above: beyond the loose limit, yet the sums stay far above fp32's underflow (exp(-87)),
+  // so the result is still right; flagged.
+  FixedRun got = run_fixed(in, above_lse(40.f));
+  expect_matches_reference(c, in, got.state, want);
+  for (uint8_t f : got.flags) EXPECT_EQ(f, AttnParams::kRowMaxLoose);
+  // 200 above: every term underflows to 0 (the row comes out empty); flagged, never NaN.
+  got = run_fixed(in, above_lse(200.f));
+  for (uint8_t f : got.flags) EXPECT_EQ(f, AttnParams::kRowMaxLoose);
+  for (float s : got.sum) EXPECT_EQ(s, 0.f);
+  for (int64_t i = 0; i < got.state.out.numel(); ++i) EXPECT_FALSE(std::isnan(got.state.out.at(i)));
+  // Within the limit (25 above): not flagged.
+  got = run_fixed(in, above_lse(25.f));
+  expect_matches_reference(c, in, got.state, want);
+  for (uint8_t f : got.flags) EXPECT_EQ(f, 0);
+}
+
+TEST(FlashFixedMax, ExceededBoundsAreFlaggedAndStillRight) {
+  Case c;
+  c.b = 1;
+  c.sq = 300;
+  c.h = 4;
+  c.hkv = 4;
+  c.q_scale = 4.f;  // logits up to ~±30
+  c.bk = 64;
+  c.name = auto_name(c);
+  const Inputs in = make_inputs(c);
+  const AttnState want = reference_attention(in.q, in.k, in.v, in.params);
+  // A "bound" far below the logits: the kernel moves the max (online) and flags every row.
+  std::vector<float> low(static_cast<size_t>(c.sq * c.h), -50.f);
+  FixedRun got = run_fixed(in, low);
+  expect_matches_reference(c, in, got.state, want);
+  for (uint8_t f : got.flags)
+    EXPECT_EQ(f & AttnParams::kRowMaxExceeded, AttnParams::kRowMaxExceeded);
+  // Slightly below the true row max (by 1, within the stale-max slack of 2^8): no flag, and the
+  // sums are still relative to the given bound.
+  std::vector<float> tight(low.size());
+  for (size_t i = 0; i < tight.size(); ++i) {
+    double mx = -1e30;
+    const int64_t row = static_cast<int64_t>(i), d = c.d;
+    for (int64_t j = 0; j < c.sq; ++j) {
+      double s = 0;
+      for (int64_t x = 0; x < d; ++x)
+        s += double(in.q.at(row * d + x)) * in.k.at((j * c.hkv + row % c.h) * d + x);
+      mx = std::max(mx, s / std::sqrt(double(d)));
+    }
+    tight[i] = static_cast<float>(mx - 1.0);
+  }
+  got = run_fixed(in, tight);
+  expect_matches_reference(c, in, got.state, want);
+  for (size_t i = 0; i < tight.size(); ++i) {
+    EXPECT_EQ(got.flags[i], 0) << i;
+    const double want_sum = std::exp(double(want.lse.at(i)) - applied_max(tight[i]));
+    EXPECT_NEAR(got.sum[i] / want_sum, 1.0, 1e-4) << i;
+  }
+}
+
+TEST(FlashFixedMax, NonFiniteEntriesRunOnlineBitwise) {
+  Case c;
+  c.b = 2;
+  c.sq = 200;
+  c.h = 4;
+  c.hkv = 1;
+  c.causal = true;
+  c.name = auto_name(c);
+  const Inputs in = make_inputs(c);
+  const AttnState online = flash_attention(in.q, in.k, in.v, in.params);
+  std::vector<float> bound = norm_bounds(in);
+  for (size_t i = 0; i < bound.size(); i += 3) bound[i] = std::numeric_limits<float>::quiet_NaN();
+  for (size_t i = 1; i < bound.size(); i += 7) bound[i] = kInf;
+  const FixedRun got = run_fixed(in, bound);
+  expect_matches_reference(c, in, got.state, reference_attention(in.q, in.k, in.v, in.params));
+  const int64_t d = c.d;
+  for (size_t i = 0; i < bound.size(); ++i) {
+    if (std::isfinite(bound[i])) continue;
+    EXPECT_EQ(got.flags[i], 0) << i;
+    EXPECT_EQ(got.sum[i], 0.f) << i;
+    EXPECT_EQ(std::memcmp(got.state.out.data<float>() + i * d, online.out.data<float>() + i * d,
+                          d * sizeof(float)),
+              0)
+        << i;
+    EXPECT_EQ(got.state.lse.at(i), online.lse.at(i)) << i;
+  }
+}
+
+TEST(FlashFixedMax, KeySplitAcrossThreads) {
+  const int saved = omp_get_max_threads();
+  Case c;
+  c.sq = 3;
+  c.sk = 2000;
+  c.h = 2;
+  c.hkv = 1;
+  c.causal = true;
+  c.bk = 128;
+  c.name = auto_name(c);
+  const Inputs in = make_inputs(c);
+  const AttnState want = reference_attention(in.q, in.k, in.v, in.params);
+  const std::vector<float> bound = norm_bounds(in);
+  for (int threads : {1, 4}) {
+    omp_set_num_threads(threads);
+    const FixedRun got = run_fixed(in, bound);
+    expect_matches_reference(c, in, got.state, want);
+    for (size_t i = 0; i < bound.size(); ++i) {
+      EXPECT_EQ(got.flags[i], 0) << i;
+      const double want_sum = std::exp(double(want.lse.at(i)) - applied_max(bound[i]));
+      EXPECT_NEAR(got.sum[i] / want_sum, 1.0, 1e-4) << threads << " threads, row " << i;
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
+TEST(FlashFixedMax, ArgumentChecks) {
+  Case c;
+  c.sq = 16;
+  const Inputs in = make_inputs(c);
+  std::vector<float> short_bounds(5, 1.f), sums(16 * 4);
+  std::vector<uint8_t> flags(16 * 4);
+  AttnParams p = in.params;
+  p.row_max = short_bounds;
+  EXPECT_THROW(flash_attention(in.q, in.k, in.v, p), InvalidArgument);
+  p = in.params;
+  p.row_sum = sums;  // outputs need row_max
+  EXPECT_THROW(flash_attention(in.q, in.k, in.v, p), InvalidArgument);
+  p = in.params;
+  p.row_flags = flags;
+  EXPECT_THROW(flash_attention(in.q, in.k, in.v, p), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace seqpar

@@ -36,6 +36,32 @@ struct AttnParams {
   // Called between blocks by the kernel (may be empty): lets a communicator make progress on
   // transfers in flight while this rank computes.
   std::function<void()> progress;
+
+  // ---- Fixed row maximum (const-max softmax; docs/kernel.md "Fixed row maximum") ----
+  // row_max (B, Sq, H), optional: each query row's fixed softmax maximum in natural-log units of
+  // the scaled logits scale·q·k, an upper bound on them (e.g. scale·|q|·max|k|). A row with a
+  // finite entry uses it as its max for every key block and never rescales, so its sums over
+  // different key sets add directly (Σ exp(s − row_max) is the same kind of number for all of
+  // them); a NaN or infinite entry runs that row with the online softmax. The returned state is
+  // normalized as always (out = O / l, lse = row_max + ln l). reference_attention ignores these.
+  std::span<const float> row_max;
+  // row_sum (B, Sq, H), optional output (needs row_max): for each fixed-max row
+  // l = Σ exp(scale·q·k − row_max) over the keys it sees (0 if none); 0 for online rows.
+  std::span<float> row_sum;
+  // row_flags (B, Sq, H), optional output (needs row_max): 0 or an OR of
+  //   kRowMaxExceeded: a key block's max exceeded row_max by more than the kernel's stale-max
+  //     slack (8 in log2 units): the bound was wrong. The kernel then moved that row's max like
+  //     the online softmax, so out and lse are right, but its O and l are no longer relative to
+  //     row_max (row_sum is still Σ exp(s − row_max), computed by rescaling; it may be inf).
+  //   kRowMaxLoose: row_max − lse > kRowMaxLooseLimit, or the row's sum is 0: the bound is so
+  //     far above the row's logits that terms below exp(−87) relative to it flushed to zero
+  //     (with the limit of 30 those are < exp(−57) of the row's total: still accurate; far
+  //     beyond it the whole row underflows). Rows that see no key at all are flagged too.
+  // Always 0 for online rows.
+  std::span<uint8_t> row_flags;
+  static constexpr uint8_t kRowMaxExceeded = 1;
+  static constexpr uint8_t kRowMaxLoose = 2;
+  static constexpr float kRowMaxLooseLimit = 30.f;  // natural-log units
 };
 
 // Blockwise online-softmax attention (flash attention) for fp32 or bf16/fp16 inputs (q, k, v
