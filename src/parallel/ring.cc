@@ -6,7 +6,14 @@
 //     3. wait for both transfers; the received block (of member r-s-1) becomes the held block
 // Buffers: the own block plus two receive buffers used alternately, so a buffer is refilled only
 // after its send and its compute finished (the step before).
+//
+// softmax const-max (docs/algorithms.md "const-max ring"): before step 0, all-reduce (max) the
+// largest key norm of every (batch, kv head) and bound every query row's logits by
+// scale·|q|·max|k|. The first block attended runs with the online softmax and decides per row:
+// fixed max (bound within 30 of its lse) or fallback. Every later step runs the kernel with the
+// fixed max for the fixed rows, whose sums then add without rescaling (ConstMaxAccumulator).
 #include <array>
+#include <optional>
 #include <vector>
 
 #include "parallel/strategy_common.h"
@@ -36,6 +43,12 @@ AttnState ring_over_blocks(Communicator& comm, std::span<const std::span<const i
   double compute = 0, wait = 0;
   int64_t work = 0;
   bool first = true;
+  std::optional<ConstMaxAccumulator> cmax;
+  if (opts.softmax == SoftmaxMode::kConstMax) {
+    const double t = now_seconds();
+    cmax.emplace(const_max_row_bounds(comm, q, k, block_pos[r], opts));
+    wait += now_seconds() - t;
+  }
 
   for (int step = 0; step < n; ++step) {
     std::array<Request, 4> reqs;
@@ -60,8 +73,15 @@ AttnState ring_over_blocks(Communicator& comm, std::span<const std::span<const i
       params.progress = [&reqs] {
         for (auto& rq : reqs) rq.test();
       };
+      if (cmax && cmax->started()) cmax->prepare(params);
       AttnState part_state = flash_attention(q, *cur_k, *cur_v, params);
-      if (first) {
+      if (cmax) {
+        if (cmax->started()) {
+          cmax->add(part_state);
+        } else {
+          cmax->start(std::move(part_state));
+        }
+      } else if (first) {
         acc = std::move(part_state);
         first = false;
       } else {
@@ -81,7 +101,15 @@ AttnState ring_over_blocks(Communicator& comm, std::span<const std::span<const i
     }
   }
 
+  int64_t fallback = 0;
+  if (cmax && cmax->started()) {
+    const double t = now_seconds();
+    fallback = cmax->fallback_rows();
+    acc = cmax->finish();
+    compute += now_seconds() - t;
+  }
   if (stats) {
+    stats->fallback_rows += fallback;
     int64_t kv = static_cast<int64_t>(k.nbytes() + v.nbytes());
     for (int i = 0; i < 2; ++i)
       kv += static_cast<int64_t>(buf_k[i].capacity_bytes() + buf_v[i].capacity_bytes());

@@ -37,6 +37,26 @@ UlyssesMode parse_ulysses_mode(std::string_view name) {
       detail::concat("--ulysses-mode '", name, "' is unknown; valid: strict, uaa"));
 }
 
+std::string_view softmax_mode_name(SoftmaxMode m) {
+  return m == SoftmaxMode::kConstMax ? "const-max" : "online";
+}
+
+SoftmaxMode parse_softmax_mode(std::string_view name) {
+  if (name == "online") return SoftmaxMode::kOnline;
+  if (name == "const-max" || name == "const_max" || name == "constmax")
+    return SoftmaxMode::kConstMax;
+  throw InvalidArgument(
+      detail::concat("--softmax '", name, "' is unknown; valid: online, const-max"));
+}
+
+void check_softmax_mode(Strategy strategy, const CpOptions& opts) {
+  SEQPAR_ARG_CHECK(opts.softmax == SoftmaxMode::kOnline || strategy == Strategy::kRing ||
+                       strategy == Strategy::kUsp,
+                   "--softmax const-max needs a ring: valid with --strategy ring or usp (its ring "
+                   "part), not ",
+                   strategy_name(strategy));
+}
+
 // ---- communicators -------------------------------------------------------------------------
 
 SpComms::SpComms(Communicator& sp, int ulysses_degree)
@@ -122,6 +142,7 @@ void validate_local_shapes(const Communicator& comm, const Partition& part, cons
 void check_strategy_shape(Strategy strategy, const Partition& part, int64_t heads,
                           int64_t kv_heads, int ulysses_degree, const CpOptions& opts) {
   const int n = part.ranks();
+  check_softmax_mode(strategy, opts);
   if (strategy != Strategy::kUlysses && strategy != Strategy::kUsp) return;
   const int u = strategy == Strategy::kUlysses ? n : (ulysses_degree == 0 ? n : ulysses_degree);
   SEQPAR_ARG_CHECK(u >= 1 && n % u == 0, "--ulysses-degree ", u, " does not divide the ", n,
@@ -189,6 +210,7 @@ KernelCall::KernelCall(const CpOptions& opts, std::span<const int64_t> q_pos,
 AttnState context_parallel_attention(Strategy strategy, SpComms& comms, const Partition& part,
                                      const Tensor& q, const Tensor& k, const Tensor& v,
                                      const CpOptions& opts, CpStats* stats) {
+  check_softmax_mode(strategy, opts);
   switch (strategy) {
     case Strategy::kAllGather: return allgather_attention(comms.sp(), part, q, k, v, opts, stats);
     case Strategy::kRing: return ring_attention(comms.sp(), part, q, k, v, opts, stats);
@@ -230,16 +252,17 @@ CommPrediction ulysses_bytes(std::span<const int64_t> counts, int me, int64_t ba
 
 }  // namespace
 
-CommPrediction predict_comm_bytes(Strategy strategy, const Partition& part, int rank,
-                                  int64_t batch, int64_t heads, int64_t kv_heads,
-                                  int64_t head_dim, size_t elem_bytes, int ulysses_degree,
-                                  int64_t text_tokens) {
+CommPrediction predict_comm_bytes(Strategy strategy, const Partition& part, int rank, int64_t batch,
+                                  int64_t heads, int64_t kv_heads, int64_t head_dim,
+                                  size_t elem_bytes, int ulysses_degree, int64_t text_tokens,
+                                  SoftmaxMode softmax) {
   const int n = part.ranks();
   const uint64_t token_kv = 2ull * batch * kv_heads * head_dim * elem_bytes;  // K and V of a token
   CommPrediction p;
   if (n == 1) return p;
   const uint64_t text_partials = 4ull * batch * text_tokens * heads * (head_dim + 1) * (n - 1);
   p.sent = p.recv = text_partials;
+  const bool const_max = softmax == SoftmaxMode::kConstMax;
   std::vector<int64_t> counts(n);
   for (int i = 0; i < n; ++i) counts[i] = part.count(i);
   switch (strategy) {
@@ -250,6 +273,10 @@ CommPrediction predict_comm_bytes(Strategy strategy, const Partition& part, int 
     case Strategy::kRing:
       p.sent += token_kv * (part.seq() - counts[(rank + 1) % n]);
       p.recv += token_kv * (part.seq() - counts[rank]);
+      if (const_max) {  // all-reduce (max) of B·Hkv fp32 key norms
+        p.sent += 4ull * batch * kv_heads * (n - 1);
+        p.recv += 4ull * batch * kv_heads * (n - 1);
+      }
       break;
     case Strategy::kUlysses: {
       CommPrediction u = ulysses_bytes(counts, rank, batch, heads, kv_heads, head_dim, elem_bytes);
@@ -268,10 +295,14 @@ CommPrediction predict_comm_bytes(Strategy strategy, const Partition& part, int 
         // Ring across groups of this member's kv heads over the groups' sequences.
         std::vector<int64_t> len(groups, 0);
         for (int i = 0; i < n; ++i) len[i / u] += counts[i];
-        const uint64_t token =
-            2ull * batch * ulysses_kernel_kv_heads(heads, kv_heads, u, me) * head_dim * elem_bytes;
+        const int64_t ring_kv = ulysses_kernel_kv_heads(heads, kv_heads, u, me);
+        const uint64_t token = 2ull * batch * ring_kv * head_dim * elem_bytes;
         p.sent += token * (part.seq() - len[(g + 1) % groups]);
         p.recv += token * (part.seq() - len[g]);
+        if (const_max) {  // the ring group's all-reduce of B·ring_kv key norms
+          p.sent += 4ull * batch * ring_kv * (groups - 1);
+          p.recv += 4ull * batch * ring_kv * (groups - 1);
+        }
       }
       break;
     }

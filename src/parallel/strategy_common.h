@@ -50,6 +50,54 @@ inline bool fully_hidden(const CpOptions& opts, std::span<const int64_t> q_pos,
   return opts.causal && k_min > *std::max_element(q_pos.begin(), q_pos.end());
 }
 
+// ---- const-max softmax (src/parallel/const_max.cc; docs/algorithms.md "const-max ring") ----
+
+// Collective over comm: each query row's bound on its scaled logits,
+//   bound(b, i, h) = scale·|q(b, i, h)|·K(b, h / (H/Hkv))   (Cauchy–Schwarz),
+// with K(b, hk) the largest norm of a key of kv head hk over every member's block, all-reduced
+// (max) as B·Hkv fp32 values. Keys at positions >= opts.valid_len (padding) are left out.
+// q (B, Sq, H, D), k (B, Sk, Hkv, D) at positions k_pos  ->  (B, Sq, H).
+std::vector<float> const_max_row_bounds(Communicator& comm, const Tensor& q, const Tensor& k,
+                                        std::span<const int64_t> k_pos, const CpOptions& opts);
+
+// The attention state of one set of query rows (B, Sq, H) over key blocks that arrive one by
+// one, with the const-max softmax:
+//   start(first)     the first block's state, computed with the online softmax. A row whose
+//                    bound M lies within AttnParams::kRowMaxLooseLimit of that state's lse (so
+//                    within it of its final lse, which only grows) continues with the fixed
+//                    max M: O = out·l, l = exp(lse − M). The others fall back: they keep the
+//                    normalized state and merge every later block by LSE (merge_row).
+//   prepare(params)  points the kernel's row_max (M for fixed rows, NaN for fallback rows),
+//                    row_sum and row_flags at this accumulator's buffers.
+//   add(part)        the state the kernel computed with those params: fixed rows add
+//                    O += out·l_step, l += l_step (no rescaling; any order of blocks gives the
+//                    same sums up to fp32 rounding); fallback rows merge by LSE. A fixed row that
+//                    the kernel flags kRowMaxExceeded (its bound was wrong) is normalized and
+//                    falls back from then on.
+//   finish()         out = O / l, lse = M + ln l for fixed rows; the fallback rows as merged.
+// Thread-safety: a value used by one thread.
+class ConstMaxAccumulator {
+ public:
+  explicit ConstMaxAccumulator(std::vector<float> bounds);  // (B, Sq, H) row bounds M
+  bool started() const { return started_; }
+  void start(AttnState first);
+  void prepare(AttnParams& params);
+  void add(const AttnState& part);
+  AttnState finish();
+  // Rows running the online merge (decided at start, or exceeded since).
+  int64_t fallback_rows() const;
+
+ private:
+  std::vector<float> bound_;       // M per row, natural log
+  std::vector<double> bound_eff_;  // the max the kernel applies: fp32(M·log2 e)·ln 2
+  std::vector<float> kernel_max_;  // M for fixed rows, NaN for fallback rows
+  std::vector<double> l_;          // fixed rows: Σ exp(s − M) so far
+  std::vector<float> step_sum_;    // the kernel's row_sum and row_flags of the last block
+  std::vector<uint8_t> step_flags_;
+  AttnState acc_;  // fixed rows: out holds the unnormalized O; fallback rows: the merged state
+  bool started_ = false;
+};
+
 // The ring core: member i of comm holds the K/V block of the tokens at block_pos[i] (any
 // order); this member's queries are at q_pos. Adds to *stats (does not reset it).
 AttnState ring_over_blocks(Communicator& comm, std::span<const std::span<const int64_t>> block_pos,

@@ -38,6 +38,17 @@ enum class UlyssesMode { kStrict, kUaa };
 std::string_view ulysses_mode_name(UlyssesMode m);
 UlyssesMode parse_ulysses_mode(std::string_view name);
 
+// How ring steps combine their partial states (docs/algorithms.md "const-max ring").
+//   online:    every step's state is merged by LSE (flash attention's online softmax).
+//   const-max: every query row gets a fixed maximum, a bound on its logits from all-reduced key
+//              norms (scale·|q|·max|k|, Cauchy–Schwarz); the kernel uses it for every block, so
+//              the steps' unnormalized sums add without rescaling, in any order. Rows whose
+//              bound is too loose (more than 30 above the log-sum-exp of the first block they
+//              attend) fall back to the online merge. Rings only: ring and usp's ring part.
+enum class SoftmaxMode { kOnline, kConstMax };
+std::string_view softmax_mode_name(SoftmaxMode m);      // "online", "const-max"
+SoftmaxMode parse_softmax_mode(std::string_view name);  // throws InvalidArgument listing names
+
 struct CpOptions {
   bool causal = false;
   float scale = 0.f;  // 0 = 1/sqrt(D)
@@ -47,6 +58,7 @@ struct CpOptions {
   // Padding (auto_pad): keys at positions >= valid_len are padding and masked; 0 = no padding.
   // The outputs of padded queries are computed but meaningless; callers drop them.
   int64_t valid_len = 0;
+  SoftmaxMode softmax = SoftmaxMode::kOnline;
 };
 
 // The communicators a strategy runs on: the sequence-parallel group (N ranks) and, for usp, its
@@ -87,6 +99,9 @@ struct CpStats {
   int64_t work = 0;           // visible score elements computed (B·H·pairs)
   double compute_seconds = 0;  // time inside the local kernel and merges
   double wait_seconds = 0;     // time blocked on communication
+  // const-max softmax: query rows (b, token, head) of this rank that ran with the online
+  // softmax after their first block (bound too loose, or exceeded); 0 with online softmax.
+  int64_t fallback_rows = 0;
 };
 
 AttnState allgather_attention(Communicator& comm, const Partition& part, const Tensor& q,
@@ -141,10 +156,17 @@ struct CommPrediction {
   uint64_t recv = 0;
 };
 // heads is the query head count (used by ulysses and usp); ulysses_degree by usp (0 = N);
-// text_tokens > 0 adds the all-gather of the text queries' partial states of joint attention.
-CommPrediction predict_comm_bytes(Strategy strategy, const Partition& part, int rank,
-                                  int64_t batch, int64_t heads, int64_t kv_heads,
-                                  int64_t head_dim, size_t elem_bytes, int ulysses_degree = 0,
-                                  int64_t text_tokens = 0);
+// text_tokens > 0 adds the all-gather of the text queries' partial states of joint attention;
+// softmax const-max adds the ring's all-reduce (max) of the key norms, 4·B·Hkv_ring·(R − 1)
+// bytes each way (R ring members, Hkv_ring the kv heads the ring carries).
+CommPrediction predict_comm_bytes(Strategy strategy, const Partition& part, int rank, int64_t batch,
+                                  int64_t heads, int64_t kv_heads, int64_t head_dim,
+                                  size_t elem_bytes, int ulysses_degree = 0,
+                                  int64_t text_tokens = 0,
+                                  SoftmaxMode softmax = SoftmaxMode::kOnline);
+
+// Throws InvalidArgument (one line naming the strategies that support it) if opts.softmax is
+// const-max and the strategy has no ring (allgather, ulysses).
+void check_softmax_mode(Strategy strategy, const CpOptions& opts);
 
 }  // namespace seqpar
