@@ -36,6 +36,13 @@ namespace {
 
 using nlohmann::json;
 
+// --softmax online|const-max. Held here rather than in RunOptions (cli/commands.h) for now;
+// set by add_run_command's parser, read by make_job.
+std::string& softmax_option() {
+  static std::string value = "online";
+  return value;
+}
+
 // Largest number of query rows whose reference (double, naive) stays cheap: rows·B·S·H·D <= this.
 constexpr double kVerifyBudget = 6e8;
 
@@ -74,6 +81,7 @@ struct Job {
 struct Report {
   std::vector<double> seconds;  // per repetition, slowest rank
   std::vector<int64_t> sent, recv, peak_kv, work, tokens;
+  int64_t fallback_rows = 0;  // const-max softmax: summed over ranks
   double max_abs_err = NAN;
   double max_lse_err = NAN;
   int64_t verified_rows = 0;
@@ -159,6 +167,7 @@ Job make_job(const RunOptions& o, int ranks, int threads) {
   job.kv_heads = o.kv_heads == 0 ? o.heads : o.kv_heads;
   job.cp.causal = o.causal;
   job.cp.ulysses_mode = parse_ulysses_mode(o.ulysses_mode);
+  job.cp.softmax = parse_softmax_mode(softmax_option());
   SEQPAR_ARG_CHECK(ranks >= 1, "--ranks ", ranks, " is invalid; it must be at least 1");
 
   const bool decode = o.cached > 0 || o.fresh > 0 || o.strategy == "passq" ||
@@ -175,6 +184,9 @@ Job make_job(const RunOptions& o, int ranks, int threads) {
     SEQPAR_ARG_CHECK(!o.pad && o.text_tokens == 0 && o.ulysses_degree == 0 && o.ring_degree == 0,
                      "--cached/--new take none of --pad, --text-tokens, --ulysses-degree, "
                      "--ring-degree");
+    SEQPAR_ARG_CHECK(job.cp.softmax == SoftmaxMode::kOnline, "--softmax const-max needs a ring: ",
+                     "valid with --strategy ring or usp (its ring part), not ", o.strategy,
+                     " over a K/V cache");
     job.place = decode_placement(o.cached, o.fresh, ranks, job.layout);
     job.seq = job.padded_seq = o.cached + o.fresh;
     if (o.strategy == "auto") {
@@ -398,22 +410,26 @@ void run_rank(Communicator& comm, const Job& job, Report* report) {
   }
 
   // Per-rank figures of the last call, gathered everywhere (rank 0 reports them).
-  std::array<int64_t, 5> mine = {static_cast<int64_t>(call_stats.total_sent()),
-                                 static_cast<int64_t>(call_stats.total_recv()),
-                                 cps.peak_kv_bytes, cps.work,
-                                 static_cast<int64_t>(job.q_pos(r).size())};
-  std::vector<int64_t> all(5 * n);
+  constexpr int kFigures = 6;
+  std::array<int64_t, kFigures> mine = {static_cast<int64_t>(call_stats.total_sent()),
+                                        static_cast<int64_t>(call_stats.total_recv()),
+                                        cps.peak_kv_bytes,
+                                        cps.work,
+                                        static_cast<int64_t>(job.q_pos(r).size()),
+                                        cps.fallback_rows};
+  std::vector<int64_t> all(kFigures * n);
   comm.all_gather(mine.data(), sizeof(mine), all.data());
   const double wait_fraction = comm.all_reduce_max(time_sum > 0 ? wait_sum / time_sum : 0);
   if (o.verify) verify(comm, job, state, o.text_tokens > 0 ? &text : nullptr, report);
   if (r == 0 && report) {
     report->seconds = seconds;
     for (int i = 0; i < n; ++i) {
-      report->sent.push_back(all[5 * i + 0]);
-      report->recv.push_back(all[5 * i + 1]);
-      report->peak_kv.push_back(all[5 * i + 2]);
-      report->work.push_back(all[5 * i + 3]);
-      report->tokens.push_back(all[5 * i + 4]);
+      report->sent.push_back(all[kFigures * i + 0]);
+      report->recv.push_back(all[kFigures * i + 1]);
+      report->peak_kv.push_back(all[kFigures * i + 2]);
+      report->work.push_back(all[kFigures * i + 3]);
+      report->tokens.push_back(all[kFigures * i + 4]);
+      report->fallback_rows += all[kFigures * i + 5];
     }
     report->wait_fraction = wait_fraction;
   }
@@ -469,6 +485,8 @@ int print_report(const Job& job, const Report& rep, const std::string& backend) 
     j["work_per_rank"] = rep.work;
     j["work_imbalance"] = imbalance;
     j["comm_wait_fraction"] = rep.wait_fraction;
+    j["softmax"] = softmax_mode_name(job.cp.softmax);
+    j["fallback_rows"] = rep.fallback_rows;
     if (job.kind == Kind::kSequence) {
       j["ulysses_degree"] = job.ulysses_degree;
       j["ring_degree"] = job.ring_degree;
@@ -505,6 +523,9 @@ int print_report(const Job& job, const Report& rep, const std::string& backend) 
       if (o.text_tokens > 0)
         std::printf("  joint attention with %lld replicated text tokens\n",
                     (long long)o.text_tokens);
+      if (job.cp.softmax == SoftmaxMode::kConstMax)
+        std::printf("  softmax const-max: %lld query rows fell back to online softmax\n",
+                    (long long)rep.fallback_rows);
     }
     std::printf("  seq %lld  batch %lld  heads %lld  kv_heads %lld  head_dim %lld  %s  %s\n",
                 (long long)job.seq, (long long)o.batch, (long long)o.heads,
@@ -557,6 +578,9 @@ void add_run_command(CLI::App& app, RunOptions& o) {
   run->add_option("--new", o.fresh, "new tokens attending the cache (decode)");
   run->add_option("--hardware", o.hardware, "profile for --strategy auto: h100 | h200 | "
                   "cpu-ethernet | local");
+  run->add_option("--softmax", softmax_option(),
+                  "online | const-max (ring, usp: fixed per-row max from key norms, partial "
+                  "sums added without rescaling; loose rows fall back to online)");
   run->add_option("--dtype", o.dtype, "fp32 | bf16 | fp16");
   run->add_option("--backend", o.backend, "threads | mpi (launch with mpirun)");
   run->add_flag("--verify", o.verify, "compare with the single-rank reference");

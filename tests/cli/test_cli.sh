@@ -141,5 +141,24 @@ check_mesh_bad "--tp" --tp 0 --heads 4 --seq 8
 check_mesh_bad "--ranks" --heads 4 --seq 8 --ranks 0
 check_mesh_bad "--heads" --seq 8
 
+# 6. const-max softmax (ring, usp): verified, reported; bytes = the ring's + the key-norm all-reduce.
+expect_ok "const-max ring" "$bin" run --softmax const-max --strategy ring --layout zigzag --ranks 3 \
+  --seq 301 --heads 4 --kv-heads 2 --head-dim 32 --causal --verify --json
+expect_ok "const-max usp" "$bin" run --softmax const-max --strategy usp --ulysses-degree 2 --ranks 4 \
+  --seq 301 --heads 4 --kv-heads 2 --head-dim 32 --causal --verify --json
+out=$("$bin" run --softmax const-max --ranks 2 --seq 256 --heads 2 --head-dim 32 --causal --json --repeat 1)
+[ "$(json_get "$out" softmax)" = "const-max" ] && ok || bad "softmax key: $out"
+[ "$(json_get "$out" fallback_rows)" = "0" ] && ok || bad "fallback_rows $(json_get "$out" fallback_rows)"
+# 65536 bytes of K/V (as the online ring above) + B·Hkv = 2 fp32 key norms to the 1 other rank
+[ "$(json_get "$out" bytes_sent_per_rank)" = "[65544, 65544]" ] && ok || bad "const-max bytes: $(json_get "$out" bytes_sent_per_rank)"
+check_bad "--softmax" $base --softmax const-max --strategy allgather
+check_bad "--softmax" $base --softmax const-max --strategy ulysses
+check_bad "--softmax" $base --softmax fixed
+check_bad "--softmax" --softmax const-max --strategy passq --cached 64 --new 4 --heads 2 --head-dim 16
+if [ -n "$mpiexec" ]; then
+  expect_ok "mpi const-max" "${mpi[@]}" -n 2 "$bin" run --backend mpi --softmax const-max \
+    --layout zigzag --seq 301 --heads 4 --kv-heads 2 --head-dim 32 --causal --verify --json
+fi
+
 echo "cli: $pass passed, $fail failed"
 [ $fail -eq 0 ]
