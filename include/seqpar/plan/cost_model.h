@@ -1,0 +1,145 @@
+// The cost model: for one mesh (cfg x tp x ring x ulysses ranks, a strategy, a layout) and one
+// workload (a model's shapes at a sequence length, or one bare attention call), what every rank
+// of the sequence-parallel group computes, sends, receives and holds per layer, and how long a
+// layer and a step take on a hardware profile.
+//
+//   bytes:   predict_comm_bytes / predict_decode_bytes (parallel/), the formulas of
+//            docs/algorithms.md; tests check them against the CommStats of real runs exactly.
+//            Every collective is listed with its share (they add up to those totals).
+//   work:    visible score elements per rank, as CpStats::work counts them (position_runs.h);
+//            FLOPs = 4·D per element, plus the linear layers' 2·MACs (approximate).
+//   memory:  K/V held by the strategy (as CpStats::peak_kv_bytes measures it, exactly), weights
+//            / tp, a KV cache (llm), and an estimate of one layer's activations.
+//   time:    a replay of every rank's schedule of one layer (hardware.h's two-level alpha-beta
+//            network; ring steps overlap transfer and compute as far as the profile's `overlap`
+//            says; collectives wait for their slowest member), times the layers.
+// Thread-safety: pure functions of values.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "seqpar/core/dtype.h"
+#include "seqpar/model/presets.h"
+#include "seqpar/parallel/decode.h"
+#include "seqpar/parallel/strategies.h"
+#include "seqpar/plan/hardware.h"
+#include "seqpar/plan/position_runs.h"
+
+namespace seqpar {
+
+// How the sequence-parallel group computes attention. kLocal: a group of one rank.
+enum class Scheme { kLocal, kAllGather, kRing, kUlysses, kUsp, kPassKv, kPassQ };
+std::string_view scheme_name(Scheme s);  // "local", "allgather", "ring", "ulysses", "usp", ...
+Scheme parse_scheme(std::string_view name);  // throws InvalidArgument listing valid names
+
+// What runs: one model forward step (a denoising step, a prefill, a partial prefill / decode
+// step over a cache), or one bare attention call (attention_only, the shape of `seqpar run`).
+struct Workload {
+  std::string model = "attention";  // preset name, or "attention"
+  ModelFamily family = ModelFamily::kLlm;
+  bool attention_only = true;  // no linear layers, no weights, one layer
+  int64_t seq = 0;             // sharded tokens S (video/image tokens, prompt, or P + T)
+  int64_t text_tokens = 0;     // joint attention (mmdit): T text tokens replicated on every rank
+  int64_t cross_tokens = 0;    // cross-attention (dit): replicated encoder tokens
+  int64_t batch = 1;
+  int cfg_branches = 1;        // 2 with classifier-free guidance
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t hidden = 0, ffn_dim = 0, layers = 1, params = 0;
+  bool causal = false;
+  DType dtype = DType::kBF16;
+  int64_t cached = 0, fresh = 0;  // decode / partial prefill: P cached and T new tokens
+  bool decode() const { return fresh > 0; }
+};
+
+// A model's workload at `tokens` sharded tokens (dit/mmdit: latent patches; llm: the prompt).
+// With fresh > 0 (llm only) the step is T = fresh new tokens over a cache of `cached`.
+Workload model_workload(const ModelPreset& m, int64_t tokens, int64_t batch, DType dtype,
+                        bool guidance, int64_t text_tokens, int64_t cached = 0,
+                        int64_t fresh = 0);
+// One attention call of seqpar run's shape.
+Workload attention_workload(int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                            int64_t batch, bool causal, DType dtype, int64_t text_tokens = 0,
+                            int64_t cached = 0, int64_t fresh = 0);
+
+// World = cfg x tp x ring x ulysses, outermost first (DESIGN.md): world rank
+// ((c·tp + t)·ring + g)·ulysses + u; its sequence-parallel rank is g·ulysses + u.
+struct Mesh {
+  int cfg = 1, tp = 1, ulysses = 1, ring = 1;
+  Scheme scheme = Scheme::kLocal;
+  Layout layout = Layout::kContiguous;
+  UlyssesMode mode = UlyssesMode::kUaa;  // ulysses and usp
+  bool pad = false;  // pad S to a multiple of the sp size (2x for zigzag), mask the padding
+  int world() const { return cfg * tp * ring * ulysses; }
+  int sp() const { return ring * ulysses; }
+  std::string label() const;  // "cfg 2 tp 1 ulysses 4 ring 1 ulysses(uaa) contiguous"
+};
+
+// One collective (or the ring's point-to-point steps) of a rank, per layer.
+struct CollectiveCost {
+  std::string op;     // all_gatherv, all_to_allv, send_recv, all_gather, all_reduce
+  std::string what;   // "k", "v", "q", "out+lse", "token counts", "text partials", ...
+  std::string group;  // sp, ulysses, ring, tp
+  uint64_t sent = 0, recv = 0;  // bytes as CommStats counts them
+  int64_t calls = 0;            // ops per layer
+  bool inter_node = false;      // the group spans nodes
+  bool overlapped = false;      // may hide behind compute (ring steps)
+  double seconds = 0;           // alpha-beta time per layer
+};
+
+// One rank of the sequence-parallel group (the same in every cfg and tp group), per layer.
+struct RankCost {
+  int64_t tokens = 0;         // its queries (sharded tokens, padding included)
+  int64_t work = 0;           // visible score elements of the attention call (CpStats::work)
+  uint64_t sent = 0, recv = 0;  // attention bytes (CommStats): predict_*_bytes
+  int64_t peak_kv_bytes = 0;  // K/V held at once (CpStats::peak_kv_bytes)
+  double attention_flops = 0;  // all attention of the layer (self, cross, text)
+  double linear_flops = 0;
+  double compute_s = 0;  // compute time of the layer (attention, linear, local copies)
+  double finish_s = 0;   // when its layer ends in the replay
+};
+
+struct MeshCost {
+  Mesh mesh;
+  int64_t seq = 0, padded_seq = 0, remainder = 0;  // remainder: seq mod sp
+  std::vector<RankCost> ranks;                // sp ranks
+  std::vector<CollectiveCost> collectives;    // of the critical rank
+  int critical_rank = 0;                      // the rank that finishes last
+  double compute_s = 0, comm_s = 0, exposed_comm_s = 0, layer_s = 0, step_s = 0;
+  double work_imbalance = 1;  // max / mean attention work
+  uint64_t tp_bytes = 0;      // all-reduce bytes per rank per layer (CommStats rule n·(tp-1))
+  // Memory per rank.
+  double weight_bytes = 0, kv_cache_bytes = 0, activation_bytes = 0, memory_bytes = 0;
+  double memory_limit = 0;
+  bool fits_memory = true;
+};
+
+// The rank placement for the profile: ranks sharing a node with rank 0.
+int ranks_on_node(const HardwareProfile& hw, int world);
+// Node of world rank w.
+int node_of(const HardwareProfile& hw, int world_rank);
+
+// The checks of cfg and tp alone (guidance branches, heads and kv heads they split). Throws
+// InvalidArgument with the reason.
+void check_mesh_degrees(const Workload& w, int cfg, int tp);
+
+// Costs one mesh. Throws InvalidArgument with the reason when the mesh cannot run the workload
+// (degrees that do not multiply or divide, strict shapes, more sp ranks than tokens, ...).
+// memory_limit 0: the profile's per-rank memory.
+MeshCost cost_mesh(const Workload& w, const Mesh& m, const HardwareProfile& hw,
+                   double memory_limit = 0);
+
+// The All2All-aware variant of Meta's rule (see docs/planner.md): pass-KV if
+//   T >= N·C·Hkv·e / (2·H·BW)   or   T/(T+P) >= 2·Hkv/H - 4·T·BW / (N·C·e),
+// else pass-Q: the second test adds the exposed all-to-all of pass-Q's partial outputs.
+PassChoice choose_pass_all2all(int64_t new_tokens, int64_t cached_tokens, int ranks,
+                               int64_t heads, int64_t kv_heads, size_t elem_bytes,
+                               double flops_per_s, double bytes_per_s);
+
+// The kv heads a Ulysses member's kernel reads (its own, or one per query head when the local
+// GQA mapping does not line up): what the ring of usp carries.
+int64_t ulysses_member_kernel_kv_heads(int64_t heads, int64_t kv_heads, int n, int j);
+
+}  // namespace seqpar

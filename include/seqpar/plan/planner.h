@@ -1,0 +1,98 @@
+// The planner: every mesh (cfg, tp, ulysses, ring, strategy, Ulysses mode, layout, padding) of a
+// world size, costed (cost_model.h) and ranked by predicted step time within the memory limit;
+// the ones that cannot run or do not fit, with the reason. Also what to do when the sequence does
+// not divide the sequence-parallel size, and for decode / partial prefill the pass-KV / pass-Q
+// choice by Meta's rule.
+// Thread-safety: pure functions of values.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "seqpar/plan/cost_model.h"
+
+namespace seqpar {
+
+struct PlanRequest {
+  Workload work;
+  int world = 1;
+  HardwareProfile hw;
+  double memory_limit = 0;  // bytes per rank; 0: the profile's
+  // Pins: 0 / empty enumerates every value.
+  int cfg = 0, tp = 0, ulysses = 0, ring = 0;
+  std::optional<Scheme> scheme;
+  std::optional<Layout> layout;
+  std::optional<UlyssesMode> mode;
+  std::optional<bool> pad;
+  // DiT / MMDiT inputs, for the nearest shapes that divide (0: not a DiT request).
+  const ModelPreset* preset = nullptr;
+  int64_t frames = 0, height = 0, width = 0;
+};
+
+struct Rejection {
+  Mesh mesh;
+  bool any_layout = false;  // the reason holds for every layout (mesh.layout is not meaningful)
+  std::string reason;
+};
+
+// A shape near the requested one whose token count divides the sequence-parallel size.
+struct ShapeAlternative {
+  std::string flag;  // "--frames", "--height", "--width" or "--seq"
+  int64_t value = 0;
+  int64_t tokens = 0;
+};
+
+// Does S divide the sequence-parallel size (world / (cfg x tp), as pinned, else the world)?
+struct Divisibility {
+  int64_t seq = 0;
+  int sp = 1;
+  int64_t remainder = 0;
+  int64_t shard_floor = 0, shard_ceil = 0;
+  int ranks_with_ceil = 0;      // ranks holding shard_ceil tokens (uneven shards)
+  double shard_imbalance = 1;   // shard_ceil / (S / sp)
+  int64_t padded_seq = 0;       // next multiple of sp
+  int64_t padded_seq_zigzag = 0;  // next multiple of 2·sp
+  double pad_token_overhead = 0;  // (padded - S) / S
+  double pad_work_overhead = 0;   // attention work on the padded length over the real one
+  std::vector<ShapeAlternative> alternatives;  // nearest shapes that divide (below, above)
+};
+
+// Meta's pass-KV / pass-Q rule (parallel/decode.h) and its All2All-aware variant; the choice is
+// the variant's. C is a rank's attention rate, BW the between-node bandwidth per rank (Meta's
+// setting: context-parallel ranks on different nodes).
+struct DecodeChoice {
+  int ranks = 0;  // sequence-parallel size the rule was applied to
+  double flops_per_s = 0, bytes_per_s = 0;
+  PassChoice basic;
+  PassChoice all2all;
+  PassKind choice = PassKind::kPassKv;
+  // The cost model's step times at that size (seqpar's own passq all-gathers the queries and
+  // returns fp32 partials, so it can disagree with the rule, which assumes the paper's ring
+  // pass-Q), and the faster of the two.
+  std::optional<double> passkv_step_s, passq_step_s;
+  std::optional<PassKind> fastest;
+};
+
+struct Plan {
+  PlanRequest request;
+  Divisibility divisibility;
+  std::vector<MeshCost> ranked;     // fit the memory limit, fastest first
+  std::vector<MeshCost> over_memory;  // run but do not fit, smallest memory first
+  std::vector<Rejection> rejected;  // cannot run
+  std::optional<DecodeChoice> decode;
+};
+
+// Enumerates, costs and ranks. Throws InvalidArgument (one line with the cause and the nearest
+// valid alternative) when no mesh can run at this world size, or, except for decode requests
+// (whose pass choice stands regardless), when none fits the memory limit.
+Plan make_plan(const PlanRequest& req);
+
+Divisibility analyse_divisibility(const PlanRequest& req);
+DecodeChoice decode_choice(const PlanRequest& req);
+
+// The known name nearest to `name` (edit distance), for "did you mean" hints.
+std::string nearest_name(const std::string& name, const std::vector<std::string>& names);
+
+}  // namespace seqpar

@@ -1,0 +1,59 @@
+// Simulation past one machine: the cost model's replay of ring, Ulysses, USP (and all-gather)
+// steps for growing world sizes on the profile's two-level topology (fast links inside a node of
+// ranks_per_node, slower between nodes), pure sequence parallelism (cfg and tp as pinned, else 1).
+// Reports, per strategy, the step time at each size and where communication stops hiding behind
+// compute (exposed communication above a threshold of the step); draws it as an SVG.
+// Thread-safety: pure functions of values.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "seqpar/plan/cost_model.h"
+
+namespace seqpar {
+
+struct SimPoint {
+  int ranks = 0;
+  bool valid = false;
+  std::string note;  // why not valid, or the mesh chosen (usp: its degrees)
+  int ulysses = 1, ring = 1;
+  double step_s = 0, compute_s = 0, comm_s = 0, exposed_s = 0;  // step, and per layer
+  double exposed_fraction = 0;  // exposed comm / layer time
+  bool inter_node = false;      // the sequence-parallel group spans nodes
+  double memory_bytes = 0;
+};
+
+struct SimCurve {
+  Scheme scheme = Scheme::kRing;
+  std::vector<SimPoint> points;
+  int hidden_up_to = 0;      // largest size with exposed fraction <= threshold (0: none)
+  int stops_hiding_at = 0;   // first size above it where the fraction exceeds the threshold (0: never)
+};
+
+struct Simulation {
+  Workload work;
+  std::string hardware;
+  int ranks_per_node = 0;
+  Layout layout = Layout::kContiguous;
+  double threshold = 0.05;  // exposed communication fraction that counts as "not hidden"
+  std::vector<int> sizes;
+  std::vector<SimCurve> curves;  // ring, ulysses, usp, allgather
+  std::vector<std::string> findings;  // one line per strategy
+};
+
+// Sizes from `first` to `last`, doubling.
+std::vector<int> doubling_sizes(int first, int last);
+
+// Replays every size. cfg and tp: the degrees outside sequence parallelism (world = cfg·tp·sp;
+// sizes are sequence-parallel sizes). usp takes the fastest ulysses degree > 1 (dividing both
+// the size and, if possible, staying inside a node).
+Simulation simulate_scaling(const Workload& w, const HardwareProfile& hw,
+                            const std::vector<int>& sizes, Layout layout, int cfg = 1,
+                            int tp = 1, double threshold = 0.05);
+
+// Predicted step time against ranks, one line per strategy, log-log axes, the node boundary and
+// the points where communication stops hiding marked. A complete standalone SVG document.
+std::string simulation_svg(const Simulation& sim, const std::string& title);
+
+}  // namespace seqpar

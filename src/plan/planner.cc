@@ -1,0 +1,356 @@
+#include "seqpar/plan/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+#include "seqpar/core/error.h"
+
+namespace seqpar {
+
+namespace {
+
+std::vector<int> divisors(int x) {
+  std::vector<int> d;
+  for (int i = 1; i <= x; ++i)
+    if (x % i == 0) d.push_back(i);
+  return d;
+}
+
+std::string gb(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f GB", bytes / 1e9);
+  return buf;
+}
+
+// The schemes a sequence-parallel group of u x r ranks can run.
+std::vector<Scheme> schemes_for(const Workload& w, int u, int r) {
+  if (u * r == 1) return {Scheme::kLocal};
+  if (w.decode()) return u == 1 ? std::vector<Scheme>{Scheme::kPassKv, Scheme::kPassQ}
+                                : std::vector<Scheme>{};
+  if (u == 1) return {Scheme::kRing, Scheme::kAllGather};
+  if (r == 1) return {Scheme::kUlysses};
+  return {Scheme::kUsp};
+}
+
+bool uses_mode(Scheme s) { return s == Scheme::kUlysses || s == Scheme::kUsp; }
+
+// Calls visit(mesh, any_layout_reason) for every mesh the request's pins allow. Mesh-level
+// (cfg, tp) problems are reported once through reject_degrees.
+template <typename Visit, typename Reject>
+void enumerate(const PlanRequest& req, Visit&& visit, Reject&& reject_degrees) {
+  const Workload& w = req.work;
+  const int world = req.world;
+  for (int cfg : {1, 2}) {
+    if (world % cfg != 0 || (req.cfg != 0 && req.cfg != cfg)) continue;
+    if (cfg > 1 && w.cfg_branches == 1 && req.cfg == 0) continue;  // nothing to split
+    for (int tp : divisors(world / cfg)) {
+      if (req.tp != 0 && req.tp != tp) continue;
+      if (tp > 1 && w.attention_only && req.tp == 0) continue;
+      Mesh base;
+      base.cfg = cfg;
+      base.tp = tp;
+      try {
+        check_mesh_degrees(w, cfg, tp);
+      } catch (const InvalidArgument& e) {
+        base.ulysses = 0;
+        base.ring = 0;
+        reject_degrees(base, e.what());
+        continue;
+      }
+      const int sp = world / cfg / tp;
+      for (int u : divisors(sp)) {
+        const int r = sp / u;
+        if ((req.ulysses != 0 && req.ulysses != u) || (req.ring != 0 && req.ring != r)) continue;
+        for (Scheme s : schemes_for(w, u, r)) {
+          if (req.scheme && *req.scheme != s) continue;
+          for (UlyssesMode mode : {UlyssesMode::kUaa, UlyssesMode::kStrict}) {
+            if (!uses_mode(s) && mode != UlyssesMode::kUaa) continue;
+            if (req.mode && uses_mode(s) && *req.mode != mode) continue;
+            for (bool pad : {false, true}) {
+              if (req.pad && *req.pad != pad) continue;
+              if (pad && (sp == 1 || w.decode())) continue;
+              for (Layout layout : {Layout::kContiguous, Layout::kZigzag, Layout::kStriped}) {
+                if (req.layout && *req.layout != layout) continue;
+                if (sp == 1 && layout != Layout::kContiguous && !req.layout) continue;
+                // Padding that adds nothing is not a separate mesh.
+                if (pad) {
+                  const int64_t mult = layout == Layout::kZigzag ? 2 * int64_t{sp} : sp;
+                  if (w.seq % mult == 0 && !(req.pad && *req.pad)) continue;
+                }
+                Mesh m = base;
+                m.ulysses = u;
+                m.ring = r;
+                m.scheme = s;
+                m.mode = mode;
+                m.pad = pad;
+                m.layout = layout;
+                visit(m);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+struct Enumerated {
+  std::vector<MeshCost> fit, over;
+  std::vector<Rejection> rejected;
+};
+
+Enumerated enumerate_and_cost(const PlanRequest& req, bool stop_at_first_fit = false) {
+  Enumerated out;
+  // Rejections of one mesh (all but its layout) are merged into one "any layout" entry when
+  // every layout tried was rejected.
+  struct Group {
+    std::vector<Rejection> rejected;
+    int tried = 0;
+  };
+  std::vector<Group> groups;
+  std::map<std::string, size_t> index;
+  enumerate(
+      req,
+      [&](const Mesh& m) {
+        if (stop_at_first_fit && !out.fit.empty()) return;
+        Mesh key = m;
+        key.layout = Layout::kContiguous;
+        auto [it, inserted] = index.emplace(key.label(), groups.size());
+        if (inserted) groups.emplace_back();
+        Group& g = groups[it->second];
+        ++g.tried;
+        try {
+          MeshCost c = cost_mesh(req.work, m, req.hw, req.memory_limit);
+          (c.fits_memory ? out.fit : out.over).push_back(std::move(c));
+        } catch (const InvalidArgument& e) {
+          g.rejected.push_back({m, false, e.what()});
+        }
+      },
+      [&](const Mesh& m, const std::string& reason) {
+        groups.emplace_back();
+        groups.back().rejected.push_back({m, true, reason});
+        groups.back().tried = 1;
+      });
+  for (Group& g : groups) {
+    if (g.rejected.empty()) continue;
+    if (static_cast<int>(g.rejected.size()) == g.tried && g.tried > 1) {
+      Rejection r = g.rejected.front();
+      r.any_layout = true;
+      out.rejected.push_back(std::move(r));
+    } else {
+      for (auto& r : g.rejected) out.rejected.push_back(std::move(r));
+    }
+  }
+  return out;
+}
+
+// Smallest world size above `world` (up to 64x) whose best mesh fits; 0 if none.
+int nearest_fitting_world(const PlanRequest& req, MeshCost* best) {
+  for (int w2 = req.world + 1; w2 <= 64 * req.world; ++w2) {
+    // Try sizes a user would: multiples of the world or of 8, and powers of two.
+    const bool pow2 = (w2 & (w2 - 1)) == 0;
+    if (!(w2 % req.world == 0 || w2 % 8 == 0 || pow2)) continue;
+    PlanRequest r2 = req;
+    r2.world = w2;
+    r2.cfg = r2.tp = r2.ulysses = r2.ring = 0;  // pins were for the old world size
+    Enumerated e = enumerate_and_cost(r2, true);
+    if (!e.fit.empty()) {
+      if (best) *best = e.fit.front();
+      return w2;
+    }
+  }
+  return 0;
+}
+
+// Nearest world sizes (below and above) where some mesh runs, for "no mesh fits" errors.
+std::string nearest_running_worlds(const PlanRequest& req) {
+  auto runs = [&](int w2) {
+    PlanRequest r2 = req;
+    r2.world = w2;
+    Enumerated e = enumerate_and_cost(r2, true);
+    return !e.fit.empty() || !e.over.empty();
+  };
+  std::string s;
+  for (int w2 = req.world - 1; w2 >= 1; --w2)
+    if (runs(w2)) {
+      s = detail::concat("--ranks ", w2);
+      break;
+    }
+  for (int w2 = req.world + 1; w2 <= 4 * req.world; ++w2)
+    if (runs(w2)) {
+      s += detail::concat(s.empty() ? "" : " or ", "--ranks ", w2);
+      break;
+    }
+  return s.empty() ? "none found" : s;
+}
+
+}  // namespace
+
+std::string nearest_name(const std::string& name, const std::vector<std::string>& names) {
+  std::string best;
+  size_t best_d = SIZE_MAX;
+  for (const auto& n : names) {
+    std::vector<size_t> prev(n.size() + 1), cur(n.size() + 1);
+    for (size_t j = 0; j <= n.size(); ++j) prev[j] = j;
+    for (size_t i = 1; i <= name.size(); ++i) {
+      cur[0] = i;
+      for (size_t j = 1; j <= n.size(); ++j)
+        cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1,
+                           prev[j - 1] + (std::tolower(name[i - 1]) == std::tolower(n[j - 1]) ? 0 : 1)});
+      std::swap(prev, cur);
+    }
+    if (prev[n.size()] < best_d) {
+      best_d = prev[n.size()];
+      best = n;
+    }
+  }
+  return best;
+}
+
+Divisibility analyse_divisibility(const PlanRequest& req) {
+  const Workload& w = req.work;
+  Divisibility d;
+  d.seq = w.seq;
+  int sp = req.world;
+  if (req.ulysses > 0 && req.ring > 0) {
+    sp = req.ulysses * req.ring;
+  } else {
+    const int cfg = req.cfg > 0 ? req.cfg : 1, tp = req.tp > 0 ? req.tp : 1;
+    if (req.world % (cfg * tp) == 0) sp = req.world / (cfg * tp);
+  }
+  d.sp = sp;
+  d.remainder = w.seq % sp;
+  d.shard_floor = w.seq / sp;
+  d.shard_ceil = (w.seq + sp - 1) / sp;
+  d.ranks_with_ceil = static_cast<int>(d.remainder);
+  d.shard_imbalance = d.shard_ceil / (static_cast<double>(w.seq) / sp);
+  d.padded_seq = (w.seq + sp - 1) / sp * sp;
+  d.padded_seq_zigzag = (w.seq + 2 * sp - 1) / (2 * sp) * (2 * sp);
+  d.pad_token_overhead = static_cast<double>(d.padded_seq - w.seq) / w.seq;
+  {
+    const PositionRuns real = range_runs(0, w.seq), padded = range_runs(0, d.padded_seq);
+    const double a = static_cast<double>(visible_pairs(real, real, w.causal));
+    const double b = static_cast<double>(
+        visible_pairs(padded, padded, w.causal, d.padded_seq != w.seq ? w.seq : 0));
+    d.pad_work_overhead = b / a - 1;
+  }
+  if (d.remainder == 0) return d;
+
+  // Nearest shapes whose token count divides sp: each input dimension on its own, the first
+  // value below and above (within 64 steps of its granularity).
+  auto add_dim = [&](const std::string& flag, int64_t value, int64_t step, int64_t min_value,
+                     auto&& tokens_of) {
+    for (int dir : {-1, 1})
+      for (int64_t k = 1; k <= 64; ++k) {
+        const int64_t v = value + dir * k * step;
+        if (v < min_value) break;
+        int64_t t = 0;
+        try {
+          t = tokens_of(v);
+        } catch (const InvalidArgument&) {
+          continue;
+        }
+        if (t >= sp && t % sp == 0) {
+          d.alternatives.push_back({flag, v, t});
+          break;
+        }
+      }
+  };
+  const ModelPreset* m = req.preset;
+  if (m != nullptr && m->family != ModelFamily::kLlm && req.height > 0) {
+    const int64_t sh = m->vae_stride[1] * m->patch[1], sw = m->vae_stride[2] * m->patch[2];
+    if (m->video)
+      add_dim("--frames", req.frames, m->vae_stride[0], 1,
+              [&](int64_t f) { return latent_shape(*m, f, req.height, req.width).tokens; });
+    add_dim("--height", req.height, sh, sh,
+            [&](int64_t h) { return latent_shape(*m, req.frames, h, req.width).tokens; });
+    add_dim("--width", req.width, sw, sw,
+            [&](int64_t x) { return latent_shape(*m, req.frames, req.height, x).tokens; });
+  } else {
+    const int64_t lo = w.seq / sp * sp, hi = lo + sp;
+    if (lo >= sp) d.alternatives.push_back({"--seq", lo, lo});
+    d.alternatives.push_back({"--seq", hi, hi});
+  }
+  std::stable_sort(d.alternatives.begin(), d.alternatives.end(),
+                   [&](const ShapeAlternative& a, const ShapeAlternative& b) {
+                     return std::llabs(a.tokens - w.seq) < std::llabs(b.tokens - w.seq);
+                   });
+  return d;
+}
+
+DecodeChoice decode_choice(const PlanRequest& req) {
+  const Workload& w = req.work;
+  DecodeChoice c;
+  const int tp = req.tp > 0 ? req.tp : 1;
+  c.ranks = std::max(1, req.world / tp);
+  c.flops_per_s = rank_attention_flops(req.hw, ranks_on_node(req.hw, req.world));
+  c.bytes_per_s = req.hw.inter_node_bw;
+  const size_t e = dtype_size(w.dtype);
+  c.basic = choose_pass(w.fresh, w.cached, c.ranks, w.heads, w.kv_heads, e, c.flops_per_s,
+                        c.bytes_per_s);
+  c.all2all = choose_pass_all2all(w.fresh, w.cached, c.ranks, w.heads, w.kv_heads, e,
+                                  c.flops_per_s, c.bytes_per_s);
+  c.choice = c.all2all.kind;
+  if (c.ranks > 1) {
+    for (Scheme s : {Scheme::kPassKv, Scheme::kPassQ}) {
+      Mesh m;
+      m.tp = tp;
+      m.ring = c.ranks;
+      m.scheme = s;
+      m.layout = req.layout.value_or(Layout::kContiguous);
+      try {
+        const double t = cost_mesh(w, m, req.hw, req.memory_limit).step_s;
+        (s == Scheme::kPassKv ? c.passkv_step_s : c.passq_step_s) = t;
+      } catch (const InvalidArgument&) {
+      }
+    }
+    if (c.passkv_step_s && c.passq_step_s)
+      c.fastest = *c.passq_step_s < *c.passkv_step_s ? PassKind::kPassQ : PassKind::kPassKv;
+  }
+  return c;
+}
+
+Plan make_plan(const PlanRequest& req) {
+  SEQPAR_ARG_CHECK(req.world >= 1, "--ranks ", req.world, " is invalid; it must be at least 1");
+  Plan plan;
+  plan.request = req;
+  plan.divisibility = analyse_divisibility(req);
+  if (req.work.decode()) plan.decode = decode_choice(req);
+  Enumerated e = enumerate_and_cost(req);
+  auto faster = [](const MeshCost& a, const MeshCost& b) { return a.step_s < b.step_s * (1 - 1e-12); };
+  std::stable_sort(e.fit.begin(), e.fit.end(), faster);
+  std::stable_sort(e.over.begin(), e.over.end(), [](const MeshCost& a, const MeshCost& b) {
+    return a.memory_bytes < b.memory_bytes;
+  });
+  plan.ranked = std::move(e.fit);
+  plan.over_memory = std::move(e.over);
+  plan.rejected = std::move(e.rejected);
+
+  const std::string what =
+      detail::concat(req.work.model, " at ", req.work.seq, " tokens");
+  if (plan.ranked.empty() && plan.over_memory.empty()) {
+    std::string reason = plan.rejected.empty() ? "the pinned degrees leave no mesh"
+                                               : plan.rejected.front().reason;
+    throw InvalidArgument(detail::concat("no mesh of ", req.world, " ranks can run ", what, ": ",
+                                         reason, "; nearest world sizes that run: ",
+                                         nearest_running_worlds(req)));
+  }
+  if (plan.ranked.empty() && !req.work.decode()) {
+    const MeshCost& smallest = plan.over_memory.front();
+    MeshCost best;
+    const int w2 = nearest_fitting_world(req, &best);
+    std::string alt = w2 > 0 ? detail::concat("--ranks ", w2, " (", best.mesh.label(), ", ",
+                                              gb(best.memory_bytes), " per rank)")
+                             : std::string("no world size up to 64x fits");
+    throw InvalidArgument(detail::concat(
+        "no mesh of ", req.world, " ranks fits ", what, " in ", gb(smallest.memory_limit),
+        " per rank: the smallest needs ", gb(smallest.memory_bytes), " (", smallest.mesh.label(),
+        "); nearest: ", alt, ", or --memory-limit ",
+        std::ceil(smallest.memory_bytes / 1e9), " (GB)"));
+  }
+  return plan;
+}
+
+}  // namespace seqpar

@@ -1,0 +1,118 @@
+#include "seqpar/plan/position_runs.h"
+
+#include <algorithm>
+
+#include "seqpar/core/error.h"
+
+namespace seqpar {
+
+namespace {
+
+// Partition's rule: [0, seq) cut into n chunks, the first seq mod n one longer.
+int64_t chunk_start(int64_t seq, int64_t n, int64_t c) {
+  const int64_t base = seq / n, extra = seq % n;
+  return c * base + std::min(c, extra);
+}
+
+int64_t floor_div(int64_t a, int64_t b) {  // b > 0
+  return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+
+// sum_{x=0}^{X} clamp(x, 0, l) for X >= -1 (0 for X < 0).
+int64_t clamp_prefix(int64_t X, int64_t l) {
+  if (X < 0) return 0;
+  if (X <= l) return X * (X + 1) / 2;
+  return l * (l + 1) / 2 + (X - l) * l;
+}
+
+// Keys of run k clipped below `limit` (positions < limit only).
+PositionRun clip_below(PositionRun k, int64_t limit) {
+  if (k.count == 0 || k.start >= limit) return {k.start, 0, k.stride};
+  const int64_t fit = (limit - 1 - k.start) / k.stride + 1;
+  k.count = std::min(k.count, fit);
+  return k;
+}
+
+// #{ j < k.count : k.start + j·k.stride <= q }
+int64_t keys_at_or_below(const PositionRun& k, int64_t q) {
+  if (k.count == 0 || q < k.start) return 0;
+  return std::min(k.count, (q - k.start) / k.stride + 1);
+}
+
+int64_t causal_pairs(const PositionRun& q, const PositionRun& k) {
+  if (q.count == 0 || k.count == 0) return 0;
+  if (q.stride == k.stride) {
+    // q_i = a + i·s: keys at or below = clamp(floor((a - b)/s) + 1 + i, 0, l).
+    const int64_t c0 = floor_div(q.start - k.start, k.stride) + 1;
+    const int64_t c1 = c0 + q.count - 1;
+    return clamp_prefix(c1, k.count) - clamp_prefix(c0 - 1, k.count);
+  }
+  int64_t pairs = 0;  // different strides: one query at a time
+  for (int64_t i = 0; i < q.count; ++i) pairs += keys_at_or_below(k, q.start + i * q.stride);
+  return pairs;
+}
+
+}  // namespace
+
+PositionRuns layout_runs(int64_t seq, int ranks, Layout layout, int rank) {
+  SEQPAR_ARG_CHECK(seq >= 1 && ranks >= 1 && ranks <= seq && rank >= 0 && rank < ranks,
+                   "layout_runs: seq ", seq, ", ranks ", ranks, ", rank ", rank);
+  switch (layout) {
+    case Layout::kContiguous: {
+      const int64_t b = chunk_start(seq, ranks, rank), e = chunk_start(seq, ranks, rank + 1);
+      return {{b, e - b, 1}};
+    }
+    case Layout::kStriped:
+      return {{rank, (seq - rank + ranks - 1) / ranks, ranks}};
+    case Layout::kZigzag: {
+      const int64_t n2 = 2 * static_cast<int64_t>(ranks), lo = rank, hi = n2 - 1 - rank;
+      const int64_t b0 = chunk_start(seq, n2, lo), e0 = chunk_start(seq, n2, lo + 1);
+      const int64_t b1 = chunk_start(seq, n2, hi), e1 = chunk_start(seq, n2, hi + 1);
+      PositionRuns runs;
+      if (e0 > b0) runs.push_back({b0, e0 - b0, 1});
+      if (e1 > b1) runs.push_back({b1, e1 - b1, 1});
+      return runs;
+    }
+    case Layout::kCustom:
+      break;
+  }
+  throw InvalidArgument("layout_runs: a custom layout has no runs");
+}
+
+PositionRuns range_runs(int64_t begin, int64_t end) {
+  if (end <= begin) return {};
+  return {{begin, end - begin, 1}};
+}
+
+int64_t run_count(const PositionRuns& runs) {
+  int64_t n = 0;
+  for (const auto& r : runs) n += r.count;
+  return n;
+}
+
+int64_t run_min(const PositionRuns& runs) {
+  int64_t m = INT64_MAX;
+  for (const auto& r : runs)
+    if (r.count > 0) m = std::min(m, r.start);
+  return m;
+}
+
+int64_t run_max(const PositionRuns& runs) {
+  int64_t m = INT64_MIN;
+  for (const auto& r : runs)
+    if (r.count > 0) m = std::max(m, r.start + (r.count - 1) * r.stride);
+  return m;
+}
+
+int64_t visible_pairs(const PositionRuns& q, const PositionRuns& k, bool causal,
+                      int64_t valid_len) {
+  int64_t pairs = 0;
+  for (const auto& kr : k) {
+    const PositionRun kv = valid_len > 0 ? clip_below(kr, valid_len) : kr;
+    if (kv.count == 0) continue;
+    for (const auto& qr : q) pairs += causal ? causal_pairs(qr, kv) : qr.count * kv.count;
+  }
+  return pairs;
+}
+
+}  // namespace seqpar

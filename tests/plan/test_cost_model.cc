@@ -1,0 +1,292 @@
+// The cost model against real runs: for every strategy, layout, rank count, uneven length,
+// padding, dtype and batch, the predicted bytes of every rank (and of every kind of collective)
+// equal the CommStats measured on threads, the predicted work equals CpStats::work and the
+// predicted K/V memory equals CpStats::peak_kv_bytes. Plus the alpha-beta times of small
+// hand-computed cases.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "parallel/strategy_common.h"
+#include "plan/plan_test_util.h"
+#include "seqpar/plan/cost_model.h"
+
+namespace seqpar {
+namespace {
+
+using testing::measure;
+
+HardwareProfile test_profile() {
+  HardwareProfile hw;
+  hw.name = "test";
+  hw.attention_flops = 1e12;
+  hw.intra_node_bw = 1e10;
+  hw.inter_node_bw = 1e9;
+  hw.latency_s = 1e-5;
+  hw.inter_node_latency_s = 1e-4;
+  hw.ranks_per_node = 8;
+  hw.memory_bytes = 1e12;
+  hw.overlap = 1;
+  return hw;
+}
+
+// Which CommStats kind carries a collective of the cost model.
+OpKind kind_of(const std::string& op) {
+  if (op == "send_recv") return OpKind::kSendRecv;
+  if (op == "all_gather" || op == "all_gatherv") return OpKind::kAllGather;
+  if (op == "all_to_allv") return OpKind::kAllToAll;
+  return OpKind::kAllReduce;
+}
+
+// Checks every rank's prediction against the measurement; returns the number of ranks checked.
+void expect_matches(const Workload& w, const Mesh& m) {
+  SCOPED_TRACE(m.label() + " S=" + std::to_string(w.seq) + " B=" + std::to_string(w.batch) +
+               " H=" + std::to_string(w.heads) + "/" + std::to_string(w.kv_heads) + " " +
+               std::string(dtype_name(w.dtype)) + (w.decode() ? " decode" : "") +
+               (w.text_tokens ? " text" : ""));
+  const MeshCost c = cost_mesh(w, m, test_profile());
+  const testing::Measured got = measure(w, m);
+  ASSERT_EQ(c.ranks.size(), got.comm.size());
+  for (size_t r = 0; r < c.ranks.size(); ++r) {
+    EXPECT_EQ(c.ranks[r].sent, got.comm[r].total_sent()) << "rank " << r;
+    EXPECT_EQ(c.ranks[r].recv, got.comm[r].total_recv()) << "rank " << r;
+    EXPECT_EQ(c.ranks[r].peak_kv_bytes, got.cp[r].peak_kv_bytes) << "rank " << r;
+    if (w.text_tokens == 0) {
+      EXPECT_EQ(c.ranks[r].work, got.cp[r].work) << "rank " << r;
+    }
+  }
+  // Bytes per kind of collective, on the critical rank (the one whose list is reported).
+  const int cr = c.critical_rank;
+  std::array<uint64_t, static_cast<size_t>(OpKind::kCount)> sent{}, recv{};
+  for (const auto& col : c.collectives) {
+    sent[static_cast<size_t>(kind_of(col.op))] += col.sent;
+    recv[static_cast<size_t>(kind_of(col.op))] += col.recv;
+  }
+  for (size_t k = 0; k < sent.size(); ++k) {
+    EXPECT_EQ(sent[k], got.comm[cr].bytes_sent[k]) << op_kind_name(static_cast<OpKind>(k));
+    EXPECT_EQ(recv[k], got.comm[cr].bytes_recv[k]) << op_kind_name(static_cast<OpKind>(k));
+  }
+}
+
+struct Degrees {
+  Scheme scheme;
+  int ulysses, ring;
+};
+
+class SequenceBytes
+    : public ::testing::TestWithParam<std::tuple<Degrees, Layout, int64_t, bool, DType>> {};
+
+TEST_P(SequenceBytes, EqualMeasured) {
+  auto [deg, layout, seq, pad, dtype] = GetParam();
+  Workload w = attention_workload(seq, 4, 2, 16, 1, /*causal=*/true, dtype);
+  Mesh m;
+  m.scheme = deg.scheme;
+  m.ulysses = deg.ulysses;
+  m.ring = deg.ring;
+  m.layout = layout;
+  m.pad = pad;
+  expect_matches(w, m);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllStrategies, SequenceBytes,
+    ::testing::Combine(::testing::Values(Degrees{Scheme::kAllGather, 1, 2},
+                                         Degrees{Scheme::kAllGather, 1, 3},
+                                         Degrees{Scheme::kAllGather, 1, 8},
+                                         Degrees{Scheme::kRing, 1, 2}, Degrees{Scheme::kRing, 1, 3},
+                                         Degrees{Scheme::kRing, 1, 4}, Degrees{Scheme::kRing, 1, 8},
+                                         Degrees{Scheme::kUlysses, 2, 1},
+                                         Degrees{Scheme::kUlysses, 3, 1},
+                                         Degrees{Scheme::kUlysses, 4, 1},
+                                         Degrees{Scheme::kUsp, 2, 2}, Degrees{Scheme::kUsp, 2, 3},
+                                         Degrees{Scheme::kUsp, 3, 2}, Degrees{Scheme::kUsp, 4, 2}),
+                       ::testing::Values(Layout::kContiguous, Layout::kStriped, Layout::kZigzag),
+                       ::testing::Values(int64_t{64}, int64_t{67}), ::testing::Bool(),
+                       ::testing::Values(DType::kF32, DType::kBF16)));
+
+TEST(CostModelBytes, BatchNonCausalAndOddHeads) {
+  // Batch 2, non-causal, heads that split unevenly (6 over 4 members, GQA groups crossing
+  // members: kv heads expanded for the kernel and carried expanded by usp's ring), 3 heads on 4.
+  for (auto [h, kv] : {std::pair<int64_t, int64_t>{6, 2}, {3, 3}, {8, 1}}) {
+    for (bool causal : {false, true}) {
+      Workload w = attention_workload(45, h, kv, 8, 2, causal, DType::kF32);
+      for (Degrees d : {Degrees{Scheme::kUlysses, 4, 1}, Degrees{Scheme::kUsp, 4, 2},
+                        Degrees{Scheme::kUsp, 2, 3}, Degrees{Scheme::kRing, 1, 5},
+                        Degrees{Scheme::kAllGather, 1, 4}}) {
+        Mesh m;
+        m.scheme = d.scheme;
+        m.ulysses = d.ulysses;
+        m.ring = d.ring;
+        m.layout = Layout::kZigzag;
+        expect_matches(w, m);
+      }
+    }
+  }
+}
+
+TEST(CostModelBytes, StrictUlyssesWithPadding) {
+  Workload w = attention_workload(67, 4, 4, 16, 1, true, DType::kF32);
+  for (Degrees d : {Degrees{Scheme::kUlysses, 4, 1}, Degrees{Scheme::kUsp, 2, 2}}) {
+    Mesh m;
+    m.scheme = d.scheme;
+    m.ulysses = d.ulysses;
+    m.ring = d.ring;
+    m.mode = UlyssesMode::kStrict;
+    m.pad = true;
+    expect_matches(w, m);
+    m.pad = false;  // 67 does not divide: strict mode cannot run it
+    EXPECT_THROW(cost_mesh(w, m, test_profile()), InvalidArgument);
+  }
+}
+
+TEST(CostModelBytes, JointTextTokens) {
+  Workload w = attention_workload(40, 4, 4, 8, 1, false, DType::kF32, /*text_tokens=*/5);
+  for (Degrees d : {Degrees{Scheme::kRing, 1, 3}, Degrees{Scheme::kAllGather, 1, 2},
+                    Degrees{Scheme::kUlysses, 2, 1}, Degrees{Scheme::kUsp, 2, 2}}) {
+    Mesh m;
+    m.scheme = d.scheme;
+    m.ulysses = d.ulysses;
+    m.ring = d.ring;
+    expect_matches(w, m);
+  }
+}
+
+TEST(CostModelBytes, DecodePassQAndPassKv) {
+  for (auto [p, t] : {std::pair<int64_t, int64_t>{40, 3}, {37, 8}, {50, 1}}) {
+    for (int n : {2, 3, 4}) {
+      for (Layout layout : {Layout::kContiguous, Layout::kStriped, Layout::kZigzag}) {
+        for (Scheme s : {Scheme::kPassQ, Scheme::kPassKv}) {
+          Workload w = attention_workload(0, 8, 2, 16, 1, true, DType::kBF16, 0, p, t);
+          Mesh m;
+          m.scheme = s;
+          m.ring = n;
+          m.layout = layout;
+          expect_matches(w, m);
+        }
+      }
+    }
+  }
+}
+
+TEST(CostModel, KernelKvHeadsAgreeWithTheStrategies) {
+  for (int64_t h = 1; h <= 12; ++h)
+    for (int64_t kv = 1; kv <= h; ++kv) {
+      if (h % kv) continue;
+      for (int n = 1; n <= 8; ++n)
+        for (int j = 0; j < n; ++j)
+          EXPECT_EQ(ulysses_member_kernel_kv_heads(h, kv, n, j), ulysses_kernel_kv_heads(h, kv, n, j))
+              << h << "/" << kv << " n " << n << " j " << j;
+    }
+}
+
+// ---- times: hand-computed alpha-beta cases ---------------------------------------------------
+
+TEST(CostModelTime, RingOverlapsTransferWithCompute) {
+  // N = 2, S = 2048 non-causal, H = 8, D = 128, fp32: each step attends 1024 x 1024 x 8
+  // scores = 4·128·8·2^20 flops = 4.295 ms at 1 TFLOP/s; a K/V block is 1024·2·8·128·4 bytes =
+  // 8.39 MB = 0.839 ms + 10 us at 10 GB/s, hidden behind the first step's compute.
+  Workload w = attention_workload(2048, 8, 8, 128, 1, false, DType::kF32);
+  Mesh m;
+  m.scheme = Scheme::kRing;
+  m.ring = 2;
+  HardwareProfile hw = test_profile();
+  const double step = 4.0 * 128 * 8 * 1024.0 * 1024 / 1e12;
+  const double xfer = 1e-5 + 1024.0 * 2 * 8 * 128 * 4 / 1e10;
+  MeshCost c = cost_mesh(w, m, hw);
+  EXPECT_NEAR(c.layer_s, 2 * step, 1e-12);
+  EXPECT_NEAR(c.compute_s, 2 * step, 1e-12);
+  EXPECT_NEAR(c.comm_s, xfer, 1e-12);
+  EXPECT_NEAR(c.exposed_comm_s, 0, 1e-12);
+  hw.overlap = 0;  // threads backend: the copy is paid on the rank's own time
+  c = cost_mesh(w, m, hw);
+  EXPECT_NEAR(c.layer_s, 2 * step + xfer, 1e-12);
+  hw.overlap = 1;
+  hw.intra_node_bw = 1e9;  // slow link: the transfer (8.39 ms) outlasts the step's compute
+  c = cost_mesh(w, m, hw);
+  const double slow = 1e-5 + 1024.0 * 2 * 8 * 128 * 4 / 1e9;
+  EXPECT_NEAR(c.layer_s, slow + step, 1e-12);
+}
+
+TEST(CostModelTime, AllGatherThenCompute) {
+  // Two all_gatherv (K, V) of 1024·8·128·4 bytes received each, then 1024 x 2048 x 8 scores.
+  Workload w = attention_workload(2048, 8, 8, 128, 1, false, DType::kF32);
+  Mesh m;
+  m.scheme = Scheme::kAllGather;
+  m.ring = 2;
+  const MeshCost c = cost_mesh(w, m, test_profile());
+  const double gather = 2 * (1e-5 + 1024.0 * 8 * 128 * 4 / 1e10);
+  const double compute = 4.0 * 128 * 8 * 1024.0 * 2048 / 1e12;
+  EXPECT_NEAR(c.layer_s, gather + compute, 1e-12);
+  EXPECT_NEAR(c.exposed_comm_s, gather, 1e-12);
+  ASSERT_EQ(c.collectives.size(), 2u);
+  EXPECT_EQ(c.collectives[0].op, "all_gatherv");
+  EXPECT_EQ(c.collectives[0].what, "k");
+}
+
+TEST(CostModelTime, TwoLevelNetwork) {
+  // 16 ranks of a ring with 8 ranks per node: the hops 7 -> 8 and 15 -> 0 cross nodes, so the
+  // ring is paced by the between-node link; with 16 per node it is not.
+  Workload w = attention_workload(16384, 8, 8, 128, 1, false, DType::kBF16);
+  Mesh m;
+  m.scheme = Scheme::kRing;
+  m.ring = 16;
+  HardwareProfile hw = test_profile();
+  hw.attention_flops = 1e15;  // transfers dominate
+  MeshCost two = cost_mesh(w, m, hw);
+  EXPECT_TRUE(two.collectives.at(0).inter_node);
+  hw.ranks_per_node = 16;
+  MeshCost one = cost_mesh(w, m, hw);
+  EXPECT_FALSE(one.collectives.at(0).inter_node);
+  const double block = 1024.0 * 2 * 8 * 128 * 2;
+  EXPECT_NEAR(one.layer_s, 15 * (1e-5 + block / 1e10) + one.compute_s / 16, one.layer_s * 0.02);
+  EXPECT_GT(two.layer_s, 5 * one.layer_s);
+}
+
+TEST(CostModelTime, UlyssesIsExposedAllToAll) {
+  Workload w = attention_workload(4096, 8, 8, 128, 1, false, DType::kF32);
+  Mesh m;
+  m.scheme = Scheme::kUlysses;
+  m.ulysses = 4;
+  const MeshCost c = cost_mesh(w, m, test_profile());
+  double comm = 0;
+  for (const auto& col : c.collectives) comm += col.seconds;
+  EXPECT_NEAR(c.comm_s, comm, 1e-15);
+  EXPECT_NEAR(c.layer_s, c.compute_s + c.comm_s, 1e-12);  // nothing overlaps
+  // q, k, v and out+lse: all_to_allv of (S/N)·(N-1)/N... each member receives 3 of its heads'
+  // tensors from 3 peers: 3 · 1024 · 2 heads · 128 · 4 bytes per tensor.
+  const double qkv = 3 * (3 * 1e-5 + 3.0 * 1024 * 2 * 128 * 4 / 1e10);
+  const double back = 3 * 1e-5 + 3.0 * 1024 * 2 * 129 * 4 / 1e10;
+  const double counts = 3 * 1e-5 + 24 / 1e10;
+  EXPECT_NEAR(c.comm_s, qkv + back + counts, 1e-12);
+}
+
+TEST(CostModel, MemoryAndShapesOfAModel) {
+  // Wan 2.1 14B at 3645 tokens on 8 H100: weights 28 GB per rank at tp 1, 7 GB at tp 4.
+  const ModelPreset& wan = model_preset("wan2.1-t2v-14b");
+  Workload w = model_workload(wan, 3645, 1, DType::kBF16, true, 0);
+  const HardwareProfile hw = hardware_profile("h100");
+  Mesh m;
+  m.scheme = Scheme::kRing;
+  m.ring = 8;
+  MeshCost c = cost_mesh(w, m, hw);
+  EXPECT_DOUBLE_EQ(c.weight_bytes, 28e9);
+  EXPECT_TRUE(c.fits_memory);
+  EXPECT_EQ(c.remainder, 3645 % 8);
+  EXPECT_EQ(c.tp_bytes, 0u);
+  m.tp = 4;
+  m.ring = 2;
+  c = cost_mesh(w, m, hw);
+  EXPECT_DOUBLE_EQ(c.weight_bytes, 7e9);
+  // tp all-reduce as CommStats counts it: n·(tp-1) for each of 3 reduces of B·n_r·hidden·e,
+  // batch 2 (both guidance branches on every rank at cfg 1).
+  EXPECT_EQ(c.tp_bytes, 3ull * 2 * 1823 * 5120 * 2 * 3);
+  m.cfg = 3;
+  EXPECT_THROW(cost_mesh(w, m, hw), InvalidArgument);
+  m.cfg = 1;
+  m.tp = 3;  // 40 heads do not split 3 ways
+  EXPECT_THROW(cost_mesh(w, m, hw), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace seqpar

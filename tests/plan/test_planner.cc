@@ -1,0 +1,204 @@
+// The planner: the Wan example (3645 tokens on 8 ranks), the ranking and its rejections, Meta's
+// worked examples of the pass-KV / pass-Q choice, and the one-line errors with alternatives.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+
+#include "seqpar/plan/planner.h"
+
+namespace seqpar {
+namespace {
+
+PlanRequest wan_request(int world) {
+  PlanRequest req;
+  const ModelPreset& wan = model_preset("wan2.1-t2v-14b");
+  const LatentShape s = latent_shape(wan, 33, 240, 432);
+  req.work = model_workload(wan, s.tokens, 1, DType::kBF16, true, 0);
+  req.world = world;
+  req.hw = hardware_profile("h100");
+  req.preset = &wan;
+  req.frames = 33;
+  req.height = 240;
+  req.width = 432;
+  return req;
+}
+
+TEST(Planner, WanSequenceDoesNotDivideEight) {
+  const Plan plan = make_plan(wan_request(8));
+  const Divisibility& d = plan.divisibility;
+  EXPECT_EQ(d.seq, 3645);  // 9 latent frames x 15 x 27 patches
+  EXPECT_EQ(d.sp, 8);
+  EXPECT_EQ(d.remainder, 5);
+  EXPECT_EQ(d.shard_ceil, 456);
+  EXPECT_EQ(d.shard_floor, 455);
+  EXPECT_EQ(d.ranks_with_ceil, 5);
+  EXPECT_EQ(d.padded_seq, 3648);
+  EXPECT_EQ(d.padded_seq_zigzag, 3648);
+  EXPECT_NEAR(d.pad_token_overhead, 3.0 / 3645, 1e-12);
+  // Nearest shapes that divide by 8, each dimension on its own: 29 frames (8 latent frames),
+  // height 256 (16 patch rows), width 384 (24 patch columns).
+  std::set<std::pair<std::string, int64_t>> alts;
+  for (const auto& a : d.alternatives) {
+    EXPECT_EQ(a.tokens % 8, 0) << a.flag << " " << a.value;
+    alts.insert({a.flag, a.value});
+  }
+  EXPECT_TRUE(alts.count({"--frames", 29}));
+  EXPECT_TRUE(alts.count({"--height", 256}));
+  EXPECT_TRUE(alts.count({"--width", 384}));
+  for (size_t i = 1; i < d.alternatives.size(); ++i)
+    EXPECT_LE(std::llabs(d.alternatives[i - 1].tokens - 3645),
+              std::llabs(d.alternatives[i].tokens - 3645));
+}
+
+TEST(Planner, RanksEveryMeshFastestFirstAndSaysWhyOthersCannotRun) {
+  const Plan plan = make_plan(wan_request(8));
+  ASSERT_FALSE(plan.ranked.empty());
+  for (size_t i = 1; i < plan.ranked.size(); ++i)
+    EXPECT_LE(plan.ranked[i - 1].step_s, plan.ranked[i].step_s * (1 + 1e-9));
+  std::set<std::string> schemes;
+  for (const auto& c : plan.ranked) {
+    EXPECT_TRUE(c.fits_memory);
+    EXPECT_EQ(c.mesh.world(), 8);
+    schemes.insert(std::string(scheme_name(c.mesh.scheme)));
+  }
+  // Every strategy that can run uneven shards is among them.
+  for (const char* s : {"ring", "allgather", "ulysses", "usp"}) EXPECT_TRUE(schemes.count(s)) << s;
+  // Strict Ulysses over 3645 tokens on 8 ranks needs padding: rejected unpadded, ranked padded.
+  bool strict_rejected = false, strict_padded_ranked = false;
+  for (const auto& r : plan.rejected) {
+    EXPECT_FALSE(r.reason.empty());
+    if (r.mesh.scheme == Scheme::kUlysses && r.mesh.mode == UlyssesMode::kStrict &&
+        r.mesh.ulysses == 8 && !r.mesh.pad) {
+      strict_rejected = true;
+      EXPECT_NE(r.reason.find("3648"), std::string::npos) << r.reason;
+    }
+  }
+  for (const auto& c : plan.ranked)
+    if (c.mesh.scheme == Scheme::kUlysses && c.mesh.mode == UlyssesMode::kStrict &&
+        c.mesh.ulysses == 8 && c.mesh.pad)
+      strict_padded_ranked = true;
+  EXPECT_TRUE(strict_rejected);
+  EXPECT_TRUE(strict_padded_ranked);
+}
+
+TEST(Planner, PinsAndTensorParallelRejections) {
+  PlanRequest req = wan_request(6);
+  const Plan plan = make_plan(req);
+  // tp 3 and tp 6 do not divide 40 heads: rejected for every split.
+  int tp_rejections = 0;
+  for (const auto& r : plan.rejected)
+    if (r.mesh.ulysses == 0) {
+      ++tp_rejections;
+      EXPECT_NE(r.reason.find("does not divide the 40 heads"), std::string::npos);
+    }
+  EXPECT_GE(tp_rejections, 2);
+  req.world = 8;
+  req.scheme = Scheme::kRing;
+  req.layout = Layout::kZigzag;
+  req.cfg = 1;
+  for (const auto& c : make_plan(req).ranked) {
+    EXPECT_EQ(c.mesh.scheme, Scheme::kRing);
+    EXPECT_EQ(c.mesh.layout, Layout::kZigzag);
+    EXPECT_EQ(c.mesh.cfg, 1);
+  }
+}
+
+PlanRequest llama405_decode(int64_t cached, int64_t fresh) {
+  PlanRequest req;
+  req.work = model_workload(model_preset("llama3-405b"), 0, 1, DType::kBF16, false, 0, cached,
+                            fresh);
+  req.world = 4;
+  req.hw = hardware_profile("h100");
+  return req;
+}
+
+TEST(Planner, MetasWorkedExamples) {
+  // Llama3 405B on 4 ranks of the H100 profile with 50 GB/s per rank between nodes, 128K tokens.
+  // Threshold N·C·Hkv·e/(2·H·BW) = 4·989e12·8·2 / (2·128·50e9) = 4945 tokens.
+  const Plan a = make_plan(llama405_decode(124800, 3200));  // 2.5% new
+  ASSERT_TRUE(a.decode.has_value());
+  EXPECT_EQ(a.decode->choice, PassKind::kPassQ);
+  EXPECT_EQ(a.decode->basic.kind, PassKind::kPassQ);
+  EXPECT_NEAR(a.decode->all2all.threshold_tokens, 4945.0, 1e-6);
+  // All2All-aware: 2·8/128 - 4·3200·50e9 / (4·989e12·2) = 0.125 - 0.0808898 = 0.0441102.
+  EXPECT_NEAR(a.decode->all2all.miss_threshold, 0.125 - 4.0 * 3200 * 50e9 / (4 * 989e12 * 2), 1e-12);
+  EXPECT_NEAR(a.decode->all2all.miss_rate, 0.025, 1e-12);
+  const Plan b = make_plan(llama405_decode(115200, 12800));  // 10% new
+  EXPECT_EQ(b.decode->choice, PassKind::kPassKv);
+  EXPECT_EQ(b.decode->basic.kind, PassKind::kPassKv);
+  // 405B does not fit 4 H100s: every mesh is over the memory limit, and the choice stands.
+  EXPECT_TRUE(a.ranked.empty());
+  EXPECT_FALSE(a.over_memory.empty());
+}
+
+TEST(Planner, All2AllVariantCanFlipTheChoice) {
+  // Where the basic rule says pass-Q because T/(T+P) < 2·Hkv/H but the all-to-all of pass-Q's
+  // partial outputs outweighs it: T = 4000 of 4945, miss rate 0.1 < 0.125 but
+  // > 0.125 - 4·4000·50e9/(4·989e12·2) = 0.0239.
+  const PassChoice basic = choose_pass(4000, 36000, 4, 128, 8, 2, 989e12, 50e9);
+  const PassChoice a2a = choose_pass_all2all(4000, 36000, 4, 128, 8, 2, 989e12, 50e9);
+  EXPECT_EQ(basic.kind, PassKind::kPassQ);
+  EXPECT_EQ(a2a.kind, PassKind::kPassKv);
+  // Decode of a single token over a long cache: pass-Q by both.
+  EXPECT_EQ(choose_pass_all2all(1, 1 << 20, 8, 128, 8, 2, 989e12, 50e9).kind, PassKind::kPassQ);
+}
+
+TEST(Planner, InvalidRequestsNameTheCauseAndAnAlternative) {
+  EXPECT_EQ(nearest_name("wan2.1-14b", model_preset_names()), "wan2.1-t2v-14b");
+  EXPECT_EQ(nearest_name("llama3-7b", model_preset_names()), "llama3-8b");
+  // More ranks than tokens, no tensor parallelism for a bare attention call.
+  PlanRequest tiny;
+  tiny.work = attention_workload(4, 1, 1, 16, 1, false, DType::kF32);
+  tiny.world = 8;
+  tiny.hw = hardware_profile("local");
+  try {
+    make_plan(tiny);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("no mesh of 8 ranks"), std::string::npos) << m;
+    EXPECT_NE(m.find("--ranks 4"), std::string::npos) << m;
+  }
+  // A memory limit nothing fits: names the smallest need and a world size that fits.
+  PlanRequest big = wan_request(2);
+  big.memory_limit = 10e9;
+  try {
+    make_plan(big);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("fits"), std::string::npos) << m;
+    EXPECT_NE(m.find("--ranks 4"), std::string::npos) << m;  // tp 4: 7 GB of weights
+    EXPECT_NE(m.find("--memory-limit"), std::string::npos) << m;
+  }
+  // Bad resolution: the preset's check names the nearest sizes.
+  EXPECT_THROW(latent_shape(model_preset("wan2.1-t2v-14b"), 33, 250, 432), InvalidArgument);
+}
+
+TEST(Planner, LanguageModelDivisibilityAlternatives) {
+  PlanRequest req;
+  req.work = model_workload(model_preset("llama3-8b"), 100003, 1, DType::kBF16, false, 0);
+  req.world = 8;
+  req.hw = hardware_profile("h100");
+  const Plan plan = make_plan(req);
+  EXPECT_EQ(plan.divisibility.remainder, 100003 % 8);
+  ASSERT_EQ(plan.divisibility.alternatives.size(), 2u);
+  EXPECT_EQ(plan.divisibility.alternatives[0].value, 100000);
+  EXPECT_EQ(plan.divisibility.alternatives[1].value, 100008);
+  // Causal: the balanced layouts beat contiguous ring (work imbalance ~(2N-1)/N).
+  const MeshCost* contiguous = nullptr;
+  const MeshCost* zigzag = nullptr;
+  for (const auto& c : plan.ranked)
+    if (c.mesh.scheme == Scheme::kRing && c.mesh.tp == 1 && !c.mesh.pad) {
+      if (c.mesh.layout == Layout::kContiguous && !contiguous) contiguous = &c;
+      if (c.mesh.layout == Layout::kZigzag && !zigzag) zigzag = &c;
+    }
+  ASSERT_TRUE(contiguous && zigzag);
+  EXPECT_GT(contiguous->work_imbalance, 1.8);
+  EXPECT_LT(zigzag->work_imbalance, 1.01);
+  EXPECT_LT(zigzag->step_s, contiguous->step_s);
+}
+
+}  // namespace
+}  // namespace seqpar
