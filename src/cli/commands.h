@@ -62,4 +62,42 @@ struct MeshOptions {
 void add_mesh_command(CLI::App& app, MeshOptions& opts);
 int mesh_command(const MeshOptions& opts);
 
+// seqpar plan: the cost model's ranking of every mesh for a model (or one attention call) on a
+// hardware profile; divisibility, pass-KV / pass-Q, simulation past one machine.
+struct PlanOptions {
+  std::string model;  // preset; empty: one bare attention call (--seq, --heads)
+  int64_t frames = 0, height = 0, width = 0;  // dit / mmdit input (frames 0: 1 for images)
+  int64_t seq = 0;      // tokens (llm prompt, bare attention, or dit tokens directly)
+  int64_t heads = 0, kv_heads = 0, head_dim = 128;  // bare attention
+  int64_t batch = 1;
+  bool causal = false;  // bare attention
+  int64_t text_tokens = -1;  // mmdit joint text tokens (-1: the preset's); bare attention: 0
+  bool no_guidance = false;  // dit / mmdit: one branch instead of two (no CFG)
+  int ranks = 8;
+  std::string hardware = "h100";
+  int ranks_per_node = -1;     // -1: the profile's
+  double memory_limit_gb = 0;  // 0: the profile's
+  std::string dtype;           // empty: the profile's
+  int cfg = 0, tp = 0, ulysses_degree = 0, ring_degree = 0;  // 0: enumerate
+  std::string strategy, layout, ulysses_mode;                 // empty: enumerate
+  bool pad = false, no_pad = false;
+  int64_t cached = 0, fresh = 0;  // decode / partial prefill
+  bool json = false;
+  int top = 15;
+  bool simulate = false;
+  std::string sim_ranks = "8:1024";
+  std::string svg;
+};
+void add_plan_command(CLI::App& app, PlanOptions& opts);
+int plan_command(const PlanOptions& opts);
+
+// seqpar calibrate: measures this machine and writes the `local` hardware profile.
+struct CalibrateOptions {
+  std::string out;  // empty: user_profile_dir()/local.json
+  bool json = false;
+  bool quick = false;
+};
+void add_calibrate_command(CLI::App& app, CalibrateOptions& opts);
+int calibrate_command(const CalibrateOptions& opts);
+
 }  // namespace seqpar::cli

@@ -20,6 +20,10 @@ int main(int argc, char** argv) {
   add_run_command(app, run);
   add_info_command(app, info);
   add_mesh_command(app, mesh);
+  PlanOptions plan;
+  add_plan_command(app, plan);
+  CalibrateOptions calibrate;
+  add_calibrate_command(app, calibrate);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -37,6 +41,8 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("run")) return run_command(run);
     if (app.got_subcommand("info")) return info_command(info);
     if (app.got_subcommand("mesh")) return mesh_command(mesh);
+    if (app.got_subcommand("plan")) return plan_command(plan);
+    if (app.got_subcommand("calibrate")) return calibrate_command(calibrate);
   } catch (const seqpar::InvalidArgument& e) {
     // Under mpirun every rank finds the same argument error; one line is enough.
     const char* world_rank = std::getenv("OMPI_COMM_WORLD_RANK");
