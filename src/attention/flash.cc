@@ -43,6 +43,7 @@
 #include "attention/simd.h"
 #include "seqpar/attention/attention.h"
 #include "seqpar/core/error.h"
+#include "seqpar/core/trace.h"
 
 namespace seqpar {
 
@@ -544,6 +545,9 @@ Workspace& thread_workspace() {
 
 AttnState flash_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                           const AttnParams& params) {
+  trace::Scope span("attention", "kernel", trace::Lane::kCompute);  // --trace: one kernel call
+  span.arg("queries", q.ndim() == 4 ? q.dim(1) : 0);
+  span.arg("keys", k.ndim() == 4 ? k.dim(1) : 0);
   validate_attention_inputs(q, k, v, params.mask);
   Problem p{};
   p.q = &q;

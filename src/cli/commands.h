@@ -36,6 +36,8 @@ struct RunOptions {
   int64_t cached = 0;         // decode / partial prefill: tokens in the distributed K/V cache
   int64_t fresh = 0;          // decode / partial prefill: new tokens (--new)
   std::string hardware = "h100";  // profile for --strategy auto
+  std::string trace;  // --trace FILE: Chrome/Perfetto trace of the run (empty: off)
+  int warmup = 1;     // untimed runs before the --repeat timed ones
 };
 
 void add_run_command(CLI::App& app, RunOptions& opts);

@@ -25,6 +25,7 @@
 #include "seqpar/comm/mpi.h"
 #include "seqpar/comm/threads.h"
 #include "seqpar/core/timer.h"
+#include "seqpar/core/trace.h"
 #include "seqpar/parallel/decode.h"
 #include "seqpar/parallel/partition.h"
 #include "seqpar/parallel/strategies.h"
@@ -86,7 +87,24 @@ struct Report {
   double max_lse_err = NAN;
   int64_t verified_rows = 0;
   double wait_fraction = 0;
+  // Per rank: median over the timed runs of (time blocked in communication / call time).
+  std::vector<double> exposed;
+  // Per rank: peak resident memory (VmHWM; under threads the one process's, shared by all
+  // ranks) and the bytes of this rank's tensors (q, k, v, the result, K/V blocks in flight).
+  std::vector<int64_t> peak_rss, tensor_bytes;
 };
+
+// Peak resident set size of this process (VmHWM in /proc/self/status), bytes; 0 if unknown.
+int64_t peak_rss_bytes() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  long long kb = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr)
+    if (std::sscanf(line, "VmHWM: %lld kB", &kb) == 1) break;
+  std::fclose(f);
+  return static_cast<int64_t>(kb) * 1024;
+}
 
 std::string divisors(int64_t x) {
   std::string s;
@@ -104,6 +122,7 @@ void validate(const RunOptions& o) {
                    " is invalid; valid: 1 to 1024");
   SEQPAR_ARG_CHECK(o.batch >= 1, "--batch ", o.batch, " is invalid; it must be at least 1");
   SEQPAR_ARG_CHECK(o.repeat >= 1, "--repeat ", o.repeat, " is invalid; it must be at least 1");
+  SEQPAR_ARG_CHECK(o.warmup >= 0, "--warmup ", o.warmup, " is invalid; it must be 0 or more");
   SEQPAR_ARG_CHECK(o.threads >= 0, "--threads ", o.threads,
                    " is invalid; it must be at least 1 (0 = automatic)");
   SEQPAR_ARG_CHECK(o.timeout_s >= 0, "--timeout ", o.timeout_s,
@@ -362,11 +381,46 @@ void verify(Communicator& comm, const Job& job, const AttnState& state, const At
   }
 }
 
+// --trace: stops recording (every rank is past its last timed run: this follows a collective)
+// and writes the events of every rank to `path` from rank 0. Threads: the ranks share the
+// process's recorder. MPI: each process serializes its events relative to the earliest event of
+// any rank and rank 0 gathers them.
+void write_trace(Communicator& comm, const std::string& path) {
+  const int n = comm.size();
+  comm.barrier();
+  if (comm.backend() != "mpi") {
+    if (comm.rank() == 0) {
+      trace::stop();
+      trace::write_json(path, trace::events(), n);
+    }
+    comm.barrier();
+    return;
+  }
+  trace::stop();
+  const std::vector<trace::Event> events = trace::events();
+  const double origin = -comm.all_reduce_max(-trace::earliest_us(events));
+  std::string mine = trace::to_json_fragments(events, origin);
+  if (comm.rank() != 0 && !mine.empty()) mine.insert(mine.begin(), ',');
+  std::vector<size_t> counts(n);
+  const size_t my_count = mine.size();
+  comm.all_gather(&my_count, sizeof(size_t), counts.data());
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  std::string all(total, '\0');
+  comm.all_gatherv(mine.data(), all.data(), counts);
+  if (comm.rank() == 0) {
+    if (!all.empty() && all[0] == ',') all.erase(all.begin());
+    trace::write_json(path, all, n);
+  }
+  comm.barrier();
+}
+
 // One rank's part of `seqpar run`. Rank 0 fills *report.
 void run_rank(Communicator& comm, const Job& job, Report* report) {
   const RunOptions& o = job.opts;
   const int r = comm.rank(), n = comm.size();
   omp_set_num_threads(job.threads);
+  trace::set_rank(comm.rank());
   Tensor q = rows(job, Which::kQ, job.q_pos(r), o.heads);
   Tensor k = rows(job, Which::kK, job.kv_pos(r), job.kv_heads);
   Tensor v = rows(job, Which::kV, job.kv_pos(r), job.kv_heads);
@@ -383,9 +437,14 @@ void run_rank(Communicator& comm, const Job& job, Report* report) {
   AttnState state, text;
   CpStats cps;
   CommStats call_stats;
-  std::vector<double> seconds;
+  std::vector<double> seconds, exposed;
   double wait_sum = 0, time_sum = 0;
-  for (int rep = 0; rep <= o.repeat; ++rep) {  // rep 0 is the warm-up
+  for (int rep = 0; rep < o.warmup + o.repeat; ++rep) {  // the first --warmup are not timed
+    trace::Scope rep_span(trace::enabled() ? detail::concat(rep < o.warmup ? "warm-up " : "run ",
+                                                            rep < o.warmup ? rep + 1
+                                                                           : rep - o.warmup + 1)
+                                           : std::string(),
+                          "run", trace::Lane::kCompute);
     comm.barrier();
     if (comms) comms->reset_stats(); else comm.stats().reset();
     double t0 = now_seconds();
@@ -402,24 +461,37 @@ void run_rank(Communicator& comm, const Job& job, Report* report) {
     }
     double dt = now_seconds() - t0;
     call_stats = comms ? comms->stats() : comm.stats();
-    if (rep > 0) {
+    if (rep >= o.warmup) {
       seconds.push_back(comm.all_reduce_max(dt));
       wait_sum += cps.wait_seconds;
       time_sum += dt;
+      exposed.push_back(dt > 0 ? cps.wait_seconds / dt : 0);
     }
   }
 
   // Per-rank figures of the last call, gathered everywhere (rank 0 reports them).
-  constexpr int kFigures = 6;
+  // Tensors of this rank at their peak: inputs, the result, and K/V held beyond its own shard.
+  const int64_t own_kv = static_cast<int64_t>(k.nbytes() + v.nbytes());
+  const int64_t tensor_bytes =
+      static_cast<int64_t>(q.nbytes() + state.out.nbytes() + state.lse.nbytes()) +
+      std::max(own_kv, cps.peak_kv_bytes);
+  constexpr int kFigures = 8;
   std::array<int64_t, kFigures> mine = {static_cast<int64_t>(call_stats.total_sent()),
                                         static_cast<int64_t>(call_stats.total_recv()),
                                         cps.peak_kv_bytes,
                                         cps.work,
                                         static_cast<int64_t>(job.q_pos(r).size()),
-                                        cps.fallback_rows};
+                                        cps.fallback_rows,
+                                        peak_rss_bytes(),
+                                        tensor_bytes};
   std::vector<int64_t> all(kFigures * n);
   comm.all_gather(mine.data(), sizeof(mine), all.data());
   const double wait_fraction = comm.all_reduce_max(time_sum > 0 ? wait_sum / time_sum : 0);
+  std::sort(exposed.begin(), exposed.end());
+  const double my_exposed = exposed.empty() ? 0 : exposed[exposed.size() / 2];
+  std::vector<double> all_exposed(n);
+  comm.all_gather(&my_exposed, sizeof(double), all_exposed.data());
+  if (!o.trace.empty()) write_trace(comm, o.trace);  // the runs only, not the verification
   if (o.verify) verify(comm, job, state, o.text_tokens > 0 ? &text : nullptr, report);
   if (r == 0 && report) {
     report->seconds = seconds;
@@ -430,8 +502,11 @@ void run_rank(Communicator& comm, const Job& job, Report* report) {
       report->work.push_back(all[kFigures * i + 3]);
       report->tokens.push_back(all[kFigures * i + 4]);
       report->fallback_rows += all[kFigures * i + 5];
+      report->peak_rss.push_back(all[kFigures * i + 6]);
+      report->tensor_bytes.push_back(all[kFigures * i + 7]);
     }
     report->wait_fraction = wait_fraction;
+    report->exposed = all_exposed;
   }
 }
 
@@ -485,6 +560,14 @@ int print_report(const Job& job, const Report& rep, const std::string& backend) 
     j["work_per_rank"] = rep.work;
     j["work_imbalance"] = imbalance;
     j["comm_wait_fraction"] = rep.wait_fraction;
+    j["exposed_comm_fraction"] =
+        rep.exposed.empty() ? 0.0 : *std::max_element(rep.exposed.begin(), rep.exposed.end());
+    j["exposed_comm_fraction_per_rank"] = rep.exposed;
+    j["peak_rss_bytes_per_rank"] = rep.peak_rss;
+    j["rss_shared_by_ranks"] = backend != "mpi";
+    j["tensor_bytes_per_rank"] = rep.tensor_bytes;
+    j["warmup"] = o.warmup;
+    if (!o.trace.empty()) j["trace"] = o.trace;
     j["softmax"] = softmax_mode_name(job.cp.softmax);
     j["fallback_rows"] = rep.fallback_rows;
     if (job.kind == Kind::kSequence) {
@@ -535,11 +618,20 @@ int print_report(const Job& job, const Report& rep, const std::string& backend) 
     std::printf("  rate     %.2f GFLOP/s (4*D flops per visible score)\n", gflops);
     std::printf("  work imbalance %.3f (max/mean over ranks), comm wait %.1f%% of call time\n",
                 imbalance, 100 * rep.wait_fraction);
-    std::printf("\n  %-5s %10s %15s %15s %16s\n", "rank", "queries", "bytes sent", "bytes recv",
-                "peak K/V bytes");
+    const double exposed =
+        rep.exposed.empty() ? 0.0 : *std::max_element(rep.exposed.begin(), rep.exposed.end());
+    std::printf("  exposed communication %.1f%% of step time (worst rank, median run)\n",
+                100 * exposed);
+    if (!o.trace.empty()) std::printf("  trace    %s\n", o.trace.c_str());
+    std::printf("\n  %-5s %10s %15s %15s %16s %14s %12s\n", "rank", "queries", "bytes sent",
+                "bytes recv", "peak K/V bytes", "tensor bytes", "peak RSS MB");
     for (int i = 0; i < job.ranks; ++i)
-      std::printf("  %-5d %10lld %15lld %15lld %16lld\n", i, (long long)rep.tokens[i],
-                  (long long)rep.sent[i], (long long)rep.recv[i], (long long)rep.peak_kv[i]);
+      std::printf("  %-5d %10lld %15lld %15lld %16lld %14lld %12.1f\n", i,
+                  (long long)rep.tokens[i], (long long)rep.sent[i], (long long)rep.recv[i],
+                  (long long)rep.peak_kv[i], (long long)rep.tensor_bytes[i],
+                  rep.peak_rss[i] / 1048576.0);
+    if (backend != "mpi")
+      std::printf("  (threads backend: the ranks share one process; peak RSS is the process's)\n");
     if (o.verify)
       std::printf("\n  verify   max abs err %.3g (lse %.3g) over %lld query rows, tolerance %.0e: %s\n",
                   rep.max_abs_err, rep.max_lse_err, (long long)rep.verified_rows,
@@ -587,7 +679,11 @@ void add_run_command(CLI::App& app, RunOptions& o) {
   run->add_flag("--json", o.json, "print one JSON object");
   run->add_option("--seed", o.seed, "seed of the synthetic inputs");
   run->add_option("--threads", o.threads, "threads per rank (default cores/ranks; 1 under MPI)");
-  run->add_option("--repeat", o.repeat, "timed repetitions after one warm-up");
+  run->add_option("--repeat", o.repeat, "timed repetitions after the warm-up");
+  run->add_option("--warmup", o.warmup, "untimed runs before the timed ones (default 1)");
+  run->add_option("--trace", o.trace,
+                  "write a Chrome/Perfetto trace (JSON) of the runs to this file: pid = rank, "
+                  "lanes compute and comm, ring steps, kernel calls, collectives, waits");
   run->add_option("--timeout", o.timeout_s, "communication deadline in seconds (default 60)");
 }
 
@@ -602,6 +698,7 @@ int run_command(const RunOptions& opts) {
     const int threads = opts.threads > 0 ? opts.threads : std::max(1, cores / std::max(1, ranks));
     const Job job = make_job(opts, ranks, threads);  // argument errors before any thread starts
     Report report;
+    if (!opts.trace.empty()) trace::start();
     ThreadWorld::run(
         ranks, [&](Communicator& comm) { run_rank(comm, job, comm.rank() == 0 ? &report : nullptr); },
         timeout);
@@ -626,6 +723,7 @@ int run_command(const RunOptions& opts) {
     throw;
   }
   Report report;
+  if (!opts.trace.empty()) trace::start();
   try {
     run_rank(*comm, job, &report);
   } catch (const std::exception& e) {

@@ -8,7 +8,24 @@
 
 namespace seqpar {
 
-void Tensor::Free::operator()(void* p) const { std::free(p); }
+void Tensor::Free::operator()(void* p) const {
+  if (owned) std::free(p);
+}
+
+Tensor Tensor::borrow(const void* data, std::vector<int64_t> shape, DType dtype) {
+  Tensor t;
+  t.numel_ = 1;
+  for (int64_t d : shape) {
+    SEQPAR_CHECK(d >= 0, "negative dimension in shape");
+    t.numel_ *= d;
+  }
+  SEQPAR_CHECK(data != nullptr || t.numel_ == 0, "Tensor::borrow of a null pointer");
+  t.shape_ = std::move(shape);
+  t.dtype_ = dtype;
+  t.capacity_ = 0;
+  t.data_ = std::unique_ptr<void, Free>(const_cast<void*>(data), Free{false});
+  return t;
+}
 
 Tensor::Tensor(std::vector<int64_t> shape, DType dtype) : shape_(std::move(shape)), dtype_(dtype) {
   numel_ = 1;
@@ -31,7 +48,7 @@ void Tensor::resize(std::vector<int64_t> shape, DType dtype) {
     SEQPAR_CHECK(d >= 0, "negative dimension in shape");
     n *= d;
   }
-  if (static_cast<size_t>(n) * dtype_size(dtype) > capacity_ || !data_) {
+  if (static_cast<size_t>(n) * dtype_size(dtype) > capacity_ || !data_ || is_borrowed()) {
     *this = Tensor(std::move(shape), dtype);
     return;
   }

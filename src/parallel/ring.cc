@@ -6,6 +6,15 @@
 //     3. wait for both transfers; the received block (of member r-s-1) becomes the held block
 // Buffers: the own block plus two receive buffers used alternately, so a buffer is refilled only
 // after its send and its compute finished (the step before).
+// Zero copy (comm.borrows(): ranks share memory, threads backend): every block the ring carries
+// is some member's own k/v, which no member modifies during the call, so nothing is copied at
+// all: step 1 receives with irecv_borrow (the address of the sender's block, and a lease on it)
+// and step 1 of the next step forwards that address. Sends are not waited per step (a send
+// completes when its receiver drops the lease); at the end each member drops the lease of the
+// block it held last (never forwarded), then, from the last send back to the first, waits for
+// the send and drops the lease of the block it sent (which completes its sender's send). Every chain of borrows ends
+// at a member that releases without waiting, so this drain cannot deadlock, and no member
+// returns while another still reads its k/v. CommStats count the same logical bytes.
 //
 // softmax const-max (docs/algorithms.md "const-max ring"): before step 0, all-reduce (max) the
 // largest key norm of every (batch, kv head) and bound every query row's logits by
@@ -13,11 +22,13 @@
 // fixed max (bound within 30 of its lse) or fallback. Every later step runs the kernel with the
 // fixed max for the fixed rows, whose sums then add without rescaling (ConstMaxAccumulator).
 #include <array>
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "parallel/strategy_common.h"
 #include "seqpar/core/timer.h"
+#include "seqpar/core/trace.h"
 
 namespace seqpar {
 
@@ -39,6 +50,14 @@ AttnState ring_over_blocks(Communicator& comm, std::span<const std::span<const i
   std::array<Tensor, 2> buf_k, buf_v;
   const Tensor* cur_k = &k;
   const Tensor* cur_v = &v;
+  // Zero copy: views of the borrowed blocks, the leases on them (index s: the block held at
+  // step s+1) and every step's sends, all settled after the last step. (sends before leases:
+  // destroyed after them, so an unwinding member first drops what it borrowed, and only then
+  // waits for its own lent blocks.)
+  const bool borrow = comm.borrows() && n > 1;
+  Tensor held_k, held_v;
+  std::vector<std::array<Request, 2>> sends(borrow ? n - 1 : 0);
+  std::vector<std::array<std::shared_ptr<void>, 2>> leases(borrow ? n - 1 : 0);
   int src = r;
   double compute = 0, wait = 0;
   int64_t work = 0;
@@ -53,16 +72,34 @@ AttnState ring_over_blocks(Communicator& comm, std::span<const std::span<const i
   for (int step = 0; step < n; ++step) {
     std::array<Request, 4> reqs;
     const int incoming = (r + n - step - 1) % n;
+    const int64_t in_len = static_cast<int64_t>(block_pos[incoming].size());
+    const void* in_k = nullptr;
+    const void* in_v = nullptr;
+    trace::Scope step_span(trace::enabled() ? detail::concat("ring step ", step) : std::string(),
+                           "ring", trace::Lane::kCompute);
+    step_span.arg("block_of", src);
+    step_span.arg("keys", static_cast<int64_t>(block_pos[src].size()));
+    const double post_us = step_span.active() ? trace::now_us() : 0;
+    double arrived_us = 0;  // --trace: when the incoming block was first seen complete
     if (step + 1 < n) {
-      Tensor& nk = buf_k[step % 2];
-      Tensor& nv = buf_v[step % 2];
-      const int64_t len = static_cast<int64_t>(block_pos[incoming].size());
-      nk.resize({B, len, Hkv, D}, k.dtype());
-      nv.resize({B, len, Hkv, D}, v.dtype());
-      reqs[0] = comm.irecv(nk.raw(), nk.nbytes(), prev, kTagK);
-      reqs[1] = comm.irecv(nv.raw(), nv.nbytes(), prev, kTagV);
-      reqs[2] = comm.isend(cur_k->raw(), cur_k->nbytes(), next, kTagK);
-      reqs[3] = comm.isend(cur_v->raw(), cur_v->nbytes(), next, kTagV);
+      if (borrow) {
+        const size_t bytes = static_cast<size_t>(B * in_len * Hkv * D) * dtype_size(k.dtype());
+        reqs[0] = comm.irecv_borrow(nullptr, bytes, prev, kTagK, &in_k, &leases[step][0]);
+        reqs[1] = comm.irecv_borrow(nullptr, bytes, prev, kTagV, &in_v, &leases[step][1]);
+        sends[step][0] = comm.isend(cur_k->raw(), cur_k->nbytes(), next, kTagK);
+        sends[step][1] = comm.isend(cur_v->raw(), cur_v->nbytes(), next, kTagV);
+      } else {
+        Tensor& nk = buf_k[step % 2];
+        Tensor& nv = buf_v[step % 2];
+        nk.resize({B, in_len, Hkv, D}, k.dtype());
+        nv.resize({B, in_len, Hkv, D}, v.dtype());
+        in_k = nk.raw();
+        in_v = nv.raw();
+        reqs[0] = comm.irecv(nk.raw(), nk.nbytes(), prev, kTagK);
+        reqs[1] = comm.irecv(nv.raw(), nv.nbytes(), prev, kTagV);
+        reqs[2] = comm.isend(cur_k->raw(), cur_k->nbytes(), next, kTagK);
+        reqs[3] = comm.isend(cur_v->raw(), cur_v->nbytes(), next, kTagV);
+      }
     }
 
     const auto k_pos = block_pos[src];
@@ -70,8 +107,12 @@ AttnState ring_over_blocks(Communicator& comm, std::span<const std::span<const i
       double t0 = now_seconds();
       KernelCall call(opts, q_pos, k_pos, B);
       AttnParams& params = call.params;
-      params.progress = [&reqs] {
+      params.progress = [&reqs, &arrived_us] {
         for (auto& rq : reqs) rq.test();
+        // --trace: the first moment the incoming block is seen complete (requests that are done
+        // are empty, so test() is then free).
+        if (arrived_us == 0 && trace::enabled() && reqs[0].test() && reqs[1].test())
+          arrived_us = trace::now_us();
       };
       if (cmax && cmax->started()) cmax->prepare(params);
       AttnState part_state = flash_attention(q, *cur_k, *cur_v, params);
@@ -92,13 +133,40 @@ AttnState ring_over_blocks(Communicator& comm, std::span<const std::span<const i
     }
 
     double t1 = now_seconds();
-    wait_all(reqs);
+    wait_all(reqs);  // zero copy: the receives only; the sends settle in the drain below
     wait += now_seconds() - t1;
     if (step + 1 < n) {
-      cur_k = &buf_k[step % 2];
-      cur_v = &buf_v[step % 2];
+      if (trace::enabled()) {  // one slice per step's transfer, from posting to arrival
+        const size_t block = static_cast<size_t>(B * in_len * Hkv * D) * dtype_size(k.dtype());
+        trace::complete(detail::concat("ring step ", step, " transfer"), "comm",
+                        trace::Lane::kComm, post_us, arrived_us > 0 ? arrived_us : trace::now_us(),
+                        {{"bytes_sent", static_cast<int64_t>(cur_k->nbytes() + cur_v->nbytes())},
+                         {"bytes_recv", static_cast<int64_t>(2 * block)},
+                         {"to", next},
+                         {"from", prev},
+                         {"zero_copy", borrow ? 1 : 0}});
+      }
+      if (borrow) {
+        held_k = Tensor::borrow(in_k, {B, in_len, Hkv, D}, k.dtype());
+        held_v = Tensor::borrow(in_v, {B, in_len, Hkv, D}, v.dtype());
+        cur_k = &held_k;
+        cur_v = &held_v;
+      } else {
+        cur_k = &buf_k[step % 2];
+        cur_v = &buf_v[step % 2];
+      }
       src = incoming;
     }
+  }
+  if (borrow) {
+    trace::Scope drain_span("ring drain", "comm", trace::Lane::kComm);
+    const double t = now_seconds();
+    leases[n - 2] = {};  // the last block held: not forwarded
+    for (int s = n - 2; s >= 0; --s) {
+      wait_all(sends[s]);
+      if (s > 0) leases[s - 1] = {};  // the block sent at step s
+    }
+    wait += now_seconds() - t;
   }
 
   int64_t fallback = 0;

@@ -160,5 +160,63 @@ if [ -n "$mpiexec" ]; then
     --layout zigzag --seq 301 --heads 4 --kv-heads 2 --head-dim 32 --causal --verify --json
 fi
 
+# 7. Performance reporting: --trace writes a Chrome/Perfetto trace (pid = rank, lanes 0 compute
+#    and 1 comm, one slice per ring step with its bytes), exposed_comm_fraction and memory keys,
+#    --warmup; on both backends.
+check_trace() {  # check_trace <description> <file> <ranks> <zero_copy 0|1>
+  python3 -c '
+import json, sys
+path, ranks, zero_copy = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+ev = json.load(open(path))["traceEvents"]
+x = [e for e in ev if e["ph"] == "X"]
+assert {e["pid"] for e in x} == set(range(ranks)), {e["pid"] for e in x}
+assert {e["tid"] for e in x} == {0, 1}
+for r in range(ranks):
+    steps = [e for e in x if e["pid"] == r and e["name"].startswith("ring step") and e["tid"] == 0]
+    assert len(steps) == 2 * ranks, (r, len(steps))  # warm-up + 1 run, N steps each
+    transfers = [e for e in x if e["pid"] == r and e["name"].endswith("transfer")]
+    assert len(transfers) == 2 * (ranks - 1), (r, len(transfers))
+    assert all(t["args"]["bytes_recv"] > 0 and t["args"]["zero_copy"] == zero_copy for t in transfers)
+    assert any(e["pid"] == r and e["name"] == "attention" and e["cat"] == "kernel" for e in x)
+    assert any(e["pid"] == r and e["name"] == "barrier" and e["tid"] == 1 for e in x)
+assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in x)
+' "$2" "$3" "$4" && ok || bad "$1: trace $2"
+}
+tmp_trace=$(mktemp -d)
+out=$("$bin" run --ranks 3 --seq 300 --heads 2 --head-dim 16 --repeat 1 --trace "$tmp_trace/t.json" --json); rc=$?
+[ $rc -eq 0 ] && ok || bad "run --trace exited $rc"
+check_trace "threads" "$tmp_trace/t.json" 3 1
+for key in exposed_comm_fraction exposed_comm_fraction_per_rank peak_rss_bytes_per_rank tensor_bytes_per_rank; do
+  python3 -c 'import json,sys; sys.exit(0 if sys.argv[2] in json.loads(sys.argv[1]) else 1)' "$out" "$key" \
+    && ok || bad "run --json lacks $key"
+done
+python3 -c '
+import json, sys
+d = json.loads(sys.argv[1])
+assert 0 <= d["exposed_comm_fraction"] <= 1 and len(d["exposed_comm_fraction_per_rank"]) == 3
+assert d["exposed_comm_fraction"] == max(d["exposed_comm_fraction_per_rank"])
+assert all(x > 0 for x in d["peak_rss_bytes_per_rank"] + d["tensor_bytes_per_rank"])
+# zero copy on threads: the ring holds no K/V beyond its own shard (100 tokens, 2 heads, 16, fp32)
+assert d["peak_kv_bytes_per_rank"] == [2 * 100 * 2 * 16 * 4] * 3, d["peak_kv_bytes_per_rank"]
+' "$out" && ok || bad "exposed/memory keys: $out"
+out=$("$bin" run --ranks 2 --seq 64 --heads 2 --head-dim 16 --repeat 2 --warmup 0 --json); rc=$?
+[ $rc -eq 0 ] && [ "$(json_get "$out" warmup)" = "0" ] && ok || bad "--warmup 0: $out"
+check_bad "--warmup" $base --warmup -1
+"$bin" run --ranks 2 --seq 64 --heads 2 --head-dim 16 --repeat 1 --trace /nonexistent-dir/t.json \
+  >/dev/null 2>&1; rc=$?
+[ $rc -eq 1 ] && ok || bad "unwritable --trace exited $rc, want 1"
+if [ -n "$mpiexec" ]; then
+  out=$("${mpi[@]}" -n 2 "$bin" run --backend mpi --seq 300 --heads 2 --head-dim 16 --repeat 1 \
+    --trace "$tmp_trace/m.json" --json); rc=$?
+  [ $rc -eq 0 ] && ok || bad "mpi run --trace exited $rc"
+  check_trace "mpi" "$tmp_trace/m.json" 2 0
+  python3 -c '
+import json, sys
+d = json.loads(sys.argv[1])
+assert d["rss_shared_by_ranks"] is False and len(d["peak_rss_bytes_per_rank"]) == 2
+' "$out" && ok || bad "mpi memory keys: $out"
+fi
+rm -rf "$tmp_trace"
+
 echo "cli: $pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -101,6 +102,47 @@ inline void ring_exchange(Communicator& c) {
   s.wait();  // idempotent
   EXPECT_TRUE(s.test());
   expect_block(in.data(), prev, me, 777, 9, "ring_exchange send-first");
+}
+
+// irecv_borrow as ring attention uses it: every rank's block travels around the whole ring, each
+// rank forwarding the address it received (never copying), all sends settled at the end in
+// reverse with the leases dropped in between. On a backend without borrowing (borrows() false)
+// the same code receives copies. Data, stats and completion must be the same either way.
+inline void borrow_ring(Communicator& c) {
+  const int n = c.size(), me = c.rank();
+  const int next = (me + 1) % n, prev = (me + n - 1) % n;
+  if (n == 1) return;
+  constexpr size_t kBytes = 3000;
+  const std::vector<uint8_t> own = make_block(me, me, kBytes, 5);
+  std::vector<std::vector<uint8_t>> bufs(n - 1, std::vector<uint8_t>(kBytes, 0xEE));
+  std::vector<Request> sends;
+  std::vector<std::shared_ptr<void>> leases(n - 1);
+  const CommStats before = c.stats();
+  const uint8_t* held = own.data();
+  for (int step = 0; step + 1 < n; ++step) {
+    const void* in = nullptr;
+    Request rq = c.irecv_borrow(bufs[step].data(), kBytes, prev, 6, &in, &leases[step]);
+    sends.push_back(c.isend(held, kBytes, next, 6));
+    rq.wait();
+    ASSERT_NE(in, nullptr);
+    held = static_cast<const uint8_t*>(in);
+    const int owner = (me + n - step - 1) % n;
+    expect_block(held, owner, owner, kBytes, 5, "borrow_ring step " + std::to_string(step));
+    if (c.borrows()) {
+      EXPECT_NE(in, static_cast<const void*>(bufs[step].data())) << "borrowed, not copied";
+    } else {
+      EXPECT_EQ(in, static_cast<const void*>(bufs[step].data()));
+    }
+  }
+  leases[n - 2].reset();
+  for (int s = n - 2; s >= 0; --s) {
+    sends[s].wait();
+    if (s > 0) leases[s - 1].reset();
+  }
+  const size_t k = static_cast<size_t>(OpKind::kSendRecv);
+  EXPECT_EQ(c.stats().bytes_sent[k] - before.bytes_sent[k], kBytes * (n - 1));
+  EXPECT_EQ(c.stats().bytes_recv[k] - before.bytes_recv[k], kBytes * (n - 1));
+  c.barrier();
 }
 
 // K messages with one tag between every pair arrive in send order.

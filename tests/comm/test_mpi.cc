@@ -33,6 +33,7 @@ void on_fresh_world(void (*fn)(Communicator&)) {
 
 TEST(MpiSuite, Identity) { on_fresh_world(suite::identity); }
 TEST(MpiSuite, RingExchange) { on_fresh_world(suite::ring_exchange); }
+TEST(MpiSuite, BorrowRing) { on_fresh_world(suite::borrow_ring); }
 TEST(MpiSuite, SameTagOrdering) { on_fresh_world(suite::same_tag_ordering); }
 TEST(MpiSuite, TagsDoNotCross) { on_fresh_world(suite::tags_do_not_cross); }
 TEST(MpiSuite, P2pSizeMismatch) { on_fresh_world(suite::p2p_size_mismatch); }

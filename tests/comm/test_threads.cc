@@ -36,6 +36,7 @@ class ThreadsSuite : public ::testing::TestWithParam<int> {
 
 TEST_P(ThreadsSuite, Identity) { run(suite::identity); }
 TEST_P(ThreadsSuite, RingExchange) { run(suite::ring_exchange); }
+TEST_P(ThreadsSuite, BorrowRing) { run(suite::borrow_ring); }
 TEST_P(ThreadsSuite, SameTagOrdering) { run(suite::same_tag_ordering); }
 TEST_P(ThreadsSuite, TagsDoNotCross) { run(suite::tags_do_not_cross); }
 TEST_P(ThreadsSuite, P2pSizeMismatch) { run(suite::p2p_size_mismatch); }
@@ -426,6 +427,142 @@ TEST(DefaultTimeout, SplitInheritsTimeout) {
     c.set_timeout(milliseconds(1234));
     auto sub = c.split(0, 0);
     EXPECT_EQ(sub->timeout(), milliseconds(1234));
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Zero copy: irecv_borrow
+
+// The receiver gets the sender's own buffer (no copy), and the send completes only when the
+// receiver drops its lease; both posting orders.
+TEST(ThreadsBorrow, ReadsTheSendBufferInPlaceUntilTheLeaseIsDropped) {
+  for (bool recv_first : {false, true}) {
+    std::atomic<const void*> sent_at{nullptr};
+    ThreadWorld::run(2, [&](Communicator& c) {
+      EXPECT_TRUE(c.borrows());
+      if (c.rank() == 0) {
+        std::vector<uint8_t> buf = suite::make_block(0, 1, 5000);
+        sent_at = buf.data();
+        c.barrier();  // A: rank 1 posts its receive before (recv_first) or after
+        Request s = c.isend(buf.data(), buf.size(), 1, 9);
+        c.barrier();  // B: rank 1 has the data
+        EXPECT_FALSE(s.test()) << "lent: the receiver still reads the buffer";
+        c.barrier();  // C: then rank 1 drops the lease
+        s.wait();
+        EXPECT_TRUE(s.test());
+      } else {
+        const void* data = nullptr;
+        std::shared_ptr<void> lease;
+        Request r;
+        if (recv_first) r = c.irecv_borrow(nullptr, 5000, 0, 9, &data, &lease);
+        c.barrier();  // A
+        if (!recv_first) r = c.irecv_borrow(nullptr, 5000, 0, 9, &data, &lease);
+        r.wait();
+        EXPECT_EQ(data, sent_at.load());
+        suite::expect_block(static_cast<const uint8_t*>(data), 0, 1, 5000, 0, "borrowed");
+        EXPECT_EQ(c.stats().bytes_recv[static_cast<size_t>(OpKind::kSendRecv)], 5000u);
+        c.barrier();  // B
+        c.barrier();  // C: rank 0 has seen its send still lent
+        lease.reset();
+      }
+    });
+  }
+}
+
+// A lease dropped before the send arrives: the send completes at once (nothing is lent).
+TEST(ThreadsBorrow, LeaseDroppedBeforeTheMatchLendsNothing) {
+  ThreadWorld::run(2, [](Communicator& c) {
+    int v = 7;
+    if (c.rank() == 0) {
+      c.barrier();
+      c.isend(&v, sizeof v, 1, 1).wait();
+    } else {
+      const void* data = nullptr;
+      std::shared_ptr<void> lease;
+      Request r = c.irecv_borrow(nullptr, sizeof v, 0, 1, &data, &lease);
+      lease.reset();
+      c.barrier();
+      r.wait();
+      EXPECT_NE(data, nullptr);
+    }
+  });
+}
+
+// A size mismatch fails both sides, as with irecv.
+TEST(ThreadsBorrow, SizeMismatchFailsBothSides) {
+  ThreadWorld::run(2, [](Communicator& c) {
+    int v[2] = {1, 2};
+    if (c.rank() == 0) {
+      std::string msg = suite::comm_error_of([&] { c.isend(v, sizeof v, 1, 2).wait(); }, "send");
+      suite::expect_contains(msg, "message size mismatch");
+    } else {
+      const void* data = nullptr;
+      std::shared_ptr<void> lease;
+      std::string msg = suite::comm_error_of(
+          [&] { c.irecv_borrow(nullptr, sizeof(int), 0, 2, &data, &lease).wait(); }, "recv");
+      suite::expect_contains(msg, "message size mismatch");
+    }
+    c.barrier();  // the world is still usable
+  });
+}
+
+// A send whose buffer stays borrowed past the deadline times out, saying why.
+TEST(ThreadsBorrow, LentSendTimesOutNamingTheBorrow) {
+  ThreadWorld::run(
+      2,
+      [](Communicator& c) {
+        int v = 3;
+        if (c.rank() == 0) {
+          Request s = c.isend(&v, sizeof v, 1, 3);
+          std::string msg = suite::comm_error_of([&] { s.wait(); }, "lent send");
+          suite::expect_contains(msg, "timeout after 0.2 s: rank 0 waiting for send to rank 1");
+          suite::expect_contains(msg, "still borrows");
+        } else {
+          const void* data = nullptr;
+          std::shared_ptr<void> lease;
+          c.irecv_borrow(nullptr, sizeof v, 0, 3, &data, &lease).wait();
+          // Holds the lease until rank 0's timeout aborts the world (the barrier then fails;
+          // its own deadline is later, so rank 0's timeout comes first).
+          c.set_timeout(milliseconds(20000));
+          suite::comm_error_of([&] { c.barrier(); }, "barrier after the abort");
+          lease.reset();  // rank 0's request destructor waits for this
+        }
+      },
+      milliseconds(200));
+}
+
+// A sender that unwinds while its buffer is borrowed aborts the world, so the borrower fails
+// at once (and drops the lease while unwinding) instead of waiting for its deadline.
+TEST(ThreadsBorrow, UnwindingLenderFailsTheBorrowerFast) {
+  std::string seen;
+  try {
+    ThreadWorld::run(2, [&](Communicator& c) {
+      if (c.rank() == 0) {
+        std::vector<int> buf(100, 1);
+        Request s = c.isend(buf.data(), buf.size() * sizeof(int), 1, 4);
+        c.barrier();
+        throw std::runtime_error("rank zero gives up");
+      }
+      const void* data = nullptr;
+      std::shared_ptr<void> lease;
+      c.irecv_borrow(nullptr, 100 * sizeof(int), 0, 4, &data, &lease).wait();
+      c.barrier();
+      seen = suite::comm_error_of([&] { c.barrier(); }, "barrier rank 0 never reaches");
+      throw CommError(seen);
+    });
+    ADD_FAILURE() << "run() did not throw";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "rank zero gives up");
+  }
+  suite::expect_contains(seen, "rank 0 failed: rank 0 abandoned a send to rank 1 (tag 4)");
+}
+
+// A wrapper that does not borrow (CheckedCommunicator) receives copies through the same call.
+TEST(ThreadsBorrow, CheckedCommunicatorCopies) {
+  ThreadWorld::run(3, [](Communicator& c) {
+    CheckedCommunicator checked(c);
+    EXPECT_FALSE(checked.borrows());
+    suite::borrow_ring(checked);
   });
 }
 

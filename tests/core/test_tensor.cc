@@ -50,4 +50,29 @@ TEST(Tensor, ResizeReusesStorage) {
 
 TEST(Tensor, RejectsNegativeDims) { EXPECT_THROW(Tensor({2, -1}), Error); }
 
+// A borrowed view reads someone else's bytes in place, never frees them, and copies or resizes
+// into owning storage.
+TEST(Tensor, BorrowIsANonOwningView) {
+  std::vector<float> data = {1, 2, 3, 4, 5, 6};
+  {
+    Tensor view = Tensor::borrow(data.data(), {1, 3, 1, 2}, DType::kF32);
+    EXPECT_TRUE(view.is_borrowed());
+    EXPECT_EQ(view.raw(), static_cast<void*>(data.data()));
+    EXPECT_EQ(view.nbytes(), 24u);
+    EXPECT_EQ(view.capacity_bytes(), 0u);
+    EXPECT_EQ(view.at(5), 6.f);
+    Tensor copy = view;
+    EXPECT_FALSE(copy.is_borrowed());
+    EXPECT_NE(copy.raw(), view.raw());
+    EXPECT_EQ(copy.at(3), 4.f);
+    view.resize({2, 1});  // fits in 24 bytes, but a view is never written: fresh storage
+    EXPECT_FALSE(view.is_borrowed());
+    EXPECT_NE(view.raw(), static_cast<void*>(data.data()));
+  }  // destroying views frees nothing of `data`
+  EXPECT_EQ(data[0], 1.f);
+  EXPECT_FALSE(Tensor({2}).is_borrowed());
+  EXPECT_THROW(Tensor::borrow(nullptr, {2}, DType::kF32), Error);
+  EXPECT_TRUE(Tensor::borrow(nullptr, {0}, DType::kF32).empty());
+}
+
 }  // namespace seqpar

@@ -87,6 +87,23 @@ class Communicator {
   virtual Request isend(const void* buf, size_t bytes, int dst, int tag) = 0;
   virtual Request irecv(void* buf, size_t bytes, int src, int tag) = 0;
 
+  // Zero-copy receive (a borrow). Matches sends like irecv and returns the receive's Request.
+  // Where the backend shares memory with the peer (borrows() is true: threads), no byte moves:
+  // once the request is done, *data points at the sender's buffer, which stays valid and
+  // unchanged while *lease is held; resetting or destroying *lease ends the borrow and only then
+  // completes the sender's isend. buf is unused there and may be nullptr. Elsewhere (mpi,
+  // wrappers) this is irecv into buf, *data = buf and *lease is empty. CommStats count the
+  // logical bytes of an irecv either way. A borrowed pointer may be forwarded (isend of *data):
+  // that send keeps the bytes from the sender's point of view only while this lease is held.
+  virtual Request irecv_borrow(void* buf, size_t bytes, int src, int tag, const void** data,
+                               std::shared_ptr<void>* lease) {
+    *data = buf;
+    lease->reset();
+    return irecv(buf, bytes, src, tag);
+  }
+  // True if irecv_borrow hands out the sender's buffer instead of copying.
+  virtual bool borrows() const { return false; }
+
   // recv (size() * bytes) <- every rank's send (bytes), in rank order.
   virtual void all_gather(const void* send, size_t bytes, void* recv) = 0;
   // recv (sum counts) <- rank r's send (counts[r] bytes) at offset sum(counts[:r]).

@@ -23,6 +23,14 @@ class Tensor {
   Tensor(std::initializer_list<int64_t> shape, DType dtype = DType::kF32)
       : Tensor(std::vector<int64_t>(shape), dtype) {}
 
+  // A read-only view of `data` (not owned, not freed): for computing on bytes that live
+  // elsewhere, e.g. a peer's K/V block borrowed without a copy (Communicator::irecv_borrow).
+  // `data` must stay valid and unchanged while the view is used. Do not write through it;
+  // capacity_bytes() is 0, so resize() always allocates fresh storage. Copying a view copies
+  // the data into an owning tensor.
+  static Tensor borrow(const void* data, std::vector<int64_t> shape, DType dtype);
+  bool is_borrowed() const { return !data_.get_deleter().owned; }
+
   Tensor(const Tensor& other);
   Tensor& operator=(const Tensor& other);
   Tensor(Tensor&&) noexcept = default;
@@ -62,6 +70,9 @@ class Tensor {
 
  private:
   struct Free {
+    Free() noexcept : owned(true) {}
+    explicit Free(bool own) noexcept : owned(own) {}
+    bool owned;  // false for borrow() views
     void operator()(void* p) const;
   };
   std::vector<int64_t> shape_;

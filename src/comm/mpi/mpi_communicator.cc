@@ -16,6 +16,7 @@
 
 #include "comm/mpi/mpi_internal.h"
 #include "comm/op_rules.h"
+#include "comm/trace_op.h"
 #include "seqpar/comm/mpi.h"
 
 namespace seqpar {
@@ -306,6 +307,11 @@ class MpiRequest final : public RequestImpl {
     if (done_) return;
     if (!error_.empty()) throw CommError(error_);
     require_mpi_thread();
+    trace::Scope span(!trace::enabled() ? std::string()
+                      : is_recv_        ? detail::concat("wait recv from ", peer_)
+                                        : detail::concat("wait send to ", peer_),
+                      "comm", trace::Lane::kComm);
+    span.arg("bytes", static_cast<int64_t>(bytes_));
     rules::WaitClock clock(core_->link.stats);
     MPI_Status st;
     try {
@@ -499,6 +505,7 @@ Request MpiCommunicator::irecv(void* buf, size_t bytes, int src, int tag) {
 // collectives use the caller's buffers (zero copy); see docs/communication.md.
 
 void MpiCommunicator::all_gather(const void* send, size_t bytes, void* recv) {
+  rules::CollectiveTrace trace_op("all_gather", stats_);
   rules::check_buffer(send, bytes, "all_gather: send");
   rules::check_buffer(recv, bytes, "all_gather: recv");
   rules::check_gather_buffers(send, bytes, recv, bytes * static_cast<size_t>(rank()),
@@ -524,6 +531,7 @@ void MpiCommunicator::all_gather(const void* send, size_t bytes, void* recv) {
 }
 
 void MpiCommunicator::all_gatherv(const void* send, void* recv, std::span<const size_t> counts) {
+  rules::CollectiveTrace trace_op("all_gatherv", stats_);
   rules::check_counts(counts, size(), "all_gatherv: counts");
   rules::check_buffer(send, counts[rank()], "all_gatherv: send");
   begin_op();
@@ -585,6 +593,7 @@ void MpiCommunicator::all_gatherv(const void* send, void* recv, std::span<const 
 }
 
 void MpiCommunicator::all_to_all(const void* send, void* recv, size_t bytes_per_rank) {
+  rules::CollectiveTrace trace_op("all_to_all", stats_);
   const size_t total = bytes_per_rank * static_cast<size_t>(size());
   rules::check_buffer(send, total, "all_to_all: send");
   rules::check_buffer(recv, total, "all_to_all: recv");
@@ -614,6 +623,7 @@ void MpiCommunicator::all_to_all(const void* send, void* recv, size_t bytes_per_
 
 void MpiCommunicator::all_to_allv(const void* send, std::span<const size_t> send_counts, void* recv,
                                   std::span<const size_t> recv_counts) {
+  rules::CollectiveTrace trace_op("all_to_allv", stats_);
   rules::check_counts(send_counts, size(), "all_to_allv: send_counts");
   rules::check_counts(recv_counts, size(), "all_to_allv: recv_counts");
   const int n = size();
@@ -673,6 +683,7 @@ void MpiCommunicator::all_to_allv(const void* send, std::span<const size_t> send
 }
 
 void MpiCommunicator::all_reduce(void* buf, size_t n, Elem elem, ReduceOp op) {
+  rules::CollectiveTrace trace_op("all_reduce", stats_);
   rules::check_buffer(buf, n, "all_reduce: buf");
   begin_op();
   const size_t esize = rules::elem_size(elem);
@@ -703,6 +714,7 @@ void MpiCommunicator::all_reduce(void* buf, size_t n, Elem elem, ReduceOp op) {
 }
 
 void MpiCommunicator::broadcast(void* buf, size_t bytes, int root) {
+  rules::CollectiveTrace trace_op("broadcast", stats_);
   rules::check_peer(root, size(), "broadcast: root");
   rules::check_buffer(buf, bytes, "broadcast: buf");
   begin_op();
@@ -724,6 +736,7 @@ void MpiCommunicator::broadcast(void* buf, size_t bytes, int root) {
 }
 
 void MpiCommunicator::barrier() {
+  rules::CollectiveTrace trace_op("barrier", stats_);
   begin_op();
   rules::account_barrier(stats_);
   rules::WaitClock clock(&stats_);

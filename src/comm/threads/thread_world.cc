@@ -8,8 +8,10 @@
 #include <thread>
 
 #include "comm/op_rules.h"
+#include "comm/trace_op.h"
 #include "comm/threads/thread_world_state.h"
 #include "seqpar/comm/threads.h"
+#include "seqpar/core/trace.h"
 
 namespace seqpar {
 
@@ -189,10 +191,26 @@ class ThreadRequest final : public RequestImpl {
       op_->state = State::kFailed;
       op_->error = "request destroyed before completion";
     }
-    world_->cv.wait(lk, [&] { return op_->state != State::kCopying; });
+    if (op_->state == State::kLent && !world_->aborted.load()) {
+      // A peer still reads this send's buffer in place, and its owner is unwinding: make the
+      // borrower fail fast (it releases while unwinding) instead of waiting for its deadline.
+      world_->abort_locked(world_rank_,
+                           detail::concat(who_, " abandoned a ", describe(),
+                                          " while the receiver still borrowed its buffer"));
+    }
+    world_->cv.wait(lk, [&] {
+      return op_->state != State::kCopying && op_->state != State::kLent;
+    });
   }
 
   void wait() override {
+    {
+      std::unique_lock<std::mutex> lk(world_->mu);
+      if (done_or_throw_locked()) return;
+    }
+    trace::Scope span(trace::enabled() ? wait_name() : std::string(), "comm",
+                      trace::Lane::kComm);
+    span.arg("bytes", static_cast<int64_t>(op_->bytes));
     rules::WaitClock clock(link_->stats);
     const auto deadline = Clock::now() + timeout_;
     std::unique_lock<std::mutex> lk(world_->mu);
@@ -203,9 +221,15 @@ class ThreadRequest final : public RequestImpl {
         continue;
       }
       if (world_->cv.wait_until(lk, deadline) == std::cv_status::timeout &&
-          op_->state == State::kPosted && !world_->aborted.load()) {
-        std::string msg = rules::timeout_message(timeout_, who_, describe());
-        fail_locked(msg);
+          (op_->state == State::kPosted || op_->state == State::kLent) &&
+          !world_->aborted.load()) {
+        std::string msg = rules::timeout_message(
+            timeout_, who_,
+            op_->state == State::kLent
+                ? describe() + " (the receiver still borrows the buffer)"
+                : describe());
+        // A lent buffer stays lent (the destructor waits for its release); a posted op fails.
+        if (op_->state == State::kPosted) fail_locked(msg);
         world_->abort_locked(world_rank_, msg);
         throw CommError(msg);
       }
@@ -218,7 +242,8 @@ class ThreadRequest final : public RequestImpl {
   }
 
  private:
-  // True if done; throws if failed or if the world aborted while the op is still unmatched.
+  // True if done; throws if failed or if the world aborted while the op is still unmatched
+  // (or, for a send, still lent to a borrower).
   bool done_or_throw_locked() {
     if (op_->state == State::kDone) return true;
     if (op_->state == State::kFailed) throw CommError(op_->error);
@@ -227,7 +252,15 @@ class ThreadRequest final : public RequestImpl {
       fail_locked(msg);
       throw CommError(msg);
     }
+    if (op_->state == State::kLent && world_->aborted.load()) {
+      throw CommError(world_->failure_locked());
+    }
     return false;
+  }
+
+  std::string wait_name() const {
+    return op_->is_send ? detail::concat("wait send to ", op_->dst)
+                        : detail::concat("wait recv from ", op_->src);
   }
 
   void fail_locked(const std::string& msg) {
@@ -279,6 +312,9 @@ class ThreadCommunicator final : public Communicator {
 
   Request isend(const void* buf, size_t bytes, int dst, int tag) override;
   Request irecv(void* buf, size_t bytes, int src, int tag) override;
+  Request irecv_borrow(void* buf, size_t bytes, int src, int tag, const void** data,
+                       std::shared_ptr<void>* lease) override;
+  bool borrows() const override { return true; }
   void all_gather(const void* send, size_t bytes, void* recv) override;
   void all_gatherv(const void* send, void* recv, std::span<const size_t> counts) override;
   void all_to_all(const void* send, void* recv, size_t bytes_per_rank) override;
@@ -345,6 +381,19 @@ Request ThreadCommunicator::post(std::shared_ptr<ThreadP2pOp> op) {
         }
         world_->cv.notify_all();
         peer.reset();
+      } else if (r.borrow) {  // zero copy: hand the receiver the send buffer
+        ThreadP2pOp& recv = op->is_send ? *peer : *op;
+        ThreadP2pOp& send = op->is_send ? *op : *peer;
+        *recv.borrowed = send.send_buf;
+        if (recv.lease_dropped) {  // nobody will read it: nothing to lend
+          send.state = State::kDone;
+        } else {
+          recv.lender = op->is_send ? op : peer;
+          send.state = State::kLent;
+        }
+        recv.state = State::kDone;
+        world_->cv.notify_all();
+        peer.reset();
       } else {
         op->state = peer->state = State::kCopying;
       }
@@ -375,6 +424,38 @@ Request ThreadCommunicator::isend(const void* buf, size_t bytes, int dst, int ta
   op->group_id = group_->id;
   op->src = rank_;
   op->dst = dst;
+  op->tag = tag;
+  return post(std::move(op));
+}
+
+Request ThreadCommunicator::irecv_borrow(void* buf, size_t bytes, int src, int tag,
+                                         const void** data, std::shared_ptr<void>* lease) {
+  rules::check_peer(src, size(), "irecv_borrow: src");
+  rules::check_tag(tag);
+  SEQPAR_ARG_CHECK(data != nullptr && lease != nullptr,
+                   "irecv_borrow: data and lease must not be null");
+  throw_if_aborted();
+  rules::account_recv(stats_, bytes, src == rank_);
+  *data = nullptr;
+  auto op = std::make_shared<ThreadP2pOp>();
+  // The lease: dropping it ends the borrow (completes the lending send) or, before a match,
+  // tells the matching send that nobody will read it.
+  *lease = std::shared_ptr<void>(op.get(), [world = world_, op](void*) {
+    std::lock_guard<std::mutex> lk(world->mu);
+    op->lease_dropped = true;
+    if (op->lender) {
+      if (op->lender->state == State::kLent) op->lender->state = State::kDone;
+      op->lender.reset();
+      world->cv.notify_all();
+    }
+  });
+  op->recv_buf = buf;
+  op->borrow = true;
+  op->borrowed = data;
+  op->bytes = bytes;
+  op->group_id = group_->id;
+  op->src = src;
+  op->dst = rank_;
   op->tag = tag;
   return post(std::move(op));
 }
@@ -441,6 +522,7 @@ void ThreadCommunicator::collective(const CollSlot& slot, int phases, Work&& wor
 }
 
 void ThreadCommunicator::all_gather(const void* send, size_t bytes, void* recv) {
+  rules::CollectiveTrace trace_op("all_gather", stats_);
   rules::check_buffer(send, bytes, "all_gather: send");
   rules::check_buffer(recv, bytes, "all_gather: recv");
   rules::check_gather_buffers(send, bytes, recv, bytes * static_cast<size_t>(rank_),
@@ -461,6 +543,7 @@ void ThreadCommunicator::all_gather(const void* send, size_t bytes, void* recv) 
 }
 
 void ThreadCommunicator::all_gatherv(const void* send, void* recv, std::span<const size_t> counts) {
+  rules::CollectiveTrace trace_op("all_gatherv", stats_);
   rules::check_counts(counts, size(), "all_gatherv: counts");
   rules::check_buffer(send, counts[rank_], "all_gatherv: send");
   size_t my_offset = 0, total = 0;
@@ -486,6 +569,7 @@ void ThreadCommunicator::all_gatherv(const void* send, void* recv, std::span<con
 }
 
 void ThreadCommunicator::all_to_all(const void* send, void* recv, size_t bytes_per_rank) {
+  rules::CollectiveTrace trace_op("all_to_all", stats_);
   const size_t total = bytes_per_rank * static_cast<size_t>(size());
   rules::check_buffer(send, total, "all_to_all: send");
   rules::check_buffer(recv, total, "all_to_all: recv");
@@ -508,6 +592,7 @@ void ThreadCommunicator::all_to_all(const void* send, void* recv, size_t bytes_p
 
 void ThreadCommunicator::all_to_allv(const void* send, std::span<const size_t> send_counts,
                                      void* recv, std::span<const size_t> recv_counts) {
+  rules::CollectiveTrace trace_op("all_to_allv", stats_);
   rules::check_counts(send_counts, size(), "all_to_allv: send_counts");
   rules::check_counts(recv_counts, size(), "all_to_allv: recv_counts");
   size_t send_total = 0, recv_total = 0;
@@ -541,6 +626,7 @@ void ThreadCommunicator::all_to_allv(const void* send, std::span<const size_t> s
 }
 
 void ThreadCommunicator::all_reduce(void* buf, size_t n, Elem elem, ReduceOp op) {
+  rules::CollectiveTrace trace_op("all_reduce", stats_);
   rules::check_buffer(buf, n, "all_reduce: buf");
   const int p = size();
   rules::account_all_reduce(stats_, n * rules::elem_size(elem), p);
@@ -580,6 +666,7 @@ void ThreadCommunicator::all_reduce(void* buf, size_t n, Elem elem, ReduceOp op)
 }
 
 void ThreadCommunicator::broadcast(void* buf, size_t bytes, int root) {
+  rules::CollectiveTrace trace_op("broadcast", stats_);
   rules::check_peer(root, size(), "broadcast: root");
   rules::check_buffer(buf, bytes, "broadcast: buf");
   rules::account_broadcast(stats_, bytes, root, rank_, size());
@@ -594,6 +681,7 @@ void ThreadCommunicator::broadcast(void* buf, size_t bytes, int root) {
 }
 
 void ThreadCommunicator::barrier() {
+  rules::CollectiveTrace trace_op("barrier", stats_);
   rules::account_barrier(stats_);
   CollSlot slot;
   slot.kind = CollKind::kBarrier;

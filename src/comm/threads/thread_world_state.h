@@ -5,7 +5,8 @@
 // Synchronization: one mutex and one condition variable per world guard every field below
 // (except `aborted`, also readable without the lock as a fast-path hint). Data never moves under
 // the lock: a matched send/recv pair is marked kCopying, the copy runs unlocked, then both are
-// marked kDone; collectives read peers' buffers between two rendezvous of their group.
+// marked kDone (or, for a borrowing receive, no data moves at all: the receiver reads the send
+// buffer in place until it releases it); collectives read peers' buffers between two rendezvous of their group.
 #pragma once
 
 #include <atomic>
@@ -27,11 +28,19 @@
 namespace seqpar {
 
 // One pending isend or irecv.
+//   kPosted -> kCopying -> kDone: matched, the op posted second copies (unlocked), both done.
+//   kPosted -> kDone (recv) + kLent (send): matched by irecv_borrow. No copy: the receiver gets
+//     the send buffer's address; the send stays kLent until the receiver drops its lease, then
+//     kDone.
 struct ThreadP2pOp {
-  enum class State { kPosted, kCopying, kDone, kFailed };
+  enum class State { kPosted, kCopying, kLent, kDone, kFailed };
   bool is_send = false;
   const void* send_buf = nullptr;  // is_send
   void* recv_buf = nullptr;        // !is_send
+  bool borrow = false;             // !is_send: irecv_borrow
+  const void** borrowed = nullptr;  // borrow: where the sender's address goes when matched
+  std::shared_ptr<ThreadP2pOp> lender;  // borrow, matched: the kLent send, until released
+  bool lease_dropped = false;           // borrow: the receiver no longer reads (lease gone)
   size_t bytes = 0;
   uint64_t group_id = 0;
   int src = 0, dst = 0, tag = 0;  // ranks in the group

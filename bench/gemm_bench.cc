@@ -1,0 +1,154 @@
+// gemm_bench: this machine's one-thread fp32 GEMM rate (oneDNN, M = N = K = --size), alone and
+// as T copies running at once, one per thread (what T single-threaded ranks can reach together).
+// The peer comparison (bench/compare_peer.sh) measures it in the same run as the attention
+// benchmarks, because this machine's speed drifts.
+//
+//   gemm_bench [--threads 2] [--size 1024] [--rounds 3] [--min-time 0.5] [--json]
+//
+// Each round times, back to back: one GEMM on one thread ("one"), then T GEMMs at once on T
+// threads ("together", summed over the threads); the best of --rounds rounds is reported.
+// Not a test: timing never decides pass or fail.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <dnnl.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "seqpar/core/timer.h"
+
+namespace {
+
+// A cached fp32 matmul C (n × n) = A · B, single-threaded when run inside a parallel region.
+class Gemm {
+ public:
+  explicit Gemm(int64_t n) : n_(n), eng_(dnnl::engine::kind::cpu, 0), strm_(eng_) {
+    using dnnl::memory;
+    const memory::desc md({n, n}, memory::data_type::f32, memory::dims{n, 1});
+    const auto pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(md, md, md), eng_);
+    impl_ = pd.impl_info_str();
+    prim_ = dnnl::matmul(pd);
+    a_.assign(n * n, 0.01f);
+    b_.assign(n * n, 0.02f);
+    c_.assign(n * n, 0.f);
+    am_ = memory(md, eng_, a_.data());
+    bm_ = memory(md, eng_, b_.data());
+    cm_ = memory(md, eng_, c_.data());
+  }
+  void run() {
+    prim_.execute(strm_, {{DNNL_ARG_SRC, am_}, {DNNL_ARG_WEIGHTS, bm_}, {DNNL_ARG_DST, cm_}});
+  }
+  double flops() const { return 2.0 * n_ * n_ * n_; }
+  const std::string& impl() const { return impl_; }
+
+ private:
+  int64_t n_;
+  dnnl::engine eng_;
+  dnnl::stream strm_;
+  dnnl::matmul prim_;
+  std::string impl_;
+  std::vector<float> a_, b_, c_;
+  dnnl::memory am_, bm_, cm_;
+};
+
+[[noreturn]] void usage_error(const std::string& msg) {
+  std::fprintf(stderr, "gemm_bench: %s\n", msg.c_str());
+  std::exit(2);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = 2, rounds = 3;
+  int64_t size = 1024;
+  double min_time = 0.5;
+  bool json = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json") {
+      json = true;
+      continue;
+    }
+    if (a == "--help" || a == "-h") {
+      std::printf("gemm_bench [--threads 2] [--size 1024] [--rounds 3] [--min-time 0.5] [--json]\n");
+      return 0;
+    }
+    if (i + 1 >= argc) usage_error(a + " needs a value (see --help)");
+    const std::string v = argv[++i];
+    if (a == "--threads") {
+      threads = std::atoi(v.c_str());
+    } else if (a == "--size") {
+      size = std::atoll(v.c_str());
+    } else if (a == "--rounds") {
+      rounds = std::atoi(v.c_str());
+    } else if (a == "--min-time") {
+      min_time = std::atof(v.c_str());
+    } else {
+      usage_error("unknown option " + a + " (see --help)");
+    }
+  }
+  if (threads < 1 || size < 16 || rounds < 1 || !(min_time > 0))
+    usage_error("invalid value: need --threads >= 1, --size >= 16, --rounds >= 1, --min-time > 0");
+
+  omp_set_num_threads(threads);
+  std::vector<std::unique_ptr<Gemm>> gemms;
+  for (int t = 0; t < threads; ++t) gemms.push_back(std::make_unique<Gemm>(size));
+  double best_one = 0, best_together = 0;
+  std::vector<double> per_thread(threads, 0);
+  for (int r = 0; r < rounds; ++r) {
+    // One GEMM on one thread (inside a one-thread region, so oneDNN stays single-threaded).
+    {
+      int calls = 0;
+      const double t0 = seqpar::now_seconds();
+      double t = 0;
+      do {
+#pragma omp parallel num_threads(1)
+        gemms[0]->run();
+        ++calls;
+        t = seqpar::now_seconds() - t0;
+      } while (t < min_time);
+      best_one = std::max(best_one, gemms[0]->flops() * calls / t * 1e-9);
+    }
+    // T GEMMs at once, one per thread, each repeated for min_time.
+    std::vector<double> rate(threads, 0);
+#pragma omp parallel num_threads(threads)
+    {
+      const int id = omp_get_thread_num();
+      int calls = 0;
+      const double t0 = seqpar::now_seconds();
+      double t = 0;
+      do {
+        gemms[id]->run();
+        ++calls;
+        t = seqpar::now_seconds() - t0;
+      } while (t < min_time);
+      rate[id] = gemms[id]->flops() * calls / t * 1e-9;
+    }
+    double sum = 0;
+    for (double x : rate) sum += x;
+    if (sum > best_together) {
+      best_together = sum;
+      per_thread = rate;
+    }
+  }
+  if (json) {
+    std::printf("{\"size\": %lld, \"threads\": %d, \"rounds\": %d, \"impl\": \"%s\", "
+                "\"one_thread_gflops\": %.2f, \"together_gflops\": %.2f, \"per_thread_gflops\": [",
+                static_cast<long long>(size), threads, rounds, gemms[0]->impl().c_str(), best_one,
+                best_together);
+    for (int t = 0; t < threads; ++t) std::printf("%s%.2f", t ? ", " : "", per_thread[t]);
+    std::printf("]}\n");
+  } else {
+    std::printf("GEMM %lld^3 fp32 (oneDNN %s), best of %d rounds\n", static_cast<long long>(size),
+                gemms[0]->impl().c_str(), rounds);
+    std::printf("| one thread alone GFLOP/s | %d threads at once, total GFLOP/s | per thread |\n",
+                threads);
+    std::printf("|---|---|---|\n| %.1f | %.1f |", best_one, best_together);
+    for (int t = 0; t < threads; ++t) std::printf(" %.1f", per_thread[t]);
+    std::printf(" |\n");
+  }
+  return 0;
+}
