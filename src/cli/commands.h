@@ -64,6 +64,28 @@ struct MeshOptions {
 void add_mesh_command(CLI::App& app, MeshOptions& opts);
 int mesh_command(const MeshOptions& opts);
 
+// seqpar model: a dit or llm preset on a cfg x tp x ring x ulysses mesh.
+struct ModelOptions {
+  std::string preset = "tiny-dit";
+  std::string weights, save_weights;
+  int cfg = 1, tp = 1, ring_degree = 1, ulysses_degree = 1;
+  std::string strategy = "ring";
+  std::string layout = "contiguous";
+  std::string ulysses_mode = "uaa";
+  bool pad = false;
+  int64_t frames = 9, height = 80, width = 112;  // dit
+  int steps = 1;
+  float guidance = 5.0f;
+  int64_t prompt_len = 1024;  // llm
+  int decode = 16;
+  uint64_t seed = 0;
+  std::string backend = "threads";
+  bool verify = false;
+  bool json = false;
+};
+void add_model_command(CLI::App& app, ModelOptions& opts);
+int model_command(const ModelOptions& opts);
+
 // seqpar plan: the cost model's ranking of every mesh for a model (or one attention call) on a
 // hardware profile; divisibility, pass-KV / pass-Q, simulation past one machine.
 struct PlanOptions {

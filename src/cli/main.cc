@@ -20,6 +20,8 @@ int main(int argc, char** argv) {
   add_run_command(app, run);
   add_info_command(app, info);
   add_mesh_command(app, mesh);
+  ModelOptions model;
+  add_model_command(app, model);
   PlanOptions plan;
   add_plan_command(app, plan);
   CalibrateOptions calibrate;
@@ -41,6 +43,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("run")) return run_command(run);
     if (app.got_subcommand("info")) return info_command(info);
     if (app.got_subcommand("mesh")) return mesh_command(mesh);
+    if (app.got_subcommand("model")) return model_command(model);
     if (app.got_subcommand("plan")) return plan_command(plan);
     if (app.got_subcommand("calibrate")) return calibrate_command(calibrate);
   } catch (const seqpar::InvalidArgument& e) {
