@@ -56,6 +56,9 @@ AttnState ring_over_blocks(Communicator& comm, std::span<const std::span<const i
   // waits for its own lent blocks.)
   const bool borrow = comm.borrows() && n > 1;
   Tensor held_k, held_v;
+  // Bytes a receive buffer of that many bytes occupies (Tensor's 64-byte rounding, at least 64).
+  auto slot_bytes = [](size_t bytes) { return std::max<size_t>(64, (bytes + 63) / 64 * 64); };
+  std::array<size_t, 2> borrowed_capacity = {0, 0};  // per receive slot, K (V is the same)
   std::vector<std::array<Request, 2>> sends(borrow ? n - 1 : 0);
   std::vector<std::array<std::shared_ptr<void>, 2>> leases(borrow ? n - 1 : 0);
   int src = r;
@@ -84,6 +87,9 @@ AttnState ring_over_blocks(Communicator& comm, std::span<const std::span<const i
     if (step + 1 < n) {
       if (borrow) {
         const size_t bytes = static_cast<size_t>(B * in_len * Hkv * D) * dtype_size(k.dtype());
+        // A borrowed block occupies a receive slot as a copied one would (peak_kv_bytes below
+        // counts the same K/V a rank reads at once, whether or not the backend copies it).
+        borrowed_capacity[step % 2] = std::max(borrowed_capacity[step % 2], slot_bytes(bytes));
         reqs[0] = comm.irecv_borrow(nullptr, bytes, prev, kTagK, &in_k, &leases[step][0]);
         reqs[1] = comm.irecv_borrow(nullptr, bytes, prev, kTagV, &in_v, &leases[step][1]);
         sends[step][0] = comm.isend(cur_k->raw(), cur_k->nbytes(), next, kTagK);
@@ -180,7 +186,8 @@ AttnState ring_over_blocks(Communicator& comm, std::span<const std::span<const i
     stats->fallback_rows += fallback;
     int64_t kv = static_cast<int64_t>(k.nbytes() + v.nbytes());
     for (int i = 0; i < 2; ++i)
-      kv += static_cast<int64_t>(buf_k[i].capacity_bytes() + buf_v[i].capacity_bytes());
+      kv += static_cast<int64_t>(buf_k[i].capacity_bytes() + buf_v[i].capacity_bytes() +
+                                 2 * borrowed_capacity[i]);
     stats->peak_kv_bytes = std::max(stats->peak_kv_bytes, kv);
     stats->work += work;
     stats->compute_seconds += compute;
