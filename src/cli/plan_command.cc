@@ -403,13 +403,21 @@ void print_text(const Resolved& r, const Plan& plan, const Simulation* sim, int 
                 std::string(dtype_name(w.dtype)).c_str());
   } else if (r.has_latent) {
     const LatentShape& l = r.latent;
-    std::printf("seqpar plan: %s (%s), %lld frames x %lld x %lld -> latent %lld x %lld x %lld -> "
-                "%lld x %lld x %lld patches = %lld tokens\n",
-                w.model.c_str(), std::string(model_family_name(w.family)).c_str(),
-                (long long)req.frames, (long long)req.height, (long long)req.width,
-                (long long)l.latent_frames, (long long)l.latent_height, (long long)l.latent_width,
-                (long long)l.grid[0], (long long)l.grid[1], (long long)l.grid[2],
-                (long long)l.tokens);
+    if (r.preset != nullptr && r.preset->video)
+      std::printf("seqpar plan: %s (%s), %lld frames x %lld x %lld -> latent %lld x %lld x %lld "
+                  "-> %lld x %lld x %lld patches = %lld tokens\n",
+                  w.model.c_str(), std::string(model_family_name(w.family)).c_str(),
+                  (long long)req.frames, (long long)req.height, (long long)req.width,
+                  (long long)l.latent_frames, (long long)l.latent_height,
+                  (long long)l.latent_width, (long long)l.grid[0], (long long)l.grid[1],
+                  (long long)l.grid[2], (long long)l.tokens);
+    else
+      std::printf("seqpar plan: %s (%s), %lld x %lld -> latent %lld x %lld -> %lld x %lld "
+                  "patches = %lld tokens\n",
+                  w.model.c_str(), std::string(model_family_name(w.family)).c_str(),
+                  (long long)req.height, (long long)req.width, (long long)l.latent_height,
+                  (long long)l.latent_width, (long long)l.grid[1], (long long)l.grid[2],
+                  (long long)l.tokens);
   } else {
     std::printf("seqpar plan: %s (%s), %lld tokens\n", w.model.c_str(),
                 std::string(model_family_name(w.family)).c_str(), (long long)w.seq);
