@@ -170,7 +170,8 @@ int calibrate_command(const CalibrateOptions& o) {
   std::string path = o.out;
   if (path.empty()) {
     const std::string dir = user_profile_dir();
-    SEQPAR_ARG_CHECK(!dir.empty(), "no place for the profile: set SEQPAR_PROFILE_DIR or HOME, "
+    SEQPAR_ARG_CHECK(!dir.empty(),
+                     "no place for the profile: set SEQPAR_PROFILE_DIR or HOME, "
                      "or give --out FILE");
     path = dir + "/local.json";
   }
@@ -190,9 +191,9 @@ int calibrate_command(const CalibrateOptions& o) {
   const double copy = memcpy_rate(big, reps);
 
   HardwareProfile p = hardware_profile("local");
-  p.description = detail::concat("this machine as measured by seqpar calibrate on ", today(),
-                                 ": ", cpu_model(), ", ", cores, " hardware threads; ",
-                                 attention_kernel_info());
+  p.description =
+      detail::concat("this machine as measured by seqpar calibrate on ", today(), ": ", cpu_model(),
+                     ", ", cores, " hardware threads; ", attention_kernel_info());
   p.dtype = "fp32";
   // Per core with every core busy: what each rank of a full machine gets.
   p.attention_flops = rate_busy;
@@ -226,12 +227,14 @@ int calibrate_command(const CalibrateOptions& o) {
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("seqpar calibrate: %s\n", p.description.c_str());
-    std::printf("  attention kernel  %.2f GFLOP/s per core with all %d busy (%.2f alone); one call "
-                "on %d threads %.2f GFLOP/s (efficiency %.2f)\n",
-                rate_busy / 1e9, cores, rate_alone / 1e9, cores, rate_wide / 1e9, efficiency);
-    std::printf("  threads backend   %.2f GB/s per rank (ring-step exchange of %zu MB), latency "
-                "%.2f us\n",
-                bw / 1e9, big >> 20, latency * 1e6);
+    std::printf(
+        "  attention kernel  %.2f GFLOP/s per core with all %d busy (%.2f alone); one call "
+        "on %d threads %.2f GFLOP/s (efficiency %.2f)\n",
+        rate_busy / 1e9, cores, rate_alone / 1e9, cores, rate_wide / 1e9, efficiency);
+    std::printf(
+        "  threads backend   %.2f GB/s per rank (ring-step exchange of %zu MB), latency "
+        "%.2f us\n",
+        bw / 1e9, big >> 20, latency * 1e6);
     std::printf("  memcpy            %.2f GB/s\n", copy / 1e9);
     std::printf("  memory            %.1f GB\n", p.memory_bytes / 1e9);
     std::printf("wrote %s (seqpar plan --hardware local)\n", path.c_str());

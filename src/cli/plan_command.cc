@@ -52,9 +52,9 @@ const ModelPreset& preset_or_hint(const std::string& name) {
   } catch (const InvalidArgument&) {
     std::string valid;
     for (const auto& n : model_preset_names()) valid += (valid.empty() ? "" : ", ") + n;
-    throw InvalidArgument(detail::concat("--model '", name, "' is unknown; nearest: ",
-                                         nearest_name(name, model_preset_names()), " (valid: ",
-                                         valid, ")"));
+    throw InvalidArgument(detail::concat(
+        "--model '", name, "' is unknown; nearest: ", nearest_name(name, model_preset_names()),
+        " (valid: ", valid, ")"));
   }
 }
 
@@ -111,19 +111,21 @@ Resolved resolve(const PlanOptions& o) {
       SEQPAR_ARG_CHECK(tokens >= 1, "--model ", m.name,
                        " needs --height and --width (and --frames for video), or --seq tokens");
     }
-    const int64_t text = m.family == ModelFamily::kMMDiT
-                             ? (o.text_tokens >= 0 ? o.text_tokens : m.text_len)
-                             : 0;
+    const int64_t text =
+        m.family == ModelFamily::kMMDiT ? (o.text_tokens >= 0 ? o.text_tokens : m.text_len) : 0;
     SEQPAR_ARG_CHECK(o.text_tokens <= 0 || m.family == ModelFamily::kMMDiT,
                      "--text-tokens is for mmdit models (joint attention); ", m.name, " is a ",
                      model_family_name(m.family));
     req.work = model_workload(m, tokens, o.batch, dtype, !o.no_guidance, text, o.cached, o.fresh);
   } else {
-    SEQPAR_ARG_CHECK(o.heads >= 1, "give --model (one of: ", [] {
-      std::string v;
-      for (const auto& n : model_preset_names()) v += (v.empty() ? "" : ", ") + n;
-      return v;
-    }(), ") or a bare attention shape: --seq S --heads H [--kv-heads --head-dim --causal]");
+    SEQPAR_ARG_CHECK(
+        o.heads >= 1, "give --model (one of: ",
+        [] {
+          std::string v;
+          for (const auto& n : model_preset_names()) v += (v.empty() ? "" : ", ") + n;
+          return v;
+        }(),
+        ") or a bare attention shape: --seq S --heads H [--kv-heads --head-dim --causal]");
     SEQPAR_ARG_CHECK(decode || o.seq >= 1, "--seq ", o.seq, " is invalid; it must be at least 1");
     const int64_t kv = o.kv_heads == 0 ? o.heads : o.kv_heads;
     SEQPAR_ARG_CHECK(kv >= 1 && o.heads % kv == 0, "--heads ", o.heads,
@@ -157,8 +159,8 @@ std::vector<int> parse_sizes(const std::string& s) {
   } catch (const InvalidArgument&) {
     throw;
   } catch (const std::exception&) {
-    throw InvalidArgument(detail::concat("--sim-ranks '", s,
-                                         "' is invalid; give FIRST:LAST, e.g. 8:1024"));
+    throw InvalidArgument(
+        detail::concat("--sim-ranks '", s, "' is invalid; give FIRST:LAST, e.g. 8:1024"));
   }
 }
 
@@ -229,13 +231,19 @@ json mesh_json(const MeshCost& c, int rank, bool detailed) {
   j["linear_flops_per_layer"] = r6(crit.linear_flops);
   json cols = json::array();
   for (const auto& x : c.collectives)
-    cols.push_back({{"op", x.op}, {"what", x.what}, {"group", x.group}, {"sent", x.sent},
-                    {"recv", x.recv}, {"calls", x.calls}, {"inter_node", x.inter_node},
-                    {"overlapped", x.overlapped}, {"seconds", r6(x.seconds)}});
+    cols.push_back({{"op", x.op},
+                    {"what", x.what},
+                    {"group", x.group},
+                    {"sent", x.sent},
+                    {"recv", x.recv},
+                    {"calls", x.calls},
+                    {"inter_node", x.inter_node},
+                    {"overlapped", x.overlapped},
+                    {"seconds", r6(x.seconds)}});
   j["collectives"] = cols;
-  j["memory"] = {{"weights", c.weight_bytes},     {"kv_cache", c.kv_cache_bytes},
+  j["memory"] = {{"weights", c.weight_bytes},         {"kv_cache", c.kv_cache_bytes},
                  {"activations", c.activation_bytes}, {"total", c.memory_bytes},
-                 {"limit", c.memory_limit},        {"fits", c.fits_memory}};
+                 {"limit", c.memory_limit},           {"fits", c.fits_memory}};
   return j;
 }
 
@@ -326,14 +334,15 @@ void print_json(const Resolved& r, const Plan& plan, const Simulation* sim, int 
     j["new"] = w.fresh;
     j["choice"] = pass_name(c.choice);
     j["threshold_tokens"] = c.all2all.threshold_tokens;
-    j["decode"] = {{"ranks", c.ranks},
-                   {"flops_per_s", c.flops_per_s},
-                   {"bytes_per_s", c.bytes_per_s},
-                   {"meta_rule", choice_json(c.basic)},
-                   {"all2all_rule", choice_json(c.all2all)},
-                   {"passkv_step_seconds", c.passkv_step_s ? json(*c.passkv_step_s) : json(nullptr)},
-                   {"passq_step_seconds", c.passq_step_s ? json(*c.passq_step_s) : json(nullptr)},
-                   {"cost_model_fastest", c.fastest ? json(pass_name(*c.fastest)) : json(nullptr)}};
+    j["decode"] = {
+        {"ranks", c.ranks},
+        {"flops_per_s", c.flops_per_s},
+        {"bytes_per_s", c.bytes_per_s},
+        {"meta_rule", choice_json(c.basic)},
+        {"all2all_rule", choice_json(c.all2all)},
+        {"passkv_step_seconds", c.passkv_step_s ? json(*c.passkv_step_s) : json(nullptr)},
+        {"passq_step_seconds", c.passq_step_s ? json(*c.passq_step_s) : json(nullptr)},
+        {"cost_model_fastest", c.fastest ? json(pass_name(*c.fastest)) : json(nullptr)}};
     if (plan.ranked.empty()) j["warning"] = "no mesh fits the memory limit; see over_memory";
   }
   if (sim) {
@@ -341,20 +350,29 @@ void print_json(const Resolved& r, const Plan& plan, const Simulation* sim, int 
     for (const auto& c : sim->curves) {
       json pts = json::array();
       for (const auto& p : c.points)
-        pts.push_back({{"ranks", p.ranks}, {"valid", p.valid}, {"note", p.note},
-                       {"ulysses_degree", p.ulysses}, {"ring_degree", p.ring},
-                       {"step_seconds", p.step_s}, {"compute_seconds", p.compute_s},
-                       {"comm_seconds", p.comm_s}, {"exposed_comm_seconds", p.exposed_s},
-                       {"exposed_fraction", p.exposed_fraction}, {"inter_node", p.inter_node},
+        pts.push_back({{"ranks", p.ranks},
+                       {"valid", p.valid},
+                       {"note", p.note},
+                       {"ulysses_degree", p.ulysses},
+                       {"ring_degree", p.ring},
+                       {"step_seconds", p.step_s},
+                       {"compute_seconds", p.compute_s},
+                       {"comm_seconds", p.comm_s},
+                       {"exposed_comm_seconds", p.exposed_s},
+                       {"exposed_fraction", p.exposed_fraction},
+                       {"inter_node", p.inter_node},
                        {"memory_bytes", p.memory_bytes}});
       curves.push_back({{"strategy", scheme_name(c.scheme)},
                         {"hidden_up_to", c.hidden_up_to},
                         {"stops_hiding_at", c.stops_hiding_at},
                         {"points", pts}});
     }
-    j["simulation"] = {{"sizes", sim->sizes},       {"layout", layout_name(sim->layout)},
-                       {"threshold", sim->threshold}, {"ranks_per_node", sim->ranks_per_node},
-                       {"curves", curves},          {"findings", sim->findings}};
+    j["simulation"] = {{"sizes", sim->sizes},
+                       {"layout", layout_name(sim->layout)},
+                       {"threshold", sim->threshold},
+                       {"ranks_per_node", sim->ranks_per_node},
+                       {"curves", curves},
+                       {"findings", sim->findings}};
   }
   std::printf("%s\n", j.dump().c_str());
 }
@@ -373,13 +391,13 @@ void print_mesh_row(int idx, const MeshCost& c, int same) {
   for (const auto& r : c.ranks) bytes = std::max<uint64_t>(bytes, std::max(r.sent, r.recv));
   bytes += c.tp_bytes;
   const double compute_frac = c.layer_s > 0 ? c.compute_s / c.layer_s : 1;
-  std::printf("  %-4d %3d %3d %4d %4d  %-14s %-10s %-3s %10s %10s %7.0f%% %7.0f%% %10.3g %8.1f %6.2f %5s\n",
-              idx, c.mesh.cfg, c.mesh.tp, c.mesh.ulysses, c.mesh.ring,
-              strategy_cell(c.mesh).c_str(), std::string(layout_name(c.mesh.layout)).c_str(),
-              c.mesh.pad ? "yes" : "-", seconds_text(c.step_s).c_str(),
-              seconds_text(c.layer_s).c_str(), 100 * compute_frac, 100 * (1 - compute_frac),
-              bytes / 1e6, c.memory_bytes / 1e9, c.work_imbalance,
-              same > 0 ? ("+" + std::to_string(same)).c_str() : "");
+  std::printf(
+      "  %-4d %3d %3d %4d %4d  %-14s %-10s %-3s %10s %10s %7.0f%% %7.0f%% %10.3g %8.1f %6.2f %5s\n",
+      idx, c.mesh.cfg, c.mesh.tp, c.mesh.ulysses, c.mesh.ring, strategy_cell(c.mesh).c_str(),
+      std::string(layout_name(c.mesh.layout)).c_str(), c.mesh.pad ? "yes" : "-",
+      seconds_text(c.step_s).c_str(), seconds_text(c.layer_s).c_str(), 100 * compute_frac,
+      100 * (1 - compute_frac), bytes / 1e6, c.memory_bytes / 1e9, c.work_imbalance,
+      same > 0 ? ("+" + std::to_string(same)).c_str() : "");
 }
 
 // Rows the table folds into the one above: the same degrees and strategy within 0.1% of its
@@ -396,41 +414,44 @@ void print_text(const Resolved& r, const Plan& plan, const Simulation* sim, int 
   const Workload& w = req.work;
   const HardwareProfile& hw = req.hw;
   if (w.attention_only) {
-    std::printf("seqpar plan: one attention call, S = %lld tokens, %lld heads (%lld kv) x %lld, "
-                "batch %lld, %s, %s\n",
-                (long long)w.seq, (long long)w.heads, (long long)w.kv_heads,
-                (long long)w.head_dim, (long long)w.batch, w.causal ? "causal" : "non-causal",
-                std::string(dtype_name(w.dtype)).c_str());
+    std::printf(
+        "seqpar plan: one attention call, S = %lld tokens, %lld heads (%lld kv) x %lld, "
+        "batch %lld, %s, %s\n",
+        (long long)w.seq, (long long)w.heads, (long long)w.kv_heads, (long long)w.head_dim,
+        (long long)w.batch, w.causal ? "causal" : "non-causal",
+        std::string(dtype_name(w.dtype)).c_str());
   } else if (r.has_latent) {
     const LatentShape& l = r.latent;
     if (r.preset != nullptr && r.preset->video)
-      std::printf("seqpar plan: %s (%s), %lld frames x %lld x %lld -> latent %lld x %lld x %lld "
-                  "-> %lld x %lld x %lld patches = %lld tokens\n",
-                  w.model.c_str(), std::string(model_family_name(w.family)).c_str(),
-                  (long long)req.frames, (long long)req.height, (long long)req.width,
-                  (long long)l.latent_frames, (long long)l.latent_height,
-                  (long long)l.latent_width, (long long)l.grid[0], (long long)l.grid[1],
-                  (long long)l.grid[2], (long long)l.tokens);
+      std::printf(
+          "seqpar plan: %s (%s), %lld frames x %lld x %lld -> latent %lld x %lld x %lld "
+          "-> %lld x %lld x %lld patches = %lld tokens\n",
+          w.model.c_str(), std::string(model_family_name(w.family)).c_str(), (long long)req.frames,
+          (long long)req.height, (long long)req.width, (long long)l.latent_frames,
+          (long long)l.latent_height, (long long)l.latent_width, (long long)l.grid[0],
+          (long long)l.grid[1], (long long)l.grid[2], (long long)l.tokens);
     else
-      std::printf("seqpar plan: %s (%s), %lld x %lld -> latent %lld x %lld -> %lld x %lld "
-                  "patches = %lld tokens\n",
-                  w.model.c_str(), std::string(model_family_name(w.family)).c_str(),
-                  (long long)req.height, (long long)req.width, (long long)l.latent_height,
-                  (long long)l.latent_width, (long long)l.grid[1], (long long)l.grid[2],
-                  (long long)l.tokens);
+      std::printf(
+          "seqpar plan: %s (%s), %lld x %lld -> latent %lld x %lld -> %lld x %lld "
+          "patches = %lld tokens\n",
+          w.model.c_str(), std::string(model_family_name(w.family)).c_str(), (long long)req.height,
+          (long long)req.width, (long long)l.latent_height, (long long)l.latent_width,
+          (long long)l.grid[1], (long long)l.grid[2], (long long)l.tokens);
   } else {
     std::printf("seqpar plan: %s (%s), %lld tokens\n", w.model.c_str(),
                 std::string(model_family_name(w.family)).c_str(), (long long)w.seq);
   }
   if (!w.attention_only) {
-    std::printf("  model: %lld layers, %lld heads (%lld kv) x %lld, hidden %lld, ffn %lld, "
-                "batch %lld",
-                (long long)w.layers, (long long)w.heads, (long long)w.kv_heads,
-                (long long)w.head_dim, (long long)w.hidden, (long long)w.ffn_dim,
-                (long long)w.batch);
+    std::printf(
+        "  model: %lld layers, %lld heads (%lld kv) x %lld, hidden %lld, ffn %lld, "
+        "batch %lld",
+        (long long)w.layers, (long long)w.heads, (long long)w.kv_heads, (long long)w.head_dim,
+        (long long)w.hidden, (long long)w.ffn_dim, (long long)w.batch);
     if (w.cfg_branches > 1) std::printf(" x %d guidance branches", w.cfg_branches);
-    if (w.cross_tokens > 0) std::printf(", %lld text tokens (cross-attention)", (long long)w.cross_tokens);
-    if (w.text_tokens > 0) std::printf(", %lld text tokens (joint attention)", (long long)w.text_tokens);
+    if (w.cross_tokens > 0)
+      std::printf(", %lld text tokens (cross-attention)", (long long)w.cross_tokens);
+    if (w.text_tokens > 0)
+      std::printf(", %lld text tokens (joint attention)", (long long)w.text_tokens);
     std::printf(", %s%s\n", std::string(dtype_name(w.dtype)).c_str(), w.causal ? ", causal" : "");
   }
   std::printf("  hardware: %s (%s): %s attention per %s, ", hw.name.c_str(), hw.source.c_str(),
@@ -445,25 +466,27 @@ void print_text(const Resolved& r, const Plan& plan, const Simulation* sim, int 
 
   const Divisibility& d = plan.divisibility;
   if (d.remainder == 0) {
-    std::printf("sequence length S = %lld; sequence-parallel size %d: %lld %% %d = 0, every rank "
-                "holds %lld tokens\n",
-                (long long)d.seq, d.sp, (long long)d.seq, d.sp, (long long)d.shard_floor);
+    std::printf(
+        "sequence length S = %lld; sequence-parallel size %d: %lld %% %d = 0, every rank "
+        "holds %lld tokens\n",
+        (long long)d.seq, d.sp, (long long)d.seq, d.sp, (long long)d.shard_floor);
   } else {
-    std::printf("sequence length S = %lld; sequence-parallel size %d: %lld %% %d = %lld, the "
-                "tokens do not divide\n",
-                (long long)d.seq, d.sp, (long long)d.seq, d.sp, (long long)d.remainder);
+    std::printf(
+        "sequence length S = %lld; sequence-parallel size %d: %lld %% %d = %lld, the "
+        "tokens do not divide\n",
+        (long long)d.seq, d.sp, (long long)d.seq, d.sp, (long long)d.remainder);
     std::printf("  ways out:\n");
-    std::printf("    uneven shards: %d rank%s %lld tokens, %d %s %lld (imbalance %.4f); "
-                "ring and allgather take them, ulysses and usp in uaa mode\n",
-                d.ranks_with_ceil, d.ranks_with_ceil == 1 ? " holds" : "s hold",
-                (long long)d.shard_ceil, d.sp - d.ranks_with_ceil,
-                d.sp - d.ranks_with_ceil == 1 ? "holds" : "hold", (long long)d.shard_floor,
-                d.shard_imbalance);
-    std::printf("    padding (--pad): to %lld tokens (+%lld, %.2f%% more tokens, %.2f%% more "
-                "attention work); zigzag pads to %lld; strict ulysses needs it\n",
-                (long long)d.padded_seq, (long long)(d.padded_seq - d.seq),
-                100 * d.pad_token_overhead, 100 * d.pad_work_overhead,
-                (long long)d.padded_seq_zigzag);
+    std::printf(
+        "    uneven shards: %d rank%s %lld tokens, %d %s %lld (imbalance %.4f); "
+        "ring and allgather take them, ulysses and usp in uaa mode\n",
+        d.ranks_with_ceil, d.ranks_with_ceil == 1 ? " holds" : "s hold", (long long)d.shard_ceil,
+        d.sp - d.ranks_with_ceil, d.sp - d.ranks_with_ceil == 1 ? "holds" : "hold",
+        (long long)d.shard_floor, d.shard_imbalance);
+    std::printf(
+        "    padding (--pad): to %lld tokens (+%lld, %.2f%% more tokens, %.2f%% more "
+        "attention work); zigzag pads to %lld; strict ulysses needs it\n",
+        (long long)d.padded_seq, (long long)(d.padded_seq - d.seq), 100 * d.pad_token_overhead,
+        100 * d.pad_work_overhead, (long long)d.padded_seq_zigzag);
     if (!d.alternatives.empty()) {
       std::printf("    nearest shapes that divide by %d:", d.sp);
       for (size_t i = 0; i < d.alternatives.size(); ++i)
@@ -475,31 +498,34 @@ void print_text(const Resolved& r, const Plan& plan, const Simulation* sim, int 
 
   if (plan.decode) {
     const DecodeChoice& c = *plan.decode;
-    std::printf("\ndecode / partial prefill: T = %lld new tokens over P = %lld cached, %d "
-                "sequence-parallel ranks (C = %s per rank, BW = %s between nodes)\n",
-                (long long)w.fresh, (long long)w.cached, c.ranks, rate_text(c.flops_per_s).c_str(),
-                bw_text(c.bytes_per_s).c_str());
+    std::printf(
+        "\ndecode / partial prefill: T = %lld new tokens over P = %lld cached, %d "
+        "sequence-parallel ranks (C = %s per rank, BW = %s between nodes)\n",
+        (long long)w.fresh, (long long)w.cached, c.ranks, rate_text(c.flops_per_s).c_str(),
+        bw_text(c.bytes_per_s).c_str());
     std::printf("  Meta's rule:           %s\n", c.basic.reason.c_str());
     std::printf("  All2All-aware variant: %s\n", c.all2all.reason.c_str());
     std::printf("  choice: %s (threshold %.0f tokens)", std::string(pass_name(c.choice)).c_str(),
                 c.all2all.threshold_tokens);
     if (c.passkv_step_s && c.passq_step_s)
-      std::printf("\n  cost model (seqpar's passq: all-gathered queries, fp32 partials): passkv %s, "
-                  "passq %s per step",
-                  seconds_text(*c.passkv_step_s).c_str(), seconds_text(*c.passq_step_s).c_str());
+      std::printf(
+          "\n  cost model (seqpar's passq: all-gathered queries, fp32 partials): passkv %s, "
+          "passq %s per step",
+          seconds_text(*c.passkv_step_s).c_str(), seconds_text(*c.passq_step_s).c_str());
     std::printf("\n");
   }
 
   const size_t total = plan.ranked.size() + plan.over_memory.size() + plan.rejected.size();
-  std::printf("\nmeshes: %zu of %zu fit %s per rank", plan.ranked.size(), total,
-              plan.ranked.empty() && plan.over_memory.empty()
-                  ? "the limit"
-                  : fmt("%.4g GB", (plan.ranked.empty() ? plan.over_memory.front()
-                                                        : plan.ranked.front())
-                                           .memory_limit / 1e9)
-                        .c_str());
-  std::printf(", %zu over it, %zu cannot run; predicted per step, fastest first", plan.over_memory.size(),
-              plan.rejected.size());
+  std::printf(
+      "\nmeshes: %zu of %zu fit %s per rank", plan.ranked.size(), total,
+      plan.ranked.empty() && plan.over_memory.empty()
+          ? "the limit"
+          : fmt("%.4g GB", (plan.ranked.empty() ? plan.over_memory.front() : plan.ranked.front())
+                                   .memory_limit /
+                               1e9)
+                .c_str());
+  std::printf(", %zu over it, %zu cannot run; predicted per step, fastest first",
+              plan.over_memory.size(), plan.rejected.size());
   // Fold equivalent rows.
   std::vector<std::pair<size_t, int>> rows;  // (index, equivalents folded into it)
   for (size_t i = 0; i < plan.ranked.size(); ++i) {
@@ -518,8 +544,9 @@ void print_text(const Resolved& r, const Plan& plan, const Simulation* sim, int 
     print_mesh_row(static_cast<int>(rows[i].first + 1), plan.ranked[rows[i].first], rows[i].second);
   }
   if (std::any_of(rows.begin(), rows.end(), [](const auto& r) { return r.second > 0; }))
-    std::printf("  (same: meshes folded into the row: other layouts, padding or Ulysses modes "
-                "within 0.1%% of its time and memory; --json lists every one)\n");
+    std::printf(
+        "  (same: meshes folded into the row: other layouts, padding or Ulysses modes "
+        "within 0.1%% of its time and memory; --json lists every one)\n");
   if (!plan.ranked.empty()) {
     const MeshCost& b = plan.ranked.front();
     std::printf("\nbest: %s: %s per step (%s per layer x %lld layers), critical rank %d:\n",
@@ -527,28 +554,31 @@ void print_text(const Resolved& r, const Plan& plan, const Simulation* sim, int 
                 seconds_text(b.layer_s).c_str(), (long long)(w.attention_only ? 1 : w.layers),
                 b.critical_rank);
     const RankCost& cr = b.ranks[b.critical_rank];
-    std::printf("  per layer: %.4g GFLOP attention, %.4g GFLOP linear; compute %s, "
-                "communication %s of which %s exposed\n",
-                cr.attention_flops / 1e9, cr.linear_flops / 1e9, seconds_text(b.compute_s).c_str(),
-                seconds_text(b.comm_s).c_str(), seconds_text(b.exposed_comm_s).c_str());
+    std::printf(
+        "  per layer: %.4g GFLOP attention, %.4g GFLOP linear; compute %s, "
+        "communication %s of which %s exposed\n",
+        cr.attention_flops / 1e9, cr.linear_flops / 1e9, seconds_text(b.compute_s).c_str(),
+        seconds_text(b.comm_s).c_str(), seconds_text(b.exposed_comm_s).c_str());
     for (const auto& c : b.collectives)
       std::printf("    %-11s %-16s in %-7s %12llu B sent %12llu B recv  x%-4lld %s%s %s\n",
                   c.op.c_str(), c.what.c_str(), c.group.c_str(), (unsigned long long)c.sent,
                   (unsigned long long)c.recv, (long long)c.calls,
                   c.inter_node ? "inter-node" : "intra-node", c.overlapped ? ", overlapped" : "",
                   seconds_text(c.seconds).c_str());
-    std::printf("  memory per rank: %.2f GB weights + %.2f GB KV cache + %.2f GB activations "
-                "(K/V peak %.3g MB) = %.2f GB of %.4g GB\n",
-                b.weight_bytes / 1e9, b.kv_cache_bytes / 1e9, b.activation_bytes / 1e9,
-                cr.peak_kv_bytes / 1e6, b.memory_bytes / 1e9, b.memory_limit / 1e9);
+    std::printf(
+        "  memory per rank: %.2f GB weights + %.2f GB KV cache + %.2f GB activations "
+        "(K/V peak %.3g MB) = %.2f GB of %.4g GB\n",
+        b.weight_bytes / 1e9, b.kv_cache_bytes / 1e9, b.activation_bytes / 1e9,
+        cr.peak_kv_bytes / 1e6, b.memory_bytes / 1e9, b.memory_limit / 1e9);
   }
   if (!plan.over_memory.empty()) {
     std::printf("\nover the memory limit (%zu), smallest first:\n", plan.over_memory.size());
-    const size_t n = top > 0 ? std::min<size_t>(top, plan.over_memory.size()) : plan.over_memory.size();
+    const size_t n =
+        top > 0 ? std::min<size_t>(top, plan.over_memory.size()) : plan.over_memory.size();
     for (size_t i = 0; i < n; ++i) {
       const MeshCost& c = plan.over_memory[i];
-      std::printf("  %-60s needs %.1f GB > %.1f GB\n", c.mesh.label().c_str(),
-                  c.memory_bytes / 1e9, c.memory_limit / 1e9);
+      std::printf("  %-60s needs %.1f GB > %.1f GB\n", c.mesh.label().c_str(), c.memory_bytes / 1e9,
+                  c.memory_limit / 1e9);
     }
   }
   if (!plan.rejected.empty()) {
@@ -573,9 +603,9 @@ void print_text(const Resolved& r, const Plan& plan, const Simulation* sim, int 
     std::printf("\nwarning: no mesh fits the memory limit; the pass choice above still holds\n");
 
   if (sim) {
-    std::printf("\nsimulation: %s, %s layout, sequence-parallel sizes %d..%d", sim->hardware.c_str(),
-                std::string(layout_name(sim->layout)).c_str(), sim->sizes.front(),
-                sim->sizes.back());
+    std::printf("\nsimulation: %s, %s layout, sequence-parallel sizes %d..%d",
+                sim->hardware.c_str(), std::string(layout_name(sim->layout)).c_str(),
+                sim->sizes.front(), sim->sizes.back());
     if (sim->ranks_per_node > 0) std::printf(", %d ranks per node", sim->ranks_per_node);
     std::printf("\n  %-6s", "ranks");
     for (const auto& c : sim->curves)
@@ -652,16 +682,16 @@ int plan_command(const PlanOptions& o) {
   const Plan plan = make_plan(r.req);
   std::optional<Simulation> sim;
   if (!sizes.empty()) {
-    const Layout layout = r.req.layout.value_or(r.req.work.causal ? Layout::kZigzag
-                                                                  : Layout::kContiguous);
+    const Layout layout =
+        r.req.layout.value_or(r.req.work.causal ? Layout::kZigzag : Layout::kContiguous);
     sim = simulate_scaling(r.req.work, r.req.hw, sizes, layout, r.req.cfg > 0 ? r.req.cfg : 1,
                            r.req.tp > 0 ? r.req.tp : 1);
     if (!o.svg.empty()) {
       std::ofstream f(o.svg);
       SEQPAR_ARG_CHECK(f.good(), "--svg ", o.svg, ": cannot write the file");
-      f << simulation_svg(*sim, detail::concat(r.req.work.model, ", S = ", r.req.work.seq,
-                                               " tokens, ", r.req.hw.name,
-                                               ": predicted step time"));
+      f << simulation_svg(*sim,
+                          detail::concat(r.req.work.model, ", S = ", r.req.work.seq, " tokens, ",
+                                         r.req.hw.name, ": predicted step time"));
     }
   }
   if (o.json)

@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <cstdio>
+#include <numeric>
 #include <optional>
 
 #include "seqpar/core/error.h"
@@ -15,13 +15,20 @@ namespace seqpar {
 
 std::string_view scheme_name(Scheme s) {
   switch (s) {
-    case Scheme::kLocal: return "local";
-    case Scheme::kAllGather: return "allgather";
-    case Scheme::kRing: return "ring";
-    case Scheme::kUlysses: return "ulysses";
-    case Scheme::kUsp: return "usp";
-    case Scheme::kPassKv: return "passkv";
-    case Scheme::kPassQ: return "passq";
+    case Scheme::kLocal:
+      return "local";
+    case Scheme::kAllGather:
+      return "allgather";
+    case Scheme::kRing:
+      return "ring";
+    case Scheme::kUlysses:
+      return "ulysses";
+    case Scheme::kUsp:
+      return "usp";
+    case Scheme::kPassKv:
+      return "passkv";
+    case Scheme::kPassQ:
+      return "passq";
   }
   return "?";
 }
@@ -36,8 +43,8 @@ Scheme parse_scheme(std::string_view name) {
 }
 
 std::string Mesh::label() const {
-  std::string s = detail::concat("cfg ", cfg, " tp ", tp, " ulysses ", ulysses, " ring ", ring,
-                                 " ", scheme_name(scheme));
+  std::string s = detail::concat("cfg ", cfg, " tp ", tp, " ulysses ", ulysses, " ring ", ring, " ",
+                                 scheme_name(scheme));
   if (scheme == Scheme::kUlysses || scheme == Scheme::kUsp)
     s += detail::concat("(", ulysses_mode_name(mode), ")");
   s += detail::concat(" ", layout_name(layout));
@@ -117,14 +124,15 @@ int64_t ulysses_member_kernel_kv_heads(int64_t heads, int64_t kv_heads, int n, i
   return standard ? kv.size() : q.size();
 }
 
-PassChoice choose_pass_all2all(int64_t new_tokens, int64_t cached_tokens, int ranks,
-                               int64_t heads, int64_t kv_heads, size_t elem_bytes,
-                               double flops_per_s, double bytes_per_s) {
+PassChoice choose_pass_all2all(int64_t new_tokens, int64_t cached_tokens, int ranks, int64_t heads,
+                               int64_t kv_heads, size_t elem_bytes, double flops_per_s,
+                               double bytes_per_s) {
   PassChoice c;
   const double n = ranks, e = static_cast<double>(elem_bytes);
   c.threshold_tokens = n * flops_per_s * kv_heads * e / (2.0 * heads * bytes_per_s);
   c.miss_rate = static_cast<double>(new_tokens) / static_cast<double>(new_tokens + cached_tokens);
-  c.miss_threshold = 2.0 * kv_heads / heads - 4.0 * new_tokens * bytes_per_s / (n * flops_per_s * e);
+  c.miss_threshold =
+      2.0 * kv_heads / heads - 4.0 * new_tokens * bytes_per_s / (n * flops_per_s * e);
   char buf[320];
   if (new_tokens >= c.threshold_tokens) {
     c.kind = PassKind::kPassKv;
@@ -159,7 +167,9 @@ std::string divisors_of(int64_t x) {
   return s;
 }
 
-int64_t cap64(int64_t bytes) { return bytes <= 0 ? 0 : std::max<int64_t>(64, (bytes + 63) / 64 * 64); }
+int64_t cap64(int64_t bytes) {
+  return bytes <= 0 ? 0 : std::max<int64_t>(64, (bytes + 63) / 64 * 64);
+}
 
 // Everything one mesh's cost needs, resolved once.
 class MeshModel {
@@ -214,8 +224,8 @@ class MeshModel {
     }
     if (decode) {
       SEQPAR_ARG_CHECK(s == Scheme::kLocal || s == Scheme::kPassKv || s == Scheme::kPassQ,
-                       scheme_name(s), " does not run over a K/V cache (--cached/--new); valid: ",
-                       "passkv, passq");
+                       scheme_name(s),
+                       " does not run over a K/V cache (--cached/--new); valid: ", "passkv, passq");
       SEQPAR_ARG_CHECK(!m.pad, "--cached/--new do not pad");
       SEQPAR_ARG_CHECK(w_.text_tokens == 0, "--cached/--new take no text tokens");
     } else {
@@ -281,7 +291,9 @@ class MeshModel {
 
   // World rank of sequence-parallel rank r in the first cfg and tp group.
   int world_rank(int r) const { return r; }
-  bool inter(int a, int b) const { return node_of(hw_, world_rank(a)) != node_of(hw_, world_rank(b)); }
+  bool inter(int a, int b) const {
+    return node_of(hw_, world_rank(a)) != node_of(hw_, world_rank(b));
+  }
   bool spans(const std::vector<int>& members) const {
     for (int x : members)
       if (inter(x, members.front())) return true;
@@ -291,10 +303,14 @@ class MeshModel {
     return inter_node && hw_.inter_node_latency_s > 0 ? hw_.inter_node_latency_s : hw_.latency_s;
   }
   double bw(bool inter_node) const { return inter_node ? hw_.inter_node_bw : hw_.intra_node_bw; }
-  double copy_s(double bytes) const { return hw_.local_copy_bw > 0 ? bytes / hw_.local_copy_bw : 0; }
+  double copy_s(double bytes) const {
+    return hw_.local_copy_bw > 0 ? bytes / hw_.local_copy_bw : 0;
+  }
   double attn_rate() const { return rank_attention_flops(hw_, ranks_on_node(hw_, m_.world())); }
   double gemm_rate() const { return rank_gemm_flops(hw_, ranks_on_node(hw_, m_.world())); }
-  double flops_of(int64_t score_elements) const { return 4.0 * D_ * static_cast<double>(score_elements); }
+  double flops_of(int64_t score_elements) const {
+    return 4.0 * D_ * static_cast<double>(score_elements);
+  }
 
   std::vector<int> sp_group() const {
     std::vector<int> g(N_);
@@ -347,7 +363,7 @@ class MeshModel {
                   const std::string& what, const std::string& group, StepCompute&& step_compute) {
     const int n = static_cast<int>(members.size());
     const bool span = spans(members);
-    std::vector<double> xfer(n, 0);      // per member, total transfer seconds
+    std::vector<double> xfer(n, 0);  // per member, total transfer seconds
     std::vector<uint64_t> sent(n, 0), recv(n, 0);
     std::vector<double> start(n);
     for (int s = 0; s < n; ++s) {
@@ -377,8 +393,8 @@ class MeshModel {
       }
     }
     for (int i = 0; i < n; ++i) {
-      CollectiveCost c{"send_recv", what, group, sent[i], recv[i], 2 * int64_t{n - 1}, span, true,
-                       xfer[i]};
+      CollectiveCost c{"send_recv",        what, group, sent[i], recv[i],
+                       2 * int64_t{n - 1}, span, true,  xfer[i]};
       collectives_[members[i]].push_back(c);
     }
   }
@@ -400,13 +416,25 @@ class MeshModel {
 
   void attention() {
     switch (m_.scheme) {
-      case Scheme::kLocal: local(); break;
-      case Scheme::kAllGather: allgather(); break;
-      case Scheme::kRing: ring(kv_runs_, Scheme::kRing); break;
-      case Scheme::kPassKv: ring(kv_runs_, Scheme::kPassKv); break;
+      case Scheme::kLocal:
+        local();
+        break;
+      case Scheme::kAllGather:
+        allgather();
+        break;
+      case Scheme::kRing:
+        ring(kv_runs_, Scheme::kRing);
+        break;
+      case Scheme::kPassKv:
+        ring(kv_runs_, Scheme::kPassKv);
+        break;
       case Scheme::kUlysses:
-      case Scheme::kUsp: ulysses(); break;
-      case Scheme::kPassQ: passq(); break;
+      case Scheme::kUsp:
+        ulysses();
+        break;
+      case Scheme::kPassQ:
+        passq();
+        break;
     }
     if (w_.text_tokens > 0) joint_text();
   }
@@ -521,8 +549,12 @@ class MeshModel {
       auto to_heads = [&](const std::string& what, const std::vector<HeadRange>& heads) {
         exchange(
             what,
-            [&](int me, int j) { return static_cast<uint64_t>(B_ * counts(me) * heads[j].size() * D_ * e); },
-            [&](int me, int j) { return static_cast<uint64_t>(B_ * counts(j) * heads[me].size() * D_ * e); },
+            [&](int me, int j) {
+              return static_cast<uint64_t>(B_ * counts(me) * heads[j].size() * D_ * e);
+            },
+            [&](int me, int j) {
+              return static_cast<uint64_t>(B_ * counts(j) * heads[me].size() * D_ * e);
+            },
             false);
       };
       to_heads("q", qh);
@@ -680,8 +712,8 @@ class MeshModel {
         // Ring all-reduce on the wire: 2(tp-1) steps of n/tp bytes. The tp group's members
         // are sp() ranks apart.
         const bool span = node_of(hw_, 0) != node_of(hw_, (tp - 1) * N_);
-        const double secs = reduces * (2.0 * (tp - 1) * alpha(span) +
-                                       2.0 * n * (tp - 1) / tp / bw(span));
+        const double secs =
+            reduces * (2.0 * (tp - 1) * alpha(span) + 2.0 * n * (tp - 1) / tp / bw(span));
         t_[r] += secs;
         collectives_[r].push_back({"all_reduce", "row-parallel outputs", "tp", acc, acc,
                                    int64_t{reduces}, span, false, secs});
@@ -704,8 +736,9 @@ class MeshModel {
       CommPrediction p;
       if (w_.decode()) {
         if (m_.scheme != Scheme::kLocal)
-          p = predict_decode_bytes(m_.scheme == Scheme::kPassQ ? PassKind::kPassQ : PassKind::kPassKv,
-                                   place_, r, B_, H_, Hkv_, D_, e_);
+          p = predict_decode_bytes(
+              m_.scheme == Scheme::kPassQ ? PassKind::kPassQ : PassKind::kPassKv, place_, r, B_, H_,
+              Hkv_, D_, e_);
       } else if (m_.scheme != Scheme::kLocal) {
         const Strategy st = m_.scheme == Scheme::kAllGather ? Strategy::kAllGather
                             : m_.scheme == Scheme::kRing    ? Strategy::kRing
@@ -744,14 +777,15 @@ class MeshModel {
     double worst_act = 0, worst_kv = 0;
     for (int r = 0; r < N_; ++r) {
       const RankCost& rc = cost_.ranks[r];
-      const double tokens = static_cast<double>(rc.tokens) +
-                            (w_.family == ModelFamily::kMMDiT ? w_.text_tokens : 0);
+      const double tokens =
+          static_cast<double>(rc.tokens) + (w_.family == ModelFamily::kMMDiT ? w_.text_tokens : 0);
       double act;
       if (w_.attention_only) {
         act = B_ * (rc.tokens * (H_ + 2.0 * Hkv_) * D_ * e_ + rc.tokens * H_ * (D_ + 1) * 4.0);
       } else {
-        act = B_ * tokens * e_ * (4.0 * w_.hidden + (H_ + 2.0 * Hkv_) * D_ +
-                                  static_cast<double>(w_.ffn_dim) / m_.tp) +
+        act = B_ * tokens * e_ *
+                  (4.0 * w_.hidden + (H_ + 2.0 * Hkv_) * D_ +
+                   static_cast<double>(w_.ffn_dim) / m_.tp) +
               B_ * rc.tokens * H_ * (D_ + 1) * 4.0;
       }
       act += rc.peak_kv_bytes;
@@ -764,8 +798,8 @@ class MeshModel {
     cost_.kv_cache_bytes = worst_kv;
     cost_.activation_bytes = worst_act;
     cost_.memory_bytes = cost_.weight_bytes + cost_.kv_cache_bytes + cost_.activation_bytes;
-    cost_.memory_limit = memory_limit_ > 0 ? memory_limit_
-                                           : rank_memory_bytes(hw_, ranks_on_node(hw_, m_.world()));
+    cost_.memory_limit =
+        memory_limit_ > 0 ? memory_limit_ : rank_memory_bytes(hw_, ranks_on_node(hw_, m_.world()));
     cost_.fits_memory = cost_.memory_limit <= 0 || cost_.memory_bytes <= cost_.memory_limit;
   }
 

@@ -50,8 +50,9 @@ bool file_exists(const std::string& path) {
 
 HardwareProfile read_profile_file(const std::string& path) {
   std::ifstream f(path);
-  SEQPAR_ARG_CHECK(f.good(), "--hardware ", path, ": cannot read the file; valid names: ",
-                   names_text(), ", or a path to a profile JSON file");
+  SEQPAR_ARG_CHECK(f.good(), "--hardware ", path,
+                   ": cannot read the file; valid names: ", names_text(),
+                   ", or a path to a profile JSON file");
   std::stringstream ss;
   ss << f.rdbuf();
   return hardware_profile_from_json(ss.str(), path);
@@ -124,8 +125,8 @@ HardwareProfile hardware_profile_from_json(std::string_view text, std::string_vi
   try {
     j = json::parse(text.begin(), text.end());
   } catch (const json::parse_error& e) {
-    throw InvalidArgument(detail::concat("hardware profile ", source, " is not valid JSON: ",
-                                         e.what()));
+    throw InvalidArgument(
+        detail::concat("hardware profile ", source, " is not valid JSON: ", e.what()));
   }
   SEQPAR_ARG_CHECK(j.is_object(), "hardware profile ", source, " must be a JSON object");
   HardwareProfile p;
@@ -162,13 +163,14 @@ HardwareProfile hardware_profile_from_json(std::string_view text, std::string_vi
                    "\"intra_node_bw\" and \"inter_node_bw\"");
   SEQPAR_ARG_CHECK(p.latency_s >= 0 && p.inter_node_latency_s >= 0 && p.gemm_flops >= 0 &&
                        p.local_copy_bw >= 0 && p.memory_bytes >= 0 && p.cores_per_node >= 0,
-                   "hardware profile ", source, ": rates, latencies and sizes must not be negative");
+                   "hardware profile ", source,
+                   ": rates, latencies and sizes must not be negative");
   SEQPAR_ARG_CHECK(p.overlap >= 0 && p.overlap <= 1, "hardware profile ", source,
                    ": \"overlap\" must be between 0 and 1");
-  SEQPAR_ARG_CHECK(p.thread_efficiency > 0 && p.thread_efficiency <= 1, "hardware profile ",
-                   source, ": \"thread_efficiency\" must be in (0, 1]");
-  SEQPAR_ARG_CHECK(p.dtype == "fp32" || p.dtype == "bf16" || p.dtype == "fp16",
-                   "hardware profile ", source, ": \"dtype\" must be fp32, bf16 or fp16");
+  SEQPAR_ARG_CHECK(p.thread_efficiency > 0 && p.thread_efficiency <= 1, "hardware profile ", source,
+                   ": \"thread_efficiency\" must be in (0, 1]");
+  SEQPAR_ARG_CHECK(p.dtype == "fp32" || p.dtype == "bf16" || p.dtype == "fp16", "hardware profile ",
+                   source, ": \"dtype\" must be fp32, bf16 or fp16");
   return p;
 }
 

@@ -27,8 +27,8 @@ std::string gb(double bytes) {
 // The schemes a sequence-parallel group of u x r ranks can run.
 std::vector<Scheme> schemes_for(const Workload& w, int u, int r) {
   if (u * r == 1) return {Scheme::kLocal};
-  if (w.decode()) return u == 1 ? std::vector<Scheme>{Scheme::kPassKv, Scheme::kPassQ}
-                                : std::vector<Scheme>{};
+  if (w.decode())
+    return u == 1 ? std::vector<Scheme>{Scheme::kPassKv, Scheme::kPassQ} : std::vector<Scheme>{};
   if (u == 1) return {Scheme::kRing, Scheme::kAllGather};
   if (r == 1) return {Scheme::kUlysses};
   return {Scheme::kUsp};
@@ -197,8 +197,9 @@ std::string nearest_name(const std::string& name, const std::vector<std::string>
     for (size_t i = 1; i <= name.size(); ++i) {
       cur[0] = i;
       for (size_t j = 1; j <= n.size(); ++j)
-        cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1,
-                           prev[j - 1] + (std::tolower(name[i - 1]) == std::tolower(n[j - 1]) ? 0 : 1)});
+        cur[j] =
+            std::min({prev[j] + 1, cur[j - 1] + 1,
+                      prev[j - 1] + (std::tolower(name[i - 1]) == std::tolower(n[j - 1]) ? 0 : 1)});
       std::swap(prev, cur);
     }
     if (prev[n.size()] < best_d) {
@@ -288,10 +289,10 @@ DecodeChoice decode_choice(const PlanRequest& req) {
   c.flops_per_s = rank_attention_flops(req.hw, ranks_on_node(req.hw, req.world));
   c.bytes_per_s = req.hw.inter_node_bw;
   const size_t e = dtype_size(w.dtype);
-  c.basic = choose_pass(w.fresh, w.cached, c.ranks, w.heads, w.kv_heads, e, c.flops_per_s,
-                        c.bytes_per_s);
-  c.all2all = choose_pass_all2all(w.fresh, w.cached, c.ranks, w.heads, w.kv_heads, e,
-                                  c.flops_per_s, c.bytes_per_s);
+  c.basic =
+      choose_pass(w.fresh, w.cached, c.ranks, w.heads, w.kv_heads, e, c.flops_per_s, c.bytes_per_s);
+  c.all2all = choose_pass_all2all(w.fresh, w.cached, c.ranks, w.heads, w.kv_heads, e, c.flops_per_s,
+                                  c.bytes_per_s);
   c.choice = c.all2all.kind;
   if (c.ranks > 1) {
     for (Scheme s : {Scheme::kPassKv, Scheme::kPassQ}) {
@@ -319,7 +320,9 @@ Plan make_plan(const PlanRequest& req) {
   plan.divisibility = analyse_divisibility(req);
   if (req.work.decode()) plan.decode = decode_choice(req);
   Enumerated e = enumerate_and_cost(req);
-  auto faster = [](const MeshCost& a, const MeshCost& b) { return a.step_s < b.step_s * (1 - 1e-12); };
+  auto faster = [](const MeshCost& a, const MeshCost& b) {
+    return a.step_s < b.step_s * (1 - 1e-12);
+  };
   std::stable_sort(e.fit.begin(), e.fit.end(), faster);
   std::stable_sort(e.over.begin(), e.over.end(), [](const MeshCost& a, const MeshCost& b) {
     return a.memory_bytes < b.memory_bytes;
@@ -328,14 +331,13 @@ Plan make_plan(const PlanRequest& req) {
   plan.over_memory = std::move(e.over);
   plan.rejected = std::move(e.rejected);
 
-  const std::string what =
-      detail::concat(req.work.model, " at ", req.work.seq, " tokens");
+  const std::string what = detail::concat(req.work.model, " at ", req.work.seq, " tokens");
   if (plan.ranked.empty() && plan.over_memory.empty()) {
-    std::string reason = plan.rejected.empty() ? "the pinned degrees leave no mesh"
-                                               : plan.rejected.front().reason;
-    throw InvalidArgument(detail::concat("no mesh of ", req.world, " ranks can run ", what, ": ",
-                                         reason, "; nearest world sizes that run: ",
-                                         nearest_running_worlds(req)));
+    std::string reason =
+        plan.rejected.empty() ? "the pinned degrees leave no mesh" : plan.rejected.front().reason;
+    throw InvalidArgument(
+        detail::concat("no mesh of ", req.world, " ranks can run ", what, ": ", reason,
+                       "; nearest world sizes that run: ", nearest_running_worlds(req)));
   }
   if (plan.ranked.empty() && !req.work.decode()) {
     const MeshCost& smallest = plan.over_memory.front();
@@ -344,11 +346,11 @@ Plan make_plan(const PlanRequest& req) {
     std::string alt = w2 > 0 ? detail::concat("--ranks ", w2, " (", best.mesh.label(), ", ",
                                               gb(best.memory_bytes), " per rank)")
                              : std::string("no world size up to 64x fits");
-    throw InvalidArgument(detail::concat(
-        "no mesh of ", req.world, " ranks fits ", what, " in ", gb(smallest.memory_limit),
-        " per rank: the smallest needs ", gb(smallest.memory_bytes), " (", smallest.mesh.label(),
-        "); nearest: ", alt, ", or --memory-limit ",
-        std::ceil(smallest.memory_bytes / 1e9), " (GB)"));
+    throw InvalidArgument(
+        detail::concat("no mesh of ", req.world, " ranks fits ", what, " in ",
+                       gb(smallest.memory_limit), " per rank: the smallest needs ",
+                       gb(smallest.memory_bytes), " (", smallest.mesh.label(), "); nearest: ", alt,
+                       ", or --memory-limit ", std::ceil(smallest.memory_bytes / 1e9), " (GB)"));
   }
   return plan;
 }

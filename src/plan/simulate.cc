@@ -53,9 +53,9 @@ Simulation simulate_scaling(const Workload& w, const HardwareProfile& hw,
   sim.threshold = threshold;
   sim.sizes = sizes;
   const std::vector<Scheme> schemes =
-      w.decode() ? std::vector<Scheme>{Scheme::kPassKv, Scheme::kPassQ}
-                 : std::vector<Scheme>{Scheme::kRing, Scheme::kUlysses, Scheme::kUsp,
-                                       Scheme::kAllGather};
+      w.decode()
+          ? std::vector<Scheme>{Scheme::kPassKv, Scheme::kPassQ}
+          : std::vector<Scheme>{Scheme::kRing, Scheme::kUlysses, Scheme::kUsp, Scheme::kAllGather};
   for (Scheme s : schemes) {
     SimCurve curve;
     curve.scheme = s;
@@ -115,7 +115,8 @@ Simulation simulate_scaling(const Workload& w, const HardwareProfile& hw,
       }
     std::string line = std::string(scheme_name(s)) + ": ";
     if (!first) {
-      line += "no size runs (" + (curve.points.empty() ? std::string("no sizes") : curve.points[0].note) + ")";
+      line += "no size runs (" +
+              (curve.points.empty() ? std::string("no sizes") : curve.points[0].note) + ")";
     } else if (curve.stops_hiding_at == 0) {
       line += detail::concat("communication stays hidden behind compute up to ", last->ranks,
                              " ranks (exposed <= ", percent(threshold), " of a layer)");
@@ -124,12 +125,12 @@ Simulation simulate_scaling(const Workload& w, const HardwareProfile& hw,
       for (const SimPoint& p : curve.points)
         if (p.ranks == curve.stops_hiding_at) at = &p;
       if (curve.hidden_up_to > 0)
-        line += detail::concat("communication hides behind compute up to ", curve.hidden_up_to,
-                               " ranks (exposed <= ", percent(threshold), " of a layer); from ",
-                               curve.stops_hiding_at, " ranks it is ",
-                               percent(at->exposed_fraction), " of a layer",
-                               at->inter_node ? " (the group spans nodes)" : "", ", ",
-                               percent(last->exposed_fraction), " at ", last->ranks);
+        line +=
+            detail::concat("communication hides behind compute up to ", curve.hidden_up_to,
+                           " ranks (exposed <= ", percent(threshold), " of a layer); from ",
+                           curve.stops_hiding_at, " ranks it is ", percent(at->exposed_fraction),
+                           " of a layer", at->inter_node ? " (the group spans nodes)" : "", ", ",
+                           percent(last->exposed_fraction), " at ", last->ranks);
       else
         line += detail::concat("communication is exposed at every size: ",
                                percent(at->exposed_fraction), " of a layer at ", at->ranks,

@@ -15,11 +15,20 @@ std::string escape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -27,21 +36,31 @@ std::string escape(const std::string& s) {
 
 std::string time_label(double s) {
   char buf[32];
-  if (s >= 1) std::snprintf(buf, sizeof buf, "%g s", s);
-  else if (s >= 1e-3) std::snprintf(buf, sizeof buf, "%g ms", s * 1e3);
-  else std::snprintf(buf, sizeof buf, "%g us", s * 1e6);
+  if (s >= 1)
+    std::snprintf(buf, sizeof buf, "%g s", s);
+  else if (s >= 1e-3)
+    std::snprintf(buf, sizeof buf, "%g ms", s * 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%g us", s * 1e6);
   return buf;
 }
 
 const char* color_of(Scheme s) {
   switch (s) {
-    case Scheme::kRing: return "#1f77b4";
-    case Scheme::kUlysses: return "#ff7f0e";
-    case Scheme::kUsp: return "#2ca02c";
-    case Scheme::kAllGather: return "#9467bd";
-    case Scheme::kPassKv: return "#1f77b4";
-    case Scheme::kPassQ: return "#d62728";
-    default: return "#7f7f7f";
+    case Scheme::kRing:
+      return "#1f77b4";
+    case Scheme::kUlysses:
+      return "#ff7f0e";
+    case Scheme::kUsp:
+      return "#2ca02c";
+    case Scheme::kAllGather:
+      return "#9467bd";
+    case Scheme::kPassKv:
+      return "#1f77b4";
+    case Scheme::kPassQ:
+      return "#d62728";
+    default:
+      return "#7f7f7f";
   }
 }
 
@@ -56,11 +75,13 @@ std::string simulation_svg(const Simulation& sim, const std::string& title) {
       if (p.valid && p.step_s > 0) {
         tmin = std::min(tmin, p.step_s);
         tmax = std::max(tmax, p.step_s);
-        const double compute = p.compute_s * (p.step_s / std::max(p.compute_s + p.exposed_s, 1e-300));
+        const double compute =
+            p.compute_s * (p.step_s / std::max(p.compute_s + p.exposed_s, 1e-300));
         if (compute > 0) tmin = std::min(tmin, compute);
       }
   if (!(tmax > 0)) tmin = 1e-3, tmax = 1;
-  const double y0 = std::floor(std::log10(tmin)), y1 = std::max(y0 + 1, std::ceil(std::log10(tmax)));
+  const double y0 = std::floor(std::log10(tmin)),
+               y1 = std::max(y0 + 1, std::ceil(std::log10(tmax)));
   const int nmin = sim.sizes.empty() ? 1 : sim.sizes.front();
   const int nmax = sim.sizes.empty() ? 2 : std::max(sim.sizes.back(), nmin * 2);
   const double x0 = std::log2(nmin), x1 = std::log2(nmax);
@@ -78,8 +99,8 @@ std::string simulation_svg(const Simulation& sim, const std::string& title) {
     << escape(title) << "</text>\n";
   // Grid and axes.
   for (int n : sim.sizes) {
-    o << "<line x1=\"" << X(n) << "\" y1=\"" << top << "\" x2=\"" << X(n) << "\" y2=\""
-      << top + ph << "\" stroke=\"#e0e0e0\"/>\n"
+    o << "<line x1=\"" << X(n) << "\" y1=\"" << top << "\" x2=\"" << X(n) << "\" y2=\"" << top + ph
+      << "\" stroke=\"#e0e0e0\"/>\n"
       << "<text x=\"" << X(n) << "\" y=\"" << top + ph + 18 << "\" text-anchor=\"middle\">" << n
       << "</text>\n";
   }
@@ -94,8 +115,9 @@ std::string simulation_svg(const Simulation& sim, const std::string& title) {
     << "\" fill=\"none\" stroke=\"black\"/>\n"
     << "<text x=\"" << left + pw / 2 << "\" y=\"" << Hh - 25
     << "\" text-anchor=\"middle\">sequence-parallel ranks</text>\n"
-    << "<text x=\"22\" y=\"" << top + ph / 2 << "\" text-anchor=\"middle\" transform=\"rotate(-90 22 "
-    << top + ph / 2 << ")\">predicted step time</text>\n";
+    << "<text x=\"22\" y=\"" << top + ph / 2
+    << "\" text-anchor=\"middle\" transform=\"rotate(-90 22 " << top + ph / 2
+    << ")\">predicted step time</text>\n";
   // Node boundary.
   if (sim.ranks_per_node > 0 && sim.ranks_per_node >= nmin && sim.ranks_per_node < nmax) {
     const double xb = X(sim.ranks_per_node + 0.5 * sim.ranks_per_node);
@@ -118,7 +140,8 @@ std::string simulation_svg(const Simulation& sim, const std::string& title) {
       if (!p.valid || p.step_s <= 0) continue;
       any = true;
       step << X(p.ranks) << "," << Y(p.step_s) << " ";
-      const double layers = p.compute_s + p.exposed_s > 0 ? p.step_s / (p.compute_s + p.exposed_s) : 1;
+      const double layers =
+          p.compute_s + p.exposed_s > 0 ? p.step_s / (p.compute_s + p.exposed_s) : 1;
       comp << X(p.ranks) << "," << Y(std::max(p.compute_s * layers, std::pow(10.0, y0))) << " ";
     }
     if (!any) continue;
@@ -148,11 +171,9 @@ std::string simulation_svg(const Simulation& sim, const std::string& title) {
     << "<text x=\"" << left + pw + 52 << "\" y=\"" << ly + 4 << "\">compute only</text>\n"
     << "<circle cx=\"" << left + pw + 30 << "\" cy=\"" << ly + 22
     << "\" r=\"8\" fill=\"none\" stroke=\"#d62728\" stroke-width=\"2\"/>\n"
-    << "<text x=\"" << left + pw + 52 << "\" y=\"" << ly + 26
-    << "\">comm stops hiding</text>\n"
+    << "<text x=\"" << left + pw + 52 << "\" y=\"" << ly + 26 << "\">comm stops hiding</text>\n"
     << "<text x=\"" << left + pw + 15 << "\" y=\"" << ly + 56 << "\" fill=\"#555\">"
-    << escape(sim.hardware) << ", " << escape(std::string(layout_name(sim.layout)))
-    << "</text>\n"
+    << escape(sim.hardware) << ", " << escape(std::string(layout_name(sim.layout))) << "</text>\n"
     << "</svg>\n";
   return o.str();
 }

@@ -91,19 +91,17 @@ TEST_P(SequenceBytes, EqualMeasured) {
 
 INSTANTIATE_TEST_SUITE_P(
     AllStrategies, SequenceBytes,
-    ::testing::Combine(::testing::Values(Degrees{Scheme::kAllGather, 1, 2},
-                                         Degrees{Scheme::kAllGather, 1, 3},
-                                         Degrees{Scheme::kAllGather, 1, 8},
-                                         Degrees{Scheme::kRing, 1, 2}, Degrees{Scheme::kRing, 1, 3},
-                                         Degrees{Scheme::kRing, 1, 4}, Degrees{Scheme::kRing, 1, 8},
-                                         Degrees{Scheme::kUlysses, 2, 1},
-                                         Degrees{Scheme::kUlysses, 3, 1},
-                                         Degrees{Scheme::kUlysses, 4, 1},
-                                         Degrees{Scheme::kUsp, 2, 2}, Degrees{Scheme::kUsp, 2, 3},
-                                         Degrees{Scheme::kUsp, 3, 2}, Degrees{Scheme::kUsp, 4, 2}),
-                       ::testing::Values(Layout::kContiguous, Layout::kStriped, Layout::kZigzag),
-                       ::testing::Values(int64_t{64}, int64_t{67}), ::testing::Bool(),
-                       ::testing::Values(DType::kF32, DType::kBF16)));
+    ::testing::Combine(
+        ::testing::Values(Degrees{Scheme::kAllGather, 1, 2}, Degrees{Scheme::kAllGather, 1, 3},
+                          Degrees{Scheme::kAllGather, 1, 8}, Degrees{Scheme::kRing, 1, 2},
+                          Degrees{Scheme::kRing, 1, 3}, Degrees{Scheme::kRing, 1, 4},
+                          Degrees{Scheme::kRing, 1, 8}, Degrees{Scheme::kUlysses, 2, 1},
+                          Degrees{Scheme::kUlysses, 3, 1}, Degrees{Scheme::kUlysses, 4, 1},
+                          Degrees{Scheme::kUsp, 2, 2}, Degrees{Scheme::kUsp, 2, 3},
+                          Degrees{Scheme::kUsp, 3, 2}, Degrees{Scheme::kUsp, 4, 2}),
+        ::testing::Values(Layout::kContiguous, Layout::kStriped, Layout::kZigzag),
+        ::testing::Values(int64_t{64}, int64_t{67}), ::testing::Bool(),
+        ::testing::Values(DType::kF32, DType::kBF16)));
 
 TEST(CostModelBytes, BatchNonCausalAndOddHeads) {
   // Batch 2, non-causal, heads that split unevenly (6 over 4 members, GQA groups crossing
@@ -175,7 +173,8 @@ TEST(CostModel, KernelKvHeadsAgreeWithTheStrategies) {
       if (h % kv) continue;
       for (int n = 1; n <= 8; ++n)
         for (int j = 0; j < n; ++j)
-          EXPECT_EQ(ulysses_member_kernel_kv_heads(h, kv, n, j), ulysses_kernel_kv_heads(h, kv, n, j))
+          EXPECT_EQ(ulysses_member_kernel_kv_heads(h, kv, n, j),
+                    ulysses_kernel_kv_heads(h, kv, n, j))
               << h << "/" << kv << " n " << n << " j " << j;
     }
 }

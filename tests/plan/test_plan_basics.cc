@@ -42,14 +42,19 @@ TEST(Hardware, JsonRoundTripAndErrors) {
   EXPECT_EQ(q.ranks_per_node, p.ranks_per_node);
   EXPECT_THROW(hardware_profile_from_json("{", "x"), InvalidArgument);
   EXPECT_THROW(hardware_profile_from_json(R"({"name":"a","attention_flops":1,"intra_node_bw":1,
-      "inter_node_bw":1,"bogus":3})", "x"), InvalidArgument);
+      "inter_node_bw":1,"bogus":3})",
+                                          "x"),
+               InvalidArgument);
   EXPECT_THROW(hardware_profile_from_json(R"({"name":"a","attention_flops":"fast",
-      "intra_node_bw":1,"inter_node_bw":1})", "x"), InvalidArgument);
+      "intra_node_bw":1,"inter_node_bw":1})",
+                                          "x"),
+               InvalidArgument);
   EXPECT_THROW(hardware_profile_from_json(R"({"name":"a"})", "x"), InvalidArgument);
   // An older profile without the planner's fields keeps their defaults.
   const HardwareProfile old = hardware_profile_from_json(
       R"({"name":"old","attention_flops":1e12,"intra_node_bw":1e10,"inter_node_bw":1e9,
-          "latency_s":1e-5,"ranks_per_node":4,"memory_bytes":1e10})", "x");
+          "latency_s":1e-5,"ranks_per_node":4,"memory_bytes":1e10})",
+      "x");
   EXPECT_DOUBLE_EQ(old.overlap, 1.0);
   EXPECT_FALSE(old.shared_node);
 }

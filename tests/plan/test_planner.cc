@@ -106,8 +106,8 @@ TEST(Planner, PinsAndTensorParallelRejections) {
 
 PlanRequest llama405_decode(int64_t cached, int64_t fresh) {
   PlanRequest req;
-  req.work = model_workload(model_preset("llama3-405b"), 0, 1, DType::kBF16, false, 0, cached,
-                            fresh);
+  req.work =
+      model_workload(model_preset("llama3-405b"), 0, 1, DType::kBF16, false, 0, cached, fresh);
   req.world = 4;
   req.hw = hardware_profile("h100");
   return req;
@@ -122,7 +122,8 @@ TEST(Planner, MetasWorkedExamples) {
   EXPECT_EQ(a.decode->basic.kind, PassKind::kPassQ);
   EXPECT_NEAR(a.decode->all2all.threshold_tokens, 4945.0, 1e-6);
   // All2All-aware: 2·8/128 - 4·3200·50e9 / (4·989e12·2) = 0.125 - 0.0808898 = 0.0441102.
-  EXPECT_NEAR(a.decode->all2all.miss_threshold, 0.125 - 4.0 * 3200 * 50e9 / (4 * 989e12 * 2), 1e-12);
+  EXPECT_NEAR(a.decode->all2all.miss_threshold, 0.125 - 4.0 * 3200 * 50e9 / (4 * 989e12 * 2),
+              1e-12);
   EXPECT_NEAR(a.decode->all2all.miss_rate, 0.025, 1e-12);
   const Plan b = make_plan(llama405_decode(115200, 12800));  // 10% new
   EXPECT_EQ(b.decode->choice, PassKind::kPassKv);

@@ -32,7 +32,7 @@ namespace seqpar {
 
 // How the sequence-parallel group computes attention. kLocal: a group of one rank.
 enum class Scheme { kLocal, kAllGather, kRing, kUlysses, kUsp, kPassKv, kPassQ };
-std::string_view scheme_name(Scheme s);  // "local", "allgather", "ring", "ulysses", "usp", ...
+std::string_view scheme_name(Scheme s);      // "local", "allgather", "ring", "ulysses", "usp", ...
 Scheme parse_scheme(std::string_view name);  // throws InvalidArgument listing valid names
 
 // What runs: one model forward step (a denoising step, a prefill, a partial prefill / decode
@@ -45,7 +45,7 @@ struct Workload {
   int64_t text_tokens = 0;     // joint attention (mmdit): T text tokens replicated on every rank
   int64_t cross_tokens = 0;    // cross-attention (dit): replicated encoder tokens
   int64_t batch = 1;
-  int cfg_branches = 1;        // 2 with classifier-free guidance
+  int cfg_branches = 1;  // 2 with classifier-free guidance
   int64_t heads = 0, kv_heads = 0, head_dim = 0;
   int64_t hidden = 0, ffn_dim = 0, layers = 1, params = 0;
   bool causal = false;
@@ -57,8 +57,7 @@ struct Workload {
 // A model's workload at `tokens` sharded tokens (dit/mmdit: latent patches; llm: the prompt).
 // With fresh > 0 (llm only) the step is T = fresh new tokens over a cache of `cached`.
 Workload model_workload(const ModelPreset& m, int64_t tokens, int64_t batch, DType dtype,
-                        bool guidance, int64_t text_tokens, int64_t cached = 0,
-                        int64_t fresh = 0);
+                        bool guidance, int64_t text_tokens, int64_t cached = 0, int64_t fresh = 0);
 // One attention call of seqpar run's shape.
 Workload attention_workload(int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim,
                             int64_t batch, bool causal, DType dtype, int64_t text_tokens = 0,
@@ -79,9 +78,9 @@ struct Mesh {
 
 // One collective (or the ring's point-to-point steps) of a rank, per layer.
 struct CollectiveCost {
-  std::string op;     // all_gatherv, all_to_allv, send_recv, all_gather, all_reduce
-  std::string what;   // "k", "v", "q", "out+lse", "token counts", "text partials", ...
-  std::string group;  // sp, ulysses, ring, tp
+  std::string op;               // all_gatherv, all_to_allv, send_recv, all_gather, all_reduce
+  std::string what;             // "k", "v", "q", "out+lse", "token counts", "text partials", ...
+  std::string group;            // sp, ulysses, ring, tp
   uint64_t sent = 0, recv = 0;  // bytes as CommStats counts them
   int64_t calls = 0;            // ops per layer
   bool inter_node = false;      // the group spans nodes
@@ -91,11 +90,11 @@ struct CollectiveCost {
 
 // One rank of the sequence-parallel group (the same in every cfg and tp group), per layer.
 struct RankCost {
-  int64_t tokens = 0;         // its queries (sharded tokens, padding included)
-  int64_t work = 0;           // visible score elements of the attention call (CpStats::work)
+  int64_t tokens = 0;           // its queries (sharded tokens, padding included)
+  int64_t work = 0;             // visible score elements of the attention call (CpStats::work)
   uint64_t sent = 0, recv = 0;  // attention bytes (CommStats): predict_*_bytes
-  int64_t peak_kv_bytes = 0;  // K/V held at once (CpStats::peak_kv_bytes)
-  double attention_flops = 0;  // all attention of the layer (self, cross, text)
+  int64_t peak_kv_bytes = 0;    // K/V held at once (CpStats::peak_kv_bytes)
+  double attention_flops = 0;   // all attention of the layer (self, cross, text)
   double linear_flops = 0;
   double compute_s = 0;  // compute time of the layer (attention, linear, local copies)
   double finish_s = 0;   // when its layer ends in the replay
@@ -104,9 +103,9 @@ struct RankCost {
 struct MeshCost {
   Mesh mesh;
   int64_t seq = 0, padded_seq = 0, remainder = 0;  // remainder: seq mod sp
-  std::vector<RankCost> ranks;                // sp ranks
-  std::vector<CollectiveCost> collectives;    // of the critical rank
-  int critical_rank = 0;                      // the rank that finishes last
+  std::vector<RankCost> ranks;                     // sp ranks
+  std::vector<CollectiveCost> collectives;         // of the critical rank
+  int critical_rank = 0;                           // the rank that finishes last
   double compute_s = 0, comm_s = 0, exposed_comm_s = 0, layer_s = 0, step_s = 0;
   double work_imbalance = 1;  // max / mean attention work
   uint64_t tp_bytes = 0;      // all-reduce bytes per rank per layer (CommStats rule n·(tp-1))
@@ -134,9 +133,9 @@ MeshCost cost_mesh(const Workload& w, const Mesh& m, const HardwareProfile& hw,
 // The All2All-aware variant of Meta's rule (see docs/planner.md): pass-KV if
 //   T >= N·C·Hkv·e / (2·H·BW)   or   T/(T+P) >= 2·Hkv/H - 4·T·BW / (N·C·e),
 // else pass-Q: the second test adds the exposed all-to-all of pass-Q's partial outputs.
-PassChoice choose_pass_all2all(int64_t new_tokens, int64_t cached_tokens, int ranks,
-                               int64_t heads, int64_t kv_heads, size_t elem_bytes,
-                               double flops_per_s, double bytes_per_s);
+PassChoice choose_pass_all2all(int64_t new_tokens, int64_t cached_tokens, int ranks, int64_t heads,
+                               int64_t kv_heads, size_t elem_bytes, double flops_per_s,
+                               double bytes_per_s);
 
 // The kv heads a Ulysses member's kernel reads (its own, or one per query head when the local
 // GQA mapping does not line up): what the ring of usp carries.

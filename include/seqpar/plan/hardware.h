@@ -24,12 +24,13 @@ namespace seqpar {
 struct HardwareProfile {
   std::string name;
   std::string description;
-  double attention_flops = 0;   // attention FLOP/s of one rank at `dtype` (of one core if shared_node)
-  double intra_node_bw = 0;     // bytes/s per rank inside a node, each direction
-  double inter_node_bw = 0;     // bytes/s per rank between nodes, each direction
-  double latency_s = 0;         // per message inside a node
-  int ranks_per_node = 1;       // <= 0: all ranks on one node
-  double memory_bytes = 0;      // per rank (per node if shared_node)
+  // Attention FLOP/s of one rank at `dtype` (of one core if shared_node).
+  double attention_flops = 0;
+  double intra_node_bw = 0;  // bytes/s per rank inside a node, each direction
+  double inter_node_bw = 0;  // bytes/s per rank between nodes, each direction
+  double latency_s = 0;      // per message inside a node
+  int ranks_per_node = 1;    // <= 0: all ranks on one node
+  double memory_bytes = 0;   // per rank (per node if shared_node)
   // Fields added with the planner; their defaults keep a profile that lacks them meaningful.
   double inter_node_latency_s = 0;  // per message between nodes; 0: latency_s
   double gemm_flops = 0;            // FLOP/s of the linear layers; 0: attention_flops

@@ -50,9 +50,9 @@ struct Divisibility {
   int sp = 1;
   int64_t remainder = 0;
   int64_t shard_floor = 0, shard_ceil = 0;
-  int ranks_with_ceil = 0;      // ranks holding shard_ceil tokens (uneven shards)
-  double shard_imbalance = 1;   // shard_ceil / (S / sp)
-  int64_t padded_seq = 0;       // next multiple of sp
+  int ranks_with_ceil = 0;        // ranks holding shard_ceil tokens (uneven shards)
+  double shard_imbalance = 1;     // shard_ceil / (S / sp)
+  int64_t padded_seq = 0;         // next multiple of sp
   int64_t padded_seq_zigzag = 0;  // next multiple of 2·sp
   double pad_token_overhead = 0;  // (padded - S) / S
   double pad_work_overhead = 0;   // attention work on the padded length over the real one
@@ -78,9 +78,9 @@ struct DecodeChoice {
 struct Plan {
   PlanRequest request;
   Divisibility divisibility;
-  std::vector<MeshCost> ranked;     // fit the memory limit, fastest first
+  std::vector<MeshCost> ranked;       // fit the memory limit, fastest first
   std::vector<MeshCost> over_memory;  // run but do not fit, smallest memory first
-  std::vector<Rejection> rejected;  // cannot run
+  std::vector<Rejection> rejected;    // cannot run
   std::optional<DecodeChoice> decode;
 };
 

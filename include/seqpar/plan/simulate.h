@@ -19,16 +19,17 @@ struct SimPoint {
   std::string note;  // why not valid, or the mesh chosen (usp: its degrees)
   int ulysses = 1, ring = 1;
   double step_s = 0, compute_s = 0, comm_s = 0, exposed_s = 0;  // step, and per layer
-  double exposed_fraction = 0;  // exposed comm / layer time
-  bool inter_node = false;      // the sequence-parallel group spans nodes
+  double exposed_fraction = 0;                                  // exposed comm / layer time
+  bool inter_node = false;  // the sequence-parallel group spans nodes
   double memory_bytes = 0;
 };
 
 struct SimCurve {
   Scheme scheme = Scheme::kRing;
   std::vector<SimPoint> points;
-  int hidden_up_to = 0;      // largest size with exposed fraction <= threshold (0: none)
-  int stops_hiding_at = 0;   // first size above it where the fraction exceeds the threshold (0: never)
+  int hidden_up_to = 0;  // largest size with exposed fraction <= threshold (0: none)
+  int stops_hiding_at =
+      0;  // first size above it where the fraction exceeds the threshold (0: never)
 };
 
 struct Simulation {
@@ -38,7 +39,7 @@ struct Simulation {
   Layout layout = Layout::kContiguous;
   double threshold = 0.05;  // exposed communication fraction that counts as "not hidden"
   std::vector<int> sizes;
-  std::vector<SimCurve> curves;  // ring, ulysses, usp, allgather
+  std::vector<SimCurve> curves;       // ring, ulysses, usp, allgather
   std::vector<std::string> findings;  // one line per strategy
 };
 
@@ -49,8 +50,8 @@ std::vector<int> doubling_sizes(int first, int last);
 // sizes are sequence-parallel sizes). usp takes the fastest ulysses degree > 1 (dividing both
 // the size and, if possible, staying inside a node).
 Simulation simulate_scaling(const Workload& w, const HardwareProfile& hw,
-                            const std::vector<int>& sizes, Layout layout, int cfg = 1,
-                            int tp = 1, double threshold = 0.05);
+                            const std::vector<int>& sizes, Layout layout, int cfg = 1, int tp = 1,
+                            double threshold = 0.05);
 
 // Predicted step time against ranks, one line per strategy, log-log axes, the node boundary and
 // the points where communication stops hiding marked. A complete standalone SVG document.
