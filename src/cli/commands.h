@@ -36,6 +36,7 @@ struct RunOptions {
   int64_t cached = 0;         // decode / partial prefill: tokens in the distributed K/V cache
   int64_t fresh = 0;          // decode / partial prefill: new tokens (--new)
   std::string hardware = "h100";  // profile for --strategy auto
+  std::string softmax = "online";  // online | const-max (ring, usp)
   std::string trace;  // --trace FILE: Chrome/Perfetto trace of the run (empty: off)
   int warmup = 1;     // untimed runs before the --repeat timed ones
 };

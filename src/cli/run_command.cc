@@ -37,12 +37,6 @@ namespace {
 
 using nlohmann::json;
 
-// --softmax online|const-max. Held here rather than in RunOptions (cli/commands.h) for now;
-// set by add_run_command's parser, read by make_job.
-std::string& softmax_option() {
-  static std::string value = "online";
-  return value;
-}
 
 // Largest number of query rows whose reference (double, naive) stays cheap: rows·B·S·H·D <= this.
 constexpr double kVerifyBudget = 6e8;
@@ -186,7 +180,7 @@ Job make_job(const RunOptions& o, int ranks, int threads) {
   job.kv_heads = o.kv_heads == 0 ? o.heads : o.kv_heads;
   job.cp.causal = o.causal;
   job.cp.ulysses_mode = parse_ulysses_mode(o.ulysses_mode);
-  job.cp.softmax = parse_softmax_mode(softmax_option());
+  job.cp.softmax = parse_softmax_mode(o.softmax);
   SEQPAR_ARG_CHECK(ranks >= 1, "--ranks ", ranks, " is invalid; it must be at least 1");
 
   const bool decode = o.cached > 0 || o.fresh > 0 || o.strategy == "passq" ||
@@ -209,7 +203,7 @@ Job make_job(const RunOptions& o, int ranks, int threads) {
     job.place = decode_placement(o.cached, o.fresh, ranks, job.layout);
     job.seq = job.padded_seq = o.cached + o.fresh;
     if (o.strategy == "auto") {
-      const HardwareProfile hw = hardware_profile(o.hardware);
+      const HardwareProfile hw = load_hardware_profile(o.hardware);
       job.choice = choose_pass(o.fresh, o.cached, ranks, o.heads, job.kv_heads,
                                dtype_size(job.dtype), hw.attention_flops, hw.inter_node_bw);
       job.pass = job.choice->kind;
@@ -670,7 +664,7 @@ void add_run_command(CLI::App& app, RunOptions& o) {
   run->add_option("--new", o.fresh, "new tokens attending the cache (decode)");
   run->add_option("--hardware", o.hardware, "profile for --strategy auto: h100 | h200 | "
                   "cpu-ethernet | local");
-  run->add_option("--softmax", softmax_option(),
+  run->add_option("--softmax", o.softmax,
                   "online | const-max (ring, usp: fixed per-row max from key norms, partial "
                   "sums added without rescaling; loose rows fall back to online)");
   run->add_option("--dtype", o.dtype, "fp32 | bf16 | fp16");

@@ -196,8 +196,9 @@ d = json.loads(sys.argv[1])
 assert 0 <= d["exposed_comm_fraction"] <= 1 and len(d["exposed_comm_fraction_per_rank"]) == 3
 assert d["exposed_comm_fraction"] == max(d["exposed_comm_fraction_per_rank"])
 assert all(x > 0 for x in d["peak_rss_bytes_per_rank"] + d["tensor_bytes_per_rank"])
-# zero copy on threads: the ring holds no K/V beyond its own shard (100 tokens, 2 heads, 16, fp32)
-assert d["peak_kv_bytes_per_rank"] == [2 * 100 * 2 * 16 * 4] * 3, d["peak_kv_bytes_per_rank"]
+# the ring reads its own shard plus two blocks in flight (borrowed, not copied, on threads):
+# 3 x K and V of 100 tokens, 2 heads, 16 dims, fp32
+assert d["peak_kv_bytes_per_rank"] == [3 * 2 * 100 * 2 * 16 * 4] * 3, d["peak_kv_bytes_per_rank"]
 ' "$out" && ok || bad "exposed/memory keys: $out"
 out=$("$bin" run --ranks 2 --seq 64 --heads 2 --head-dim 16 --repeat 2 --warmup 0 --json); rc=$?
 [ $rc -eq 0 ] && [ "$(json_get "$out" warmup)" = "0" ] && ok || bad "--warmup 0: $out"
