@@ -19,7 +19,7 @@ build: deps
 
 demo: build
 	$(SEQPAR) info
-	$(SEQPAR) run --strategy ring --layout contiguous --ranks 2 --seq 8192 --heads 8 \
+	$(SEQPAR) run --strategy ring --layout zigzag --ranks 2 --seq 8192 --heads 8 \
 	  --head-dim 128 --causal --verify
 
 test: build
