@@ -10,7 +10,9 @@
 #
 # Prints a markdown table (also written to --out if given). Both sides: 2 ranks, 1 thread per rank,
 # the same shapes, contiguous shards (seqpar's zigzag layout adds one row for causal ring), median
-# of --reps timed runs after one warm-up; for S <= 4096 the best of --rounds interleaved rounds.
+# of --reps timed runs after one warm-up; the best of --rounds interleaved rounds (the peer, which
+# takes minutes at S = 16384, runs one round there). "exposed comm" is seqpar's
+# exposed_comm_fraction (worst rank), the lowest over the rounds.
 # GFLOP/s count 4·D flops per visible score element on both sides (causal: half the square).
 #
 # The peer needs Debian's python3-torch (installed here with apt-get if missing; only this
@@ -141,7 +143,7 @@ run_peer() {  # strategy seq causal -> gflops, or "skip"
   echo
   echo "- machine: $(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1), $(nproc) cores; load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "- seqpar: $backend backend, 2 ranks x 1 thread; peer: $("$py" -c 'import torch; print("torch", torch.__version__)'), gloo, 2 processes x 1 thread, BLAS ${blas##*/} ($blas), OPENBLAS_CORETYPE=${coretype:-<auto>}"
-  echo "- median of $reps timed runs after one warm-up each; S <= 4096: best of $rounds interleaved rounds"
+  echo "- median of $reps timed runs after one warm-up each; best of $rounds interleaved rounds (the peer: one round for S > 4096)"
 } | tee ${out:+"$out"}
 
 read -r g1_one g1_two <<<"$(gemm_rates)"
@@ -156,21 +158,20 @@ for seq in $seqs; do
 done
 for cfg in "${configs[@]}"; do
   read -r strategy seq causal layout <<<"$cfg"
-  n=1
-  (( seq <= 4096 )) && n=$rounds
+  # seqpar: --rounds rounds at every size; the peer (slow): every round for S <= 4096, once above.
   s_vals=() e_vals=() p_vals=()
-  for ((round = 0; round < n; ++round)); do
+  for ((round = 0; round < rounds; ++round)); do
     read -r g e <<<"$(run_seqpar "$strategy" "$seq" "$causal" "$layout")"
     s_vals+=("$g"); e_vals+=("$e")
     last="n/a"
-    if [[ "$layout" == contiguous ]]; then
+    if [[ "$layout" == contiguous ]] && (( seq <= 4096 || round == 0 )); then
       last="$(run_peer "$strategy" "$seq" "$causal")"
       p_vals+=("$last")
     fi
     echo "  $cfg round $((round + 1)): seqpar $g GFLOP/s, peer $last" >&2
   done
   sp[$cfg]="$(best "${s_vals[@]}")"
-  ex[$cfg]="${e_vals[0]}"
+  ex[$cfg]="$("$py" -c "import sys; print(min(float(x) for x in sys.argv[1:]))" "${e_vals[@]}")"
   if [[ "$layout" == contiguous ]]; then
     if [[ "${p_vals[0]}" == skip:* ]]; then pr[$cfg]="${p_vals[0]}"; else pr[$cfg]="$(best "${p_vals[@]}")"; fi
   else

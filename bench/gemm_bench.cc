@@ -99,18 +99,20 @@ int main(int argc, char** argv) {
   double best_one = 0, best_together = 0;
   std::vector<double> per_thread(threads, 0);
   for (int r = 0; r < rounds; ++r) {
-    // One GEMM on one thread (inside a one-thread region, so oneDNN stays single-threaded).
+    // One GEMM on one thread. (Not inside a one-thread parallel region: that region is
+    // inactive, so oneDNN would use every thread; limiting the threads is what works.)
     {
+      omp_set_num_threads(1);
       int calls = 0;
       const double t0 = seqpar::now_seconds();
       double t = 0;
       do {
-#pragma omp parallel num_threads(1)
         gemms[0]->run();
         ++calls;
         t = seqpar::now_seconds() - t0;
       } while (t < min_time);
       best_one = std::max(best_one, gemms[0]->flops() * calls / t * 1e-9);
+      omp_set_num_threads(threads);
     }
     // T GEMMs at once, one per thread, each repeated for min_time.
     std::vector<double> rate(threads, 0);

@@ -81,8 +81,10 @@ struct Report {
   double max_lse_err = NAN;
   int64_t verified_rows = 0;
   double wait_fraction = 0;
-  // Per rank: median over the timed runs of (time blocked in communication / call time).
-  std::vector<double> exposed;
+  // Per rank: median over the timed runs of (time blocked in communication during the steps /
+  // call time), and of (time waiting at the end for peers done with this rank's memory / call
+  // time; zero-copy ring only). Their sum is the rank's whole communication wait.
+  std::vector<double> exposed, end_sync;
   // Per rank: peak resident memory (VmHWM; under threads the one process's, shared by all
   // ranks) and the bytes of this rank's tensors (q, k, v, the result, K/V blocks in flight).
   std::vector<int64_t> peak_rss, tensor_bytes;
@@ -431,7 +433,7 @@ void run_rank(Communicator& comm, const Job& job, Report* report) {
   AttnState state, text;
   CpStats cps;
   CommStats call_stats;
-  std::vector<double> seconds, exposed;
+  std::vector<double> seconds, exposed, end_sync;
   double wait_sum = 0, time_sum = 0;
   for (int rep = 0; rep < o.warmup + o.repeat; ++rep) {  // the first --warmup are not timed
     trace::Scope rep_span(trace::enabled() ? detail::concat(rep < o.warmup ? "warm-up " : "run ",
@@ -459,7 +461,8 @@ void run_rank(Communicator& comm, const Job& job, Report* report) {
       seconds.push_back(comm.all_reduce_max(dt));
       wait_sum += cps.wait_seconds;
       time_sum += dt;
-      exposed.push_back(dt > 0 ? cps.wait_seconds / dt : 0);
+      exposed.push_back(dt > 0 ? (cps.wait_seconds - cps.end_sync_seconds) / dt : 0);
+      end_sync.push_back(dt > 0 ? cps.end_sync_seconds / dt : 0);
     }
   }
 
@@ -481,10 +484,13 @@ void run_rank(Communicator& comm, const Job& job, Report* report) {
   std::vector<int64_t> all(kFigures * n);
   comm.all_gather(mine.data(), sizeof(mine), all.data());
   const double wait_fraction = comm.all_reduce_max(time_sum > 0 ? wait_sum / time_sum : 0);
-  std::sort(exposed.begin(), exposed.end());
-  const double my_exposed = exposed.empty() ? 0 : exposed[exposed.size() / 2];
-  std::vector<double> all_exposed(n);
-  comm.all_gather(&my_exposed, sizeof(double), all_exposed.data());
+  auto median_of = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  const double mine_frac[2] = {median_of(exposed), median_of(end_sync)};
+  std::vector<double> all_frac(2 * n);
+  comm.all_gather(mine_frac, sizeof(mine_frac), all_frac.data());
   if (!o.trace.empty()) write_trace(comm, o.trace);  // the runs only, not the verification
   if (o.verify) verify(comm, job, state, o.text_tokens > 0 ? &text : nullptr, report);
   if (r == 0 && report) {
@@ -500,7 +506,10 @@ void run_rank(Communicator& comm, const Job& job, Report* report) {
       report->tensor_bytes.push_back(all[kFigures * i + 7]);
     }
     report->wait_fraction = wait_fraction;
-    report->exposed = all_exposed;
+    for (int i = 0; i < n; ++i) {
+      report->exposed.push_back(all_frac[2 * i]);
+      report->end_sync.push_back(all_frac[2 * i + 1]);
+    }
   }
 }
 
@@ -557,6 +566,9 @@ int print_report(const Job& job, const Report& rep, const std::string& backend) 
     j["exposed_comm_fraction"] =
         rep.exposed.empty() ? 0.0 : *std::max_element(rep.exposed.begin(), rep.exposed.end());
     j["exposed_comm_fraction_per_rank"] = rep.exposed;
+    j["end_sync_fraction"] =
+        rep.end_sync.empty() ? 0.0 : *std::max_element(rep.end_sync.begin(), rep.end_sync.end());
+    j["end_sync_fraction_per_rank"] = rep.end_sync;
     j["peak_rss_bytes_per_rank"] = rep.peak_rss;
     j["rss_shared_by_ranks"] = backend != "mpi";
     j["tensor_bytes_per_rank"] = rep.tensor_bytes;
@@ -614,8 +626,13 @@ int print_report(const Job& job, const Report& rep, const std::string& backend) 
                 imbalance, 100 * rep.wait_fraction);
     const double exposed =
         rep.exposed.empty() ? 0.0 : *std::max_element(rep.exposed.begin(), rep.exposed.end());
-    std::printf("  exposed communication %.1f%% of step time (worst rank, median run)\n",
-                100 * exposed);
+    const double end_sync =
+        rep.end_sync.empty() ? 0.0 : *std::max_element(rep.end_sync.begin(), rep.end_sync.end());
+    std::printf("  exposed communication %.1f%% of step time (worst rank, median run)", 100 * exposed);
+    if (end_sync > 0)
+      std::printf("; end-of-call sync %.1f%% (zero copy: waiting for peers to finish reading)",
+                  100 * end_sync);
+    std::printf("\n");
     if (!o.trace.empty()) std::printf("  trace    %s\n", o.trace.c_str());
     std::printf("\n  %-5s %10s %15s %15s %16s %14s %12s\n", "rank", "queries", "bytes sent",
                 "bytes recv", "peak K/V bytes", "tensor bytes", "peak RSS MB");

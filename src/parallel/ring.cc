@@ -62,7 +62,7 @@ AttnState ring_over_blocks(Communicator& comm, std::span<const std::span<const i
   std::vector<std::array<Request, 2>> sends(borrow ? n - 1 : 0);
   std::vector<std::array<std::shared_ptr<void>, 2>> leases(borrow ? n - 1 : 0);
   int src = r;
-  double compute = 0, wait = 0;
+  double compute = 0, wait = 0, end_sync = 0;
   int64_t work = 0;
   bool first = true;
   std::optional<ConstMaxAccumulator> cmax;
@@ -172,7 +172,8 @@ AttnState ring_over_blocks(Communicator& comm, std::span<const std::span<const i
       wait_all(sends[s]);
       if (s > 0) leases[s - 1] = {};  // the block sent at step s
     }
-    wait += now_seconds() - t;
+    end_sync = now_seconds() - t;
+    wait += end_sync;
   }
 
   int64_t fallback = 0;
@@ -192,6 +193,7 @@ AttnState ring_over_blocks(Communicator& comm, std::span<const std::span<const i
     stats->work += work;
     stats->compute_seconds += compute;
     stats->wait_seconds += wait;
+    stats->end_sync_seconds += end_sync;
   }
   return acc;
 }

@@ -186,7 +186,8 @@ tmp_trace=$(mktemp -d)
 out=$("$bin" run --ranks 3 --seq 300 --heads 2 --head-dim 16 --repeat 1 --trace "$tmp_trace/t.json" --json); rc=$?
 [ $rc -eq 0 ] && ok || bad "run --trace exited $rc"
 check_trace "threads" "$tmp_trace/t.json" 3 1
-for key in exposed_comm_fraction exposed_comm_fraction_per_rank peak_rss_bytes_per_rank tensor_bytes_per_rank; do
+for key in exposed_comm_fraction exposed_comm_fraction_per_rank end_sync_fraction end_sync_fraction_per_rank \
+    peak_rss_bytes_per_rank tensor_bytes_per_rank; do
   python3 -c 'import json,sys; sys.exit(0 if sys.argv[2] in json.loads(sys.argv[1]) else 1)' "$out" "$key" \
     && ok || bad "run --json lacks $key"
 done

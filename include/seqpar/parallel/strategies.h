@@ -99,6 +99,11 @@ struct CpStats {
   int64_t work = 0;           // visible score elements computed (B·H·pairs)
   double compute_seconds = 0;  // time inside the local kernel and merges
   double wait_seconds = 0;     // time blocked on communication
+  // The part of wait_seconds spent after the last step waiting for peers to be done with this
+  // rank's memory (the zero-copy ring's drain: they read its K/V in place); it delays no
+  // compute: it is the skew between ranks at the end of the call, which copying backends spend
+  // outside the call (in the next collective).
+  double end_sync_seconds = 0;
   // const-max softmax: query rows (b, token, head) of this rank that ran with the online
   // softmax after their first block (bound too loose, or exceeded); 0 with online softmax.
   int64_t fallback_rows = 0;
