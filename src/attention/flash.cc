@@ -1,14 +1,15 @@
 // Blockwise flash attention on the CPU (see docs/kernel.md).
 //
-// Steps, for one work item = (batch b, kv head hk, a chunk of query blocks, some of the query
-// heads that read hk):
+// Steps, for one work item = (batch b, kv heads [hk0, hk1), a chunk of query blocks, some of the
+// query heads that read each of those kv heads):
 //   0. pack each (query block, head) "tile" of Q into a contiguous (rows, D) buffer; O = 0,
 //      running max m = -inf, running sum l = 0 per row.
-//   1. for each key block kb (Bk keys):
+//   1. for each key block kb (Bk keys), for each kv head hk of the item:
 //        classify (query block, kb) from the mask: skip (fully masked: never computed), full,
 //        range (each row sees one contiguous run of keys: causal with sorted positions,
 //        sorted segments) or general (per-element mask);
-//        pack K and V of kb once (converted to the matmul dtype) and reuse them for every tile;
+//        pack K and V of (kb, hk) once (converted to the matmul dtype) and reuse them for every
+//        tile of hk;
 //        for each tile that is not skipped:
 //          S = Q·Kᵀ                         oneDNN matmul (rows × nk, K = D)
 //          mask S, then per row the online softmax update with a stale running max
@@ -57,6 +58,8 @@ constexpr int64_t kDefaultBlockK = 256;
 // At most this many (query block, head) tiles per work item: bounds the per-thread buffers
 // (two (Bq, D) fp32 buffers per tile) while amortizing the K/V packing over the tiles.
 constexpr int64_t kMaxTilesPerItem = 16;
+// At most this many query rows per kv head (Sq · group) make a call K/V-bound (decode).
+constexpr int64_t kStreamRows = 64;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr double kLog2e = 1.44269504088896340736;
 constexpr double kLn2 = 0.69314718055994530942;
@@ -346,15 +349,21 @@ struct Problem {
   const MaskPlan* plan;
   const std::function<void()>* progress;
   const float* row_max;  // (B, Sq, H) fixed row maxima, or nullptr (online softmax for all rows)
+  bool stack_heads;      // a tile holds all query heads of an item's kv head (few rows: decode)
 };
 
 // Makes `rows` rows of d elements (source row stride src_ld elements, storage in_type) available
 // as a contiguous (rows, d) block of the matmul type: the source itself when it already is one,
 // else a copy (or conversion to fp32) into dst. Returns the block.
-const void* pack_rows(const Problem& p, const void* src, int64_t src_ld, int64_t rows, void* dst) {
-  const int64_t d = p.d;
+const void* pack_rows(const Problem& p, const void* src, int64_t src_ld, int64_t rows, void* dst,
+                      int64_t d) {
   const bool same_type = p.in_type == DType::kF32 || (p.in_type == DType::kBF16 && p.bf16_mm);
-  if (same_type && src_ld == d) return src;  // one head: rows are already contiguous
+  if (same_type && src_ld == d) return src;  // rows are already contiguous
+  if (!same_type && src_ld == d) {           // contiguous: one conversion of the whole block
+    auto conv = p.in_type == DType::kBF16 ? p.kern->bf16_to_f32 : p.kern->f16_to_f32;
+    conv(static_cast<const uint16_t*>(src), static_cast<float*>(dst), rows * d);
+    return dst;
+  }
   if (p.in_type == DType::kF32) {
     const float* s = static_cast<const float*>(src);
     float* o = static_cast<float*>(dst);
@@ -373,27 +382,63 @@ const void* pack_rows(const Problem& p, const void* src, int64_t src_ld, int64_t
   return dst;
 }
 
-// The work item: batch b, kv head hk, query blocks [qb0, qb1), query heads hk·group + [g0, g1),
-// key blocks [kb0, kb1). Writes its rows of the state (out, lse) over those keys.
+// Packs `rows` rows of nhk heads (source row stride src_ld elements; head h at h·d in a row) as
+// nhk contiguous (rows, d) blocks of the matmul type, head after head, reading the source in
+// memory order (row by row). One head: pack_rows (which may return the source itself).
+const void* pack_heads(const Problem& p, const void* src, int64_t src_ld, int64_t rows, int64_t nhk,
+                       void* dst) {
+  const int64_t d = p.d;
+  if (nhk == 1) return pack_rows(p, src, src_ld, rows, dst, d);
+  const size_t in_esz = dtype_size(p.in_type), out_esz = p.bf16_mm ? 2 : 4;
+  const char* s = static_cast<const char*>(src);
+  char* o = static_cast<char*>(dst);
+  const bool copy = p.in_type == DType::kF32 || p.bf16_mm;
+  auto conv = p.in_type == DType::kBF16 ? p.kern->bf16_to_f32 : p.kern->f16_to_f32;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t h = 0; h < nhk; ++h) {
+      const char* from = s + (r * src_ld + h * d) * in_esz;
+      char* to = o + ((h * rows + r) * d) * out_esz;
+      if (copy) {
+        std::memcpy(to, from, d * in_esz);
+      } else {
+        conv(reinterpret_cast<const uint16_t*>(from), reinterpret_cast<float*>(to), d);
+      }
+    }
+  }
+  return dst;
+}
+
+// The work item: batch b, kv heads [hk0, hk1), query blocks [qb0, qb1), query heads
+// hk·group + [g0, g1) of each kv head hk, key blocks [kb0, kb1). Writes its rows of the state
+// (out, lse) over those keys. Tile t is (query block t / (nhk·ng), kv head hk0 + t / ng % nhk,
+// query head g0 + t % ng). Items of several kv heads (few query rows: decode) read each key
+// block's rows of all heads together, so K/V stream from memory in order rather than one head's
+// slice of every row at a time.
 struct Item {
-  int64_t b, hk, qb0, qb1, g0, g1, kb0, kb1;
+  int64_t b, hk0, hk1, qb0, qb1, g0, g1, kb0, kb1;
 };
 
 // With p.row_max, also writes row_sum and row_flags (kRowMaxExceeded only) of its fixed rows.
 void run_item(const Problem& p, const Item& it, float* out, float* lse, float* row_sum,
               uint8_t* row_flags, Workspace& ws, bool calling_thread) {
-  const int64_t b = it.b, hk = it.hk, qb0 = it.qb0, qb1 = it.qb1, g0 = it.g0, g1 = it.g1;
+  const int64_t b = it.b, qb0 = it.qb0, qb1 = it.qb1, g0 = it.g0, g1 = it.g1;
   const int64_t d = p.d, bq = p.bq, bk = p.bk, ld_s = p.ld_s;
-  const int64_t ng = g1 - g0, nqt = qb1 - qb0, tiles = nqt * ng;
+  const int64_t ng = g1 - g0, nhk = it.hk1 - it.hk0, nqt = qb1 - qb0;
+  // Query heads per tile: with p.stack_heads the ng heads of a kv head share one tile, their
+  // rows stacked token by token (row r: token r / gs, head r % gs), so each K/V block feeds one
+  // matmul of gs times the rows instead of gs small ones.
+  const int64_t gs = p.stack_heads ? ng : 1, ngt = ng / gs, tr = bq * gs;  // tr: rows per tile
+  const int64_t tiles = nqt * nhk * ngt;
   const size_t esz = p.bf16_mm ? 2 : 4;  // bytes per packed element
-  char* qbuf = ws.q.get<char>(tiles * bq * d * esz);
-  float* obuf = ws.o.get<float>(tiles * bq * d);
-  float* mbuf = ws.m.get<float>(tiles * bq);
-  double* lbuf = ws.l.get<double>(tiles * bq);
-  char* kbuf = ws.k.get<char>(bk * d * esz);
-  char* vbuf = ws.v.get<char>(bk * d * esz);
-  float* sbuf = ws.s.get<float>(bq * ld_s);
-  uint16_t* p16 = p.bf16_mm ? ws.p16.get<uint16_t>(bq * ld_s) : nullptr;
+  char* qbuf = ws.q.get<char>(tiles * tr * d * esz);
+  float* obuf = ws.o.get<float>(tiles * tr * d);
+  float* mbuf = ws.m.get<float>(tiles * tr);
+  double* lbuf = ws.l.get<double>(tiles * tr);
+  // K/V of one key block: nhk blocks (nk, d), one per kv head of the item.
+  char* kbuf = ws.k.get<char>(nhk * bk * d * esz);
+  char* vbuf = ws.v.get<char>(nhk * bk * d * esz);
+  float* sbuf = ws.s.get<float>(tr * ld_s);
+  uint16_t* p16 = p.bf16_mm ? ws.p16.get<uint16_t>(tr * ld_s) : nullptr;
   int64_t* lo = ws.lo.get<int64_t>(bq);
   int64_t* hi = ws.hi.get<int64_t>(bq);
   uint8_t* emask = ws.emask.get<uint8_t>(bq * bk);
@@ -406,22 +451,29 @@ void run_item(const Problem& p, const Item& it, float* out, float* lse, float* r
   const char* ksrc = static_cast<const char*>(p.k->raw());
   const char* vsrc = static_cast<const char*>(p.v->raw());
 
-  auto tile_rows = [&](int64_t t) { return std::min(bq, p.sq - (qb0 + t / ng) * bq); };
-  // Step 0: pack Q tiles; reset the accumulators.
+  // Tile t = (query block, kv head, head chunk): its first token, its first query head, its
+  // tokens; its row r is the state row (token i0 + r / gs, head h0 + r % gs).
+  auto tile_i0 = [&](int64_t t) { return (qb0 + t / (nhk * ngt)) * bq; };
+  auto tile_head = [&](int64_t t) {
+    return (it.hk0 + t / ngt % nhk) * p.group + g0 + t % ngt * gs;
+  };
+  auto tile_tokens = [&](int64_t t) { return std::min(bq, p.sq - tile_i0(t)); };
+  auto state_row = [&](int64_t t, int64_t r) {
+    return (b * p.sq + tile_i0(t) + r / gs) * p.nh + tile_head(t) + r % gs;
+  };
+  // Step 0: pack Q tiles (a token's gs heads are adjacent in q); reset the accumulators.
   const void** qtile = ws.qtile.get<const void*>(tiles);
   for (int64_t t = 0; t < tiles; ++t) {
-    const int64_t i0 = (qb0 + t / ng) * bq, h = hk * p.group + g0 + t % ng;
-    const char* src = qsrc + (((b * p.sq + i0) * p.nh + h) * d) * in_esz;
-    qtile[t] = pack_rows(p, src, p.nh * d, tile_rows(t), qbuf + t * bq * d * esz);
+    const char* src = qsrc + state_row(t, 0) * d * in_esz;
+    qtile[t] = pack_rows(p, src, p.nh * d, tile_tokens(t), qbuf + t * tr * d * esz, gs * d);
   }
-  std::fill_n(obuf, tiles * bq * d, 0.f);
-  std::fill_n(mbuf, tiles * bq, kNegInf);
-  std::fill_n(lbuf, tiles * bq, 0.0);
+  std::fill_n(obuf, tiles * tr * d, 0.f);
+  std::fill_n(mbuf, tiles * tr, kNegInf);
+  std::fill_n(lbuf, tiles * tr, 0.0);
   if (p.row_max != nullptr) {  // fixed rows start at their bound and normally stay there
     for (int64_t t = 0; t < tiles; ++t) {
-      const int64_t i0 = (qb0 + t / ng) * bq, h = hk * p.group + g0 + t % ng;
-      for (int64_t r = 0; r < tile_rows(t); ++r)
-        mbuf[t * bq + r] = fixed_max_log2(p.row_max[(b * p.sq + i0 + r) * p.nh + h]);
+      for (int64_t r = 0; r < tile_tokens(t) * gs; ++r)
+        mbuf[t * tr + r] = fixed_max_log2(p.row_max[state_row(t, r)]);
     }
   }
 
@@ -435,9 +487,6 @@ void run_item(const Problem& p, const Item& it, float* out, float* lse, float* r
     }
     if (!any) continue;  // fully masked for every tile: never touched
     const int64_t k0 = kb * bk, nk = p.plan->block_keys(kb);
-    const int64_t kv_off = ((b * p.sk + k0) * p.nkv + hk) * d;
-    const void* kblk = pack_rows(p, ksrc + kv_off * in_esz, p.nkv * d, nk, kbuf);
-    const void* vblk = pack_rows(p, vsrc + kv_off * in_esz, p.nkv * d, nk, vbuf);
     // Padding keys of this block (for rows whose run is computed from positions/segments).
     int64_t n_invalid = 0;
     if (!p.plan->keys_all_valid(b, kb)) {
@@ -446,69 +495,81 @@ void run_item(const Problem& p, const Item& it, float* out, float* lse, float* r
       }
     }
     bool general_keys_ready = false;
+    // Packed once per key block for all the item's kv heads, reading K/V in memory order: head
+    // hk's (nk, d) block is the (hk - hk0)-th.
+    const int64_t kv_off = ((b * p.sk + k0) * p.nkv + it.hk0) * d;
+    const char* kall =
+        static_cast<const char*>(pack_heads(p, ksrc + kv_off * in_esz, p.nkv * d, nk, nhk, kbuf));
+    const char* vall =
+        static_cast<const char*>(pack_heads(p, vsrc + kv_off * in_esz, p.nkv * d, nk, nhk, vbuf));
     const MatmulShape qk{0, nk, d, d, 1, d, ld_s, p.mm_type, false};
     const MatmulShape pv{0, d, nk, ld_s, d, 1, d, p.mm_type, true};
-
-    for (int64_t qt = 0; qt < nqt; ++qt) {
-      const BlockKind kind = kinds[qt];
-      if (kind == BlockKind::kSkip) continue;
-      const int64_t i0 = (qb0 + qt) * bq, rows = std::min(bq, p.sq - i0);
-      // The mask of this (query block, key block), shared by all heads of the item.
-      if (kind == BlockKind::kGeneral) {
-        if (!general_keys_ready) {  // the block's keys, gathered once for branch-free rows
-          for (int64_t j = 0; j < nk; ++j) {
-            kpos[j] = p.plan->kpos(k0 + j);
-            kseg[j] = p.plan->kseg(k0 + j);
-            kvalid[j] = p.plan->key_valid(b, k0 + j);
+    for (int64_t hk = it.hk0; hk < it.hk1; ++hk) {
+      const void* kblk = kall + (hk - it.hk0) * nk * d * esz;
+      const void* vblk = vall + (hk - it.hk0) * nk * d * esz;
+      for (int64_t qt = 0; qt < nqt; ++qt) {
+        const BlockKind kind = kinds[qt];
+        if (kind == BlockKind::kSkip) continue;
+        const int64_t i0 = (qb0 + qt) * bq, rows = std::min(bq, p.sq - i0);
+        // The mask of this (query block, key block) per token, shared by all heads of the item.
+        if (kind == BlockKind::kGeneral) {
+          if (!general_keys_ready) {  // the block's keys, gathered once for branch-free rows
+            for (int64_t j = 0; j < nk; ++j) {
+              kpos[j] = p.plan->kpos(k0 + j);
+              kseg[j] = p.plan->kseg(k0 + j);
+              kvalid[j] = p.plan->key_valid(b, k0 + j);
+            }
+            general_keys_ready = true;
           }
-          general_keys_ready = true;
-        }
-        const bool causal = p.plan->causal();
-        for (int64_t r = 0; r < rows; ++r) {
-          lo[r] = 0;
-          hi[r] = nk;
-          const int64_t qp = p.plan->qpos(i0 + r), qs = p.plan->qseg(i0 + r);
-          uint8_t* em = emask + r * bk;
-          for (int64_t j = 0; j < nk; ++j) {
-            em[j] = static_cast<uint8_t>((!causal || kpos[j] <= qp) & (kseg[j] == qs) & kvalid[j]);
-          }
-        }
-      } else {
-        for (int64_t r = 0; r < rows; ++r) {
-          if (kind == BlockKind::kFull) {
+          const bool causal = p.plan->causal();
+          for (int64_t r = 0; r < rows; ++r) {
             lo[r] = 0;
             hi[r] = nk;
-          } else {
-            p.plan->row_run(i0 + r, kb, &lo[r], &hi[r]);
+            const int64_t qp = p.plan->qpos(i0 + r), qs = p.plan->qseg(i0 + r);
+            uint8_t* em = emask + r * bk;
+            for (int64_t j = 0; j < nk; ++j) {
+              em[j] =
+                  static_cast<uint8_t>((!causal || kpos[j] <= qp) & (kseg[j] == qs) & kvalid[j]);
+            }
+          }
+        } else {
+          for (int64_t r = 0; r < rows; ++r) {
+            if (kind == BlockKind::kFull) {
+              lo[r] = 0;
+              hi[r] = nk;
+            } else {
+              p.plan->row_run(i0 + r, kb, &lo[r], &hi[r]);
+            }
           }
         }
-      }
-      for (int64_t g = 0; g < ng; ++g) {
-        const int64_t t = qt * ng + g;
-        float* o = obuf + t * bq * d;
-        float* m = mbuf + t * bq;
-        double* l = lbuf + t * bq;
-        MatmulShape s_qk = qk;
-        s_qk.m = rows;
-        thread_matmul_cache().run(s_qk, qtile[t], kblk, sbuf);
-        for (int64_t r = 0; r < rows; ++r) {
-          float* srow = sbuf + r * ld_s;
-          if (kind == BlockKind::kGeneral) {
-            const uint8_t* em = emask + r * bk;
-            for (int64_t j = 0; j < nk; ++j) srow[j] = em[j] ? srow[j] : kNegInf;
-          } else {
-            for (int64_t x = 0; x < n_invalid; ++x) srow[invalid[x]] = kNegInf;
+        for (int64_t gt = 0; gt < ngt; ++gt) {
+          const int64_t t = (qt * nhk + (hk - it.hk0)) * ngt + gt;
+          float* o = obuf + t * tr * d;
+          float* m = mbuf + t * tr;
+          double* l = lbuf + t * tr;
+          MatmulShape s_qk = qk;
+          s_qk.m = rows * gs;
+          thread_matmul_cache().run(s_qk, qtile[t], kblk, sbuf);
+          for (int64_t r = 0; r < rows * gs; ++r) {
+            const int64_t tok = r / gs;  // the row's token within the block
+            float* srow = sbuf + r * ld_s;
+            if (kind == BlockKind::kGeneral) {
+              const uint8_t* em = emask + tok * bk;
+              for (int64_t j = 0; j < nk; ++j) srow[j] = em[j] ? srow[j] : kNegInf;
+            } else {
+              for (int64_t x = 0; x < n_invalid; ++x) srow[invalid[x]] = kNegInf;
+            }
+            if (p.bf16_mm) {
+              p.kern->row_update_bf16_deg3(srow, p16 + r * ld_s, lo[tok], hi[tok], nk, p.c, m + r,
+                                           l + r, o + r * d, d);
+            } else {
+              p.row_update(srow, lo[tok], hi[tok], nk, p.c, m + r, l + r, o + r * d, d);
+            }
           }
-          if (p.bf16_mm) {
-            p.kern->row_update_bf16_deg3(srow, p16 + r * ld_s, lo[r], hi[r], nk, p.c, m + r, l + r,
-                                         o + r * d, d);
-          } else {
-            p.row_update(srow, lo[r], hi[r], nk, p.c, m + r, l + r, o + r * d, d);
-          }
+          MatmulShape s_pv = pv;
+          s_pv.m = rows * gs;
+          thread_matmul_cache().run(s_pv, p.bf16_mm ? static_cast<void*>(p16) : sbuf, vblk, o);
         }
-        MatmulShape s_pv = pv;
-        s_pv.m = rows;
-        thread_matmul_cache().run(s_pv, p.bf16_mm ? static_cast<void*>(p16) : sbuf, vblk, o);
       }
     }
     if (calling_thread && *p.progress) (*p.progress)();
@@ -516,22 +577,21 @@ void run_item(const Problem& p, const Item& it, float* out, float* lse, float* r
 
   // Step 2: normalize and write out (B, Sq, H, D) and lse (B, Sq, H).
   for (int64_t t = 0; t < tiles; ++t) {
-    const int64_t i0 = (qb0 + t / ng) * bq, h = hk * p.group + g0 + t % ng;
-    for (int64_t r = 0; r < tile_rows(t); ++r) {
-      const double l = lbuf[t * bq + r];
-      const int64_t row = (b * p.sq + i0 + r) * p.nh + h;
+    for (int64_t r = 0; r < tile_tokens(t) * gs; ++r) {
+      const double l = lbuf[t * tr + r];
+      const int64_t row = state_row(t, r);
       if (p.row_max != nullptr) {
         const float m0 = fixed_max_log2(p.row_max[row]);
         if (m0 != kNegInf) {
-          const float m = mbuf[t * bq + r];
+          const float m = mbuf[t * tr + r];
           if (row_sum != nullptr)
             row_sum[row] = static_cast<float>(m == m0 ? l : l * std::exp2(double(m) - m0));
           if (row_flags != nullptr && m != m0) row_flags[row] |= AttnParams::kRowMaxExceeded;
         }
       }
       if (!(l > 0)) continue;  // saw no key: stays empty (out 0, lse -inf)
-      p.kern->scale_copy(obuf + (t * bq + r) * d, static_cast<float>(1.0 / l), out + row * d, d);
-      lse[row] = static_cast<float>(mbuf[t * bq + r] * kLn2 + std::log(l));
+      p.kern->scale_copy(obuf + (t * tr + r) * d, static_cast<float>(1.0 / l), out + row * d, d);
+      lse[row] = static_cast<float>(mbuf[t * tr + r] * kLn2 + std::log(l));
     }
   }
 }
@@ -615,16 +675,28 @@ AttnState flash_attention(const Tensor& q, const Tensor& k, const Tensor& v,
   p.progress = &params.progress;
   p.row_max = fixed ? params.row_max.data() : nullptr;
 
-  // Work items: (b, kv head, head sub-group, chunk of query blocks). Big chunks amortize the K/V
+  // Work items: (b, kv heads, head sub-group, chunk of query blocks). Big chunks amortize the K/V
   // packing; halve them until there are a few items per thread. With still fewer items than
   // threads (decode, short queries), the key blocks are split too: each split yields a partial
   // state and the partials are merged by LSE (merge_into), like ring steps.
+  // Few query rows per kv head (decode): reading K/V from memory is the cost, so an item takes
+  // every kv head and walks the key blocks in memory order (one head's slice of every row, 2·D
+  // bytes every 2·Hkv·D, streams at a fraction of the bandwidth); threads split the keys.
   const int64_t threads = omp_in_parallel() ? 1 : std::max(1, omp_get_max_threads());
+  const bool stream_kv = p.sq * p.group <= kStreamRows;
+  const int64_t hk_per_item = stream_kv ? p.nkv : 1;
+  p.stack_heads = stream_kv;
+  const int64_t n_hkchunks = (p.nkv + hk_per_item - 1) / hk_per_item;
   const int64_t g_per_item = std::min(p.group, kMaxTilesPerItem);
   const int64_t n_gchunks = (p.group + g_per_item - 1) / g_per_item;
   int64_t chunk = std::clamp<int64_t>(kMaxTilesPerItem / g_per_item, 1, p.nqb);
-  auto n_items_for = [&](int64_t c) { return p.nb * p.nkv * n_gchunks * ((p.nqb + c - 1) / c); };
-  while (threads > 1 && chunk > 1 && n_items_for(chunk) < 4 * threads) chunk = (chunk + 1) / 2;
+  if (stream_kv) chunk = p.nqb;
+  auto n_items_for = [&](int64_t c) {
+    return p.nb * n_hkchunks * n_gchunks * ((p.nqb + c - 1) / c);
+  };
+  while (!stream_kv && threads > 1 && chunk > 1 && n_items_for(chunk) < 4 * threads) {
+    chunk = (chunk + 1) / 2;
+  }
   const int64_t n_qchunks = (p.nqb + chunk - 1) / chunk;
   const int64_t n_base = n_items_for(chunk);
   const int64_t n_ksplits =
@@ -647,8 +719,10 @@ AttnState flash_attention(const Tensor& q, const Tensor& k, const Tensor& v,
     x /= n_qchunks;
     const int64_t gc = x % n_gchunks;
     x /= n_gchunks;
-    const Item it{x / p.nkv,
-                  x % p.nkv,
+    const int64_t hc = x % n_hkchunks;
+    const Item it{x / n_hkchunks,
+                  hc * hk_per_item,
+                  std::min(p.nkv, (hc + 1) * hk_per_item),
                   qc * chunk,
                   std::min(p.nqb, (qc + 1) * chunk),
                   gc * g_per_item,

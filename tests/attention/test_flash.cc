@@ -19,6 +19,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "attention/simd.h"
@@ -395,6 +396,29 @@ std::vector<Case> sweep_cases() {
     c.dtype = t;
     add(c);
   }
+  // Decode: a few queries over many keys (Sq·group <= 64: one item walks every kv head in memory
+  // order, a tile stacks the query heads of a kv head), GQA ratios 1..16, odd blocks, masks.
+  for (int64_t sq : {1, 4, 13}) {
+    for (auto [h, hkv] : {std::pair<int64_t, int64_t>{32, 8}, {8, 8}, {6, 2}, {16, 1}}) {
+      if (sq * (h / hkv) > 64) continue;
+      for (DType t : {DType::kF32, DType::kBF16}) {
+        Case c;
+        c.b = 2;
+        c.sq = sq;
+        c.sk = 1100;
+        c.h = h;
+        c.hkv = hkv;
+        c.d = 128;
+        c.causal = true;
+        c.layout = sq == 4 ? Layout::kStriped : Layout::kContiguous;
+        c.padding = sq != 1;
+        c.segments = sq == 13;
+        c.dtype = t;
+        c.bk = sq == 13 ? 96 : 0;
+        add(c);
+      }
+    }
+  }
   // Block sizes: tiny, odd, larger than the sequence.
   for (auto [bq, bk] : {std::pair<int, int>{1, 1}, {3, 17}, {256, 512}, {1000, 1000}}) {
     Case c;
@@ -532,12 +556,13 @@ TEST(FlashThreads, KeySplitWhenFewerItemsThanThreads) {
   // Decode-like shapes give one work item; with several threads the key blocks are split and the
   // partial states merged.
   const int saved = omp_get_max_threads();
-  for (int64_t sq : {1, 5}) {
+  for (auto [sq, h, hkv] :
+       {std::tuple<int64_t, int64_t, int64_t>{1, 2, 1}, {5, 2, 1}, {4, 32, 8}, {3, 8, 8}}) {
     Case c;
     c.sq = sq;
     c.sk = 2000;
-    c.h = 2;
-    c.hkv = 1;
+    c.h = h;
+    c.hkv = hkv;
     c.b = 1;
     c.causal = true;
     c.padding = true;

@@ -1,0 +1,196 @@
+// decode_bench: the local kernel on decode shapes (a few queries over a long K/V cache), where
+// reading K/V from memory is the cost. Reports the kernel's K/V read rate beside this machine's
+// streaming read rate measured in the same rounds (a sum over a buffer as large as the K/V).
+//
+//   decode_bench [--cached 131072[,...]] [--new 4] [--heads 32] [--kv-heads 8] [--head-dim 128]
+//                [--dtype bf16|fp32|fp16] [--threads 1] [--block-k 0] [--rounds 3]
+//                [--min-time 0.3]
+//
+// Prints a markdown table: time per call, K/V GB/s (K and V bytes of the cache / time), the
+// streaming read GB/s, their ratio, and GFLOP/s (4·D flops per score element). Not a test.
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "seqpar/attention/attention.h"
+#include "seqpar/core/error.h"
+#include "seqpar/core/timer.h"
+
+namespace {
+
+using seqpar::DType;
+using seqpar::Tensor;
+
+struct Options {
+  std::vector<int64_t> cached = {131072};
+  int64_t fresh = 4, heads = 32, kv_heads = 8, head_dim = 128;
+  DType dtype = DType::kBF16;
+  int threads = 1, rounds = 3, block_k = 0;
+  double min_time = 0.3;
+};
+
+[[noreturn]] void usage_error(const std::string& msg) {
+  std::fprintf(stderr, "decode_bench: %s\n", msg.c_str());
+  std::exit(2);
+}
+
+std::vector<int64_t> parse_list(const std::string& flag, const std::string& s) {
+  std::vector<int64_t> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      size_t used = 0;
+      v.push_back(std::stoll(item, &used));
+      if (used != item.size() || v.back() <= 0) throw std::invalid_argument(item);
+    } catch (const std::exception&) {
+      usage_error(flag + " '" + s + "' is invalid; valid: positive integers, comma separated");
+    }
+  }
+  if (v.empty()) usage_error(flag + " is empty; valid: positive integers, comma separated");
+  return v;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    std::replace(a.begin(), a.end(), '_', '-');
+    if (a == "--help" || a == "-h") {
+      std::printf(
+          "decode_bench [--cached 131072[,...]] [--new 4] [--heads 32] [--kv-heads 8]\n"
+          "             [--head-dim 128] [--dtype bf16|fp32|fp16] [--threads 1] [--block-k 0]\n"
+          "             [--rounds 3] [--min-time 0.3]\n");
+      std::exit(0);
+    }
+    if (i + 1 >= argc) usage_error(a + " needs a value (see --help)");
+    const std::string v = argv[++i];
+    if (a == "--cached") {
+      o.cached = parse_list(a, v);
+    } else if (a == "--new") {
+      o.fresh = parse_list(a, v)[0];
+    } else if (a == "--heads") {
+      o.heads = parse_list(a, v)[0];
+    } else if (a == "--kv-heads") {
+      o.kv_heads = parse_list(a, v)[0];
+    } else if (a == "--head-dim") {
+      o.head_dim = parse_list(a, v)[0];
+    } else if (a == "--dtype") {
+      try {
+        o.dtype = seqpar::parse_dtype(v);
+      } catch (const seqpar::InvalidArgument& e) {
+        usage_error(e.what());
+      }
+    } else if (a == "--threads") {
+      o.threads = static_cast<int>(parse_list(a, v)[0]);
+    } else if (a == "--block-k") {
+      o.block_k = static_cast<int>(parse_list(a, v)[0]);
+    } else if (a == "--rounds") {
+      o.rounds = static_cast<int>(parse_list(a, v)[0]);
+    } else if (a == "--min-time") {
+      o.min_time = std::atof(v.c_str());
+      if (!(o.min_time > 0)) usage_error("--min-time '" + v + "' is invalid; valid: > 0");
+    } else {
+      usage_error("unknown option " + a + " (see --help)");
+    }
+  }
+  if (o.heads % o.kv_heads != 0) {
+    usage_error("--heads " + std::to_string(o.heads) + " is not a multiple of --kv-heads " +
+                std::to_string(o.kv_heads));
+  }
+  return o;
+}
+
+Tensor random_tensor(std::vector<int64_t> shape, uint64_t seed, DType dtype) {
+  Tensor t(std::move(shape), DType::kF32);
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = u(rng);
+  return dtype == DType::kF32 ? t : t.to(dtype);
+}
+
+double time_per_call(const std::function<void()>& f, double min_time) {
+  int calls = 0;
+  const double t0 = seqpar::now_seconds();
+  double t = 0;
+  do {
+    f();
+    ++calls;
+    t = seqpar::now_seconds() - t0;
+  } while (t < min_time);
+  return t / calls;
+}
+
+// Streaming read: a sum over n 64-bit words, split over the threads; four accumulators keep
+// the loads independent, so memory is the limit.
+uint64_t stream_read(const uint64_t* p, int64_t n, int threads) {
+  uint64_t total = 0;
+#pragma omp parallel for num_threads(threads) reduction(+ : total) schedule(static)
+  for (int64_t c = 0; c < threads; ++c) {
+    const int64_t lo = n * c / threads, hi = n * (c + 1) / threads;
+    uint64_t a = 0, b = 0, x = 0, y = 0;
+    int64_t i = lo;
+    for (; i + 4 <= hi; i += 4) {
+      a += p[i];
+      b += p[i + 1];
+      x += p[i + 2];
+      y += p[i + 3];
+    }
+    for (; i < hi; ++i) a += p[i];
+    total += a + b + x + y;
+  }
+  return total;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  omp_set_num_threads(o.threads);
+  std::printf("kernel: %s\n", seqpar::attention_kernel_info().c_str());
+  std::printf("threads: %d; best of %d rounds (each timing >= %.2f s)\n\n", o.threads, o.rounds,
+              o.min_time);
+  std::printf(
+      "| cached | new | H/Hkv | D | dtype | ms per call | K/V GB/s | stream read GB/s | ratio | "
+      "GFLOP/s |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  std::fflush(stdout);
+  const int64_t d = o.head_dim;
+  for (int64_t s : o.cached) {
+    const Tensor q = random_tensor({1, o.fresh, o.heads, d}, 1, o.dtype);
+    const Tensor k = random_tensor({1, s, o.kv_heads, d}, 2, o.dtype);
+    const Tensor v = random_tensor({1, s, o.kv_heads, d}, 3, o.dtype);
+    const double kv_bytes = static_cast<double>(k.nbytes() + v.nbytes());
+    std::vector<uint64_t> buf(static_cast<size_t>(kv_bytes / 8), 1);
+    seqpar::AttnParams p;  // every new token sees the whole cache
+    p.block_k = o.block_k;
+    const double flops = 4.0 * d * o.heads * o.fresh * static_cast<double>(s);
+    seqpar::flash_attention(q, k, v, p);  // warm-up
+    volatile uint64_t sink = 0;
+    double best_k = 1e30, best_r = 1e30;
+    for (int r = 0; r < o.rounds; ++r) {
+      best_k = std::min(best_k, time_per_call([&] { seqpar::flash_attention(q, k, v, p); },
+                                              o.min_time));
+      best_r = std::min(best_r, time_per_call([&] {
+        sink = sink + stream_read(buf.data(), static_cast<int64_t>(buf.size()), o.threads);
+      }, o.min_time));
+    }
+    const double kv_rate = kv_bytes / best_k * 1e-9, read_rate = kv_bytes / best_r * 1e-9;
+    std::printf("| %lld | %lld | %lld/%lld | %lld | %s | %.2f | %.2f | %.2f | %.2f | %.1f |\n",
+                static_cast<long long>(s), static_cast<long long>(o.fresh),
+                static_cast<long long>(o.heads), static_cast<long long>(o.kv_heads),
+                static_cast<long long>(d), std::string(seqpar::dtype_name(o.dtype)).c_str(),
+                best_k * 1e3, kv_rate, read_rate, kv_rate / read_rate, flops / best_k * 1e-9);
+    std::fflush(stdout);
+  }
+  return 0;
+}
