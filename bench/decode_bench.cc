@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "seqpar/attention/attention.h"
 #include "seqpar/core/error.h"
 #include "seqpar/core/timer.h"
@@ -28,6 +29,16 @@
 namespace {
 
 using seqpar::DType;
+using seqpar::bench::time_per_call;
+
+[[noreturn]] void usage_error(const std::string& msg) {
+  seqpar::bench::usage_error("decode_bench", msg);
+}
+
+std::vector<int64_t> parse_list(const std::string& flag, const std::string& s) {
+  return seqpar::bench::parse_list("decode_bench", flag, s);
+}
+
 using seqpar::Tensor;
 
 struct Options {
@@ -37,28 +48,6 @@ struct Options {
   int threads = 1, rounds = 3, block_k = 0;
   double min_time = 0.3;
 };
-
-[[noreturn]] void usage_error(const std::string& msg) {
-  std::fprintf(stderr, "decode_bench: %s\n", msg.c_str());
-  std::exit(2);
-}
-
-std::vector<int64_t> parse_list(const std::string& flag, const std::string& s) {
-  std::vector<int64_t> v;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    try {
-      size_t used = 0;
-      v.push_back(std::stoll(item, &used));
-      if (used != item.size() || v.back() <= 0) throw std::invalid_argument(item);
-    } catch (const std::exception&) {
-      usage_error(flag + " '" + s + "' is invalid; valid: positive integers, comma separated");
-    }
-  }
-  if (v.empty()) usage_error(flag + " is empty; valid: positive integers, comma separated");
-  return v;
-}
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -110,26 +99,6 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-Tensor random_tensor(std::vector<int64_t> shape, uint64_t seed, DType dtype) {
-  Tensor t(std::move(shape), DType::kF32);
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> u(-1.f, 1.f);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = u(rng);
-  return dtype == DType::kF32 ? t : t.to(dtype);
-}
-
-double time_per_call(const std::function<void()>& f, double min_time) {
-  int calls = 0;
-  const double t0 = seqpar::now_seconds();
-  double t = 0;
-  do {
-    f();
-    ++calls;
-    t = seqpar::now_seconds() - t0;
-  } while (t < min_time);
-  return t / calls;
-}
-
 // Streaming read: a sum over n 64-bit words, split over the threads; four accumulators keep
 // the loads independent, so memory is the limit.
 uint64_t stream_read(const uint64_t* p, int64_t n, int threads) {
@@ -166,9 +135,9 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   const int64_t d = o.head_dim;
   for (int64_t s : o.cached) {
-    const Tensor q = random_tensor({1, o.fresh, o.heads, d}, 1, o.dtype);
-    const Tensor k = random_tensor({1, s, o.kv_heads, d}, 2, o.dtype);
-    const Tensor v = random_tensor({1, s, o.kv_heads, d}, 3, o.dtype);
+    const Tensor q = seqpar::bench::random_tensor({1, o.fresh, o.heads, d}, 1, o.dtype);
+    const Tensor k = seqpar::bench::random_tensor({1, s, o.kv_heads, d}, 2, o.dtype);
+    const Tensor v = seqpar::bench::random_tensor({1, s, o.kv_heads, d}, 3, o.dtype);
     const double kv_bytes = static_cast<double>(k.nbytes() + v.nbytes());
     std::vector<uint64_t> buf(static_cast<size_t>(kv_bytes / 8), 1);
     seqpar::AttnParams p;  // every new token sees the whole cache
@@ -178,11 +147,15 @@ int main(int argc, char** argv) {
     volatile uint64_t sink = 0;
     double best_k = 1e30, best_r = 1e30;
     for (int r = 0; r < o.rounds; ++r) {
-      best_k = std::min(best_k, time_per_call([&] { seqpar::flash_attention(q, k, v, p); },
-                                              o.min_time));
-      best_r = std::min(best_r, time_per_call([&] {
-        sink = sink + stream_read(buf.data(), static_cast<int64_t>(buf.size()), o.threads);
-      }, o.min_time));
+      best_k =
+          std::min(best_k, time_per_call([&] { seqpar::flash_attention(q, k, v, p); }, o.min_time));
+      best_r = std::min(best_r, time_per_call(
+                                    [&] {
+                                      sink = sink + stream_read(buf.data(),
+                                                                static_cast<int64_t>(buf.size()),
+                                                                o.threads);
+                                    },
+                                    o.min_time));
     }
     const double kv_rate = kv_bytes / best_k * 1e-9, read_rate = kv_bytes / best_r * 1e-9;
     std::printf("| %lld | %lld | %lld/%lld | %lld | %s | %.2f | %.2f | %.2f | %.2f | %.1f |\n",

@@ -18,45 +18,14 @@
 #include <string>
 #include <vector>
 
-#include "seqpar/core/timer.h"
+#include "bench_util.h"
 
 namespace {
 
-// A cached fp32 matmul C (n × n) = A · B, single-threaded when run inside a parallel region.
-class Gemm {
- public:
-  explicit Gemm(int64_t n) : n_(n), eng_(dnnl::engine::kind::cpu, 0), strm_(eng_) {
-    using dnnl::memory;
-    const memory::desc md({n, n}, memory::data_type::f32, memory::dims{n, 1});
-    const auto pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(md, md, md), eng_);
-    impl_ = pd.impl_info_str();
-    prim_ = dnnl::matmul(pd);
-    a_.assign(n * n, 0.01f);
-    b_.assign(n * n, 0.02f);
-    c_.assign(n * n, 0.f);
-    am_ = memory(md, eng_, a_.data());
-    bm_ = memory(md, eng_, b_.data());
-    cm_ = memory(md, eng_, c_.data());
-  }
-  void run() {
-    prim_.execute(strm_, {{DNNL_ARG_SRC, am_}, {DNNL_ARG_WEIGHTS, bm_}, {DNNL_ARG_DST, cm_}});
-  }
-  double flops() const { return 2.0 * n_ * n_ * n_; }
-  const std::string& impl() const { return impl_; }
-
- private:
-  int64_t n_;
-  dnnl::engine eng_;
-  dnnl::stream strm_;
-  dnnl::matmul prim_;
-  std::string impl_;
-  std::vector<float> a_, b_, c_;
-  dnnl::memory am_, bm_, cm_;
-};
+using seqpar::bench::Gemm;
 
 [[noreturn]] void usage_error(const std::string& msg) {
-  std::fprintf(stderr, "gemm_bench: %s\n", msg.c_str());
-  std::exit(2);
+  seqpar::bench::usage_error("gemm_bench", msg);
 }
 
 }  // namespace
@@ -73,7 +42,8 @@ int main(int argc, char** argv) {
       continue;
     }
     if (a == "--help" || a == "-h") {
-      std::printf("gemm_bench [--threads 2] [--size 1024] [--rounds 3] [--min-time 0.5] [--json]\n");
+      std::printf(
+          "gemm_bench [--threads 2] [--size 1024] [--rounds 3] [--min-time 0.5] [--json]\n");
       return 0;
     }
     if (i + 1 >= argc) usage_error(a + " needs a value (see --help)");
@@ -103,15 +73,8 @@ int main(int argc, char** argv) {
     // inactive, so oneDNN would use every thread; limiting the threads is what works.)
     {
       omp_set_num_threads(1);
-      int calls = 0;
-      const double t0 = seqpar::now_seconds();
-      double t = 0;
-      do {
-        gemms[0]->run();
-        ++calls;
-        t = seqpar::now_seconds() - t0;
-      } while (t < min_time);
-      best_one = std::max(best_one, gemms[0]->flops() * calls / t * 1e-9);
+      const double t = seqpar::bench::time_per_call([&] { gemms[0]->run(); }, min_time);
+      best_one = std::max(best_one, gemms[0]->flops() / t * 1e-9);
       omp_set_num_threads(threads);
     }
     // T GEMMs at once, one per thread, each repeated for min_time.
@@ -119,15 +82,8 @@ int main(int argc, char** argv) {
 #pragma omp parallel num_threads(threads)
     {
       const int id = omp_get_thread_num();
-      int calls = 0;
-      const double t0 = seqpar::now_seconds();
-      double t = 0;
-      do {
-        gemms[id]->run();
-        ++calls;
-        t = seqpar::now_seconds() - t0;
-      } while (t < min_time);
-      rate[id] = gemms[id]->flops() * calls / t * 1e-9;
+      const double t = seqpar::bench::time_per_call([&] { gemms[id]->run(); }, min_time);
+      rate[id] = gemms[id]->flops() / t * 1e-9;
     }
     double sum = 0;
     for (double x : rate) sum += x;
@@ -137,10 +93,11 @@ int main(int argc, char** argv) {
     }
   }
   if (json) {
-    std::printf("{\"size\": %lld, \"threads\": %d, \"rounds\": %d, \"impl\": \"%s\", "
-                "\"one_thread_gflops\": %.2f, \"together_gflops\": %.2f, \"per_thread_gflops\": [",
-                static_cast<long long>(size), threads, rounds, gemms[0]->impl().c_str(), best_one,
-                best_together);
+    std::printf(
+        "{\"size\": %lld, \"threads\": %d, \"rounds\": %d, \"impl\": \"%s\", "
+        "\"one_thread_gflops\": %.2f, \"together_gflops\": %.2f, \"per_thread_gflops\": [",
+        static_cast<long long>(size), threads, rounds, gemms[0]->impl().c_str(), best_one,
+        best_together);
     for (int t = 0; t < threads; ++t) std::printf("%s%.2f", t ? ", " : "", per_thread[t]);
     std::printf("]}\n");
   } else {

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "seqpar/attention/attention.h"
 #include "seqpar/core/error.h"
 #include "seqpar/core/timer.h"
@@ -39,6 +40,17 @@
 namespace {
 
 using seqpar::DType;
+using seqpar::bench::Gemm;
+using seqpar::bench::time_per_call;
+
+[[noreturn]] void usage_error(const std::string& msg) {
+  seqpar::bench::usage_error("kernel_bench", msg);
+}
+
+std::vector<int64_t> parse_list(const std::string& flag, const std::string& s) {
+  return seqpar::bench::parse_list("kernel_bench", flag, s);
+}
+
 using seqpar::Tensor;
 
 struct Options {
@@ -54,28 +66,6 @@ struct Options {
   std::string layout = "contiguous";
   int64_t ranks = 4, rank = 1;
 };
-
-[[noreturn]] void usage_error(const std::string& msg) {
-  std::fprintf(stderr, "kernel_bench: %s\n", msg.c_str());
-  std::exit(2);
-}
-
-std::vector<int64_t> parse_list(const std::string& flag, const std::string& s) {
-  std::vector<int64_t> v;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    try {
-      size_t used = 0;
-      v.push_back(std::stoll(item, &used));
-      if (used != item.size() || v.back() <= 0) throw std::invalid_argument(item);
-    } catch (const std::exception&) {
-      usage_error(flag + " '" + s + "' is invalid; valid: positive integers, comma separated");
-    }
-  }
-  if (v.empty()) usage_error(flag + " is empty; valid: positive integers, comma separated");
-  return v;
-}
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -149,14 +139,6 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-Tensor random_tensor(std::vector<int64_t> shape, uint64_t seed, DType dtype) {
-  Tensor t(std::move(shape), DType::kF32);
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> n(0.f, 1.f);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = n(rng);
-  return dtype == DType::kF32 ? t : t.to(dtype);
-}
-
 // Global positions of the n tokens rank r of `ranks` holds under a layout.
 std::vector<int64_t> layout_positions(const std::string& layout, int64_t n, int64_t r,
                                       int64_t ranks) {
@@ -174,60 +156,6 @@ std::vector<int64_t> layout_positions(const std::string& layout, int64_t n, int6
   if (layout == "shuffled") std::shuffle(pos.begin(), pos.end(), std::mt19937_64(3));
   return pos;
 }
-
-// Seconds per call of f: repeated until min_time has passed (at least once).
-double time_per_call(const std::function<void()>& f, double min_time) {
-  int calls = 0;
-  const double t0 = seqpar::now_seconds();
-  double t = 0;
-  do {
-    f();
-    ++calls;
-    t = seqpar::now_seconds() - t0;
-  } while (t < min_time);
-  return t / calls;
-}
-
-// A cached fp32 matmul C (m × n) [+]= A (m × k) · B (k × n), B with strides (ldb_k, ldb_n).
-class Gemm {
- public:
-  Gemm(int64_t m, int64_t n, int64_t k, int64_t ldb_k, int64_t ldb_n, bool accumulate)
-      : m_(m), n_(n), k_(k), eng_(dnnl::engine::kind::cpu, 0), strm_(eng_) {
-    using dnnl::memory;
-    const memory::desc a_md({m, k}, memory::data_type::f32, memory::dims{k, 1});
-    const memory::desc b_md({k, n}, memory::data_type::f32, memory::dims{ldb_k, ldb_n});
-    const memory::desc c_md({m, n}, memory::data_type::f32, memory::dims{n, 1});
-    dnnl::primitive_attr attr;
-    if (accumulate) {
-      dnnl::post_ops ops;
-      ops.append_sum(1.f);
-      attr.set_post_ops(ops);
-    }
-    const auto pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, eng_);
-    impl_ = pd.impl_info_str();
-    prim_ = dnnl::matmul(pd);
-    a_.assign(m * k, 0.01f);
-    b_.assign(k * n, 0.02f);
-    c_.assign(m * n, 0.f);
-    am_ = memory(a_md, eng_, a_.data());
-    bm_ = memory(b_md, eng_, b_.data());
-    cm_ = memory(c_md, eng_, c_.data());
-  }
-  void run() {
-    prim_.execute(strm_, {{DNNL_ARG_SRC, am_}, {DNNL_ARG_WEIGHTS, bm_}, {DNNL_ARG_DST, cm_}});
-  }
-  double flops() const { return 2.0 * m_ * n_ * k_; }
-  const std::string& impl() const { return impl_; }
-
- private:
-  int64_t m_, n_, k_;
-  dnnl::engine eng_;
-  dnnl::stream strm_;
-  dnnl::matmul prim_;
-  std::string impl_;
-  std::vector<float> a_, b_, c_;
-  dnnl::memory am_, bm_, cm_;
-};
 
 }  // namespace
 
@@ -247,9 +175,9 @@ int main(int argc, char** argv) {
 
   for (int64_t s : o.seqs) {
     for (int64_t d : o.head_dims) {
-      const Tensor q = random_tensor({o.batch, s, o.heads, d}, 1, o.dtype);
-      const Tensor k = random_tensor({o.batch, s, o.kv_heads, d}, 2, o.dtype);
-      const Tensor v = random_tensor({o.batch, s, o.kv_heads, d}, 3, o.dtype);
+      const Tensor q = seqpar::bench::random_tensor({o.batch, s, o.heads, d}, 1, o.dtype);
+      const Tensor k = seqpar::bench::random_tensor({o.batch, s, o.kv_heads, d}, 2, o.dtype);
+      const Tensor v = seqpar::bench::random_tensor({o.batch, s, o.kv_heads, d}, 3, o.dtype);
       // The kernel's block GEMMs at this head dim (default Bq = Bk = 256, capped at S).
       const int64_t bq = std::min<int64_t>(o.block_q ? o.block_q : 256, s);
       const int64_t bk = std::min<int64_t>(o.block_k ? o.block_k : 256, s);

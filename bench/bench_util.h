@@ -1,0 +1,115 @@
+// What the benchmark programs share: argument parsing helpers, a timing loop, random inputs and
+// a cached oneDNN fp32 matmul (the GEMM rate the kernels are compared with).
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <dnnl.hpp>
+#include <functional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "seqpar/core/tensor.h"
+#include "seqpar/core/timer.h"
+
+namespace seqpar::bench {
+
+// Prints "<program>: <msg>" on stderr and exits with 2 (bad arguments).
+[[noreturn]] inline void usage_error(const char* program, const std::string& msg) {
+  std::fprintf(stderr, "%s: %s\n", program, msg.c_str());
+  std::exit(2);
+}
+
+// "1024,4096" -> {1024, 4096}; anything but positive integers is a usage error.
+inline std::vector<int64_t> parse_list(const char* program, const std::string& flag,
+                                       const std::string& s) {
+  std::vector<int64_t> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      size_t used = 0;
+      v.push_back(std::stoll(item, &used));
+      if (used != item.size() || v.back() <= 0) throw std::invalid_argument(item);
+    } catch (const std::exception&) {
+      usage_error(program,
+                  flag + " '" + s + "' is invalid; valid: positive integers, comma separated");
+    }
+  }
+  if (v.empty()) {
+    usage_error(program, flag + " is empty; valid: positive integers, comma separated");
+  }
+  return v;
+}
+
+// Seconds per call of f: repeated until min_time has passed (at least once).
+inline double time_per_call(const std::function<void()>& f, double min_time) {
+  int calls = 0;
+  const double t0 = now_seconds();
+  double t = 0;
+  do {
+    f();
+    ++calls;
+    t = now_seconds() - t0;
+  } while (t < min_time);
+  return t / calls;
+}
+
+// Standard normal values (fp32), then converted to dtype.
+inline Tensor random_tensor(std::vector<int64_t> shape, uint64_t seed, DType dtype) {
+  Tensor t(std::move(shape), DType::kF32);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> n(0.f, 1.f);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = n(rng);
+  return dtype == DType::kF32 ? t : t.to(dtype);
+}
+
+// A cached fp32 matmul C (m × n) [+]= A (m × k) · B (k × n), B with strides (ldb_k, ldb_n);
+// single-threaded when run inside a parallel region.
+class Gemm {
+ public:
+  Gemm(int64_t m, int64_t n, int64_t k, int64_t ldb_k, int64_t ldb_n, bool accumulate)
+      : m_(m), n_(n), k_(k), eng_(dnnl::engine::kind::cpu, 0), strm_(eng_) {
+    using dnnl::memory;
+    const memory::desc a_md({m, k}, memory::data_type::f32, memory::dims{k, 1});
+    const memory::desc b_md({k, n}, memory::data_type::f32, memory::dims{ldb_k, ldb_n});
+    const memory::desc c_md({m, n}, memory::data_type::f32, memory::dims{n, 1});
+    dnnl::primitive_attr attr;
+    if (accumulate) {
+      dnnl::post_ops ops;
+      ops.append_sum(1.f);
+      attr.set_post_ops(ops);
+    }
+    const auto pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, eng_);
+    impl_ = pd.impl_info_str();
+    prim_ = dnnl::matmul(pd);
+    a_.assign(m * k, 0.01f);
+    b_.assign(k * n, 0.02f);
+    c_.assign(m * n, 0.f);
+    am_ = memory(a_md, eng_, a_.data());
+    bm_ = memory(b_md, eng_, b_.data());
+    cm_ = memory(c_md, eng_, c_.data());
+  }
+  // The square n × n × n GEMM, row-major.
+  explicit Gemm(int64_t n) : Gemm(n, n, n, n, 1, false) {}
+
+  void run() {
+    prim_.execute(strm_, {{DNNL_ARG_SRC, am_}, {DNNL_ARG_WEIGHTS, bm_}, {DNNL_ARG_DST, cm_}});
+  }
+  double flops() const { return 2.0 * m_ * n_ * k_; }
+  const std::string& impl() const { return impl_; }
+
+ private:
+  int64_t m_, n_, k_;
+  dnnl::engine eng_;
+  dnnl::stream strm_;
+  dnnl::matmul prim_;
+  std::string impl_;
+  std::vector<float> a_, b_, c_;
+  dnnl::memory am_, bm_, cm_;
+};
+
+}  // namespace seqpar::bench
