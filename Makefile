@@ -27,6 +27,7 @@ test: build
 
 bench: build
 	$(BUILD)/bench/kernel_bench
+	$(BUILD)/bench/decode_bench
 
 clean:
 	rm -rf $(BUILD)

@@ -239,15 +239,15 @@ Job make_job(const RunOptions& o, int ranks, int threads) {
 // Rows of `which` at positions, with padded positions (>= real) zeroed as auto_pad does.
 Tensor rows(const Job& job, Which which, std::span<const int64_t> pos, int64_t heads) {
   const RunOptions& o = job.opts;
-  Tensor t = synthetic_rows(o.seed, which, o.batch, pos, heads, o.head_dim, DType::kF32);
-  if (job.padded_seq != job.seq) {
-    const int64_t row = heads * o.head_dim;
+  Tensor t = synthetic_rows(o.seed, which, o.batch, pos, heads, o.head_dim, job.dtype);
+  if (job.padded_seq != job.seq) {  // zero bits are 0 in every dtype
+    const size_t row_bytes = heads * o.head_dim * dtype_size(job.dtype);
+    char* data = static_cast<char*>(t.raw());
     for (int64_t b = 0; b < o.batch; ++b)
       for (size_t i = 0; i < pos.size(); ++i)
-        if (pos[i] >= job.seq)
-          std::fill_n(t.data<float>() + (b * pos.size() + i) * row, row, 0.f);
+        if (pos[i] >= job.seq) std::memset(data + (b * pos.size() + i) * row_bytes, 0, row_bytes);
   }
-  return job.dtype == DType::kF32 ? t : t.to(job.dtype);
+  return t;
 }
 
 std::vector<int64_t> iota(int64_t n) {
