@@ -17,14 +17,6 @@ namespace seqpar {
 
 namespace {
 
-std::string divisors_list(int64_t n) {
-  std::string s;
-  for (int64_t d = 1; d <= n; ++d) {
-    if (n % d == 0) s += (s.empty() ? "" : ", ") + std::to_string(d);
-  }
-  return s;
-}
-
 void check_span(size_t got, int64_t want, const char* name, const char* what) {
   SEQPAR_ARG_CHECK(got == 0 || static_cast<int64_t>(got) == want, "mask.", name, " has ", got,
                    " entries; valid: 0 (", what, ") or ", want);
@@ -77,9 +69,9 @@ void validate_attention_inputs(const Tensor& q, const Tensor& k, const Tensor& v
   SEQPAR_ARG_CHECK(v.dim(1) == sk && v.dim(2) == hkv, "v shape ", v.shape_str(),
                    " must equal k shape ", k.shape_str());
   SEQPAR_ARG_CHECK(h >= 1, "--heads ", h, " is invalid; valid: >= 1");
-  SEQPAR_ARG_CHECK(hkv >= 1, "--kv-heads ", hkv, " is invalid; valid kv-heads: ", divisors_list(h));
+  SEQPAR_ARG_CHECK(hkv >= 1, "--kv-heads ", hkv, " is invalid; valid kv-heads: ", divisors_text(h));
   SEQPAR_ARG_CHECK(h % hkv == 0, "--heads ", h, " is not divisible by --kv-heads ", hkv,
-                   "; valid kv-heads: ", divisors_list(h));
+                   "; valid kv-heads: ", divisors_text(h));
   SEQPAR_ARG_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype(),
                    "--dtype: q, k and v must have one dtype; got q ", dtype_name(q.dtype()), ", k ",
                    dtype_name(k.dtype()), ", v ", dtype_name(v.dtype()),

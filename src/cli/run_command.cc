@@ -37,7 +37,6 @@ namespace {
 
 using nlohmann::json;
 
-
 // Largest number of query rows whose reference (double, naive) stays cheap: rows·B·S·H·D <= this.
 constexpr double kVerifyBudget = 6e8;
 
@@ -102,13 +101,6 @@ int64_t peak_rss_bytes() {
   return static_cast<int64_t>(kb) * 1024;
 }
 
-std::string divisors(int64_t x) {
-  std::string s;
-  for (int64_t d = 1; d <= x; ++d)
-    if (x % d == 0) s += (s.empty() ? "" : ", ") + std::to_string(d);
-  return s;
-}
-
 void validate(const RunOptions& o) {
   SEQPAR_ARG_CHECK(o.seq >= 1, "--seq ", o.seq, " is invalid; it must be at least 1");
   SEQPAR_ARG_CHECK(o.heads >= 1, "--heads ", o.heads, " is invalid; it must be at least 1");
@@ -127,8 +119,8 @@ void validate(const RunOptions& o) {
                    " is invalid; it must be 0 or more");
   SEQPAR_ARG_CHECK(o.cached >= 0 && o.fresh >= 0, "--cached and --new must be 0 or more");
   const int64_t kv = o.kv_heads == 0 ? o.heads : o.kv_heads;
-  SEQPAR_ARG_CHECK(o.heads % kv == 0, "--heads ", o.heads, " is not divisible by --kv-heads ",
-                   kv, "; valid kv-heads: ", divisors(o.heads));
+  SEQPAR_ARG_CHECK(o.heads % kv == 0, "--heads ", o.heads, " is not divisible by --kv-heads ", kv,
+                   "; valid kv-heads: ", divisors_text(o.heads));
   SEQPAR_ARG_CHECK(o.backend == "threads" || o.backend == "mpi", "--backend '", o.backend,
                    "' is unknown; valid: threads, mpi");
 }
@@ -150,12 +142,12 @@ void resolve_degrees(Job& job) {
       if (r == 0) r = u > 0 && n % u == 0 ? n / u : 0;
       SEQPAR_ARG_CHECK(u > 0 && r > 0 && u * r == n, "--ulysses-degree ", o.ulysses_degree,
                        " x --ring-degree ", o.ring_degree, " must equal the ", n,
-                       " ranks; valid ulysses degrees: ", divisors(n));
+                       " ranks; valid ulysses degrees: ", divisors_text(n));
       break;
     case Strategy::kUlysses:
-      SEQPAR_ARG_CHECK((u == 0 || u == n) && (r == 0 || r == 1), "--strategy ulysses uses all ",
-                       n, " ranks as one Ulysses group; for --ulysses-degree ", u,
-                       " --ring-degree ", r, " use --strategy usp");
+      SEQPAR_ARG_CHECK((u == 0 || u == n) && (r == 0 || r == 1), "--strategy ulysses uses all ", n,
+                       " ranks as one Ulysses group; for --ulysses-degree ", u, " --ring-degree ",
+                       r, " use --strategy usp");
       u = n;
       r = 1;
       break;
@@ -185,8 +177,7 @@ Job make_job(const RunOptions& o, int ranks, int threads) {
   job.cp.softmax = parse_softmax_mode(o.softmax);
   SEQPAR_ARG_CHECK(ranks >= 1, "--ranks ", ranks, " is invalid; it must be at least 1");
 
-  const bool decode = o.cached > 0 || o.fresh > 0 || o.strategy == "passq" ||
-                      o.strategy == "auto";
+  const bool decode = o.cached > 0 || o.fresh > 0 || o.strategy == "passq" || o.strategy == "auto";
   if (decode) {
     job.kind = Kind::kDecode;
     SEQPAR_ARG_CHECK(o.cached > 0 && o.fresh > 0, "--strategy ", o.strategy,
@@ -436,20 +427,24 @@ void run_rank(Communicator& comm, const Job& job, Report* report) {
   std::vector<double> seconds, exposed, end_sync;
   double wait_sum = 0, time_sum = 0;
   for (int rep = 0; rep < o.warmup + o.repeat; ++rep) {  // the first --warmup are not timed
-    trace::Scope rep_span(trace::enabled() ? detail::concat(rep < o.warmup ? "warm-up " : "run ",
-                                                            rep < o.warmup ? rep + 1
-                                                                           : rep - o.warmup + 1)
-                                           : std::string(),
+    trace::Scope rep_span(trace::enabled()
+                              ? detail::concat(rep < o.warmup ? "warm-up " : "run ",
+                                               rep < o.warmup ? rep + 1 : rep - o.warmup + 1)
+                              : std::string(),
                           "run", trace::Lane::kCompute);
     comm.barrier();
-    if (comms) comms->reset_stats(); else comm.stats().reset();
+    if (comms)
+      comms->reset_stats();
+    else
+      comm.stats().reset();
     double t0 = now_seconds();
     if (job.kind == Kind::kDecode) {
-      state = job.pass == PassKind::kPassQ ? passq_attention(comm, job.place, q, k, v, job.cp, &cps)
-                                           : passkv_attention(comm, job.place, q, k, v, job.cp, &cps);
+      state = job.pass == PassKind::kPassQ
+                  ? passq_attention(comm, job.place, q, k, v, job.cp, &cps)
+                  : passkv_attention(comm, job.place, q, k, v, job.cp, &cps);
     } else if (o.text_tokens > 0) {
-      JointState js = joint_attention(job.strategy, *comms, job.part, q, k, v, tq, tk, tv, job.cp,
-                                      &cps);
+      JointState js =
+          joint_attention(job.strategy, *comms, job.part, q, k, v, tq, tk, tv, job.cp, &cps);
       state = std::move(js.image);
       text = std::move(js.text);
     } else {
@@ -617,9 +612,9 @@ int print_report(const Job& job, const Report& rep, const std::string& backend) 
                     (long long)rep.fallback_rows);
     }
     std::printf("  seq %lld  batch %lld  heads %lld  kv_heads %lld  head_dim %lld  %s  %s\n",
-                (long long)job.seq, (long long)o.batch, (long long)o.heads,
-                (long long)job.kv_heads, (long long)o.head_dim,
-                std::string(dtype_name(job.dtype)).c_str(), o.causal ? "causal" : "non-causal");
+                (long long)job.seq, (long long)o.batch, (long long)o.heads, (long long)job.kv_heads,
+                (long long)o.head_dim, std::string(dtype_name(job.dtype)).c_str(),
+                o.causal ? "causal" : "non-causal");
     std::printf("  time     %.6f s (median of %d, slowest rank)\n", secs, o.repeat);
     std::printf("  rate     %.2f GFLOP/s (4*D flops per visible score)\n", gflops);
     std::printf("  work imbalance %.3f (max/mean over ranks), comm wait %.1f%% of call time\n",
@@ -628,7 +623,8 @@ int print_report(const Job& job, const Report& rep, const std::string& backend) 
         rep.exposed.empty() ? 0.0 : *std::max_element(rep.exposed.begin(), rep.exposed.end());
     const double end_sync =
         rep.end_sync.empty() ? 0.0 : *std::max_element(rep.end_sync.begin(), rep.end_sync.end());
-    std::printf("  exposed communication %.1f%% of step time (worst rank, median run)", 100 * exposed);
+    std::printf("  exposed communication %.1f%% of step time (worst rank, median run)",
+                100 * exposed);
     if (end_sync > 0)
       std::printf("; end-of-call sync %.1f%% (zero copy: waiting for peers to finish reading)",
                   100 * end_sync);
@@ -637,16 +633,16 @@ int print_report(const Job& job, const Report& rep, const std::string& backend) 
     std::printf("\n  %-5s %10s %15s %15s %16s %14s %12s\n", "rank", "queries", "bytes sent",
                 "bytes recv", "peak K/V bytes", "tensor bytes", "peak RSS MB");
     for (int i = 0; i < job.ranks; ++i)
-      std::printf("  %-5d %10lld %15lld %15lld %16lld %14lld %12.1f\n", i,
-                  (long long)rep.tokens[i], (long long)rep.sent[i], (long long)rep.recv[i],
-                  (long long)rep.peak_kv[i], (long long)rep.tensor_bytes[i],
-                  rep.peak_rss[i] / 1048576.0);
+      std::printf("  %-5d %10lld %15lld %15lld %16lld %14lld %12.1f\n", i, (long long)rep.tokens[i],
+                  (long long)rep.sent[i], (long long)rep.recv[i], (long long)rep.peak_kv[i],
+                  (long long)rep.tensor_bytes[i], rep.peak_rss[i] / 1048576.0);
     if (backend != "mpi")
       std::printf("  (threads backend: the ranks share one process; peak RSS is the process's)\n");
     if (o.verify)
-      std::printf("\n  verify   max abs err %.3g (lse %.3g) over %lld query rows, tolerance %.0e: %s\n",
-                  rep.max_abs_err, rep.max_lse_err, (long long)rep.verified_rows,
-                  tolerance(job.dtype), ok ? "ok" : "FAILED");
+      std::printf(
+          "\n  verify   max abs err %.3g (lse %.3g) over %lld query rows, tolerance %.0e: %s\n",
+          rep.max_abs_err, rep.max_lse_err, (long long)rep.verified_rows, tolerance(job.dtype),
+          ok ? "ok" : "FAILED");
   }
   std::fflush(stdout);
   return ok ? 0 : 1;
@@ -679,7 +675,8 @@ void add_run_command(CLI::App& app, RunOptions& o) {
                   "joint attention: T text tokens replicated on every rank");
   run->add_option("--cached", o.cached, "tokens in the distributed K/V cache (decode)");
   run->add_option("--new", o.fresh, "new tokens attending the cache (decode)");
-  run->add_option("--hardware", o.hardware, "profile for --strategy auto: h100 | h200 | "
+  run->add_option("--hardware", o.hardware,
+                  "profile for --strategy auto: h100 | h200 | "
                   "cpu-ethernet | local");
   run->add_option("--softmax", o.softmax,
                   "online | const-max (ring, usp: fixed per-row max from key norms, partial "
@@ -711,7 +708,8 @@ int run_command(const RunOptions& opts) {
     Report report;
     if (!opts.trace.empty()) trace::start();
     ThreadWorld::run(
-        ranks, [&](Communicator& comm) { run_rank(comm, job, comm.rank() == 0 ? &report : nullptr); },
+        ranks,
+        [&](Communicator& comm) { run_rank(comm, job, comm.rank() == 0 ? &report : nullptr); },
         timeout);
     return print_report(job, report, "threads");
   }
@@ -724,8 +722,7 @@ int run_command(const RunOptions& opts) {
   Job job;
   try {  // every rank sees the same arguments, so every rank stops here alike
     SEQPAR_ARG_CHECK(opts.ranks == RunOptions::kUnset || opts.ranks == comm->size(), "--ranks ",
-                     opts.ranks,
-                     " does not match the MPI world size ", comm->size(),
+                     opts.ranks, " does not match the MPI world size ", comm->size(),
                      "; omit --ranks or launch mpirun -np ", opts.ranks);
     job = make_job(opts, comm->size(), opts.threads > 0 ? opts.threads : 1);
   } catch (const InvalidArgument&) {

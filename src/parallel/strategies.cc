@@ -8,10 +8,14 @@ namespace seqpar {
 
 std::string_view strategy_name(Strategy s) {
   switch (s) {
-    case Strategy::kAllGather: return "allgather";
-    case Strategy::kRing: return "ring";
-    case Strategy::kUlysses: return "ulysses";
-    case Strategy::kUsp: return "usp";
+    case Strategy::kAllGather:
+      return "allgather";
+    case Strategy::kRing:
+      return "ring";
+    case Strategy::kUlysses:
+      return "ulysses";
+    case Strategy::kUsp:
+      return "usp";
   }
   return "?";
 }
@@ -63,8 +67,8 @@ SpComms::SpComms(Communicator& sp, int ulysses_degree)
     : sp_(sp), ulysses_degree_(ulysses_degree == 0 ? sp.size() : ulysses_degree) {
   const int n = sp.size();
   SEQPAR_ARG_CHECK(ulysses_degree_ >= 1 && n % ulysses_degree_ == 0, "--ulysses-degree ",
-                   ulysses_degree_, " does not divide the ", n, " ranks; valid: ",
-                   divisors_text(n));
+                   ulysses_degree_, " does not divide the ", n,
+                   " ranks; valid: ", divisors_text(n));
   if (ulysses_degree_ != n) ulysses_ = sp.split(sp.rank() / ulysses_degree_, sp.rank());
   if (ulysses_degree_ != 1) ring_ = sp.split(sp.rank() % ulysses_degree_, sp.rank());
 }
@@ -86,13 +90,6 @@ void SpComms::reset_stats() {
 }
 
 // ---- shapes ---------------------------------------------------------------------------------
-
-std::string divisors_text(int64_t x) {
-  std::string s;
-  for (int64_t d = 1; d <= x; ++d)
-    if (x % d == 0) s += (s.empty() ? "" : ", ") + std::to_string(d);
-  return s;
-}
 
 HeadRange ulysses_q_heads(int64_t heads, int n, int j) {
   const int64_t per = (heads + n - 1) / n;
@@ -126,21 +123,19 @@ void validate_local_shapes(const Communicator& comm, const Partition& part, cons
   SEQPAR_ARG_CHECK(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4,
                    "q, k, v must be (B, S, H, D); got q ", q.shape_str(), ", k ", k.shape_str(),
                    ", v ", v.shape_str());
-  SEQPAR_ARG_CHECK(q.dim(1) == n && k.dim(1) == n && v.dim(1) == n, "rank ", comm.rank(),
-                   " holds ", n, " tokens but q, k, v have ", q.dim(1), ", ", k.dim(1), ", ",
-                   v.dim(1));
+  SEQPAR_ARG_CHECK(q.dim(1) == n && k.dim(1) == n && v.dim(1) == n, "rank ", comm.rank(), " holds ",
+                   n, " tokens but q, k, v have ", q.dim(1), ", ", k.dim(1), ", ", v.dim(1));
   SEQPAR_ARG_CHECK(k.shape() == v.shape(), "k ", k.shape_str(), " and v ", v.shape_str(),
                    " must have the same shape");
   SEQPAR_ARG_CHECK(q.dim(0) == k.dim(0) && q.dim(3) == k.dim(3), "q ", q.shape_str(), " and k ",
                    k.shape_str(), " must agree on batch and head_dim");
   SEQPAR_ARG_CHECK(k.dim(2) >= 1 && q.dim(2) % k.dim(2) == 0, "heads ", q.dim(2),
                    " is not divisible by kv_heads ", k.dim(2));
-  SEQPAR_ARG_CHECK(q.dtype() == k.dtype() && k.dtype() == v.dtype(),
-                   "q, k, v must have one dtype");
+  SEQPAR_ARG_CHECK(q.dtype() == k.dtype() && k.dtype() == v.dtype(), "q, k, v must have one dtype");
 }
 
-void check_strategy_shape(Strategy strategy, const Partition& part, int64_t heads,
-                          int64_t kv_heads, int ulysses_degree, const CpOptions& opts) {
+void check_strategy_shape(Strategy strategy, const Partition& part, int64_t heads, int64_t kv_heads,
+                          int ulysses_degree, const CpOptions& opts) {
   const int n = part.ranks();
   check_softmax_mode(strategy, opts);
   if (strategy != Strategy::kUlysses && strategy != Strategy::kUsp) return;
@@ -157,17 +152,17 @@ void check_strategy_shape(Strategy strategy, const Partition& part, int64_t head
       if (fits) valid += (valid.empty() ? "" : ", ") + std::to_string(d);
     }
     SEQPAR_ARG_CHECK(heads % u == 0, "--ulysses-mode strict needs --heads ", heads,
-                     " divisible by the Ulysses degree ", u, "; valid degrees here: ",
-                     valid.empty() ? "none" : valid, "; or use --ulysses-mode uaa");
+                     " divisible by the Ulysses degree ", u,
+                     "; valid degrees here: ", valid.empty() ? "none" : valid,
+                     "; or use --ulysses-mode uaa");
     // The all-to-all of strict mode needs equal shards inside each Ulysses group.
     for (int r = 0; r < n; ++r) {
       const int first = r / u * u;
       SEQPAR_ARG_CHECK(part.count(r) == part.count(first), "--ulysses-mode strict needs equal ",
-                       "shards in a Ulysses group, but rank ", first, " holds ",
-                       part.count(first), " tokens and rank ", r, " holds ", part.count(r),
-                       " (--seq ", part.seq(), " on ", n, " ranks, remainder ",
-                       part.seq() % n, "); pad to ", (part.seq() + n - 1) / n * n,
-                       " tokens (--pad), or use --ulysses-mode uaa");
+                       "shards in a Ulysses group, but rank ", first, " holds ", part.count(first),
+                       " tokens and rank ", r, " holds ", part.count(r), " (--seq ", part.seq(),
+                       " on ", n, " ranks, remainder ", part.seq() % n, "); pad to ",
+                       (part.seq() + n - 1) / n * n, " tokens (--pad), or use --ulysses-mode uaa");
     }
   }
   if (strategy == Strategy::kUsp && opts.ulysses_mode == UlyssesMode::kStrict) {
@@ -179,9 +174,11 @@ void check_strategy_shape(Strategy strategy, const Partition& part, int64_t head
       lengths.push_back(len);
     }
     for (size_t g = 1; g < lengths.size(); ++g)
-      SEQPAR_ARG_CHECK(lengths[g] == lengths[0], "usp ring groups hold different lengths after "
-                       "the Ulysses exchange (group 0: ", lengths[0], " tokens, group ", g, ": ",
-                       lengths[g], "); make --seq divisible by the ranks or use --ulysses-mode uaa");
+      SEQPAR_ARG_CHECK(lengths[g] == lengths[0],
+                       "usp ring groups hold different lengths after "
+                       "the Ulysses exchange (group 0: ",
+                       lengths[0], " tokens, group ", g, ": ", lengths[g],
+                       "); make --seq divisible by the ranks or use --ulysses-mode uaa");
   }
 }
 
@@ -212,10 +209,14 @@ AttnState context_parallel_attention(Strategy strategy, SpComms& comms, const Pa
                                      const CpOptions& opts, CpStats* stats) {
   check_softmax_mode(strategy, opts);
   switch (strategy) {
-    case Strategy::kAllGather: return allgather_attention(comms.sp(), part, q, k, v, opts, stats);
-    case Strategy::kRing: return ring_attention(comms.sp(), part, q, k, v, opts, stats);
-    case Strategy::kUlysses: return ulysses_attention(comms.sp(), part, q, k, v, opts, stats);
-    case Strategy::kUsp: return usp_attention(comms, part, q, k, v, opts, stats);
+    case Strategy::kAllGather:
+      return allgather_attention(comms.sp(), part, q, k, v, opts, stats);
+    case Strategy::kRing:
+      return ring_attention(comms.sp(), part, q, k, v, opts, stats);
+    case Strategy::kUlysses:
+      return ulysses_attention(comms.sp(), part, q, k, v, opts, stats);
+    case Strategy::kUsp:
+      return usp_attention(comms, part, q, k, v, opts, stats);
   }
   throw Error("unknown strategy");
 }

@@ -14,9 +14,6 @@ namespace seqpar {
 void validate_local_shapes(const Communicator& comm, const Partition& part, const Tensor& q,
                            const Tensor& k, const Tensor& v);
 
-// "1, 2, 4, 8": the divisors of x, for error messages listing valid degrees.
-std::string divisors_text(int64_t x);
-
 // True if the kernel's GQA rule on local heads (local query head i reads local kv head
 // i / (|q| / |kv|)) gives every query head of q (global query head h reads kv head h / group)
 // its kv head from kv.

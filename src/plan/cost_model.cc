@@ -160,13 +160,6 @@ namespace {
 
 constexpr double kLseBytes = 4;  // fp32
 
-std::string divisors_of(int64_t x) {
-  std::string s;
-  for (int64_t d = 1; d <= x; ++d)
-    if (x % d == 0) s += (s.empty() ? "" : ", ") + std::to_string(d);
-  return s;
-}
-
 int64_t cap64(int64_t bytes) {
   return bytes <= 0 ? 0 : std::max<int64_t>(64, (bytes + 63) / 64 * 64);
 }
@@ -828,7 +821,7 @@ void check_mesh_degrees(const Workload& w, int cfg, int tp) {
                    ": a bare attention call (--seq/--heads without --model) plans sequence "
                    "parallelism only; use tp 1");
   SEQPAR_ARG_CHECK(w.heads % tp == 0, "tp ", tp, " does not divide the ", w.heads,
-                   " heads; valid tp: ", divisors_of(w.heads));
+                   " heads; valid tp: ", divisors_text(w.heads));
   SEQPAR_ARG_CHECK(w.kv_heads % tp == 0 || tp % w.kv_heads == 0, "tp ", tp,
                    " neither divides nor is a multiple of the ", w.kv_heads, " kv heads");
 }

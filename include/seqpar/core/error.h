@@ -5,6 +5,7 @@
 // Thread-safety: all types here are values; safe to use from any thread.
 #pragma once
 
+#include <cstdint>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -30,6 +31,14 @@ class CommError : public Error {
   explicit CommError(const std::string& msg) : Error(msg) {}
 };
 
+// "1, 2, 4, 8": the divisors of x (x >= 1), for messages that list the valid degrees or counts.
+inline std::string divisors_text(int64_t x) {
+  std::string s;
+  for (int64_t d = 1; d <= x; ++d)
+    if (x % d == 0) s += (s.empty() ? "" : ", ") + std::to_string(d);
+  return s;
+}
+
 namespace detail {
 template <typename... Args>
 std::string concat(const Args&... args) {
@@ -42,17 +51,16 @@ std::string concat(const Args&... args) {
 }  // namespace seqpar
 
 // Throws seqpar::Error("file:line: check `cond` failed: <message>") when cond is false.
-#define SEQPAR_CHECK(cond, ...)                                                               \
-  do {                                                                                        \
-    if (!(cond)) {                                                                            \
-      throw ::seqpar::Error(::seqpar::detail::concat(__FILE__, ":", __LINE__, ": check `",    \
-                                                     #cond, "` failed: " __VA_OPT__(, )       \
-                                                         __VA_ARGS__));                       \
-    }                                                                                         \
+#define SEQPAR_CHECK(cond, ...)                                                                   \
+  do {                                                                                            \
+    if (!(cond)) {                                                                                \
+      throw ::seqpar::Error(::seqpar::detail::concat(__FILE__, ":", __LINE__, ": check `", #cond, \
+                                                     "` failed: " __VA_OPT__(, ) __VA_ARGS__));   \
+    }                                                                                             \
   } while (0)
 
 // Throws seqpar::InvalidArgument with the concatenated message when cond is false.
-#define SEQPAR_ARG_CHECK(cond, ...)                                                   \
-  do {                                                                                \
+#define SEQPAR_ARG_CHECK(cond, ...)                                                      \
+  do {                                                                                   \
     if (!(cond)) throw ::seqpar::InvalidArgument(::seqpar::detail::concat(__VA_ARGS__)); \
   } while (0)
