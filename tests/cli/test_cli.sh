@@ -5,20 +5,7 @@
 set -u
 bin=${1:?usage: test_cli.sh path/to/seqpar [mpiexec]}
 mpiexec=${2:-}
-pass=0; fail=0
-ok()  { pass=$((pass+1)); }
-bad() { fail=$((fail+1)); echo "FAIL: $*"; }
-
-# json_get '<json>' key: prints the value of key (python3).
-json_get() { python3 -c 'import json,sys; d=json.loads(sys.argv[1]); v=d[sys.argv[2]]; print(json.dumps(v) if isinstance(v,(list,dict)) else v)' "$1" "$2"; }
-
-expect_ok() {  # expect_ok <description> <command...>: exit 0 and "ok": true
-  local desc=$1; shift
-  local out rc
-  out=$("$@" 2>&1); rc=$?
-  if [ $rc -ne 0 ]; then bad "$desc: exit $rc: $(echo "$out" | tail -3)"; return; fi
-  [ "$(json_get "$out" ok)" = "True" ] && ok || bad "$desc: not ok: $out"
-}
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # 1. threads backend: every strategy x layout x causal, uneven S, GQA.
 for strategy in ring allgather; do
@@ -57,14 +44,7 @@ python3 -c 'import json,sys; d=json.loads(sys.argv[1]); sys.exit(0 if d["work_im
   && ok || bad "info --json"
 
 # 4. Bad input: exit 2, one line naming the parameter.
-check_bad() {  # check_bad <expected word> <args...>
-  local word=$1; shift
-  local err rc
-  err=$("$bin" run "$@" 2>&1 >/dev/null); rc=$?
-  [ $rc -eq 2 ] && ok || bad "run $* exited $rc, want 2"
-  [ "$(printf '%s\n' "$err" | grep -c .)" -eq 1 ] && ok || bad "run $*: error is not one line: $err"
-  printf '%s' "$err" | grep -q -- "$word" && ok || bad "run $*: error does not name $word: $err"
-}
+check_bad() { local word=$1; shift; expect_exit2 "$word" run "$@"; }  # <word> <run args...>
 base="--ranks 2 --seq 128 --heads 2 --head-dim 32"
 check_bad "--ranks" $base --ranks 0
 check_bad "--ranks" --ranks 200 --seq 100
@@ -126,14 +106,7 @@ assert rows[12]["cfg_rank"] == 1 and rows[12]["tp_rank"] == 1 and rows[12]["head
 ' "$out" && ok || bad "mesh 4 axes rows: $out"
 out=$("$bin" mesh --tp 2 --ring-degree 2 --heads 4 --seq 64 --ranks 4 --json); rc=$?
 [ $rc -eq 0 ] && ok || bad "mesh --ranks equal to the product exited $rc"
-check_mesh_bad() {  # check_mesh_bad <word the error names> <args...>
-  local word=$1; shift
-  local err rc
-  err=$("$bin" mesh "$@" 2>&1 >/dev/null); rc=$?
-  [ $rc -eq 2 ] && ok || bad "mesh $* exited $rc, want 2"
-  [ "$(printf '%s\n' "$err" | grep -c .)" -eq 1 ] && ok || bad "mesh $*: error is not one line: $err"
-  printf '%s' "$err" | grep -q -- "$word" && ok || bad "mesh $*: error does not name $word: $err"
-}
+check_mesh_bad() { local word=$1; shift; expect_exit2 "$word" mesh "$@"; }  # <word> <args...>
 check_mesh_bad "2 x 2" --tp 4 --ring-degree 8 --heads 40 --seq 1024 --ranks 16
 check_mesh_bad "1, 2, 4, 5, 8, 10, 20, 40" --tp 3 --heads 40 --seq 1024
 check_mesh_bad "--seq" --ring-degree 8 --heads 4 --seq 5

@@ -5,26 +5,8 @@
 set -u
 bin=${1:?usage: test_cli_strategies.sh path/to/seqpar [mpiexec]}
 mpiexec=${2:-}
-pass=0; fail=0
-ok()  { pass=$((pass+1)); }
-bad() { fail=$((fail+1)); echo "FAIL: $*"; }
-json_get() { python3 -c 'import json,sys; d=json.loads(sys.argv[1]); v=d[sys.argv[2]]; print(json.dumps(v) if isinstance(v,(list,dict)) else v)' "$1" "$2"; }
-
-expect_ok() {  # expect_ok <description> <command...>: exit 0 and "ok": true
-  local desc=$1; shift
-  local out rc
-  out=$("$@" 2>&1); rc=$?
-  if [ $rc -ne 0 ]; then bad "$desc: exit $rc: $(echo "$out" | tail -3)"; return; fi
-  [ "$(json_get "$out" ok)" = "True" ] && ok || bad "$desc: not ok: $out"
-}
-check_bad() {  # check_bad <expected text> <seqpar args...>: exit 2, one line naming it
-  local word=$1; shift
-  local err rc
-  err=$("$bin" "$@" 2>&1 >/dev/null); rc=$?
-  [ $rc -eq 2 ] && ok || bad "$* exited $rc, want 2"
-  [ "$(printf '%s\n' "$err" | grep -c .)" -eq 1 ] && ok || bad "$*: error is not one line: $err"
-  printf '%s' "$err" | grep -q -- "$word" && ok || bad "$*: error does not say '$word': $err"
-}
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+check_bad() { expect_exit2 "$@"; }  # <expected text> <seqpar args...>
 
 # 1. ulysses, usp, padding, joint attention, decode: verified on threads.
 small="--head-dim 32 --verify --json"

@@ -6,9 +6,7 @@ bin=${1:?usage: test_plan_cli.sh path/to/seqpar}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export SEQPAR_PROFILE_DIR="$tmp/profiles"  # never the user's own profiles
-pass=0; fail=0
-ok()  { pass=$((pass+1)); }
-bad() { fail=$((fail+1)); echo "FAIL: $1"; }
+. "$(dirname "${BASH_SOURCE[0]}")/../cli/lib.sh"
 # py FILE 'expression over d (the JSON object)': exits 0 if true
 py() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if ($2) else 1)" "$1"; }
 
@@ -41,14 +39,7 @@ py "$tmp/a.json" 'd["choice"] == "passq" and abs(d["threshold_tokens"] - 4945) <
 py "$tmp/b.json" 'd["choice"] == "passkv"' && ok || bad "10% new tokens should choose passkv"
 
 # 3. Invalid requests: exit 2, one line, the cause and an alternative.
-expect2() {  # expect2 "pattern" args...
-  local pattern=$1; shift
-  local err rc
-  err=$("$bin" plan "$@" 2>&1 >/dev/null); rc=$?
-  [ $rc -eq 2 ] && ok || bad "plan $* exited $rc, want 2"
-  [ "$(printf '%s\n' "$err" | grep -c .)" -eq 1 ] && ok || bad "plan $* printed $(printf '%s\n' "$err" | grep -c .) lines"
-  grep -q -- "$pattern" <<<"$err" && ok || bad "plan $*: '$err' lacks '$pattern'"
-}
+expect2() { local pattern=$1; shift; expect_exit2 "$pattern" plan "$@"; }  # "pattern" args...
 expect2 "nearest: wan2.1-t2v-14b" --model wan2.1-14b --height 240 --width 432 --frames 33
 expect2 "nearest: 240 or 256" --model wan2.1-t2v-14b --height 250 --width 432 --frames 33
 expect2 "nearest: 33 or 37" --model wan2.1-t2v-14b --height 240 --width 432 --frames 35
