@@ -8,8 +8,8 @@
 #include <thread>
 
 #include "comm/op_rules.h"
-#include "comm/trace_op.h"
 #include "comm/threads/thread_world_state.h"
+#include "comm/trace_op.h"
 #include "seqpar/comm/threads.h"
 #include "seqpar/core/trace.h"
 
@@ -198,9 +198,8 @@ class ThreadRequest final : public RequestImpl {
                            detail::concat(who_, " abandoned a ", describe(),
                                           " while the receiver still borrowed its buffer"));
     }
-    world_->cv.wait(lk, [&] {
-      return op_->state != State::kCopying && op_->state != State::kLent;
-    });
+    world_->cv.wait(lk,
+                    [&] { return op_->state != State::kCopying && op_->state != State::kLent; });
   }
 
   void wait() override {
@@ -208,8 +207,7 @@ class ThreadRequest final : public RequestImpl {
       std::unique_lock<std::mutex> lk(world_->mu);
       if (done_or_throw_locked()) return;
     }
-    trace::Scope span(trace::enabled() ? wait_name() : std::string(), "comm",
-                      trace::Lane::kComm);
+    trace::Scope span(trace::enabled() ? wait_name() : std::string(), "comm", trace::Lane::kComm);
     span.arg("bytes", static_cast<int64_t>(op_->bytes));
     rules::WaitClock clock(link_->stats);
     const auto deadline = Clock::now() + timeout_;
@@ -221,13 +219,11 @@ class ThreadRequest final : public RequestImpl {
         continue;
       }
       if (world_->cv.wait_until(lk, deadline) == std::cv_status::timeout &&
-          (op_->state == State::kPosted || op_->state == State::kLent) &&
-          !world_->aborted.load()) {
+          (op_->state == State::kPosted || op_->state == State::kLent) && !world_->aborted.load()) {
         std::string msg = rules::timeout_message(
             timeout_, who_,
-            op_->state == State::kLent
-                ? describe() + " (the receiver still borrows the buffer)"
-                : describe());
+            op_->state == State::kLent ? describe() + " (the receiver still borrows the buffer)"
+                                       : describe());
         // A lent buffer stays lent (the destructor waits for its release); a posted op fails.
         if (op_->state == State::kPosted) fail_locked(msg);
         world_->abort_locked(world_rank_, msg);
@@ -331,6 +327,8 @@ class ThreadCommunicator final : public Communicator {
   int world_rank() const { return group_->world_ranks[rank_]; }
   std::string who() const { return rules::rank_label(rank_, world_rank(), group_->id == 1); }
   void throw_if_aborted();
+  // A point-to-point operation of this communicator's group, not yet posted.
+  std::shared_ptr<ThreadP2pOp> new_op(size_t bytes, int src, int dst, int tag) const;
   Request post(std::shared_ptr<ThreadP2pOp> op);
 
   // Meets the other members of the group. With `publish`, first stores this rank's slot (the
@@ -352,6 +350,17 @@ void ThreadCommunicator::throw_if_aborted() {
   if (!world_->aborted.load()) return;
   std::lock_guard<std::mutex> lk(world_->mu);
   throw CommError(world_->failure_locked());
+}
+
+std::shared_ptr<ThreadP2pOp> ThreadCommunicator::new_op(size_t bytes, int src, int dst,
+                                                        int tag) const {
+  auto op = std::make_shared<ThreadP2pOp>();
+  op->bytes = bytes;
+  op->group_id = group_->id;
+  op->src = src;
+  op->dst = dst;
+  op->tag = tag;
+  return op;
 }
 
 Request ThreadCommunicator::post(std::shared_ptr<ThreadP2pOp> op) {
@@ -417,14 +426,9 @@ Request ThreadCommunicator::isend(const void* buf, size_t bytes, int dst, int ta
   rules::check_buffer(buf, bytes, "isend: buf");
   throw_if_aborted();
   rules::account_send(stats_, bytes, dst == rank_);
-  auto op = std::make_shared<ThreadP2pOp>();
+  auto op = new_op(bytes, rank_, dst, tag);
   op->is_send = true;
   op->send_buf = buf;
-  op->bytes = bytes;
-  op->group_id = group_->id;
-  op->src = rank_;
-  op->dst = dst;
-  op->tag = tag;
   return post(std::move(op));
 }
 
@@ -437,7 +441,7 @@ Request ThreadCommunicator::irecv_borrow(void* buf, size_t bytes, int src, int t
   throw_if_aborted();
   rules::account_recv(stats_, bytes, src == rank_);
   *data = nullptr;
-  auto op = std::make_shared<ThreadP2pOp>();
+  auto op = new_op(bytes, src, rank_, tag);
   // The lease: dropping it ends the borrow (completes the lending send) or, before a match,
   // tells the matching send that nobody will read it.
   *lease = std::shared_ptr<void>(op.get(), [world = world_, op](void*) {
@@ -452,11 +456,6 @@ Request ThreadCommunicator::irecv_borrow(void* buf, size_t bytes, int src, int t
   op->recv_buf = buf;
   op->borrow = true;
   op->borrowed = data;
-  op->bytes = bytes;
-  op->group_id = group_->id;
-  op->src = src;
-  op->dst = rank_;
-  op->tag = tag;
   return post(std::move(op));
 }
 
@@ -466,13 +465,8 @@ Request ThreadCommunicator::irecv(void* buf, size_t bytes, int src, int tag) {
   rules::check_buffer(buf, bytes, "irecv: buf");
   throw_if_aborted();
   rules::account_recv(stats_, bytes, src == rank_);
-  auto op = std::make_shared<ThreadP2pOp>();
+  auto op = new_op(bytes, src, rank_, tag);
   op->recv_buf = buf;
-  op->bytes = bytes;
-  op->group_id = group_->id;
-  op->src = src;
-  op->dst = rank_;
-  op->tag = tag;
   return post(std::move(op));
 }
 
