@@ -174,6 +174,14 @@ bool use_bf16_matmul() {
   return use;
 }
 
+// Decode shapes (stacked query heads, fp32 blocks) multiply with the register-blocked few-row
+// loops of simd.h rather than oneDNN, which repacks K and V on every call; SEQPAR_KERNEL_SMALL_MM=0
+// (read on every call, so a benchmark can compare both in one process) uses oneDNN instead.
+bool use_small_matmuls() {
+  const char* env = std::getenv("SEQPAR_KERNEL_SMALL_MM");
+  return env == nullptr || std::string(env) != "0";
+}
+
 // ---- the mask, summarized per block ----------------------------------------------------------
 
 enum class BlockKind { kSkip, kFull, kRange, kGeneral };
@@ -330,7 +338,7 @@ class Scratch {
 };
 
 struct Workspace {
-  Scratch q, qtile, o, m, l, k, v, s, p16, lo, hi, emask, invalid, kpos, kseg, kvalid;
+  Scratch q, qt, qtile, o, m, l, k, v, s, p16, lo, hi, emask, invalid, kpos, kseg, kvalid;
 };
 
 // ---- one call's constants -----------------------------------------------------------------------
@@ -350,6 +358,7 @@ struct Problem {
   const std::function<void()>* progress;
   const float* row_max;  // (B, Sq, H) fixed row maxima, or nullptr (online softmax for all rows)
   bool stack_heads;      // a tile holds all query heads of an item's kv head (few rows: decode)
+  bool small_mm;         // with stack_heads and fp32 blocks: simd small_qk / small_pv
 };
 
 // Makes `rows` rows of d elements (source row stride src_ld elements, storage in_type) available
@@ -467,6 +476,21 @@ void run_item(const Problem& p, const Item& it, float* out, float* lse, float* r
     const char* src = qsrc + state_row(t, 0) * d * in_esz;
     qtile[t] = pack_rows(p, src, p.nh * d, tile_tokens(t), qbuf + t * tr * d * esz, gs * d);
   }
+  // Few-row matmuls take Qᵀ (d × rp, rows zero-padded to rp) per tile.
+  const int64_t rp =
+      (tr + simd::small_row_align() - 1) / simd::small_row_align() * simd::small_row_align();
+  float* qtbuf = p.small_mm ? ws.qt.get<float>(tiles * d * rp) : nullptr;
+  if (p.small_mm) {
+    for (int64_t t = 0; t < tiles; ++t) {
+      const float* qs = static_cast<const float*>(qtile[t]);
+      float* qt = qtbuf + t * d * rp;
+      const int64_t rows = tile_tokens(t) * gs;
+      for (int64_t c = 0; c < d; ++c) {
+        for (int64_t r = 0; r < rows; ++r) qt[c * rp + r] = qs[r * d + c];
+        std::fill(qt + c * rp + rows, qt + (c + 1) * rp, 0.f);
+      }
+    }
+  }
   std::fill_n(obuf, tiles * tr * d, 0.f);
   std::fill_n(mbuf, tiles * tr, kNegInf);
   std::fill_n(lbuf, tiles * tr, 0.0);
@@ -496,7 +520,8 @@ void run_item(const Problem& p, const Item& it, float* out, float* lse, float* r
     }
     bool general_keys_ready = false;
     // Packed once per key block for all the item's kv heads, reading K/V in memory order: head
-    // hk's (nk, d) block is the (hk - hk0)-th.
+    // hk's (nk, d) block is the (hk - hk0)-th. The few-row loops read fp32 and bf16 K/V in
+    // place instead (head hk's rows at their stride in the source).
     const int64_t kv_off = ((b * p.sk + k0) * p.nkv + it.hk0) * d;
     const char* kall =
         static_cast<const char*>(pack_heads(p, ksrc + kv_off * in_esz, p.nkv * d, nk, nhk, kbuf));
@@ -547,9 +572,14 @@ void run_item(const Problem& p, const Item& it, float* out, float* lse, float* r
           float* o = obuf + t * tr * d;
           float* m = mbuf + t * tr;
           double* l = lbuf + t * tr;
-          MatmulShape s_qk = qk;
-          s_qk.m = rows * gs;
-          thread_matmul_cache().run(s_qk, qtile[t], kblk, sbuf);
+          if (p.small_mm) {
+            p.kern->small_qk(qtbuf + t * d * rp, rp, rows * gs, static_cast<const float*>(kblk), d,
+                             nk, d, sbuf, ld_s);
+          } else {
+            MatmulShape s_qk = qk;
+            s_qk.m = rows * gs;
+            thread_matmul_cache().run(s_qk, qtile[t], kblk, sbuf);
+          }
           for (int64_t r = 0; r < rows * gs; ++r) {
             const int64_t tok = r / gs;  // the row's token within the block
             float* srow = sbuf + r * ld_s;
@@ -566,9 +596,13 @@ void run_item(const Problem& p, const Item& it, float* out, float* lse, float* r
               p.row_update(srow, lo[tok], hi[tok], nk, p.c, m + r, l + r, o + r * d, d);
             }
           }
-          MatmulShape s_pv = pv;
-          s_pv.m = rows * gs;
-          thread_matmul_cache().run(s_pv, p.bf16_mm ? static_cast<void*>(p16) : sbuf, vblk, o);
+          if (p.small_mm) {
+            p.kern->small_pv(sbuf, ld_s, rows * gs, static_cast<const float*>(vblk), d, nk, d, o);
+          } else {
+            MatmulShape s_pv = pv;
+            s_pv.m = rows * gs;
+            thread_matmul_cache().run(s_pv, p.bf16_mm ? static_cast<void*>(p16) : sbuf, vblk, o);
+          }
         }
       }
     }
@@ -686,6 +720,7 @@ AttnState flash_attention(const Tensor& q, const Tensor& k, const Tensor& v,
   const bool stream_kv = p.sq * p.group <= kStreamRows;
   const int64_t hk_per_item = stream_kv ? p.nkv : 1;
   p.stack_heads = stream_kv;
+  p.small_mm = stream_kv && !p.bf16_mm && use_small_matmuls();
   const int64_t n_hkchunks = (p.nkv + hk_per_item - 1) / hk_per_item;
   const int64_t g_per_item = std::min(p.group, kMaxTilesPerItem);
   const int64_t n_gchunks = (p.group + g_per_item - 1) / g_per_item;

@@ -63,7 +63,20 @@ struct Kernels {
   void (*f16_to_f32)(const uint16_t* src, float* dst, int64_t n);
   // fp32 -> bf16, round to nearest even.
   void (*f32_to_bf16)(const float* src, uint16_t* dst, int64_t n);
+  // Few-row matmuls for decode shapes (rows <= 64): register-blocked FMA loops on fp32 blocks,
+  // which, unlike a general GEMM, need no packing of their own on every call:
+  //   small_qk: S (rows × n, row stride ld_s) = Q·Kᵀ, with qt = Qᵀ (d × rp; rp = rows rounded
+  //             up to small_row_align(), padding columns zero) and k (n × d, row stride ld_k);
+  //   small_pv: O (rows × d, row stride d) += P (rows × n, row stride ld_p) · V (n × d, row
+  //             stride ld_v).
+  void (*small_qk)(const float* qt, int64_t rp, int64_t rows, const float* k, int64_t ld_k,
+                   int64_t n, int64_t d, float* s, int64_t ld_s);
+  void (*small_pv)(const float* p, int64_t ld_p, int64_t rows, const float* v, int64_t ld_v,
+                   int64_t n, int64_t d, float* o);
 };
+
+// Qᵀ for small_qk has its rows padded to a multiple of this (the widest vector, any variant).
+constexpr int64_t small_row_align() { return kRowAlign; }
 
 // The variant in use: force_softmax_isa()'s choice if set, else the environment variable
 // SEQPAR_KERNEL_ISA (scalar|avx2|avx512, capped at what the CPU runs), else best_isa().

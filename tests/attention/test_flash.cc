@@ -498,6 +498,28 @@ std::vector<Case> small_cases() {
   c.q_scale = 30.f;
   c.causal = false;
   cases.push_back(c);
+  // Decode shapes (the few-row loops): 1..36 stacked rows (odd tails of every vector width),
+  // odd head dims (column tails), fp32/bf16/fp16, masks.
+  for (auto [sq, h, hkv, d] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 1, 1, 64},
+                               {3, 12, 4, 40},
+                               {9, 4, 1, 128},
+                               {4, 32, 8, 20},
+                               {13, 1, 1, 7}}) {
+    Case x;
+    x.b = 2;
+    x.sq = sq;
+    x.sk = 300;
+    x.h = h;
+    x.hkv = hkv;
+    x.d = d;
+    x.causal = true;
+    x.layout = sq == 9 ? Layout::kShuffled : Layout::kStriped;
+    x.padding = true;
+    x.segments = sq == 3;
+    x.bk = 56;
+    x.dtype = sq == 3 ? DType::kBF16 : sq == 13 ? DType::kF16 : DType::kF32;
+    cases.push_back(x);
+  }
   for (Case& x : cases) x.name = auto_name(x);
   return cases;
 }
