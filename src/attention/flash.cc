@@ -828,6 +828,9 @@ std::string attention_kernel_info() {
     } else {
       s += "; bf16/fp16 inputs: converted to fp32 per block (no avx512_bf16/AMX matmul)";
     }
+    s += detail::concat("; decode shapes (Sq x H/Hkv <= ", kStreamRows,
+                        "): all kv heads per item in memory order, few-row FMA loops",
+                        use_bf16_matmul() ? " (fp32/fp16 inputs)" : "");
     return s;
   }();
   return info;
