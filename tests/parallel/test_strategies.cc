@@ -5,37 +5,43 @@
 
 namespace seqpar {
 
-using seqpar::testing::Problem;
-using seqpar::testing::run_cp;
 using seqpar::testing::inputs_for;
 using seqpar::testing::max_err_lse;
+using seqpar::testing::Problem;
+using seqpar::testing::run_cp;
 
 constexpr double kTolF32 = 1e-4;
 
 // (strategy, layout, ranks, causal, (heads, kv_heads), seq)
 using SweepParam = std::tuple<Strategy, Layout, int, bool, std::pair<int, int>, int64_t>;
 
-class StrategySweep : public ::testing::TestWithParam<SweepParam> {};
-
-TEST_P(StrategySweep, MatchesReference) {
-  auto [strategy, layout, ranks, causal, hk, seq] = GetParam();
+// One sweep point with inputs of `dtype` against the reference within tol (out and lse).
+// usp: Ulysses groups of 2 where the ranks allow it, else of 1 (ring across all).
+void expect_sweep_point(const SweepParam& param, DType dtype, double tol) {
+  auto [strategy, layout, ranks, causal, hk, seq] = param;
   Problem p;
   p.seq = seq;
   p.heads = hk.first;
   p.kv_heads = hk.second;
   p.head_dim = 64;
   p.causal = causal;
-  auto run = run_cp(p, strategy, layout, ranks);
+  p.dtype = dtype;
+  const int ulysses_degree = strategy == Strategy::kUsp ? (ranks % 2 == 0 ? 2 : 1) : 0;
+  auto run = run_cp(p, strategy, layout, ranks, {}, ulysses_degree);
   const auto& ref = inputs_for(p).ref;
-  EXPECT_LE(max_abs_diff(run.state.out, ref.out), kTolF32);
-  EXPECT_LE(max_err_lse(run.state.lse, ref.lse), kTolF32);
+  EXPECT_LE(max_abs_diff(run.state.out, ref.out), tol);
+  EXPECT_LE(max_err_lse(run.state.lse, ref.lse), tol);
 }
+
+class StrategySweep : public ::testing::TestWithParam<SweepParam> {};
+
+TEST_P(StrategySweep, MatchesReference) { expect_sweep_point(GetParam(), DType::kF32, kTolF32); }
 
 std::string sweep_name(const ::testing::TestParamInfo<SweepParam>& info) {
   auto [strategy, layout, ranks, causal, hk, seq] = info.param;
   return std::string(strategy_name(strategy)) + "_" + std::string(layout_name(layout)) + "_n" +
-         std::to_string(ranks) + (causal ? "_causal" : "_full") + "_h" +
-         std::to_string(hk.first) + "kv" + std::to_string(hk.second) + "_s" + std::to_string(seq);
+         std::to_string(ranks) + (causal ? "_causal" : "_full") + "_h" + std::to_string(hk.first) +
+         "kv" + std::to_string(hk.second) + "_s" + std::to_string(seq);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -48,14 +54,14 @@ INSTANTIATE_TEST_SUITE_P(
     sweep_name);
 
 // The uneven lengths of the issue (3816 and 3817 tokens), fewer combinations.
-INSTANTIATE_TEST_SUITE_P(
-    Uneven, StrategySweep,
-    ::testing::Combine(::testing::Values(Strategy::kAllGather, Strategy::kRing),
-                       ::testing::Values(Layout::kContiguous, Layout::kZigzag),
-                       ::testing::Values(1, 2, 3, 4, 8), ::testing::Bool(),
-                       ::testing::Values(std::pair{2, 1}),
-                       ::testing::Values(int64_t{3816}, int64_t{3817})),
-    sweep_name);
+INSTANTIATE_TEST_SUITE_P(Uneven, StrategySweep,
+                         ::testing::Combine(::testing::Values(Strategy::kAllGather,
+                                                              Strategy::kRing),
+                                            ::testing::Values(Layout::kContiguous, Layout::kZigzag),
+                                            ::testing::Values(1, 2, 3, 4, 8), ::testing::Bool(),
+                                            ::testing::Values(std::pair{2, 1}),
+                                            ::testing::Values(int64_t{3816}, int64_t{3817})),
+                         sweep_name);
 
 // bf16 inputs through every strategy (communication carries bf16): the reference runs on the
 // same bf16-rounded inputs, so the error is the kernel's own: the degree-3 exp2 of the bf16 path
@@ -67,31 +73,18 @@ constexpr double kTolBf16 = 2e-2;
 class StrategySweepBf16 : public ::testing::TestWithParam<SweepParam> {};
 
 TEST_P(StrategySweepBf16, MatchesReference) {
-  auto [strategy, layout, ranks, causal, hk, seq] = GetParam();
-  Problem p;
-  p.seq = seq;
-  p.heads = hk.first;
-  p.kv_heads = hk.second;
-  p.head_dim = 64;
-  p.causal = causal;
-  p.dtype = DType::kBF16;
-  // usp: Ulysses groups of 2 where the ranks allow it, else of 1 (ring across all).
-  const int ulysses_degree = strategy == Strategy::kUsp ? (ranks % 2 == 0 ? 2 : 1) : 0;
-  auto run = run_cp(p, strategy, layout, ranks, {}, ulysses_degree);
-  const auto& ref = inputs_for(p).ref;
-  EXPECT_LE(max_abs_diff(run.state.out, ref.out), kTolBf16);
-  EXPECT_LE(max_err_lse(run.state.lse, ref.lse), kTolBf16);
+  expect_sweep_point(GetParam(), DType::kBF16, kTolBf16);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Bf16, StrategySweepBf16,
-    ::testing::Combine(::testing::Values(Strategy::kAllGather, Strategy::kRing,
-                                         Strategy::kUlysses, Strategy::kUsp),
-                       ::testing::Values(Layout::kContiguous, Layout::kStriped, Layout::kZigzag),
-                       ::testing::Values(2, 3, 4), ::testing::Bool(),
-                       ::testing::Values(std::pair{4, 2}, std::pair{6, 3}),
-                       ::testing::Values(int64_t{37}, int64_t{300})),
-    sweep_name);
+INSTANTIATE_TEST_SUITE_P(Bf16, StrategySweepBf16,
+                         ::testing::Combine(::testing::Values(Strategy::kAllGather, Strategy::kRing,
+                                                              Strategy::kUlysses, Strategy::kUsp),
+                                            ::testing::Values(Layout::kContiguous, Layout::kStriped,
+                                                              Layout::kZigzag),
+                                            ::testing::Values(2, 3, 4), ::testing::Bool(),
+                                            ::testing::Values(std::pair{4, 2}, std::pair{6, 3}),
+                                            ::testing::Values(int64_t{37}, int64_t{300})),
+                         sweep_name);
 
 TEST(Strategies, BatchAndOddShapes) {
   Problem p;
