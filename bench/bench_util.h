@@ -1,5 +1,5 @@
-// What the benchmark programs share: argument parsing helpers, a timing loop, random inputs and
-// a cached oneDNN fp32 matmul (the GEMM rate the kernels are compared with).
+// What the benchmark programs share: argument parsing helpers, a timing loop and a cached oneDNN
+// fp32 matmul (the GEMM rate the kernels are compared with); random inputs: seqpar::random_normal.
 #pragma once
 
 #include <cstdint>
@@ -7,7 +7,6 @@
 #include <cstdlib>
 #include <dnnl.hpp>
 #include <functional>
-#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -56,15 +55,6 @@ inline double time_per_call(const std::function<void()>& f, double min_time) {
     t = now_seconds() - t0;
   } while (t < min_time);
   return t / calls;
-}
-
-// Standard normal values (fp32), then converted to dtype.
-inline Tensor random_tensor(std::vector<int64_t> shape, uint64_t seed, DType dtype) {
-  Tensor t(std::move(shape), DType::kF32);
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> n(0.f, 1.f);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = n(rng);
-  return dtype == DType::kF32 ? t : t.to(dtype);
 }
 
 // A cached fp32 matmul C (m × n) [+]= A (m × k) · B (k × n), B with strides (ldb_k, ldb_n);

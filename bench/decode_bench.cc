@@ -137,9 +137,9 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   const int64_t d = o.head_dim;
   for (int64_t s : o.cached) {
-    const Tensor q = seqpar::bench::random_tensor({1, o.fresh, o.heads, d}, 1, o.dtype);
-    const Tensor k = seqpar::bench::random_tensor({1, s, o.kv_heads, d}, 2, o.dtype);
-    const Tensor v = seqpar::bench::random_tensor({1, s, o.kv_heads, d}, 3, o.dtype);
+    const Tensor q = seqpar::random_normal({1, o.fresh, o.heads, d}, 1, o.dtype);
+    const Tensor k = seqpar::random_normal({1, s, o.kv_heads, d}, 2, o.dtype);
+    const Tensor v = seqpar::random_normal({1, s, o.kv_heads, d}, 3, o.dtype);
     const double kv_bytes = static_cast<double>(k.nbytes() + v.nbytes());
     std::vector<uint64_t> buf(static_cast<size_t>(kv_bytes / 8), 1);
     seqpar::AttnParams p;  // every new token sees the whole cache

@@ -175,9 +175,9 @@ int main(int argc, char** argv) {
 
   for (int64_t s : o.seqs) {
     for (int64_t d : o.head_dims) {
-      const Tensor q = seqpar::bench::random_tensor({o.batch, s, o.heads, d}, 1, o.dtype);
-      const Tensor k = seqpar::bench::random_tensor({o.batch, s, o.kv_heads, d}, 2, o.dtype);
-      const Tensor v = seqpar::bench::random_tensor({o.batch, s, o.kv_heads, d}, 3, o.dtype);
+      const Tensor q = seqpar::random_normal({o.batch, s, o.heads, d}, 1, o.dtype);
+      const Tensor k = seqpar::random_normal({o.batch, s, o.kv_heads, d}, 2, o.dtype);
+      const Tensor v = seqpar::random_normal({o.batch, s, o.kv_heads, d}, 3, o.dtype);
       // The kernel's block GEMMs at this head dim (default Bq = Bk = 256, capped at S).
       const int64_t bq = std::min<int64_t>(o.block_q ? o.block_q : 256, s);
       const int64_t bk = std::min<int64_t>(o.block_k ? o.block_k : 256, s);

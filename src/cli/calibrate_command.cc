@@ -18,7 +18,6 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,14 +38,6 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
-Tensor random_tensor(std::vector<int64_t> shape, uint32_t seed) {
-  Tensor t(std::move(shape));
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.f, 1.f);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = dist(rng);
-  return t;
-}
-
 struct KernelInputs {
   Tensor q, k, v;
   int64_t seq;
@@ -55,8 +46,8 @@ struct KernelInputs {
 
 KernelInputs kernel_inputs(int64_t seq) {
   const int64_t H = 4, D = 128;
-  return {random_tensor({1, seq, H, D}, 1), random_tensor({1, seq, H, D}, 2),
-          random_tensor({1, seq, H, D}, 3), seq};
+  return {random_normal({1, seq, H, D}, 1), random_normal({1, seq, H, D}, 2),
+          random_normal({1, seq, H, D}, 3), seq};
 }
 
 // Median FLOP/s of one flash_attention call on `threads` threads (4·D flops per score).

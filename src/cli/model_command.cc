@@ -25,21 +25,13 @@ namespace {
 
 using nlohmann::json;
 
-Tensor seeded(std::vector<int64_t> shape, uint64_t seed) {
-  Tensor t(std::move(shape));
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> dist(0.f, 1.f);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = dist(rng);
-  return t;
-}
-
 // What a run produced on rank 0 (for comparison and the report).
 struct ModelResult {
-  Tensor output;                 // dit: the sample (or velocity); llm: all logits stacked
-  std::vector<int32_t> tokens;   // llm
+  Tensor output;                // dit: the sample (or velocity); llm: all logits stacked
+  std::vector<int32_t> tokens;  // llm
   double seconds = 0;
   int64_t seq = 0;
-  CommStats comm;                // rank 0's traffic over all mesh groups
+  CommStats comm;  // rank 0's traffic over all mesh groups
 };
 
 struct Resolved {
@@ -61,18 +53,18 @@ Resolved resolve(const ModelOptions& o, int world) {
                    " needs ", r.shape.world(), " ranks but the MPI world has ", world,
                    "; launch mpirun -np ", r.shape.world());
   SEQPAR_ARG_CHECK(o.cfg <= 2, "--cfg ", o.cfg, " is invalid; valid: 1, 2");
-  SEQPAR_ARG_CHECK(r.preset.family != ModelFamily::kLlm || o.cfg == 1,
-                   "--cfg ", o.cfg, ": classifier-free guidance is for diffusion models; use --cfg 1 with ",
+  SEQPAR_ARG_CHECK(r.preset.family != ModelFamily::kLlm || o.cfg == 1, "--cfg ", o.cfg,
+                   ": classifier-free guidance is for diffusion models; use --cfg 1 with ",
                    r.preset.name);
   SEQPAR_ARG_CHECK(r.preset.family != ModelFamily::kMMDiT, "model ", r.preset.name,
                    " (mmdit) is available to `seqpar plan` only; runnable presets: the dit and "
                    "llm ones (tiny-dit, tiny-llm, wan2.1-t2v-1.3b, llama3-8b, ...)");
   SEQPAR_ARG_CHECK(r.preset.heads % o.tp == 0, "--tp ", o.tp, " does not divide the ",
-                   r.preset.heads, " heads of ", r.preset.name, "; valid: ",
-                   [&] {
+                   r.preset.heads, " heads of ", r.preset.name, "; valid: ", [&] {
                      std::string s;
                      for (int64_t d = 1; d <= r.preset.heads; ++d)
-                       if (r.preset.heads % d == 0) s += (s.empty() ? "" : ", ") + std::to_string(d);
+                       if (r.preset.heads % d == 0)
+                         s += (s.empty() ? "" : ", ") + std::to_string(d);
                      return s;
                    }());
   r.layout = parse_layout(o.layout);
@@ -90,9 +82,10 @@ Resolved resolve(const ModelOptions& o, int world) {
   r.specs = r.preset.family == ModelFamily::kDiT ? DiT::parameters(r.preset)
                                                  : Decoder::parameters(r.preset);
   if (r.preset.family == ModelFamily::kDiT) latent_shape(r.preset, o.frames, o.height, o.width);
-  SEQPAR_ARG_CHECK(r.preset.family != ModelFamily::kLlm || o.prompt_len >= 1,
-                   "--prompt-len ", o.prompt_len, " is invalid; it must be at least 1");
-  SEQPAR_ARG_CHECK(o.steps >= 1 && o.decode >= 0, "--steps must be at least 1 and --decode 0 or more");
+  SEQPAR_ARG_CHECK(r.preset.family != ModelFamily::kLlm || o.prompt_len >= 1, "--prompt-len ",
+                   o.prompt_len, " is invalid; it must be at least 1");
+  SEQPAR_ARG_CHECK(o.steps >= 1 && o.decode >= 0,
+                   "--steps must be at least 1 and --decode 0 or more");
   return r;
 }
 
@@ -115,9 +108,9 @@ ModelResult run_model(Communicator& world, const Resolved& r, const ModelOptions
   if (r.preset.family == ModelFamily::kDiT) {
     const ModelPreset& m = r.preset;
     LatentShape s = latent_shape(m, o.frames, o.height, o.width);
-    Tensor latent = seeded({1, m.in_channels, s.latent_frames, s.latent_height, s.latent_width},
-                           o.seed + 1);
-    Tensor text = seeded({1, m.text_len, m.text_dim}, o.seed + 2);
+    Tensor latent = random_normal(
+        {1, m.in_channels, s.latent_frames, s.latent_height, s.latent_width}, o.seed + 1);
+    Tensor text = random_normal({1, m.text_len, m.text_dim}, o.seed + 2);
     Tensor null_text({1, m.text_len, m.text_dim});
     DiT dit(m, ws, ctx);
     res.output = dit.sample(latent, o.steps, text, null_text, o.guidance, ctx);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <sstream>
 
 namespace seqpar {
@@ -68,9 +69,12 @@ Tensor& Tensor::operator=(const Tensor& other) {
 
 float Tensor::at(int64_t i) const {
   switch (dtype_) {
-    case DType::kF32: return data<float>()[i];
-    case DType::kBF16: return bf16_to_f32(data<uint16_t>()[i]);
-    case DType::kF16: return f16_to_f32(data<uint16_t>()[i]);
+    case DType::kF32:
+      return data<float>()[i];
+    case DType::kBF16:
+      return bf16_to_f32(data<uint16_t>()[i]);
+    case DType::kF16:
+      return f16_to_f32(data<uint16_t>()[i]);
   }
   return 0.f;
 }
@@ -107,6 +111,15 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
     m = std::max(m, d);
   }
   return m;
+}
+
+Tensor random_normal(std::vector<int64_t> shape, uint64_t seed, DType dtype) {
+  Tensor t(std::move(shape), DType::kF32);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> n(0.f, 1.f);
+  float* x = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) x[i] = n(rng);
+  return dtype == DType::kF32 ? t : t.to(dtype);
 }
 
 }  // namespace seqpar

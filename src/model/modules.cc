@@ -1,7 +1,7 @@
 #include "seqpar/model/modules.h"
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "seqpar/attention/attention.h"
@@ -171,19 +171,25 @@ SelfAttention SelfAttention::load(const WeightStore& ws, const std::string& name
   return a;
 }
 
-Tensor SelfAttention::forward(const Tensor& x, const Tensor& rope, ParallelContext& ctx,
-                              const SpRuntime& sp, bool causal, KvCache* cache) const {
+SelfAttention::Qkv SelfAttention::project(const Tensor& x, const Tensor& rope,
+                                          ParallelContext& ctx) const {
   const int64_t B = x.dim(0), n = x.dim(1), d = head_dim;
   Tensor qx = q.forward(x), kx = k.forward(x), vx = v.forward(x);
   if (qk_norm) {
     qx = norm_q.forward(qx, *ctx.tp);
     kx = norm_k.forward(kx, *ctx.tp);
   }
-  Tensor qh = reshape(std::move(qx), {B, n, h1 - h0, d});
-  Tensor kh = reshape(std::move(kx), {B, n, kv1 - kv0, d});
-  Tensor vh = reshape(std::move(vx), {B, n, kv1 - kv0, d});
-  apply_rope_(qh, rope);
-  apply_rope_(kh, rope);
+  Qkv h{reshape(std::move(qx), {B, n, h1 - h0, d}), reshape(std::move(kx), {B, n, kv1 - kv0, d}),
+        reshape(std::move(vx), {B, n, kv1 - kv0, d})};
+  apply_rope_(h.q, rope);
+  apply_rope_(h.k, rope);
+  return h;
+}
+
+Tensor SelfAttention::forward(const Tensor& x, const Tensor& rope, ParallelContext& ctx,
+                              const SpRuntime& sp, bool causal, KvCache* cache) const {
+  const int64_t B = x.dim(0), n = x.dim(1), d = head_dim;
+  auto [qh, kh, vh] = project(x, rope, ctx);
   if (cache) {  // this rank's real tokens (padding is never cached)
     auto pos = sp.local_positions();
     std::vector<int64_t> keep;
@@ -217,16 +223,7 @@ Tensor SelfAttention::decode(const Tensor& x, const Tensor& rope, ParallelContex
   const int64_t B = x.dim(0), T = x.dim(1), d = head_dim;
   Communicator& sp = ctx.sp->sp();
   const int r = sp.rank();
-  Tensor qx = q.forward(x), kx = k.forward(x), vx = v.forward(x);
-  if (qk_norm) {
-    qx = norm_q.forward(qx, *ctx.tp);
-    kx = norm_k.forward(kx, *ctx.tp);
-  }
-  Tensor qh = reshape(std::move(qx), {B, T, h1 - h0, d});
-  Tensor kh = reshape(std::move(kx), {B, T, kv1 - kv0, d});
-  Tensor vh = reshape(std::move(vx), {B, T, kv1 - kv0, d});
-  apply_rope_(qh, rope);
-  apply_rope_(kh, rope);
+  auto [qh, kh, vh] = project(x, rope, ctx);
   // Rows of the new tokens by position: each rank keeps its own tokens' q, k, v.
   std::vector<int64_t> all_new;
   for (const auto& qp : place.q_pos) all_new.insert(all_new.end(), qp.begin(), qp.end());
@@ -236,7 +233,8 @@ Tensor SelfAttention::decode(const Tensor& x, const Tensor& rope, ParallelContex
     Tensor y({B, static_cast<int64_t>(pos.size()), h, d});
     for (int64_t b = 0; b < B; ++b)
       for (size_t i = 0; i < pos.size(); ++i) {
-        const int64_t row = std::lower_bound(all_new.begin(), all_new.end(), pos[i]) - all_new.begin();
+        const int64_t row =
+            std::lower_bound(all_new.begin(), all_new.end(), pos[i]) - all_new.begin();
         std::memcpy(y.data<float>() + ((b * pos.size() + i) * h) * d,
                     t.data<float>() + ((b * T + row) * h) * d, h * d * sizeof(float));
       }
@@ -255,11 +253,13 @@ Tensor SelfAttention::decode(const Tensor& x, const Tensor& rope, ParallelContex
   for (int owner = 0; owner < sp.size(); ++owner) {
     const auto& pos = place.q_pos[owner];
     if (pos.empty()) continue;
-    Tensor rows = owner == r ? std::move(s.out) : Tensor({B, static_cast<int64_t>(pos.size()), h1 - h0, d});
+    Tensor rows =
+        owner == r ? std::move(s.out) : Tensor({B, static_cast<int64_t>(pos.size()), h1 - h0, d});
     sp.broadcast(rows.raw(), rows.nbytes(), owner);
     for (int64_t b = 0; b < B; ++b)
       for (size_t i = 0; i < pos.size(); ++i) {
-        const int64_t row = std::lower_bound(all_new.begin(), all_new.end(), pos[i]) - all_new.begin();
+        const int64_t row =
+            std::lower_bound(all_new.begin(), all_new.end(), pos[i]) - all_new.begin();
         std::memcpy(out.data<float>() + ((b * T + row) * (h1 - h0)) * d,
                     rows.data<float>() + ((b * pos.size() + i) * (h1 - h0)) * d,
                     (h1 - h0) * d * sizeof(float));
@@ -268,8 +268,8 @@ Tensor SelfAttention::decode(const Tensor& x, const Tensor& rope, ParallelContex
   return o.forward(reshape(std::move(out), {B, T, (h1 - h0) * d}), *ctx.tp);
 }
 
-CrossAttention CrossAttention::load(const WeightStore& ws, const std::string& name,
-                                    int64_t hidden, int64_t heads, const ParallelContext& ctx) {
+CrossAttention CrossAttention::load(const WeightStore& ws, const std::string& name, int64_t hidden,
+                                    int64_t heads, const ParallelContext& ctx) {
   CrossAttention a;
   a.heads = heads;
   a.head_dim = hidden / heads;

@@ -85,4 +85,8 @@ class Tensor {
 // Max |a - b| over all elements (shapes must match; dtypes may differ).
 double max_abs_diff(const Tensor& a, const Tensor& b);
 
+// Standard normal values from std::mt19937_64(seed), drawn in fp32 in element order, then
+// rounded to dtype (synthetic inputs and weights for benchmarks and the CLI).
+Tensor random_normal(std::vector<int64_t> shape, uint64_t seed, DType dtype = DType::kF32);
+
 }  // namespace seqpar

@@ -29,8 +29,8 @@ struct ColumnLinear {
 // (row-parallel); the bias is added once, after the reduction.
 struct RowLinear {
   Tensor w, b;
-  static RowLinear load(const WeightStore& ws, const std::string& name, int64_t begin,
-                        int64_t end, bool bias);
+  static RowLinear load(const WeightStore& ws, const std::string& name, int64_t begin, int64_t end,
+                        bool bias);
   Tensor forward(const Tensor& x, Communicator& tp) const;  // (.., end-begin) -> (.., out)
 };
 
@@ -61,7 +61,7 @@ void apply_rope_(Tensor& x, const Tensor& table);
 // A K/V cache on one rank: this rank's share of the tokens of a sequence (post-RoPE K and V)
 // and their global positions. Decode appends tokens to the rank that owns them.
 struct KvCache {
-  Tensor k, v;                  // (B, n_cached, Hkv_t, D)
+  Tensor k, v;  // (B, n_cached, Hkv_t, D)
   std::vector<int64_t> positions;
   void append(const Tensor& k_new, const Tensor& v_new, std::span<const int64_t> pos);
 };
@@ -79,8 +79,8 @@ struct SelfAttention {
 
   // names: q/k/v/o suffixes (Wan "q", Llama "q_proj").
   static SelfAttention load(const WeightStore& ws, const std::string& name, int64_t hidden,
-                            int64_t heads, int64_t kv_heads, const ParallelContext& ctx,
-                            bool bias, bool qk_norm, const std::array<std::string, 4>& proj);
+                            int64_t heads, int64_t kv_heads, const ParallelContext& ctx, bool bias,
+                            bool qk_norm, const std::array<std::string, 4>& proj);
   // x (B, n, hidden) at sp's local positions -> (B, n, hidden). With a cache, the local K/V
   // (post-RoPE) are stored in it (prefill).
   Tensor forward(const Tensor& x, const Tensor& rope, ParallelContext& ctx, const SpRuntime& sp,
@@ -91,6 +91,13 @@ struct SelfAttention {
   // to the group. place.kv_pos: every rank's cache positions after the append.
   Tensor decode(const Tensor& x, const Tensor& rope, ParallelContext& ctx, KvCache& cache,
                 const KvPlacement& place) const;
+
+ private:
+  // q, k, v of x (B, n, hidden) as (B, n, local heads, head_dim): projected, QK-normed, RoPE'd.
+  struct Qkv {
+    Tensor q, k, v;
+  };
+  Qkv project(const Tensor& x, const Tensor& rope, ParallelContext& ctx) const;
 };
 
 // Cross-attention from this rank's tokens to replicated encoder states (text): no
