@@ -1,15 +1,16 @@
 // Blockwise flash attention on the CPU (see docs/kernel.md).
 //
 // Steps, for one work item = (batch b, kv heads [hk0, hk1), a chunk of query blocks, some of the
-// query heads that read each of those kv heads):
+// query heads that read each of those kv heads; several kv heads, stacked query heads and
+// few-row FMA loops instead of oneDNN only for decode shapes, see docs/kernel.md):
 //   0. pack each (query block, head) "tile" of Q into a contiguous (rows, D) buffer; O = 0,
 //      running max m = -inf, running sum l = 0 per row.
 //   1. for each key block kb (Bk keys), for each kv head hk of the item:
 //        classify (query block, kb) from the mask: skip (fully masked: never computed), full,
 //        range (each row sees one contiguous run of keys: causal with sorted positions,
 //        sorted segments) or general (per-element mask);
-//        pack K and V of (kb, hk) once (converted to the matmul dtype) and reuse them for every
-//        tile of hk;
+//        pack K and V of kb for the item's kv heads once (converted to the matmul dtype) and
+//        reuse them for every tile;
 //        for each tile that is not skipped:
 //          S = Q·Kᵀ                         oneDNN matmul (rows × nk, K = D)
 //          mask S, then per row the online softmax update with a stale running max
@@ -55,8 +56,8 @@ using dnnl::memory;
 
 constexpr int64_t kDefaultBlockQ = 256;
 constexpr int64_t kDefaultBlockK = 256;
-// At most this many (query block, head) tiles per work item: bounds the per-thread buffers
-// (two (Bq, D) fp32 buffers per tile) while amortizing the K/V packing over the tiles.
+// At most this many (query block, head) tiles per work item (outside decode shapes): bounds the
+// per-thread buffers (two (Bq, D) fp32 buffers per tile) while amortizing the K/V packing.
 constexpr int64_t kMaxTilesPerItem = 16;
 // At most this many query rows per kv head (Sq · group) make a call K/V-bound (decode).
 constexpr int64_t kStreamRows = 64;
@@ -361,33 +362,33 @@ struct Problem {
   bool small_mm;         // with stack_heads and fp32 blocks: simd small_qk / small_pv
 };
 
+// n elements of storage in_type as the matmul type: a copy (fp32, or bf16 for the bf16 matmul),
+// else a conversion to fp32.
+void store_elems(const Problem& p, const void* from, void* to, int64_t n) {
+  if (p.in_type == DType::kF32 || p.bf16_mm) {
+    std::memcpy(to, from, n * dtype_size(p.in_type));
+  } else {
+    auto conv = p.in_type == DType::kBF16 ? p.kern->bf16_to_f32 : p.kern->f16_to_f32;
+    conv(static_cast<const uint16_t*>(from), static_cast<float*>(to), n);
+  }
+}
+
 // Makes `rows` rows of d elements (source row stride src_ld elements, storage in_type) available
 // as a contiguous (rows, d) block of the matmul type: the source itself when it already is one,
 // else a copy (or conversion to fp32) into dst. Returns the block.
 const void* pack_rows(const Problem& p, const void* src, int64_t src_ld, int64_t rows, void* dst,
                       int64_t d) {
-  const bool same_type = p.in_type == DType::kF32 || (p.in_type == DType::kBF16 && p.bf16_mm);
-  if (same_type && src_ld == d) return src;  // rows are already contiguous
-  if (!same_type && src_ld == d) {           // contiguous: one conversion of the whole block
-    auto conv = p.in_type == DType::kBF16 ? p.kern->bf16_to_f32 : p.kern->f16_to_f32;
-    conv(static_cast<const uint16_t*>(src), static_cast<float*>(dst), rows * d);
+  const bool same_type = p.in_type == DType::kF32 || p.bf16_mm;
+  if (src_ld == d) {  // contiguous rows: the source itself, or one conversion of the whole block
+    if (same_type) return src;
+    store_elems(p, src, dst, rows * d);
     return dst;
   }
-  if (p.in_type == DType::kF32) {
-    const float* s = static_cast<const float*>(src);
-    float* o = static_cast<float*>(dst);
-    for (int64_t r = 0; r < rows; ++r) std::memcpy(o + r * d, s + r * src_ld, d * sizeof(float));
-    return dst;
+  const size_t in_esz = dtype_size(p.in_type), out_esz = same_type ? in_esz : 4;
+  for (int64_t r = 0; r < rows; ++r) {
+    store_elems(p, static_cast<const char*>(src) + r * src_ld * in_esz,
+                static_cast<char*>(dst) + r * d * out_esz, d);
   }
-  const uint16_t* s = static_cast<const uint16_t*>(src);
-  if (p.bf16_mm) {
-    uint16_t* o = static_cast<uint16_t*>(dst);
-    for (int64_t r = 0; r < rows; ++r) std::memcpy(o + r * d, s + r * src_ld, d * 2);
-    return dst;
-  }
-  float* o = static_cast<float*>(dst);
-  auto conv = p.in_type == DType::kBF16 ? p.kern->bf16_to_f32 : p.kern->f16_to_f32;
-  for (int64_t r = 0; r < rows; ++r) conv(s + r * src_ld, o + r * d, d);
   return dst;
 }
 
@@ -398,20 +399,12 @@ const void* pack_heads(const Problem& p, const void* src, int64_t src_ld, int64_
                        void* dst) {
   const int64_t d = p.d;
   if (nhk == 1) return pack_rows(p, src, src_ld, rows, dst, d);
-  const size_t in_esz = dtype_size(p.in_type), out_esz = p.bf16_mm ? 2 : 4;
-  const char* s = static_cast<const char*>(src);
-  char* o = static_cast<char*>(dst);
-  const bool copy = p.in_type == DType::kF32 || p.bf16_mm;
-  auto conv = p.in_type == DType::kBF16 ? p.kern->bf16_to_f32 : p.kern->f16_to_f32;
+  const size_t in_esz = dtype_size(p.in_type);
+  const size_t out_esz = p.in_type == DType::kF32 || p.bf16_mm ? in_esz : 4;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t h = 0; h < nhk; ++h) {
-      const char* from = s + (r * src_ld + h * d) * in_esz;
-      char* to = o + ((h * rows + r) * d) * out_esz;
-      if (copy) {
-        std::memcpy(to, from, d * in_esz);
-      } else {
-        conv(reinterpret_cast<const uint16_t*>(from), reinterpret_cast<float*>(to), d);
-      }
+      store_elems(p, static_cast<const char*>(src) + (r * src_ld + h * d) * in_esz,
+                  static_cast<char*>(dst) + (h * rows + r) * d * out_esz, d);
     }
   }
   return dst;
@@ -419,10 +412,9 @@ const void* pack_heads(const Problem& p, const void* src, int64_t src_ld, int64_
 
 // The work item: batch b, kv heads [hk0, hk1), query blocks [qb0, qb1), query heads
 // hk·group + [g0, g1) of each kv head hk, key blocks [kb0, kb1). Writes its rows of the state
-// (out, lse) over those keys. Tile t is (query block t / (nhk·ng), kv head hk0 + t / ng % nhk,
-// query head g0 + t % ng). Items of several kv heads (few query rows: decode) read each key
-// block's rows of all heads together, so K/V stream from memory in order rather than one head's
-// slice of every row at a time.
+// (out, lse) over those keys (tiles: see run_item). Items of several kv heads (few query rows:
+// decode) read each key block's rows of all heads together, so K/V stream from memory in order
+// rather than one head's slice of every row at a time.
 struct Item {
   int64_t b, hk0, hk1, qb0, qb1, g0, g1, kb0, kb1;
 };
@@ -520,8 +512,7 @@ void run_item(const Problem& p, const Item& it, float* out, float* lse, float* r
     }
     bool general_keys_ready = false;
     // Packed once per key block for all the item's kv heads, reading K/V in memory order: head
-    // hk's (nk, d) block is the (hk - hk0)-th. The few-row loops read fp32 and bf16 K/V in
-    // place instead (head hk's rows at their stride in the source).
+    // hk's (nk, d) block is the (hk - hk0)-th.
     const int64_t kv_off = ((b * p.sk + k0) * p.nkv + it.hk0) * d;
     const char* kall =
         static_cast<const char*>(pack_heads(p, ksrc + kv_off * in_esz, p.nkv * d, nk, nhk, kbuf));
@@ -529,44 +520,43 @@ void run_item(const Problem& p, const Item& it, float* out, float* lse, float* r
         static_cast<const char*>(pack_heads(p, vsrc + kv_off * in_esz, p.nkv * d, nk, nhk, vbuf));
     const MatmulShape qk{0, nk, d, d, 1, d, ld_s, p.mm_type, false};
     const MatmulShape pv{0, d, nk, ld_s, d, 1, d, p.mm_type, true};
-    for (int64_t hk = it.hk0; hk < it.hk1; ++hk) {
-      const void* kblk = kall + (hk - it.hk0) * nk * d * esz;
-      const void* vblk = vall + (hk - it.hk0) * nk * d * esz;
-      for (int64_t qt = 0; qt < nqt; ++qt) {
-        const BlockKind kind = kinds[qt];
-        if (kind == BlockKind::kSkip) continue;
-        const int64_t i0 = (qb0 + qt) * bq, rows = std::min(bq, p.sq - i0);
-        // The mask of this (query block, key block) per token, shared by all heads of the item.
-        if (kind == BlockKind::kGeneral) {
-          if (!general_keys_ready) {  // the block's keys, gathered once for branch-free rows
-            for (int64_t j = 0; j < nk; ++j) {
-              kpos[j] = p.plan->kpos(k0 + j);
-              kseg[j] = p.plan->kseg(k0 + j);
-              kvalid[j] = p.plan->key_valid(b, k0 + j);
-            }
-            general_keys_ready = true;
+    for (int64_t qt = 0; qt < nqt; ++qt) {
+      const BlockKind kind = kinds[qt];
+      if (kind == BlockKind::kSkip) continue;
+      const int64_t i0 = (qb0 + qt) * bq, rows = std::min(bq, p.sq - i0);
+      // The mask of this (query block, key block) per token, shared by all heads of the item.
+      if (kind == BlockKind::kGeneral) {
+        if (!general_keys_ready) {  // the block's keys, gathered once for branch-free rows
+          for (int64_t j = 0; j < nk; ++j) {
+            kpos[j] = p.plan->kpos(k0 + j);
+            kseg[j] = p.plan->kseg(k0 + j);
+            kvalid[j] = p.plan->key_valid(b, k0 + j);
           }
-          const bool causal = p.plan->causal();
-          for (int64_t r = 0; r < rows; ++r) {
-            lo[r] = 0;
-            hi[r] = nk;
-            const int64_t qp = p.plan->qpos(i0 + r), qs = p.plan->qseg(i0 + r);
-            uint8_t* em = emask + r * bk;
-            for (int64_t j = 0; j < nk; ++j) {
-              em[j] =
-                  static_cast<uint8_t>((!causal || kpos[j] <= qp) & (kseg[j] == qs) & kvalid[j]);
-            }
-          }
-        } else {
-          for (int64_t r = 0; r < rows; ++r) {
-            if (kind == BlockKind::kFull) {
-              lo[r] = 0;
-              hi[r] = nk;
-            } else {
-              p.plan->row_run(i0 + r, kb, &lo[r], &hi[r]);
-            }
+          general_keys_ready = true;
+        }
+        const bool causal = p.plan->causal();
+        for (int64_t r = 0; r < rows; ++r) {
+          lo[r] = 0;
+          hi[r] = nk;
+          const int64_t qp = p.plan->qpos(i0 + r), qs = p.plan->qseg(i0 + r);
+          uint8_t* em = emask + r * bk;
+          for (int64_t j = 0; j < nk; ++j) {
+            em[j] = static_cast<uint8_t>((!causal || kpos[j] <= qp) & (kseg[j] == qs) & kvalid[j]);
           }
         }
+      } else {
+        for (int64_t r = 0; r < rows; ++r) {
+          if (kind == BlockKind::kFull) {
+            lo[r] = 0;
+            hi[r] = nk;
+          } else {
+            p.plan->row_run(i0 + r, kb, &lo[r], &hi[r]);
+          }
+        }
+      }
+      for (int64_t hk = it.hk0; hk < it.hk1; ++hk) {
+        const void* kblk = kall + (hk - it.hk0) * nk * d * esz;
+        const void* vblk = vall + (hk - it.hk0) * nk * d * esz;
         for (int64_t gt = 0; gt < ngt; ++gt) {
           const int64_t t = (qt * nhk + (hk - it.hk0)) * ngt + gt;
           float* o = obuf + t * tr * d;
