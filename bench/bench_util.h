@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "seqpar/core/dtype.h"
+#include "seqpar/core/error.h"
 #include "seqpar/core/tensor.h"
 #include "seqpar/core/timer.h"
 
@@ -42,6 +44,22 @@ inline std::vector<int64_t> parse_list(const char* program, const std::string& f
     usage_error(program, flag + " is empty; valid: positive integers, comma separated");
   }
   return v;
+}
+
+// A --dtype value (fp32, bf16, fp16); anything else is a usage error.
+inline DType parse_dtype_arg(const char* program, const std::string& v) {
+  try {
+    return parse_dtype(v);
+  } catch (const InvalidArgument& e) {
+    usage_error(program, e.what());
+  }
+}
+
+// A --min-time value in seconds (> 0); anything else is a usage error.
+inline double parse_min_time(const char* program, const std::string& v) {
+  const double t = std::atof(v.c_str());
+  if (!(t > 0)) usage_error(program, "--min-time '" + v + "' is invalid; valid: > 0");
+  return t;
 }
 
 // Seconds per call of f: repeated until min_time has passed (at least once).

@@ -76,11 +76,7 @@ Options parse(int argc, char** argv) {
     } else if (a == "--head-dim") {
       o.head_dim = parse_list(a, v)[0];
     } else if (a == "--dtype") {
-      try {
-        o.dtype = seqpar::parse_dtype(v);
-      } catch (const seqpar::InvalidArgument& e) {
-        usage_error(e.what());
-      }
+      o.dtype = seqpar::bench::parse_dtype_arg("decode_bench", v);
     } else if (a == "--threads") {
       o.threads = static_cast<int>(parse_list(a, v)[0]);
     } else if (a == "--block-k") {
@@ -88,8 +84,7 @@ Options parse(int argc, char** argv) {
     } else if (a == "--rounds") {
       o.rounds = static_cast<int>(parse_list(a, v)[0]);
     } else if (a == "--min-time") {
-      o.min_time = std::atof(v.c_str());
-      if (!(o.min_time > 0)) usage_error("--min-time '" + v + "' is invalid; valid: > 0");
+      o.min_time = seqpar::bench::parse_min_time("decode_bench", v);
     } else {
       usage_error("unknown option " + a + " (see --help)");
     }

@@ -101,11 +101,7 @@ Options parse(int argc, char** argv) {
     } else if (a == "--batch") {
       o.batch = parse_list(a, v)[0];
     } else if (a == "--dtype") {
-      try {
-        o.dtype = seqpar::parse_dtype(v);
-      } catch (const seqpar::InvalidArgument& e) {
-        usage_error(e.what());
-      }
+      o.dtype = seqpar::bench::parse_dtype_arg("kernel_bench", v);
     } else if (a == "--rounds") {
       o.rounds = static_cast<int>(parse_list(a, v)[0]);
     } else if (a == "--threads") {
@@ -125,8 +121,7 @@ Options parse(int argc, char** argv) {
     } else if (a == "--rank") {
       o.rank = std::atoll(v.c_str());
     } else if (a == "--min-time") {
-      o.min_time = std::atof(v.c_str());
-      if (!(o.min_time > 0)) usage_error("--min-time '" + v + "' is invalid; valid: > 0");
+      o.min_time = seqpar::bench::parse_min_time("kernel_bench", v);
     } else {
       usage_error("unknown option " + a + " (see --help)");
     }

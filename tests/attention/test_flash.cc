@@ -262,12 +262,15 @@ std::string auto_name(const Case& c) {
 
 // ---- the sweep ---------------------------------------------------------------------------------
 
+// Appends c named by its parameters.
+void add_named(std::vector<Case>& cases, Case c) {
+  c.name = auto_name(c);
+  cases.push_back(std::move(c));
+}
+
 std::vector<Case> sweep_cases() {
   std::vector<Case> cases;
-  auto add = [&](Case c) {
-    c.name = auto_name(c);
-    cases.push_back(c);
-  };
+  auto add = [&](Case c) { add_named(cases, std::move(c)); };
   // Shapes: S x D x (H, Hkv) x causal.
   for (int64_t s : {1, 7, 64, 1000}) {
     for (int64_t d : {64, 128}) {
@@ -1017,10 +1020,7 @@ FixedRun run_fixed(const Inputs& in, const std::vector<float>& bound) {
 
 std::vector<Case> fixed_max_cases() {
   std::vector<Case> cases;
-  auto add = [&](Case c) {
-    c.name = auto_name(c);
-    cases.push_back(c);
-  };
+  auto add = [&](Case c) { add_named(cases, std::move(c)); };
   for (bool causal : {false, true}) {
     Case c;
     c.b = 2;
