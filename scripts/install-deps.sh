@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   g++ cmake make pkg-config python3
-  libdnnl-dev
+  libdnnl-dev ocl-icd-opencl-dev
   libopenmpi-dev openmpi-bin
   nlohmann-json3-dev libcli11-dev libfmt-dev
   libgtest-dev libbenchmark-dev
