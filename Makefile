@@ -4,6 +4,11 @@
 BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
+# ccache, where the machine has it, keeps rebuilds of other checkouts cheap; nothing needs it.
+ifneq ($(shell command -v ccache),)
+  CMAKE_FLAGS += -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache
+  export CCACHE_BASEDIR := $(CURDIR)
+endif
 SEQPAR = $(BUILD)/seqpar
 
 .PHONY: all deps build demo test bench clean
