@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ostream>
 #include <random>
 #include <span>
 #include <string>
@@ -120,6 +121,9 @@ inline CheckCase make_case(const Kind& kind, int64_t batch, DType dtype, bool ca
   c.seed = static_cast<uint32_t>(100 * batch + 10 * static_cast<int>(dtype) + causal);
   return c;
 }
+
+// gtest prints a failing case by its name (instead of its bytes).
+inline void PrintTo(const CheckCase& c, std::ostream* os) { *os << c.name(); }
 
 // Rows `pos` of x (B, S, h, d), any dtype -> (B, |pos|, h, d).
 inline Tensor rows_at(const Tensor& x, std::span<const int64_t> pos) {

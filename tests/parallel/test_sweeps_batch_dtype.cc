@@ -37,6 +37,10 @@ std::vector<SweepPoint> sweep_points() {
   return v;
 }
 
+void PrintTo(const SweepPoint& p, std::ostream* os) {
+  *os << p.c.name() << " on " << p.ranks << " ranks";
+}
+
 class BatchDtypeSweep : public ::testing::TestWithParam<SweepPoint> {};
 
 TEST_P(BatchDtypeSweep, MatchesReferenceWithinBound) {
