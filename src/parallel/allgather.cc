@@ -58,6 +58,8 @@ AttnState allgather_attention(Communicator& comm, const Partition& part, const T
   double t2 = now_seconds();
   if (stats) {
     stats->peak_kv_bytes = static_cast<int64_t>(k_full.nbytes() + v_full.nbytes());
+    stats->measured_kv_bytes =
+        static_cast<int64_t>(k_full.capacity_bytes() + v_full.capacity_bytes());
     stats->work = visible_score_elements(q.dim(0), q.dim(2), q.dim(1), k_full.dim(1), params.mask);
     stats->wait_seconds = t1 - t0;
     stats->compute_seconds = t2 - t1;

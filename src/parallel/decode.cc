@@ -149,6 +149,7 @@ AttnState passq_attention(Communicator& comm, const KvPlacement& place, const Te
   }
   if (stats) {
     stats->peak_kv_bytes = static_cast<int64_t>(k.nbytes() + v.nbytes());
+    stats->measured_kv_bytes = stats->peak_kv_bytes;  // the own shard only
     stats->wait_seconds = (t1 - t0) + (t3 - t2);
     stats->compute_seconds = (t2 - t1) + (now_seconds() - t3);
   }

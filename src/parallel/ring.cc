@@ -190,6 +190,11 @@ AttnState ring_over_blocks(Communicator& comm, std::span<const std::span<const i
       kv += static_cast<int64_t>(buf_k[i].capacity_bytes() + buf_v[i].capacity_bytes() +
                                  2 * borrowed_capacity[i]);
     stats->peak_kv_bytes = std::max(stats->peak_kv_bytes, kv);
+    // Storage actually allocated: the receive buffers (empty when every block was borrowed).
+    int64_t held = static_cast<int64_t>(k.nbytes() + v.nbytes());
+    for (int i = 0; i < 2; ++i)
+      held += static_cast<int64_t>(buf_k[i].capacity_bytes() + buf_v[i].capacity_bytes());
+    stats->measured_kv_bytes = std::max(stats->measured_kv_bytes, held);
     stats->work += work;
     stats->compute_seconds += compute;
     stats->wait_seconds += wait;

@@ -207,6 +207,11 @@ AttnState ulysses_body(Communicator& ucomm, const Partition& part, int first_ran
   if (stats) {
     stats->wait_seconds += (t1 - t0) + (t3 - t2);
     stats->peak_kv_bytes = std::max<int64_t>(stats->peak_kv_bytes, kl.nbytes() + vl.nbytes());
+    // Storage of the resharded K/V (none on a member without query heads).
+    auto held = [](const Tensor& t) {
+      return static_cast<int64_t>(t.empty() || t.is_borrowed() ? t.nbytes() : t.capacity_bytes());
+    };
+    stats->measured_kv_bytes = std::max(stats->measured_kv_bytes, held(kl) + held(vl));
   }
   return out;
 }

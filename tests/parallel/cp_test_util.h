@@ -2,6 +2,8 @@
 // runner that shards, runs a strategy on every rank and gathers the result.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <random>
@@ -9,6 +11,7 @@
 #include <vector>
 
 #include "seqpar/attention/attention.h"
+#include "seqpar/attention/error_bound.h"
 #include "seqpar/comm/threads.h"
 #include "seqpar/parallel/partition.h"
 #include "seqpar/parallel/strategies.h"
@@ -90,6 +93,18 @@ inline CpRun run_cp(const Problem& p, Strategy strategy, const Partition& part,
 inline CpRun run_cp(const Problem& p, Strategy strategy, Layout layout, int ranks,
                     CpOptions opts = {}, int ulysses_degree = 0) {
   return run_cp(p, strategy, Partition(p.seq, ranks, layout), opts, ulysses_degree);
+}
+
+// Max |x| over a tensor of any dtype.
+inline double max_abs(const Tensor& t) {
+  double m = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(static_cast<double>(t.at(i))));
+  return m;
+}
+
+// The kernel path's error bound for the problem (every query sees at most all p.seq keys).
+inline ErrorBound bound_for(const Problem& p) {
+  return attention_error_bound(p.dtype, p.seq, p.head_dim, max_abs(inputs_for(p).v));
 }
 
 // Max |a - b| treating matching infinities as equal.

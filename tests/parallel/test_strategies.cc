@@ -10,14 +10,15 @@ using seqpar::testing::max_err_lse;
 using seqpar::testing::Problem;
 using seqpar::testing::run_cp;
 
-constexpr double kTolF32 = 1e-4;
+using seqpar::testing::bound_for;
 
 // (strategy, layout, ranks, causal, (heads, kv_heads), seq)
 using SweepParam = std::tuple<Strategy, Layout, int, bool, std::pair<int, int>, int64_t>;
 
-// One sweep point with inputs of `dtype` against the reference within tol (out and lse).
-// usp: Ulysses groups of 2 where the ranks allow it, else of 1 (ring across all).
-void expect_sweep_point(const SweepParam& param, DType dtype, double tol) {
+// One sweep point with inputs of `dtype` against the reference within the kernel path's error
+// bound (out and lse). usp: Ulysses groups of 2 where the ranks allow it, else of 1 (ring
+// across all).
+void expect_sweep_point(const SweepParam& param, DType dtype) {
   auto [strategy, layout, ranks, causal, hk, seq] = param;
   Problem p;
   p.seq = seq;
@@ -29,13 +30,14 @@ void expect_sweep_point(const SweepParam& param, DType dtype, double tol) {
   const int ulysses_degree = strategy == Strategy::kUsp ? (ranks % 2 == 0 ? 2 : 1) : 0;
   auto run = run_cp(p, strategy, layout, ranks, {}, ulysses_degree);
   const auto& ref = inputs_for(p).ref;
-  EXPECT_LE(max_abs_diff(run.state.out, ref.out), tol);
-  EXPECT_LE(max_err_lse(run.state.lse, ref.lse), tol);
+  const ErrorBound tol = bound_for(p);
+  EXPECT_LE(max_abs_diff(run.state.out, ref.out), tol.out);
+  EXPECT_LE(max_err_lse(run.state.lse, ref.lse), tol.lse);
 }
 
 class StrategySweep : public ::testing::TestWithParam<SweepParam> {};
 
-TEST_P(StrategySweep, MatchesReference) { expect_sweep_point(GetParam(), DType::kF32, kTolF32); }
+TEST_P(StrategySweep, MatchesReference) { expect_sweep_point(GetParam(), DType::kF32); }
 
 std::string sweep_name(const ::testing::TestParamInfo<SweepParam>& info) {
   auto [strategy, layout, ranks, causal, hk, seq] = info.param;
@@ -64,17 +66,13 @@ INSTANTIATE_TEST_SUITE_P(Uneven, StrategySweep,
                          sweep_name);
 
 // bf16 inputs through every strategy (communication carries bf16): the reference runs on the
-// same bf16-rounded inputs, so the error is the kernel's own: the degree-3 exp2 of the bf16 path
-// (about 1e-4) where blocks are converted to fp32, P rounded to bf16 before P·V where the CPU
-// has a bf16 matmul (avx512_bf16/AMX, about 1e-2). docs/kernel.md "Accuracy".
-constexpr double kTolBf16 = 2e-2;
+// same bf16-rounded inputs, so the error is the kernel's own, bounded per path
+// (docs/kernel.md "Error bounds").
 
 // (strategy, layout, ranks, causal, (heads, kv_heads), seq)
 class StrategySweepBf16 : public ::testing::TestWithParam<SweepParam> {};
 
-TEST_P(StrategySweepBf16, MatchesReference) {
-  expect_sweep_point(GetParam(), DType::kBF16, kTolBf16);
-}
+TEST_P(StrategySweepBf16, MatchesReference) { expect_sweep_point(GetParam(), DType::kBF16); }
 
 INSTANTIATE_TEST_SUITE_P(Bf16, StrategySweepBf16,
                          ::testing::Combine(::testing::Values(Strategy::kAllGather, Strategy::kRing,
@@ -98,7 +96,7 @@ TEST(Strategies, BatchAndOddShapes) {
     for (Strategy s : {Strategy::kAllGather, Strategy::kRing}) {
       for (int ranks : {2, 3, 7}) {
         auto run = run_cp(p, s, Layout::kZigzag, ranks);
-        EXPECT_LE(max_abs_diff(run.state.out, inputs_for(p).ref.out), kTolF32)
+        EXPECT_LE(max_abs_diff(run.state.out, inputs_for(p).ref.out), bound_for(p).out)
             << strategy_name(s) << " ranks " << ranks << " causal " << causal;
       }
     }
@@ -106,8 +104,7 @@ TEST(Strategies, BatchAndOddShapes) {
 }
 
 TEST(Strategies, Bf16InputsWithinTolerance) {
-  // The reference runs on the same bf16-rounded inputs; the tolerance covers P rounded to bf16
-  // on the AMX path (docs/kernel.md).
+  // The reference runs on the same bf16-rounded inputs; the bound is the bf16 path's.
   Problem p;
   p.seq = 200;
   p.heads = 4;
@@ -117,7 +114,8 @@ TEST(Strategies, Bf16InputsWithinTolerance) {
   p.causal = true;
   for (Strategy s : {Strategy::kAllGather, Strategy::kRing}) {
     auto run = run_cp(p, s, Layout::kContiguous, 4);
-    EXPECT_LE(max_abs_diff(run.state.out, inputs_for(p).ref.out), 2e-2);
+    EXPECT_LE(max_abs_diff(run.state.out, inputs_for(p).ref.out), bound_for(p).out);
+    EXPECT_LE(max_err_lse(run.state.lse, inputs_for(p).ref.lse), bound_for(p).lse);
   }
 }
 

@@ -95,7 +95,15 @@ HeadRange ulysses_kv_heads(int64_t heads, int64_t kv_heads, int n, int j);
 
 // What one call did on this rank, besides CommStats.
 struct CpStats {
-  int64_t peak_kv_bytes = 0;  // K/V bytes held at once (own shard + received blocks)
+  // K/V bytes held at once (own shard + received blocks), predicted from the blocks a rank
+  // reads: a block borrowed from a peer without a copy (the threads backend's zero-copy ring)
+  // counts as if it had been received into a buffer of its own.
+  int64_t peak_kv_bytes = 0;
+  // K/V bytes this rank actually held at once in storage: its own shard plus the capacity of
+  // every K/V buffer the call allocated (receive buffers, gathered or resharded K/V). Equals
+  // peak_kv_bytes wherever blocks are copied (allgather, ulysses, the ring over MPI); the
+  // zero-copy ring allocates nothing, so there it is the own shard (docs/algorithms.md).
+  int64_t measured_kv_bytes = 0;
   int64_t work = 0;           // visible score elements computed (B·H·pairs)
   double compute_seconds = 0;  // time inside the local kernel and merges
   double wait_seconds = 0;     // time blocked on communication

@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Documented flags, each by an observable effect, on both backends where it applies: --seed,
+# --threads, --timeout, --guidance, plan --top, plan --ranks-per-node, plan --no-guidance, joint
+# text with const-max and with --pad; and --verify's check of the lse error and the measured K/V
+# bytes beside the predicted ones.
+# usage: test_cli_flags.sh path/to/seqpar [path/to/mpiexec]
+set -u
+bin=${1:?usage: test_cli_flags.sh path/to/seqpar [mpiexec]}
+mpiexec=${2:-}
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+mpirun_n() { "$mpiexec" --allow-run-as-root --oversubscribe --mca btl_vader_single_copy_mechanism none -n "$@"; }
+py() { python3 -c "$@"; }  # py '<program reading sys.argv>' args...
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# Runs seqpar on the backend ($1: threads or mpi; mpi runs 2 ranks), printing its JSON.
+on() {
+  local backend=$1; shift
+  if [ "$backend" = mpi ]; then mpirun_n 2 "$bin" "$@" --backend mpi --json
+  else "$bin" "$@" --ranks 2 --json; fi
+}
+backends=threads
+[ -n "$mpiexec" ] && backends="threads mpi"
+small="run --strategy ring --seq 96 --heads 2 --head-dim 16 --causal --verify --repeat 1"
+
+for be in $backends; do
+  # --seed: the inputs (and so the errors against the reference) follow the seed.
+  a=$(on $be $small --seed 1); b=$(on $be $small --seed 1); c=$(on $be $small --seed 2)
+  [ "$(json_get "$a" max_abs_err)" = "$(json_get "$b" max_abs_err)" ] && ok || bad "$be: --seed 1 twice gave different results"
+  [ "$(json_get "$a" max_abs_err)" != "$(json_get "$c" max_abs_err)" ] && ok || bad "$be: --seed 1 and 2 gave the same result"
+  # --verify: ok checks the lse error too, and the JSON holds it beside its bound.
+  py 'import json,sys; d=json.loads(sys.argv[1]); sys.exit(0 if d["ok"] and 0 <= d["max_lse_err"] <= d["lse_tolerance"] and 0 <= d["max_abs_err"] <= d["tolerance"] else 1)' "$a" && ok || bad "$be: lse error/bound missing: $a"
+  # --threads: the threads per rank the run used.
+  out=$(on $be $small --threads 1)
+  [ "$(json_get "$out" threads)" = 1 ] && ok || bad "$be: --threads 1 shows $(json_get "$out" threads)"
+  # joint text attention with const-max and with --pad, verified.
+  expect_ok "$be joint const-max" on $be run --strategy ring --softmax const-max --seq 101 --text-tokens 7 --heads 4 --head-dim 16 --verify --repeat 1
+  expect_ok "$be joint pad" on $be run --strategy ring --pad --layout zigzag --seq 101 --text-tokens 7 --heads 4 --head-dim 16 --verify --repeat 1
+  expect_ok "$be joint usp const-max pad" on $be run --strategy usp --softmax const-max --pad --seq 101 --text-tokens 5 --heads 4 --head-dim 16 --verify --repeat 1
+  # fp16 inputs through the CLI, at the fp16 path's bound.
+  expect_ok "$be fp16 ulysses" on $be run --strategy ulysses --seq 97 --heads 4 --head-dim 32 --dtype fp16 --causal --verify --repeat 1
+done
+
+# --timeout: the deadline the run used.
+out=$("$bin" $small --ranks 2 --timeout 7 --json)
+[ "$(json_get "$out" timeout_s)" = 7.0 ] && ok || bad "--timeout 7 shows $(json_get "$out" timeout_s)"
+
+# --threads on the threads backend: any count per rank.
+out=$("$bin" $small --ranks 2 --threads 2 --json)
+[ "$(json_get "$out" threads)" = 2 ] && ok || bad "--threads 2 shows $(json_get "$out" threads)"
+
+# --timeout: the deadline of every wait. A run whose peer stops would wait for ever without it;
+# with --timeout 2 the waiting rank should fail within seconds, naming the timeout. Opt-in
+# (SEQPAR_TEST_STALL=1) while it fails: when the peer stops in the middle of a ring block's
+# transfer, the timed-out receive is withdrawn with MPI_Cancel + MPI_Wait
+# (src/comm/mpi/mpi_communicator.cc MpiRequest::cancel), and a receive MPI has already matched
+# cannot be cancelled, so MPI_Wait blocks for ever (seen in 3 of 4 runs; a stop that lands in a
+# barrier times out as it should).
+expect_exit2 "--timeout" run --ranks 2 --seq 64 --heads 2 --timeout -1
+if [ -n "$mpiexec" ] && [ "${SEQPAR_TEST_STALL:-0}" = 1 ]; then
+  "$mpiexec" --allow-run-as-root --oversubscribe --mca btl_vader_single_copy_mechanism none -n 2 \
+    "$bin" run --backend mpi --strategy ring --seq 2048 --heads 2 --head-dim 64 --repeat 100000 \
+    --timeout 2 --json >"$tmp/stall.out" 2>"$tmp/stall.err" &
+  launcher=$!
+  rank0=; rank1=
+  for _ in $(seq 100); do  # the launcher's children, by their MPI rank
+    for p in $(pgrep -P $launcher); do
+      envf=$(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null)
+      printf '%s\n' "$envf" | grep -qx OMPI_COMM_WORLD_RANK=0 && rank0=$p
+      printf '%s\n' "$envf" | grep -qx OMPI_COMM_WORLD_RANK=1 && rank1=$p
+    done
+    [ -n "$rank0" ] && [ -n "$rank1" ] && break
+    sleep 0.1
+  done
+  if [ -z "$rank0" ] || [ -z "$rank1" ]; then
+    bad "--timeout: could not find the two ranks of the launcher"
+    kill $launcher 2>/dev/null
+  else
+    # Past MPI's start-up (which no deadline covers): rank 1 has computed for 3 s of CPU time.
+    cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+    for _ in $(seq 600); do [ "$(cpu_ticks "$rank1")" -ge $((3 * $(getconf CLK_TCK))) ] && break; sleep 0.1; done
+    kill -STOP "$rank1"
+    start=$(date +%s)
+    alive() { [ -e "/proc/$1/stat" ] && [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != Z ]; }
+    for _ in $(seq 300); do alive "$rank0" || break; sleep 0.1; done
+    waited=$(( $(date +%s) - start ))
+    alive "$rank0" && bad "--timeout 2: rank 0 still waits after ${waited}s" || ok
+    [ "$waited" -le 20 ] && ok || bad "--timeout 2: rank 0 failed only after ${waited}s"
+    kill -KILL "$rank1" 2>/dev/null
+    kill -CONT "$rank1" 2>/dev/null
+  fi
+  wait $launcher; rc=$?
+  [ $rc -ne 0 ] && ok || bad "--timeout: a stalled run exited 0"
+  grep -qi "time" "$tmp/stall.err" && ok || bad "--timeout: the error does not name the timeout: $(head -3 "$tmp/stall.err")"
+fi
+
+# --guidance (dit, two guidance branches): the scale changes the output, so the distributed
+# result's difference from one rank changes with it; the same scale gives the same run.
+dit="model --preset tiny-dit --cfg 2 --verify --json"
+a=$("$bin" $dit --guidance 1); b=$("$bin" $dit --guidance 1); c=$("$bin" $dit --guidance 6)
+[ "$(json_get "$a" ok)" = True ] && [ "$(json_get "$c" ok)" = True ] && ok || bad "--guidance runs not ok: $a $c"
+[ "$(json_get "$a" max_abs_err)" = "$(json_get "$b" max_abs_err)" ] && ok || bad "--guidance 1 twice differ"
+[ "$(json_get "$a" max_abs_err)" != "$(json_get "$c" max_abs_err)" ] && ok || bad "--guidance 1 and 6 gave the same output"
+expect_exit2 "diffusion" model --preset tiny-llm --cfg 2 --prompt-len 16 --decode 1
+
+# plan --top N prints N ranked rows (and --json details N meshes' collectives).
+wan="plan --model wan2.1-t2v-14b --height 240 --width 432 --frames 33 --ranks 8"
+for n in 2 5; do
+  rows=$("$bin" $wan --top $n | grep -cE '^  [0-9]+ +[12] +[0-9]+ +[0-9]+ +[0-9]+ ')
+  [ "$rows" -eq $n ] && ok || bad "plan --top $n printed $rows rows"
+done
+
+# plan --no-guidance: one branch, so no mesh with cfg 2.
+"$bin" $wan --top 0 --json >"$tmp/cfg.json"
+py 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if d["guidance_branches"] == 2 and any(m["cfg"] == 2 for m in d["meshes"]) else 1)' "$tmp/cfg.json" && ok || bad "plan: no cfg 2 mesh with guidance"
+"$bin" $wan --top 0 --no-guidance --json >"$tmp/nocfg.json"
+py 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if d["guidance_branches"] == 1 and d["meshes"] and all(m["cfg"] == 1 for m in d["meshes"]) else 1)' "$tmp/nocfg.json" && ok || bad "plan --no-guidance still has cfg 2 meshes"
+
+# plan --ranks-per-node: a ring of 8 over nodes of 2 crosses nodes (slower links) where one node
+# of 8 does not: its transfers are inter-node and its layer takes longer.
+ring8="$wan --cfg 1 --tp 1 --ring-degree 8 --strategy ring --layout zigzag --top 1 --json"
+"$bin" $ring8 --ranks-per-node 8 >"$tmp/rpn8.json"; "$bin" $ring8 --ranks-per-node 2 >"$tmp/rpn2.json"
+py 'import json,sys
+a, b = (json.load(open(x))["meshes"][0] for x in sys.argv[1:3])
+inter = lambda m: any(c["inter_node"] for c in m["collectives"])
+sys.exit(0 if not inter(a) and inter(b) and b["layer_seconds"] > 1.5 * a["layer_seconds"] and b["exposed_comm_seconds"] > a["exposed_comm_seconds"] else 1)' "$tmp/rpn8.json" "$tmp/rpn2.json" \
+  && ok || bad "plan --ranks-per-node 2 does not cross nodes or cost more"
+
+# Measured K/V bytes beside the predicted ones: equal where blocks are copied (allgather, MPI
+# ring); under threads the ring borrows its peers' blocks, so it allocates only its own shard.
+out=$("$bin" run --strategy allgather --ranks 3 --seq 301 --heads 2 --head-dim 16 --repeat 1 --json)
+[ "$(json_get "$out" measured_kv_bytes_per_rank)" = "$(json_get "$out" peak_kv_bytes_per_rank)" ] && ok || bad "allgather: measured K/V differs from predicted: $out"
+out=$("$bin" run --strategy ring --ranks 3 --seq 301 --heads 2 --head-dim 16 --repeat 1 --json)
+py 'import json,sys; d=json.loads(sys.argv[1]); own=[t*2*2*16*4 for t in d["tokens_per_rank"]]
+sys.exit(0 if d["measured_kv_bytes_per_rank"] == own and all(p > o for p, o in zip(d["peak_kv_bytes_per_rank"], own)) else 1)' "$out" && ok || bad "threads ring: measured K/V is not the own shard: $out"
+if [ -n "$mpiexec" ]; then
+  out=$(mpirun_n 3 "$bin" run --backend mpi --strategy ring --seq 301 --heads 2 --head-dim 16 --repeat 1 --json)
+  [ "$(json_get "$out" measured_kv_bytes_per_rank)" = "$(json_get "$out" peak_kv_bytes_per_rank)" ] && ok || bad "mpi ring: measured K/V differs from predicted: $out"
+fi
+
+echo "test_cli_flags: $pass passed, $fail failed"
+[ $fail -eq 0 ]
