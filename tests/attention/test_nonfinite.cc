@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -215,8 +216,9 @@ INSTANTIATE_TEST_SUITE_P(
              where_name(std::get<1>(info.param)) + "_" + mask_name(std::get<2>(info.param));
     });
 
-// Decode shapes (few query rows: every kv head per item, stacked heads, the few-row FMA loops for
-// fp32), with the keys split across threads and the partial states merged.
+// Decode shapes (few query rows: every kv head per item, stacked heads; the few-row FMA loops, or
+// oneDNN with SEQPAR_KERNEL_SMALL_MM=0), with the keys split across threads and the partial states
+// merged.
 TEST(NonFinite, DecodeShapesWithKeySplits) {
   const int saved = omp_get_max_threads();
   Shape s;
@@ -226,22 +228,26 @@ TEST(NonFinite, DecodeShapesWithKeySplits) {
   s.hkv = 2;
   s.bq = 0;
   s.bk = 56;
-  for (int threads : {1, 4}) {
-    omp_set_num_threads(threads);
-    for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16})
-      for (Where where : {Where::kQuery, Where::kKey, Where::kValue})
-        for (Mask mask : {Mask::kNone, Mask::kCausal, Mask::kPadding})
-          for (float bad : {kNaN, kInf, -kInf}) {
-            // A query: the second new token; a key: one in the cache, which every new token sees.
-            const int64_t tok = where == Where::kQuery ? 1 : 150;
-            const Problem p = make_problem(s, dtype, where, mask, bad, tok, 1);
-            const bool padded_key = mask == Mask::kPadding && where != Where::kQuery;
-            check(p, dtype,
-                  std::to_string(threads) + " threads " + std::string(dtype_name(dtype)) + " " +
-                      where_name(where) + " " + mask_name(mask) + " " + value_name(bad),
-                  !padded_key);
-          }
-  }
+  for (int threads : {1, 4})
+    for (const char* small_mm : {"1", "0"}) {
+      omp_set_num_threads(threads);
+      setenv("SEQPAR_KERNEL_SMALL_MM", small_mm, 1);
+      for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16})
+        for (Where where : {Where::kQuery, Where::kKey, Where::kValue})
+          for (Mask mask : {Mask::kNone, Mask::kCausal, Mask::kPadding})
+            for (float bad : {kNaN, kInf, -kInf}) {
+              // A query: the second new token; a key: one in the cache, which every new token sees.
+              const int64_t tok = where == Where::kQuery ? 1 : 150;
+              const Problem p = make_problem(s, dtype, where, mask, bad, tok, 1);
+              const bool padded_key = mask == Mask::kPadding && where != Where::kQuery;
+              check(p, dtype,
+                    std::to_string(threads) + " threads, small_mm " + small_mm + " " +
+                        std::string(dtype_name(dtype)) + " " + where_name(where) + " " +
+                        mask_name(mask) + " " + value_name(bad),
+                    !padded_key);
+            }
+    }
+  unsetenv("SEQPAR_KERNEL_SMALL_MM");
   omp_set_num_threads(saved);
 }
 
