@@ -340,6 +340,7 @@ class Scratch {
 
 struct Workspace {
   Scratch q, qt, qtile, o, m, l, k, v, s, p16, lo, hi, emask, invalid, kpos, kseg, kvalid;
+  Scratch qbad, poison, badk, nbadk;  // non-finite inputs (docs/kernel.md "Numerics")
 };
 
 // ---- one call's constants -----------------------------------------------------------------------
@@ -410,6 +411,33 @@ const void* pack_heads(const Problem& p, const void* src, int64_t src_ld, int64_
   return dst;
 }
 
+// ---- non-finite inputs (docs/kernel.md "Numerics: non-finite inputs") --------------------------
+// Found while packing, once per row of Q and per key of K/V (O(S·D), never in the O(S²) loops):
+// such rows are zeroed in the packed blocks, so the matmuls and the softmax only ever see finite
+// numbers (and 0·NaN cannot leak into rows that do not see a key through P·V), and every query
+// row that sees one is set to NaN at the end.
+
+// Whether d elements of the matmul type (fp32, or bf16 for the bf16 matmul) hold an Inf or a NaN
+// (exponent bits all set). Branch-free, so the compiler vectorizes it.
+bool any_nonfinite(const Problem& p, const void* x, int64_t d) {
+  unsigned bad = 0;
+  if (p.bf16_mm) {
+    const auto* u = static_cast<const uint16_t*>(x);
+    for (int64_t i = 0; i < d; ++i) bad |= (u[i] & 0x7f80u) == 0x7f80u;
+  } else {
+    const auto* u = static_cast<const uint32_t*>(x);
+    for (int64_t i = 0; i < d; ++i) bad |= (u[i] & 0x7f800000u) == 0x7f800000u;
+  }
+  return bad != 0;
+}
+
+// Makes `block` (bytes, a packed block that may be the caller's input itself) writable by copying
+// it into `buf` unless it already lives there; returns the writable block.
+char* writable(const void* block, size_t bytes, void* buf) {
+  if (block != buf) std::memcpy(buf, block, bytes);
+  return static_cast<char*>(buf);
+}
+
 // The work item: batch b, kv heads [hk0, hk1), query blocks [qb0, qb1), query heads
 // hk·group + [g0, g1) of each kv head hk, key blocks [kb0, kb1). Writes its rows of the state
 // (out, lse) over those keys (tiles: see run_item). Items of several kv heads (few query rows:
@@ -447,6 +475,8 @@ void run_item(const Problem& p, const Item& it, float* out, float* lse, float* r
   int64_t* kpos = ws.kpos.get<int64_t>(bk);
   int64_t* kseg = ws.kseg.get<int64_t>(bk);
   uint8_t* kvalid = ws.kvalid.get<uint8_t>(bk);
+  int64_t* badk = ws.badk.get<int64_t>(nhk * bk);  // per kv head: block keys with Inf/NaN
+  int64_t* nbadk = ws.nbadk.get<int64_t>(nhk);
   const size_t in_esz = dtype_size(p.in_type);
   const char* qsrc = static_cast<const char*>(p.q->raw());
   const char* ksrc = static_cast<const char*>(p.k->raw());
@@ -467,6 +497,24 @@ void run_item(const Problem& p, const Item& it, float* out, float* lse, float* r
   for (int64_t t = 0; t < tiles; ++t) {
     const char* src = qsrc + state_row(t, 0) * d * in_esz;
     qtile[t] = pack_rows(p, src, p.nh * d, tile_tokens(t), qbuf + t * tr * d * esz, gs * d);
+  }
+  // Query rows with a non-finite element: flagged (NaN at the end if they see any key) and zeroed.
+  uint8_t* qbad = ws.qbad.get<uint8_t>(tiles * tr);
+  uint8_t* poison = ws.poison.get<uint8_t>(tiles * tr);  // 1: the row's result is NaN
+  std::fill_n(poison, tiles * tr, uint8_t{0});
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t rows = tile_tokens(t) * gs;
+    bool any = false;
+    for (int64_t r = 0; r < rows; ++r) {
+      qbad[t * tr + r] = any_nonfinite(p, static_cast<const char*>(qtile[t]) + r * d * esz, d);
+      any = any || qbad[t * tr + r];
+    }
+    if (!any) continue;
+    char* qw = writable(qtile[t], rows * d * esz, qbuf + t * tr * d * esz);
+    for (int64_t r = 0; r < rows; ++r) {
+      if (qbad[t * tr + r]) std::memset(qw + r * d * esz, 0, d * esz);
+    }
+    qtile[t] = qw;
   }
   // Few-row matmuls take Qᵀ (d × rp, rows zero-padded to rp) per tile.
   const int64_t rp =
@@ -518,6 +566,32 @@ void run_item(const Problem& p, const Item& it, float* out, float* lse, float* r
         static_cast<const char*>(pack_heads(p, ksrc + kv_off * in_esz, p.nkv * d, nk, nhk, kbuf));
     const char* vall =
         static_cast<const char*>(pack_heads(p, vsrc + kv_off * in_esz, p.nkv * d, nk, nhk, vbuf));
+    // Keys with a non-finite K or V element, per kv head: listed and zeroed.
+    bool any_bad_key = false;
+    for (int64_t h = 0; h < nhk; ++h) {
+      int64_t n = 0;
+      for (int64_t j = 0; j < nk; ++j) {
+        const int64_t off = (h * nk + j) * d * esz;
+        if (any_nonfinite(p, kall + off, d) || any_nonfinite(p, vall + off, d)) {
+          badk[h * bk + n++] = j;
+        }
+      }
+      nbadk[h] = n;
+      any_bad_key = any_bad_key || n > 0;
+    }
+    if (any_bad_key) {
+      char* kw = writable(kall, nhk * nk * d * esz, kbuf);
+      char* vw = writable(vall, nhk * nk * d * esz, vbuf);
+      for (int64_t h = 0; h < nhk; ++h) {
+        for (int64_t x = 0; x < nbadk[h]; ++x) {
+          const int64_t off = (h * nk + badk[h * bk + x]) * d * esz;
+          std::memset(kw + off, 0, d * esz);
+          std::memset(vw + off, 0, d * esz);
+        }
+      }
+      kall = kw;
+      vall = vw;
+    }
     const MatmulShape qk{0, nk, d, d, 1, d, ld_s, p.mm_type, false};
     const MatmulShape pv{0, d, nk, ld_s, d, 1, d, p.mm_type, true};
     for (int64_t qt = 0; qt < nqt; ++qt) {
@@ -593,6 +667,24 @@ void run_item(const Problem& p, const Item& it, float* out, float* lse, float* r
             s_pv.m = rows * gs;
             thread_matmul_cache().run(s_pv, p.bf16_mm ? static_cast<void*>(p16) : sbuf, vblk, o);
           }
+          // Rows that see a non-finite key, or have a non-finite query and see any key.
+          const int64_t nbad = nbadk[hk - it.hk0];
+          const int64_t* bad = badk + (hk - it.hk0) * bk;
+          for (int64_t r = 0; r < rows * gs; ++r) {
+            uint8_t& pr = poison[t * tr + r];
+            if (pr || (nbad == 0 && !qbad[t * tr + r])) continue;
+            const int64_t tok = r / gs;
+            auto sees = [&](int64_t j) {
+              return kind == BlockKind::kGeneral
+                         ? emask[tok * bk + j] != 0
+                         : j >= lo[tok] && j < hi[tok] && p.plan->key_valid(b, k0 + j);
+            };
+            if (qbad[t * tr + r]) {
+              for (int64_t j = 0; j < nk && !pr; ++j) pr = sees(j);
+            } else {
+              for (int64_t x = 0; x < nbad && !pr; ++x) pr = sees(bad[x]);
+            }
+          }
         }
       }
     }
@@ -600,10 +692,24 @@ void run_item(const Problem& p, const Item& it, float* out, float* lse, float* r
   }
 
   // Step 2: normalize and write out (B, Sq, H, D) and lse (B, Sq, H).
+  constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
   for (int64_t t = 0; t < tiles; ++t) {
     for (int64_t r = 0; r < tile_tokens(t) * gs; ++r) {
       const double l = lbuf[t * tr + r];
       const int64_t row = state_row(t, r);
+      // NaN for a row that saw a non-finite input, or whose running max is +inf or NaN (logits
+      // of finite inputs that overflow fp32: 2^(inf - inf), as IEEE arithmetic would have it).
+      const float mr = mbuf[t * tr + r];
+      if (poison[t * tr + r] || std::isnan(mr) || mr == std::numeric_limits<float>::infinity()) {
+        std::fill_n(out + row * d, d, kNaN);
+        lse[row] = kNaN;
+        if (p.row_max != nullptr && fixed_max_log2(p.row_max[row]) != kNegInf) {
+          // Its sums are not relative to the bound: callers that add sums must merge instead.
+          if (row_sum != nullptr) row_sum[row] = kNaN;
+          if (row_flags != nullptr) row_flags[row] |= AttnParams::kRowMaxExceeded;
+        }
+        continue;
+      }
       if (p.row_max != nullptr) {
         const float m0 = fixed_max_log2(p.row_max[row]);
         if (m0 != kNegInf) {

@@ -36,6 +36,13 @@ struct MaskView {
   }
 };
 
+bool all_finite(const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(x[i])) return false;
+  }
+  return true;
+}
+
 double dot(const float* a, const float* b, int64_t n) {
   double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
   int64_t i = 0;
@@ -103,6 +110,12 @@ AttnState reference_attention(const Tensor& q_in, const Tensor& k_in, const Tens
   float* lse = st.lse.data<float>();
   const MaskView mv{params.mask, sk};
   const int64_t rows = nb * sq * nh;
+  // Non-finite inputs (docs/kernel.md "Numerics: non-finite inputs"): (b, key, kv head) with an Inf
+  // or NaN in its k or v row. A row with a non-finite q, or that sees such a key, is NaN.
+  std::vector<uint8_t> kv_bad(static_cast<size_t>(nb * sk * nkv));
+  for (int64_t x = 0; x < nb * sk * nkv; ++x) {
+    kv_bad[x] = !all_finite(kp + x * d, d) || !all_finite(vp + x * d, d);
+  }
 
 #pragma omp parallel if (rows > 1 && static_cast <double>(rows) * sk * d > 1e6)
   {
@@ -114,16 +127,24 @@ AttnState reference_attention(const Tensor& q_in, const Tensor& k_in, const Tens
       const int64_t h = r % nh, i = (r / nh) % sq, b = r / (nh * sq);
       const int64_t hk = h / group;
       const float* qrow = qp + r * d;
+      bool saw_key = false, nonfinite = !all_finite(qrow, d);
       double mx = -std::numeric_limits<double>::infinity();
       for (int64_t j = 0; j < sk; ++j) {
         if (!mv.visible(b, i, j)) {
           score[j] = -std::numeric_limits<double>::infinity();
           continue;
         }
+        saw_key = true;
+        nonfinite = nonfinite || kv_bad[(b * sk + j) * nkv + hk];
         score[j] = scale * dot(qrow, kp + ((b * sk + j) * nkv + hk) * d, d);
         mx = std::max(mx, score[j]);
       }
-      if (mx == -std::numeric_limits<double>::infinity()) continue;  // stays empty: 0, -inf
+      if (!saw_key) continue;  // stays empty: 0, -inf
+      if (nonfinite) {
+        std::fill_n(out + r * d, d, std::numeric_limits<float>::quiet_NaN());
+        lse[r] = std::numeric_limits<float>::quiet_NaN();
+        continue;
+      }
       std::fill(acc.begin(), acc.end(), 0.0);
       double sum = 0;
       for (int64_t j = 0; j < sk; ++j) {

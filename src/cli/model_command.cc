@@ -133,6 +133,13 @@ ModelResult run_model(Communicator& world, const Resolved& r, const ModelOptions
   return res;
 }
 
+// JSON has no NaN or Inf (nlohmann writes null, which reads as "not verified"): a non-finite
+// error is written as the string "nan", "inf" or "-inf".
+json error_json(double err) {
+  if (std::isfinite(err)) return json(err);
+  return json(std::isnan(err) ? "nan" : err > 0 ? "inf" : "-inf");
+}
+
 int report(const ModelOptions& o, const Resolved& r, const ModelResult& got,
            const ModelResult* single, const std::string& backend) {
   double err = NAN;
@@ -141,7 +148,8 @@ int report(const ModelOptions& o, const Resolved& r, const ModelResult& got,
     err = max_abs_diff(got.output, single->output);
     tokens_match = got.tokens == single->tokens;
   }
-  const bool ok = !single || (err <= 1e-4 && tokens_match);
+  // A NaN or Inf error (non-finite outputs) always fails.
+  const bool ok = !single || (std::isfinite(err) && err <= 1e-4 && tokens_match);
   if (o.json) {
     json j;
     j["preset"] = r.preset.name;
@@ -158,7 +166,7 @@ int report(const ModelOptions& o, const Resolved& r, const ModelResult& got,
     j["seq"] = got.seq;
     j["seconds"] = got.seconds;
     j["bytes_sent_rank0"] = got.comm.total_sent();
-    j["max_abs_err"] = single ? json(err) : json(nullptr);
+    j["max_abs_err"] = single ? error_json(err) : json(nullptr);
     j["ok"] = ok;
     if (r.preset.family == ModelFamily::kLlm) {
       j["tokens"] = got.tokens;

@@ -266,6 +266,13 @@ std::vector<int64_t> verify_sample(const Job& job, const std::vector<int64_t>& c
   return out;
 }
 
+// JSON has no NaN or Inf (nlohmann writes null, which reads as "not verified"): a non-finite
+// error is written as the string "nan", "inf" or "-inf".
+json error_json(double err) {
+  if (std::isfinite(err)) return json(err);
+  return json(std::isnan(err) ? "nan" : err > 0 ? "inf" : "-inf");
+}
+
 // Max |got - want| over out rows (B, n, H, D) and lse rows (B, n, H); NaN counts as infinite.
 void accumulate_err(const float* got, const float* want, int64_t count, double& err) {
   for (int64_t x = 0; x < count; ++x) {
@@ -540,7 +547,9 @@ int print_report(const Job& job, const Report& rep, const std::string& backend) 
   const double imbalance = mean_work > 0 ? max_work / mean_work : 1.0;
   const double gflops = secs > 0 ? 4.0 * o.head_dim * total_work / secs / 1e9 : 0;
   const ErrorBound tol = tolerance(job, rep);
-  const bool ok = !o.verify || (rep.max_abs_err <= tol.out && rep.max_lse_err <= tol.lse);
+  // A NaN or Inf error (a non-finite output where the reference is finite) always fails.
+  const bool ok = !o.verify || (std::isfinite(rep.max_abs_err) && std::isfinite(rep.max_lse_err) &&
+                                rep.max_abs_err <= tol.out && rep.max_lse_err <= tol.lse);
 
   if (o.json) {
     json j;
@@ -562,8 +571,8 @@ int print_report(const Job& job, const Report& rep, const std::string& backend) 
     j["seconds"] = secs;
     j["seconds_all"] = rep.seconds;
     j["gflops"] = gflops;
-    j["max_abs_err"] = o.verify ? json(rep.max_abs_err) : json(nullptr);
-    j["max_lse_err"] = o.verify ? json(rep.max_lse_err) : json(nullptr);
+    j["max_abs_err"] = o.verify ? error_json(rep.max_abs_err) : json(nullptr);
+    j["max_lse_err"] = o.verify ? error_json(rep.max_lse_err) : json(nullptr);
     j["tolerance"] = tol.out;
     j["lse_tolerance"] = tol.lse;
     j["kernel_path"] = kernel_path_name(kernel_path(job.dtype));

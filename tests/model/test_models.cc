@@ -2,12 +2,18 @@
 // uneven shards and padding) against the same model on one rank.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
 #include <random>
+#include <string>
 
 #include "seqpar/comm/threads.h"
 #include "seqpar/model/decoder.h"
 #include "seqpar/model/dit.h"
 #include "seqpar/model/ops.h"
+#include "seqpar/model/safetensors.h"
 #include "seqpar/parallel/mesh.h"
 
 namespace seqpar {
@@ -233,6 +239,41 @@ TEST_F(TinyLlm, RejectsBadInput) {
                          return dec.generate(bad, 1, ctx).tokens;
                        }),
                InvalidArgument);
+}
+
+// A checkpoint tensor holding an Inf or NaN is refused at load time, in one line naming it; the
+// same file with finite values loads.
+TEST_F(TinyLlm, NonFiniteCheckpointTensorIsRefusedAtLoad) {
+  const auto specs = Decoder::parameters(*preset_);
+  std::string target;
+  for (const auto& s : specs)
+    if (s.name.find("q_proj") != std::string::npos) target = s.name;
+  ASSERT_FALSE(target.empty());
+  const std::string path = ::testing::TempDir() + "seqpar_nonfinite_weights.safetensors";
+  for (DType dtype : {DType::kF32, DType::kBF16})
+    for (float bad :
+         {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+          -std::numeric_limits<float>::infinity()}) {
+      std::map<std::string, Tensor> tensors;
+      for (const auto& [name, t] : weights_->all()) tensors[name] = t.to(dtype);
+      write_safetensors(path, tensors);
+      EXPECT_NO_THROW(WeightStore::from_safetensors(path, specs));
+      Tensor poisoned = weights_->get(target);
+      poisoned.data<float>()[poisoned.numel() / 2] = bad;
+      tensors[target] = poisoned.to(dtype);
+      write_safetensors(path, tensors);
+      try {
+        WeightStore::from_safetensors(path, specs);
+        ADD_FAILURE() << "loaded " << target << " holding " << bad << " (" << dtype_name(dtype)
+                      << ")";
+      } catch (const InvalidArgument& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("'" + target + "'"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("non-finite"), std::string::npos) << msg;
+        EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+      }
+    }
+  std::remove(path.c_str());
 }
 
 }  // namespace

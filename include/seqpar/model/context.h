@@ -40,7 +40,8 @@ class WeightStore {
   // Every parameter from a seeded normal init (each name has its own stream).
   static WeightStore random(const std::vector<Spec>& specs, uint64_t seed);
   // Every parameter from a safetensors file (fp32/bf16/fp16 converted to fp32); the file must
-  // hold exactly these names with these shapes (InvalidArgument naming what differs).
+  // hold exactly these names with these shapes, and only finite values (InvalidArgument naming
+  // what differs, or the tensor holding an Inf or NaN).
   static WeightStore from_safetensors(const std::string& path, const std::vector<Spec>& specs);
 
   const Tensor& get(const std::string& name) const;  // Error if missing
