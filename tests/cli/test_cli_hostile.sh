@@ -3,9 +3,10 @@
 # code and one line on stderr naming the problem. A per-command timeout makes a hang a failure.
 #   exit 2: the argument is out of range or the job cannot fit (nothing ran);
 #   exit 1: an output cannot be opened (before the work) or written (the work ran).
-# usage: test_cli_hostile.sh path/to/seqpar
+# usage: test_cli_hostile.sh path/to/seqpar [path/to/mpiexec]
 set -u
-bin=${1:?usage: test_cli_hostile.sh path/to/seqpar}
+bin=${1:?usage: test_cli_hostile.sh path/to/seqpar [mpiexec]}
+mpiexec=${2:-}
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -125,6 +126,38 @@ for args in "run --strategy bogus --json" "mesh --heads 8 --seq 64 --ranks 3 --j
 done
 out=$(timeout "$limit" "$bin" run $small --json --trace /dev/full 2>/dev/null)
 [ "$(printf '%s\n' "$out" | grep -c .)" -eq 1 ] && ok || bad "run --json printed more than one object: $out"
+
+# 7. MPI: a rank stopped outside communication is named by the rank whose collective times out
+# (it used to read as that healthy rank's own timeout). Rank 1 is stopped (SIGSTOP) mid-run.
+if [ -n "$mpiexec" ]; then
+  timeout -s KILL 90 "$mpiexec" --allow-run-as-root --oversubscribe \
+    --mca btl_vader_single_copy_mechanism none -np 2 \
+    "$bin" run --backend mpi --strategy allgather --seq 2048 --heads 2 --head-dim 16 \
+    --repeat 1000000 --warmup 0 --timeout 2 >"$tmp/mpi.out" 2>"$tmp/mpi.err" &
+  launcher=$!
+  victim=""
+  for _ in $(seq 200); do  # rank 1: a seqpar process under this launcher with world rank 1
+    for p in $(pgrep -x seqpar); do
+      tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" || continue
+      q=$p
+      while [ "$q" -gt 1 ] && [ "$q" != "$launcher" ]; do q=$(ps -o ppid= -p "$q" | tr -d ' '); done
+      [ "$q" = "$launcher" ] && victim=$p
+    done
+    [ -n "$victim" ] && break
+    sleep 0.1
+  done
+  sleep 1
+  if [ -n "$victim" ]; then
+    kill -STOP "$victim"
+    for _ in $(seq 300); do grep -q "timeout after" "$tmp/mpi.err" && break; sleep 0.1; done
+    kill -CONT "$victim"
+  fi
+  wait "$launcher"; rc=$?
+  [ -n "$victim" ] && ok || bad "mpi stall: rank 1 not found"
+  [ $rc -ne 0 ] && ok || bad "mpi stall: exited 0"
+  grep -q "rank 0 waiting for .*which world rank 1 did not reach" "$tmp/mpi.err" && ok \
+    || bad "mpi stall: the timeout does not name rank 1: $(grep seqpar "$tmp/mpi.err")"
+fi
 
 echo "test_cli_hostile: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
