@@ -354,11 +354,12 @@ Plan make_plan(const PlanRequest& req) {
   check_workload_limits(req.work);
   const int64_t work = plan_work(req, req.world);
   SEQPAR_ARG_CHECK(
-      work <= kMaxPlanWork, "planning ", req.world, " ranks means costing about ", work,
+      work <= kMaxPlanWork, "planning ", req.world, " ranks at ", req.work.seq,
+      " tokens means costing about ", work,
       " steps (token positions, run pairs, rank steps) over every mesh, more than the limit ",
       kMaxPlanWork,
-      "; pin --tp, --ulysses-degree, --ring-degree or --strategy, or plan fewer "
-      "ranks (--simulate extrapolates)");
+      "; pin --tp, --ulysses-degree, --ring-degree, --strategy or --layout, or plan fewer "
+      "ranks or tokens (--simulate extrapolates)");
   Plan plan;
   plan.request = req;
   plan.divisibility = analyse_divisibility(req);
