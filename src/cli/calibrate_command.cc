@@ -157,7 +157,9 @@ void add_calibrate_command(CLI::App& app, CalibrateOptions& o) {
   c->add_flag("--quick", o.quick, "fewer, smaller measurements (for tests)");
 }
 
-int calibrate_command(const CalibrateOptions& o) {
+namespace {
+
+int calibrate(const CalibrateOptions& o) {
   std::string path = o.out;
   if (path.empty()) {
     const std::string dir = user_profile_dir();
@@ -166,6 +168,11 @@ int calibrate_command(const CalibrateOptions& o) {
                      "or give --out FILE");
     path = dir + "/local.json";
   }
+  // The profile file opens before the measurements (its folder is made first).
+  std::error_code ec;
+  const std::filesystem::path fp(path);
+  if (fp.has_parent_path()) std::filesystem::create_directories(fp.parent_path(), ec);
+  OutputFile out("--out", path);
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int64_t seq = o.quick ? 512 : 2048;
   const int reps = o.quick ? 3 : 7;
@@ -202,13 +209,7 @@ int calibrate_command(const CalibrateOptions& o) {
   const std::string text = hardware_profile_to_json(p);
   (void)hardware_profile_from_json(text, path);
 
-  std::error_code ec;
-  const std::filesystem::path fp(path);
-  if (fp.has_parent_path()) std::filesystem::create_directories(fp.parent_path(), ec);
-  std::ofstream f(path);
-  SEQPAR_ARG_CHECK(f.good(), "--out ", path, ": cannot write the profile there");
-  f << text;
-  f.close();
+  out.write(text);
 
   if (o.json) {
     nlohmann::json j = nlohmann::json::parse(text);
@@ -230,7 +231,13 @@ int calibrate_command(const CalibrateOptions& o) {
     std::printf("  memory            %.1f GB\n", p.memory_bytes / 1e9);
     std::printf("wrote %s (seqpar plan --hardware local)\n", path.c_str());
   }
-  return 0;
+  return finish_output(0);
+}
+
+}  // namespace
+
+int calibrate_command(const CalibrateOptions& o) {
+  return with_json_errors(o.json, [&] { return calibrate(o); });
 }
 
 }  // namespace seqpar::cli

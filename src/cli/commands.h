@@ -1,22 +1,149 @@
-// The seqpar subcommands. Each returns the process exit code: 0 ok, 1 failed (verification or a
-// runtime error), 2 bad arguments.
+// The seqpar subcommands. Each returns the process exit code: 0 ok, 1 failed (verification, a
+// runtime error or a failed write), 2 bad arguments. Sizes are checked against core/limits.h.
 #pragma once
 
-#include <cstdint>
-#include <string>
+#include <sys/stat.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "seqpar/core/error.h"
+#include "seqpar/core/limits.h"
+#include "seqpar/plan/hardware.h"
 
 namespace seqpar::cli {
+
+// Every integer option of `cmd` refuses a decimal that does not fit int64 (CLI11 would saturate
+// it to INT64_MAX); the range of each is checked by its command against core/limits.h.
+inline void guard_integer_options(CLI::App* cmd) {
+  for (CLI::Option* opt : cmd->get_options()) {
+    const std::string type = opt->get_type_name();
+    if (type != "INT" && type != "UINT") continue;
+    opt->check(CLI::Validator(
+        [](std::string& s) -> std::string {
+          const bool decimal =
+              !s.empty() && s.find_first_not_of("+-0123456789") == std::string::npos;
+          if (decimal && !limits::parse_int64(s)) return s + " is out of range (not an int64)";
+          return "";
+        },
+        ""));
+  }
+}
+
+// Under mpirun every rank meets the same error; rank 0 reports it.
+inline bool reporting_rank() {
+  const char* world_rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  return world_rank == nullptr || std::string(world_rank) == "0";
+}
+
+// With --json an error is also one JSON object on stdout, {"error": "...", "exit_code": 2}, for
+// scripts; the one line on stderr stays.
+inline void print_json_error(const std::string& message, int exit_code) {
+  if (!reporting_rank()) return;
+  nlohmann::json j;
+  j["error"] = message;
+  j["exit_code"] = exit_code;
+  std::printf("%s\n", j.dump().c_str());
+  std::fflush(stdout);
+}
+
+// Runs a command's body; with json, an escaping error is printed as the JSON error object (exit
+// code 2 for InvalidArgument, 1 otherwise) and rethrown for the one line on stderr.
+template <typename Body>
+int with_json_errors(bool json, Body&& body) {
+  try {
+    return body();
+  } catch (const InvalidArgument& e) {
+    if (json) print_json_error(e.what(), 2);
+    throw;
+  } catch (const std::exception& e) {
+    if (json) print_json_error(e.what(), 1);
+    throw;
+  }
+}
+
+// The command's exit code once stdout is flushed; a failed write to stdout (a full disk, a closed
+// pipe) throws Error, which exits 1 with one line.
+inline int finish_output(int code) {
+  if (std::fflush(stdout) != 0 || std::ferror(stdout))
+    throw Error(detail::concat("cannot write the output to stdout: ", std::strerror(errno)));
+  return code;
+}
+
+// An output file named by `flag`, opened (truncated) before the work so a path that cannot be
+// opened fails up front (Error, exit 1) instead of after it; write() writes the whole text, checks
+// the write, the flush and the close, and throws Error (exit 1) if any fails.
+class OutputFile {
+ public:
+  OutputFile(std::string flag, std::string path) : flag_(std::move(flag)), path_(std::move(path)) {
+    f_ = std::fopen(path_.c_str(), "wb");
+    if (f_ == nullptr)
+      throw Error(detail::concat(flag_, " '", path_, "': cannot open the file for writing (",
+                                 std::strerror(errno), ")"));
+  }
+  OutputFile(const OutputFile&) = delete;
+  OutputFile& operator=(const OutputFile&) = delete;
+  ~OutputFile() {
+    if (f_ != nullptr) std::fclose(f_);
+  }
+  const std::string& path() const { return path_; }
+  void write(const std::string& text) {
+    SEQPAR_CHECK(f_ != nullptr, flag_, " '", path_, "' was already written");
+    const bool wrote = std::fwrite(text.data(), 1, text.size(), f_) == text.size();
+    const bool flushed = std::fflush(f_) == 0 && !std::ferror(f_);
+    const int err = errno;
+    const bool closed = std::fclose(f_) == 0;
+    f_ = nullptr;
+    if (!wrote || !flushed || !closed)
+      throw Error(detail::concat(flag_, " '", path_, "': cannot write the file (",
+                                 std::strerror(err), ")"));
+  }
+
+ private:
+  std::string flag_, path_;
+  std::FILE* f_ = nullptr;
+};
+
+// A file read whole (a hardware profile, a config) must be a regular file of at most
+// limits::kMaxFileBytes; `what` names the flag. Missing files are left to the reader's message.
+inline void check_readable_file(const std::string& what, const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return;
+  SEQPAR_ARG_CHECK(S_ISREG(st.st_mode), what, " ", path,
+                   " is not a regular file; give a profile JSON file");
+  SEQPAR_ARG_CHECK(st.st_size <= limits::kMaxFileBytes, what, " ", path, " is ", st.st_size,
+                   " bytes; a profile is at most ", limits::max_text(limits::kMaxFileBytes),
+                   " bytes");
+}
+
+// --hardware NAME or PATH: the files load_hardware_profile would read are checked first (a path,
+// or the user profile NAME.json); then the profile is loaded, so an unknown name is refused even
+// where the profile is not used.
+inline HardwareProfile load_profile_checked(const std::string& name) {
+  const bool is_path = name.find('/') != std::string::npos ||
+                       (name.size() > 5 && name.compare(name.size() - 5, 5, ".json") == 0);
+  if (is_path) {
+    check_readable_file("--hardware", name);
+  } else if (const std::string dir = user_profile_dir(); !dir.empty() && !name.empty()) {
+    check_readable_file("--hardware", dir + "/" + name + ".json");
+  }
+  return load_hardware_profile(name);
+}
 
 struct RunOptions {
   std::string strategy = "ring";
   std::string layout = "contiguous";
   std::string ulysses_mode = "uaa";
-  int ulysses_degree = 0;  // usp: ranks / ring_degree if 0
-  int ring_degree = 0;     // usp: ranks / ulysses_degree if 0
-  int ranks = kUnset;  // unset: 2 on threads, the world size under MPI
-  static constexpr int kUnset = -1000000;
+  int64_t ulysses_degree = 0;    // usp: ranks / ring_degree if 0
+  int64_t ring_degree = 0;       // usp: ranks / ulysses_degree if 0
+  std::optional<int64_t> ranks;  // unset: 2 on threads, the world size under MPI
   int64_t seq = 4096;
   int64_t heads = 8;
   int64_t kv_heads = 0;  // 0: same as heads
@@ -28,17 +155,17 @@ struct RunOptions {
   bool verify = false;
   bool json = false;
   uint64_t seed = 0;
-  int threads = 0;  // 0: cores / ranks on threads, 1 per process under MPI
-  int repeat = 3;
-  double timeout_s = 0;  // 0: SEQPAR_TIMEOUT_S or 60
-  bool pad = false;           // pad the sequence to a multiple of the ranks, mask the padding
-  int64_t text_tokens = 0;    // joint attention: replicated text tokens
-  int64_t cached = 0;         // decode / partial prefill: tokens in the distributed K/V cache
-  int64_t fresh = 0;          // decode / partial prefill: new tokens (--new)
-  std::string hardware = "h100";  // profile for --strategy auto
-  std::string softmax = "online";  // online | const-max (ring, usp)
-  std::string trace;  // --trace FILE: Chrome/Perfetto trace of the run (empty: off)
-  int warmup = 1;     // untimed runs before the --repeat timed ones
+  int64_t threads = 0;  // 0: cores / ranks on threads, 1 per process under MPI
+  int64_t repeat = 3;
+  std::optional<double> timeout_s;  // unset: SEQPAR_TIMEOUT_S or 60
+  bool pad = false;                 // pad the sequence to a multiple of the ranks, mask the padding
+  int64_t text_tokens = 0;          // joint attention: replicated text tokens
+  int64_t cached = 0;               // decode / partial prefill: tokens in the distributed K/V cache
+  int64_t fresh = 0;                // decode / partial prefill: new tokens (--new)
+  std::string hardware = "h100";    // profile for --strategy auto
+  std::string softmax = "online";   // online | const-max (ring, usp)
+  std::string trace;                // --trace FILE: Chrome/Perfetto trace of the run (empty: off)
+  int64_t warmup = 1;               // untimed runs before the --repeat timed ones
 };
 
 void add_run_command(CLI::App& app, RunOptions& opts);
@@ -52,14 +179,13 @@ int info_command(const InfoOptions& opts);
 
 // seqpar mesh: per-rank coordinates, heads and tokens of a cfg x tp x ring x ulysses mesh.
 struct MeshOptions {
-  int cfg = 1;
-  int tp = 1;
-  int ring_degree = 1;
-  int ulysses_degree = 1;
-  int64_t heads = 0;  // required
-  int64_t seq = 0;    // required
-  int ranks = kUnset;  // unset: the product of the degrees
-  static constexpr int kUnset = -1000000;
+  int64_t cfg = 1;
+  int64_t tp = 1;
+  int64_t ring_degree = 1;
+  int64_t ulysses_degree = 1;
+  int64_t heads = 0;             // required
+  int64_t seq = 0;               // required
+  std::optional<int64_t> ranks;  // unset: the product of the degrees
   bool json = false;
 };
 void add_mesh_command(CLI::App& app, MeshOptions& opts);
@@ -68,17 +194,18 @@ int mesh_command(const MeshOptions& opts);
 // seqpar model: a dit or llm preset on a cfg x tp x ring x ulysses mesh.
 struct ModelOptions {
   std::string preset = "tiny-dit";
-  std::string weights, save_weights;
-  int cfg = 1, tp = 1, ring_degree = 1, ulysses_degree = 1;
+  std::optional<std::string> weights;  // unset: seeded random weights
+  std::string save_weights;
+  int64_t cfg = 1, tp = 1, ring_degree = 1, ulysses_degree = 1;
   std::string strategy = "ring";
   std::string layout = "contiguous";
   std::string ulysses_mode = "uaa";
   bool pad = false;
   int64_t frames = 9, height = 80, width = 112;  // dit
-  int steps = 1;
+  int64_t steps = 1;
   float guidance = 5.0f;
   int64_t prompt_len = 1024;  // llm
-  int decode = 16;
+  int64_t decode = 16;
   uint64_t seed = 0;
   std::string backend = "threads";
   bool verify = false;
@@ -92,23 +219,23 @@ int model_command(const ModelOptions& opts);
 struct PlanOptions {
   std::string model;  // preset; empty: one bare attention call (--seq, --heads)
   int64_t frames = 0, height = 0, width = 0;  // dit / mmdit input (frames 0: 1 for images)
-  int64_t seq = 0;      // tokens (llm prompt, bare attention, or dit tokens directly)
+  int64_t seq = 0;  // tokens (llm prompt, bare attention, or dit tokens directly)
   int64_t heads = 0, kv_heads = 0, head_dim = 128;  // bare attention
   int64_t batch = 1;
-  bool causal = false;  // bare attention
-  int64_t text_tokens = -1;  // mmdit joint text tokens (-1: the preset's); bare attention: 0
-  bool no_guidance = false;  // dit / mmdit: one branch instead of two (no CFG)
-  int ranks = 8;
+  bool causal = false;                 // bare attention
+  std::optional<int64_t> text_tokens;  // mmdit joint text tokens (unset: the preset's; bare: 0)
+  bool no_guidance = false;            // dit / mmdit: one branch instead of two (no CFG)
+  int64_t ranks = 8;
   std::string hardware = "h100";
-  int ranks_per_node = -1;     // -1: the profile's
-  double memory_limit_gb = 0;  // 0: the profile's
-  std::string dtype;           // empty: the profile's
-  int cfg = 0, tp = 0, ulysses_degree = 0, ring_degree = 0;  // 0: enumerate
-  std::string strategy, layout, ulysses_mode;                 // empty: enumerate
+  std::optional<int64_t> ranks_per_node;                         // unset: the profile's
+  double memory_limit_gb = 0;                                    // 0: the profile's
+  std::string dtype;                                             // empty: the profile's
+  int64_t cfg = 0, tp = 0, ulysses_degree = 0, ring_degree = 0;  // 0: enumerate
+  std::string strategy, layout, ulysses_mode;                    // empty: enumerate
   bool pad = false, no_pad = false;
   int64_t cached = 0, fresh = 0;  // decode / partial prefill
   bool json = false;
-  int top = 15;
+  int64_t top = 15;
   bool simulate = false;
   std::string sim_ranks = "8:1024";
   std::string svg;

@@ -1,7 +1,7 @@
 // seqpar info: what this build is and what it runs on (backends, CPU ISA, kernel path).
+#include <cstdio>
 #include <dnnl.hpp>
 #include <nlohmann/json.hpp>
-#include <cstdio>
 #include <string>
 #include <thread>
 #include <vector>
@@ -35,8 +35,8 @@ void add_info_command(CLI::App& app, InfoOptions& o) {
 
 int info_command(const InfoOptions& o) {
   const dnnl_version_t* v = dnnl_version();
-  std::string onednn = std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
-                       std::to_string(v->patch);
+  std::string onednn =
+      std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
   std::vector<std::string> backends = {"threads"};
   if (mpi_available()) backends.push_back("mpi");
   const auto features = cpu_features();
@@ -51,7 +51,7 @@ int info_command(const InfoOptions& o) {
     j["onednn"] = onednn;
     j["kernel"] = kernel;
     std::printf("%s\n", j.dump().c_str());
-    return 0;
+    return finish_output(0);
   }
   std::string b, f;
   for (const auto& x : backends) b += (b.empty() ? "" : ", ") + x;
@@ -61,7 +61,7 @@ int info_command(const InfoOptions& o) {
   std::printf("  cpu       %u cores; %s\n", cores, f.c_str());
   std::printf("  oneDNN    %s\n", onednn.c_str());
   std::printf("  kernel    %s\n", kernel.c_str());
-  return 0;
+  return finish_output(0);
 }
 
 }  // namespace seqpar::cli

@@ -23,17 +23,30 @@ void add_mesh_command(CLI::App& app, MeshOptions& o) {
   mesh->add_option("--heads", o.heads, "attention heads H (divisible by --tp)")->required();
   mesh->add_option("--seq", o.seq, "sequence length S (tokens; at least ulysses x ring)")
       ->required();
-  mesh->add_option("--ranks", o.ranks, "world size (default: the product of the degrees)")
+  mesh->add_option_function<int64_t>(
+          "--ranks", [&o](int64_t v) { o.ranks = v; },
+          "world size (default: the product of the degrees; at most 2^16)")
       ->default_str("product");
   mesh->add_flag("--json", o.json, "print a JSON list, one object per rank");
+  guard_integer_options(mesh);
 }
 
-int mesh_command(const MeshOptions& o) {
-  const MeshShape shape{
-      .cfg = o.cfg, .tp = o.tp, .ring = o.ring_degree, .ulysses = o.ulysses_degree};
-  SEQPAR_ARG_CHECK(o.ranks == MeshOptions::kUnset || o.ranks >= 1, "--ranks ", o.ranks,
-                   " is invalid; it must be at least 1");
-  const Mesh mesh(shape, o.ranks == MeshOptions::kUnset ? 0 : o.ranks);
+namespace {
+
+int print_mesh(const MeshOptions& o) {
+  using limits::check_range;
+  check_range("--cfg", o.cfg, 1, limits::kMaxRanks);
+  check_range("--tp", o.tp, 1, limits::kMaxRanks);
+  check_range("--ring-degree", o.ring_degree, 1, limits::kMaxRanks);
+  check_range("--ulysses-degree", o.ulysses_degree, 1, limits::kMaxRanks);
+  if (o.ranks) check_range("--ranks", *o.ranks, 1, limits::kMaxRanks);
+  check_range("--heads", o.heads, 1, limits::kMaxHeads);
+  check_range("--seq", o.seq, 1, limits::kMaxTokens);
+  const MeshShape shape{.cfg = static_cast<int>(o.cfg),
+                        .tp = static_cast<int>(o.tp),
+                        .ring = static_cast<int>(o.ring_degree),
+                        .ulysses = static_cast<int>(o.ulysses_degree)};
+  const Mesh mesh(shape, static_cast<int>(o.ranks.value_or(0)));
   mesh.check(o.heads, o.seq);
 
   if (o.json) {
@@ -52,7 +65,7 @@ int mesh_command(const MeshOptions& o) {
                       {"tokens", {t.begin, t.end}}});
     }
     std::printf("%s\n", rows.dump().c_str());
-    return 0;
+    return finish_output(0);
   }
 
   const int64_t per_tp = o.heads / shape.tp;
@@ -77,7 +90,13 @@ int mesh_command(const MeshOptions& o) {
     std::printf("%6d %8d %7d %9d %12d %7d  %-13s %s\n", c.rank, c.cfg_rank, c.tp_rank, c.ring_rank,
                 c.ulysses_rank, c.cp_rank, heads.c_str(), tokens.c_str());
   }
-  return 0;
+  return finish_output(0);
+}
+
+}  // namespace
+
+int mesh_command(const MeshOptions& o) {
+  return with_json_errors(o.json, [&] { return print_mesh(o); });
 }
 
 }  // namespace seqpar::cli

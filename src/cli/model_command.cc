@@ -43,12 +43,60 @@ struct Resolved {
   std::vector<WeightStore::Spec> specs;
 };
 
+// Sizes against core/limits.h, before anything is sized by them.
+void validate(const ModelOptions& o) {
+  using limits::check_range;
+  check_range("--cfg", o.cfg, 1, 2);
+  check_range("--tp", o.tp, 1, limits::kMaxRanks);
+  check_range("--ring-degree", o.ring_degree, 1, limits::kMaxRanks);
+  check_range("--ulysses-degree", o.ulysses_degree, 1, limits::kMaxRanks);
+  check_range("--frames", o.frames, 1, limits::kMaxPixels);
+  check_range("--height", o.height, 1, limits::kMaxPixels);
+  check_range("--width", o.width, 1, limits::kMaxPixels);
+  check_range("--steps", o.steps, 1, limits::kMaxSteps);
+  check_range("--decode", o.decode, 0, limits::kMaxSteps);
+  check_range("--prompt-len", o.prompt_len, 1, limits::kMaxTokens);
+  check_range("--guidance", static_cast<double>(o.guidance), 0.0, 100.0);
+  SEQPAR_ARG_CHECK(!o.weights || !o.weights->empty(),
+                   "--weights is empty; give a safetensors file, or omit --weights for seeded "
+                   "random weights");
+  SEQPAR_ARG_CHECK(o.backend == "threads" || o.backend == "mpi", "--backend '", o.backend,
+                   "' is unknown; valid: threads, mpi");
+}
+
+// Bytes the run holds: the fp32 weights (every rank of the threads backend shares them; MPI
+// processes each hold them, usually on one machine), activations and the logits kept for the
+// report; refused when the machine lacks them. Checked arithmetic: a preset's shapes are trusted
+// but their product is not.
+void check_model_memory(const Resolved& r, const ModelOptions& o, int64_t tokens,
+                        int64_t processes) {
+  using limits::checked_product;
+  int64_t params = 0;
+  for (const auto& spec : r.specs) {
+    int64_t n = 1;
+    for (int64_t d : spec.shape) n = limits::checked_mul(n, d, "parameter count");
+    params = limits::checked_add(params, n, "parameter count");
+  }
+  const ModelPreset& m = r.preset;
+  const double weights = 4.0 * static_cast<double>(params) * processes;
+  const double activations = 4.0 * static_cast<double>(tokens) *
+                             (16.0 * m.hidden + 2.0 * m.ffn_dim + 2.0 * m.heads * tokens / 1024);
+  const double logits =
+      m.family == ModelFamily::kLlm ? 8.0 * (o.decode + 1) * static_cast<double>(m.vocab) : 0;
+  limits::check_fits_memory(
+      detail::concat("model ", m.name, " (", params, " parameters, fp32, ", tokens, " tokens)"),
+      weights + activations * (o.verify ? 2 : 1) + logits);
+}
+
 Resolved resolve(const ModelOptions& o, int world) {
+  validate(o);
   Resolved r;
   r.preset = model_preset(o.preset);
-  r.shape = {o.cfg, o.tp, o.ring_degree, o.ulysses_degree};
-  SEQPAR_ARG_CHECK(o.cfg >= 1 && o.tp >= 1 && o.ring_degree >= 1 && o.ulysses_degree >= 1,
-                   "--cfg, --tp, --ring-degree and --ulysses-degree must be at least 1");
+  r.shape = {static_cast<int>(o.cfg), static_cast<int>(o.tp), static_cast<int>(o.ring_degree),
+             static_cast<int>(o.ulysses_degree)};
+  (void)limits::checked_product({o.cfg, o.tp, o.ring_degree, o.ulysses_degree},
+                                "ranks of --cfg x --tp x --ring-degree x --ulysses-degree",
+                                limits::kMaxRanks);
   SEQPAR_ARG_CHECK(world == 0 || r.shape.world() == world, "the mesh ", mesh_shape_text(r.shape),
                    " needs ", r.shape.world(), " ranks but the MPI world has ", world,
                    "; launch mpirun -np ", r.shape.world());
@@ -60,13 +108,8 @@ Resolved resolve(const ModelOptions& o, int world) {
                    " (mmdit) is available to `seqpar plan` only; runnable presets: the dit and "
                    "llm ones (tiny-dit, tiny-llm, wan2.1-t2v-1.3b, llama3-8b, ...)");
   SEQPAR_ARG_CHECK(r.preset.heads % o.tp == 0, "--tp ", o.tp, " does not divide the ",
-                   r.preset.heads, " heads of ", r.preset.name, "; valid: ", [&] {
-                     std::string s;
-                     for (int64_t d = 1; d <= r.preset.heads; ++d)
-                       if (r.preset.heads % d == 0)
-                         s += (s.empty() ? "" : ", ") + std::to_string(d);
-                     return s;
-                   }());
+                   r.preset.heads, " heads of ", r.preset.name,
+                   "; valid: ", divisors_text(r.preset.heads));
   r.layout = parse_layout(o.layout);
   r.mode = parse_ulysses_mode(o.ulysses_mode);
   if (o.ring_degree > 1 && o.ulysses_degree > 1) {
@@ -81,11 +124,10 @@ Resolved resolve(const ModelOptions& o, int world) {
   }
   r.specs = r.preset.family == ModelFamily::kDiT ? DiT::parameters(r.preset)
                                                  : Decoder::parameters(r.preset);
-  if (r.preset.family == ModelFamily::kDiT) latent_shape(r.preset, o.frames, o.height, o.width);
-  SEQPAR_ARG_CHECK(r.preset.family != ModelFamily::kLlm || o.prompt_len >= 1, "--prompt-len ",
-                   o.prompt_len, " is invalid; it must be at least 1");
-  SEQPAR_ARG_CHECK(o.steps >= 1 && o.decode >= 0,
-                   "--steps must be at least 1 and --decode 0 or more");
+  int64_t tokens = o.prompt_len + o.decode;
+  if (r.preset.family == ModelFamily::kDiT)
+    tokens = latent_shape(r.preset, o.frames, o.height, o.width).tokens;
+  check_model_memory(r, o, tokens, world == 0 ? 1 : world);
   return r;
 }
 
@@ -200,7 +242,7 @@ int report(const ModelOptions& o, const Resolved& r, const ModelResult& got,
 }
 
 WeightStore load_weights(const ModelOptions& o, const Resolved& r) {
-  if (!o.weights.empty()) return WeightStore::from_safetensors(o.weights, r.specs);
+  if (o.weights) return WeightStore::from_safetensors(*o.weights, r.specs);
   return WeightStore::random(r.specs, o.seed);
 }
 
@@ -210,7 +252,9 @@ void add_model_command(CLI::App& app, ModelOptions& o) {
   CLI::App* m = app.add_subcommand(
       "model", "Run a transformer (dit or llm preset) on a cfg x tp x ring x ulysses mesh");
   m->add_option("--preset", o.preset, "tiny-dit | tiny-llm | wan2.1-t2v-1.3b | llama3-8b | ...");
-  m->add_option("--weights", o.weights, "safetensors file (default: seeded random weights)");
+  m->add_option_function<std::string>(
+      "--weights", [&o](const std::string& v) { o.weights = v; },
+      "safetensors file (default: seeded random weights)");
   m->add_option("--save-weights,--save_weights", o.save_weights,
                 "write the weights used to this safetensors file");
   m->add_option("--cfg", o.cfg, "classifier-free guidance parallel size (1 or 2)");
@@ -232,17 +276,23 @@ void add_model_command(CLI::App& app, ModelOptions& o) {
   m->add_option("--backend", o.backend, "threads | mpi");
   m->add_flag("--verify", o.verify, "compare with the same model on one rank");
   m->add_flag("--json", o.json, "print one JSON object");
+  guard_integer_options(m);
 }
 
-int model_command(const ModelOptions& o) {
-  SEQPAR_ARG_CHECK(o.backend == "threads" || o.backend == "mpi", "--backend '", o.backend,
-                   "' is unknown; valid: threads, mpi");
-  if (o.backend == "threads") {
+namespace {
+
+int run_model_command(const ModelOptions& o) {
+  if (o.backend != "mpi") {
     Resolved r = resolve(o, 0);
-    WeightStore ws = load_weights(o, r);
-    if (!o.save_weights.empty()) write_safetensors(o.save_weights, ws.all(), {});
     const int n = r.shape.world();
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    SEQPAR_ARG_CHECK(n <= limits::max_threads(), "the mesh ", mesh_shape_text(r.shape), " needs ",
+                     n, " rank threads; this process may start at most ", limits::max_threads(),
+                     " (core/limits.h and RLIMIT_NPROC); use --backend mpi");
+    // The file opens before the work; write_safetensors writes it at the end.
+    if (!o.save_weights.empty()) OutputFile("--save-weights", o.save_weights);
+    WeightStore ws = load_weights(o, r);
+    if (!o.save_weights.empty()) write_safetensors(o.save_weights, ws.all(), {});
     ModelResult got, single;
     ThreadWorld::run(n, [&](Communicator& world) {
       omp_set_num_threads(std::max(1, cores / n));
@@ -254,7 +304,7 @@ int model_command(const ModelOptions& o) {
         omp_set_num_threads(cores);
         single = run_model(world, r, o, ws, MeshShape{});
       });
-    return report(o, r, got, o.verify ? &single : nullptr, "threads");
+    return finish_output(report(o, r, got, o.verify ? &single : nullptr, "threads"));
   }
   SEQPAR_ARG_CHECK(mpi_available(), "--backend mpi: this build has no MPI; valid: threads");
   mpi_init(nullptr, nullptr);
@@ -279,12 +329,18 @@ int model_command(const ModelOptions& o) {
       ModelResult single;
       if (o.verify) single = run_model(*alone, r, o, ws, MeshShape{});
       code = report(o, r, got, o.verify ? &single : nullptr, "mpi");
+      if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+        std::fprintf(stderr, "seqpar: error: cannot write the output to stdout: %s\n",
+                     std::strerror(errno));
+        code = 1;
+      }
     }
     int32_t c = code;
     world->broadcast(&c, sizeof(c), 0);
     code = c;
   } catch (const std::exception& e) {
     world->abort(e.what());
+    if (o.json && world->rank() == 0) print_json_error(e.what(), 1);
     std::fprintf(stderr, "seqpar: error: rank %d: %s\n", world->rank(), e.what());
     std::fflush(stderr);
     std::_Exit(1);
@@ -292,6 +348,12 @@ int model_command(const ModelOptions& o) {
   world.reset();
   mpi_finalize();
   return code;
+}
+
+}  // namespace
+
+int model_command(const ModelOptions& o) {
+  return with_json_errors(o.json, [&] { return run_model_command(o); });
 }
 
 }  // namespace seqpar::cli

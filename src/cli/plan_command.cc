@@ -65,11 +65,36 @@ struct Resolved {
   bool has_latent = false;
 };
 
-Resolved resolve(const PlanOptions& o) {
+// Every size against core/limits.h, before anything is sized by it.
+void validate(const PlanOptions& o) {
+  using limits::check_range;
   SEQPAR_ARG_CHECK(o.ranks >= 1, "--ranks ", o.ranks, " is invalid; it must be at least 1");
-  SEQPAR_ARG_CHECK(o.batch >= 1, "--batch ", o.batch, " is invalid; it must be at least 1");
-  SEQPAR_ARG_CHECK(o.top >= 0, "--top ", o.top, " is invalid; 0 prints every mesh");
-  SEQPAR_ARG_CHECK(o.cached >= 0 && o.fresh >= 0, "--cached and --new must be 0 or more");
+  check_range("--ranks", o.ranks, 1, limits::kMaxRanks);
+  check_range("--batch", o.batch, 1, limits::kMaxBatch);
+  check_range("--top", o.top, 0, limits::kMaxRanks);
+  check_range("--seq", o.seq, 0, limits::kMaxTokens);
+  check_range("--heads", o.heads, 0, limits::kMaxHeads);
+  check_range("--kv-heads", o.kv_heads, 0, limits::kMaxHeads);
+  check_range("--head-dim", o.head_dim, 1, limits::kMaxHeadDim);
+  check_range("--frames", o.frames, 0, limits::kMaxPixels);
+  check_range("--height", o.height, 0, limits::kMaxPixels);
+  check_range("--width", o.width, 0, limits::kMaxPixels);
+  check_range("--cached", o.cached, 0, limits::kMaxTokens);
+  check_range("--new", o.fresh, 0, limits::kMaxTokens);
+  if (o.text_tokens) check_range("--text-tokens", *o.text_tokens, 0, limits::kMaxTokens);
+  if (o.ranks_per_node) check_range("--ranks-per-node", *o.ranks_per_node, 0, limits::kMaxRanks);
+  for (auto [flag, v] :
+       {std::pair{"--cfg", o.cfg}, std::pair{"--tp", o.tp},
+        std::pair{"--ulysses-degree", o.ulysses_degree}, std::pair{"--ring-degree", o.ring_degree}})
+    check_range(flag, v, 0, limits::kMaxRanks);
+  SEQPAR_ARG_CHECK(
+      std::isfinite(o.memory_limit_gb) && o.memory_limit_gb >= 0 && o.memory_limit_gb <= 1e9,
+      "--memory-limit ", o.memory_limit_gb,
+      " is invalid; give GB per rank, 0 to 1e9 (0: the profile's)");
+}
+
+Resolved resolve(const PlanOptions& o) {
+  validate(o);
   SEQPAR_ARG_CHECK((o.cached > 0) == (o.fresh > 0),
                    "decode / partial prefill needs both --cached P and --new T (at least 1)");
   SEQPAR_ARG_CHECK(o.memory_limit_gb >= 0, "--memory-limit ", o.memory_limit_gb,
@@ -77,9 +102,9 @@ Resolved resolve(const PlanOptions& o) {
   SEQPAR_ARG_CHECK(!(o.pad && o.no_pad), "--pad and --no-pad contradict each other");
   Resolved r;
   PlanRequest& req = r.req;
-  req.hw = load_hardware_profile(o.hardware);
-  if (o.ranks_per_node >= 0) req.hw.ranks_per_node = o.ranks_per_node;
-  req.world = o.ranks;
+  req.hw = load_profile_checked(o.hardware);
+  if (o.ranks_per_node) req.hw.ranks_per_node = static_cast<int>(*o.ranks_per_node);
+  req.world = static_cast<int>(o.ranks);
   req.memory_limit = o.memory_limit_gb * 1e9;
   const DType dtype = parse_dtype(o.dtype.empty() ? req.hw.dtype : o.dtype);
   const bool decode = o.fresh > 0;
@@ -111,9 +136,8 @@ Resolved resolve(const PlanOptions& o) {
       SEQPAR_ARG_CHECK(tokens >= 1, "--model ", m.name,
                        " needs --height and --width (and --frames for video), or --seq tokens");
     }
-    const int64_t text =
-        m.family == ModelFamily::kMMDiT ? (o.text_tokens >= 0 ? o.text_tokens : m.text_len) : 0;
-    SEQPAR_ARG_CHECK(o.text_tokens <= 0 || m.family == ModelFamily::kMMDiT,
+    const int64_t text = m.family == ModelFamily::kMMDiT ? o.text_tokens.value_or(m.text_len) : 0;
+    SEQPAR_ARG_CHECK(o.text_tokens.value_or(0) == 0 || m.family == ModelFamily::kMMDiT,
                      "--text-tokens is for mmdit models (joint attention); ", m.name, " is a ",
                      model_family_name(m.family));
     req.work = model_workload(m, tokens, o.batch, dtype, !o.no_guidance, text, o.cached, o.fresh);
@@ -132,14 +156,16 @@ Resolved resolve(const PlanOptions& o) {
                      " is not divisible by --kv-heads ", kv);
     SEQPAR_ARG_CHECK(o.head_dim >= 1, "--head-dim ", o.head_dim, " is invalid");
     req.work = attention_workload(o.seq, o.heads, kv, o.head_dim, o.batch, o.causal || decode,
-                                  dtype, std::max<int64_t>(0, o.text_tokens), o.cached, o.fresh);
+                                  dtype, o.text_tokens.value_or(0), o.cached, o.fresh);
   }
-  req.cfg = o.cfg;
-  req.tp = o.tp;
-  req.ulysses = o.ulysses_degree;
-  req.ring = o.ring_degree;
-  SEQPAR_ARG_CHECK(o.cfg >= 0 && o.tp >= 0 && o.ulysses_degree >= 0 && o.ring_degree >= 0,
-                   "--cfg, --tp, --ulysses-degree and --ring-degree must be positive (0: any)");
+  req.cfg = static_cast<int>(o.cfg);
+  req.tp = static_cast<int>(o.tp);
+  req.ulysses = static_cast<int>(o.ulysses_degree);
+  req.ring = static_cast<int>(o.ring_degree);
+  (void)limits::checked_product(
+      {std::max<int64_t>(o.cfg, 1), std::max<int64_t>(o.tp, 1),
+       std::max<int64_t>(o.ulysses_degree, 1), std::max<int64_t>(o.ring_degree, 1)},
+      "ranks of --cfg x --tp x --ulysses-degree x --ring-degree", limits::kMaxRanks);
   if (!o.strategy.empty()) req.scheme = parse_scheme(o.strategy);
   if (!o.layout.empty()) req.layout = parse_layout(o.layout);
   if (!o.ulysses_mode.empty()) req.mode = parse_ulysses_mode(o.ulysses_mode);
@@ -148,20 +174,19 @@ Resolved resolve(const PlanOptions& o) {
   return r;
 }
 
+// The simulation replays every size up to LAST: at most kMaxSimRanks (each size costs its meshes).
+constexpr int64_t kMaxSimRanks = int64_t{1} << 13;
+
 std::vector<int> parse_sizes(const std::string& s) {
   const auto colon = s.find(':');
-  try {
-    if (colon == std::string::npos) {
-      const int n = std::stoi(s);
-      return doubling_sizes(n, n);
-    }
-    return doubling_sizes(std::stoi(s.substr(0, colon)), std::stoi(s.substr(colon + 1)));
-  } catch (const InvalidArgument&) {
-    throw;
-  } catch (const std::exception&) {
-    throw InvalidArgument(
-        detail::concat("--sim-ranks '", s, "' is invalid; give FIRST:LAST, e.g. 8:1024"));
-  }
+  const std::optional<int64_t> first = limits::parse_int64(s.substr(0, colon));
+  const std::optional<int64_t> last =
+      colon == std::string::npos ? first : limits::parse_int64(s.substr(colon + 1));
+  SEQPAR_ARG_CHECK(first && last, "--sim-ranks '", s, "' is invalid; give FIRST:LAST, e.g. 8:1024");
+  SEQPAR_ARG_CHECK(*first >= 1 && *last >= *first && *last <= kMaxSimRanks, "--sim-ranks '", s,
+                   "' is invalid; give FIRST:LAST with 1 <= FIRST <= LAST <= ",
+                   limits::max_text(kMaxSimRanks), ", e.g. 8:1024");
+  return doubling_sizes(static_cast<int>(*first), static_cast<int>(*last));
 }
 
 // ---- JSON -------------------------------------------------------------------------------------
@@ -644,15 +669,17 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
   p->add_option("--head-dim,--head_dim", o.head_dim, "bare attention: head dimension");
   p->add_option("--batch", o.batch, "batch size");
   p->add_flag("--causal", o.causal, "bare attention: causal mask");
-  p->add_option("--text-tokens,--text_tokens", o.text_tokens,
-                "mmdit: text tokens in the joint attention (default the preset's)");
+  p->add_option_function<int64_t>(
+      "--text-tokens,--text_tokens", [&o](int64_t v) { o.text_tokens = v; },
+      "mmdit: text tokens in the joint attention (default the preset's)");
   p->add_flag("--no-guidance,--no_guidance", o.no_guidance,
               "dit/mmdit: one branch (no classifier-free guidance)");
-  p->add_option("--ranks", o.ranks, "world size");
+  p->add_option("--ranks", o.ranks, "world size (at most 2^16)");
   p->add_option("--hardware", o.hardware,
                 "profile: h100 | h200 | cpu-ethernet | local | a path to a JSON profile");
-  p->add_option("--ranks-per-node,--ranks_per_node", o.ranks_per_node,
-                "override the profile's ranks per node (0: one node)");
+  p->add_option_function<int64_t>(
+      "--ranks-per-node,--ranks_per_node", [&o](int64_t v) { o.ranks_per_node = v; },
+      "override the profile's ranks per node (0: one node)");
   p->add_option("--memory-limit,--memory_limit", o.memory_limit_gb,
                 "GB per rank (default: the profile's)");
   p->add_option("--dtype", o.dtype, "fp32 | bf16 | fp16 (default: the profile's)");
@@ -673,12 +700,17 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
   p->add_flag("--simulate", o.simulate, "replay ring/ulysses/usp/allgather at growing sizes");
   p->add_option("--sim-ranks,--sim_ranks", o.sim_ranks, "simulation sizes FIRST:LAST (doubling)");
   p->add_option("--svg", o.svg, "write the simulation's step time vs ranks as an SVG file");
+  guard_integer_options(p);
 }
 
-int plan_command(const PlanOptions& o) {
+namespace {
+
+int run_plan(const PlanOptions& o) {
   const Resolved r = resolve(o);
   std::vector<int> sizes;
   if (o.simulate || !o.svg.empty()) sizes = parse_sizes(o.sim_ranks);
+  std::optional<OutputFile> svg;
+  if (!o.svg.empty()) svg.emplace("--svg", o.svg);
   const Plan plan = make_plan(r.req);
   std::optional<Simulation> sim;
   if (!sizes.empty()) {
@@ -686,19 +718,22 @@ int plan_command(const PlanOptions& o) {
         r.req.layout.value_or(r.req.work.causal ? Layout::kZigzag : Layout::kContiguous);
     sim = simulate_scaling(r.req.work, r.req.hw, sizes, layout, r.req.cfg > 0 ? r.req.cfg : 1,
                            r.req.tp > 0 ? r.req.tp : 1);
-    if (!o.svg.empty()) {
-      std::ofstream f(o.svg);
-      SEQPAR_ARG_CHECK(f.good(), "--svg ", o.svg, ": cannot write the file");
-      f << simulation_svg(*sim,
-                          detail::concat(r.req.work.model, ", S = ", r.req.work.seq, " tokens, ",
-                                         r.req.hw.name, ": predicted step time"));
-    }
+    if (svg)
+      svg->write(simulation_svg(
+          *sim, detail::concat(r.req.work.model, ", S = ", r.req.work.seq, " tokens, ",
+                               r.req.hw.name, ": predicted step time")));
   }
   if (o.json)
-    print_json(r, plan, sim ? &*sim : nullptr, o.top);
+    print_json(r, plan, sim ? &*sim : nullptr, static_cast<int>(o.top));
   else
-    print_text(r, plan, sim ? &*sim : nullptr, o.top);
-  return 0;
+    print_text(r, plan, sim ? &*sim : nullptr, static_cast<int>(o.top));
+  return finish_output(0);
+}
+
+}  // namespace
+
+int plan_command(const PlanOptions& o) {
+  return with_json_errors(o.json, [&] { return run_plan(o); });
 }
 
 }  // namespace seqpar::cli

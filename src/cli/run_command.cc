@@ -90,6 +90,7 @@ struct Report {
   // Per rank: peak resident memory (VmHWM; under threads the one process's, shared by all
   // ranks) and the bytes of this rank's tensors (q, k, v, the result, K/V blocks in flight).
   std::vector<int64_t> peak_rss, tensor_bytes;
+  std::string trace_error;  // --trace could not be written (the report still prints)
 };
 
 // Peak resident set size of this process (VmHWM in /proc/self/status), bytes; 0 if unknown.
@@ -104,42 +105,80 @@ int64_t peak_rss_bytes() {
   return static_cast<int64_t>(kb) * 1024;
 }
 
+// The strategies `seqpar run` takes: over a sharded sequence, then over a K/V cache.
+constexpr const char* kRunStrategies = "ring, allgather, ulysses, usp, passq, passkv, auto";
+
+// Every size against core/limits.h, before anything is sized by it.
 void validate(const RunOptions& o) {
-  SEQPAR_ARG_CHECK(o.seq >= 1, "--seq ", o.seq, " is invalid; it must be at least 1");
-  SEQPAR_ARG_CHECK(o.heads >= 1, "--heads ", o.heads, " is invalid; it must be at least 1");
-  SEQPAR_ARG_CHECK(o.kv_heads >= 0, "--kv-heads ", o.kv_heads,
+  using limits::check_range;
+  if (o.ranks) check_range("--ranks", *o.ranks, 1, limits::kMaxRanks);
+  check_range("--seq", o.seq, 1, limits::kMaxTokens);
+  check_range("--heads", o.heads, 1, limits::kMaxHeads);
+  SEQPAR_ARG_CHECK(o.kv_heads >= 0 && o.kv_heads <= limits::kMaxHeads, "--kv-heads ", o.kv_heads,
                    " is invalid; it must divide --heads (0 means equal to --heads)");
   SEQPAR_ARG_CHECK(o.head_dim >= 1 && o.head_dim <= 1024, "--head-dim ", o.head_dim,
                    " is invalid; valid: 1 to 1024");
-  SEQPAR_ARG_CHECK(o.batch >= 1, "--batch ", o.batch, " is invalid; it must be at least 1");
-  SEQPAR_ARG_CHECK(o.repeat >= 1, "--repeat ", o.repeat, " is invalid; it must be at least 1");
-  SEQPAR_ARG_CHECK(o.warmup >= 0, "--warmup ", o.warmup, " is invalid; it must be 0 or more");
-  SEQPAR_ARG_CHECK(o.threads >= 0, "--threads ", o.threads,
-                   " is invalid; it must be at least 1 (0 = automatic)");
-  SEQPAR_ARG_CHECK(o.timeout_s >= 0, "--timeout ", o.timeout_s,
-                   " is invalid; it must be positive seconds");
-  SEQPAR_ARG_CHECK(o.text_tokens >= 0, "--text-tokens ", o.text_tokens,
-                   " is invalid; it must be 0 or more");
-  SEQPAR_ARG_CHECK(o.cached >= 0 && o.fresh >= 0, "--cached and --new must be 0 or more");
+  check_range("--batch", o.batch, 1, limits::kMaxBatch);
+  check_range("--repeat", o.repeat, 1, limits::kMaxSteps);
+  check_range("--warmup", o.warmup, 0, limits::kMaxSteps);
+  check_range("--threads", o.threads, 0, limits::kMaxThreads);
+  check_range("--ulysses-degree", o.ulysses_degree, 0, limits::kMaxRanks);
+  check_range("--ring-degree", o.ring_degree, 0, limits::kMaxRanks);
+  if (o.timeout_s)
+    check_range("--timeout", *o.timeout_s, limits::kMinTimeoutSeconds, limits::kMaxTimeoutSeconds);
+  check_range("--text-tokens", o.text_tokens, 0, limits::kMaxTokens);
+  check_range("--cached", o.cached, 0, limits::kMaxTokens);
+  check_range("--new", o.fresh, 0, limits::kMaxTokens);
+  const std::string strategies = std::string(", ") + kRunStrategies + ",";
+  SEQPAR_ARG_CHECK(strategies.find(", " + o.strategy + ",") != std::string::npos, "--strategy '",
+                   o.strategy, "' is unknown; valid: ", kRunStrategies);
   const int64_t kv = o.kv_heads == 0 ? o.heads : o.kv_heads;
   SEQPAR_ARG_CHECK(o.heads % kv == 0, "--heads ", o.heads, " is not divisible by --kv-heads ", kv,
                    "; valid kv-heads: ", divisors_text(o.heads));
   SEQPAR_ARG_CHECK(o.backend == "threads" || o.backend == "mpi", "--backend '", o.backend,
                    "' is unknown; valid: threads, mpi");
+  (void)load_profile_checked(o.hardware);  // a bad name is refused even when not used
+}
+
+// Bytes the job holds at its peak over all ranks (inputs, outputs, K/V in flight, positions,
+// the reference of --verify), with overflow-checked sizes; refused if the machine lacks them.
+// Under MPI every process holds its share, but the ranks usually share the machine as well.
+void check_job_memory(const RunOptions& o, int64_t ranks, bool allgather_like) {
+  using limits::checked_add;
+  using limits::checked_product;
+  const int64_t kv = o.kv_heads == 0 ? o.heads : o.kv_heads;
+  const bool decode = o.cached > 0 || o.fresh > 0;
+  const int64_t tokens = decode
+                             ? checked_add(o.cached, o.fresh, "--cached + --new tokens")
+                             : checked_add(o.seq, o.pad ? 2 * ranks : 0, "--seq (padded) tokens");
+  const int64_t all = checked_add(tokens, o.text_tokens, "tokens with --text-tokens");
+  const int64_t e = o.dtype == "fp32" ? 4 : 2;
+  const int64_t kv_bytes = checked_product({o.batch, all, 2 * kv, o.head_dim, e}, "K/V bytes");
+  const int64_t q_bytes = checked_product({o.batch, all, o.heads, o.head_dim, e}, "Q bytes");
+  const int64_t out_bytes =
+      checked_product({o.batch, all, o.heads, o.head_dim + 1, 4}, "output bytes");
+  const double held = static_cast<double>(kv_bytes) * (allgather_like ? ranks + 1 : 3) +
+                      static_cast<double>(q_bytes) + static_cast<double>(out_bytes) +
+                      (o.verify ? 2.0 * kv_bytes * 4 / e : 0) + 24.0 * all;
+  limits::check_fits_memory(detail::concat("seqpar run (", all, " tokens x ", o.heads, " heads x ",
+                                           o.head_dim, " dims on ", ranks, " ranks)"),
+                            held);
+  (void)checked_product({o.batch, o.heads, all, all}, "attention score elements (B·H·S·S)",
+                        limits::kMaxScoreElements);
 }
 
 // Fills the Ulysses and ring degrees of a sequence job (InvalidArgument if they do not fit).
 void resolve_degrees(Job& job) {
   const RunOptions& o = job.opts;
   const int n = job.ranks;
-  int u = o.ulysses_degree, r = o.ring_degree;
+  int u = static_cast<int>(o.ulysses_degree), r = static_cast<int>(o.ring_degree);
   SEQPAR_ARG_CHECK(u >= 0 && r >= 0, "--ulysses-degree and --ring-degree must be positive");
   switch (job.strategy) {
     case Strategy::kUsp:
       if (u == 0 && r == 0) {
         u = 1;  // default: the largest divisor of the ranks that divides the heads
-        for (int d = 1; d <= n; ++d)
-          if (n % d == 0 && o.heads % d == 0) u = d;
+        for (int64_t d : limits::divisors(n))
+          if (o.heads % d == 0) u = static_cast<int>(d);
       }
       if (u == 0) u = r > 0 && n % r == 0 ? n / r : 0;
       if (r == 0) r = u > 0 && n % u == 0 ? n / u : 0;
@@ -179,6 +218,7 @@ Job make_job(const RunOptions& o, int ranks, int threads) {
   job.cp.ulysses_mode = parse_ulysses_mode(o.ulysses_mode);
   job.cp.softmax = parse_softmax_mode(o.softmax);
   SEQPAR_ARG_CHECK(ranks >= 1, "--ranks ", ranks, " is invalid; it must be at least 1");
+  check_job_memory(o, ranks, o.strategy == "allgather" || o.strategy == "ulysses");
 
   const bool decode = o.cached > 0 || o.fresh > 0 || o.strategy == "passq" || o.strategy == "auto";
   if (decode) {
@@ -199,7 +239,7 @@ Job make_job(const RunOptions& o, int ranks, int threads) {
     job.place = decode_placement(o.cached, o.fresh, ranks, job.layout);
     job.seq = job.padded_seq = o.cached + o.fresh;
     if (o.strategy == "auto") {
-      const HardwareProfile hw = load_hardware_profile(o.hardware);
+      const HardwareProfile hw = load_profile_checked(o.hardware);
       job.choice = choose_pass(o.fresh, o.cached, ranks, o.heads, job.kv_heads,
                                dtype_size(job.dtype), hw.attention_flops, hw.inter_node_bw);
       job.pass = job.choice->kind;
@@ -216,7 +256,7 @@ Job make_job(const RunOptions& o, int ranks, int threads) {
   job.padded_seq = o.seq;
   if (o.pad) {
     // auto_pad: a multiple of the ranks (of 2·ranks for zigzag, so its chunks are equal).
-    const int64_t m = job.layout == Layout::kZigzag ? 2 * ranks : ranks;
+    const int64_t m = job.layout == Layout::kZigzag ? 2 * int64_t{ranks} : ranks;
     job.padded_seq = (o.seq + m - 1) / m * m;
     if (job.padded_seq != o.seq) job.cp.valid_len = o.seq;
   }
@@ -382,16 +422,25 @@ void verify(Communicator& comm, const Job& job, const AttnState& state, const At
 }
 
 // --trace: stops recording (every rank is past its last timed run: this follows a collective)
-// and writes the events of every rank to `path` from rank 0. Threads: the ranks share the
-// process's recorder. MPI: each process serializes its events relative to the earliest event of
-// any rank and rank 0 gathers them.
-void write_trace(Communicator& comm, const std::string& path) {
+// and writes the events of every rank to `out` (opened before the work, held by rank 0) from rank
+// 0; a failed write is kept in report->trace_error so the report still prints. Threads: the ranks
+// share the process's recorder. MPI: each process serializes its events relative to the earliest
+// event of any rank and rank 0 gathers them.
+void write_trace(Communicator& comm, OutputFile* out, Report* report) {
   const int n = comm.size();
+  auto write = [&](const std::string& fragments) {
+    try {
+      out->write(trace::to_json(fragments, n));
+    } catch (const Error& e) {
+      if (report) report->trace_error = e.what();
+    }
+  };
   comm.barrier();
   if (comm.backend() != "mpi") {
     if (comm.rank() == 0) {
       trace::stop();
-      trace::write_json(path, trace::events(), n);
+      const std::vector<trace::Event> events = trace::events();
+      write(trace::to_json_fragments(events, trace::earliest_us(events)));
     }
     comm.barrier();
     return;
@@ -410,13 +459,13 @@ void write_trace(Communicator& comm, const std::string& path) {
   comm.all_gatherv(mine.data(), all.data(), counts);
   if (comm.rank() == 0) {
     if (!all.empty() && all[0] == ',') all.erase(all.begin());
-    trace::write_json(path, all, n);
+    write(all);
   }
   comm.barrier();
 }
 
 // One rank's part of `seqpar run`. Rank 0 fills *report.
-void run_rank(Communicator& comm, const Job& job, Report* report) {
+void run_rank(Communicator& comm, const Job& job, Report* report, OutputFile* trace_out) {
   const RunOptions& o = job.opts;
   const int r = comm.rank(), n = comm.size();
   omp_set_num_threads(job.threads);
@@ -500,7 +549,7 @@ void run_rank(Communicator& comm, const Job& job, Report* report) {
   const double mine_frac[2] = {median_of(exposed), median_of(end_sync)};
   std::vector<double> all_frac(2 * n);
   comm.all_gather(mine_frac, sizeof(mine_frac), all_frac.data());
-  if (!o.trace.empty()) write_trace(comm, o.trace);  // the runs only, not the verification
+  if (!o.trace.empty()) write_trace(comm, trace_out, report);  // the runs, not the verification
   if (o.verify) verify(comm, job, state, o.text_tokens > 0 ? &text : nullptr, report);
   if (r == 0 && report) {
     report->seconds = seconds;
@@ -643,7 +692,7 @@ int print_report(const Job& job, const Report& rep, const std::string& backend) 
                 (long long)job.seq, (long long)o.batch, (long long)o.heads, (long long)job.kv_heads,
                 (long long)o.head_dim, std::string(dtype_name(job.dtype)).c_str(),
                 o.causal ? "causal" : "non-causal");
-    std::printf("  time     %.6f s (median of %d, slowest rank)\n", secs, o.repeat);
+    std::printf("  time     %.6f s (median of %lld, slowest rank)\n", secs, (long long)o.repeat);
     std::printf("  rate     %.2f GFLOP/s (4*D flops per visible score)\n", gflops);
     std::printf("  work imbalance %.3f (max/mean over ranks), comm wait %.1f%% of call time\n",
                 imbalance, 100 * rep.wait_fraction);
@@ -691,7 +740,9 @@ void add_run_command(CLI::App& app, RunOptions& o) {
                   "usp: number of ring groups (default: ranks / ulysses degree)");
   run->add_option("--ulysses-mode,--ulysses_mode", o.ulysses_mode,
                   "strict (divisible shapes) | uaa (any length and head count)");
-  run->add_option("--ranks", o.ranks, "ranks (default 2 on threads; the MPI world size)")
+  run->add_option_function<int64_t>(
+         "--ranks", [&o](int64_t v) { o.ranks = v; },
+         "ranks (default 2 on threads; the MPI world size; at most 2^16)")
       ->default_str("2");
   run->add_option("--seq", o.seq, "sequence length S (tokens)");
   run->add_option("--heads", o.heads, "query heads H");
@@ -721,59 +772,132 @@ void add_run_command(CLI::App& app, RunOptions& o) {
   run->add_option("--trace", o.trace,
                   "write a Chrome/Perfetto trace (JSON) of the runs to this file: pid = rank, "
                   "lanes compute and comm, ring steps, kernel calls, collectives, waits");
-  run->add_option("--timeout", o.timeout_s, "communication deadline in seconds (default 60)");
+  run->add_option_function<double>(
+      "--timeout", [&o](double v) { o.timeout_s = v; },
+      "communication deadline in seconds, 0.001 to 604800 (default SEQPAR_TIMEOUT_S or 60)");
+  guard_integer_options(run);
 }
 
-int run_command(const RunOptions& opts) {
-  std::chrono::milliseconds timeout =
-      opts.timeout_s > 0 ? std::chrono::milliseconds(static_cast<int64_t>(opts.timeout_s * 1000))
-                         : Communicator::default_timeout();
+namespace {
+
+// Threads of one process: ranks x threads per rank, within what the machine lets it start.
+void check_threads(int64_t ranks, int64_t threads) {
+  const int64_t max = limits::max_threads();
+  SEQPAR_ARG_CHECK(
+      ranks * threads <= max, "--ranks ", ranks, " x --threads ", threads, " = ", ranks * threads,
+      " threads in one process exceeds the maximum ", max,
+      " (core/limits.h and RLIMIT_NPROC); use fewer ranks or threads, or --backend mpi");
+}
+
+int run_threads(const RunOptions& opts, std::chrono::milliseconds timeout) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-
-  if (opts.backend != "mpi") {
-    const int ranks = opts.ranks == RunOptions::kUnset ? 2 : opts.ranks;
-    const int threads = opts.threads > 0 ? opts.threads : std::max(1, cores / std::max(1, ranks));
-    const Job job = make_job(opts, ranks, threads);  // argument errors before any thread starts
-    Report report;
-    if (!opts.trace.empty()) trace::start();
-    ThreadWorld::run(
-        ranks,
-        [&](Communicator& comm) { run_rank(comm, job, comm.rank() == 0 ? &report : nullptr); },
-        timeout);
-    return print_report(job, report, "threads");
+  const int ranks = static_cast<int>(opts.ranks.value_or(2));
+  const int threads =
+      opts.threads > 0 ? static_cast<int>(opts.threads) : std::max(1, cores / std::max(1, ranks));
+  check_threads(ranks, threads);
+  const Job job = make_job(opts, ranks, threads);  // argument errors before any thread starts
+  std::optional<OutputFile> trace_out;
+  if (!opts.trace.empty()) trace_out.emplace("--trace", opts.trace);
+  Report report;
+  if (!opts.trace.empty()) trace::start();
+  ThreadWorld::run(
+      ranks,
+      [&](Communicator& comm) {
+        const bool first = comm.rank() == 0;
+        run_rank(comm, job, first ? &report : nullptr, first && trace_out ? &*trace_out : nullptr);
+      },
+      timeout);
+  int code = print_report(job, report, "threads");
+  if (!report.trace_error.empty()) {  // the report stands; the exit code says the trace is lost
+    std::fprintf(stderr, "seqpar: error: %s\n", report.trace_error.c_str());
+    code = 1;
   }
+  return code;
+}
 
+int run_mpi(const RunOptions& opts, std::chrono::milliseconds timeout) {
   // mpi: every process runs this; rank 0 prints.
   SEQPAR_ARG_CHECK(mpi_available(), "--backend mpi: this build has no MPI; valid: threads");
   mpi_init(nullptr, nullptr);
   std::unique_ptr<Communicator> comm = mpi_world();
   comm->set_timeout(timeout);
   Job job;
+  std::optional<OutputFile> trace_out;
   try {  // every rank sees the same arguments, so every rank stops here alike
-    SEQPAR_ARG_CHECK(opts.ranks == RunOptions::kUnset || opts.ranks == comm->size(), "--ranks ",
-                     opts.ranks, " does not match the MPI world size ", comm->size(),
-                     "; omit --ranks or launch mpirun -np ", opts.ranks);
-    job = make_job(opts, comm->size(), opts.threads > 0 ? opts.threads : 1);
+    SEQPAR_ARG_CHECK(!opts.ranks || *opts.ranks == comm->size(), "--ranks ", opts.ranks.value_or(0),
+                     " does not match the MPI world size ", comm->size(),
+                     "; omit --ranks or launch mpirun -np ", opts.ranks.value_or(0));
+    job = make_job(opts, comm->size(), opts.threads > 0 ? static_cast<int>(opts.threads) : 1);
   } catch (const InvalidArgument&) {
     comm.reset();
     mpi_finalize();
     throw;
   }
+  // Rank 0 opens the trace file before the work; every rank learns whether it could.
+  std::string open_error;
+  if (!opts.trace.empty() && comm->rank() == 0) {
+    try {
+      trace_out.emplace("--trace", opts.trace);
+    } catch (const Error& e) {
+      open_error = e.what();
+    }
+  }
+  int32_t open_failed = open_error.empty() ? 0 : 1;
+  comm->broadcast(&open_failed, sizeof(open_failed), 0);
+  if (open_failed) {
+    const bool first = comm->rank() == 0;
+    comm.reset();
+    mpi_finalize();
+    if (first) throw Error(open_error);
+    return 1;
+  }
   Report report;
   if (!opts.trace.empty()) trace::start();
   try {
-    run_rank(*comm, job, &report);
+    run_rank(*comm, job, &report, trace_out ? &*trace_out : nullptr);
   } catch (const std::exception& e) {
     comm->abort(e.what());
+    if (opts.json && comm->rank() == 0) print_json_error(e.what(), 1);
     std::fprintf(stderr, "seqpar: error: rank %d: %s\n", comm->rank(), e.what());
     std::fflush(stderr);
     std::_Exit(1);
   }
-  int32_t code = comm->rank() == 0 ? print_report(job, report, "mpi") : 0;
+  int32_t code = 0;
+  if (comm->rank() == 0) {
+    code = print_report(job, report, "mpi");
+    if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+      std::fprintf(stderr, "seqpar: error: cannot write the output to stdout: %s\n",
+                   std::strerror(errno));
+      code = 1;
+    }
+    if (!report.trace_error.empty()) {
+      std::fprintf(stderr, "seqpar: error: %s\n", report.trace_error.c_str());
+      code = 1;
+    }
+  }
   comm->broadcast(&code, sizeof(code), 0);
   comm.reset();
   mpi_finalize();
   return code;
+}
+
+}  // namespace
+
+int run_command(const RunOptions& opts) {
+  return with_json_errors(opts.json, [&] {
+    // An out-of-range --timeout is refused by validate(); until then the default stands in.
+    const bool timeout_ok = opts.timeout_s && std::isfinite(*opts.timeout_s) &&
+                            *opts.timeout_s >= limits::kMinTimeoutSeconds &&
+                            *opts.timeout_s <= limits::kMaxTimeoutSeconds;
+    const std::chrono::milliseconds timeout =
+        timeout_ok ? std::chrono::milliseconds(std::llround(*opts.timeout_s * 1000))
+                   : Communicator::default_timeout();
+    if (opts.backend != "mpi") {
+      validate(opts);  // before the thread count is sized by --ranks
+      return finish_output(run_threads(opts, timeout));
+    }
+    return run_mpi(opts, timeout);
+  });
 }
 
 }  // namespace seqpar::cli

@@ -156,7 +156,7 @@ std::string to_json_fragments(const std::vector<Event>& events, double origin_us
   return out;
 }
 
-void write_json(const std::string& path, const std::string& fragments, int ranks) {
+std::string to_json(const std::string& fragments, int ranks) {
   std::string out = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
   for (int r = 0; r < ranks; ++r) {
     const std::string pid = std::to_string(r);
@@ -172,10 +172,18 @@ void write_json(const std::string& path, const std::string& fragments, int ranks
   }
   out += fragments;
   out += "\n]}\n";
+  return out;
+}
+
+void write_json(const std::string& path, const std::string& fragments, int ranks) {
+  const std::string out = to_json(fragments, ranks);
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   if (!f) throw Error(detail::concat("--trace: cannot open '", path, "' for writing"));
   f.write(out.data(), static_cast<std::streamsize>(out.size()));
+  f.flush();
+  const bool written = f.good();
   f.close();
+  if (!written) throw Error(detail::concat("--trace: cannot write '", path, "'"));
   if (!f) throw Error(detail::concat("--trace: cannot write '", path, "'"));
 }
 

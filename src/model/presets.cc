@@ -1,6 +1,7 @@
 #include "seqpar/model/presets.h"
 
 #include "seqpar/core/error.h"
+#include "seqpar/core/limits.h"
 
 namespace seqpar {
 
@@ -131,8 +132,9 @@ LatentShape latent_shape(const ModelPreset& m, int64_t frames, int64_t height, i
                    " is a language model; give a token count, not frames x height x width");
   const int64_t st = m.vae_stride[0], sh = m.vae_stride[1] * m.patch[1],
                 sw = m.vae_stride[2] * m.patch[2];
-  SEQPAR_ARG_CHECK(frames >= 1 && height >= 1 && width >= 1, "--frames, --height and --width ",
-                   "must be at least 1");
+  for (auto [flag, v] : {std::pair{"--frames", frames}, std::pair{"--height", height},
+                         std::pair{"--width", width}})
+    limits::check_range(flag, v, 1, limits::kMaxPixels);
   if (m.video) {
     const int64_t below = (frames - 1) / st * st + 1;
     SEQPAR_ARG_CHECK((frames - 1) % st == 0, "--frames ", frames, " does not fit ", m.name,
@@ -155,7 +157,8 @@ LatentShape latent_shape(const ModelPreset& m, int64_t frames, int64_t height, i
   s.latent_width = width / m.vae_stride[2];
   s.grid = {s.latent_frames / m.patch[0], s.latent_height / m.patch[1],
             s.latent_width / m.patch[2]};
-  s.tokens = s.grid[0] * s.grid[1] * s.grid[2];
+  s.tokens = limits::checked_product({s.grid[0], s.grid[1], s.grid[2]}, "latent tokens",
+                                     limits::kMaxTokens);
   return s;
 }
 

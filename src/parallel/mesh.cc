@@ -3,17 +3,11 @@
 #include <string>
 
 #include "seqpar/core/error.h"
+#include "seqpar/core/limits.h"
 
 namespace seqpar {
 
 namespace {
-
-std::string divisor_list(int64_t x) {
-  std::string s;
-  for (int64_t d = 1; d <= x; ++d)
-    if (x % d == 0) s += (s.empty() ? "" : ", ") + std::to_string(d);
-  return s;
-}
 
 std::string flags_text(const MeshShape& s) {
   return detail::concat("--cfg ", s.cfg, " x --tp ", s.tp, " x --ring-degree ", s.ring,
@@ -25,14 +19,20 @@ std::string world_hint(const MeshShape& s, int n) {
   const int outer = s.cfg * s.tp;
   if (n % outer == 0) {
     const int sp = n / outer;
+    // sp <= 2^16 has at most 122 divisors; the pairs are listed like divisors_text's, ends only.
+    const std::vector<int64_t> d = limits::divisors(sp);
     std::string pairs;
-    for (int u = 1; u <= sp; ++u)
-      if (sp % u == 0)
-        pairs += (pairs.empty() ? "" : ", ") + std::to_string(u) + " x " + std::to_string(sp / u);
+    for (size_t i = 0; i < d.size(); ++i) {
+      if (d.size() > 16 && i == 8) {
+        pairs += detail::concat(", ... (", d.size() - 16, " more)");
+        i = d.size() - 8;
+      }
+      pairs += detail::concat(pairs.empty() ? "" : ", ", d[i], " x ", sp / d[i]);
+    }
     return detail::concat("with --cfg ", s.cfg, " --tp ", s.tp,
                           ", --ulysses-degree x --ring-degree must be ", sp, " (", pairs, ")");
   }
-  return detail::concat("every degree must divide ", n, ": ", divisor_list(n),
+  return detail::concat("every degree must divide ", n, ": ", divisors_text(n),
                         ", and their product equal ", n);
 }
 
@@ -51,10 +51,11 @@ Mesh::Mesh(MeshShape shape, int world_size) : shape_(shape) {
   for (const auto& [flag, d] : degrees)
     SEQPAR_ARG_CHECK(d >= 1, flag, " ", d, " is invalid; every degree (--cfg, --tp, ",
                      "--ring-degree, --ulysses-degree) must be at least 1");
-  SEQPAR_ARG_CHECK(
-      static_cast<int64_t>(shape.cfg) * shape.tp * shape.ring * shape.ulysses <= (int64_t{1} << 24),
-      flags_text(shape), " is more than 2^24 ranks");
-  SEQPAR_ARG_CHECK(world_size >= 0, "--ranks ", world_size, " is invalid; it must be at least 1");
+  (void)limits::checked_product({shape.cfg, shape.tp, shape.ring, shape.ulysses},
+                                detail::concat("the world size ", flags_text(shape)),
+                                limits::kMaxRanks);
+  SEQPAR_ARG_CHECK(world_size >= 0 && world_size <= limits::kMaxRanks, "--ranks ", world_size,
+                   " is invalid; valid: 1 to ", limits::max_text(limits::kMaxRanks));
   SEQPAR_ARG_CHECK(world_size == 0 || world_size == shape.world(), flags_text(shape), " = ",
                    shape.world(), " ranks, but the world size (--ranks) is ", world_size, "; ",
                    world_hint(shape, world_size));
@@ -87,7 +88,7 @@ int Mesh::rank_of(int cfg_rank, int tp_rank, int ring_rank, int ulysses_rank) co
 void Mesh::check(int64_t heads, int64_t seq) const {
   SEQPAR_ARG_CHECK(heads >= 1, "--heads ", heads, " is invalid; it must be at least 1");
   SEQPAR_ARG_CHECK(heads % shape_.tp == 0, "--heads ", heads, " is not divisible by --tp ",
-                   shape_.tp, "; valid --tp for ", heads, " heads: ", divisor_list(heads));
+                   shape_.tp, "; valid --tp for ", heads, " heads: ", divisors_text(heads));
   SEQPAR_ARG_CHECK(seq >= 1, "--seq ", seq, " is invalid; it must be at least 1");
   SEQPAR_ARG_CHECK(seq >= shape_.sp(), "--seq ", seq,
                    " is shorter than the sequence-parallel size ", shape_.sp(),
@@ -99,7 +100,7 @@ void Mesh::check(int64_t heads, int64_t seq) const {
 IndexRange Mesh::heads(int64_t heads, int tp_rank) const {
   SEQPAR_ARG_CHECK(heads >= 1 && heads % shape_.tp == 0, "--heads ", heads,
                    " is not divisible by --tp ", shape_.tp, "; valid --tp for ", heads,
-                   " heads: ", divisor_list(heads));
+                   " heads: ", divisors_text(heads));
   SEQPAR_CHECK(tp_rank >= 0 && tp_rank < shape_.tp, "tp_rank ", tp_rank, " of ", shape_.tp);
   const int64_t per = heads / shape_.tp;
   return {tp_rank * per, (tp_rank + 1) * per};

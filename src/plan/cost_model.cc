@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "seqpar/core/error.h"
+#include "seqpar/core/limits.h"
 
 namespace seqpar {
 
@@ -52,6 +53,27 @@ std::string Mesh::label() const {
   return s;
 }
 
+void check_workload_limits(const Workload& w) {
+  using limits::checked_add;
+  using limits::checked_product;
+  limits::check_range("batch", w.batch, 1, limits::kMaxBatch);
+  limits::check_range("heads", w.heads, 1, limits::kMaxHeads);
+  limits::check_range("kv_heads", w.kv_heads, 1, limits::kMaxHeads);
+  limits::check_range("head_dim", w.head_dim, 1, limits::kMaxHeadDim);
+  limits::check_range("seq", w.seq, 0, limits::kMaxTokens);
+  limits::check_range("text_tokens", w.text_tokens, 0, limits::kMaxTokens);
+  limits::check_range("cross_tokens", w.cross_tokens, 0, limits::kMaxTokens);
+  const int64_t s = checked_add(w.seq, w.text_tokens, "tokens (seq + text_tokens)");
+  const int64_t b = checked_product({w.batch, w.cfg_branches}, "batch x guidance branches");
+  // Every int64 count of the model is at most one of these (times small constants).
+  (void)checked_product({b, w.heads, s, std::max(s, w.cross_tokens)},
+                        "attention score elements (batch x heads x seq x seq)",
+                        limits::kMaxScoreElements);
+  (void)checked_product({b, s, w.heads + 2 * w.kv_heads, w.head_dim + 1, 8},
+                        "activation bytes (batch x seq x heads x head_dim)",
+                        limits::kMaxScoreElements);
+}
+
 Workload model_workload(const ModelPreset& m, int64_t tokens, int64_t batch, DType dtype,
                         bool guidance, int64_t text_tokens, int64_t cached, int64_t fresh) {
   Workload w;
@@ -82,9 +104,10 @@ Workload model_workload(const ModelPreset& m, int64_t tokens, int64_t batch, DTy
       w.causal = true;
       w.cached = cached;
       w.fresh = fresh;
-      w.seq = fresh > 0 ? cached + fresh : tokens;
+      w.seq = fresh > 0 ? limits::checked_add(cached, fresh, "cached + new tokens") : tokens;
       break;
   }
+  check_workload_limits(w);
   return w;
 }
 
@@ -92,7 +115,7 @@ Workload attention_workload(int64_t seq, int64_t heads, int64_t kv_heads, int64_
                             int64_t batch, bool causal, DType dtype, int64_t text_tokens,
                             int64_t cached, int64_t fresh) {
   Workload w;
-  w.seq = fresh > 0 ? cached + fresh : seq;
+  w.seq = fresh > 0 ? limits::checked_add(cached, fresh, "cached + new tokens") : seq;
   w.heads = heads;
   w.kv_heads = kv_heads == 0 ? heads : kv_heads;
   w.head_dim = head_dim;
@@ -102,6 +125,7 @@ Workload attention_workload(int64_t seq, int64_t heads, int64_t kv_heads, int64_
   w.text_tokens = text_tokens;
   w.cached = cached;
   w.fresh = fresh;
+  check_workload_limits(w);
   return w;
 }
 

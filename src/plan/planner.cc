@@ -6,6 +6,7 @@
 #include <map>
 
 #include "seqpar/core/error.h"
+#include "seqpar/core/limits.h"
 
 namespace seqpar {
 
@@ -13,10 +14,12 @@ namespace {
 
 std::vector<int> divisors(int x) {
   std::vector<int> d;
-  for (int i = 1; i <= x; ++i)
-    if (x % i == 0) d.push_back(i);
+  for (int64_t v : limits::divisors(x)) d.push_back(static_cast<int>(v));
   return d;
 }
+
+// Candidate world sizes the "nearest" searches try at most (each one enumerates and costs).
+constexpr int kNearestTries = 64;
 
 std::string gb(double bytes) {
   char buf[32];
@@ -148,10 +151,14 @@ Enumerated enumerate_and_cost(const PlanRequest& req, bool stop_at_first_fit = f
 
 // Smallest world size above `world` (up to 64x) whose best mesh fits; 0 if none.
 int nearest_fitting_world(const PlanRequest& req, MeshCost* best) {
-  for (int w2 = req.world + 1; w2 <= 64 * req.world; ++w2) {
+  const int64_t last = std::min<int64_t>(64 * int64_t{req.world}, limits::kMaxRanks);
+  int tries = 0;
+  for (int w2 = req.world + 1; w2 <= last && tries < kNearestTries; ++w2) {
     // Try sizes a user would: multiples of the world or of 8, and powers of two.
     const bool pow2 = (w2 & (w2 - 1)) == 0;
     if (!(w2 % req.world == 0 || w2 % 8 == 0 || pow2)) continue;
+    if (plan_work(req, w2) > kMaxPlanWork) break;
+    ++tries;
     PlanRequest r2 = req;
     r2.world = w2;
     r2.cfg = r2.tp = r2.ulysses = r2.ring = 0;  // pins were for the old world size
@@ -173,12 +180,14 @@ std::string nearest_running_worlds(const PlanRequest& req) {
     return !e.fit.empty() || !e.over.empty();
   };
   std::string s;
-  for (int w2 = req.world - 1; w2 >= 1; --w2)
+  for (int w2 = req.world - 1; w2 >= 1 && w2 >= req.world - kNearestTries; --w2)
     if (runs(w2)) {
       s = detail::concat("--ranks ", w2);
       break;
     }
-  for (int w2 = req.world + 1; w2 <= 4 * req.world; ++w2)
+  const int64_t last = std::min<int64_t>(
+      {4 * int64_t{req.world}, int64_t{req.world} + kNearestTries, limits::kMaxRanks});
+  for (int w2 = req.world + 1; w2 <= last && plan_work(req, w2) <= kMaxPlanWork; ++w2)
     if (runs(w2)) {
       s += detail::concat(s.empty() ? "" : " or ", "--ranks ", w2);
       break;
@@ -313,8 +322,44 @@ DecodeChoice decode_choice(const PlanRequest& req) {
   return c;
 }
 
+int64_t plan_work(const PlanRequest& req, int world) {
+  PlanRequest r = req;
+  r.world = world;
+  int64_t work = 0;
+  enumerate(
+      r,
+      [&](const Mesh& m) {
+        // Costing a mesh builds its token positions, and counts visible pairs over position runs
+        // (a contiguous or striped rank holds one run, a zigzag rank two): every member of a
+        // Ulysses group over the group's runs, every ring step over two ranks' runs, all-gather
+        // every rank over all runs; plus every rank's steps.
+        const int64_t u = m.ulysses, g = m.ring, sp = u * g;
+        const int64_t runs = m.layout == Layout::kZigzag ? 2 : 1;
+        const int64_t pairs =
+            runs * runs * (sp * (u * u + g) + (m.scheme == Scheme::kAllGather ? sp * sp : 0));
+        work += r.work.seq + r.work.text_tokens + pairs + int64_t{world} * std::max(u, g);
+      },
+      [](const Mesh&, const std::string&) {});
+  return work;
+}
+
 Plan make_plan(const PlanRequest& req) {
-  SEQPAR_ARG_CHECK(req.world >= 1, "--ranks ", req.world, " is invalid; it must be at least 1");
+  SEQPAR_ARG_CHECK(req.world >= 1 && req.world <= limits::kMaxRanks, "--ranks ", req.world,
+                   " is invalid; valid: 1 to ", limits::max_text(limits::kMaxRanks));
+  SEQPAR_ARG_CHECK(req.cfg >= 0 && req.tp >= 0 && req.ulysses >= 0 && req.ring >= 0 &&
+                       limits::checked_product({std::max(req.cfg, 1), std::max(req.tp, 1),
+                                                std::max(req.ulysses, 1), std::max(req.ring, 1)},
+                                               "the pinned degrees", limits::kMaxRanks) > 0,
+                   "the pinned degrees must be 0 (any) or more");
+  check_workload_limits(req.work);
+  const int64_t work = plan_work(req, req.world);
+  SEQPAR_ARG_CHECK(
+      work <= kMaxPlanWork, "planning ", req.world, " ranks at ", req.work.seq,
+      " tokens means costing about ", work,
+      " steps (token positions, run pairs, rank steps) over every mesh, more than the limit ",
+      kMaxPlanWork,
+      "; pin --tp, --ulysses-degree, --ring-degree, --strategy or --layout, or plan fewer "
+      "ranks or tokens (--simulate extrapolates)");
   Plan plan;
   plan.request = req;
   plan.divisibility = analyse_divisibility(req);

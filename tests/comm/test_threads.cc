@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <stdexcept>
+#include <system_error>
 
 #include "comm/comm_suite.h"
 #include "seqpar/comm/threads.h"
@@ -564,6 +565,41 @@ TEST(ThreadsBorrow, CheckedCommunicatorCopies) {
     EXPECT_FALSE(checked.borrows());
     suite::borrow_ring(checked);
   });
+}
+
+// A thread that cannot be started (out of threads for the process or user) is a clean Error
+// naming the rank, after the ranks already started are failed and joined; before the fix the
+// joinable threads were destroyed and the process terminated. The hook stands in for
+// std::thread's std::system_error (root ignores RLIMIT_NPROC, so the limit cannot simulate it).
+TEST(ThreadWorldRun, FailedThreadStartIsACleanError) {
+  ThreadWorld::thread_start_hook() = [](int rank) {
+    if (rank == 5)
+      throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again),
+                              "thread start");
+  };
+  std::atomic<int> started{0}, finished{0};
+  try {
+    ThreadWorld::run(
+        8,
+        [&](Communicator& c) {
+          ++started;
+          c.barrier();  // waits for ranks that never start: fails through the abort
+          ++finished;
+        },
+        milliseconds(20000));
+    ADD_FAILURE() << "no error";
+  } catch (const CommError& e) {
+    ADD_FAILURE() << "a started rank's error, not the start failure: " << e.what();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("could not start the thread of rank 5 of 8"),
+              std::string::npos)
+        << e.what();
+  }
+  ThreadWorld::thread_start_hook() = nullptr;
+  EXPECT_EQ(started.load(), 5);
+  EXPECT_EQ(finished.load(), 0);
+  // The world works again without the hook.
+  ThreadWorld::run(4, [](Communicator& c) { c.barrier(); });
 }
 
 }  // namespace

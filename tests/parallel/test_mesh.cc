@@ -276,5 +276,27 @@ TEST(MeshComms, UspOverTheSpGroupOfEachTpRank) {
   });
 }
 
+// Degrees whose product wraps int (and int64) are refused with the maximum, and a mismatched
+// world of 2^16 ranks gets its hint at once (the divisor loop over int used to wrap and trap).
+TEST(MeshLimits, HugeDegreesAndWorldsAreRefusedWithoutOverflow) {
+  const int big = 1 << 30;
+  try {
+    Mesh(MeshShape{.cfg = big, .tp = big, .ring = big, .ulysses = big});
+    ADD_FAILURE() << "no throw";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("exceeds the maximum 65536"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(Mesh(MeshShape{.ring = 2}, 2147483647), InvalidArgument);
+  try {
+    Mesh(MeshShape{.ring = 2}, 65536);
+    ADD_FAILURE() << "no throw";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("1 x 65536"), std::string::npos) << e.what();
+    EXPECT_LT(std::string(e.what()).size(), 600u) << e.what();
+  }
+  EXPECT_NO_THROW(Mesh(MeshShape{.tp = 256, .ring = 256}));
+}
+
 }  // namespace
 }  // namespace seqpar

@@ -201,5 +201,54 @@ TEST(Planner, LanguageModelDivisibilityAlternatives) {
   EXPECT_LT(zigzag->step_s, contiguous->step_s);
 }
 
+// Hostile sizes: refused up front with InvalidArgument, never wrapped, never minutes of work.
+TEST(PlannerLimits, HugeSizesAreRefusedWithoutOverflow) {
+  // B·H·S·S would wrap int64: the workload is refused naming the product.
+  try {
+    (void)attention_workload(int64_t{1} << 31, 1 << 16, 0, 128, 1, true, DType::kBF16);
+    ADD_FAILURE() << "no throw";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("score elements"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW((void)attention_workload(1024, 8, 0, int64_t{1} << 40, 1, false, DType::kBF16),
+               InvalidArgument);
+  EXPECT_THROW((void)attention_workload(0, 8, 0, 128, 1, true, DType::kBF16, 0, int64_t{1} << 62,
+                                        int64_t{1} << 62),
+               InvalidArgument);
+  // A 19-digit prime head count: the tp message lists its two divisors at once.
+  Workload w = attention_workload(1024, 8, 0, 128, 1, false, DType::kBF16);
+  w.attention_only = false;
+  w.heads = w.kv_heads = 9223372036854775783;
+  try {
+    check_mesh_degrees(w, 1, 2);
+    ADD_FAILURE() << "no throw";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("valid tp: 1, 9223372036854775783"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(PlannerLimits, WorkIsEstimatedBeforeCosting) {
+  PlanRequest req;
+  req.work = attention_workload(65536, 8, 0, 128, 1, false, DType::kBF16);
+  req.hw = hardware_profile("h100");
+  req.world = 8;
+  EXPECT_LT(plan_work(req, 8), kMaxPlanWork);
+  req.world = 65536;  // 2^16 ranks: every mesh costed step by step would take minutes
+  EXPECT_GT(plan_work(req, 65536), kMaxPlanWork);
+  try {
+    (void)make_plan(req);
+    ADD_FAILURE() << "no throw";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("run pairs"), std::string::npos) << e.what();
+  }
+  req.world = 1 << 20;
+  EXPECT_THROW((void)make_plan(req), InvalidArgument);
+  req.world = 8;
+  req.ulysses = 1 << 16;
+  req.ring = 1 << 16;
+  EXPECT_THROW((void)make_plan(req), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace seqpar

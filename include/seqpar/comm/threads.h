@@ -17,7 +17,8 @@ class ThreadWorldState;  // opaque, src/comm/threads/
 
 class ThreadWorld {
  public:
-  explicit ThreadWorld(int size, std::chrono::milliseconds timeout = Communicator::default_timeout());
+  explicit ThreadWorld(int size,
+                       std::chrono::milliseconds timeout = Communicator::default_timeout());
   ~ThreadWorld();
   int size() const;
   // The world communicator of rank r (call once per rank).
@@ -26,8 +27,15 @@ class ThreadWorld {
   // Runs fn(comm) on `size` threads, one per rank. If any rank throws, the others' communication
   // fails fast (abort), all threads are joined, and the first exception (by time) is rethrown
   // here; errors on other ranks that only report that abort are not rethrown.
+  // If a rank's thread cannot be started (the process or user is out of threads), the world is
+  // aborted, the threads already started are joined, and seqpar::Error names the rank and the
+  // cause; the process does not terminate.
   static void run(int size, const std::function<void(Communicator&)>& fn,
                   std::chrono::milliseconds timeout = Communicator::default_timeout());
+
+  // Test hook: called with each rank before its thread starts; a throw stands for a failed
+  // thread start. Empty by default; set it before run() from one thread.
+  static std::function<void(int rank)>& thread_start_hook();
 
  private:
   std::shared_ptr<ThreadWorldState> state_;

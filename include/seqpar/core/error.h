@@ -32,12 +32,8 @@ class CommError : public Error {
 };
 
 // "1, 2, 4, 8": the divisors of x (x >= 1), for messages that list the valid degrees or counts.
-inline std::string divisors_text(int64_t x) {
-  std::string s;
-  for (int64_t d = 1; d <= x; ++d)
-    if (x % d == 0) s += (s.empty() ? "" : ", ") + std::to_string(d);
-  return s;
-}
+// Any int64 takes microseconds (core/limits.h); beyond 32 divisors the middle ones are elided.
+std::string divisors_text(int64_t x);
 
 namespace detail {
 template <typename... Args>

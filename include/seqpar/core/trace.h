@@ -90,5 +90,7 @@ std::string to_json_fragments(const std::vector<Event>& events, double origin_us
 void write_json(const std::string& path, const std::string& fragments, int ranks);
 // The same for events of this process, relative to their earliest.
 void write_json(const std::string& path, const std::vector<Event>& events, int ranks);
+// The document write_json writes, for callers that open and check the file themselves.
+std::string to_json(const std::string& fragments, int ranks);
 
 }  // namespace seqpar::trace

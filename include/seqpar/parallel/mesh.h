@@ -56,8 +56,9 @@ struct IndexRange {
 
 class Mesh {
  public:
-  // Throws InvalidArgument if a degree is < 1, or if world_size > 0 and differs from the product
-  // (the message lists degrees that would fit). world_size 0: the product.
+  // Throws InvalidArgument if a degree is < 1, if the product exceeds limits::kMaxRanks (checked
+  // without overflow), or if world_size > 0 and differs from the product (the message lists
+  // degrees that would fit). world_size 0: the product.
   explicit Mesh(MeshShape shape, int world_size = 0);
 
   const MeshShape& shape() const { return shape_; }

@@ -54,6 +54,11 @@ struct Workload {
   bool decode() const { return fresh > 0; }
 };
 
+// Throws InvalidArgument unless every size is within core/limits.h and the products the cost
+// model forms (score elements, activation bytes) fit int64 with room: checked without overflow.
+// model_workload and attention_workload call it.
+void check_workload_limits(const Workload& w);
+
 // A model's workload at `tokens` sharded tokens (dit/mmdit: latent patches; llm: the prompt).
 // With fresh > 0 (llm only) the step is T = fresh new tokens over a cache of `cached`.
 Workload model_workload(const ModelPreset& m, int64_t tokens, int64_t batch, DType dtype,

@@ -84,6 +84,12 @@ struct Plan {
   std::optional<DecodeChoice> decode;
 };
 
+// The work of planning `world` ranks with req's pins, in steps: over every mesh make_plan would
+// cost, its token positions, the position-run pairs its attention counts and every rank's steps.
+// make_plan refuses more than kMaxPlanWork (a few seconds) instead of running for minutes.
+inline constexpr int64_t kMaxPlanWork = int64_t{1} << 32;
+int64_t plan_work(const PlanRequest& req, int world);
+
 // Enumerates, costs and ranks. Throws InvalidArgument (one line with the cause and the nearest
 // valid alternative) when no mesh can run at this world size, or, except for decode requests
 // (whose pass choice stands regardless), when none fits the memory limit.

@@ -28,6 +28,10 @@ using detail::concat;
 namespace {
 
 constexpr int kAbortTag = 1;
+// A rank whose collective timed out asks every member "are you waiting in communication?"; a
+// rank polling any operation answers. Members that do not answer are named in the timeout.
+constexpr int kPresenceTag = 2;
+constexpr int kPresenceReplyTag = 3;
 constexpr size_t kMaxAbortText = 2000;  // bytes; keeps the abort message in the eager protocol
 constexpr size_t kChunkBytes = size_t{1} << 30;
 
@@ -183,8 +187,10 @@ class MpiWorld {
   int rank() const { return rank_; }
   bool failed() const { return failed_; }
 
-  // Throws CommError if this rank failed or learned of another rank's failure.
+  // Throws CommError if this rank failed or learned of another rank's failure. Answers presence
+  // queries first (this rank is waiting in communication).
   void check() {
+    answer_presence();
     if (!failed_) {
       int flag = 0;
       MPI_Status st;
@@ -196,6 +202,64 @@ class MpiWorld {
       }
     }
     if (failed_) throw CommError(failure_);
+  }
+
+  MPI_Comm err_comm() const { return err_comm_; }
+
+  // Answers every pending presence query: this rank is polling an operation.
+  void answer_presence() noexcept {
+    static const char kYes = 1;
+    for (;;) {
+      int flag = 0;
+      MPI_Status st;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, kPresenceTag, err_comm_, &flag, &st) != MPI_SUCCESS || !flag)
+        return;
+      char q = 0;
+      MPI_Recv(&q, 1, MPI_CHAR, st.MPI_SOURCE, kPresenceTag, err_comm_, MPI_STATUS_IGNORE);
+      MPI_Request req;
+      if (MPI_Isend(&kYes, 1, MPI_CHAR, st.MPI_SOURCE, kPresenceReplyTag, err_comm_, &req) ==
+          MPI_SUCCESS)
+        MPI_Request_free(&req);
+    }
+  }
+
+  // The world ranks among `members` that do not answer a presence query within `grace`: not
+  // polling any operation (computing, stopped or hung outside communication). Best effort.
+  std::vector<int> absent(const std::vector<int>& members, std::chrono::milliseconds grace) {
+    static const char kQuery = 0;
+    std::vector<char> answered(static_cast<size_t>(size_), 0);
+    int pending = 0;
+    for (int r : members) {
+      if (r == rank_) continue;
+      MPI_Request req;
+      if (MPI_Isend(&kQuery, 1, MPI_CHAR, r, kPresenceTag, err_comm_, &req) == MPI_SUCCESS) {
+        MPI_Request_free(&req);
+        ++pending;
+      } else {
+        answered[r] = 1;  // cannot ask: name no one rather than the wrong one
+      }
+    }
+    const auto end = Clock::now() + grace;
+    while (pending > 0 && Clock::now() < end) {
+      answer_presence();  // another rank timing out at once asks this one
+      int flag = 0;
+      MPI_Status st;
+      MPI_Iprobe(MPI_ANY_SOURCE, kPresenceReplyTag, err_comm_, &flag, &st);
+      if (!flag) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        continue;
+      }
+      char a = 0;
+      MPI_Recv(&a, 1, MPI_CHAR, st.MPI_SOURCE, kPresenceReplyTag, err_comm_, MPI_STATUS_IGNORE);
+      if (!answered[st.MPI_SOURCE]) {
+        answered[st.MPI_SOURCE] = 1;
+        --pending;
+      }
+    }
+    std::vector<int> out;
+    for (int r : members)
+      if (r != rank_ && !answered[r]) out.push_back(r);
+    return out;
   }
 
   // Announces this rank's failure to every rank. Best effort; never throws.
@@ -252,10 +316,39 @@ struct MpiCore {
 
   std::string who() const { return rules::rank_label(rank, world->rank(), is_world); }
 
+  // World ranks of this communicator's members, by rank.
+  std::vector<int> world_ranks() const {
+    MPI_Group mine, all;
+    MPI_Comm_group(comm, &mine);
+    MPI_Comm_group(world->err_comm(), &all);
+    std::vector<int> in(static_cast<size_t>(size)), out(static_cast<size_t>(size));
+    for (int i = 0; i < size; ++i) in[i] = i;
+    MPI_Group_translate_ranks(mine, size, in.data(), all, out.data());
+    MPI_Group_free(&mine);
+    MPI_Group_free(&all);
+    return out;
+  }
+
+  // For a collective that timed out: ", which world rank(s) R did not reach (...)" naming the
+  // members that do not answer a presence query, or "" if every member is waiting somewhere.
+  std::string missing_text(std::chrono::milliseconds timeout) {
+    const auto grace =
+        std::clamp(timeout / 4, std::chrono::milliseconds(10), std::chrono::milliseconds(1000));
+    const std::vector<int> missing = world->absent(world_ranks(), grace);
+    if (missing.empty()) return "";
+    std::string ranks;
+    for (int r : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    return concat(", which world rank", missing.size() > 1 ? "s " : " ", ranks,
+                  " did not reach (no answer within ", grace.count(),
+                  " ms: busy, stopped or hung outside communication)");
+  }
+
   // Polls `req` until it completes. Throws CommError when a failure of any rank of the world is
-  // known, or when the deadline passes (after announcing the timeout to every rank).
+  // known, or when the deadline passes (after announcing the timeout to every rank; for a
+  // collective the message names the members that never arrived, when they can be told).
   void progress(MPI_Request* req, MPI_Status* status, const std::string& what,
-                Clock::time_point deadline, std::chrono::milliseconds timeout) {
+                Clock::time_point deadline, std::chrono::milliseconds timeout,
+                bool collective = false) {
     const auto start = Clock::now();
     for (uint64_t i = 0;; ++i) {
       int done = 0;
@@ -271,7 +364,8 @@ struct MpiCore {
       }
       const auto now = Clock::now();
       if (now >= deadline) {
-        std::string msg = rules::timeout_message(timeout, who(), what);
+        const std::string missing = collective ? missing_text(timeout) : std::string();
+        std::string msg = rules::timeout_message(timeout, who(), what + missing);
         world->abort(msg);
         throw CommError(msg);
       }
@@ -458,7 +552,7 @@ class MpiCommunicator final : public Communicator {
   void finish_collective(MPI_Request* req, const std::string& what, std::shared_ptr<CollArgs> args,
                          Clock::time_point deadline) {
     try {
-      core_->progress(req, MPI_STATUS_IGNORE, what, deadline, timeout());
+      core_->progress(req, MPI_STATUS_IGNORE, what, deadline, timeout(), true);
     } catch (...) {
       std::lock_guard<std::mutex> lk(g_keep_alive_mu);
       if (args) g_abandoned.push_back(std::move(args));

@@ -11,6 +11,7 @@
 #include "comm/threads/thread_world_state.h"
 #include "comm/trace_op.h"
 #include "seqpar/comm/threads.h"
+#include "seqpar/core/limits.h"
 #include "seqpar/core/trace.h"
 
 namespace seqpar {
@@ -737,7 +738,8 @@ std::string exception_message(const std::exception_ptr& e) {
 // ThreadWorld
 
 ThreadWorld::ThreadWorld(int size, std::chrono::milliseconds timeout) {
-  SEQPAR_ARG_CHECK(size >= 1, "ThreadWorld: size ", size, " is invalid: need at least 1 rank");
+  SEQPAR_ARG_CHECK(size >= 1 && size <= limits::kMaxThreads, "ThreadWorld: size ", size,
+                   " is invalid: valid 1 to ", limits::max_text(limits::kMaxThreads), " ranks");
   SEQPAR_ARG_CHECK(timeout.count() > 0, "ThreadWorld: timeout must be positive");
   state_ = std::make_shared<ThreadWorldState>(size, timeout);
 }
@@ -755,6 +757,11 @@ std::unique_ptr<Communicator> ThreadWorld::communicator(int rank) {
     state_->handed_out[rank] = true;
   }
   return std::make_unique<ThreadCommunicator>(state_, state_->world_group, rank, state_->timeout);
+}
+
+std::function<void(int rank)>& ThreadWorld::thread_start_hook() {
+  static std::function<void(int rank)> hook;
+  return hook;
 }
 
 void ThreadWorld::run(int size, const std::function<void(Communicator&)>& fn,
@@ -781,7 +788,23 @@ void ThreadWorld::run(int size, const std::function<void(Communicator&)>& fn,
   };
   std::vector<std::thread> threads;
   threads.reserve(static_cast<size_t>(size));
-  for (int r = 0; r < size; ++r) threads.emplace_back(body, r);
+  try {
+    for (int r = 0; r < size; ++r) {
+      if (thread_start_hook()) thread_start_hook()(r);
+      threads.emplace_back(body, r);
+    }
+  } catch (const std::exception& e) {
+    // Destroying a joinable std::thread terminates the process: fail the ranks already started
+    // (their communication sees the abort), join them, then report.
+    const int failed = static_cast<int>(threads.size());
+    const std::string why =
+        detail::concat("could not start the thread of rank ", failed, " of ", size, ": ", e.what());
+    world.state_->abort(failed, why);
+    for (auto& t : threads) t.join();
+    throw Error(detail::concat("threads backend: ", why,
+                               " (too many threads for this process or user; use fewer ranks "
+                               "or threads, or the mpi backend)"));
+  }
   for (auto& t : threads) t.join();
   comms.clear();
 
