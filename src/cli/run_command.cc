@@ -616,7 +616,7 @@ int print_report(const Job& job, const Report& rep, const std::string& backend) 
     j["threads"] = job.threads;
     j["repeat"] = o.repeat;
     // The deadline of every communication wait (--timeout, else SEQPAR_TIMEOUT_S or 60 s).
-    j["timeout_s"] = o.timeout_s > 0 ? o.timeout_s : Communicator::default_timeout().count() / 1e3;
+    j["timeout_s"] = o.timeout_s ? *o.timeout_s : Communicator::default_timeout().count() / 1e3;
     j["seconds"] = secs;
     j["seconds_all"] = rep.seconds;
     j["gflops"] = gflops;
