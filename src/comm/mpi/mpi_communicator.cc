@@ -474,16 +474,27 @@ class MpiRequest final : public RequestImpl {
   }
 
   // Withdraws a pending op so MPI no longer touches its buffer.
+  // A receive that MPI has already matched to a message cannot be cancelled, only completed: it
+  // is polled for a bounded time (a live peer finishes sending), and one whose peer has stopped
+  // mid-message is released to MPI unfinished instead of blocking forever in MPI_Wait (that only
+  // happens after a failure or timeout, when the job is ending).
   void cancel() noexcept {
     if (req_ == MPI_REQUEST_NULL || mpi_finalized()) return;
     if (is_recv_) {
       MPI_Cancel(&req_);
-      MPI_Wait(&req_, MPI_STATUS_IGNORE);
+      const auto give_up = Clock::now() + kCancelGrace;
+      int done = 0;
+      while (MPI_Test(&req_, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done &&
+             Clock::now() < give_up) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+      if (!done && req_ != MPI_REQUEST_NULL) MPI_Request_free(&req_);
     } else {
       MPI_Request_free(&req_);  // a send completes (or not) on its own
     }
     req_ = MPI_REQUEST_NULL;
   }
+  static constexpr std::chrono::seconds kCancelGrace{2};
 
   std::shared_ptr<MpiCore> core_;
   MPI_Request req_ = MPI_REQUEST_NULL;
