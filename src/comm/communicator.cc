@@ -9,6 +9,7 @@
 #include <exception>
 
 #include "comm/op_rules.h"
+#include "seqpar/core/limits.h"
 
 namespace seqpar {
 
@@ -95,10 +96,11 @@ std::chrono::milliseconds Communicator::default_timeout() {
   char* end = nullptr;
   const double seconds = std::strtod(env, &end);
   const bool parsed = end != env && *end == '\0' && errno == 0;
-  // Upper bound: ~31 years, far from overflowing steady_clock deadlines.
-  SEQPAR_ARG_CHECK(parsed && std::isfinite(seconds) && seconds > 0 && seconds <= 1e9,
-                   "SEQPAR_TIMEOUT_S='", env,
-                   "' is not valid: expected a positive number of seconds (e.g. 60 or 0.5)");
+  // The same range as every timeout option (core/limits.h).
+  SEQPAR_ARG_CHECK(parsed && std::isfinite(seconds) && seconds >= limits::kMinTimeoutSeconds &&
+                       seconds <= limits::kMaxTimeoutSeconds,
+                   "SEQPAR_TIMEOUT_S='", std::string(env).substr(0, 32), "' is not valid: expected seconds from ",
+                   limits::kMinTimeoutSeconds, " to ", limits::kMaxTimeoutSeconds, " (e.g. 60 or 0.5)");
   const auto ms = static_cast<int64_t>(std::llround(seconds * 1000.0));
   return std::chrono::milliseconds(ms < 1 ? 1 : ms);
 }

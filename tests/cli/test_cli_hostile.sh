@@ -114,6 +114,9 @@ done <<'TABLE'
 2|--memory-limit nan is invalid|plan --seq 1024 --heads 8 --memory-limit nan
 TABLE
 expect 2 - "--weights is empty" model --preset tiny-llm --weights ''
+for v in inf nan 0 -1 abc 1e12; do
+  SEQPAR_TIMEOUT_S=$v expect 2 - "SEQPAR_TIMEOUT_S='$v' is not valid: expected seconds from 0.001" run $small
+done
 
 # 6. With --json an error is also one JSON object on stdout.
 for args in "run --strategy bogus --json" "mesh --heads 8 --seq 64 --ranks 3 --json" \
