@@ -1,6 +1,8 @@
 # seqpar: two commands do all of the set-up on a fresh Debian 12 machine.
 #   make demo   install what is missing, build (Release), run a representative job (threads)
 #   make test   install what is missing, build, run every test (MPI ones under mpirun)
+#   make sanitize  the tests under ASan + UBSan, the threads-backend tests under TSan
+#   make fuzz      the libFuzzer targets of fuzz/, FUZZ_SECONDS each (default 60; clang++)
 BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
@@ -11,7 +13,7 @@ ifneq ($(shell command -v ccache),)
 endif
 SEQPAR = $(BUILD)/seqpar
 
-.PHONY: all deps build demo test bench clean
+.PHONY: all deps build demo test bench clean sanitize fuzz
 
 all: build
 
@@ -33,6 +35,13 @@ test: build
 bench: build
 	$(BUILD)/bench/kernel_bench
 	$(BUILD)/bench/decode_bench
+
+sanitize: deps
+	JOBS=$(JOBS) bash scripts/sanitize.sh
+
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	JOBS=$(JOBS) bash scripts/fuzz.sh $(FUZZ_SECONDS)
 
 clean:
 	rm -rf $(BUILD)

@@ -16,6 +16,7 @@
 #include <string_view>
 
 #include "seqpar/core/error.h"
+#include "seqpar/core/json_limits.h"
 
 namespace seqpar {
 
@@ -50,25 +51,25 @@ std::string known_dtypes() {
   return s;
 }
 
+// "[d0, d1, ...]"; a shape read from a file may hold millions of dimensions: the first
+// kShapeTextDims are written, then the count.
+constexpr size_t kShapeTextDims = 8;
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  for (size_t i = 0; i < std::min(shape.size(), kShapeTextDims); ++i)
+    s += (i ? ", " : "") + std::to_string(shape[i]);
+  if (shape.size() > kShapeTextDims) s += detail::concat(", ... (", shape.size(), " dimensions)");
   return s + "]";
 }
 
-// A JSON value as short one-line text for messages.
-std::string brief(const json& j) {
-  std::string s = j.dump();
-  if (s.size() > 60) s = s.substr(0, 57) + "...";
-  return s;
-}
+// A JSON value of the header as short one-line text for messages.
+std::string brief(const json& j) { return json_excerpt(j); }
 
-// A parse error may quote raw header bytes: keep the message one line of printable ASCII.
-std::string printable(std::string s) {
-  for (char& c : s)
-    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
-  return s;
-}
+// A name or string from the header (any length, any bytes) as short one-line text for messages.
+std::string short_text(std::string_view s) { return quote_for_message(s); }
+
+// Characters of a parse error kept in the message: nlohmann quotes the whole offending token.
+constexpr size_t kParseErrorChars = 200;
 
 // "<path>: <message>" as InvalidArgument.
 template <typename... Args>
@@ -77,8 +78,10 @@ template <typename... Args>
 }
 
 // Parses the header JSON, rejecting a key repeated within one object (nlohmann would keep the
-// last silently). `path` only labels errors.
+// last silently) and, before parsing, nesting deeper than JsonLimits allows. `path` only labels
+// errors.
 json parse_header(const std::string& path, std::string_view text) {
+  check_json_limits(text, path, {.max_bytes = kSafetensorsMaxHeaderBytes});
   std::vector<std::set<std::string>> keys;  // one set per open object
   std::string tensor;                       // the top-level key being parsed
   auto callback = [&](int depth, json::parse_event_t event, json& parsed) {
@@ -93,8 +96,10 @@ json parse_header(const std::string& path, std::string_view text) {
         const std::string k = parsed.get<std::string>();
         if (depth == 1) tensor = k;
         if (!keys.empty() && !keys.back().insert(k).second) {
-          if (depth == 1) fail(path, "tensor '", k, "' appears more than once in the header");
-          fail(path, "the header repeats the key '", k, "' inside '", tensor, "'");
+          if (depth == 1)
+            fail(path, "tensor '", short_text(k), "' appears more than once in the header");
+          fail(path, "the header repeats the key '", short_text(k), "' inside '",
+               short_text(tensor), "'");
         }
         break;
       }
@@ -106,25 +111,27 @@ json parse_header(const std::string& path, std::string_view text) {
   try {
     return json::parse(text.begin(), text.end(), callback);
   } catch (const json::exception& e) {
-    fail(path, "the header is not valid JSON: ", printable(e.what()));
+    fail(path, "the header is not valid JSON: ", quote_for_message(e.what(), kParseErrorChars));
   }
 }
 
-uint64_t read_offset(const std::string& path, const std::string& name, const json& v) {
+uint64_t read_offset(const std::string& path, std::string_view name, const json& v) {
   if (!v.is_number_unsigned())
     fail(path, "tensor '", name, "' has data offset ", brief(v),
          "; offsets are non-negative integers");
   return v.get<uint64_t>();
 }
 
-SafetensorsEntry parse_entry(const std::string& path, const std::string& name, const json& e) {
+// `name` is already quoted (short, printable) for messages; `out.name` keeps the real one.
+SafetensorsEntry parse_entry(const std::string& path, const std::string& real_name, const json& e) {
+  const std::string name = short_text(real_name);
   if (!e.is_object())
     fail(path, "tensor '", name, "' is ", brief(e),
          " in the header; expected an object with dtype, shape and data_offsets");
   for (const char* key : {"dtype", "shape", "data_offsets"})
     if (!e.contains(key)) fail(path, "tensor '", name, "' has no '", key, "' in the header");
   SafetensorsEntry out;
-  out.name = name;
+  out.name = real_name;
 
   const json& dtype = e["dtype"];
   if (!dtype.is_string())
@@ -133,7 +140,8 @@ SafetensorsEntry parse_entry(const std::string& path, const std::string& name, c
   out.dtype = dtype.get<std::string>();
   const std::optional<uint64_t> elem = dtype_bytes(out.dtype);
   if (!elem)
-    fail(path, "tensor '", name, "' has unknown dtype '", out.dtype, "'; known: ", known_dtypes());
+    fail(path, "tensor '", name, "' has unknown dtype '", short_text(out.dtype),
+         "'; known: ", known_dtypes());
 
   const json& shape = e["shape"];
   if (!shape.is_array())
@@ -166,6 +174,11 @@ SafetensorsEntry parse_entry(const std::string& path, const std::string& name, c
   return out;
 }
 
+[[noreturn]] void fail_too_short(const std::string& path, uint64_t file_bytes) {
+  fail(path, "the file is ", file_bytes,
+       " bytes, too short for the 8-byte header size: truncated or not a safetensors file");
+}
+
 // The byte ranges, sorted by (begin, end), must tile [0, data_bytes) exactly.
 void check_coverage(const std::string& path, std::vector<const SafetensorsEntry*> by_offset,
                     uint64_t data_bytes) {
@@ -174,18 +187,19 @@ void check_coverage(const std::string& path, std::vector<const SafetensorsEntry*
   });
   for (const SafetensorsEntry* e : by_offset) {
     if (e->end > data_bytes)
-      fail(path, "tensor '", e->name, "' has data_offsets [", e->begin, ", ", e->end,
+      fail(path, "tensor '", short_text(e->name), "' has data_offsets [", e->begin, ", ", e->end,
            "] past the end of the data section (", data_bytes, " bytes): truncated file?");
   }
   uint64_t covered = 0;  // [0, covered) is tiled so far
   const SafetensorsEntry* prev = nullptr;
   for (const SafetensorsEntry* e : by_offset) {
     if (e->begin < covered)
-      fail(path, "tensor '", e->name, "' (bytes [", e->begin, ", ", e->end, ")) overlaps tensor '",
-           prev->name, "' (bytes [", prev->begin, ", ", prev->end, "))");
+      fail(path, "tensor '", short_text(e->name), "' (bytes [", e->begin, ", ", e->end,
+           ")) overlaps tensor '", short_text(prev->name), "' (bytes [", prev->begin, ", ",
+           prev->end, "))");
     if (e->begin > covered)
       fail(path, "bytes [", covered, ", ", e->begin, ") of the data section belong to no tensor",
-           " (before tensor '", e->name, "')");
+           " (before tensor '", short_text(e->name), "')");
     covered = e->end;
     prev = e;
   }
@@ -221,6 +235,45 @@ std::string_view safetensors_dtype_name(DType dtype) {
   return "?";
 }
 
+SafetensorsHeader parse_safetensors(std::span<const std::byte> file, const std::string& path) {
+  const uint64_t file_bytes = file.size();
+  if (file_bytes < 8) fail_too_short(path, file_bytes);
+  uint64_t header_bytes = 0;
+  std::memcpy(&header_bytes, file.data(), 8);  // little-endian u64
+  if (header_bytes > kSafetensorsMaxHeaderBytes)
+    fail(path, "the header size is ", header_bytes, " bytes, over the limit of ",
+         kSafetensorsMaxHeaderBytes, " bytes: corrupt or not a safetensors file");
+  if (header_bytes > file_bytes - 8)
+    fail(path, "the header size is ", header_bytes, " bytes but only ", file_bytes - 8,
+         " bytes follow the size field: truncated or not a safetensors file");
+  SafetensorsHeader out;
+  out.data_offset = 8 + header_bytes;
+  const std::string_view text(reinterpret_cast<const char*>(file.data() + 8), header_bytes);
+  const json header = parse_header(path, text);
+  if (!header.is_object()) fail(path, "the header is ", brief(header), ", not a JSON object");
+
+  for (const auto& [name, value] : header.items()) {
+    if (name == "__metadata__") {
+      if (!value.is_object())
+        fail(path, "__metadata__ is ", brief(value), "; expected an object of strings");
+      for (const auto& [k, v] : value.items()) {
+        if (!v.is_string())
+          fail(path, "__metadata__ key '", short_text(k), "' has value ", brief(v),
+               "; values are strings");
+        out.metadata[k] = v.get<std::string>();
+      }
+      continue;
+    }
+    out.entries.push_back(parse_entry(path, name, value));
+  }
+  std::sort(out.entries.begin(), out.entries.end(),
+            [](const auto& a, const auto& b) { return a.name < b.name; });
+  std::vector<const SafetensorsEntry*> by_offset;
+  for (const auto& e : out.entries) by_offset.push_back(&e);
+  check_coverage(path, std::move(by_offset), file_bytes - out.data_offset);
+  return out;
+}
+
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail(path, "cannot open: ", std::strerror(errno));
@@ -232,8 +285,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
   if (file_bytes < 8) {
     ::close(fd);
-    fail(path, "the file is ", file_bytes,
-         " bytes, too short for the 8-byte header size: truncated or not a safetensors file");
+    fail_too_short(path, file_bytes);
   }
   void* p = ::mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
   const int map_errno = errno;
@@ -243,37 +295,10 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   map_bytes_ = file_bytes;
 
   try {
-    uint64_t header_bytes = 0;
-    std::memcpy(&header_bytes, map_, 8);  // little-endian u64
-    if (header_bytes > kSafetensorsMaxHeaderBytes)
-      fail(path, "the header size is ", header_bytes, " bytes, over the limit of ",
-           kSafetensorsMaxHeaderBytes, " bytes: corrupt or not a safetensors file");
-    if (header_bytes > file_bytes - 8)
-      fail(path, "the header size is ", header_bytes, " bytes but only ", file_bytes - 8,
-           " bytes follow the size field: truncated or not a safetensors file");
-    data_offset_ = 8 + header_bytes;
-    const std::string_view text(reinterpret_cast<const char*>(map_ + 8), header_bytes);
-    const json header = parse_header(path, text);
-    if (!header.is_object()) fail(path, "the header is ", brief(header), ", not a JSON object");
-
-    for (const auto& [name, value] : header.items()) {
-      if (name == "__metadata__") {
-        if (!value.is_object())
-          fail(path, "__metadata__ is ", brief(value), "; expected an object of strings");
-        for (const auto& [k, v] : value.items()) {
-          if (!v.is_string())
-            fail(path, "__metadata__ key '", k, "' has value ", brief(v), "; values are strings");
-          metadata_[k] = v.get<std::string>();
-        }
-        continue;
-      }
-      entries_.push_back(parse_entry(path, name, value));
-    }
-    std::sort(entries_.begin(), entries_.end(),
-              [](const auto& a, const auto& b) { return a.name < b.name; });
-    std::vector<const SafetensorsEntry*> by_offset;
-    for (const auto& e : entries_) by_offset.push_back(&e);
-    check_coverage(path, std::move(by_offset), file_bytes - data_offset_);
+    SafetensorsHeader header = parse_safetensors({map_, map_bytes_}, path);
+    data_offset_ = header.data_offset;
+    entries_ = std::move(header.entries);
+    metadata_ = std::move(header.metadata);
   } catch (...) {
     unmap();
     throw;
@@ -345,9 +370,9 @@ const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
     });
     hint = detail::concat("it holds ", entries_.size(), " tensors, e.g. ");
     for (size_t i = 0; i < std::min<size_t>(3, near.size()); ++i)
-      hint += (i ? ", '" : "'") + near[i]->name + "'";
+      hint += (i ? ", '" : "'") + short_text(near[i]->name) + "'";
   }
-  fail(path_, "no tensor '", name, "' (", hint, ")");
+  fail(path_, "no tensor '", short_text(name), "' (", hint, ")");
 }
 
 std::span<const std::byte> SafetensorsFile::bytes(const std::string& name) const {

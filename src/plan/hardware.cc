@@ -9,12 +9,18 @@
 #include <utility>
 
 #include "seqpar/core/error.h"
+#include "seqpar/core/json_limits.h"
 
 namespace seqpar {
 
 namespace {
 
 using nlohmann::json;
+
+// A profile is a few hundred bytes of flat JSON; these bounds leave room and stop abuse.
+constexpr JsonLimits kHardwareProfileLimits{.max_bytes = 1 << 20, .max_depth = 8};
+// Characters of a parse error kept in a message: nlohmann quotes the whole offending token.
+constexpr size_t kParseErrorChars = 200;
 
 // {name, JSON text} of profiles/*.json, generated at configure time (src/plan/CMakeLists.txt).
 const std::vector<std::pair<std::string, std::string>>& builtin_texts() {
@@ -113,7 +119,7 @@ HardwareProfile load_hardware_profile(std::string_view name_or_path) {
   const std::string dir = user_profile_dir();
   if (!dir.empty() && file_exists(dir + "/" + s + ".json")) {
     HardwareProfile p = read_profile_file(dir + "/" + s + ".json");
-    SEQPAR_ARG_CHECK(p.name == s, dir, "/", s, ".json names itself '", p.name,
+    SEQPAR_ARG_CHECK(p.name == s, dir, "/", s, ".json names itself '", quote_for_message(p.name),
                      "'; its \"name\" must be '", s, "'");
     return p;
   }
@@ -121,12 +127,16 @@ HardwareProfile load_hardware_profile(std::string_view name_or_path) {
 }
 
 HardwareProfile hardware_profile_from_json(std::string_view text, std::string_view source) {
+  const std::string label = detail::concat("hardware profile ", source);
+  check_json_limits(text, label, kHardwareProfileLimits);
   json j;
   try {
     j = json::parse(text.begin(), text.end());
-  } catch (const json::parse_error& e) {
-    throw InvalidArgument(
-        detail::concat("hardware profile ", source, " is not valid JSON: ", e.what()));
+  } catch (const json::exception& e) {
+    // A syntax error, or a number out of range (1e400: out_of_range, not parse_error). nlohmann
+    // quotes the whole offending token: keep the message short.
+    throw InvalidArgument(detail::concat(
+        label, " is not valid JSON: ", quote_for_message(e.what(), kParseErrorChars)));
   }
   SEQPAR_ARG_CHECK(j.is_object(), "hardware profile ", source, " must be a JSON object");
   HardwareProfile p;
@@ -151,12 +161,13 @@ HardwareProfile hardware_profile_from_json(std::string_view text, std::string_vi
       }
     } catch (const std::exception& e) {
       throw InvalidArgument(detail::concat("hardware profile ", source, ": field \"", key,
-                                           "\" has the wrong type (", it->dump(), ")"));
+                                           "\" has the wrong type (", json_excerpt(*it), ")"));
     }
   });
   for (auto it = j.begin(); it != j.end(); ++it)
     SEQPAR_ARG_CHECK(std::find(known.begin(), known.end(), it.key()) != known.end(),
-                     "hardware profile ", source, ": unknown field \"", it.key(), "\"");
+                     "hardware profile ", source, ": unknown field \"", quote_for_message(it.key()),
+                     "\"");
   SEQPAR_ARG_CHECK(!p.name.empty(), "hardware profile ", source, " lacks \"name\"");
   SEQPAR_ARG_CHECK(p.attention_flops > 0 && p.intra_node_bw > 0 && p.inter_node_bw > 0,
                    "hardware profile ", source, " needs positive \"attention_flops\", ",

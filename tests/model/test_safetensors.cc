@@ -402,6 +402,84 @@ TEST_F(SafetensorsTest, RejectsDuplicateNames) {
                   {"repeats the key 'dtype' inside 'w'"});
 }
 
+// ---- untrusted input: nesting depth and quoted values ----------------------------------------
+
+// `depth` nested lists: "[[[...]]]" (200 KB for 100,000).
+std::string nested_lists(int depth) { return std::string(depth, '[') + std::string(depth, ']'); }
+
+// A header that nests 100,000 lists once parsed, in the metadata, a dtype or a shape element,
+// used to overflow the stack when the error message quoted the value (json::dump recursing).
+// It is now rejected before parsing, with one line.
+TEST_F(SafetensorsTest, RejectsDeeplyNestedHeaderWithOneLine) {
+  const std::string deep = nested_lists(100'000);
+  const std::string headers[] = {
+      R"({"__metadata__":)" + deep + "}",
+      R"({"__metadata__":{"k":)" + deep + "}}",
+      R"({"w":{"dtype":)" + deep + R"(,"shape":[1],"data_offsets":[0,4]}})",
+      R"({"w":{"dtype":"F32","shape":[1,)" + deep + R"(],"data_offsets":[0,4]}})",
+  };
+  int i = 0;
+  for (const std::string& header : headers) {
+    const std::string p = write_file("deep" + std::to_string(i++) + ".safetensors", header, 4);
+    expect_rejected(p, {"nests arrays and objects deeper than 64 levels"});
+    try {
+      SafetensorsFile f(p);
+    } catch (const InvalidArgument& e) {
+      EXPECT_LT(std::strlen(e.what()), p.size() + 120) << e.what();
+    }
+  }
+  // Nesting up to the limit is only a wrong value, reported with a short quote.
+  expect_rejected(
+      write_file("deep64.safetensors", R"({"__metadata__":)" + nested_lists(63) + "}", 0),
+      {"__metadata__ is [[[[", "...; expected an object of strings"});
+}
+
+// Names, strings and shapes from the header can be megabytes long: messages quote them cut to a
+// fixed length.
+TEST_F(SafetensorsTest, QuotesLongValuesShort) {
+  const std::string long_name(1 << 20, 'n');
+  const std::string cases[] = {
+      R"({")" + long_name + R"(":{"dtype":"F32","shape":[1],"data_offsets":[0,8]}})",
+      R"({"w":{"dtype":")" + long_name + R"(","shape":[1],"data_offsets":[0,4]}})",
+      R"({"w":{"dtype":"F32","shape":")" + long_name + R"(","data_offsets":[0,4]}})",
+      R"({"__metadata__":{")" + long_name + R"(":1}})",
+  };
+  std::string dims = "[1";
+  for (int d = 0; d < 100'000; ++d) dims += ",1";
+  int i = 0;
+  for (const std::string& header :
+       {cases[0], cases[1], cases[2], cases[3],
+        R"({"w":{"dtype":"F32","shape":)" + dims + R"(],"data_offsets":[0,8]}})"}) {
+    const std::string p = write_file("long" + std::to_string(i++) + ".safetensors", header, 8);
+    try {
+      SafetensorsFile f(p);
+      ADD_FAILURE() << p << " was accepted";
+    } catch (const InvalidArgument& e) {
+      const std::string msg = e.what();
+      EXPECT_EQ(msg.find('\n'), std::string::npos);
+      EXPECT_LT(msg.size(), p.size() + 300) << msg.substr(0, 400);
+      EXPECT_NE(msg.find("..."), std::string::npos) << msg.substr(0, 400);
+    }
+  }
+}
+
+// The in-memory reader (SafetensorsFile and the fuzz target both use it) sees what the file sees.
+TEST_F(SafetensorsTest, ParsesFromMemory) {
+  const std::string p = path("mem.safetensors");
+  write_safetensors(p, {{"a", random_tensor({2, 3}, DType::kBF16, 1)}}, {{"k", "v"}});
+  std::ifstream in(p, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const SafetensorsHeader h =
+      parse_safetensors({reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()}, "memory");
+  const SafetensorsFile f(p);
+  ASSERT_EQ(h.entries.size(), 1u);
+  EXPECT_EQ(h.entries[0].name, "a");
+  EXPECT_EQ(h.entries[0].shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(h.metadata, f.metadata());
+  EXPECT_EQ(h.data_offset + h.entries[0].nbytes(), bytes.size());
+  EXPECT_THROW(parse_safetensors({}, "memory"), InvalidArgument);
+}
+
 TEST_F(SafetensorsTest, WriterRejectsReservedName) {
   EXPECT_THROW(write_safetensors(path("r.safetensors"), {{"__metadata__", Tensor({1})}}),
                InvalidArgument);

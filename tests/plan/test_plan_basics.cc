@@ -83,6 +83,70 @@ TEST(Hardware, FilesAndTheUserDirectory) {
   fs::remove_all(dir);
 }
 
+// A profile nesting 100,000 lists used to overflow the stack when the error quoted the value
+// (plan --hardware FILE, run --strategy auto); it is rejected before parsing, with one line.
+// Long keys and values are quoted cut short.
+TEST(Hardware, RejectsDeepNestingAndQuotesShort) {
+  const std::string deep = std::string(100'000, '[') + std::string(100'000, ']');
+  const std::string base = R"("attention_flops":1,"intra_node_bw":1,"inter_node_bw":1)";
+  auto message = [](const std::string& text) -> std::string {
+    try {
+      hardware_profile_from_json(text, "p.json");
+    } catch (const InvalidArgument& e) {
+      return e.what();
+    }
+    ADD_FAILURE() << "accepted: " << text.substr(0, 200);
+    return "";
+  };
+  for (const std::string& text : {R"({"name":)" + deep + "," + base + "}",
+                                  R"({"name":"a","description":)" + deep + "," + base + "}",
+                                  R"({"name":"a",)" + base + R"(,"x":)" + deep + "}", deep}) {
+    const std::string msg = message(text);
+    EXPECT_NE(msg.find("hardware profile p.json: the JSON nests arrays and objects deeper than"),
+              std::string::npos)
+        << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    EXPECT_LT(msg.size(), 150u) << msg;
+  }
+  const std::string long_text(1 << 16, 'x');
+  for (const std::string& text :
+       {R"({"name":")" + long_text + R"(",)" + base + R"(,"ranks_per_node":")" + long_text +
+            R"("})",
+        R"({"name":"a",)" + base + R"(,")" + long_text + R"(":1})",
+        R"({"name":"a",)" + base + R"(,"description":[")" + long_text + R"("]})",
+        R"({"name":")" + long_text}) {
+    const std::string msg = message(text);
+    EXPECT_NE(msg.find("..."), std::string::npos) << msg.substr(0, 400);
+    EXPECT_LT(msg.size(), 400u) << msg.substr(0, 400);
+  }
+  // A number past double's range is an argument error too (found by fuzz_hardware_profile: it
+  // escaped as nlohmann's out_of_range, quoting the whole number).
+  const std::string huge = "1e" + std::string(5000, '3');
+  for (const std::string& text :
+       {R"({"name":)" + huge + "," + base + "}",
+        R"({"name":"a","attention_flops":)" + huge + R"(,"intra_node_bw":1,"inter_node_bw":1})"}) {
+    const std::string msg = message(text);
+    EXPECT_NE(msg.find("hardware profile p.json is not valid JSON: "), std::string::npos) << msg;
+    EXPECT_LT(msg.size(), 300u) << msg;
+  }
+  // Over the size limit, before parsing.
+  EXPECT_NE(
+      message(R"({"description":")" + std::string(2 << 20, 'd') + R"("})").find("over the limit"),
+      std::string::npos);
+  // The same through the file reader behind --hardware FILE.
+  namespace fs = std::filesystem;
+  const fs::path file =
+      fs::temp_directory_path() / ("seqpar_deep_" + std::to_string(getpid()) + ".json");
+  std::ofstream(file) << R"({"name":)" << deep << "," << base << "}";
+  try {
+    load_hardware_profile(file.string());
+    ADD_FAILURE() << "accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("deeper than"), std::string::npos) << e.what();
+  }
+  fs::remove(file);
+}
+
 TEST(Hardware, SharedNodeRates) {
   HardwareProfile p = hardware_profile("local");
   p.cores_per_node = 4;

@@ -8,7 +8,8 @@
 //   (data_offsets are relative to the start of the data section)
 //
 // The reader validates the whole header when the file is opened (docs/weights.md lists the rules):
-// N <= 100 MB and within the file, valid JSON with unique names, every entry has a known dtype, a
+// N <= 100 MB and within the file, valid JSON nesting at most JsonLimits{}.max_depth (64) levels
+// (core/json_limits.h; checked before parsing) with unique names, every entry has a known dtype, a
 // shape and data_offsets with shape product x dtype size == end - begin, and the byte ranges,
 // sorted, cover the data section exactly (no gap, no overlap, nothing past the end). Any
 // violation throws InvalidArgument with one line naming the file, the tensor and the problem:
@@ -52,6 +53,19 @@ struct SafetensorsEntry {
 
 // "F32", "BF16", "F16": the safetensors spelling of a seqpar dtype.
 std::string_view safetensors_dtype_name(DType dtype);
+
+// The validated header of a safetensors file held in memory.
+struct SafetensorsHeader {
+  std::vector<SafetensorsEntry> entries;  // sorted by name
+  std::map<std::string, std::string> metadata;
+  uint64_t data_offset = 0;  // 8 + the JSON header's size: where the data section starts
+};
+
+// Validates `file` (the whole file's bytes) by the rules above and returns its header; tensor
+// bytes are file[data_offset + begin, data_offset + end). Throws InvalidArgument ("<label>: ...",
+// one line, untrusted names and values quoted to a fixed length) as SafetensorsFile does.
+// SafetensorsFile reads through it; so does the fuzz target (fuzz/fuzz_safetensors.cc).
+SafetensorsHeader parse_safetensors(std::span<const std::byte> file, const std::string& label);
 
 class SafetensorsFile {
  public:

@@ -1,0 +1,65 @@
+#include "cli/app.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <string>
+
+#include "seqpar/core/error.h"
+
+namespace seqpar::cli {
+
+std::unique_ptr<CLI::App> make_app(Options& opts) {
+  auto app = std::make_unique<CLI::App>("seqpar: sequence (context) parallel transformer inference",
+                                        "seqpar");
+  app->require_subcommand(1);
+  app->option_defaults()->always_capture_default()->multi_option_policy(
+      CLI::MultiOptionPolicy::TakeLast);  // a later flag overrides an earlier one
+  add_run_command(*app, opts.run);
+  add_info_command(*app, opts.info);
+  add_mesh_command(*app, opts.mesh);
+  add_model_command(*app, opts.model);
+  add_plan_command(*app, opts.plan);
+  add_calibrate_command(*app, opts.calibrate);
+  return app;
+}
+
+int parse_command_line(CLI::App& app, int argc, const char* const* argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::string msg = e.what();
+    for (auto& c : msg)
+      if (c == '\n') c = ' ';
+    std::fprintf(stderr, "seqpar: error: %s (see seqpar --help)\n", msg.c_str());
+    return 2;
+  }
+  return -1;
+}
+
+int run_subcommand(const CLI::App& app, const Options& opts) {
+  try {
+    if (app.got_subcommand("run")) return run_command(opts.run);
+    if (app.got_subcommand("info")) return info_command(opts.info);
+    if (app.got_subcommand("mesh")) return mesh_command(opts.mesh);
+    if (app.got_subcommand("model")) return model_command(opts.model);
+    if (app.got_subcommand("plan")) return plan_command(opts.plan);
+    if (app.got_subcommand("calibrate")) return calibrate_command(opts.calibrate);
+  } catch (const seqpar::InvalidArgument& e) {
+    // Under mpirun every rank finds the same argument error; one line is enough.
+    const char* world_rank = std::getenv("OMPI_COMM_WORLD_RANK");
+    if (world_rank == nullptr || std::string(world_rank) == "0")
+      std::fprintf(stderr, "seqpar: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "seqpar: error: %s\n", e.what());
+    return 1;
+  }
+  return 2;
+}
+
+}  // namespace seqpar::cli
