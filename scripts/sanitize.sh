@@ -4,9 +4,9 @@
 #                      -x), built in build-asan/; LeakSanitizer suppresses only Open MPI's own
 #                      leaks (tests/sanitize/lsan.supp).
 #   thread             the threads-backend suites (ctest -L threads), built in build-tsan/.
-# The sanitizer runtime options and SEQPAR_TEST_SCALE=sanitize (for slow sweeps to run smaller;
-# no suite reads it yet) come from the tests' ctest ENVIRONMENT (tests/CMakeLists.txt). Exits
-# non-zero if any test fails.
+# The sanitizer runtime options come from the tests' ctest ENVIRONMENT (tests/CMakeLists.txt);
+# under TSan test_parallel runs one case in eight (GoogleTest sharding). Exits non-zero if any
+# test fails.
 # Environment: JOBS (default 2), SANITIZE_ONLY=asan|tsan (one half), CXX (compiler).
 set -uo pipefail
 cd "$(dirname "$0")/.."

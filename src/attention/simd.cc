@@ -19,6 +19,7 @@
 // GCC 12 reports -Wmaybe-uninitialized inside avx512fintrin.h (its _mm512_undefined_* idiom,
 // GCC bug 105593); the state must be set where the header is read to silence it.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <cpuid.h>
 #include <immintrin.h>
 #else
 #define SEQPAR_X86_SIMD 0
@@ -60,6 +61,9 @@ inline void vstore_bf16(uint16_t* p, V v) { *p = ::seqpar::f32_to_bf16(v); }
 // ---- AVX2 + FMA + F16C: 8 floats --------------------------------------------------------------
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#if defined(__clang__)  // clang ignores the GCC pragma
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#endif
 namespace avx2 {
 using V = __m256;
 constexpr int kW = 8;
@@ -106,11 +110,17 @@ inline void vstore_bf16(uint16_t* p, V v) {
 }
 #include "attention/simd_body.inc"
 }  // namespace avx2
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
 #pragma GCC pop_options
 
 // ---- AVX-512 (F, BW, DQ, VL): 16 floats ---------------------------------------------------------
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl")
+#if defined(__clang__)  // clang ignores the GCC pragma
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl"))), apply_to = function)
+#endif
 namespace avx512 {
 using V = __m512;
 constexpr int kW = 16;
@@ -147,10 +157,22 @@ inline void vstore_bf16(uint16_t* p, V v) {
 }
 #include "attention/simd_body.inc"
 }  // namespace avx512
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
 #pragma GCC pop_options
 #endif  // SEQPAR_X86_SIMD
 
 namespace {
+
+#if SEQPAR_X86_SIMD
+// F16C from CPUID leaf 1 (ECX bit 29): not every compiler's __builtin_cpu_supports names it. The
+// AVX check beside it covers the OS's support for the YMM state.
+bool cpu_has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+}
+#endif
 
 #define SEQPAR_KERNEL_TABLE(ns, isa)                                               \
   Kernels {                                                                        \
@@ -204,8 +226,7 @@ bool cpu_has(Isa isa) {
       return true;
 #if SEQPAR_X86_SIMD
     case Isa::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
     case Isa::kAvx512:
       return cpu_has(Isa::kAvx2) && __builtin_cpu_supports("avx512f") &&
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
