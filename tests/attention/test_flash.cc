@@ -728,8 +728,16 @@ TEST(FlashProgress, CalledBetweenKeyBlocksFromTheCallingThread) {
     ++calls;
     other_thread = other_thread || std::this_thread::get_id() != caller;
   };
-  flash_attention(in.q, in.k, in.v, in.params);
-  EXPECT_GE(calls, 10);  // at least once per key block
+  // With 1 or 2 threads the calling thread walks every key block of its items (8 items: 4 heads x
+  // 2 query blocks); with more threads than items the key blocks are split between threads too.
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    calls = 0;
+    flash_attention(in.q, in.k, in.v, in.params);
+    EXPECT_GE(calls, 10) << threads << " threads";  // at least once per key block
+  }
+  omp_set_num_threads(saved);
   EXPECT_FALSE(other_thread);
   // An exception thrown by progress (e.g. a failed transfer) reaches the caller.
   in.params.progress = [] { throw CommError("peer died"); };
