@@ -1,9 +1,11 @@
 #include "cli/app.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <string>
+#include <string_view>
 
 #include "seqpar/core/error.h"
 
@@ -35,7 +37,11 @@ int parse_command_line(CLI::App& app, int argc, const char* const* argv) {
     std::string msg = e.what();
     for (auto& c : msg)
       if (c == '\n') c = ' ';
-    std::fprintf(stderr, "seqpar: error: %s (see seqpar --help)\n", msg.c_str());
+    msg += " (see seqpar --help)";
+    if (reporting_rank()) std::fprintf(stderr, "seqpar: error: %s\n", msg.c_str());
+    // The flag may be what failed to parse, so --json anywhere on the line asks for the object.
+    if (std::find(argv + 1, argv + argc, std::string_view("--json")) != argv + argc)
+      print_json_error(msg, 2);
     return 2;
   }
   return -1;
@@ -51,9 +57,7 @@ int run_subcommand(const CLI::App& app, const Options& opts) {
     if (app.got_subcommand("calibrate")) return calibrate_command(opts.calibrate);
   } catch (const seqpar::InvalidArgument& e) {
     // Under mpirun every rank finds the same argument error; one line is enough.
-    const char* world_rank = std::getenv("OMPI_COMM_WORLD_RANK");
-    if (world_rank == nullptr || std::string(world_rank) == "0")
-      std::fprintf(stderr, "seqpar: error: %s\n", e.what());
+    if (reporting_rank()) std::fprintf(stderr, "seqpar: error: %s\n", e.what());
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "seqpar: error: %s\n", e.what());

@@ -120,7 +120,8 @@ done
 
 # 6. With --json an error is also one JSON object on stdout.
 for args in "run --strategy bogus --json" "mesh --heads 8 --seq 64 --ranks 3 --json" \
-    "plan --seq 1024 --heads 8 --ranks 0 --json" "model --preset tiny-dit --guidance nan --json"; do
+    "plan --seq 1024 --heads 8 --ranks 0 --json" "model --preset tiny-dit --guidance nan --json" \
+    "run --seq abc --json" "run --json --seq 9223372036854775808" "mesh --bogus-flag --json"; do
   # shellcheck disable=SC2086
   out=$(timeout "$limit" "$bin" $args 2>/dev/null); rc=$?
   [ $rc -eq 2 ] && ok || bad "$args exited $rc, want 2"
