@@ -98,6 +98,7 @@ expect 1 - "--svg '/dev/full': cannot write" plan --seq 1024 --heads 8 --simulat
 expect 1 - "cannot open the file for writing" plan --seq 1024 --heads 8 --simulate --svg "$tmp/no/x.svg"
 expect 1 - "--out '/dev/full': cannot write" calibrate --quick --out /dev/full
 expect 1 - "cannot open the file for writing" model --preset tiny-llm --save-weights "$tmp/no/w.safetensors"
+expect 1 - "/dev/full: write failed" model --preset tiny-llm --save-weights /dev/full --decode 1
 
 # 5. Messages: what was wrong, with the valid values.
 while IFS='|' read -r code text args; do
