@@ -10,6 +10,7 @@ CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 ifneq ($(shell command -v ccache),)
   CMAKE_FLAGS += -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache
   export CCACHE_BASEDIR := $(CURDIR)
+  export CCACHE_NOHASHDIR := 1  # debug builds (sanitizers, fuzzing) hit across checkouts too
 endif
 SEQPAR = $(BUILD)/seqpar
 
