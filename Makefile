@@ -10,7 +10,8 @@ CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 ifneq ($(shell command -v ccache),)
   CMAKE_FLAGS += -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache
   export CCACHE_BASEDIR := $(CURDIR)
-  export CCACHE_NOHASHDIR := 1  # debug builds (sanitizers, fuzzing) hit across checkouts too
+  # debug builds (sanitizers, fuzzing) hit the cache across checkouts too
+  export CCACHE_NOHASHDIR := 1
 endif
 SEQPAR = $(BUILD)/seqpar
 
