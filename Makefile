@@ -42,7 +42,8 @@ sanitize: deps
 	JOBS=$(JOBS) bash scripts/sanitize.sh
 
 FUZZ_SECONDS ?= 60
-fuzz: deps
+fuzz:
+	@bash scripts/install-deps.sh fuzz
 	JOBS=$(JOBS) bash scripts/fuzz.sh $(FUZZ_SECONDS)
 
 clean:

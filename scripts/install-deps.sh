@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages seqpar needs to build, test and benchmark, if any is missing.
 # Debian 12 (bookworm). Runs apt-get as root (or through sudo).
+#   scripts/install-deps.sh        what make demo and make test need (make sanitize too: GCC's
+#                                  sanitizer runtimes come with g++)
+#   scripts/install-deps.sh fuzz   also clang and its libFuzzer runtime (make fuzz)
 set -euo pipefail
 
 packages=(
@@ -10,6 +13,12 @@ packages=(
   nlohmann-json3-dev libcli11-dev libfmt-dev
   libgtest-dev libbenchmark-dev
 )
+for group in "$@"; do
+  case "$group" in
+    fuzz) packages+=(clang libclang-rt-14-dev) ;;
+    *) echo "install-deps: unknown group '$group' (valid: fuzz)" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${packages[@]}"; do
