@@ -7,6 +7,10 @@
 #include <cstdint>
 #include <limits>
 
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "seqpar/core/json_limits.h"
 #include "seqpar/core/limits.h"
 
 namespace seqpar {
@@ -88,6 +92,21 @@ TEST(Limits, MemoryAvailableIsKnownOnLinux) {
   EXPECT_NO_THROW(limits::check_fits_memory("a test", 1.0));
   EXPECT_GE(limits::max_threads(), 1);
   EXPECT_LE(limits::max_threads(), limits::kMaxThreads);
+}
+
+// A string or key cut at the quote's byte budget inside a UTF-8 sequence is quoted, not thrown
+// on (fuzz_json_config found nlohmann's dump() throwing type_error 316 there).
+TEST(JsonLimits, ExcerptCutsInsideUtf8) {
+  const std::string long_utf8 = std::string(59, 'a') + "\u00e9\u00e9\u00e9";
+  for (const char* text : {R"({"k":"%s"})", R"({"%s":1})", R"(["%s"])"}) {
+    std::string json_text(text);
+    json_text.replace(json_text.find("%s"), 2, long_utf8);
+    const nlohmann::json j = nlohmann::json::parse(json_text);
+    std::string quote;
+    ASSERT_NO_THROW(quote = json_excerpt(j)) << json_text;
+    EXPECT_LE(quote.size(), kMessageQuoteChars);
+    for (char c : quote) EXPECT_TRUE(c >= 0x20 && c < 0x7f) << quote;
+  }
 }
 
 }  // namespace

@@ -42,6 +42,13 @@ std::string json_excerpt(const Json& j, size_t max_chars = kMessageQuoteChars);
 // ---- implementation ----
 
 namespace detail {
+// A value cut at a byte budget may end inside a UTF-8 sequence: dump it with the bad bytes
+// replaced (quote_for_message turns every non-ASCII byte into '?' anyway) instead of throwing.
+template <typename Json>
+std::string dump_for_message(const Json& j) {
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
 template <typename Json>
 void json_excerpt_into(const Json& j, std::string& out, size_t budget, int depth) {
   if (out.size() > budget) return;
@@ -57,16 +64,16 @@ void json_excerpt_into(const Json& j, std::string& out, size_t budget, int depth
       if (!first) out += ',';
       first = false;
       if (j.is_object()) {
-        out += Json(it.key().substr(0, budget)).dump();
+        out += dump_for_message(Json(it.key().substr(0, budget)));
         out += ':';
       }
       json_excerpt_into(*it, out, budget, depth + 1);
     }
     out += j.is_array() ? ']' : '}';
   } else if (j.is_string()) {
-    out += Json(j.template get_ref<const typename Json::string_t&>().substr(0, budget)).dump();
+    out += dump_for_message(Json(j.template get_ref<const typename Json::string_t&>().substr(0, budget)));
   } else {
-    out += j.dump();  // a number, bool or null: short
+    out += dump_for_message(j);  // a number, bool or null: short
   }
 }
 }  // namespace detail
