@@ -19,8 +19,8 @@ std::array<int64_t, 2> tp_share(int64_t count, int rank, int n) {
 ColumnLinear ColumnLinear::load(const WeightStore& ws, const std::string& name, int64_t begin,
                                 int64_t end, bool bias) {
   ColumnLinear l;
-  l.w = slice_rows(ws.get(name + ".weight"), begin, end);
-  if (bias) l.b = slice_rows(ws.get(name + ".bias"), begin, end);
+  l.w = ws.rows(name + ".weight", begin, end);
+  if (bias) l.b = ws.rows(name + ".bias", begin, end).to(DType::kF32);
   return l;
 }
 
@@ -29,7 +29,7 @@ Tensor ColumnLinear::forward(const Tensor& x) const { return linear(x, w, b); }
 RowLinear RowLinear::load(const WeightStore& ws, const std::string& name, int64_t begin,
                           int64_t end, bool bias) {
   RowLinear l;
-  l.w = slice_cols(ws.get(name + ".weight"), begin, end);
+  l.w = ws.cols(name + ".weight", begin, end);
   if (bias) l.b = ws.get(name + ".bias");
   return l;
 }
@@ -48,7 +48,7 @@ Tensor RowLinear::forward(const Tensor& x, Communicator& tp) const {
 DistRmsNorm DistRmsNorm::load(const WeightStore& ws, const std::string& name, int64_t begin,
                               int64_t end, int64_t full_width, float eps) {
   DistRmsNorm n;
-  n.weight = slice_rows(ws.get(name + ".weight"), begin, end);
+  n.weight = ws.rows(name + ".weight", begin, end).to(DType::kF32);
   n.full_width = full_width;
   n.eps = eps;
   return n;

@@ -2,9 +2,12 @@
 
 #include <dnnl.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <unordered_map>
+#include <vector>
 
 namespace seqpar {
 
@@ -13,12 +16,14 @@ namespace {
 struct MatmulKey {
   int64_t m, n, k;
   bool bias;
+  int64_t ldc;  // the row stride of y (n, or wider when y is a column block of a wider matrix)
   bool operator==(const MatmulKey&) const = default;
 };
 struct MatmulKeyHash {
   size_t operator()(const MatmulKey& s) const {
     return std::hash<int64_t>()(s.m) * 1000003u ^ std::hash<int64_t>()(s.n) * 10007u ^
-           std::hash<int64_t>()(s.k) * 31u ^ static_cast<size_t>(s.bias);
+           std::hash<int64_t>()(s.k) * 31u ^ std::hash<int64_t>()(s.ldc) * 7u ^
+           static_cast<size_t>(s.bias);
   }
 };
 
@@ -35,7 +40,7 @@ dnnl::matmul& matmul_for(const MatmulKey& key) {
   using dt = dnnl::memory::data_type;
   dnnl::memory::desc a({key.m, key.k}, dt::f32, dnnl::memory::dims{key.k, 1});
   dnnl::memory::desc b({key.k, key.n}, dt::f32, dnnl::memory::dims{1, key.k});
-  dnnl::memory::desc c({key.m, key.n}, dt::f32, dnnl::memory::dims{key.n, 1});
+  dnnl::memory::desc c({key.m, key.n}, dt::f32, dnnl::memory::dims{key.ldc, 1});
   dnnl::matmul::primitive_desc pd;
   if (key.bias) {
     dnnl::memory::desc bias({1, key.n}, dt::f32, dnnl::memory::dims{key.n, 1});
@@ -50,38 +55,67 @@ int64_t rows_of(const Tensor& x) { return x.numel() / x.dim(-1); }
 
 }  // namespace
 
+namespace {
+
+// y[:, j0 : j0+n) (row stride ldc) = x (m, k) · w (n, k)ᵀ + bias (n, or null); all fp32.
+void matmul_f32(const float* x, int64_t m, int64_t k, const float* w, int64_t n, const float* bias,
+                float* y, int64_t ldc) {
+  dnnl::matmul& mm = matmul_for({m, n, k, bias != nullptr, ldc});
+  using dt = dnnl::memory::data_type;
+  dnnl::memory am({{m, k}, dt::f32, dnnl::memory::dims{k, 1}}, engine(), const_cast<float*>(x));
+  dnnl::memory bm({{k, n}, dt::f32, dnnl::memory::dims{1, k}}, engine(), const_cast<float*>(w));
+  dnnl::memory cm({{m, n}, dt::f32, dnnl::memory::dims{ldc, 1}}, engine(), y);
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
+  if (bias != nullptr)
+    args.emplace(DNNL_ARG_BIAS, dnnl::memory({{1, n}, dt::f32, dnnl::memory::dims{n, 1}},
+                                             engine(), const_cast<float*>(bias)));
+  dnnl::stream s(engine());
+  mm.execute(s, args);
+  s.wait();
+}
+
+// Rows of a bf16/fp16 weight converted per block: about this many bytes of fp32 a block, so the
+// converted block stays in L2 while the matmul reads it.
+constexpr int64_t kConvertedBlockBytes = 512 << 10;
+
+}  // namespace
+
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
-  SEQPAR_CHECK(x.dtype() == DType::kF32 && w.dtype() == DType::kF32, "linear is fp32");
+  SEQPAR_CHECK(x.dtype() == DType::kF32, "linear: x is ", dtype_name(x.dtype()), ", not fp32");
   SEQPAR_CHECK(w.ndim() == 2 && x.dim(-1) == w.dim(1), "linear: x ", x.shape_str(), " vs w ",
                w.shape_str());
+  SEQPAR_CHECK(bias.empty() || bias.dtype() == DType::kF32, "linear: the bias is not fp32");
   const int64_t m = rows_of(x), k = w.dim(1), n = w.dim(0);
   std::vector<int64_t> shape = x.shape();
   shape.back() = n;
   Tensor y(shape);
   if (m == 0 || n == 0) return y;
-  if (k == 0) {
-    for (int64_t r = 0; r < m && !bias.empty(); ++r)
-      std::memcpy(y.data<float>() + r * n, bias.data<float>(), n * sizeof(float));
-    return y;
-  }
   const bool has_bias = !bias.empty();
   SEQPAR_CHECK(!has_bias || bias.numel() == n, "linear: bias ", bias.shape_str(), " for ", n,
                " outputs");
-  dnnl::matmul& mm = matmul_for({m, n, k, has_bias});
-  using dt = dnnl::memory::data_type;
-  dnnl::memory am({{m, k}, dt::f32, dnnl::memory::dims{k, 1}}, engine(),
-                  const_cast<void*>(x.raw()));
-  dnnl::memory bm({{k, n}, dt::f32, dnnl::memory::dims{1, k}}, engine(),
-                  const_cast<void*>(w.raw()));
-  dnnl::memory cm({{m, n}, dt::f32, dnnl::memory::dims{n, 1}}, engine(), y.raw());
-  std::unordered_map<int, dnnl::memory> args{
-      {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
-  if (has_bias)
-    args.emplace(DNNL_ARG_BIAS, dnnl::memory({{1, n}, dt::f32, dnnl::memory::dims{n, 1}},
-                                             engine(), const_cast<void*>(bias.raw())));
-  dnnl::stream s(engine());
-  mm.execute(s, args);
-  s.wait();
+  if (k == 0) {
+    for (int64_t r = 0; r < m && has_bias; ++r)
+      std::memcpy(y.data<float>() + r * n, bias.data<float>(), n * sizeof(float));
+    return y;
+  }
+  const float* b = has_bias ? bias.data<float>() : nullptr;
+  if (w.dtype() == DType::kF32) {
+    matmul_f32(x.data<float>(), m, k, w.data<float>(), n, b, y.data<float>(), n);
+    return y;
+  }
+  // A weight kept in its checkpoint's 16-bit dtype: converted a block of rows at a time.
+  const int64_t block = std::clamp<int64_t>(kConvertedBlockBytes / (4 * k) / 16 * 16, 16, n);
+  thread_local std::vector<float> converted;
+  converted.resize(static_cast<size_t>(block * k));
+  const size_t esize = dtype_size(w.dtype());
+  for (int64_t j0 = 0; j0 < n; j0 += block) {
+    const int64_t nb = std::min(block, n - j0);
+    convert(static_cast<const std::byte*>(w.raw()) + j0 * k * esize, w.dtype(), converted.data(),
+            DType::kF32, static_cast<size_t>(nb * k));
+    matmul_f32(x.data<float>(), m, k, converted.data(), nb, b ? b + j0 : nullptr,
+               y.data<float>() + j0, n);
+  }
   return y;
 }
 

@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -29,20 +31,28 @@ WeightStore WeightStore::random(const std::vector<Spec>& specs, uint64_t seed) {
 
 namespace {
 
+// True if any element of `t` (fp32, bf16 or fp16) is Inf or NaN: its exponent bits all set.
+bool has_non_finite(const Tensor& t) {
+  unsigned bad = 0;  // branch-free, so that the loop vectorizes
+  if (t.dtype() == DType::kF32) {
+    const uint32_t* u = static_cast<const uint32_t*>(t.raw());
+    for (int64_t i = 0; i < t.numel(); ++i) bad |= (u[i] & 0x7f800000u) == 0x7f800000u;
+  } else {
+    const uint16_t mask = t.dtype() == DType::kBF16 ? 0x7f80 : 0x7c00;
+    const uint16_t* u = static_cast<const uint16_t*>(t.raw());
+    for (int64_t i = 0; i < t.numel(); ++i) bad |= (u[i] & mask) == mask;
+  }
+  return bad != 0;
+}
+
 // A weight with an Inf or NaN would make every output that reads it NaN (docs/kernel.md
 // "Numerics: non-finite inputs"): refuse it at load time, naming the tensor and the first one.
 void check_finite(const std::string& path, const std::string& name, const Tensor& t) {
-  const float* x = t.data<float>();
-  unsigned bad = 0;  // branch-free (vectorized) first: exponent bits all set
+  if (!has_non_finite(t)) return;
   for (int64_t i = 0; i < t.numel(); ++i) {
-    uint32_t u;
-    std::memcpy(&u, x + i, 4);
-    bad |= (u & 0x7f800000u) == 0x7f800000u;
-  }
-  if (bad == 0) return;
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    SEQPAR_ARG_CHECK(std::isfinite(x[i]), path, ": tensor '", name, "' holds a non-finite value (",
-                     x[i], " at element ", i, " of ", t.numel(), "); valid: finite weights");
+    const float x = t.at(i);
+    SEQPAR_ARG_CHECK(std::isfinite(x), path, ": tensor '", name, "' holds a non-finite value (", x,
+                     " at element ", i, " of ", t.numel(), "); valid: finite weights");
   }
 }
 
@@ -61,10 +71,114 @@ WeightStore WeightStore::from_safetensors(const std::string& path, const std::ve
   return ws;
 }
 
-const Tensor& WeightStore::get(const std::string& name) const {
+void WeightStore::map(const std::string& name, std::shared_ptr<const SafetensorsFile> file,
+                      const std::string& stored) {
+  const SafetensorsEntry& e = file->entry(stored);  // InvalidArgument naming file and tensor
+  SEQPAR_ARG_CHECK(e.seqpar_dtype().has_value(), file->path(), ": tensor '", stored, "' is ",
+                   e.dtype, "; valid: F32, BF16, F16");
+  tensors_.erase(name);
+  files_[name] = FileTensor{std::move(file), stored};
+}
+
+void WeightStore::set(const std::string& name, Tensor t) {
+  files_.erase(name);
+  tensors_[name] = std::move(t);
+}
+
+bool WeightStore::has(const std::string& name) const {
+  return tensors_.count(name) > 0 || files_.count(name) > 0;
+}
+
+const WeightStore::FileTensor* WeightStore::file_tensor(const std::string& name) const {
+  auto it = files_.find(name);
+  return it == files_.end() ? nullptr : &it->second;
+}
+
+const Tensor& WeightStore::memory_tensor(const std::string& name) const {
   auto it = tensors_.find(name);
   SEQPAR_CHECK(it != tensors_.end(), "no weight named '", name, "'");
   return it->second;
+}
+
+std::vector<int64_t> WeightStore::shape(const std::string& name) const {
+  if (const FileTensor* f = file_tensor(name)) return f->file->entry(f->stored).shape;
+  return memory_tensor(name).shape();
+}
+
+DType WeightStore::dtype(const std::string& name) const {
+  if (const FileTensor* f = file_tensor(name)) return *f->file->entry(f->stored).seqpar_dtype();
+  return memory_tensor(name).dtype();
+}
+
+std::vector<std::string> WeightStore::names() const {
+  std::vector<std::string> out;
+  for (const auto& [n, t] : tensors_) out.push_back(n);
+  for (const auto& [n, f] : files_) out.push_back(n);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::map<std::string, Tensor> WeightStore::all() const {
+  std::map<std::string, Tensor> out = tensors_;
+  for (const auto& [n, f] : files_) {
+    const std::vector<int64_t> s = shape(n);
+    out[n] = rows(n, 0, s.empty() ? 1 : s[0]);
+  }
+  return out;
+}
+
+Tensor WeightStore::get(const std::string& name) const {
+  if (file_tensor(name) == nullptr) return memory_tensor(name).to(DType::kF32);
+  const std::vector<int64_t> s = shape(name);
+  return rows(name, 0, s.empty() ? 1 : s[0]).to(DType::kF32);
+}
+
+Tensor WeightStore::rows(const std::string& name, int64_t begin, int64_t end) const {
+  const std::vector<int64_t> s = shape(name);
+  const int64_t n0 = s.empty() ? 1 : s[0];
+  SEQPAR_CHECK(0 <= begin && begin <= end && end <= n0, "rows [", begin, ", ", end, ") of '", name,
+               "' with ", n0, " rows");
+  const FileTensor* f = file_tensor(name);
+  if (f == nullptr) {
+    const Tensor& t = memory_tensor(name);
+    if (s.empty()) return t;
+    std::vector<int64_t> out_shape = s;
+    out_shape[0] = end - begin;
+    Tensor out(out_shape, t.dtype());
+    const size_t row_bytes = t.nbytes() / std::max<int64_t>(1, n0);
+    std::memcpy(out.raw(), static_cast<const std::byte*>(t.raw()) + begin * row_bytes,
+                (end - begin) * row_bytes);
+    return out;
+  }
+  const SafetensorsEntry& e = f->file->entry(f->stored);
+  std::vector<int64_t> out_shape = s;
+  if (!s.empty()) out_shape[0] = end - begin;
+  Tensor out(out_shape, *e.seqpar_dtype());
+  const size_t row_bytes = e.nbytes() / std::max<int64_t>(1, n0);
+  std::memcpy(out.raw(), f->file->bytes(f->stored).data() + begin * row_bytes, out.nbytes());
+  bytes_read_ += static_cast<int64_t>(out.nbytes());
+  check_finite(f->file->path(), f->stored, out);
+  return out;
+}
+
+Tensor WeightStore::cols(const std::string& name, int64_t begin, int64_t end) const {
+  const std::vector<int64_t> s = shape(name);
+  SEQPAR_CHECK(s.size() == 2 && 0 <= begin && begin <= end && end <= s[1], "columns [", begin,
+               ", ", end, ") of '", name, "' of shape ", s.size(), "-D");
+  const FileTensor* f = file_tensor(name);
+  const DType dt = dtype(name);
+  const size_t e = dtype_size(dt);
+  const std::byte* src = f ? f->file->bytes(f->stored).data()
+                           : static_cast<const std::byte*>(memory_tensor(name).raw());
+  Tensor out({s[0], end - begin}, dt);
+  for (int64_t r = 0; r < s[0]; ++r)
+    std::memcpy(static_cast<std::byte*>(out.raw()) + r * (end - begin) * e,
+                src + (r * s[1] + begin) * e, (end - begin) * e);
+  if (f != nullptr) {
+    bytes_read_ += static_cast<int64_t>(out.nbytes());
+    check_finite(f->file->path(), f->stored, out);
+  }
+  return out;
 }
 
 }  // namespace seqpar

@@ -5,11 +5,13 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "seqpar/comm/communicator.h"
 #include "seqpar/core/tensor.h"
+#include "seqpar/model/safetensors.h"
 #include "seqpar/parallel/strategies.h"
 
 namespace seqpar {
@@ -29,7 +31,11 @@ struct ParallelContext {
   int sp_size() const { return sp->sp().size(); }
 };
 
-// A model's parameters by name, full (unsharded) fp32 tensors; modules slice their shard.
+// A model's parameters by name. A store holds tensors in memory (seeded presets, tensors a loader
+// transformed) or refers to tensors of mapped checkpoint files, read only when a module asks and
+// only the part it asks for: a tensor-parallel rank reads its rows or columns of each weight,
+// nothing else, and keeps them in the checkpoint's dtype (bf16 stays bf16; ops' linear converts
+// per block). Every tensor read from a file is checked to be finite.
 class WeightStore {
  public:
   struct Spec {
@@ -37,20 +43,43 @@ class WeightStore {
     std::vector<int64_t> shape;
     float init_std = 0.02f;  // seeded init: normal(0, std); 0 = zeros; < 0 = ones
   };
-  // Every parameter from a seeded normal init (each name has its own stream).
+  // Every parameter from a seeded normal init (each name has its own stream), fp32.
   static WeightStore random(const std::vector<Spec>& specs, uint64_t seed);
-  // Every parameter from a safetensors file (fp32/bf16/fp16 converted to fp32); the file must
-  // hold exactly these names with these shapes, and only finite values (InvalidArgument naming
-  // what differs, or the tensor holding an Inf or NaN).
+  // Every parameter of a safetensors file in seqpar's own layout: the file must hold exactly
+  // these names with these shapes (InvalidArgument naming what differs).
   static WeightStore from_safetensors(const std::string& path, const std::vector<Spec>& specs);
 
-  const Tensor& get(const std::string& name) const;  // Error if missing
-  bool has(const std::string& name) const { return tensors_.count(name) > 0; }
-  const std::map<std::string, Tensor>& all() const { return tensors_; }
-  void set(const std::string& name, Tensor t) { tensors_[name] = std::move(t); }
+  // Tensor `name` is `stored` of `file`, read on request.
+  void map(const std::string& name, std::shared_ptr<const SafetensorsFile> file,
+           const std::string& stored);
+  // Tensor `name` is `t` (replacing what the name referred to).
+  void set(const std::string& name, Tensor t);
+
+  bool has(const std::string& name) const;
+  std::vector<int64_t> shape(const std::string& name) const;  // Error if missing
+  DType dtype(const std::string& name) const;
+  std::vector<std::string> names() const;  // sorted
+  // Every tensor, whole, in its stored dtype (to write them to a file).
+  std::map<std::string, Tensor> all() const;
+  // The whole tensor as fp32 (norm scales, embeddings of presets, small tensors).
+  Tensor get(const std::string& name) const;
+  // Rows [begin, end) of dimension 0, in the stored dtype.
+  Tensor rows(const std::string& name, int64_t begin, int64_t end) const;
+  // Columns [begin, end) of the last dimension of a 2-D tensor, in the stored dtype.
+  Tensor cols(const std::string& name, int64_t begin, int64_t end) const;
+  // Bytes of tensor data this store has read from files (a measure of what a rank holds).
+  int64_t bytes_read() const { return bytes_read_; }
 
  private:
+  struct FileTensor {
+    std::shared_ptr<const SafetensorsFile> file;
+    std::string stored;
+  };
+  const FileTensor* file_tensor(const std::string& name) const;
+  const Tensor& memory_tensor(const std::string& name) const;
   std::map<std::string, Tensor> tensors_;
+  std::map<std::string, FileTensor> files_;
+  mutable int64_t bytes_read_ = 0;
 };
 
 }  // namespace seqpar

@@ -11,7 +11,8 @@
 namespace seqpar {
 
 // y (rows, out) = x (rows, in) · wᵀ + bias, w (out, in) as stored by PyTorch's nn.Linear, bias
-// (out) or empty. fp32 only.
+// (out) or empty. x, bias and y are fp32; w is fp32, or bf16/fp16 as a checkpoint stores it
+// (converted to fp32 a block of rows at a time, the block kept in cache for the matmul).
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias);
 
 // y = x / sqrt(mean(x²) + eps) · weight, over the last dimension (weight empty: no scale).

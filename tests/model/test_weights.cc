@@ -1,0 +1,123 @@
+// WeightStore over checkpoint files (rows and columns read in the stored dtype, only the bytes
+// asked for, finiteness checked per read) and linear with a bf16/fp16 weight, against fp32
+// computed from the same values in double precision.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+
+#include "seqpar/model/context.h"
+#include "seqpar/model/ops.h"
+#include "seqpar/model/safetensors.h"
+
+namespace seqpar {
+namespace {
+
+Tensor random_tensor(std::vector<int64_t> shape, uint64_t seed, DType dtype = DType::kF32) {
+  Tensor t(std::move(shape));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = dist(rng);
+  return t.to(dtype);
+}
+
+// y = x · wᵀ + b in double from fp32 copies of the operands.
+std::vector<double> linear_reference(const Tensor& x, const Tensor& w, const Tensor& b) {
+  const Tensor xf = x.to(DType::kF32), wf = w.to(DType::kF32);
+  const int64_t m = xf.numel() / xf.dim(-1), k = wf.dim(1), n = wf.dim(0);
+  std::vector<double> y(m * n);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = b.empty() ? 0.0 : b.data<float>()[j];
+      for (int64_t i = 0; i < k; ++i)
+        acc += double(xf.data<float>()[r * k + i]) * wf.data<float>()[j * k + i];
+      y[r * n + j] = acc;
+    }
+  return y;
+}
+
+TEST(Linear, SixteenBitWeightsConvertedPerBlockEqualFp32) {
+  // n spans several conversion blocks (k = 1536: 80 rows a block) and a ragged last block.
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
+    for (int64_t m : {1, 3, 17})
+      for (auto [n, k] : {std::pair<int64_t, int64_t>{5, 7}, {333, 1536}, {96, 64}}) {
+        const Tensor x = random_tensor({m, k}, 1), w = random_tensor({n, k}, 2, dt);
+        const Tensor b = random_tensor({n}, 3);
+        const Tensor y = linear(x, w, b);
+        const std::vector<double> ref = linear_reference(x, w, b);
+        double worst = 0;
+        for (int64_t i = 0; i < y.numel(); ++i)
+          worst = std::max(worst, std::abs(y.data<float>()[i] - ref[i]) / std::sqrt(double(k)));
+        // fp32 accumulation of k products of N(0,1) values: relative to sqrt(k), about 1e-7.
+        EXPECT_LT(worst, 2e-6) << dtype_name(dt) << " m " << m << " n " << n << " k " << k;
+      }
+}
+
+class FileStore : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = ::testing::TempDir() + "seqpar_weight_store.safetensors";
+    tensors_["model.w"] = random_tensor({12, 10}, 4, DType::kBF16);
+    tensors_["model.b"] = random_tensor({12}, 5, DType::kF16);
+    tensors_["model.f"] = random_tensor({6, 4}, 6);
+    write_safetensors(path_, tensors_);
+    file_ = std::make_shared<const SafetensorsFile>(path_);
+  }
+  std::string path_;
+  std::map<std::string, Tensor> tensors_;
+  std::shared_ptr<const SafetensorsFile> file_;
+};
+
+void expect_equal_bits(const Tensor& a, const Tensor& b) {
+  ASSERT_EQ(a.shape(), b.shape());
+  ASSERT_EQ(a.dtype(), b.dtype());
+  EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0);
+}
+
+TEST_F(FileStore, RowsAndColumnsInTheStoredDtypeReadOnlyWhatIsAsked) {
+  WeightStore ws;
+  ws.map("w", file_, "model.w");
+  ws.map("b", file_, "model.b");
+  ws.map("f", file_, "model.f");
+  EXPECT_EQ(ws.bytes_read(), 0);
+  EXPECT_EQ(ws.dtype("w"), DType::kBF16);
+  EXPECT_EQ(ws.shape("w"), (std::vector<int64_t>{12, 10}));
+  expect_equal_bits(ws.rows("w", 3, 9), slice_rows(tensors_["model.w"], 3, 9));
+  EXPECT_EQ(ws.bytes_read(), 6 * 10 * 2);
+  expect_equal_bits(ws.cols("w", 2, 7), slice_cols(tensors_["model.w"], 2, 7));
+  EXPECT_EQ(ws.bytes_read(), 6 * 10 * 2 + 12 * 5 * 2);
+  expect_equal_bits(ws.rows("b", 4, 8), slice_rows(tensors_["model.b"], 4, 8));
+  expect_equal_bits(ws.get("f"), tensors_["model.f"]);
+  expect_equal_bits(ws.get("w"), tensors_["model.w"].to(DType::kF32));
+  // In memory: the same calls.
+  WeightStore mem;
+  mem.set("w", tensors_["model.w"]);
+  expect_equal_bits(mem.cols("w", 2, 7), ws.cols("w", 2, 7));
+  expect_equal_bits(mem.rows("w", 0, 12), tensors_["model.w"]);
+  EXPECT_EQ(ws.names(), (std::vector<std::string>{"b", "f", "w"}));
+}
+
+TEST_F(FileStore, NonFiniteSliceIsRefusedNamingTheTensor) {
+  Tensor poisoned = tensors_["model.w"].to(DType::kF32);
+  poisoned.data<float>()[7 * 10 + 3] = std::numeric_limits<float>::quiet_NaN();
+  tensors_["model.w"] = poisoned.to(DType::kBF16);
+  write_safetensors(path_, tensors_);
+  auto file = std::make_shared<const SafetensorsFile>(path_);
+  WeightStore ws;
+  ws.map("w", file, "model.w");
+  EXPECT_NO_THROW(ws.rows("w", 0, 7));  // the NaN is in row 7: not read
+  try {
+    ws.cols("w", 0, 5);
+    FAIL() << "no throw";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("'model.w' holds a non-finite value"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(ws.map("x", file, "model.missing"), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace seqpar
