@@ -15,7 +15,7 @@ ifneq ($(shell command -v ccache),)
 endif
 SEQPAR = $(BUILD)/seqpar
 
-.PHONY: all deps build demo test bench clean sanitize fuzz
+.PHONY: all deps build pyenv demo test bench clean sanitize fuzz
 
 all: build
 
@@ -31,7 +31,11 @@ demo: build
 	$(SEQPAR) run --strategy ring --layout zigzag --ranks 2 --seq 8192 --heads 8 \
 	  --head-dim 128 --causal --verify
 
-test: build
+# The Python tests' references (PyTorch, transformers, diffusers) come from PyPI into $(BUILD)/pyenv.
+pyenv: deps
+	@bash scripts/python-env.sh $(BUILD)/pyenv >/dev/null
+
+test: build pyenv
 	cd $(BUILD) && ctest --output-on-failure --timeout 900 -j$(JOBS)
 
 bench: build
