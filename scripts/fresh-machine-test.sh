@@ -15,6 +15,10 @@
 #   SEQPAR_FRESH_MIRROR Debian mirror (default http://deb.debian.org/debian)
 #   PIP_CACHE_DIR       pip's cache on this machine, bind-mounted into the root when it exists, so
 #                       wheels are downloaded once per machine
+#   PIP_CERT, http_proxy, https_proxy, no_proxy
+#                       the network's settings, passed into the root as the machine's own (like
+#                       /etc/resolv.conf): a network whose TLS egress is re-signed by a local CA
+#                       gives pip that CA's bundle, copied into the root
 # Needs root, debootstrap (installed from Debian if missing), mount and chroot. Exit 0 pass,
 # 1 fail (a step failed, or the machine forbids mount or chroot: one line says which).
 set -uo pipefail
@@ -119,9 +123,20 @@ bind /dev /dev
 bind "$cache/debs" /var/cache/apt/archives
 if [ -d "$pip_cache" ]; then bind "$pip_cache" /root/.cache/pip; fi
 
+# The network's settings, as the machine's own (not something the project installs).
+network_env=()
+if [ -n "${PIP_CERT:-}" ] && [ -f "$PIP_CERT" ]; then
+  mkdir -p "$root/etc/ssl/network"
+  cp "$PIP_CERT" "$root/etc/ssl/network/ca-bundle.crt"
+  network_env+=(PIP_CERT=/etc/ssl/network/ca-bundle.crt)
+fi
+for v in http_proxy https_proxy no_proxy HTTP_PROXY HTTPS_PROXY NO_PROXY; do
+  if [ -n "${!v:-}" ]; then network_env+=("$v=${!v}"); fi
+done
+
 in_root() {
   chroot "$root" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 \
-    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "${network_env[@]}" \
     /bin/bash -c "$1" >>"$log" 2>&1
 }
 
