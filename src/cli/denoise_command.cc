@@ -79,6 +79,10 @@ Inputs read_inputs(const DenoiseOptions& o, const ModelPreset& m) {
     in.negative = f.tensor("negative_encoder_hidden_states", DType::kF32);
     check_text("negative_encoder_hidden_states", in.negative);
   }
+  const double max_guidance = std::max(o.guidance, o.guidance_2.value_or(o.guidance));
+  SEQPAR_ARG_CHECK(o.steps == 0 || max_guidance <= 1 || !in.negative.empty(), p,
+                   ": tensor 'negative_encoder_hidden_states' is missing; expected ", text_shape,
+                   " for --guidance ", max_guidance, " (> 1), or --guidance 1 for no guidance");
   if (o.steps == 0) {
     const Tensor t = need("timestep", detail::concat("[", B, "] (one transformer call), or give "
                                                      "--steps for the sampling loop"));
