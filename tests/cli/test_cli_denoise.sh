@@ -92,6 +92,11 @@ err=$("$bin" denoise $m --inputs "$tmp/in.safetensors" --steps 3 --shift 3 --rin
 [ "$(json_get "$(cat "$tmp/loop.json")" step_seconds | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')" = 3 ] \
   && ok || bad "--steps 3: $(cat "$tmp/loop.json")"
 printf '%s' "$err" | grep -q "step 3/3" && ok || bad "no progress line on stderr: $err"
+# Tensor parallel ranks read their share of the weights: less than one rank reading them all.
+one=$(json_get "$out" weight_bytes_per_rank | python3 -c 'import json,sys; print(json.load(sys.stdin)[0])')
+tp2=$("$bin" denoise $m --inputs "$tmp/in.safetensors" --tp 2 --json 2>/dev/null)
+python3 -c 'import json,sys; w=json.loads(sys.argv[1])["weight_bytes_per_rank"]; sys.exit(not (len(w) == 2 and max(w) < 0.8 * int(sys.argv[2])))' "$tp2" "$one" \
+  && ok || bad "--tp 2: weight bytes per rank not below one rank's $one: $tp2"
 "$bin" denoise $m --inputs "$tmp/in.safetensors" --trace "$tmp/trace.json" >/dev/null 2>&1 \
   && python3 -c 'import json,sys; json.load(open(sys.argv[1]))["traceEvents"]' "$tmp/trace.json" \
   && ok || bad "--trace did not write a trace"
