@@ -8,12 +8,13 @@
 //   wan_checkpoint --out DIR [--layers 30] [--frames 33] [--height 240] [--width 432] [--seed 0]
 //
 // Not a test: the weights are random (normal, std 0.02), the numbers only time the model.
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
 #include <string>
-#include <sys/stat.h>
 
 #include "seqpar/core/tensor.h"
 #include "seqpar/model/dit.h"
@@ -24,8 +25,9 @@
 namespace {
 
 [[noreturn]] void usage(const std::string& msg) {
-  std::fprintf(stderr, "wan_checkpoint: %s\nusage: wan_checkpoint --out DIR [--layers 30] "
-                       "[--frames 33] [--height 240] [--width 432] [--seed 0]\n",
+  std::fprintf(stderr,
+               "wan_checkpoint: %s\nusage: wan_checkpoint --out DIR [--layers 30] "
+               "[--frames 33] [--height 240] [--width 432] [--seed 0]\n",
                msg.c_str());
   std::exit(2);
 }
@@ -41,13 +43,20 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (i + 1 >= argc) usage(a + " needs a value");
     const std::string v = argv[++i];
-    if (a == "--out") out = v;
-    else if (a == "--layers") layers = std::atoll(v.c_str());
-    else if (a == "--frames") frames = std::atoll(v.c_str());
-    else if (a == "--height") height = std::atoll(v.c_str());
-    else if (a == "--width") width = std::atoll(v.c_str());
-    else if (a == "--seed") seed = std::strtoull(v.c_str(), nullptr, 10);
-    else usage("unknown option " + a);
+    if (a == "--out")
+      out = v;
+    else if (a == "--layers")
+      layers = std::atoll(v.c_str());
+    else if (a == "--frames")
+      frames = std::atoll(v.c_str());
+    else if (a == "--height")
+      height = std::atoll(v.c_str());
+    else if (a == "--width")
+      width = std::atoll(v.c_str());
+    else if (a == "--seed")
+      seed = std::strtoull(v.c_str(), nullptr, 10);
+    else
+      usage("unknown option " + a);
   }
   if (out.empty()) usage("--out is required");
   if (layers < 1 || layers > 30) usage("--layers must be 1..30");
@@ -82,8 +91,9 @@ int main(int argc, char** argv) {
     const int64_t L = m.text_len;
     write_safetensors(
         out + "/inputs.safetensors",
-        {{"latents", random_normal({1, m.in_channels, s.latent_frames, s.latent_height,
-                                    s.latent_width}, seed + 1)},
+        {{"latents",
+          random_normal({1, m.in_channels, s.latent_frames, s.latent_height, s.latent_width},
+                        seed + 1)},
          {"encoder_hidden_states", random_normal({1, L, m.text_dim}, seed + 2)},
          {"negative_encoder_hidden_states", random_normal({1, L, m.text_dim}, seed + 3)},
          {"timestep", Tensor({1})}});
@@ -92,18 +102,19 @@ int main(int argc, char** argv) {
     const double S = static_cast<double>(s.tokens), D = static_cast<double>(d),
                  F = static_cast<double>(m.ffn_dim), Lt = static_cast<double>(L),
                  pv = static_cast<double>(m.in_channels * m.patch[0] * m.patch[1] * m.patch[2]);
-    const double per_layer = 2 * S * D * D * 4      // self-attention q, k, v, o
-                             + 2 * S * D * D * 2    // cross-attention q, o
-                             + 2 * Lt * D * D * 2   // cross-attention k, v of the text
-                             + 2 * S * D * F * 2    // FFN
-                             + 4 * S * S * D        // self-attention scores and values
-                             + 4 * S * Lt * D;      // cross-attention
-    const double outside = 2 * S * pv * D * 2                                   // patch, head
+    const double per_layer = 2 * S * D * D * 4     // self-attention q, k, v, o
+                             + 2 * S * D * D * 2   // cross-attention q, o
+                             + 2 * Lt * D * D * 2  // cross-attention k, v of the text
+                             + 2 * S * D * F * 2   // FFN
+                             + 4 * S * S * D       // self-attention scores and values
+                             + 4 * S * Lt * D;     // cross-attention
+    const double outside = 2 * S * pv * D * 2      // patch, head
                            + 2 * Lt * (static_cast<double>(m.text_dim) + D) * D;  // text MLP
-    std::printf("{\"dir\": \"%s\", \"layers\": %lld, \"tokens\": %lld, \"text_tokens\": %lld, "
-                "\"flops_per_call\": %.6e, \"flops_per_layer\": %.6e}\n",
-                dir.c_str(), static_cast<long long>(layers), static_cast<long long>(s.tokens),
-                static_cast<long long>(L), per_layer * layers + outside, per_layer);
+    std::printf(
+        "{\"dir\": \"%s\", \"layers\": %lld, \"tokens\": %lld, \"text_tokens\": %lld, "
+        "\"flops_per_call\": %.6e, \"flops_per_layer\": %.6e}\n",
+        dir.c_str(), static_cast<long long>(layers), static_cast<long long>(s.tokens),
+        static_cast<long long>(L), per_layer * layers + outside, per_layer);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "wan_checkpoint: %s\n", e.what());
     return 1;

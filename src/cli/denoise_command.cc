@@ -36,9 +36,9 @@ namespace {
 using nlohmann::json;
 
 struct Inputs {
-  Tensor latents;                // [B, C, F, H, W] fp32
-  Tensor text, negative;         // [B, L, text_dim] fp32; negative empty when absent
-  std::vector<float> timestep;   // [B]; empty in the sampling loop
+  Tensor latents;               // [B, C, F, H, W] fp32
+  Tensor text, negative;        // [B, L, text_dim] fp32; negative empty when absent
+  std::vector<float> timestep;  // [B]; empty in the sampling loop
 };
 
 std::string shape_text(const std::vector<int64_t>& s) {
@@ -61,8 +61,8 @@ Inputs read_inputs(const DenoiseOptions& o, const ModelPreset& m) {
   in.latents = need("latents", detail::concat("[B, ", m.in_channels, ", F, H, W] with ", grid));
   const Tensor& x = in.latents;
   SEQPAR_ARG_CHECK(x.ndim() == 5 && x.dim(1) == m.in_channels && x.dim(0) >= 1, p,
-                   ": tensor 'latents' has shape ", x.shape_str(), "; expected [B, ",
-                   m.in_channels, ", F, H, W]");
+                   ": tensor 'latents' has shape ", x.shape_str(), "; expected [B, ", m.in_channels,
+                   ", F, H, W]");
   SEQPAR_ARG_CHECK(x.dim(2) % m.patch[0] == 0 && x.dim(3) % m.patch[1] == 0 &&
                        x.dim(4) % m.patch[2] == 0 && x.dim(2) > 0 && x.dim(3) > 0 && x.dim(4) > 0,
                    p, ": tensor 'latents' has shape ", x.shape_str(), "; expected ", grid);
@@ -84,21 +84,24 @@ Inputs read_inputs(const DenoiseOptions& o, const ModelPreset& m) {
                    ": tensor 'negative_encoder_hidden_states' is missing; expected ", text_shape,
                    " for --guidance ", max_guidance, " (> 1), or --guidance 1 for no guidance");
   if (o.steps == 0) {
-    const Tensor t = need("timestep", detail::concat("[", B, "] (one transformer call), or give "
+    const Tensor t = need("timestep", detail::concat("[", B,
+                                                     "] (one transformer call), or give "
                                                      "--steps for the sampling loop"));
     SEQPAR_ARG_CHECK(t.numel() == B && t.ndim() <= 1, p, ": tensor 'timestep' has shape ",
                      t.shape_str(), "; expected [", B, "]");
     for (int64_t b = 0; b < B; ++b) {
       const float v = t.data<float>()[b];
-      SEQPAR_ARG_CHECK(std::isfinite(v) && v >= 0 && v <= 1000, p, ": tensor 'timestep' holds ",
-                       v, "; expected values in [0, 1000]");
+      SEQPAR_ARG_CHECK(std::isfinite(v) && v >= 0 && v <= 1000, p, ": tensor 'timestep' holds ", v,
+                       "; expected values in [0, 1000]");
       in.timestep.push_back(v);
     }
   }
-  for (const auto* t : {&in.latents, &in.text, &in.negative})
+  for (auto [name, t] :
+       {std::pair{"latents", &in.latents}, std::pair{"encoder_hidden_states", &in.text},
+        std::pair{"negative_encoder_hidden_states", &in.negative}})
     for (int64_t i = 0; i < t->numel(); ++i)
-      SEQPAR_ARG_CHECK(std::isfinite(t->data<float>()[i]), p,
-                       ": a tensor holds a non-finite value; expected finite inputs");
+      SEQPAR_ARG_CHECK(std::isfinite(t->data<float>()[i]), p, ": tensor '", name,
+                       "' holds a non-finite value at element ", i, "; expected finite values");
   return in;
 }
 
@@ -121,7 +124,8 @@ struct Plan {
 
 Plan resolve(const DenoiseOptions& o, int world) {
   SEQPAR_ARG_CHECK(!o.model.empty(), "--model is required: a Wan checkpoint directory");
-  SEQPAR_ARG_CHECK(!o.inputs.empty(), "--inputs is required: a safetensors file with latents, "
+  SEQPAR_ARG_CHECK(!o.inputs.empty(),
+                   "--inputs is required: a safetensors file with latents, "
                    "encoder_hidden_states and timestep");
   SEQPAR_ARG_CHECK(!o.output.empty(), "--output is required: the safetensors file to write");
   SEQPAR_ARG_CHECK(o.backend == "threads" || o.backend == "mpi", "--backend '", o.backend,
@@ -156,7 +160,8 @@ struct RankResult {
   std::vector<double> step_seconds;  // slowest rank's
   std::vector<float> step_timesteps;
   std::vector<int> step_expert;
-  std::vector<int64_t> weight_bytes, peak_rss;  // per rank
+  std::vector<int64_t> weight_bytes;  // per rank: bytes of weights it read
+  std::vector<int64_t> peak_rss;      // per rank: its process's peak RSS (threads share one)
   CommStats comm;
   double load_seconds = 0;
 };
@@ -167,8 +172,8 @@ int64_t peak_rss_bytes() {
   return static_cast<int64_t>(u.ru_maxrss) * 1024;
 }
 
-RankResult run_rank(Communicator& world, const Plan& p, const Inputs& in,
-                    const DenoiseOptions& o, bool report) {
+RankResult run_rank(Communicator& world, const Plan& p, const Inputs& in, const DenoiseOptions& o,
+                    bool report) {
   MeshComms mc(world, p.mesh.shape);
   ParallelContext ctx = rank_context(mc, p.mesh);
   RankResult res;
@@ -186,11 +191,15 @@ RankResult run_rank(Communicator& world, const Plan& p, const Inputs& in,
 
   const bool have_negative = !in.negative.empty();
   const int64_t B = in.latents.dim(0);
-  // The velocity for `latents` at timestep t (per batch row when the rows' timesteps differ).
-  auto velocity = [&](const Tensor& latents, const std::vector<float>& t, float guidance) {
+  // The velocity for `latents` at timestep t (per batch row when the rows' timesteps differ):
+  // the high-noise expert (or the only one) at t >= boundary with --guidance, the low-noise one
+  // below with --guidance-2, as WanPipeline.
+  auto velocity = [&](const Tensor& latents, const std::vector<float>& t) {
     auto one = [&](const Tensor& x, float tb, const Tensor& text, const Tensor& neg) {
-      const DiT& dit = dits[dits.size() == 2 && tb < p.boundary ? 1 : 0];
-      if (have_negative && guidance > 1.0f) return dit.guided(x, tb, text, neg, guidance, ctx);
+      const bool low = dits.size() == 2 && tb < p.boundary;
+      const float g = static_cast<float>(low ? o.guidance_2.value_or(o.guidance) : o.guidance);
+      const DiT& dit = dits[low ? 1 : 0];
+      if (have_negative && g > 1.0f) return dit.guided(x, tb, text, neg, g, ctx);
       return dit.forward(x, tb, text, ctx);
     };
     if (std::all_of(t.begin(), t.end(), [&](float v) { return v == t[0]; }))
@@ -220,8 +229,7 @@ RankResult run_rank(Communicator& world, const Plan& p, const Inputs& in,
 
   mc.reset_stats();
   if (o.steps == 0) {
-    timed([&] { res.output = velocity(in.latents, in.timestep, static_cast<float>(o.guidance)); },
-          0, 1, in.timestep[0]);
+    timed([&] { res.output = velocity(in.latents, in.timestep); }, 0, 1, in.timestep[0]);
     res.step_timesteps.push_back(in.timestep[0]);
     res.step_expert.push_back(dits.size() == 2 && in.timestep[0] < p.boundary ? 2 : 1);
   } else {
@@ -231,12 +239,11 @@ RankResult run_rank(Communicator& world, const Plan& p, const Inputs& in,
     for (size_t i = 0; i < n; ++i) {
       const float t = p.schedule.timesteps[i];
       const bool low = dits.size() == 2 && t < p.boundary;
-      const float g = static_cast<float>(low ? o.guidance_2.value_or(o.guidance) : o.guidance);
       timed(
           [&] {
             trace::Scope span(trace::enabled() ? "step " + std::to_string(i) : std::string(),
                               "denoise", trace::Lane::kCompute);
-            const Tensor v = velocity(x, std::vector<float>(B, t), g);
+            const Tensor v = velocity(x, std::vector<float>(B, t));
             const float dt = sig[i + 1] - sig[i];
             for (int64_t j = 0; j < x.numel(); ++j) x.data<float>()[j] += dt * v.data<float>()[j];
           },
@@ -292,8 +299,8 @@ int report(const DenoiseOptions& o, const Plan& p, const Inputs& in, const RankR
     if (!o.trace.empty()) j["trace"] = o.trace;
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("seqpar denoise: %s (%s layout, %zu expert%s) on %s, %s backend\n",
-                o.model.c_str(), std::string(wan_layout_name(p.model.experts[0].layout)).c_str(),
+    std::printf("seqpar denoise: %s (%s layout, %zu expert%s) on %s, %s backend\n", o.model.c_str(),
+                std::string(wan_layout_name(p.model.experts[0].layout)).c_str(),
                 p.model.experts.size(), p.model.experts.size() == 1 ? "" : "s",
                 mesh_shape_text(p.mesh.shape).c_str(), backend.c_str());
     std::printf("  %lld tokens x batch %lld, %s attention, %s layout%s\n", (long long)tokens,
@@ -315,7 +322,8 @@ int run_threads(const DenoiseOptions& o) {
                    " needs ", n, " rank threads; this process may start at most ",
                    limits::max_threads(), " (core/limits.h and RLIMIT_NPROC); use --backend mpi");
   SEQPAR_ARG_CHECK(p.mesh.shape.cfg == 1 || (!in.negative.empty() && o.guidance > 1), "--cfg ",
-                   p.mesh.shape.cfg, " runs the two guidance branches side by side; it needs "
+                   p.mesh.shape.cfg,
+                   " runs the two guidance branches side by side; it needs "
                    "negative_encoder_hidden_states in --inputs and --guidance > 1");
   // Both files open before the work, so a path that cannot be written fails up front.
   OutputFile("--output", o.output);
@@ -352,7 +360,8 @@ int run_mpi(const DenoiseOptions& o) {
     p = resolve(o, world->size());
     in = read_inputs(o, p.model.experts[0].preset);
     SEQPAR_ARG_CHECK(p.mesh.shape.cfg == 1 || (!in.negative.empty() && o.guidance > 1), "--cfg ",
-                     p.mesh.shape.cfg, " runs the two guidance branches side by side; it needs "
+                     p.mesh.shape.cfg,
+                     " runs the two guidance branches side by side; it needs "
                      "negative_encoder_hidden_states in --inputs and --guidance > 1");
     if (world->rank() == 0) {
       OutputFile("--output", o.output);
@@ -400,8 +409,9 @@ int run_mpi(const DenoiseOptions& o) {
 
 void add_denoise_command(CLI::App& app, DenoiseOptions& o) {
   CLI::App* d = app.add_subcommand(
-      "denoise", "Run a Wan checkpoint on latents and text embeddings (noise prediction or a "
-                 "flow-matching sampling loop) on a cfg x tp x ring x ulysses mesh");
+      "denoise",
+      "Run a Wan checkpoint on latents and text embeddings (noise prediction or a "
+      "flow-matching sampling loop) on a cfg x tp x ring x ulysses mesh");
   d->add_option("--model", o.model, "Wan checkpoint directory (diffusers or original layout)");
   d->add_option("--inputs", o.inputs,
                 "safetensors: latents [B,C,F,H,W], encoder_hidden_states [B,L,D], optional "

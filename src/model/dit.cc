@@ -8,7 +8,9 @@ namespace seqpar {
 
 namespace {
 constexpr double kRopeTheta = 10000.0;
-int64_t out_channels(const ModelPreset& m) { return m.out_channels ? m.out_channels : m.in_channels; }
+int64_t out_channels(const ModelPreset& m) {
+  return m.out_channels ? m.out_channels : m.in_channels;
+}
 }  // namespace
 
 std::vector<WeightStore::Spec> DiT::parameters(const ModelPreset& m) {

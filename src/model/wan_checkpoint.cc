@@ -58,11 +58,11 @@ int64_t int_key(const json& c, const std::string& path, const char* key, int64_t
                      "' is missing; expected an integer");
     return *fallback;
   }
-  SEQPAR_ARG_CHECK(c[key].is_number_integer(), path, ": key '", key, "' is ",
-                   json_excerpt(c[key]), "; expected an integer");
+  SEQPAR_ARG_CHECK(c[key].is_number_integer(), path, ": key '", key, "' is ", json_excerpt(c[key]),
+                   "; expected an integer");
   const int64_t v = c[key].get<int64_t>();
-  SEQPAR_ARG_CHECK(lo <= v && v <= hi, path, ": key '", key, "' is ", v, "; expected ", lo,
-                   "..", hi);
+  SEQPAR_ARG_CHECK(lo <= v && v <= hi, path, ": key '", key, "' is ", v, "; expected ", lo, "..",
+                   hi);
   return v;
 }
 
@@ -190,8 +190,8 @@ void open_weights(WanExpert& e) {
   std::map<std::string, std::shared_ptr<const SafetensorsFile>> shards;
   for (const auto& [name, file] : j["weight_map"].items()) {
     SEQPAR_ARG_CHECK(file.is_string() && file.get<std::string>().find('/') == std::string::npos,
-                     index, ": weight_map['", quote_for_message(name), "'] is ",
-                     json_excerpt(file), "; expected a file name in ", e.dir);
+                     index, ": weight_map['", quote_for_message(name), "'] is ", json_excerpt(file),
+                     "; expected a file name in ", e.dir);
     auto& f = shards[file.get<std::string>()];
     if (!f) f = std::make_shared<const SafetensorsFile>(e.dir + "/" + file.get<std::string>());
     SEQPAR_ARG_CHECK(f->contains(name), f->path(), ": tensor '", quote_for_message(name),
@@ -206,8 +206,8 @@ WanExpert open_expert(const std::string& dir, WanLayout layout) {
   e.layout = layout;
   const std::string config = dir + "/config.json";
   const json c = read_json(config);
-  e.preset = layout == WanLayout::kDiffusers ? diffusers_preset(c, config)
-                                             : original_preset(c, config);
+  e.preset =
+      layout == WanLayout::kDiffusers ? diffusers_preset(c, config) : original_preset(c, config);
   open_weights(e);
   // Every parameter present with its shape, and nothing DiT does not run (img_emb, k_img, ...).
   std::map<std::string, std::vector<int64_t>> stored_shape;
@@ -220,7 +220,7 @@ WanExpert open_expert(const std::string& dir, WanLayout layout) {
     std::vector<int64_t> want = s.shape;
     if (s.name == "patch_embedding.weight") {
       want = {d, m.in_channels, m.patch[0], m.patch[1], m.patch[2]};
-    } else if (s.name == "head.modulation" || s.name.ends_with(".modulation")) {
+    } else if (s.name.ends_with("modulation")) {  // blocks.i.modulation, head.modulation
       want = {1, s.shape[0], d};
     }
     auto it = stored_shape.find(stored);
@@ -252,12 +252,18 @@ std::string wan_stored_name(const std::string& name, WanLayout layout) {
   };
   // Inside blocks.i.: original Wan's norm3 (cross-attention) is diffusers' norm2.
   static const std::vector<std::pair<std::string, std::string>> block = {
-      {"self_attn.q.", "attn1.to_q."},  {"self_attn.k.", "attn1.to_k."},
-      {"self_attn.v.", "attn1.to_v."},  {"self_attn.o.", "attn1.to_out.0."},
-      {"self_attn.norm_", "attn1.norm_"}, {"cross_attn.q.", "attn2.to_q."},
-      {"cross_attn.k.", "attn2.to_k."}, {"cross_attn.v.", "attn2.to_v."},
-      {"cross_attn.o.", "attn2.to_out.0."}, {"cross_attn.norm_", "attn2.norm_"},
-      {"norm3.", "norm2."},             {"ffn.0.", "ffn.net.0.proj."},
+      {"self_attn.q.", "attn1.to_q."},
+      {"self_attn.k.", "attn1.to_k."},
+      {"self_attn.v.", "attn1.to_v."},
+      {"self_attn.o.", "attn1.to_out.0."},
+      {"self_attn.norm_", "attn1.norm_"},
+      {"cross_attn.q.", "attn2.to_q."},
+      {"cross_attn.k.", "attn2.to_k."},
+      {"cross_attn.v.", "attn2.to_v."},
+      {"cross_attn.o.", "attn2.to_out.0."},
+      {"cross_attn.norm_", "attn2.norm_"},
+      {"norm3.", "norm2."},
+      {"ffn.0.", "ffn.net.0.proj."},
       {"ffn.2.", "ffn.net.2."},
   };
   if (name == "head.modulation") return "scale_shift_table";
@@ -281,7 +287,8 @@ WanModel open_wan_model(const std::string& dir) {
     if (is_file(dir + "/transformer_2/config.json")) {
       w.experts.push_back(open_expert(dir + "/transformer_2", WanLayout::kDiffusers));
       const std::string index = dir + "/model_index.json";
-      SEQPAR_ARG_CHECK(is_file(index), dir, ": has transformer_2 but no model_index.json; "
+      SEQPAR_ARG_CHECK(is_file(index), dir,
+                       ": has transformer_2 but no model_index.json; "
                        "expected one with key 'boundary_ratio'");
       w.boundary_ratio = float_key(read_json(index), index, "boundary_ratio", 0);
       SEQPAR_ARG_CHECK(*w.boundary_ratio > 0, index,
@@ -300,8 +307,7 @@ WanModel open_wan_model(const std::string& dir) {
                      "/config.json: key 'dim' is missing and '_class_name' is not "
                      "\"WanTransformer3DModel\"; expected a Wan transformer config (original or "
                      "diffusers)");
-    w.experts.push_back(
-        open_expert(dir, diffusers ? WanLayout::kDiffusers : WanLayout::kOriginal));
+    w.experts.push_back(open_expert(dir, diffusers ? WanLayout::kDiffusers : WanLayout::kOriginal));
   } else {
     throw InvalidArgument(detail::concat(
         "--model ", dir,
@@ -320,7 +326,7 @@ WanModel open_wan_model(const std::string& dir) {
 WeightStore wan_weights(const WanExpert& e) {
   const ModelPreset& m = e.preset;
   std::map<std::string, std::shared_ptr<const SafetensorsFile>> file_of(e.tensors.begin(),
-                                                                         e.tensors.end());
+                                                                        e.tensors.end());
   WeightStore ws;
   for (const WeightStore::Spec& s : DiT::parameters(m)) {
     const std::string stored = wan_stored_name(s.name, e.layout);

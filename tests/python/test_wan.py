@@ -350,3 +350,20 @@ def test_sharded_index(work, tmp_path):
     err = rel_err(load_file(out)["noise_pred"], work["cond"])
     print(f"sharded index: rel err {err:.2e}")
     assert err <= 1e-4
+
+
+def test_batch_rows_with_their_own_timesteps(work, tmp_path):
+    g = torch.Generator().manual_seed(11)
+    inp = {"latents": torch.randn(2, 4, *GRID_LATENT, generator=g),
+           "encoder_hidden_states": torch.randn(2, TEXT_LEN, TEXT_DIM, generator=g),
+           "timestep": torch.tensor([900.0, 300.0])}
+    save_file(inp, str(tmp_path / "in.safetensors"))
+    out = str(tmp_path / "out.safetensors")
+    seqpar(["--model", str(work["dir"] / "original"), "--inputs", str(tmp_path / "in.safetensors"),
+            "--output", out, "--ulysses-degree", "2"])
+    with torch.no_grad():
+        ref = work["model"](hidden_states=inp["latents"], timestep=inp["timestep"],
+                            encoder_hidden_states=inp["encoder_hidden_states"]).sample
+    err = rel_err(load_file(out)["noise_pred"], ref)
+    print(f"batch of 2, timesteps 900 and 300: rel err {err:.2e}")
+    assert err <= 1e-4
