@@ -3,7 +3,7 @@
 # bench/wan_checkpoint in Wan's original layout, fp32) at 33 frames of 240x432 (3645 tokens, 512
 # text tokens), guided (two transformer calls a step), on 1 rank (2 threads) and on 2 ranks (one
 # thread each: Ulysses 2, and cfg 2), with the model FLOP rate beside the oneDNN fp32 GEMM rate of
-# two threads at once (bench/gemm_bench) measured before and after in the same run.
+# two threads at once (bench/gemm_bench) measured right before and after each run.
 #
 #   bench/wan_step.sh [--build DIR] [--layers 30] [--steps 2] [--work DIR]
 #
@@ -31,32 +31,36 @@ done
 if [[ -z "$work" ]]; then work=$(mktemp -d); trap 'rm -rf "$work"' EXIT; fi
 
 model=$("$build/bench/wan_checkpoint" --out "$work" --layers "$layers")
-gemm_before=$("$build/bench/gemm_bench" --threads 2 --json)
-runs=()
+# Each run between two GEMM measurements: this machine's speed drifts, so each row's ratio uses the
+# GEMM rate measured around it.
+rows=()
 for mesh in "" "--ulysses-degree 2" "--cfg 2"; do
+  before=$("$build/bench/gemm_bench" --threads 2 --json)
   # shellcheck disable=SC2086
-  runs+=("$("$build/seqpar" denoise --model "$work/wan" --inputs "$work/inputs.safetensors" \
-            --output "$work/out.safetensors" --steps "$steps" --guidance 5 --shift 5 $mesh --json \
-            2>/dev/null)")
+  run=$("$build/seqpar" denoise --model "$work/wan" --inputs "$work/inputs.safetensors" \
+          --output "$work/out.safetensors" --steps "$steps" --guidance 5 --shift 5 $mesh --json \
+          2>/dev/null)
+  after=$("$build/bench/gemm_bench" --threads 2 --json)
+  rows+=("{\"run\": $run, \"before\": $before, \"after\": $after}")
 done
-gemm_after=$("$build/bench/gemm_bench" --threads 2 --json)
 
-python3 - "$model" "$gemm_before" "$gemm_after" "${runs[@]}" <<'PY'
+python3 - "$model" "${rows[@]}" <<'PY'
 import json, sys
-model, before, after = (json.loads(a) for a in sys.argv[1:4])
-gemm = (before["together_gflops"] + after["together_gflops"]) / 2
+model = json.loads(sys.argv[1])
 flops_step = 2 * model["flops_per_call"]  # guided: two transformer calls
+outside = model["flops_per_call"] - model["layers"] * model["flops_per_layer"]
 print(f"Wan 2.1 1.3B shape, {model['layers']} blocks, {model['tokens']} tokens + "
       f"{model['text_tokens']} text tokens, guided step = {flops_step / 1e12:.2f} TFLOP")
-print(f"oneDNN fp32 GEMM 1024^3, two threads at once: {before['together_gflops']:.1f} GFLOP/s "
-      f"before, {after['together_gflops']:.1f} after")
 print()
-print("| mesh | ranks | s / step | s / step, 30 blocks | model GFLOP/s | / GEMM rate |")
-print("|---|---|---|---|---|---|")
-for r in map(json.loads, sys.argv[4:]):
+print("| mesh | ranks | s / step | s / step, 30 blocks | model GFLOP/s | GEMM GFLOP/s before, after "
+      "| / GEMM rate |")
+print("|---|---|---|---|---|---|---|")
+for row in map(json.loads, sys.argv[2:]):
+    r, b, a = row["run"], row["before"]["together_gflops"], row["after"]["together_gflops"]
     s = min(r["step_seconds"])
     mesh = f"cfg {r['cfg']} x tp {r['tp']} x ring {r['ring_degree']} x ulysses {r['ulysses_degree']}"
-    per30 = s / model["flops_per_call"] * (model["flops_per_call"] - model["layers"] * model["flops_per_layer"] + 30 * model["flops_per_layer"])
+    per30 = s / model["flops_per_call"] * (outside + 30 * model["flops_per_layer"])
     rate = flops_step / s / 1e9
-    print(f"| {mesh} | {r['ranks']} | {s:.2f} | {per30:.1f} | {rate:.1f} | {rate / gemm:.2f} |")
+    print(f"| {mesh} | {r['ranks']} | {s:.2f} | {per30:.0f} | {rate:.1f} | {b:.1f}, {a:.1f} | "
+          f"{rate / ((a + b) / 2):.2f} |")
 PY
