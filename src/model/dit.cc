@@ -1,6 +1,7 @@
 #include "seqpar/model/dit.h"
 
 #include <cstring>
+#include <string>
 
 #include "seqpar/model/ops.h"
 
@@ -8,6 +9,10 @@ namespace seqpar {
 
 namespace {
 constexpr double kRopeTheta = 10000.0;
+// A replicated linear weight, whole, in its stored dtype (linear() converts bf16/fp16 per block).
+Tensor stored_weight(const WeightStore& ws, const std::string& name) {
+  return ws.rows(name, 0, ws.shape(name).at(0));
+}
 int64_t out_channels(const ModelPreset& m) {
   return m.out_channels ? m.out_channels : m.in_channels;
 }
@@ -63,15 +68,15 @@ DiT::DiT(const ModelPreset& m, const WeightStore& ws, const ParallelContext& ctx
   SEQPAR_ARG_CHECK(m.family == ModelFamily::kDiT, "model ", m.name, " is not a DiT");
   SEQPAR_ARG_CHECK(m.heads % ctx.tp_size() == 0, "--tp ", ctx.tp_size(), " does not divide the ",
                    m.heads, " heads of ", m.name);
-  patch_w = ws.get("patch_embedding.weight");
+  patch_w = stored_weight(ws, "patch_embedding.weight");
   patch_b = ws.get("patch_embedding.bias");
   for (int i : {0, 2}) {
-    text_w.push_back(ws.get("text_embedding." + std::to_string(i) + ".weight"));
+    text_w.push_back(stored_weight(ws, "text_embedding." + std::to_string(i) + ".weight"));
     text_b.push_back(ws.get("text_embedding." + std::to_string(i) + ".bias"));
-    time_w.push_back(ws.get("time_embedding." + std::to_string(i) + ".weight"));
+    time_w.push_back(stored_weight(ws, "time_embedding." + std::to_string(i) + ".weight"));
     time_b.push_back(ws.get("time_embedding." + std::to_string(i) + ".bias"));
   }
-  proj_w = ws.get("time_projection.1.weight");
+  proj_w = stored_weight(ws, "time_projection.1.weight");
   proj_b = ws.get("time_projection.1.bias");
   for (int64_t i = 0; i < m.layers; ++i) {
     const std::string b = "blocks." + std::to_string(i) + ".";
@@ -92,7 +97,7 @@ DiT::DiT(const ModelPreset& m, const WeightStore& ws, const ParallelContext& ctx
     blocks_.push_back(std::move(blk));
   }
   head_mod = ws.get("head.modulation");
-  head_w = ws.get("head.head.weight");
+  head_w = stored_weight(ws, "head.head.weight");
   head_b = ws.get("head.head.bias");
 }
 
