@@ -16,6 +16,7 @@ struct Options {
   InfoOptions info;
   MeshOptions mesh;
   ModelOptions model;
+  DenoiseOptions denoise;
   PlanOptions plan;
   CalibrateOptions calibrate;
 };

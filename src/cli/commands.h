@@ -214,6 +214,32 @@ struct ModelOptions {
 void add_model_command(CLI::App& app, ModelOptions& opts);
 int model_command(const ModelOptions& opts);
 
+// The mesh flags of the model commands (model_mesh.h resolves them).
+struct MeshFlags {
+  int64_t cfg = 1, tp = 1, ring_degree = 1, ulysses_degree = 1;
+  std::string strategy = "ring";
+  std::string layout = "contiguous";
+  std::string ulysses_mode = "uaa";
+  bool pad = false;
+};
+
+// seqpar denoise: a Wan checkpoint on latents and text embeddings from a safetensors file: one
+// transformer call (noise_pred) or a flow-matching Euler loop with guidance (latents).
+struct DenoiseOptions {
+  std::string model, inputs, output;
+  MeshFlags mesh;
+  std::string backend = "threads";
+  int64_t steps = 0;  // 0: one transformer call at the inputs' timestep
+  double guidance = 5.0;
+  std::optional<double> guidance_2;      // A14B's low-noise expert (unset: --guidance)
+  double shift = 5.0;                    // the scheduler's flow shift
+  std::optional<double> boundary_ratio;  // unset: the checkpoint's
+  bool json = false;
+  std::string trace;
+};
+void add_denoise_command(CLI::App& app, DenoiseOptions& opts);
+int denoise_command(const DenoiseOptions& opts);
+
 // seqpar plan: the cost model's ranking of every mesh for a model (or one attention call) on a
 // hardware profile; divisibility, pass-KV / pass-Q, simulation past one machine.
 struct PlanOptions {

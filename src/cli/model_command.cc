@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/model_mesh.h"
 #include "seqpar/comm/mpi.h"
 #include "seqpar/comm/threads.h"
 #include "seqpar/core/timer.h"
@@ -46,10 +47,6 @@ struct Resolved {
 // Sizes against core/limits.h, before anything is sized by them.
 void validate(const ModelOptions& o) {
   using limits::check_range;
-  check_range("--cfg", o.cfg, 1, 2);
-  check_range("--tp", o.tp, 1, limits::kMaxRanks);
-  check_range("--ring-degree", o.ring_degree, 1, limits::kMaxRanks);
-  check_range("--ulysses-degree", o.ulysses_degree, 1, limits::kMaxRanks);
   check_range("--frames", o.frames, 1, limits::kMaxPixels);
   check_range("--height", o.height, 1, limits::kMaxPixels);
   check_range("--width", o.width, 1, limits::kMaxPixels);
@@ -92,36 +89,19 @@ Resolved resolve(const ModelOptions& o, int world) {
   validate(o);
   Resolved r;
   r.preset = model_preset(o.preset);
-  r.shape = {static_cast<int>(o.cfg), static_cast<int>(o.tp), static_cast<int>(o.ring_degree),
-             static_cast<int>(o.ulysses_degree)};
-  (void)limits::checked_product({o.cfg, o.tp, o.ring_degree, o.ulysses_degree},
-                                "ranks of --cfg x --tp x --ring-degree x --ulysses-degree",
-                                limits::kMaxRanks);
-  SEQPAR_ARG_CHECK(world == 0 || r.shape.world() == world, "the mesh ", mesh_shape_text(r.shape),
-                   " needs ", r.shape.world(), " ranks but the MPI world has ", world,
-                   "; launch mpirun -np ", r.shape.world());
-  SEQPAR_ARG_CHECK(o.cfg <= 2, "--cfg ", o.cfg, " is invalid; valid: 1, 2");
   SEQPAR_ARG_CHECK(r.preset.family != ModelFamily::kLlm || o.cfg == 1, "--cfg ", o.cfg,
                    ": classifier-free guidance is for diffusion models; use --cfg 1 with ",
                    r.preset.name);
   SEQPAR_ARG_CHECK(r.preset.family != ModelFamily::kMMDiT, "model ", r.preset.name,
                    " (mmdit) is available to `seqpar plan` only; runnable presets: the dit and "
                    "llm ones (tiny-dit, tiny-llm, wan2.1-t2v-1.3b, llama3-8b, ...)");
-  SEQPAR_ARG_CHECK(r.preset.heads % o.tp == 0, "--tp ", o.tp, " does not divide the ",
-                   r.preset.heads, " heads of ", r.preset.name,
-                   "; valid: ", divisors_text(r.preset.heads));
-  r.layout = parse_layout(o.layout);
-  r.mode = parse_ulysses_mode(o.ulysses_mode);
-  if (o.ring_degree > 1 && o.ulysses_degree > 1) {
-    r.strategy = Strategy::kUsp;
-  } else if (o.ulysses_degree > 1) {
-    r.strategy = Strategy::kUlysses;
-  } else {
-    r.strategy = parse_strategy(o.strategy);
-    SEQPAR_ARG_CHECK(r.strategy == Strategy::kRing || r.strategy == Strategy::kAllGather,
-                     "--strategy ", o.strategy, " needs --ulysses-degree > 1; with only ",
-                     "--ring-degree use ring or allgather");
-  }
+  const MeshChoice mesh = resolve_mesh(
+      {o.cfg, o.tp, o.ring_degree, o.ulysses_degree, o.strategy, o.layout, o.ulysses_mode, o.pad},
+      r.preset.heads, r.preset.name, world);
+  r.shape = mesh.shape;
+  r.strategy = mesh.strategy;
+  r.layout = mesh.layout;
+  r.mode = mesh.mode;
   r.specs = r.preset.family == ModelFamily::kDiT ? DiT::parameters(r.preset)
                                                  : Decoder::parameters(r.preset);
   int64_t tokens = o.prompt_len + o.decode;
@@ -135,14 +115,7 @@ Resolved resolve(const ModelOptions& o, int world) {
 ModelResult run_model(Communicator& world, const Resolved& r, const ModelOptions& o,
                       const WeightStore& ws, MeshShape shape) {
   MeshComms mc(world, shape);
-  ParallelContext ctx;
-  ctx.tp = &mc.tp();
-  ctx.sp = &mc.sp_comms();
-  ctx.cfg = &mc.cfg();
-  ctx.strategy = shape.sp() > 1 ? r.strategy : Strategy::kRing;
-  ctx.layout = r.layout;
-  ctx.pad = o.pad;
-  ctx.cp.ulysses_mode = r.mode;
+  ParallelContext ctx = rank_context(mc, {shape, r.strategy, r.layout, r.mode, o.pad});
   ModelResult res;
   world.barrier();
   mc.reset_stats();

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/trace_file.h"
 #include "cli/synthetic.h"
 #include "seqpar/attention/attention.h"
 #include "seqpar/attention/error_bound.h"
@@ -421,49 +422,6 @@ void verify(Communicator& comm, const Job& job, const AttnState& state, const At
   }
 }
 
-// --trace: stops recording (every rank is past its last timed run: this follows a collective)
-// and writes the events of every rank to `out` (opened before the work, held by rank 0) from rank
-// 0; a failed write is kept in report->trace_error so the report still prints. Threads: the ranks
-// share the process's recorder. MPI: each process serializes its events relative to the earliest
-// event of any rank and rank 0 gathers them.
-void write_trace(Communicator& comm, OutputFile* out, Report* report) {
-  const int n = comm.size();
-  auto write = [&](const std::string& fragments) {
-    try {
-      out->write(trace::to_json(fragments, n));
-    } catch (const Error& e) {
-      if (report) report->trace_error = e.what();
-    }
-  };
-  comm.barrier();
-  if (comm.backend() != "mpi") {
-    if (comm.rank() == 0) {
-      trace::stop();
-      const std::vector<trace::Event> events = trace::events();
-      write(trace::to_json_fragments(events, trace::earliest_us(events)));
-    }
-    comm.barrier();
-    return;
-  }
-  trace::stop();
-  const std::vector<trace::Event> events = trace::events();
-  const double origin = -comm.all_reduce_max(-trace::earliest_us(events));
-  std::string mine = trace::to_json_fragments(events, origin);
-  if (comm.rank() != 0 && !mine.empty()) mine.insert(mine.begin(), ',');
-  std::vector<size_t> counts(n);
-  const size_t my_count = mine.size();
-  comm.all_gather(&my_count, sizeof(size_t), counts.data());
-  size_t total = 0;
-  for (size_t c : counts) total += c;
-  std::string all(total, '\0');
-  comm.all_gatherv(mine.data(), all.data(), counts);
-  if (comm.rank() == 0) {
-    if (!all.empty() && all[0] == ',') all.erase(all.begin());
-    write(all);
-  }
-  comm.barrier();
-}
-
 // One rank's part of `seqpar run`. Rank 0 fills *report.
 void run_rank(Communicator& comm, const Job& job, Report* report, OutputFile* trace_out) {
   const RunOptions& o = job.opts;
@@ -549,7 +507,7 @@ void run_rank(Communicator& comm, const Job& job, Report* report, OutputFile* tr
   const double mine_frac[2] = {median_of(exposed), median_of(end_sync)};
   std::vector<double> all_frac(2 * n);
   comm.all_gather(mine_frac, sizeof(mine_frac), all_frac.data());
-  if (!o.trace.empty()) write_trace(comm, trace_out, report);  // the runs, not the verification
+  if (!o.trace.empty()) write_trace(comm, trace_out, report ? &report->trace_error : nullptr);  // the runs, not the verification
   if (o.verify) verify(comm, job, state, o.text_tokens > 0 ? &text : nullptr, report);
   if (r == 0 && report) {
     report->seconds = seconds;

@@ -1,18 +1,26 @@
 #include "seqpar/model/dit.h"
 
 #include <cstring>
+#include <string>
 
 #include "seqpar/model/ops.h"
 
 namespace seqpar {
 
 namespace {
-constexpr float kEps = 1e-6f;
 constexpr double kRopeTheta = 10000.0;
+// A replicated linear weight, whole, in its stored dtype (linear() converts bf16/fp16 per block).
+Tensor stored_weight(const WeightStore& ws, const std::string& name) {
+  return ws.rows(name, 0, ws.shape(name).at(0));
+}
+int64_t out_channels(const ModelPreset& m) {
+  return m.out_channels ? m.out_channels : m.in_channels;
+}
 }  // namespace
 
 std::vector<WeightStore::Spec> DiT::parameters(const ModelPreset& m) {
-  const int64_t d = m.hidden, pv = m.in_channels * m.patch[0] * m.patch[1] * m.patch[2];
+  const int64_t d = m.hidden, P = m.patch[0] * m.patch[1] * m.patch[2], pv = m.in_channels * P,
+                pout = out_channels(m) * P;
   std::vector<WeightStore::Spec> p = {
       {"patch_embedding.weight", {d, pv}},     {"patch_embedding.bias", {d}, 0},
       {"text_embedding.0.weight", {d, m.text_dim}}, {"text_embedding.0.bias", {d}, 0},
@@ -32,16 +40,18 @@ std::vector<WeightStore::Spec> DiT::parameters(const ModelPreset& m) {
       p.push_back({b + attn + ".norm_q.weight", {d}, -1});
       p.push_back({b + attn + ".norm_k.weight", {d}, -1});
     }
-    p.push_back({b + "norm3.weight", {d}, -1});
-    p.push_back({b + "norm3.bias", {d}, 0});
+    if (m.cross_attn_norm) {
+      p.push_back({b + "norm3.weight", {d}, -1});
+      p.push_back({b + "norm3.bias", {d}, 0});
+    }
     p.push_back({b + "ffn.0.weight", {m.ffn_dim, d}});
     p.push_back({b + "ffn.0.bias", {m.ffn_dim}, 0});
     p.push_back({b + "ffn.2.weight", {d, m.ffn_dim}});
     p.push_back({b + "ffn.2.bias", {d}, 0});
   }
   p.push_back({"head.modulation", {2, d}});
-  p.push_back({"head.head.weight", {pv, d}});
-  p.push_back({"head.head.bias", {pv}, 0});
+  p.push_back({"head.head.weight", {pout, d}});
+  p.push_back({"head.head.bias", {pout}, 0});
   return p;
 }
 
@@ -58,15 +68,15 @@ DiT::DiT(const ModelPreset& m, const WeightStore& ws, const ParallelContext& ctx
   SEQPAR_ARG_CHECK(m.family == ModelFamily::kDiT, "model ", m.name, " is not a DiT");
   SEQPAR_ARG_CHECK(m.heads % ctx.tp_size() == 0, "--tp ", ctx.tp_size(), " does not divide the ",
                    m.heads, " heads of ", m.name);
-  patch_w = ws.get("patch_embedding.weight");
+  patch_w = stored_weight(ws, "patch_embedding.weight");
   patch_b = ws.get("patch_embedding.bias");
   for (int i : {0, 2}) {
-    text_w.push_back(ws.get("text_embedding." + std::to_string(i) + ".weight"));
+    text_w.push_back(stored_weight(ws, "text_embedding." + std::to_string(i) + ".weight"));
     text_b.push_back(ws.get("text_embedding." + std::to_string(i) + ".bias"));
-    time_w.push_back(ws.get("time_embedding." + std::to_string(i) + ".weight"));
+    time_w.push_back(stored_weight(ws, "time_embedding." + std::to_string(i) + ".weight"));
     time_b.push_back(ws.get("time_embedding." + std::to_string(i) + ".bias"));
   }
-  proj_w = ws.get("time_projection.1.weight");
+  proj_w = stored_weight(ws, "time_projection.1.weight");
   proj_b = ws.get("time_projection.1.bias");
   for (int64_t i = 0; i < m.layers; ++i) {
     const std::string b = "blocks." + std::to_string(i) + ".";
@@ -75,14 +85,19 @@ DiT::DiT(const ModelPreset& m, const WeightStore& ws, const ParallelContext& ctx
     blk.self_attn = SelfAttention::load(ws, b + "self_attn", m.hidden, m.heads, m.heads, ctx,
                                         true, true, {"q", "k", "v", "o"});
     blk.cross_attn = CrossAttention::load(ws, b + "cross_attn", m.hidden, m.heads, ctx);
-    blk.norm3_w = ws.get(b + "norm3.weight");
-    blk.norm3_b = ws.get(b + "norm3.bias");
+    for (DistRmsNorm* n : {&blk.self_attn.norm_q, &blk.self_attn.norm_k, &blk.cross_attn.norm_q,
+                           &blk.cross_attn.norm_k})
+      n->eps = static_cast<float>(m.eps);
+    if (m.cross_attn_norm) {
+      blk.norm3_w = ws.get(b + "norm3.weight");
+      blk.norm3_b = ws.get(b + "norm3.bias");
+    }
     blk.ffn = FeedForward::load(ws, b + "ffn", m.hidden, m.ffn_dim,
                                 FeedForward::Kind::kGeluTanh, ctx);
     blocks_.push_back(std::move(blk));
   }
   head_mod = ws.get("head.modulation");
-  head_w = ws.get("head.head.weight");
+  head_w = stored_weight(ws, "head.head.weight");
   head_b = ws.get("head.head.bias");
 }
 
@@ -132,9 +147,14 @@ Tensor unpatchify(const Tensor& tokens, int64_t C, std::array<int64_t, 3> grid,
 }
 
 Tensor DiT::forward(const Tensor& latent, float t, const Tensor& text, ParallelContext& ctx) const {
-  const int64_t B = latent.dim(0), d = m_.hidden;
+  const int64_t d = m_.hidden;
+  const float eps = static_cast<float>(m_.eps);
   SEQPAR_ARG_CHECK(latent.ndim() == 5 && latent.dim(1) == m_.in_channels,
                    "latent must be (B, ", m_.in_channels, ", F, H, W); got ", latent.shape_str());
+  SEQPAR_ARG_CHECK(latent.dim(2) % m_.patch[0] == 0 && latent.dim(3) % m_.patch[1] == 0 &&
+                       latent.dim(4) % m_.patch[2] == 0,
+                   "latent ", latent.shape_str(), ": frames, height and width must be multiples "
+                   "of the patch ", m_.patch[0], "x", m_.patch[1], "x", m_.patch[2]);
   const std::array<int64_t, 3> grid = {latent.dim(2) / m_.patch[0], latent.dim(3) / m_.patch[1],
                                        latent.dim(4) / m_.patch[2]};
   const int64_t S = grid[0] * grid[1] * grid[2];
@@ -165,24 +185,23 @@ Tensor DiT::forward(const Tensor& latent, float t, const Tensor& text, ParallelC
     for (int64_t i = 0; i < 6 * d; ++i) mod[i] = blk.modulation.data<float>()[i] + e6.data<float>()[i];
     const float *shift_msa = &mod[0], *scale_msa = &mod[d], *gate_msa = &mod[2 * d],
                 *shift_mlp = &mod[3 * d], *scale_mlp = &mod[4 * d], *gate_mlp = &mod[5 * d];
-    Tensor y = layer_norm(x, Tensor(), Tensor(), kEps);
+    Tensor y = layer_norm(x, Tensor(), Tensor(), eps);
     modulate_(y, shift_msa, scale_msa);
     gated_add_(x, gate_msa, blk.self_attn.forward(y, rope, ctx, sp, false, nullptr));
-    y = layer_norm(x, blk.norm3_w, blk.norm3_b, kEps);
+    y = layer_norm(x, blk.norm3_w, blk.norm3_b, eps);
     add_(x, blk.cross_attn.forward(y, context, ctx));
-    y = layer_norm(x, Tensor(), Tensor(), kEps);
+    y = layer_norm(x, Tensor(), Tensor(), eps);
     modulate_(y, shift_mlp, scale_mlp);
     gated_add_(x, gate_mlp, blk.ffn.forward(y, *ctx.tp));
   }
 
   std::vector<float> hmod(2 * d);
   for (int64_t i = 0; i < 2 * d; ++i) hmod[i] = head_mod.data<float>()[i] + e.data<float>()[i % d];
-  Tensor y = layer_norm(x, Tensor(), Tensor(), kEps);
+  Tensor y = layer_norm(x, Tensor(), Tensor(), eps);
   modulate_(y, &hmod[0], &hmod[d]);
   y = linear(y, head_w, head_b);  // (B, n, C·pt·ph·pw)
   y = sp.at("proj_out", "hidden", std::move(y));
-  (void)B;
-  return unpatchify(y, m_.in_channels, grid, m_.patch);
+  return unpatchify(y, out_channels(m_), grid, m_.patch);
 }
 
 Tensor DiT::guided(const Tensor& latent, float t, const Tensor& text, const Tensor& null_text,

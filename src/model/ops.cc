@@ -264,10 +264,14 @@ Tensor concat_cols(const Tensor& x, const Tensor& y) {
 Tensor timestep_embedding(float t, int64_t dim) {
   Tensor e({dim});
   const int64_t half = dim / 2;
+  // In fp32 step by step, as diffusers' Timesteps computes it: at t ~ 1000 a double argument
+  // would differ from the fp32 one by ~1e-4 rad, which the time MLP carries into the output.
+  const float log_period = static_cast<float>(-std::log(10000.0));
   for (int64_t i = 0; i < half; ++i) {
-    const double freq = std::exp(-std::log(10000.0) * i / half);
-    e.data<float>()[i] = static_cast<float>(std::cos(t * freq));
-    e.data<float>()[half + i] = static_cast<float>(std::sin(t * freq));
+    const float freq = std::exp(log_period * static_cast<float>(i) / static_cast<float>(half));
+    const float arg = t * freq;
+    e.data<float>()[i] = std::cos(arg);
+    e.data<float>()[half + i] = std::sin(arg);
   }
   return e;
 }

@@ -1,7 +1,9 @@
-// DiT: a Wan-style text-to-video diffusion transformer.
+// DiT: the Wan 2.1 / 2.2 text-to-video diffusion transformer (presets, and checkpoints through
+// wan.h, which maps them onto these parameter names).
 //   latent (B, C, F, H, W) -> 3-D patches (1x2x2) -> patch embedding -> N blocks
 //   (adaLN-modulated self-attention with QK-norm and 3-D RoPE, cross-attention to the text,
-//   GELU-tanh FFN) -> adaLN head -> unpatchify -> velocity (B, C, F, H, W)
+//   GELU-tanh FFN) -> adaLN head -> unpatchify -> velocity (B, C_out, F, H, W)
+// The preset sets the shapes, out_channels, the norms' eps and whether norm3 is affine.
 // Sequence parallel by its SpPlan (shard the input of blocks.0 and the RoPE table, gather the
 // output of proj_out; the text stream is replicated), tensor parallel over heads and FFN
 // columns, classifier-free guidance over the cfg group.
@@ -20,7 +22,8 @@ namespace seqpar {
 
 class DiT {
  public:
-  // Parameter names and shapes of the preset (Wan's naming).
+  // Parameter names and shapes of the preset (Wan's original naming; head.head rows in
+  // unpatchify's channel-major order).
   static std::vector<WeightStore::Spec> parameters(const ModelPreset& m);
   static const SpPlan& sp_plan();
 

@@ -41,6 +41,10 @@ struct ModelPreset {
   int64_t vocab = 0;
   double rope_theta = 10000.0;
   int64_t params = 0;     // parameter count, for memory estimates
+  // dit (appended): what a Wan checkpoint's config sets
+  int64_t out_channels = 0;     // predicted channels; 0: in_channels
+  double eps = 1e-6;            // LayerNorm and QK-norm epsilon
+  bool cross_attn_norm = true;  // affine LayerNorm (norm3) before the cross-attention
 };
 
 // Throws InvalidArgument listing the known names.

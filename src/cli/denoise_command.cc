@@ -1,0 +1,441 @@
+// seqpar denoise: a Wan checkpoint (diffusers or original layout) on a cfg x tp x ring x ulysses
+// mesh, fed the latents and text embeddings of a safetensors file:
+//   IN:  latents [B, C, F, H, W], encoder_hidden_states [B, L, text_dim],
+//        negative_encoder_hidden_states [B, L', text_dim] (guidance), timestep [B] (one call)
+//   OUT: noise_pred [B, C_out, F, H, W] (one call, guided when the negative states are given and
+//        --guidance > 1, as WanPipeline combines them), or latents after --steps K Euler steps of
+//        diffusers' FlowMatchEulerDiscreteScheduler with --shift (experts switched at the
+//        boundary as WanPipeline does).
+#include <omp.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/model_mesh.h"
+#include "cli/trace_file.h"
+#include "seqpar/comm/mpi.h"
+#include "seqpar/comm/threads.h"
+#include "seqpar/core/timer.h"
+#include "seqpar/core/trace.h"
+#include "seqpar/model/dit.h"
+#include "seqpar/model/ops.h"
+#include "seqpar/model/safetensors.h"
+#include "seqpar/model/wan.h"
+
+namespace seqpar::cli {
+
+namespace {
+
+using nlohmann::json;
+
+struct Inputs {
+  Tensor latents;               // [B, C, F, H, W] fp32
+  Tensor text, negative;        // [B, L, text_dim] fp32; negative empty when absent
+  std::vector<float> timestep;  // [B]; empty in the sampling loop
+};
+
+std::string shape_text(const std::vector<int64_t>& s) {
+  std::string t = "[";
+  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+// Reads and checks IN against the model: every problem is one line naming the tensor.
+Inputs read_inputs(const DenoiseOptions& o, const ModelPreset& m) {
+  const SafetensorsFile f(o.inputs);
+  const std::string& p = o.inputs;
+  auto need = [&](const std::string& name, const std::string& expected) -> Tensor {
+    SEQPAR_ARG_CHECK(f.contains(name), p, ": tensor '", name, "' is missing; expected ", expected);
+    return f.tensor(name, DType::kF32);
+  };
+  const std::string grid = detail::concat("F, H, W multiples of the patch ", m.patch[0], "x",
+                                          m.patch[1], "x", m.patch[2]);
+  Inputs in;
+  in.latents = need("latents", detail::concat("[B, ", m.in_channels, ", F, H, W] with ", grid));
+  const Tensor& x = in.latents;
+  SEQPAR_ARG_CHECK(x.ndim() == 5 && x.dim(1) == m.in_channels && x.dim(0) >= 1, p,
+                   ": tensor 'latents' has shape ", x.shape_str(), "; expected [B, ", m.in_channels,
+                   ", F, H, W]");
+  SEQPAR_ARG_CHECK(x.dim(2) % m.patch[0] == 0 && x.dim(3) % m.patch[1] == 0 &&
+                       x.dim(4) % m.patch[2] == 0 && x.dim(2) > 0 && x.dim(3) > 0 && x.dim(4) > 0,
+                   p, ": tensor 'latents' has shape ", x.shape_str(), "; expected ", grid);
+  const int64_t B = x.dim(0);
+  const std::string text_shape = detail::concat("[", B, ", L, ", m.text_dim, "]");
+  auto check_text = [&](const std::string& name, const Tensor& t) {
+    SEQPAR_ARG_CHECK(t.ndim() == 3 && t.dim(0) == B && t.dim(1) >= 1 && t.dim(2) == m.text_dim, p,
+                     ": tensor '", name, "' has shape ", t.shape_str(), "; expected ", text_shape,
+                     " (the model's text_dim ", m.text_dim, ")");
+  };
+  in.text = need("encoder_hidden_states", text_shape);
+  check_text("encoder_hidden_states", in.text);
+  if (f.contains("negative_encoder_hidden_states")) {
+    in.negative = f.tensor("negative_encoder_hidden_states", DType::kF32);
+    check_text("negative_encoder_hidden_states", in.negative);
+  }
+  const double max_guidance = std::max(o.guidance, o.guidance_2.value_or(o.guidance));
+  SEQPAR_ARG_CHECK(o.steps == 0 || max_guidance <= 1 || !in.negative.empty(), p,
+                   ": tensor 'negative_encoder_hidden_states' is missing; expected ", text_shape,
+                   " for --guidance ", max_guidance, " (> 1), or --guidance 1 for no guidance");
+  if (o.steps == 0) {
+    const Tensor t = need("timestep", detail::concat("[", B,
+                                                     "] (one transformer call), or give "
+                                                     "--steps for the sampling loop"));
+    SEQPAR_ARG_CHECK(t.numel() == B && t.ndim() <= 1, p, ": tensor 'timestep' has shape ",
+                     t.shape_str(), "; expected [", B, "]");
+    for (int64_t b = 0; b < B; ++b) {
+      const float v = t.data<float>()[b];
+      SEQPAR_ARG_CHECK(std::isfinite(v) && v >= 0 && v <= 1000, p, ": tensor 'timestep' holds ", v,
+                       "; expected values in [0, 1000]");
+      in.timestep.push_back(v);
+    }
+  }
+  for (auto [name, t] :
+       {std::pair{"latents", &in.latents}, std::pair{"encoder_hidden_states", &in.text},
+        std::pair{"negative_encoder_hidden_states", &in.negative}})
+    for (int64_t i = 0; i < t->numel(); ++i)
+      SEQPAR_ARG_CHECK(std::isfinite(t->data<float>()[i]), p, ": tensor '", name,
+                       "' holds a non-finite value at element ", i, "; expected finite values");
+  return in;
+}
+
+// Row b of dimension 0 of t, as [1, ...].
+Tensor batch_row(const Tensor& t, int64_t b) {
+  std::vector<int64_t> shape = t.shape();
+  shape[0] = 1;
+  Tensor r(shape);
+  std::memcpy(r.raw(), t.data<float>() + b * r.numel(), r.nbytes());
+  return r;
+}
+
+struct Plan {
+  WanModel model;
+  MeshChoice mesh;
+  FlowMatchSchedule schedule;  // sampling loop only
+  double boundary = 0;         // timestep where the second expert takes over (experts: 2)
+  bool guide = false;          // two branches combined with the guidance scale
+};
+
+Plan resolve(const DenoiseOptions& o, int world) {
+  SEQPAR_ARG_CHECK(!o.model.empty(), "--model is required: a Wan checkpoint directory");
+  SEQPAR_ARG_CHECK(!o.inputs.empty(),
+                   "--inputs is required: a safetensors file with latents, "
+                   "encoder_hidden_states and timestep");
+  SEQPAR_ARG_CHECK(!o.output.empty(), "--output is required: the safetensors file to write");
+  SEQPAR_ARG_CHECK(o.backend == "threads" || o.backend == "mpi", "--backend '", o.backend,
+                   "' is unknown; valid: threads, mpi");
+  limits::check_range("--steps", o.steps, 0, limits::kMaxSteps);
+  for (auto [flag, v] : {std::pair{"--guidance", o.guidance},
+                         std::pair{"--guidance-2", o.guidance_2.value_or(o.guidance)}})
+    SEQPAR_ARG_CHECK(std::isfinite(v) && v >= 0 && v <= 100, flag, " ", v,
+                     " is invalid; valid: 0..100");
+  SEQPAR_ARG_CHECK(std::isfinite(o.shift) && o.shift > 0 && o.shift <= 100, "--shift ", o.shift,
+                   " is invalid; valid: (0, 100]");
+  SEQPAR_ARG_CHECK(!o.boundary_ratio || (*o.boundary_ratio > 0 && *o.boundary_ratio < 1),
+                   "--boundary-ratio ", o.boundary_ratio.value_or(0), " is invalid; valid: (0, 1)");
+  Plan p;
+  p.model = open_wan_model(o.model);
+  const ModelPreset& m = p.model.experts[0].preset;
+  p.mesh = resolve_mesh(o.mesh, m.heads, o.model, world);
+  if (p.model.experts.size() == 2)
+    p.boundary = o.boundary_ratio.value_or(*p.model.boundary_ratio) * 1000.0;
+  if (o.steps > 0) {
+    SEQPAR_ARG_CHECK(m.in_channels == m.out_channels, o.model, ": predicts ", m.out_channels,
+                     " channels from ", m.in_channels,
+                     "; the sampling loop needs them equal (use one call with a timestep)");
+    p.schedule = flow_match_schedule(static_cast<int>(o.steps), o.shift);
+  }
+  return p;
+}
+
+// One rank's work; every rank returns the output, rank 0 of world reports.
+struct RankResult {
+  Tensor output;
+  std::vector<double> step_seconds;  // slowest rank's
+  std::vector<float> step_timesteps;
+  std::vector<int> step_expert;
+  std::vector<int64_t> weight_bytes;  // per rank: bytes of weights it read
+  std::vector<int64_t> peak_rss;      // per rank: its process's peak RSS (threads share one)
+  CommStats comm;
+  double load_seconds = 0;
+};
+
+int64_t peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<int64_t>(u.ru_maxrss) * 1024;
+}
+
+RankResult run_rank(Communicator& world, const Plan& p, const Inputs& in, const DenoiseOptions& o,
+                    bool report) {
+  MeshComms mc(world, p.mesh.shape);
+  ParallelContext ctx = rank_context(mc, p.mesh);
+  RankResult res;
+  const double t_load = now_seconds();
+  std::vector<WeightStore> stores;
+  std::vector<DiT> dits;
+  for (const WanExpert& e : p.model.experts) stores.push_back(wan_weights(e));
+  for (size_t i = 0; i < stores.size(); ++i)
+    dits.emplace_back(p.model.experts[i].preset, stores[i], ctx);
+  res.load_seconds = world.all_reduce_max(now_seconds() - t_load);
+  int64_t mine = 0;
+  for (const WeightStore& ws : stores) mine += ws.bytes_read();
+  res.weight_bytes.resize(world.size());
+  world.all_gather(&mine, sizeof(mine), res.weight_bytes.data());
+
+  const bool have_negative = !in.negative.empty();
+  const int64_t B = in.latents.dim(0);
+  // The velocity for `latents` at timestep t (per batch row when the rows' timesteps differ):
+  // the high-noise expert (or the only one) at t >= boundary with --guidance, the low-noise one
+  // below with --guidance-2, as WanPipeline.
+  auto velocity = [&](const Tensor& latents, const std::vector<float>& t) {
+    auto one = [&](const Tensor& x, float tb, const Tensor& text, const Tensor& neg) {
+      const bool low = dits.size() == 2 && tb < p.boundary;
+      const float g = static_cast<float>(low ? o.guidance_2.value_or(o.guidance) : o.guidance);
+      const DiT& dit = dits[low ? 1 : 0];
+      if (have_negative && g > 1.0f) return dit.guided(x, tb, text, neg, g, ctx);
+      return dit.forward(x, tb, text, ctx);
+    };
+    if (std::all_of(t.begin(), t.end(), [&](float v) { return v == t[0]; }))
+      return one(latents, t[0], in.text, in.negative);
+    Tensor out;
+    for (int64_t b = 0; b < B; ++b) {
+      Tensor v = one(batch_row(latents, b), t[b], batch_row(in.text, b),
+                     have_negative ? batch_row(in.negative, b) : Tensor());
+      if (b == 0) {
+        std::vector<int64_t> shape = v.shape();
+        shape[0] = B;
+        out = Tensor(shape);
+      }
+      std::memcpy(out.data<float>() + b * v.numel(), v.raw(), v.nbytes());
+    }
+    return out;
+  };
+  auto timed = [&](auto&& body, size_t i, size_t n, float t) {
+    world.barrier();
+    const double t0 = now_seconds();
+    body();
+    const double s = world.all_reduce_max(now_seconds() - t0);
+    res.step_seconds.push_back(s);
+    if (report)
+      std::fprintf(stderr, "seqpar denoise: step %zu/%zu  t=%.1f  %.3f s\n", i + 1, n, t, s);
+  };
+
+  mc.reset_stats();
+  if (o.steps == 0) {
+    timed([&] { res.output = velocity(in.latents, in.timestep); }, 0, 1, in.timestep[0]);
+    res.step_timesteps.push_back(in.timestep[0]);
+    res.step_expert.push_back(dits.size() == 2 && in.timestep[0] < p.boundary ? 2 : 1);
+  } else {
+    Tensor x = in.latents;
+    const auto& sig = p.schedule.sigmas;
+    const size_t n = p.schedule.timesteps.size();
+    for (size_t i = 0; i < n; ++i) {
+      const float t = p.schedule.timesteps[i];
+      const bool low = dits.size() == 2 && t < p.boundary;
+      timed(
+          [&] {
+            trace::Scope span(trace::enabled() ? "step " + std::to_string(i) : std::string(),
+                              "denoise", trace::Lane::kCompute);
+            const Tensor v = velocity(x, std::vector<float>(B, t));
+            const float dt = sig[i + 1] - sig[i];
+            for (int64_t j = 0; j < x.numel(); ++j) x.data<float>()[j] += dt * v.data<float>()[j];
+          },
+          i, n, t);
+      res.step_timesteps.push_back(t);
+      res.step_expert.push_back(low ? 2 : 1);
+    }
+    res.output = std::move(x);
+  }
+  res.comm = mc.stats();
+  const int64_t rss = peak_rss_bytes();
+  res.peak_rss.resize(world.size());
+  world.all_gather(&rss, sizeof(rss), res.peak_rss.data());
+  return res;
+}
+
+int report(const DenoiseOptions& o, const Plan& p, const Inputs& in, const RankResult& r,
+           const std::string& backend) {
+  const std::string out_name = o.steps == 0 ? "noise_pred" : "latents";
+  write_safetensors(o.output, {{out_name, r.output}}, {{"format", "pt"}});
+  double total = 0;
+  for (double s : r.step_seconds) total += s;
+  const ModelPreset& m = p.model.experts[0].preset;
+  const int64_t tokens = in.latents.dim(2) / m.patch[0] * (in.latents.dim(3) / m.patch[1]) *
+                         (in.latents.dim(4) / m.patch[2]);
+  if (o.json) {
+    json j;
+    j["model"] = o.model;
+    j["checkpoint_layout"] = wan_layout_name(p.model.experts[0].layout);
+    j["experts"] = p.model.experts.size();
+    j["backend"] = backend;
+    j["ranks"] = p.mesh.shape.world();
+    j["cfg"] = p.mesh.shape.cfg;
+    j["tp"] = p.mesh.shape.tp;
+    j["ring_degree"] = p.mesh.shape.ring;
+    j["ulysses_degree"] = p.mesh.shape.ulysses;
+    j["strategy"] = strategy_name(p.mesh.strategy);
+    j["layout"] = layout_name(p.mesh.layout);
+    j["pad"] = p.mesh.pad;
+    j["batch"] = in.latents.dim(0);
+    j["tokens"] = tokens;
+    j["steps"] = o.steps;
+    j["output"] = o.output;
+    j["output_tensor"] = out_name;
+    j["seconds"] = total;
+    j["load_seconds"] = r.load_seconds;
+    j["step_seconds"] = r.step_seconds;
+    j["step_timesteps"] = r.step_timesteps;
+    j["step_expert"] = r.step_expert;
+    j["weight_bytes_per_rank"] = r.weight_bytes;
+    j["peak_rss_bytes_per_rank"] = r.peak_rss;
+    j["bytes_sent_rank0"] = r.comm.total_sent();
+    if (!o.trace.empty()) j["trace"] = o.trace;
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("seqpar denoise: %s (%s layout, %zu expert%s) on %s, %s backend\n", o.model.c_str(),
+                std::string(wan_layout_name(p.model.experts[0].layout)).c_str(),
+                p.model.experts.size(), p.model.experts.size() == 1 ? "" : "s",
+                mesh_shape_text(p.mesh.shape).c_str(), backend.c_str());
+    std::printf("  %lld tokens x batch %lld, %s attention, %s layout%s\n", (long long)tokens,
+                (long long)in.latents.dim(0), std::string(strategy_name(p.mesh.strategy)).c_str(),
+                std::string(layout_name(p.mesh.layout)).c_str(), p.mesh.pad ? ", padded" : "");
+    std::printf("  time     %.4f s over %zu transformer step%s (slowest rank)\n", total,
+                r.step_seconds.size(), r.step_seconds.size() == 1 ? "" : "s");
+    std::printf("  output   %s: %s %s\n", o.output.c_str(), out_name.c_str(),
+                shape_text(r.output.shape()).c_str());
+  }
+  return 0;
+}
+
+int run_threads(const DenoiseOptions& o) {
+  Plan p = resolve(o, 0);
+  const Inputs in = read_inputs(o, p.model.experts[0].preset);
+  const int n = p.mesh.shape.world();
+  SEQPAR_ARG_CHECK(n <= limits::max_threads(), "the mesh ", mesh_shape_text(p.mesh.shape),
+                   " needs ", n, " rank threads; this process may start at most ",
+                   limits::max_threads(), " (core/limits.h and RLIMIT_NPROC); use --backend mpi");
+  SEQPAR_ARG_CHECK(p.mesh.shape.cfg == 1 || (!in.negative.empty() && o.guidance > 1), "--cfg ",
+                   p.mesh.shape.cfg,
+                   " runs the two guidance branches side by side; it needs "
+                   "negative_encoder_hidden_states in --inputs and --guidance > 1");
+  // Both files open before the work, so a path that cannot be written fails up front.
+  OutputFile("--output", o.output);
+  std::optional<OutputFile> trace_out;
+  if (!o.trace.empty()) trace_out.emplace("--trace", o.trace);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  RankResult got;
+  std::string trace_error;
+  if (!o.trace.empty()) trace::start();
+  ThreadWorld::run(n, [&](Communicator& world) {
+    omp_set_num_threads(std::max(1, cores / n));
+    trace::set_rank(world.rank());
+    RankResult r = run_rank(world, p, in, o, world.rank() == 0);
+    if (!o.trace.empty())
+      write_trace(world, world.rank() == 0 ? &*trace_out : nullptr, &trace_error);
+    if (world.rank() == 0) got = std::move(r);
+  });
+  const int code = report(o, p, in, got, "threads");
+  if (!trace_error.empty()) {
+    std::fprintf(stderr, "seqpar: error: %s\n", trace_error.c_str());
+    return finish_output(1);
+  }
+  return finish_output(code);
+}
+
+int run_mpi(const DenoiseOptions& o) {
+  SEQPAR_ARG_CHECK(mpi_available(), "--backend mpi: this build has no MPI; valid: threads");
+  mpi_init(nullptr, nullptr);
+  std::unique_ptr<Communicator> world = mpi_world();
+  Plan p;
+  Inputs in;
+  std::optional<OutputFile> trace_out;
+  try {
+    p = resolve(o, world->size());
+    in = read_inputs(o, p.model.experts[0].preset);
+    SEQPAR_ARG_CHECK(p.mesh.shape.cfg == 1 || (!in.negative.empty() && o.guidance > 1), "--cfg ",
+                     p.mesh.shape.cfg,
+                     " runs the two guidance branches side by side; it needs "
+                     "negative_encoder_hidden_states in --inputs and --guidance > 1");
+    if (world->rank() == 0) {
+      OutputFile("--output", o.output);
+      if (!o.trace.empty()) trace_out.emplace("--trace", o.trace);
+    }
+  } catch (const std::exception&) {
+    world.reset();
+    mpi_finalize();
+    throw;
+  }
+  int code = 0;
+  try {
+    omp_set_num_threads(1);
+    if (!o.trace.empty()) {
+      trace::set_rank(world->rank());
+      trace::start();
+    }
+    RankResult r = run_rank(*world, p, in, o, world->rank() == 0);
+    std::string trace_error;
+    if (!o.trace.empty()) write_trace(*world, trace_out ? &*trace_out : nullptr, &trace_error);
+    if (world->rank() == 0) {
+      code = report(o, p, in, r, "mpi");
+      if (!trace_error.empty()) {
+        std::fprintf(stderr, "seqpar: error: %s\n", trace_error.c_str());
+        code = 1;
+      }
+      if (std::fflush(stdout) != 0 || std::ferror(stdout)) code = 1;
+    }
+    int32_t c = code;
+    world->broadcast(&c, sizeof(c), 0);
+    code = c;
+  } catch (const std::exception& e) {
+    world->abort(e.what());
+    if (o.json && world->rank() == 0) print_json_error(e.what(), 1);
+    std::fprintf(stderr, "seqpar: error: rank %d: %s\n", world->rank(), e.what());
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+  world.reset();
+  mpi_finalize();
+  return code;
+}
+
+}  // namespace
+
+void add_denoise_command(CLI::App& app, DenoiseOptions& o) {
+  CLI::App* d = app.add_subcommand(
+      "denoise",
+      "Run a Wan checkpoint on latents and text embeddings (noise prediction or a "
+      "flow-matching sampling loop) on a cfg x tp x ring x ulysses mesh");
+  d->add_option("--model", o.model, "Wan checkpoint directory (diffusers or original layout)");
+  d->add_option("--inputs", o.inputs,
+                "safetensors: latents [B,C,F,H,W], encoder_hidden_states [B,L,D], optional "
+                "negative_encoder_hidden_states, timestep [B] (without --steps)");
+  d->add_option("--output", o.output, "safetensors to write: noise_pred, or latents with --steps");
+  add_mesh_flags(d, o.mesh);
+  d->add_option("--steps", o.steps, "Euler steps of the flow-matching loop (0: one call)");
+  d->add_option("--guidance", o.guidance,
+                "classifier-free guidance scale (used when > 1 and the negative states are given)");
+  d->add_option_function<double>(
+      "--guidance-2,--guidance_2", [&o](double v) { o.guidance_2 = v; },
+      "guidance of the low-noise expert (two-expert models; default --guidance)");
+  d->add_option("--shift", o.shift, "the scheduler's flow shift");
+  d->add_option_function<double>(
+      "--boundary-ratio,--boundary_ratio", [&o](double v) { o.boundary_ratio = v; },
+      "two-expert models: switch at timestep ratio x 1000 (default: the checkpoint's)");
+  d->add_option("--backend", o.backend, "threads | mpi");
+  d->add_flag("--json", o.json, "print one JSON object");
+  d->add_option("--trace", o.trace, "write a Chrome/Perfetto trace (JSON) of the steps");
+  guard_integer_options(d);
+}
+
+int denoise_command(const DenoiseOptions& o) {
+  return with_json_errors(o.json, [&] { return o.backend == "mpi" ? run_mpi(o) : run_threads(o); });
+}
+
+}  // namespace seqpar::cli

@@ -1,0 +1,380 @@
+#include <sys/stat.h>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "seqpar/core/json_limits.h"
+#include "seqpar/core/limits.h"
+#include "seqpar/model/dit.h"
+#include "seqpar/model/ops.h"
+#include "seqpar/model/wan.h"
+
+namespace seqpar {
+
+std::string_view wan_layout_name(WanLayout layout) {
+  return layout == WanLayout::kDiffusers ? "diffusers" : "original";
+}
+
+namespace {
+
+using nlohmann::json;
+
+bool is_file(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+bool is_dir(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+std::string shape_text(const std::vector<int64_t>& s) {
+  std::string t = "[";
+  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+json read_json(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  SEQPAR_ARG_CHECK(in.good(), path, ": cannot be read");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  check_json_limits(text, path, JsonLimits{static_cast<size_t>(limits::kMaxFileBytes), 64});
+  json j = json::parse(text, nullptr, false);
+  SEQPAR_ARG_CHECK(!j.is_discarded() && j.is_object(), path, ": is not a JSON object");
+  return j;
+}
+
+// Integer key `key` of config `path`, in [lo, hi]; `fallback` when absent (nullopt: required).
+int64_t int_key(const json& c, const std::string& path, const char* key, int64_t lo, int64_t hi,
+                std::optional<int64_t> fallback = std::nullopt) {
+  if (!c.contains(key) || c[key].is_null()) {
+    SEQPAR_ARG_CHECK(fallback.has_value(), path, ": key '", key,
+                     "' is missing; expected an integer");
+    return *fallback;
+  }
+  SEQPAR_ARG_CHECK(c[key].is_number_integer(), path, ": key '", key, "' is ", json_excerpt(c[key]),
+                   "; expected an integer");
+  const int64_t v = c[key].get<int64_t>();
+  SEQPAR_ARG_CHECK(lo <= v && v <= hi, path, ": key '", key, "' is ", v, "; expected ", lo, "..",
+                   hi);
+  return v;
+}
+
+double float_key(const json& c, const std::string& path, const char* key, double fallback) {
+  if (!c.contains(key) || c[key].is_null()) return fallback;
+  SEQPAR_ARG_CHECK(c[key].is_number(), path, ": key '", key, "' is ", json_excerpt(c[key]),
+                   "; expected a number");
+  const double v = c[key].get<double>();
+  SEQPAR_ARG_CHECK(std::isfinite(v) && v > 0 && v < 1, path, ": key '", key, "' is ", v,
+                   "; expected a number in (0, 1)");
+  return v;
+}
+
+bool bool_key(const json& c, const std::string& path, const char* key, bool fallback) {
+  if (!c.contains(key) || c[key].is_null()) return fallback;
+  SEQPAR_ARG_CHECK(c[key].is_boolean(), path, ": key '", key, "' is ", json_excerpt(c[key]),
+                   "; expected true or false");
+  return c[key].get<bool>();
+}
+
+std::array<int64_t, 3> patch_key(const json& c, const std::string& path) {
+  if (!c.contains("patch_size")) return {1, 2, 2};
+  const json& p = c["patch_size"];
+  SEQPAR_ARG_CHECK(p.is_array() && p.size() == 3 && p[0].is_number_integer() &&
+                       p[1].is_number_integer() && p[2].is_number_integer(),
+                   path, ": key 'patch_size' is ", json_excerpt(p),
+                   "; expected [frames, height, width]");
+  std::array<int64_t, 3> v{};
+  for (int i = 0; i < 3; ++i) {
+    v[i] = p[i].get<int64_t>();
+    SEQPAR_ARG_CHECK(1 <= v[i] && v[i] <= 16, path, ": key 'patch_size' is ", json_excerpt(p),
+                     "; expected three integers in 1..16");
+  }
+  return v;
+}
+
+ModelPreset dit_preset(const std::string& name) {
+  ModelPreset m;
+  m.name = name;
+  m.family = ModelFamily::kDiT;
+  m.video = true;
+  return m;
+}
+
+void finish_preset(ModelPreset& m, const std::string& path) {
+  m.kv_heads = m.heads;
+  m.hidden = m.heads * m.head_dim;
+  SEQPAR_ARG_CHECK(m.head_dim % 2 == 0, path, ": the head dimension ", m.head_dim,
+                   " is odd; expected an even one (RoPE rotates pairs)");
+  if (m.out_channels == 0) m.out_channels = m.in_channels;
+}
+
+// diffusers' transformer/config.json.
+ModelPreset diffusers_preset(const json& c, const std::string& path) {
+  SEQPAR_ARG_CHECK(c.value("_class_name", std::string()) == "WanTransformer3DModel", path,
+                   ": key '_class_name' is ", json_excerpt(c.value("_class_name", json())),
+                   "; expected \"WanTransformer3DModel\"");
+  for (const char* key : {"image_dim", "added_kv_proj_dim", "pos_embed_seq_len"})
+    SEQPAR_ARG_CHECK(!c.contains(key) || c[key].is_null(), path, ": key '", key, "' is ",
+                     json_excerpt(c[key]),
+                     "; image conditioning (Wan 2.1 i2v / flf2v) is not supported, expected null");
+  const std::string qk = c.value("qk_norm", std::string("rms_norm_across_heads"));
+  SEQPAR_ARG_CHECK(qk == "rms_norm_across_heads", path, ": key 'qk_norm' is \"",
+                   quote_for_message(qk), "\"; expected \"rms_norm_across_heads\"");
+  ModelPreset m = dit_preset(path);
+  m.heads = int_key(c, path, "num_attention_heads", 1, 1024, 40);
+  m.head_dim = int_key(c, path, "attention_head_dim", 2, 1024, 128);
+  m.in_channels = int_key(c, path, "in_channels", 1, 4096, 16);
+  m.out_channels = int_key(c, path, "out_channels", 1, 4096, 16);
+  m.text_dim = int_key(c, path, "text_dim", 1, 1 << 16, 4096);
+  m.freq_dim = int_key(c, path, "freq_dim", 2, 1 << 16, 256);
+  m.ffn_dim = int_key(c, path, "ffn_dim", 1, 1 << 20, 13824);
+  m.layers = int_key(c, path, "num_layers", 1, 1024, 40);
+  m.eps = float_key(c, path, "eps", 1e-6);
+  m.cross_attn_norm = bool_key(c, path, "cross_attn_norm", true);
+  m.patch = patch_key(c, path);
+  m.text_len = 512;
+  finish_preset(m, path);
+  return m;
+}
+
+// Wan's own config.json.
+ModelPreset original_preset(const json& c, const std::string& path) {
+  const std::string type = c.value("model_type", std::string("t2v"));
+  SEQPAR_ARG_CHECK(type == "t2v" || type == "ti2v", path, ": key 'model_type' is \"",
+                   quote_for_message(type),
+                   "\"; supported: \"t2v\", \"ti2v\" (image conditioning is not)");
+  ModelPreset m = dit_preset(path);
+  const int64_t dim = int_key(c, path, "dim", 2, 1 << 16);
+  m.heads = int_key(c, path, "num_heads", 1, 1024);
+  SEQPAR_ARG_CHECK(dim % m.heads == 0, path, ": key 'dim' ", dim,
+                   " is not divisible by 'num_heads' ", m.heads);
+  m.head_dim = dim / m.heads;
+  m.in_channels = int_key(c, path, "in_dim", 1, 4096);
+  m.out_channels = int_key(c, path, "out_dim", 1, 4096);
+  m.text_dim = int_key(c, path, "text_dim", 1, 1 << 16, 4096);
+  m.freq_dim = int_key(c, path, "freq_dim", 2, 1 << 16);
+  m.ffn_dim = int_key(c, path, "ffn_dim", 1, 1 << 20);
+  m.layers = int_key(c, path, "num_layers", 1, 1024);
+  m.text_len = int_key(c, path, "text_len", 1, 1 << 20);
+  m.eps = float_key(c, path, "eps", 1e-6);
+  m.cross_attn_norm = bool_key(c, path, "cross_attn_norm", true);
+  SEQPAR_ARG_CHECK(bool_key(c, path, "qk_norm", true), path,
+                   ": key 'qk_norm' is false; expected true (Wan's RMS QK-norm)");
+  m.patch = patch_key(c, path);
+  finish_preset(m, path);
+  return m;
+}
+
+// Opens the weights of a transformer directory: one file or the shards of an index.
+void open_weights(WanExpert& e) {
+  const std::string single = e.dir + "/diffusion_pytorch_model.safetensors";
+  const std::string index = single + ".index.json";
+  if (is_file(single)) {
+    auto f = std::make_shared<const SafetensorsFile>(single);
+    for (const std::string& n : f->names()) e.tensors.emplace_back(n, f);
+    return;
+  }
+  SEQPAR_ARG_CHECK(is_file(index), e.dir,
+                   ": holds no weights; expected diffusion_pytorch_model.safetensors or "
+                   "diffusion_pytorch_model.safetensors.index.json");
+  const json j = read_json(index);
+  SEQPAR_ARG_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), index,
+                   ": key 'weight_map' is missing; expected {tensor: file}");
+  std::map<std::string, std::shared_ptr<const SafetensorsFile>> shards;
+  for (const auto& [name, file] : j["weight_map"].items()) {
+    SEQPAR_ARG_CHECK(file.is_string() && file.get<std::string>().find('/') == std::string::npos,
+                     index, ": weight_map['", quote_for_message(name), "'] is ", json_excerpt(file),
+                     "; expected a file name in ", e.dir);
+    auto& f = shards[file.get<std::string>()];
+    if (!f) f = std::make_shared<const SafetensorsFile>(e.dir + "/" + file.get<std::string>());
+    SEQPAR_ARG_CHECK(f->contains(name), f->path(), ": tensor '", quote_for_message(name),
+                     "' is missing; ", index, " places it there");
+    e.tensors.emplace_back(name, f);
+  }
+}
+
+WanExpert open_expert(const std::string& dir, WanLayout layout) {
+  WanExpert e;
+  e.dir = dir;
+  e.layout = layout;
+  const std::string config = dir + "/config.json";
+  const json c = read_json(config);
+  e.preset =
+      layout == WanLayout::kDiffusers ? diffusers_preset(c, config) : original_preset(c, config);
+  open_weights(e);
+  // Every parameter present with its shape, and nothing DiT does not run (img_emb, k_img, ...).
+  std::map<std::string, std::vector<int64_t>> stored_shape;
+  for (const auto& [n, f] : e.tensors) stored_shape[n] = f->entry(n).shape;
+  const ModelPreset& m = e.preset;
+  const int64_t d = m.hidden;
+  std::set<std::string> expected;
+  for (const WeightStore::Spec& s : DiT::parameters(m)) {
+    const std::string stored = wan_stored_name(s.name, layout);
+    std::vector<int64_t> want = s.shape;
+    if (s.name == "patch_embedding.weight") {
+      want = {d, m.in_channels, m.patch[0], m.patch[1], m.patch[2]};
+    } else if (s.name.ends_with("modulation")) {  // blocks.i.modulation, head.modulation
+      want = {1, s.shape[0], d};
+    }
+    auto it = stored_shape.find(stored);
+    SEQPAR_ARG_CHECK(it != stored_shape.end(), dir, ": tensor '", stored,
+                     "' is missing; expected shape ", shape_text(want));
+    SEQPAR_ARG_CHECK(it->second == want, dir, ": tensor '", stored, "' has shape ",
+                     shape_text(it->second), "; expected ", shape_text(want), " (from ", config,
+                     ")");
+    expected.insert(stored);
+  }
+  for (const auto& [n, shape] : stored_shape)
+    SEQPAR_ARG_CHECK(expected.count(n), dir, ": tensor '", quote_for_message(n),
+                     "' is not part of a Wan text-to-video transformer (image conditioning is "
+                     "not supported)");
+  return e;
+}
+
+}  // namespace
+
+std::string wan_stored_name(const std::string& name, WanLayout layout) {
+  if (layout == WanLayout::kOriginal) return name;
+  static const std::vector<std::pair<std::string, std::string>> top = {
+      {"text_embedding.0.", "condition_embedder.text_embedder.linear_1."},
+      {"text_embedding.2.", "condition_embedder.text_embedder.linear_2."},
+      {"time_embedding.0.", "condition_embedder.time_embedder.linear_1."},
+      {"time_embedding.2.", "condition_embedder.time_embedder.linear_2."},
+      {"time_projection.1.", "condition_embedder.time_proj."},
+      {"head.head.", "proj_out."},
+  };
+  // Inside blocks.i.: original Wan's norm3 (cross-attention) is diffusers' norm2.
+  static const std::vector<std::pair<std::string, std::string>> block = {
+      {"self_attn.q.", "attn1.to_q."},
+      {"self_attn.k.", "attn1.to_k."},
+      {"self_attn.v.", "attn1.to_v."},
+      {"self_attn.o.", "attn1.to_out.0."},
+      {"self_attn.norm_", "attn1.norm_"},
+      {"cross_attn.q.", "attn2.to_q."},
+      {"cross_attn.k.", "attn2.to_k."},
+      {"cross_attn.v.", "attn2.to_v."},
+      {"cross_attn.o.", "attn2.to_out.0."},
+      {"cross_attn.norm_", "attn2.norm_"},
+      {"norm3.", "norm2."},
+      {"ffn.0.", "ffn.net.0.proj."},
+      {"ffn.2.", "ffn.net.2."},
+  };
+  if (name == "head.modulation") return "scale_shift_table";
+  for (const auto& [from, to] : top)
+    if (name.starts_with(from)) return to + name.substr(from.size());
+  if (name.starts_with("blocks.")) {
+    const size_t dot = name.find('.', 7);
+    const std::string prefix = name.substr(0, dot + 1), rest = name.substr(dot + 1);
+    if (rest == "modulation") return prefix + "scale_shift_table";
+    for (const auto& [from, to] : block)
+      if (rest.starts_with(from)) return prefix + to + rest.substr(from.size());
+  }
+  return name;  // patch_embedding.*
+}
+
+WanModel open_wan_model(const std::string& dir) {
+  SEQPAR_ARG_CHECK(is_dir(dir), "--model ", dir, ": is not a directory");
+  WanModel w;
+  if (is_file(dir + "/model_index.json") || is_file(dir + "/transformer/config.json")) {
+    w.experts.push_back(open_expert(dir + "/transformer", WanLayout::kDiffusers));
+    if (is_file(dir + "/transformer_2/config.json")) {
+      w.experts.push_back(open_expert(dir + "/transformer_2", WanLayout::kDiffusers));
+      const std::string index = dir + "/model_index.json";
+      SEQPAR_ARG_CHECK(is_file(index), dir,
+                       ": has transformer_2 but no model_index.json; "
+                       "expected one with key 'boundary_ratio'");
+      w.boundary_ratio = float_key(read_json(index), index, "boundary_ratio", 0);
+      SEQPAR_ARG_CHECK(*w.boundary_ratio > 0, index,
+                       ": key 'boundary_ratio' is missing; expected a number in (0, 1) for the "
+                       "two experts");
+    }
+  } else if (is_file(dir + "/high_noise_model/config.json")) {
+    // Wan 2.2 A14B as published: the experts switch at t = 875 for text-to-video.
+    w.experts.push_back(open_expert(dir + "/high_noise_model", WanLayout::kOriginal));
+    w.experts.push_back(open_expert(dir + "/low_noise_model", WanLayout::kOriginal));
+    w.boundary_ratio = 0.875;
+  } else if (is_file(dir + "/config.json")) {
+    const json c = read_json(dir + "/config.json");
+    const bool diffusers = c.value("_class_name", std::string()) == "WanTransformer3DModel";
+    SEQPAR_ARG_CHECK(diffusers || c.contains("dim"), dir,
+                     "/config.json: key 'dim' is missing and '_class_name' is not "
+                     "\"WanTransformer3DModel\"; expected a Wan transformer config (original or "
+                     "diffusers)");
+    w.experts.push_back(open_expert(dir, diffusers ? WanLayout::kDiffusers : WanLayout::kOriginal));
+  } else {
+    throw InvalidArgument(detail::concat(
+        "--model ", dir,
+        ": neither a diffusers Wan checkpoint (model_index.json or transformer/config.json) nor "
+        "an original one (config.json, or high_noise_model/ and low_noise_model/)"));
+  }
+  if (w.experts.size() == 2) {
+    const ModelPreset &a = w.experts[0].preset, &b = w.experts[1].preset;
+    SEQPAR_ARG_CHECK(a.in_channels == b.in_channels && a.out_channels == b.out_channels &&
+                         a.text_dim == b.text_dim && a.patch == b.patch,
+                     dir, ": the two experts differ in channels, text width or patch size");
+  }
+  return w;
+}
+
+WeightStore wan_weights(const WanExpert& e) {
+  const ModelPreset& m = e.preset;
+  std::map<std::string, std::shared_ptr<const SafetensorsFile>> file_of(e.tensors.begin(),
+                                                                        e.tensors.end());
+  WeightStore ws;
+  for (const WeightStore::Spec& s : DiT::parameters(m)) {
+    const std::string stored = wan_stored_name(s.name, e.layout);
+    ws.map(s.name, file_of.at(stored), stored);
+  }
+  // Same bytes, DiT's 2-D shapes: replicated and small, so read whole (fp32) and kept.
+  auto reshaped = [&](const std::string& name, std::vector<int64_t> shape) {
+    ws.set(name, reshape(ws.get(name), std::move(shape)));
+  };
+  const int64_t d = m.hidden, P = m.patch[0] * m.patch[1] * m.patch[2], C = m.out_channels;
+  reshaped("patch_embedding.weight", {d, m.in_channels * P});
+  reshaped("head.modulation", {2, d});
+  for (int64_t i = 0; i < m.layers; ++i)
+    reshaped("blocks." + std::to_string(i) + ".modulation", {6, d});
+  // head.head: stored row p·C + c (patch position p major, as Wan's unpatchify reads them) is
+  // DiT's row c·P + p (channel major, as unpatchify() writes them).
+  const Tensor w = ws.get("head.head.weight"), b = ws.get("head.head.bias");
+  Tensor w2({C * P, d}), b2({C * P});
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t p = 0; p < P; ++p) {
+      std::copy_n(w.data<float>() + (p * C + c) * d, d, w2.data<float>() + (c * P + p) * d);
+      b2.data<float>()[c * P + p] = b.data<float>()[p * C + c];
+    }
+  ws.set("head.head.weight", std::move(w2));
+  ws.set("head.head.bias", std::move(b2));
+  return ws;
+}
+
+FlowMatchSchedule flow_match_schedule(int steps, double shift) {
+  SEQPAR_ARG_CHECK(steps >= 1, "steps ", steps, " is invalid; it must be at least 1");
+  SEQPAR_ARG_CHECK(std::isfinite(shift) && shift > 0, "shift ", shift,
+                   " is invalid; it must be > 0");
+  // The scheduler's training sigmas are fp32: sigma_min = shifted(1/1000), sigma_max = 1.
+  const float s = static_cast<float>(shift), t_min = 1.0f / 1000.0f;
+  const float sigma_min = s * t_min / (1.0f + (s - 1.0f) * t_min);
+  const double t_max = 1000.0, t_lo = static_cast<double>(sigma_min) * 1000.0;
+  const double step = steps == 1 ? 0.0 : (t_lo - t_max) / (steps - 1);
+  FlowMatchSchedule f;
+  for (int i = 0; i < steps; ++i) {
+    // np.linspace(t_max, t_lo, steps) in float64 (i·step + start, the last one exact), / 1000,
+    // shifted in float64, then rounded to fp32.
+    const double t = i == steps - 1 && steps > 1 ? t_lo : i * step + t_max;
+    const double sig = t / 1000.0;
+    f.sigmas.push_back(static_cast<float>(shift * sig / (1.0 + (shift - 1.0) * sig)));
+    f.timesteps.push_back(f.sigmas.back() * 1000.0f);
+  }
+  f.sigmas.push_back(0.0f);
+  return f;
+}
+
+}  // namespace seqpar

@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# seqpar denoise: a tiny Wan checkpoint in the original layout and inputs, written here with the
+# standard library's python3; the run's JSON and output tensor, and bad inputs refused with exit 2
+# and one line naming the tensor or key and what was expected (both backends).
+# usage: test_cli_denoise.sh path/to/seqpar [path/to/mpiexec]
+set -u
+bin=${1:?usage: test_cli_denoise.sh path/to/seqpar [mpiexec]}
+mpiexec=${2:-}
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# write.py DIR: DIR/wan (dim 12, 2 heads, 1 layer, 4 channels, text width 8) and input files.
+cat > "$tmp/write.py" <<'EOF'
+import json, os, struct, sys
+d = sys.argv[1]
+seed = [12345]
+def rnd(n, scale):
+    out = []
+    for _ in range(n):
+        seed[0] = (seed[0] * 1103515245 + 12345) % 2**31
+        out.append((seed[0] / 2**31 - 0.5) * scale)
+    return out
+def save(path, tensors):
+    header, blobs, off = {}, [], 0
+    for name in sorted(tensors):
+        shape, vals = tensors[name]
+        b = struct.pack(f"<{len(vals)}f", *vals)
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [off, off + len(b)]}
+        blobs.append(b); off += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+def t(shape, scale=0.3, fill=None):
+    n = 1
+    for s in shape: n *= s
+    return (shape, [fill] * n if fill is not None else rnd(n, scale))
+D, C, T, FQ, FF = 12, 4, 8, 4, 16
+w = {"patch_embedding.weight": t([D, C, 1, 2, 2]), "patch_embedding.bias": t([D]),
+     "text_embedding.0.weight": t([D, T]), "text_embedding.0.bias": t([D]),
+     "text_embedding.2.weight": t([D, D]), "text_embedding.2.bias": t([D]),
+     "time_embedding.0.weight": t([D, FQ]), "time_embedding.0.bias": t([D]),
+     "time_embedding.2.weight": t([D, D]), "time_embedding.2.bias": t([D]),
+     "time_projection.1.weight": t([6 * D, D]), "time_projection.1.bias": t([6 * D]),
+     "blocks.0.modulation": t([1, 6, D]), "blocks.0.norm3.weight": t([D], fill=1.0),
+     "blocks.0.norm3.bias": t([D]), "blocks.0.ffn.0.weight": t([FF, D]),
+     "blocks.0.ffn.0.bias": t([FF]), "blocks.0.ffn.2.weight": t([D, FF]),
+     "blocks.0.ffn.2.bias": t([D]), "head.modulation": t([1, 2, D]),
+     "head.head.weight": t([4 * C, D]), "head.head.bias": t([4 * C])}
+for a in ("self_attn", "cross_attn"):
+    for p in "qkvo":
+        w[f"blocks.0.{a}.{p}.weight"] = t([D, D]); w[f"blocks.0.{a}.{p}.bias"] = t([D])
+    w[f"blocks.0.{a}.norm_q.weight"] = t([D], fill=1.0)
+    w[f"blocks.0.{a}.norm_k.weight"] = t([D], fill=1.0)
+os.makedirs(f"{d}/wan")
+save(f"{d}/wan/diffusion_pytorch_model.safetensors", w)
+cfg = {"model_type": "t2v", "dim": D, "ffn_dim": FF, "freq_dim": FQ, "in_dim": C, "out_dim": C,
+       "num_heads": 2, "num_layers": 1, "text_len": 512, "text_dim": T, "eps": 1e-6}
+json.dump(cfg, open(f"{d}/wan/config.json", "w"))
+lat, txt = t([1, C, 2, 6, 10], 2.0), t([1, 5, T], 2.0)
+save(f"{d}/in.safetensors", {"latents": lat, "encoder_hidden_states": txt,
+                             "negative_encoder_hidden_states": t([1, 3, T], 2.0),
+                             "timestep": ([1], [500.0])})
+save(f"{d}/odd_grid.safetensors", {"latents": t([1, C, 2, 5, 10]), "encoder_hidden_states": txt,
+                                   "timestep": ([1], [500.0])})
+save(f"{d}/wide_text.safetensors", {"latents": lat, "encoder_hidden_states": t([1, 5, T + 1]),
+                                    "timestep": ([1], [500.0])})
+save(f"{d}/no_timestep.safetensors", {"latents": lat, "encoder_hidden_states": txt})
+save(f"{d}/channels.safetensors", {"latents": t([1, C + 1, 2, 6, 10]),
+                                   "encoder_hidden_states": txt, "timestep": ([1], [500.0])})
+os.makedirs(f"{d}/bad_config")
+json.dump({k: v for k, v in cfg.items() if k != "num_heads"},
+          open(f"{d}/bad_config/config.json", "w"))
+os.makedirs(f"{d}/bad_shape")
+w["head.head.weight"] = t([4 * C, D - 1])
+save(f"{d}/bad_shape/diffusion_pytorch_model.safetensors", w)
+json.dump(cfg, open(f"{d}/bad_shape/config.json", "w"))
+os.makedirs(f"{d}/neither")
+EOF
+python3 "$tmp/write.py" "$tmp" || { echo "cannot write the test checkpoint"; exit 1; }
+m="--model $tmp/wan --output $tmp/out.safetensors"
+
+# A run: one call (guided: the negative states are given), and a 3-step loop on 2 x 2 ranks.
+out=$("$bin" denoise $m --inputs "$tmp/in.safetensors" --json 2>/dev/null); rc=$?
+[ $rc -eq 0 ] && ok || bad "denoise one call exited $rc"
+[ "$(json_get "$out" output_tensor)" = "noise_pred" ] && ok || bad "one call: $out"
+[ "$(json_get "$out" checkpoint_layout)" = "original" ] && ok || bad "layout: $out"
+err=$("$bin" denoise $m --inputs "$tmp/in.safetensors" --steps 3 --shift 3 --ring-degree 2 \
+      --ulysses-degree 2 --json 2>&1 >"$tmp/loop.json"); rc=$?
+[ $rc -eq 0 ] && ok || bad "denoise --steps 3 exited $rc: $err"
+[ "$(json_get "$(cat "$tmp/loop.json")" step_seconds | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')" = 3 ] \
+  && ok || bad "--steps 3: $(cat "$tmp/loop.json")"
+printf '%s' "$err" | grep -q "step 3/3" && ok || bad "no progress line on stderr: $err"
+# Tensor parallel ranks read their share of the weights: less than one rank reading them all.
+one=$(json_get "$out" weight_bytes_per_rank | python3 -c 'import json,sys; print(json.load(sys.stdin)[0])')
+tp2=$("$bin" denoise $m --inputs "$tmp/in.safetensors" --tp 2 --json 2>/dev/null)
+python3 -c 'import json,sys; w=json.loads(sys.argv[1])["weight_bytes_per_rank"]; sys.exit(not (len(w) == 2 and max(w) < 0.8 * int(sys.argv[2])))' "$tp2" "$one" \
+  && ok || bad "--tp 2: weight bytes per rank not below one rank's $one: $tp2"
+"$bin" denoise $m --inputs "$tmp/in.safetensors" --trace "$tmp/trace.json" >/dev/null 2>&1 \
+  && python3 -c 'import json,sys; json.load(open(sys.argv[1]))["traceEvents"]' "$tmp/trace.json" \
+  && ok || bad "--trace did not write a trace"
+
+# Bad inputs: exit 2, one line naming the tensor or key and what was expected.
+expect_exit2 "tensor 'latents' has shape \[1, 4, 2, 5, 10\]; expected F, H, W multiples of the patch 1x2x2" \
+  denoise $m --inputs "$tmp/odd_grid.safetensors"
+expect_exit2 "tensor 'latents' has shape \[1, 5, 2, 6, 10\]; expected \[B, 4, F, H, W\]" \
+  denoise $m --inputs "$tmp/channels.safetensors"
+expect_exit2 "tensor 'encoder_hidden_states' has shape \[1, 5, 9\]; expected \[1, L, 8\]" \
+  denoise $m --inputs "$tmp/wide_text.safetensors"
+expect_exit2 "tensor 'timestep' is missing; expected \[1\]" \
+  denoise $m --inputs "$tmp/no_timestep.safetensors"
+expect_exit2 "tensor 'negative_encoder_hidden_states' is missing" \
+  denoise $m --inputs "$tmp/no_timestep.safetensors" --steps 2 --guidance 5
+expect_exit2 "neither a diffusers Wan checkpoint" \
+  denoise --model "$tmp/neither" --inputs "$tmp/in.safetensors" --output "$tmp/o.safetensors"
+expect_exit2 "config.json: key 'num_heads' is missing; expected an integer" \
+  denoise --model "$tmp/bad_config" --inputs "$tmp/in.safetensors" --output "$tmp/o.safetensors"
+expect_exit2 "tensor 'head.head.weight' has shape \[16, 11\]; expected \[16, 12\]" \
+  denoise --model "$tmp/bad_shape" --inputs "$tmp/in.safetensors" --output "$tmp/o.safetensors"
+expect_exit2 "--tp 4 does not divide the 2 heads" denoise $m --inputs "$tmp/in.safetensors" --tp 4
+expect_exit2 "--cfg 2 runs the two guidance branches side by side" \
+  denoise $m --inputs "$tmp/in.safetensors" --cfg 2 --guidance 1
+expect_exit2 "--model is required" denoise --inputs "$tmp/in.safetensors" --output "$tmp/o"
+
+if [ -n "$mpiexec" ]; then
+  run_mpi() { "$mpiexec" --allow-run-as-root --oversubscribe \
+                --mca btl_vader_single_copy_mechanism none "$@"; }
+  out=$(run_mpi -n 2 "$bin" denoise $m --inputs "$tmp/in.safetensors" --cfg 2 --backend mpi \
+        --json 2>/dev/null); rc=$?
+  [ $rc -eq 0 ] && [ "$(json_get "$out" ranks)" = 2 ] && ok || bad "mpi --cfg 2 exited $rc: $out"
+  err=$(run_mpi -n 2 "$bin" denoise $m --inputs "$tmp/no_timestep.safetensors" --ring-degree 2 \
+        --backend mpi 2>&1 >/dev/null); rc=$?
+  [ $rc -eq 2 ] && ok || bad "mpi missing timestep exited $rc, want 2"
+  # mpiexec adds its own banner; seqpar's ranks print one line between them.
+  [ "$(printf '%s\n' "$err" | grep -c '^seqpar: error:')" -eq 1 ] &&
+    printf '%s' "$err" | grep -q "tensor 'timestep' is missing" \
+    && ok || bad "mpi missing timestep: not one line naming the tensor: $err"
+fi
+
+echo "test_cli_denoise: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
