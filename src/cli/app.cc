@@ -21,6 +21,7 @@ std::unique_ptr<CLI::App> make_app(Options& opts) {
   add_info_command(*app, opts.info);
   add_mesh_command(*app, opts.mesh);
   add_model_command(*app, opts.model);
+  add_generate_command(*app, opts.generate);
   add_plan_command(*app, opts.plan);
   add_calibrate_command(*app, opts.calibrate);
   return app;
@@ -53,6 +54,7 @@ int run_subcommand(const CLI::App& app, const Options& opts) {
     if (app.got_subcommand("info")) return info_command(opts.info);
     if (app.got_subcommand("mesh")) return mesh_command(opts.mesh);
     if (app.got_subcommand("model")) return model_command(opts.model);
+    if (app.got_subcommand("generate")) return generate_command(opts.generate);
     if (app.got_subcommand("plan")) return plan_command(opts.plan);
     if (app.got_subcommand("calibrate")) return calibrate_command(opts.calibrate);
   } catch (const seqpar::InvalidArgument& e) {

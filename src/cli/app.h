@@ -16,6 +16,7 @@ struct Options {
   InfoOptions info;
   MeshOptions mesh;
   ModelOptions model;
+  GenerateOptions generate;
   PlanOptions plan;
   CalibrateOptions calibrate;
 };
