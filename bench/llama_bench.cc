@@ -105,24 +105,26 @@ int main(int argc, char** argv) {
   seqpar::bench::Gemm gemm(P, m.ffn_dim, m.hidden, 1, m.hidden, false);
   double gemm_gflops = 0;
   for (int round = 0; round < 3; ++round)
-    gemm_gflops = std::max(gemm_gflops, gemm.flops() / seqpar::bench::time_per_call(
-                                                          [&] { gemm.run(); }, 0.5) * 1e-9);
+    gemm_gflops = std::max(
+        gemm_gflops, gemm.flops() / seqpar::bench::time_per_call([&] { gemm.run(); }, 0.5) * 1e-9);
   std::vector<uint64_t> buf((int64_t{1} << 30) / 8, 1);
   volatile uint64_t sink = 0;
   double read_gbs = 0;
   for (int round = 0; round < 3; ++round)
-    read_gbs = std::max(read_gbs, 1.0 * (int64_t{1} << 30) / seqpar::bench::time_per_call(
-                                      [&] {
-                                        sink = sink + seqpar::bench::stream_read(
-                                                          buf.data(),
-                                                          static_cast<int64_t>(buf.size()), cores);
-                                      },
-                                      0.5) * 1e-9);
+    read_gbs = std::max(
+        read_gbs, 1.0 * (int64_t{1} << 30) /
+                      seqpar::bench::time_per_call(
+                          [&] {
+                            sink = sink + seqpar::bench::stream_read(
+                                              buf.data(), static_cast<int64_t>(buf.size()), cores);
+                          },
+                          0.5) *
+                      1e-9);
   buf = {};
 
   const int64_t hd = m.head_dim, q = m.heads * hd, kv = m.kv_heads * hd;
-  const double layer_params =
-      static_cast<double>(m.layers) * (m.hidden * (2.0 * q + 2.0 * kv) + 3.0 * m.hidden * m.ffn_dim);
+  const double layer_params = static_cast<double>(m.layers) *
+                              (m.hidden * (2.0 * q + 2.0 * kv) + 3.0 * m.hidden * m.ffn_dim);
   const double flops = 2.0 * layer_params * P + 2.0 * m.vocab * m.hidden +
                        m.layers * 4.0 * hd * m.heads * P * (P + 1) / 2;
   // Bytes a decode token reads: every weight (stored dtype) and the fp32 K/V of the context
@@ -138,15 +140,17 @@ int main(int argc, char** argv) {
   results.push_back(run_mesh(ck, {1, 1, 2, 1}, Strategy::kRing, prompt, decode));
 
   if (!json) {
-    std::printf("llama_bench: %s, %lld parameters, %s weights, prompt %lld, decode %lld, %d cores\n",
-                dir.c_str(), static_cast<long long>(m.params),
-                std::string(dtype_name(ck.weights.dtype("layers.0.mlp.up_proj.weight"))).c_str(),
-                static_cast<long long>(P), static_cast<long long>(decode), cores);
+    std::printf(
+        "llama_bench: %s, %lld parameters, %s weights, prompt %lld, decode %lld, %d cores\n",
+        dir.c_str(), static_cast<long long>(m.params),
+        std::string(dtype_name(ck.weights.dtype("layers.0.mlp.up_proj.weight"))).c_str(),
+        static_cast<long long>(P), static_cast<long long>(decode), cores);
     std::printf("oneDNN fp32 GEMM %lldx%lldx%lld: %.1f GFLOP/s; streaming read %.1f GB/s\n",
                 static_cast<long long>(P), static_cast<long long>(m.ffn_dim),
                 static_cast<long long>(m.hidden), gemm_gflops, read_gbs);
-    std::printf("| mesh | prefill tok/s | prefill GFLOP/s | of GEMM | decode tok/s | decode GB/s "
-                "| of read |\n|---|---|---|---|---|---|---|\n");
+    std::printf(
+        "| mesh | prefill tok/s | prefill GFLOP/s | of GEMM | decode tok/s | decode GB/s "
+        "| of read |\n|---|---|---|---|---|---|---|\n");
   }
   for (const Result& r : results) {
     const double pf = flops / r.prefill_s * 1e-9;

@@ -28,7 +28,8 @@ namespace {
 using nlohmann::json;
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // Largest prompt file read whole (text or .npy): 8 bytes per token of limits::kMaxTokens would
@@ -80,8 +81,8 @@ std::vector<int64_t> widen(const std::string& what, const std::byte* p, int64_t 
     uint64_t u = 0;
     std::memcpy(&u, e, size);
     if (kind == 'i' && size < 8 && (u >> (8 * size - 1)) & 1) u |= ~uint64_t{0} << (8 * size);
-    SEQPAR_ARG_CHECK(kind == 'i' || u <= static_cast<uint64_t>(INT64_MAX), what,
-                     ": element ", i, " does not fit int64");
+    SEQPAR_ARG_CHECK(kind == 'i' || u <= static_cast<uint64_t>(INT64_MAX), what, ": element ", i,
+                     " does not fit int64");
     ids[i] = static_cast<int64_t>(u);
   }
   return ids;
@@ -99,8 +100,8 @@ std::vector<int64_t> read_safetensors_ids(const std::string& flag, const std::st
   auto k = std::find_if(kinds.begin(), kinds.end(), [&](auto& x) { return x.first == e.dtype; });
   SEQPAR_ARG_CHECK(k != kinds.end(), flag, " ", path, ": tensor '", quote_for_message(e.name),
                    "' is ", e.dtype, "; valid: I64, I32, I16, I8, U64, U32, U16, U8");
-  SEQPAR_ARG_CHECK(e.shape.size() == 1 || (e.shape.size() == 2 && e.shape[0] == 1), flag, " ",
-                   path, ": tensor '", quote_for_message(e.name),
+  SEQPAR_ARG_CHECK(e.shape.size() == 1 || (e.shape.size() == 2 && e.shape[0] == 1), flag, " ", path,
+                   ": tensor '", quote_for_message(e.name),
                    "' must have shape [N] or [1, N] (one prompt)");
   return widen(flag + " " + path, f.bytes(e.name).data(), e.numel(), k->second.first,
                k->second.second);
@@ -119,7 +120,8 @@ std::vector<int64_t> read_npy_ids(const std::string& flag, const std::string& pa
     start = 10;
   } else {
     SEQPAR_ARG_CHECK(data.size() >= 12, where, ": truncated .npy header");
-    for (int i = 0; i < 4; ++i) header_len |= size_t{static_cast<unsigned char>(data[8 + i])} << (8 * i);
+    for (int i = 0; i < 4; ++i)
+      header_len |= size_t{static_cast<unsigned char>(data[8 + i])} << (8 * i);
     start = 12;
   }
   SEQPAR_ARG_CHECK(start + header_len <= data.size(), where, ": truncated .npy header");
@@ -196,8 +198,8 @@ Prepared prepare(const GenerateOptions& o, int world) {
   if (last > m.max_positions) {
     SEQPAR_ARG_CHECK(o.allow_long_context, "the prompt (", ids.size(),
                      " tokens) and --max-new-tokens ", o.max_new_tokens, " need ", last,
-                     " positions, beyond max_position_embeddings ", m.max_positions, " of ",
-                     config, "; shorten them, or pass --allow-long-context");
+                     " positions, beyond max_position_embeddings ", m.max_positions, " of ", config,
+                     "; shorten them, or pass --allow-long-context");
     if (reporting_rank())
       std::fprintf(stderr,
                    "seqpar: warning: %lld positions exceed max_position_embeddings %lld of %s "
@@ -206,11 +208,13 @@ Prepared prepare(const GenerateOptions& o, int world) {
                    config.c_str());
   }
   const int64_t tp = o.tp;
-  SEQPAR_ARG_CHECK(m.heads % tp == 0 && (m.kv_heads % tp == 0 || tp % m.kv_heads == 0) &&
-                       m.ffn_dim % tp == 0,
-                   "--tp ", tp, " must divide num_attention_heads ", m.heads,
-                   " and intermediate_size ", m.ffn_dim, ", and divide or be a multiple of "
-                   "num_key_value_heads ", m.kv_heads, " (", config, ")");
+  SEQPAR_ARG_CHECK(
+      m.heads % tp == 0 && (m.kv_heads % tp == 0 || tp % m.kv_heads == 0) && m.ffn_dim % tp == 0,
+      "--tp ", tp, " must divide num_attention_heads ", m.heads, " and intermediate_size ",
+      m.ffn_dim,
+      ", and divide or be a multiple of "
+      "num_key_value_heads ",
+      m.kv_heads, " (", config, ")");
   return p;
 }
 
@@ -230,7 +234,7 @@ int64_t proc_status_bytes(const char* key) {
 // What the run produced (rank 0), and per-rank measures.
 struct Generated {
   Decoder::Output out;
-  double prefill_seconds = 0, decode_seconds = 0;  // slowest rank
+  double prefill_seconds = 0, decode_seconds = 0;                          // slowest rank
   std::vector<int64_t> weight_bytes, resident_bytes, peak_resident_bytes;  // per rank
   int64_t bytes_sent = 0;                                                  // rank 0, all groups
 };
@@ -392,7 +396,8 @@ int run_generate(const GenerateOptions& o) {
 
 void add_generate_command(CLI::App& app, GenerateOptions& o) {
   CLI::App* g = app.add_subcommand(
-      "generate", "Greedy decoding of a Hugging Face Llama directory on a tp x ring x ulysses mesh");
+      "generate",
+      "Greedy decoding of a Hugging Face Llama directory on a tp x ring x ulysses mesh");
   g->add_option("--model", o.model, "Hugging Face Llama directory (config.json, safetensors)");
   g->add_option("--prompt-ids,--prompt_ids", o.prompt_ids, "prompt token ids: 1,2,3");
   g->add_option("--prompt-ids-file,--prompt_ids_file", o.prompt_ids_file,

@@ -254,9 +254,8 @@ int run_model_command(const ModelOptions& o) {
       if (world.rank() == 0) got = std::move(res);
     });
     if (o.verify)
-      run_on_threads(1, [&](Communicator& world) {
-        single = run_model(world, r, o, ws, MeshShape{});
-      });
+      run_on_threads(
+          1, [&](Communicator& world) { single = run_model(world, r, o, ws, MeshShape{}); });
     return finish_output(report(o, r, got, o.verify ? &single : nullptr, "threads"));
   }
   Resolved r;
@@ -270,8 +269,7 @@ int run_model_command(const ModelOptions& o) {
       [&](Communicator& world) {
         ModelResult got = run_model(world, r, o, ws, r.shape);
         // The single-rank reference runs on rank 0 alone.
-        std::unique_ptr<Communicator> alone =
-            world.split(world.rank() == 0 ? 0 : 1, world.rank());
+        std::unique_ptr<Communicator> alone = world.split(world.rank() == 0 ? 0 : 1, world.rank());
         if (world.rank() != 0) return 0;
         ModelResult single;
         if (o.verify) single = run_model(*alone, r, o, ws, MeshShape{});

@@ -62,8 +62,8 @@ Decoder::Decoder(const ModelPreset& m, const WeightStore& ws, const ParallelCont
     : m_(m), inv_freq_(llama_rope_inv_freq(m)) {
   SEQPAR_ARG_CHECK(m.family == ModelFamily::kLlm, "model ", m.name, " is not a decoder");
   const int tp = ctx.tp_size();
-  SEQPAR_ARG_CHECK(m.heads % tp == 0 && (m.kv_heads % tp == 0 || tp % m.kv_heads == 0), "--tp ",
-                   tp, " must divide the ", m.heads, " heads, and divide or be a multiple of the ",
+  SEQPAR_ARG_CHECK(m.heads % tp == 0 && (m.kv_heads % tp == 0 || tp % m.kv_heads == 0), "--tp ", tp,
+                   " must divide the ", m.heads, " heads, and divide or be a multiple of the ",
                    m.kv_heads, " kv heads of ", m.name);
   SEQPAR_ARG_CHECK(m.ffn_dim % tp == 0, "--tp ", tp, " must divide the intermediate size ",
                    m.ffn_dim, " of ", m.name);
@@ -82,10 +82,9 @@ Decoder::Decoder(const ModelPreset& m, const WeightStore& ws, const ParallelCont
     Layer layer;
     layer.input_norm = ws.get(l + "input_layernorm.weight");
     layer.post_norm = ws.get(l + "post_attention_layernorm.weight");
-    layer.attn =
-        SelfAttention::load(ws, l + "self_attn", m.hidden, m.heads, m.kv_heads, ctx,
-                            m.attention_bias, false, {"q_proj", "k_proj", "v_proj", "o_proj"},
-                            m.head_dim);
+    layer.attn = SelfAttention::load(ws, l + "self_attn", m.hidden, m.heads, m.kv_heads, ctx,
+                                     m.attention_bias, false,
+                                     {"q_proj", "k_proj", "v_proj", "o_proj"}, m.head_dim);
     layer.attn.rope_pairs = RopePairs::kHalves;  // Hugging Face's q_proj/k_proj row layout
     layer.mlp = FeedForward::load(ws, l + "mlp", m.hidden, m.ffn_dim, FeedForward::Kind::kSwiGlu,
                                   ctx, m.mlp_bias);
@@ -162,8 +161,8 @@ Decoder::Output Decoder::generate(const std::vector<int32_t>& prompt, const Opti
   Tensor table = sp.at("layers.0", "rope", reshape(rope(all_pos), {1, P, hd}));
   table = reshape(std::move(table), {x.dim(1), hd / 2, 2});
   for (Layer& layer : layers_) {
-    Tensor h = layer.attn.forward(rms_norm(x, layer.input_norm, eps), table, ctx, sp, true,
-                                  &layer.cache);
+    Tensor h =
+        layer.attn.forward(rms_norm(x, layer.input_norm, eps), table, ctx, sp, true, &layer.cache);
     add_(x, h);
     add_(x, layer.mlp.forward(rms_norm(x, layer.post_norm, eps), *ctx.tp));
   }

@@ -37,8 +37,8 @@ std::string read_text_file(const std::string& path) {
   struct stat st {};
   SEQPAR_ARG_CHECK(::stat(path.c_str(), &st) == 0, path, ": cannot read the file");
   SEQPAR_ARG_CHECK(S_ISREG(st.st_mode), path, ": not a regular file");
-  SEQPAR_ARG_CHECK(st.st_size <= limits::kMaxFileBytes, path, ": ", st.st_size,
-                   " bytes; at most ", limits::max_text(limits::kMaxFileBytes));
+  SEQPAR_ARG_CHECK(st.st_size <= limits::kMaxFileBytes, path, ": ", st.st_size, " bytes; at most ",
+                   limits::max_text(limits::kMaxFileBytes));
   std::ifstream in(path, std::ios::binary);
   std::stringstream ss;
   ss << in.rdbuf();
@@ -97,9 +97,8 @@ class ConfigReader {
   int64_t integer_of(const json& v, const std::string& key, int64_t lo, int64_t hi) const {
     SEQPAR_ARG_CHECK(v.is_number_integer(), path_, ": ", key, " is ", json_excerpt(v),
                      "; expected an integer");
-    const int64_t x = v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX
-                          ? INT64_MAX
-                          : v.get<int64_t>();
+    const int64_t x =
+        v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX ? INT64_MAX : v.get<int64_t>();
     SEQPAR_ARG_CHECK(lo <= x && x <= hi, path_, ": ", key, " ", x, " is out of range; valid: ", lo,
                      " to ", hi);
     return x;
@@ -152,14 +151,11 @@ ModelPreset llama_config_from_json(const std::string& text, const std::string& p
   }
   if (c.has("model_type"))
     SEQPAR_ARG_CHECK(c.string("model_type") == "llama", path, ": model_type '",
-                     quote_for_message(c.string("model_type")),
-                     "' is not supported; valid: llama");
+                     quote_for_message(c.string("model_type")), "' is not supported; valid: llama");
   if (c.has("hidden_act"))
     SEQPAR_ARG_CHECK(c.string("hidden_act") == "silu", path, ": hidden_act '",
-                     quote_for_message(c.string("hidden_act")),
-                     "' is not supported; valid: silu");
-  if (c.has("pretraining_tp"))
-    (void)c.integer("pretraining_tp", 1, 1);
+                     quote_for_message(c.string("hidden_act")), "' is not supported; valid: silu");
+  if (c.has("pretraining_tp")) (void)c.integer("pretraining_tp", 1, 1);
 
   ModelPreset m;
   m.family = ModelFamily::kLlm;
@@ -172,7 +168,8 @@ ModelPreset llama_config_from_json(const std::string& text, const std::string& p
   SEQPAR_ARG_CHECK(m.heads % m.kv_heads == 0, path, ": num_key_value_heads ", m.kv_heads,
                    " does not divide num_attention_heads ", m.heads);
   SEQPAR_ARG_CHECK(c.has("head_dim") || m.hidden % m.heads == 0, path, ": hidden_size ", m.hidden,
-                   " is not a multiple of num_attention_heads ", m.heads, " and head_dim is absent");
+                   " is not a multiple of num_attention_heads ", m.heads,
+                   " and head_dim is absent");
   m.head_dim = c.integer("head_dim", 2, limits::kMaxHeadDim, m.hidden / m.heads);
   SEQPAR_ARG_CHECK(m.head_dim % 2 == 0, path, ": head_dim ", m.head_dim,
                    " is odd; RoPE rotates pairs of features");
@@ -200,7 +197,8 @@ ModelPreset llama_config_from_json(const std::string& text, const std::string& p
       };
       LlamaRopeScaling& s = m.rope_scaling;
       s.factor = c.real(need("factor"), "rope_scaling.factor", 1.0, 1e6);
-      s.low_freq_factor = c.real(need("low_freq_factor"), "rope_scaling.low_freq_factor", 1e-6, 1e6);
+      s.low_freq_factor =
+          c.real(need("low_freq_factor"), "rope_scaling.low_freq_factor", 1e-6, 1e6);
       s.high_freq_factor =
           c.real(need("high_freq_factor"), "rope_scaling.high_freq_factor", 1e-6, 1e6);
       SEQPAR_ARG_CHECK(s.high_freq_factor > s.low_freq_factor, path,
@@ -251,9 +249,9 @@ LlamaCheckpoint open_llama_checkpoint(const std::string& dir) {
   const std::string index_path = dir + "/" + kIndex;
   if (is_file(index_path)) {
     const json index = read_json_file(index_path);
-    SEQPAR_ARG_CHECK(index.is_object() && index.contains("weight_map") &&
-                         index.at("weight_map").is_object(),
-                     index_path, ": no \"weight_map\" object");
+    SEQPAR_ARG_CHECK(
+        index.is_object() && index.contains("weight_map") && index.at("weight_map").is_object(),
+        index_path, ": no \"weight_map\" object");
     std::map<std::string, std::shared_ptr<const SafetensorsFile>> shards;
     for (const auto& [name, file] : index.at("weight_map").items()) {
       SEQPAR_ARG_CHECK(file.is_string(), index_path, ": weight_map['", quote_for_message(name),
@@ -395,7 +393,8 @@ std::vector<float> llama_rope_inv_freq(const ModelPreset& m) {
   if (s.factor <= 0) return f;
   // transformers' _compute_llama3_parameters, elementwise.
   const double old_len = static_cast<double>(s.original_max_positions);
-  const double low_wavelen = old_len / s.low_freq_factor, high_wavelen = old_len / s.high_freq_factor;
+  const double low_wavelen = old_len / s.low_freq_factor,
+               high_wavelen = old_len / s.high_freq_factor;
   for (float& x : f) {
     const double wavelen = 2 * M_PI / x;
     if (wavelen > low_wavelen) {

@@ -30,8 +30,8 @@ class Decoder {
   Decoder(const ModelPreset& m, const WeightStore& ws, const ParallelContext& ctx);
 
   struct Options {
-    int64_t max_new_tokens = 1;          // >= 1: prefill gives the first
-    std::vector<int64_t> stop_tokens;    // generation ends after one of these
+    int64_t max_new_tokens = 1;        // >= 1: prefill gives the first
+    std::vector<int64_t> stop_tokens;  // generation ends after one of these
     // Called after each new token (rank-local; for progress reports): tokens so far, seconds.
     std::function<void(int64_t tokens, double prefill_s, double decode_s)> on_token;
   };
@@ -40,7 +40,7 @@ class Decoder {
     std::vector<Tensor> logits;   // (vocab) of each generated token's step
     double prefill_seconds = 0;   // this rank's wall time
     double decode_seconds = 0;
-    bool stopped = false;         // ended at a stop token
+    bool stopped = false;  // ended at a stop token
   };
   // Prefill `prompt` (B = 1) context parallel, then greedy steps with pass-Q.
   Output generate(const std::vector<int32_t>& prompt, const Options& opts, ParallelContext& ctx);
@@ -55,12 +55,12 @@ class Decoder {
     KvCache cache;
   };
   Tensor embed(std::span<const int32_t> tokens, Communicator& tp) const;  // (1, n, hidden)
-  Tensor logits_of(const Tensor& h_last, Communicator& tp) const;        // (hidden) -> (vocab)
-  Tensor rope(std::span<const int64_t> positions) const;                 // (n, head_dim/2, 2)
+  Tensor logits_of(const Tensor& h_last, Communicator& tp) const;         // (hidden) -> (vocab)
+  Tensor rope(std::span<const int64_t> positions) const;                  // (n, head_dim/2, 2)
   ModelPreset m_;
   std::vector<float> inv_freq_;
-  int64_t v0_ = 0, v1_ = 0;  // this tp rank's vocabulary rows of embed and lm_head
-  std::vector<size_t> vocab_bytes_;  // every tp rank's logits bytes
+  int64_t v0_ = 0, v1_ = 0;           // this tp rank's vocabulary rows of embed and lm_head
+  std::vector<size_t> vocab_bytes_;   // every tp rank's logits bytes
   Tensor embed_w, norm_w, lm_head_w;  // stored dtype; lm_head_w empty when tied
   std::vector<Layer> layers_;
 };
