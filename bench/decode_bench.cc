@@ -129,13 +129,13 @@ int main(int argc, char** argv) {
       best_dnnl = std::min(best_dnnl,
                            time_per_call([&] { seqpar::flash_attention(q, k, v, p); }, o.min_time));
       unsetenv("SEQPAR_KERNEL_SMALL_MM");
-      best_r = std::min(best_r, time_per_call(
-                                    [&] {
-                                      sink = sink + stream_read(buf.data(),
-                                                                static_cast<int64_t>(buf.size()),
-                                                                o.threads);
-                                    },
-                                    o.min_time));
+      best_r = std::min(
+          best_r, time_per_call(
+                      [&] {
+                        sink = sink + seqpar::bench::stream_read(
+                                          buf.data(), static_cast<int64_t>(buf.size()), o.threads);
+                      },
+                      o.min_time));
     }
     const double kv_rate = kv_bytes / best_k * 1e-9, read_rate = kv_bytes / best_r * 1e-9;
     std::printf(
