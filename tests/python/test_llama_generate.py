@@ -1,7 +1,8 @@
 """seqpar generate on Hugging Face Llama checkpoints against transformers' LlamaForCausalLM
 (float32 on CPU): the same greedy tokens and logits on one rank and on meshes of up to 8 ranks,
 threads and MPI. The checkpoints are made here with save_pretrained: GQA, llama3 RoPE scaling that
-matters at these lengths, tied and untied, one file and sharded, float32 and bfloat16, biases."""
+matters at these lengths, tied and untied, one file and sharded, float32, bfloat16 and float16,
+biases, a head_dim apart from hidden / heads."""
 import json
 import os
 import shutil
@@ -14,11 +15,12 @@ from safetensors.numpy import save_file
 import llama_ref as L
 
 # Max abs logit error against transformers in float32. Measured (2-core x86, this suite): at most
-# 1.7e-4 with float32 weights (logits of std ~10 with tied embeddings) and 8.3e-5 with bfloat16
-# weights (both sides compute in float32 on the same bfloat16 values). 1e-3 is the float32 bound
-# the project promises; the bfloat16 bound leaves 6x headroom for other CPUs' summation orders.
+# 1.7e-4 with float32 weights (logits of std ~10 with tied embeddings) and 8.4e-5 with 16-bit
+# (bfloat16, float16) weights (both sides compute in float32 on the same 16-bit values). 1e-3 is
+# the float32 bound the project promises; the 16-bit bound leaves 6x headroom for other CPUs'
+# summation orders.
 TOL_F32 = 1e-3
-TOL_BF16 = 5e-4
+TOL_16BIT = 5e-4
 NEW = 6
 
 CHECKPOINTS = {
@@ -27,6 +29,8 @@ CHECKPOINTS = {
                                   attention_bias=True, mlp_bias=True),
     "bf16_untied_sharded": dict(tied=False, dtype=torch.bfloat16, sharded=True),
     "bf16_tied_single": dict(tied=True, dtype=torch.bfloat16, sharded=False),
+    # head_dim 32 with 8 heads: q/o are 256 wide over a hidden size of 128
+    "f16_head_dim_single": dict(tied=False, dtype=torch.float16, sharded=False, head_dim=32),
 }
 
 
@@ -38,7 +42,7 @@ def ckpts(tmp_path_factory):
 
 
 def tol_of(name):
-    return TOL_BF16 if name.startswith("bf16") else TOL_F32
+    return TOL_F32 if name.startswith("f32") else TOL_16BIT
 
 
 def check(ckpts, tmp_path, name, prompt_len, mesh=None, backend="threads", seed=0):
@@ -79,6 +83,10 @@ MESHES = [
 @pytest.mark.parametrize("name", ["f32_tied_sharded_bias", "bf16_untied_sharded"])
 def test_meshes(ckpts, tmp_path, name, mesh):
     check(ckpts, tmp_path, name, 61, mesh)
+
+
+def test_head_dim_and_fp16_on_a_mesh(ckpts, tmp_path):
+    check(ckpts, tmp_path, "f16_head_dim_single", 58, {"tp": 2, "ring-degree": 2})
 
 
 @pytest.mark.parametrize("prompt_len", [41, 70])
