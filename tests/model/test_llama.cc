@@ -93,6 +93,17 @@ TEST(Llama, RotateHalfPairsFeatureJWithJPlusHalf) {
   }
 }
 
+TEST(Llama, DecodeRowsTimesBf16WeightEqualFp32) {
+  // Up to 8 rows multiply the bf16 matrix directly; more go through converted blocks.
+  const Tensor w = random_normal({300, 136}, 1).to(DType::kBF16);
+  const Tensor bias = random_normal({300}, 2);
+  for (int64_t m : {1, 3, 8, 9}) {
+    const Tensor x = random_normal({1, m, 136}, 3 + m);
+    const Tensor want = linear(x, w.to(DType::kF32), bias);
+    EXPECT_LE(max_abs_diff(linear(x, w, bias), want), 1e-4) << m << " rows";
+  }
+}
+
 TEST(Llama, CheckpointDecoderOnMeshesEqualsOneRank) {
   const ModelPreset m = tiny_llama(false);
   const std::string dir = temp_dir("mesh");
