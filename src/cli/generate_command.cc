@@ -179,8 +179,6 @@ Prepared prepare(const GenerateOptions& o, int world) {
   limits::check_range("--max-new-tokens", o.max_new_tokens, 1, limits::kMaxSteps);
   SEQPAR_ARG_CHECK(!o.model.empty(), "--model is required: a Hugging Face Llama directory");
   p.mesh = resolve_mesh(o, world);
-  SEQPAR_ARG_CHECK(o.cfg == 1, "--cfg ", o.cfg,
-                   ": classifier-free guidance is for diffusion models; use --cfg 1");
   const std::vector<int64_t> ids = prompt_ids(o);
   p.ck = open_llama_checkpoint(o.model);
   const ModelPreset& m = p.ck.config;
