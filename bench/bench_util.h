@@ -120,4 +120,25 @@ class Gemm {
   dnnl::memory am_, bm_, cm_;
 };
 
+// Streaming read: a sum over n 64-bit words, split over the threads; four accumulators keep
+// the loads independent, so memory is the limit.
+inline uint64_t stream_read(const uint64_t* p, int64_t n, int threads) {
+  uint64_t total = 0;
+#pragma omp parallel for num_threads(threads) reduction(+ : total) schedule(static)
+  for (int64_t c = 0; c < threads; ++c) {
+    const int64_t lo = n * c / threads, hi = n * (c + 1) / threads;
+    uint64_t a = 0, b = 0, x = 0, y = 0;
+    int64_t i = lo;
+    for (; i + 4 <= hi; i += 4) {
+      a += p[i];
+      b += p[i + 1];
+      x += p[i + 2];
+      y += p[i + 3];
+    }
+    for (; i < hi; ++i) a += p[i];
+    total += a + b + x + y;
+  }
+  return total;
+}
+
 }  // namespace seqpar::bench

@@ -96,27 +96,6 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-// Streaming read: a sum over n 64-bit words, split over the threads; four accumulators keep
-// the loads independent, so memory is the limit.
-uint64_t stream_read(const uint64_t* p, int64_t n, int threads) {
-  uint64_t total = 0;
-#pragma omp parallel for num_threads(threads) reduction(+ : total) schedule(static)
-  for (int64_t c = 0; c < threads; ++c) {
-    const int64_t lo = n * c / threads, hi = n * (c + 1) / threads;
-    uint64_t a = 0, b = 0, x = 0, y = 0;
-    int64_t i = lo;
-    for (; i + 4 <= hi; i += 4) {
-      a += p[i];
-      b += p[i + 1];
-      x += p[i + 2];
-      y += p[i + 3];
-    }
-    for (; i < hi; ++i) a += p[i];
-    total += a + b + x + y;
-  }
-  return total;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -150,13 +129,13 @@ int main(int argc, char** argv) {
       best_dnnl = std::min(best_dnnl,
                            time_per_call([&] { seqpar::flash_attention(q, k, v, p); }, o.min_time));
       unsetenv("SEQPAR_KERNEL_SMALL_MM");
-      best_r = std::min(best_r, time_per_call(
-                                    [&] {
-                                      sink = sink + stream_read(buf.data(),
-                                                                static_cast<int64_t>(buf.size()),
-                                                                o.threads);
-                                    },
-                                    o.min_time));
+      best_r = std::min(
+          best_r, time_per_call(
+                      [&] {
+                        sink = sink + seqpar::bench::stream_read(
+                                          buf.data(), static_cast<int64_t>(buf.size()), o.threads);
+                      },
+                      o.min_time));
     }
     const double kv_rate = kv_bytes / best_k * 1e-9, read_rate = kv_bytes / best_r * 1e-9;
     std::printf(

@@ -22,6 +22,7 @@ std::unique_ptr<CLI::App> make_app(Options& opts) {
   add_mesh_command(*app, opts.mesh);
   add_model_command(*app, opts.model);
   add_denoise_command(*app, opts.denoise);
+  add_generate_command(*app, opts.generate);
   add_plan_command(*app, opts.plan);
   add_calibrate_command(*app, opts.calibrate);
   return app;
@@ -55,6 +56,7 @@ int run_subcommand(const CLI::App& app, const Options& opts) {
     if (app.got_subcommand("mesh")) return mesh_command(opts.mesh);
     if (app.got_subcommand("model")) return model_command(opts.model);
     if (app.got_subcommand("denoise")) return denoise_command(opts.denoise);
+    if (app.got_subcommand("generate")) return generate_command(opts.generate);
     if (app.got_subcommand("plan")) return plan_command(opts.plan);
     if (app.got_subcommand("calibrate")) return calibrate_command(opts.calibrate);
   } catch (const seqpar::InvalidArgument& e) {

@@ -17,6 +17,7 @@ struct Options {
   MeshOptions mesh;
   ModelOptions model;
   DenoiseOptions denoise;
+  GenerateOptions generate;
   PlanOptions plan;
   CalibrateOptions calibrate;
 };

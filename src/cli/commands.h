@@ -191,44 +191,54 @@ struct MeshOptions {
 void add_mesh_command(CLI::App& app, MeshOptions& opts);
 int mesh_command(const MeshOptions& opts);
 
-// seqpar model: a dit or llm preset on a cfg x tp x ring x ulysses mesh.
-struct ModelOptions {
-  std::string preset = "tiny-dit";
-  std::optional<std::string> weights;  // unset: seeded random weights
-  std::string save_weights;
-  int64_t cfg = 1, tp = 1, ring_degree = 1, ulysses_degree = 1;
-  std::string strategy = "ring";
-  std::string layout = "contiguous";
-  std::string ulysses_mode = "uaa";
-  bool pad = false;
-  int64_t frames = 9, height = 80, width = 112;  // dit
-  int64_t steps = 1;
-  float guidance = 5.0f;
-  int64_t prompt_len = 1024;  // llm
-  int64_t decode = 16;
-  uint64_t seed = 0;
-  std::string backend = "threads";
-  bool verify = false;
-  bool json = false;
-};
-void add_model_command(CLI::App& app, ModelOptions& opts);
-int model_command(const ModelOptions& opts);
-
-// The mesh flags of the model commands (model_mesh.h resolves them).
+// The mesh flags of the model-running subcommands (src/cli/mesh_run.h registers and resolves
+// them).
 struct MeshFlags {
   int64_t cfg = 1, tp = 1, ring_degree = 1, ulysses_degree = 1;
   std::string strategy = "ring";
   std::string layout = "contiguous";
   std::string ulysses_mode = "uaa";
   bool pad = false;
+  std::string backend = "threads";
 };
+
+// seqpar model: a dit or llm preset on a cfg x tp x ring x ulysses mesh.
+struct ModelOptions : MeshFlags {
+  std::string preset = "tiny-dit";
+  std::optional<std::string> weights;  // unset: seeded random weights
+  std::string save_weights;
+  int64_t frames = 9, height = 80, width = 112;  // dit
+  int64_t steps = 1;
+  float guidance = 5.0f;
+  int64_t prompt_len = 1024;  // llm
+  int64_t decode = 16;
+  uint64_t seed = 0;
+  bool verify = false;
+  bool json = false;
+};
+void add_model_command(CLI::App& app, ModelOptions& opts);
+int model_command(const ModelOptions& opts);
+
+// seqpar generate: greedy decoding of a Hugging Face Llama directory on a tp x ring x ulysses
+// mesh.
+struct GenerateOptions : MeshFlags {
+  std::string model;            // the directory
+  std::string prompt_ids;       // "1,2,3"
+  std::string prompt_ids_file;  // text (whitespace or commas), .safetensors or .npy
+  int64_t max_new_tokens = 16;
+  bool ignore_eos = false;
+  bool allow_long_context = false;
+  std::string output;  // safetensors: tokens (I64 [N]), logits (F32 [N, vocab])
+  bool json = false;
+  bool quiet = false;
+};
+void add_generate_command(CLI::App& app, GenerateOptions& opts);
+int generate_command(const GenerateOptions& opts);
 
 // seqpar denoise: a Wan checkpoint on latents and text embeddings from a safetensors file: one
 // transformer call (noise_pred) or a flow-matching Euler loop with guidance (latents).
-struct DenoiseOptions {
+struct DenoiseOptions : MeshFlags {
   std::string model, inputs, output;
-  MeshFlags mesh;
-  std::string backend = "threads";
   int64_t steps = 0;  // 0: one transformer call at the inputs' timestep
   double guidance = 5.0;
   std::optional<double> guidance_2;      // A14B's low-noise expert (unset: --guidance)

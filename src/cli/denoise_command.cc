@@ -18,7 +18,7 @@
 #include <thread>
 
 #include "cli/commands.h"
-#include "cli/model_mesh.h"
+#include "cli/mesh_run.h"
 #include "cli/trace_file.h"
 #include "seqpar/comm/mpi.h"
 #include "seqpar/comm/threads.h"
@@ -128,8 +128,6 @@ Plan resolve(const DenoiseOptions& o, int world) {
                    "--inputs is required: a safetensors file with latents, "
                    "encoder_hidden_states and timestep");
   SEQPAR_ARG_CHECK(!o.output.empty(), "--output is required: the safetensors file to write");
-  SEQPAR_ARG_CHECK(o.backend == "threads" || o.backend == "mpi", "--backend '", o.backend,
-                   "' is unknown; valid: threads, mpi");
   limits::check_range("--steps", o.steps, 0, limits::kMaxSteps);
   for (auto [flag, v] : {std::pair{"--guidance", o.guidance},
                          std::pair{"--guidance-2", o.guidance_2.value_or(o.guidance)}})
@@ -142,7 +140,9 @@ Plan resolve(const DenoiseOptions& o, int world) {
   Plan p;
   p.model = open_wan_model(o.model);
   const ModelPreset& m = p.model.experts[0].preset;
-  p.mesh = resolve_mesh(o.mesh, m.heads, o.model, world);
+  p.mesh = resolve_mesh(o, world);
+  SEQPAR_ARG_CHECK(m.heads % o.tp == 0, "--tp ", o.tp, " does not divide the ", m.heads,
+                   " heads of ", o.model, "; valid: ", divisors_text(m.heads));
   if (p.model.experts.size() == 2)
     p.boundary = o.boundary_ratio.value_or(*p.model.boundary_ratio) * 1000.0;
   if (o.steps > 0) {
@@ -314,27 +314,26 @@ int report(const DenoiseOptions& o, const Plan& p, const Inputs& in, const RankR
   return 0;
 }
 
-int run_threads(const DenoiseOptions& o) {
-  Plan p = resolve(o, 0);
-  const Inputs in = read_inputs(o, p.model.experts[0].preset);
-  const int n = p.mesh.shape.world();
-  SEQPAR_ARG_CHECK(n <= limits::max_threads(), "the mesh ", mesh_shape_text(p.mesh.shape),
-                   " needs ", n, " rank threads; this process may start at most ",
-                   limits::max_threads(), " (core/limits.h and RLIMIT_NPROC); use --backend mpi");
+// --cfg 2 runs the two guidance branches side by side: both must be there.
+void check_cfg(const DenoiseOptions& o, const Plan& p, const Inputs& in) {
   SEQPAR_ARG_CHECK(p.mesh.shape.cfg == 1 || (!in.negative.empty() && o.guidance > 1), "--cfg ",
                    p.mesh.shape.cfg,
                    " runs the two guidance branches side by side; it needs "
                    "negative_encoder_hidden_states in --inputs and --guidance > 1");
+}
+
+int run_threads(const DenoiseOptions& o) {
+  Plan p = resolve(o, 0);
+  const Inputs in = read_inputs(o, p.model.experts[0].preset);
+  check_cfg(o, p, in);
   // Both files open before the work, so a path that cannot be written fails up front.
   OutputFile("--output", o.output);
   std::optional<OutputFile> trace_out;
   if (!o.trace.empty()) trace_out.emplace("--trace", o.trace);
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   RankResult got;
   std::string trace_error;
   if (!o.trace.empty()) trace::start();
-  ThreadWorld::run(n, [&](Communicator& world) {
-    omp_set_num_threads(std::max(1, cores / n));
+  run_on_threads(p.mesh.shape.world(), [&](Communicator& world) {
     trace::set_rank(world.rank());
     RankResult r = run_rank(world, p, in, o, world.rank() == 0);
     if (!o.trace.empty())
@@ -350,59 +349,36 @@ int run_threads(const DenoiseOptions& o) {
 }
 
 int run_mpi(const DenoiseOptions& o) {
-  SEQPAR_ARG_CHECK(mpi_available(), "--backend mpi: this build has no MPI; valid: threads");
-  mpi_init(nullptr, nullptr);
-  std::unique_ptr<Communicator> world = mpi_world();
   Plan p;
   Inputs in;
   std::optional<OutputFile> trace_out;
-  try {
-    p = resolve(o, world->size());
-    in = read_inputs(o, p.model.experts[0].preset);
-    SEQPAR_ARG_CHECK(p.mesh.shape.cfg == 1 || (!in.negative.empty() && o.guidance > 1), "--cfg ",
-                     p.mesh.shape.cfg,
-                     " runs the two guidance branches side by side; it needs "
-                     "negative_encoder_hidden_states in --inputs and --guidance > 1");
-    if (world->rank() == 0) {
-      OutputFile("--output", o.output);
-      if (!o.trace.empty()) trace_out.emplace("--trace", o.trace);
-    }
-  } catch (const std::exception&) {
-    world.reset();
-    mpi_finalize();
-    throw;
-  }
-  int code = 0;
-  try {
-    omp_set_num_threads(1);
-    if (!o.trace.empty()) {
-      trace::set_rank(world->rank());
-      trace::start();
-    }
-    RankResult r = run_rank(*world, p, in, o, world->rank() == 0);
-    std::string trace_error;
-    if (!o.trace.empty()) write_trace(*world, trace_out ? &*trace_out : nullptr, &trace_error);
-    if (world->rank() == 0) {
-      code = report(o, p, in, r, "mpi");
-      if (!trace_error.empty()) {
-        std::fprintf(stderr, "seqpar: error: %s\n", trace_error.c_str());
-        code = 1;
-      }
-      if (std::fflush(stdout) != 0 || std::ferror(stdout)) code = 1;
-    }
-    int32_t c = code;
-    world->broadcast(&c, sizeof(c), 0);
-    code = c;
-  } catch (const std::exception& e) {
-    world->abort(e.what());
-    if (o.json && world->rank() == 0) print_json_error(e.what(), 1);
-    std::fprintf(stderr, "seqpar: error: rank %d: %s\n", world->rank(), e.what());
-    std::fflush(stderr);
-    std::_Exit(1);
-  }
-  world.reset();
-  mpi_finalize();
-  return code;
+  return run_on_mpi(
+      o.json,
+      [&](int world_size) {
+        p = resolve(o, world_size);
+        in = read_inputs(o, p.model.experts[0].preset);
+        check_cfg(o, p, in);
+      },
+      [&](Communicator& world) {
+        if (world.rank() == 0) {
+          OutputFile("--output", o.output);
+          if (!o.trace.empty()) trace_out.emplace("--trace", o.trace);
+        }
+        if (!o.trace.empty()) {
+          trace::set_rank(world.rank());
+          trace::start();
+        }
+        RankResult r = run_rank(world, p, in, o, world.rank() == 0);
+        std::string trace_error;
+        if (!o.trace.empty()) write_trace(world, trace_out ? &*trace_out : nullptr, &trace_error);
+        if (world.rank() != 0) return 0;
+        int code = report(o, p, in, r, "mpi");
+        if (!trace_error.empty()) {
+          std::fprintf(stderr, "seqpar: error: %s\n", trace_error.c_str());
+          code = 1;
+        }
+        return code;
+      });
 }
 
 }  // namespace
@@ -417,7 +393,7 @@ void add_denoise_command(CLI::App& app, DenoiseOptions& o) {
                 "safetensors: latents [B,C,F,H,W], encoder_hidden_states [B,L,D], optional "
                 "negative_encoder_hidden_states, timestep [B] (without --steps)");
   d->add_option("--output", o.output, "safetensors to write: noise_pred, or latents with --steps");
-  add_mesh_flags(d, o.mesh);
+  add_mesh_flags(d, o, /*with_cfg=*/true);
   d->add_option("--steps", o.steps, "Euler steps of the flow-matching loop (0: one call)");
   d->add_option("--guidance", o.guidance,
                 "classifier-free guidance scale (used when > 1 and the negative states are given)");
@@ -428,7 +404,6 @@ void add_denoise_command(CLI::App& app, DenoiseOptions& o) {
   d->add_option_function<double>(
       "--boundary-ratio,--boundary_ratio", [&o](double v) { o.boundary_ratio = v; },
       "two-expert models: switch at timestep ratio x 1000 (default: the checkpoint's)");
-  d->add_option("--backend", o.backend, "threads | mpi");
   d->add_flag("--json", o.json, "print one JSON object");
   d->add_option("--trace", o.trace, "write a Chrome/Perfetto trace (JSON) of the steps");
   guard_integer_options(d);

@@ -1,6 +1,5 @@
 // seqpar model: runs a transformer (dit or llm preset) on a cfg x tp x ring x ulysses mesh, and
 // with --verify compares it with the same model on one rank.
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -8,12 +7,9 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
-#include <thread>
 
 #include "cli/commands.h"
-#include "cli/model_mesh.h"
-#include "seqpar/comm/mpi.h"
-#include "seqpar/comm/threads.h"
+#include "cli/mesh_run.h"
 #include "seqpar/core/timer.h"
 #include "seqpar/model/decoder.h"
 #include "seqpar/model/dit.h"
@@ -37,10 +33,10 @@ struct ModelResult {
 
 struct Resolved {
   ModelPreset preset;
+  MeshChoice mesh;
   MeshShape shape;
   Strategy strategy = Strategy::kRing;
   Layout layout = Layout::kContiguous;
-  UlyssesMode mode = UlyssesMode::kUaa;
   std::vector<WeightStore::Spec> specs;
 };
 
@@ -57,8 +53,6 @@ void validate(const ModelOptions& o) {
   SEQPAR_ARG_CHECK(!o.weights || !o.weights->empty(),
                    "--weights is empty; give a safetensors file, or omit --weights for seeded "
                    "random weights");
-  SEQPAR_ARG_CHECK(o.backend == "threads" || o.backend == "mpi", "--backend '", o.backend,
-                   "' is unknown; valid: threads, mpi");
 }
 
 // Bytes the run holds: the fp32 weights (every rank of the threads backend shares them; MPI
@@ -88,20 +82,20 @@ void check_model_memory(const Resolved& r, const ModelOptions& o, int64_t tokens
 Resolved resolve(const ModelOptions& o, int world) {
   validate(o);
   Resolved r;
+  r.mesh = resolve_mesh(o, world);
   r.preset = model_preset(o.preset);
+  r.shape = r.mesh.shape;
+  r.strategy = r.mesh.strategy;
+  r.layout = r.mesh.layout;
   SEQPAR_ARG_CHECK(r.preset.family != ModelFamily::kLlm || o.cfg == 1, "--cfg ", o.cfg,
                    ": classifier-free guidance is for diffusion models; use --cfg 1 with ",
                    r.preset.name);
   SEQPAR_ARG_CHECK(r.preset.family != ModelFamily::kMMDiT, "model ", r.preset.name,
                    " (mmdit) is available to `seqpar plan` only; runnable presets: the dit and "
                    "llm ones (tiny-dit, tiny-llm, wan2.1-t2v-1.3b, llama3-8b, ...)");
-  const MeshChoice mesh = resolve_mesh(
-      {o.cfg, o.tp, o.ring_degree, o.ulysses_degree, o.strategy, o.layout, o.ulysses_mode, o.pad},
-      r.preset.heads, r.preset.name, world);
-  r.shape = mesh.shape;
-  r.strategy = mesh.strategy;
-  r.layout = mesh.layout;
-  r.mode = mesh.mode;
+  SEQPAR_ARG_CHECK(r.preset.heads % o.tp == 0, "--tp ", o.tp, " does not divide the ",
+                   r.preset.heads, " heads of ", r.preset.name,
+                   "; valid: ", divisors_text(r.preset.heads));
   r.specs = r.preset.family == ModelFamily::kDiT ? DiT::parameters(r.preset)
                                                  : Decoder::parameters(r.preset);
   int64_t tokens = o.prompt_len + o.decode;
@@ -115,7 +109,7 @@ Resolved resolve(const ModelOptions& o, int world) {
 ModelResult run_model(Communicator& world, const Resolved& r, const ModelOptions& o,
                       const WeightStore& ws, MeshShape shape) {
   MeshComms mc(world, shape);
-  ParallelContext ctx = rank_context(mc, {shape, r.strategy, r.layout, r.mode, o.pad});
+  ParallelContext ctx = rank_context(mc, r.mesh);
   ModelResult res;
   world.barrier();
   mc.reset_stats();
@@ -230,14 +224,7 @@ void add_model_command(CLI::App& app, ModelOptions& o) {
       "safetensors file (default: seeded random weights)");
   m->add_option("--save-weights,--save_weights", o.save_weights,
                 "write the weights used to this safetensors file");
-  m->add_option("--cfg", o.cfg, "classifier-free guidance parallel size (1 or 2)");
-  m->add_option("--tp", o.tp, "tensor parallel size");
-  m->add_option("--ulysses-degree,--ulysses_degree", o.ulysses_degree, "Ulysses degree");
-  m->add_option("--ring-degree,--ring_degree", o.ring_degree, "ring degree");
-  m->add_option("--strategy", o.strategy, "ring | allgather (meshes without Ulysses)");
-  m->add_option("--layout", o.layout, "contiguous | striped | zigzag");
-  m->add_option("--ulysses-mode,--ulysses_mode", o.ulysses_mode, "strict | uaa");
-  m->add_flag("--pad", o.pad, "pad the sequence to a multiple of the sequence-parallel size");
+  add_mesh_flags(m, o, true);
   m->add_option("--frames", o.frames, "dit: video frames (4k+1)");
   m->add_option("--height", o.height, "dit: height in pixels");
   m->add_option("--width", o.width, "dit: width in pixels");
@@ -246,7 +233,6 @@ void add_model_command(CLI::App& app, ModelOptions& o) {
   m->add_option("--prompt-len,--prompt_len", o.prompt_len, "llm: prompt tokens (prefill)");
   m->add_option("--decode", o.decode, "llm: greedy decode steps");
   m->add_option("--seed", o.seed, "seed of weights and inputs");
-  m->add_option("--backend", o.backend, "threads | mpi");
   m->add_flag("--verify", o.verify, "compare with the same model on one rank");
   m->add_flag("--json", o.json, "print one JSON object");
   guard_integer_options(m);
@@ -258,69 +244,37 @@ int run_model_command(const ModelOptions& o) {
   if (o.backend != "mpi") {
     Resolved r = resolve(o, 0);
     const int n = r.shape.world();
-    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    SEQPAR_ARG_CHECK(n <= limits::max_threads(), "the mesh ", mesh_shape_text(r.shape), " needs ",
-                     n, " rank threads; this process may start at most ", limits::max_threads(),
-                     " (core/limits.h and RLIMIT_NPROC); use --backend mpi");
     // The file opens before the work; write_safetensors writes it at the end.
     if (!o.save_weights.empty()) OutputFile("--save-weights", o.save_weights);
     WeightStore ws = load_weights(o, r);
     if (!o.save_weights.empty()) write_safetensors(o.save_weights, ws.all(), {});
     ModelResult got, single;
-    ThreadWorld::run(n, [&](Communicator& world) {
-      omp_set_num_threads(std::max(1, cores / n));
+    run_on_threads(n, [&](Communicator& world) {
       ModelResult res = run_model(world, r, o, ws, r.shape);
       if (world.rank() == 0) got = std::move(res);
     });
     if (o.verify)
-      ThreadWorld::run(1, [&](Communicator& world) {
-        omp_set_num_threads(cores);
-        single = run_model(world, r, o, ws, MeshShape{});
-      });
+      run_on_threads(
+          1, [&](Communicator& world) { single = run_model(world, r, o, ws, MeshShape{}); });
     return finish_output(report(o, r, got, o.verify ? &single : nullptr, "threads"));
   }
-  SEQPAR_ARG_CHECK(mpi_available(), "--backend mpi: this build has no MPI; valid: threads");
-  mpi_init(nullptr, nullptr);
-  std::unique_ptr<Communicator> world = mpi_world();
   Resolved r;
   WeightStore ws;
-  try {
-    r = resolve(o, world->size());
-    ws = load_weights(o, r);
-  } catch (const InvalidArgument&) {
-    world.reset();
-    mpi_finalize();
-    throw;
-  }
-  int code = 0;
-  try {
-    omp_set_num_threads(1);
-    ModelResult got = run_model(*world, r, o, ws, r.shape);
-    // The single-rank reference runs on rank 0 alone.
-    std::unique_ptr<Communicator> alone = world->split(world->rank() == 0 ? 0 : 1, world->rank());
-    if (world->rank() == 0) {
-      ModelResult single;
-      if (o.verify) single = run_model(*alone, r, o, ws, MeshShape{});
-      code = report(o, r, got, o.verify ? &single : nullptr, "mpi");
-      if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
-        std::fprintf(stderr, "seqpar: error: cannot write the output to stdout: %s\n",
-                     std::strerror(errno));
-        code = 1;
-      }
-    }
-    int32_t c = code;
-    world->broadcast(&c, sizeof(c), 0);
-    code = c;
-  } catch (const std::exception& e) {
-    world->abort(e.what());
-    if (o.json && world->rank() == 0) print_json_error(e.what(), 1);
-    std::fprintf(stderr, "seqpar: error: rank %d: %s\n", world->rank(), e.what());
-    std::fflush(stderr);
-    std::_Exit(1);
-  }
-  world.reset();
-  mpi_finalize();
-  return code;
+  return run_on_mpi(
+      o.json,
+      [&](int world_size) {
+        r = resolve(o, world_size);
+        ws = load_weights(o, r);
+      },
+      [&](Communicator& world) {
+        ModelResult got = run_model(world, r, o, ws, r.shape);
+        // The single-rank reference runs on rank 0 alone.
+        std::unique_ptr<Communicator> alone = world.split(world.rank() == 0 ? 0 : 1, world.rank());
+        if (world.rank() != 0) return 0;
+        ModelResult single;
+        if (o.verify) single = run_model(*alone, r, o, ws, MeshShape{});
+        return report(o, r, got, o.verify ? &single : nullptr, "mpi");
+      });
 }
 
 }  // namespace

@@ -1,32 +1,45 @@
 #include "seqpar/model/decoder.h"
 
+#include <cmath>
 #include <cstring>
 
+#include "seqpar/core/timer.h"
+#include "seqpar/model/llama.h"
 #include "seqpar/model/ops.h"
 
 namespace seqpar {
 
-namespace {
-constexpr float kEps = 1e-5f;
-}  // namespace
-
 std::vector<WeightStore::Spec> Decoder::parameters(const ModelPreset& m) {
-  const int64_t d = m.hidden, kv = m.kv_heads * m.head_dim;
+  const int64_t d = m.hidden, q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim;
+  // Seeded q/k weights of std 2/sqrt(d) give logits q·k/sqrt(D) of std about 4, so that seeded
+  // models attend far from uniformly (with 0.02 every position would look alike).
+  const float qk_std = 2.0f / std::sqrt(static_cast<float>(d));
   std::vector<WeightStore::Spec> p = {{"embed_tokens.weight", {m.vocab, d}, 1.0f}};
   for (int64_t i = 0; i < m.layers; ++i) {
     const std::string l = "layers." + std::to_string(i) + ".";
     p.push_back({l + "input_layernorm.weight", {d}, -1});
-    p.push_back({l + "self_attn.q_proj.weight", {d, d}});
-    p.push_back({l + "self_attn.k_proj.weight", {kv, d}});
+    p.push_back({l + "self_attn.q_proj.weight", {q, d}, qk_std});
+    p.push_back({l + "self_attn.k_proj.weight", {kv, d}, qk_std});
     p.push_back({l + "self_attn.v_proj.weight", {kv, d}});
-    p.push_back({l + "self_attn.o_proj.weight", {d, d}});
+    p.push_back({l + "self_attn.o_proj.weight", {d, q}});
+    if (m.attention_bias) {
+      p.push_back({l + "self_attn.q_proj.bias", {q}});
+      p.push_back({l + "self_attn.k_proj.bias", {kv}});
+      p.push_back({l + "self_attn.v_proj.bias", {kv}});
+      p.push_back({l + "self_attn.o_proj.bias", {d}});
+    }
     p.push_back({l + "post_attention_layernorm.weight", {d}, -1});
     p.push_back({l + "mlp.gate_proj.weight", {m.ffn_dim, d}});
     p.push_back({l + "mlp.up_proj.weight", {m.ffn_dim, d}});
     p.push_back({l + "mlp.down_proj.weight", {d, m.ffn_dim}});
+    if (m.mlp_bias) {
+      p.push_back({l + "mlp.gate_proj.bias", {m.ffn_dim}});
+      p.push_back({l + "mlp.up_proj.bias", {m.ffn_dim}});
+      p.push_back({l + "mlp.down_proj.bias", {d}});
+    }
   }
   p.push_back({"norm.weight", {d}, -1});
-  p.push_back({"lm_head.weight", {m.vocab, d}});
+  if (!m.tie_embeddings) p.push_back({"lm_head.weight", {m.vocab, d}});
   return p;
 }
 
@@ -38,41 +51,74 @@ const SpPlan& Decoder::sp_plan() {
   return plan;
 }
 
-Decoder::Decoder(const ModelPreset& m, const WeightStore& ws, const ParallelContext& ctx) : m_(m) {
+namespace {
+// Vocabulary rows [v0, v1) of tp rank r of n (any vocabulary size).
+std::array<int64_t, 2> vocab_share(int64_t vocab, int r, int n) {
+  return {vocab * r / n, vocab * (r + 1) / n};
+}
+}  // namespace
+
+Decoder::Decoder(const ModelPreset& m, const WeightStore& ws, const ParallelContext& ctx)
+    : m_(m), inv_freq_(llama_rope_inv_freq(m)) {
   SEQPAR_ARG_CHECK(m.family == ModelFamily::kLlm, "model ", m.name, " is not a decoder");
   const int tp = ctx.tp_size();
-  SEQPAR_ARG_CHECK(m.heads % tp == 0 && (m.kv_heads % tp == 0 || tp % m.kv_heads == 0), "--tp ",
-                   tp, " must divide the ", m.heads, " heads, and divide or be a multiple of the ",
+  SEQPAR_ARG_CHECK(m.heads % tp == 0 && (m.kv_heads % tp == 0 || tp % m.kv_heads == 0), "--tp ", tp,
+                   " must divide the ", m.heads, " heads, and divide or be a multiple of the ",
                    m.kv_heads, " kv heads of ", m.name);
-  embed_w = ws.get("embed_tokens.weight");
+  SEQPAR_ARG_CHECK(m.ffn_dim % tp == 0, "--tp ", tp, " must divide the intermediate size ",
+                   m.ffn_dim, " of ", m.name);
+  auto [v0, v1] = vocab_share(m.vocab, ctx.tp_rank(), tp);
+  v0_ = v0;
+  v1_ = v1;
+  for (int r = 0; r < tp; ++r) {
+    auto [a, b] = vocab_share(m.vocab, r, tp);
+    vocab_bytes_.push_back(static_cast<size_t>(b - a) * sizeof(float));
+  }
+  embed_w = ws.rows("embed_tokens.weight", v0_, v1_);
+  if (!m.tie_embeddings) lm_head_w = ws.rows("lm_head.weight", v0_, v1_);
   norm_w = ws.get("norm.weight");
-  lm_head_w = ws.get("lm_head.weight");
   for (int64_t i = 0; i < m.layers; ++i) {
     const std::string l = "layers." + std::to_string(i) + ".";
     Layer layer;
     layer.input_norm = ws.get(l + "input_layernorm.weight");
     layer.post_norm = ws.get(l + "post_attention_layernorm.weight");
     layer.attn = SelfAttention::load(ws, l + "self_attn", m.hidden, m.heads, m.kv_heads, ctx,
-                                     false, false, {"q_proj", "k_proj", "v_proj", "o_proj"});
+                                     m.attention_bias, false,
+                                     {"q_proj", "k_proj", "v_proj", "o_proj"}, m.head_dim);
+    layer.attn.rope_pairs = RopePairs::kHalves;  // Hugging Face's q_proj/k_proj row layout
     layer.mlp = FeedForward::load(ws, l + "mlp", m.hidden, m.ffn_dim, FeedForward::Kind::kSwiGlu,
-                                  ctx);
+                                  ctx, m.mlp_bias);
     layers_.push_back(std::move(layer));
   }
 }
 
-Tensor Decoder::embed(std::span<const int32_t> tokens) const {
+Tensor Decoder::embed(std::span<const int32_t> tokens, Communicator& tp) const {
   const int64_t n = static_cast<int64_t>(tokens.size()), d = m_.hidden;
+  const size_t row_bytes = static_cast<size_t>(d) * dtype_size(embed_w.dtype());
   Tensor x({1, n, d});
   for (int64_t i = 0; i < n; ++i) {
     SEQPAR_ARG_CHECK(tokens[i] >= 0 && tokens[i] < m_.vocab, "token ", tokens[i],
                      " is outside the vocabulary of ", m_.vocab);
-    std::memcpy(x.data<float>() + i * d, embed_w.data<float>() + tokens[i] * d, d * sizeof(float));
+    if (tokens[i] < v0_ || tokens[i] >= v1_) continue;  // another tp rank's row
+    convert(static_cast<const std::byte*>(embed_w.raw()) + (tokens[i] - v0_) * row_bytes,
+            embed_w.dtype(), x.data<float>() + i * d, DType::kF32, static_cast<size_t>(d));
   }
+  if (tp.size() > 1) tp.all_reduce(std::span<float>(x.data<float>(), x.numel()), ReduceOp::kSum);
   return x;
 }
 
-Tensor Decoder::logits_of(const Tensor& h_last) const {
-  return linear(rms_norm(h_last, norm_w, kEps), lm_head_w, Tensor());
+Tensor Decoder::logits_of(const Tensor& h_last, Communicator& tp) const {
+  const Tensor& head = m_.tie_embeddings ? embed_w : lm_head_w;
+  Tensor mine = linear(rms_norm(h_last, norm_w, static_cast<float>(m_.rms_norm_eps)), head,
+                       Tensor());  // (v1 - v0)
+  if (tp.size() == 1) return mine;
+  Tensor all({m_.vocab});
+  tp.all_gatherv(mine.raw(), all.raw(), vocab_bytes_);
+  return all;
+}
+
+Tensor Decoder::rope(std::span<const int64_t> positions) const {
+  return rope_1d(positions, inv_freq_);
 }
 
 namespace {
@@ -86,31 +132,49 @@ int32_t argmax(const Tensor& logits) {
 
 Decoder::Output Decoder::generate(const std::vector<int32_t>& prompt, int decode_steps,
                                   ParallelContext& ctx) {
-  const int64_t P = static_cast<int64_t>(prompt.size()), d = m_.hidden;
-  SEQPAR_ARG_CHECK(P >= 1, "the prompt is empty");
   SEQPAR_ARG_CHECK(decode_steps >= 0, "--decode ", decode_steps, " is invalid");
+  Options opts;
+  opts.max_new_tokens = int64_t{decode_steps} + 1;
+  return generate(prompt, opts, ctx);
+}
+
+Decoder::Output Decoder::generate(const std::vector<int32_t>& prompt, const Options& opts,
+                                  ParallelContext& ctx) {
+  const int64_t P = static_cast<int64_t>(prompt.size()), d = m_.hidden;
+  const float eps = static_cast<float>(m_.rms_norm_eps);
+  SEQPAR_ARG_CHECK(P >= 1, "the prompt is empty");
+  SEQPAR_ARG_CHECK(opts.max_new_tokens >= 1, "max_new_tokens ", opts.max_new_tokens,
+                   " is invalid; valid: 1 or more");
   Output out;
+  auto take = [&](Tensor logits) {
+    out.tokens.push_back(argmax(logits));
+    out.logits.push_back(std::move(logits));
+    for (int64_t s : opts.stop_tokens) out.stopped = out.stopped || s == out.tokens.back();
+  };
   // ---- prefill: context parallel over the prompt.
+  const double t0 = now_seconds();
   SpRuntime sp(sp_plan(), ctx, P);
   std::vector<int64_t> all_pos(P);
   for (int64_t i = 0; i < P; ++i) all_pos[i] = i;
-  Tensor x = sp.at("layers.0", "hidden", embed(prompt));
-  Tensor rope = sp.at("layers.0", "rope",
-                      reshape(rope_1d(all_pos, m_.head_dim, m_.rope_theta), {1, P, m_.head_dim}));
-  rope = reshape(std::move(rope), {x.dim(1), m_.head_dim / 2, 2});
+  const int64_t hd = m_.head_dim;
+  Tensor x = sp.at("layers.0", "hidden", embed(prompt, *ctx.tp));
+  Tensor table = sp.at("layers.0", "rope", reshape(rope(all_pos), {1, P, hd}));
+  table = reshape(std::move(table), {x.dim(1), hd / 2, 2});
   for (Layer& layer : layers_) {
-    Tensor h = layer.attn.forward(rms_norm(x, layer.input_norm, kEps), rope, ctx, sp, true,
-                                  &layer.cache);
+    Tensor h =
+        layer.attn.forward(rms_norm(x, layer.input_norm, eps), table, ctx, sp, true, &layer.cache);
     add_(x, h);
-    add_(x, layer.mlp.forward(rms_norm(x, layer.post_norm, kEps), *ctx.tp));
+    add_(x, layer.mlp.forward(rms_norm(x, layer.post_norm, eps), *ctx.tp));
   }
   x = sp.at("norm", "hidden", std::move(x));  // (1, P, d) on every rank
   Tensor last({d});
   std::memcpy(last.raw(), x.data<float>() + (P - 1) * d, d * sizeof(float));
-  out.logits.push_back(logits_of(last));
-  out.tokens.push_back(argmax(out.logits.back()));
+  take(logits_of(last, *ctx.tp));
+  out.prefill_seconds = now_seconds() - t0;
+  if (opts.on_token) opts.on_token(1, out.prefill_seconds, 0);
 
   // ---- decode: one token a step, pass-Q over the caches prefill left.
+  const double t1 = now_seconds();
   const int n = ctx.sp_size();
   KvPlacement place;
   place.kv_pos.resize(n);
@@ -119,21 +183,25 @@ Decoder::Output Decoder::generate(const std::vector<int32_t>& prompt, int decode
   for (int r = 0; r < n; ++r)
     for (int64_t p : part.positions(r))
       if (p < P) place.kv_pos[r].push_back(p);
-  for (int step = 0; step < decode_steps; ++step) {
-    const int64_t pos = P + step;
+  for (int64_t step = 1; step < opts.max_new_tokens && !out.stopped; ++step) {
+    // The token chosen last enters at position P + step - 1.
+    const int64_t pos = P + step - 1;
     const int owner = static_cast<int>(pos % n);
     for (auto& q : place.q_pos) q.clear();
     place.q_pos[owner].push_back(pos);
     place.kv_pos[owner].push_back(pos);
     const int64_t position[1] = {pos};
-    Tensor r1 = rope_1d(position, m_.head_dim, m_.rope_theta);
-    Tensor h = embed(std::span<const int32_t>(&out.tokens.back(), 1));
+    Tensor r1 = rope(position);
+    Tensor h = embed(std::span<const int32_t>(&out.tokens.back(), 1), *ctx.tp);
     for (Layer& layer : layers_) {
-      add_(h, layer.attn.decode(rms_norm(h, layer.input_norm, kEps), r1, ctx, layer.cache, place));
-      add_(h, layer.mlp.forward(rms_norm(h, layer.post_norm, kEps), *ctx.tp));
+      add_(h, layer.attn.decode(rms_norm(h, layer.input_norm, eps), r1, ctx, layer.cache, place));
+      add_(h, layer.mlp.forward(rms_norm(h, layer.post_norm, eps), *ctx.tp));
     }
-    out.logits.push_back(logits_of(reshape(std::move(h), {d})));
-    out.tokens.push_back(argmax(out.logits.back()));
+    take(logits_of(reshape(std::move(h), {d}), *ctx.tp));
+    out.decode_seconds = now_seconds() - t1;
+    if (opts.on_token)
+      opts.on_token(static_cast<int64_t>(out.tokens.size()), out.prefill_seconds,
+                    out.decode_seconds);
   }
   return out;
 }

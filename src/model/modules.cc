@@ -97,19 +97,37 @@ Tensor rope_3d(std::span<const int64_t> positions, std::array<int64_t, 3> grid, 
   return t;
 }
 
-void apply_rope_(Tensor& x, const Tensor& table) {
+Tensor rope_1d(std::span<const int64_t> positions, std::span<const float> inv_freq) {
+  const int64_t n = static_cast<int64_t>(positions.size()),
+                pairs = static_cast<int64_t>(inv_freq.size());
+  Tensor t({n, pairs, 2});
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < pairs; ++j) {
+      const float angle = static_cast<float>(positions[i]) * inv_freq[j];
+      t.data<float>()[(i * pairs + j) * 2] = std::cos(angle);
+      t.data<float>()[(i * pairs + j) * 2 + 1] = std::sin(angle);
+    }
+  return t;
+}
+
+void apply_rope_(Tensor& x, const Tensor& table, RopePairs pairs_of) {
   const int64_t B = x.dim(0), n = x.dim(1), H = x.dim(2), D = x.dim(3), pairs = D / 2;
   SEQPAR_CHECK(table.dim(0) == n && table.dim(1) == pairs, "rope table ", table.shape_str(),
                " for x ", x.shape_str());
+  // Pair j is features (first + j·step, second + j·step).
+  const bool halves = pairs_of == RopePairs::kHalves;
+  const int64_t step = halves ? 1 : 2, second = halves ? pairs : 1;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < n; ++i) {
       const float* cs = table.data<float>() + i * pairs * 2;
       for (int64_t h = 0; h < H; ++h) {
         float* row = x.data<float>() + ((b * n + i) * H + h) * D;
         for (int64_t j = 0; j < pairs; ++j) {
-          const float a = row[2 * j], c = row[2 * j + 1];
-          row[2 * j] = a * cs[2 * j] - c * cs[2 * j + 1];
-          row[2 * j + 1] = a * cs[2 * j + 1] + c * cs[2 * j];
+          float& a = row[j * step];
+          float& c = row[j * step + second];
+          const float a0 = a, c0 = c;
+          a = a0 * cs[2 * j] - c0 * cs[2 * j + 1];
+          c = a0 * cs[2 * j + 1] + c0 * cs[2 * j];
         }
       }
     }
@@ -143,11 +161,12 @@ void KvCache::append(const Tensor& k_new, const Tensor& v_new, std::span<const i
 
 SelfAttention SelfAttention::load(const WeightStore& ws, const std::string& name, int64_t hidden,
                                   int64_t heads, int64_t kv_heads, const ParallelContext& ctx,
-                                  bool bias, bool qk_norm, const std::array<std::string, 4>& proj) {
+                                  bool bias, bool qk_norm, const std::array<std::string, 4>& proj,
+                                  int64_t head_dim) {
   SelfAttention a;
   a.heads = heads;
   a.kv_heads = kv_heads;
-  a.head_dim = hidden / heads;
+  a.head_dim = head_dim > 0 ? head_dim : hidden / heads;
   const int t = ctx.tp_rank(), n = ctx.tp_size();
   auto [h0, h1] = tp_share(heads, t, n);
   a.h0 = h0;
@@ -181,8 +200,8 @@ SelfAttention::Qkv SelfAttention::project(const Tensor& x, const Tensor& rope,
   }
   Qkv h{reshape(std::move(qx), {B, n, h1 - h0, d}), reshape(std::move(kx), {B, n, kv1 - kv0, d}),
         reshape(std::move(vx), {B, n, kv1 - kv0, d})};
-  apply_rope_(h.q, rope);
-  apply_rope_(h.k, rope);
+  apply_rope_(h.q, rope, rope_pairs);
+  apply_rope_(h.k, rope, rope_pairs);
   return h;
 }
 
@@ -298,7 +317,8 @@ Tensor CrossAttention::forward(const Tensor& x, const Tensor& context, ParallelC
 // ---- feed-forward ----------------------------------------------------------------------------
 
 FeedForward FeedForward::load(const WeightStore& ws, const std::string& name, int64_t hidden,
-                              int64_t inner, Kind kind, const ParallelContext& ctx) {
+                              int64_t inner, Kind kind, const ParallelContext& ctx,
+                              bool swiglu_bias) {
   FeedForward f;
   f.kind = kind;
   auto [c0, c1] = tp_share(inner, ctx.tp_rank(), ctx.tp_size());
@@ -306,9 +326,9 @@ FeedForward FeedForward::load(const WeightStore& ws, const std::string& name, in
     f.up = ColumnLinear::load(ws, name + ".0", c0, c1, true);
     f.down = RowLinear::load(ws, name + ".2", c0, c1, true);
   } else {
-    f.gate = ColumnLinear::load(ws, name + ".gate_proj", c0, c1, false);
-    f.up = ColumnLinear::load(ws, name + ".up_proj", c0, c1, false);
-    f.down = RowLinear::load(ws, name + ".down_proj", c0, c1, false);
+    f.gate = ColumnLinear::load(ws, name + ".gate_proj", c0, c1, swiglu_bias);
+    f.up = ColumnLinear::load(ws, name + ".up_proj", c0, c1, swiglu_bias);
+    f.down = RowLinear::load(ws, name + ".down_proj", c0, c1, swiglu_bias);
   }
   (void)hidden;
   return f;

@@ -79,6 +79,32 @@ void matmul_f32(const float* x, int64_t m, int64_t k, const float* w, int64_t n,
 // converted block stays in L2 while the matmul reads it.
 constexpr int64_t kConvertedBlockBytes = 512 << 10;
 
+// Up to this many rows of x (decode) multiply a bf16 weight directly: each weight is read once,
+// as 2 bytes, instead of converted to fp32, written and read again.
+constexpr int64_t kMaxGemvRows = 8;
+
+// y (m, n) = x (m, k) · w (n, k, bf16)ᵀ + bias, m <= kMaxGemvRows; output rows split over the
+// calling thread's OpenMP team.
+void gemv_bf16(const float* x, int64_t m, int64_t k, const uint16_t* w, int64_t n,
+               const float* bias, float* y) {
+#pragma omp parallel for schedule(static)
+  for (int64_t j = 0; j < n; ++j) {
+    const uint16_t* row = w + j * k;
+    for (int64_t r = 0; r < m; ++r) {
+      const float* xr = x + r * k;
+      float s = 0.f;
+#pragma omp simd reduction(+ : s)
+      for (int64_t i = 0; i < k; ++i) {
+        const uint32_t bits = static_cast<uint32_t>(row[i]) << 16;
+        float wf;
+        std::memcpy(&wf, &bits, sizeof wf);
+        s += xr[i] * wf;
+      }
+      y[r * n + j] = s + (bias ? bias[j] : 0.f);
+    }
+  }
+}
+
 }  // namespace
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
@@ -102,6 +128,11 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   const float* b = has_bias ? bias.data<float>() : nullptr;
   if (w.dtype() == DType::kF32) {
     matmul_f32(x.data<float>(), m, k, w.data<float>(), n, b, y.data<float>(), n);
+    return y;
+  }
+  if (w.dtype() == DType::kBF16 && m <= kMaxGemvRows) {
+    gemv_bf16(x.data<float>(), m, k, static_cast<const uint16_t*>(w.raw()), n, b,
+              y.data<float>());
     return y;
   }
   // A weight kept in its checkpoint's 16-bit dtype: converted a block of rows at a time.

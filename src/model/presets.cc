@@ -104,6 +104,12 @@ const std::vector<ModelPreset>& presets() {
                     70'000'000'000));
     v.push_back(llm("llama3-405b", "Llama 3.1 405B", 16384, 128, 8, 126, 53248, 128256, 500000.0,
                     405'000'000'000));
+    ModelPreset l1b = llm("llama3.2-1b", "Llama 3.2 1B (tied embeddings, llama3 RoPE scaling)",
+                          2048, 32, 8, 16, 8192, 128256, 500000.0, 1'235'814'400);
+    l1b.max_positions = 131072;
+    l1b.rope_scaling = {32.0, 1.0, 4.0, 8192};
+    l1b.tie_embeddings = true;
+    v.push_back(l1b);
     v.push_back(llm("tiny-llm", "small Llama-style decoder for tests", 64, 4, 2, 2, 128, 256,
                     10000.0, 0));
     return v;

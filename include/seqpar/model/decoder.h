@@ -1,12 +1,16 @@
-// Decoder: a Llama-style language model (RMSNorm, GQA self-attention with 1-D RoPE, causal,
-// SwiGLU FFN, tied-free lm_head). Prefill runs context parallel (the prompt sharded by the
-// SpPlan: shard the input of layers.0, gather the output of norm); each layer keeps its K/V
-// shard where prefill left it, and greedy decode runs pass-Q over that distributed cache
-// (new token i is owned by sequence-parallel rank (prompt_len + i) mod N).
+// Decoder: a Llama language model as Hugging Face's LlamaForCausalLM computes it (RMSNorm, GQA
+// self-attention with rotate-half RoPE and optional llama3 frequency scaling, causal, SwiGLU FFN,
+// lm_head or tied embeddings, optional attention and MLP biases). Prefill runs context parallel
+// (the prompt sharded by the SpPlan: shard the input of layers.0, gather the output of norm);
+// each layer keeps its K/V shard where prefill left it, and greedy decode runs pass-Q over that
+// distributed cache (new token i is owned by sequence-parallel rank (prompt_len + i) mod N).
+// The embedding and lm_head are split over the tensor-parallel group by vocabulary rows (a
+// lookup is all-reduced, the logits all-gathered); every weight stays in its stored dtype.
 // Thread-safety: one Decoder per rank thread.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "seqpar/model/context.h"
@@ -18,16 +22,29 @@ namespace seqpar {
 
 class Decoder {
  public:
+  // Names as in a Hugging Face checkpoint without its "model." prefix; lm_head.weight only when
+  // the embeddings are not tied.
   static std::vector<WeightStore::Spec> parameters(const ModelPreset& m);
   static const SpPlan& sp_plan();
 
   Decoder(const ModelPreset& m, const WeightStore& ws, const ParallelContext& ctx);
 
+  struct Options {
+    int64_t max_new_tokens = 1;        // >= 1: prefill gives the first
+    std::vector<int64_t> stop_tokens;  // generation ends after one of these
+    // Called after each new token (rank-local; for progress reports): tokens so far, seconds.
+    std::function<void(int64_t tokens, double prefill_s, double decode_s)> on_token;
+  };
   struct Output {
     std::vector<int32_t> tokens;  // the greedy tokens: one from prefill, then one per decode step
     std::vector<Tensor> logits;   // (vocab) of each generated token's step
+    double prefill_seconds = 0;   // this rank's wall time
+    double decode_seconds = 0;
+    bool stopped = false;  // ended at a stop token
   };
-  // Prefill `prompt` (B = 1) context parallel, then `decode_steps` greedy steps with pass-Q.
+  // Prefill `prompt` (B = 1) context parallel, then greedy steps with pass-Q.
+  Output generate(const std::vector<int32_t>& prompt, const Options& opts, ParallelContext& ctx);
+  // The same with decode_steps steps after prefill and no stop tokens.
   Output generate(const std::vector<int32_t>& prompt, int decode_steps, ParallelContext& ctx);
 
  private:
@@ -37,10 +54,14 @@ class Decoder {
     FeedForward mlp;
     KvCache cache;
   };
-  Tensor embed(std::span<const int32_t> tokens) const;  // (1, n, hidden)
-  Tensor logits_of(const Tensor& h_last) const;          // (hidden) -> (vocab)
+  Tensor embed(std::span<const int32_t> tokens, Communicator& tp) const;  // (1, n, hidden)
+  Tensor logits_of(const Tensor& h_last, Communicator& tp) const;         // (hidden) -> (vocab)
+  Tensor rope(std::span<const int64_t> positions) const;                  // (n, head_dim/2, 2)
   ModelPreset m_;
-  Tensor embed_w, norm_w, lm_head_w;
+  std::vector<float> inv_freq_;
+  int64_t v0_ = 0, v1_ = 0;           // this tp rank's vocabulary rows of embed and lm_head
+  std::vector<size_t> vocab_bytes_;   // every tp rank's logits bytes
+  Tensor embed_w, norm_w, lm_head_w;  // stored dtype; lm_head_w empty when tied
   std::vector<Layer> layers_;
 };
 

@@ -55,8 +55,14 @@ Tensor rope_1d(std::span<const int64_t> positions, int64_t head_dim, double thet
 // rotating by its axis coordinate with its own frequencies.
 Tensor rope_3d(std::span<const int64_t> positions, std::array<int64_t, 3> grid, int64_t head_dim,
                double theta);
+// 1-D from given inverse frequencies (D/2 of them, e.g. llama_rope_inv_freq): pair j rotates by
+// pos·inv_freq[j], the angle and its cos/sin computed in fp32 as transformers does.
+Tensor rope_1d(std::span<const int64_t> positions, std::span<const float> inv_freq);
 // x (B, n, H, D) rotated in place by table (n, D/2, 2) (the same for every batch row and head).
-void apply_rope_(Tensor& x, const Tensor& table);
+// Which features form pair j: Meta's original layout (and Wan's) rotates interleaved pairs
+// (2j, 2j+1); Hugging Face's Llama layout rotates halves (j, j + D/2) ("rotate_half").
+enum class RopePairs { kInterleaved, kHalves };
+void apply_rope_(Tensor& x, const Tensor& table, RopePairs pairs = RopePairs::kInterleaved);
 
 // A K/V cache on one rank: this rank's share of the tokens of a sequence (post-RoPE K and V)
 // and their global positions. Decode appends tokens to the rank that owns them.
@@ -76,11 +82,13 @@ struct SelfAttention {
   RowLinear o;
   bool qk_norm = false;
   DistRmsNorm norm_q, norm_k;
+  RopePairs rope_pairs = RopePairs::kInterleaved;
 
-  // names: q/k/v/o suffixes (Wan "q", Llama "q_proj").
+  // names: q/k/v/o suffixes (Wan "q", Llama "q_proj"). head_dim 0: hidden / heads.
   static SelfAttention load(const WeightStore& ws, const std::string& name, int64_t hidden,
                             int64_t heads, int64_t kv_heads, const ParallelContext& ctx, bool bias,
-                            bool qk_norm, const std::array<std::string, 4>& proj);
+                            bool qk_norm, const std::array<std::string, 4>& proj,
+                            int64_t head_dim = 0);
   // x (B, n, hidden) at sp's local positions -> (B, n, hidden). With a cache, the local K/V
   // (post-RoPE) are stored in it (prefill).
   Tensor forward(const Tensor& x, const Tensor& rope, ParallelContext& ctx, const SpRuntime& sp,
@@ -113,13 +121,15 @@ struct CrossAttention {
 };
 
 // Feed-forward: GELU-tanh (Wan: <name>.0, <name>.2 with biases) or SwiGLU (Llama:
-// <name>.gate_proj, up_proj, down_proj without biases); the inner width split over tp.
+// <name>.gate_proj, up_proj, down_proj, with biases when swiglu_bias: mlp_bias); the inner
+// width split over tp.
 struct FeedForward {
   enum class Kind { kGeluTanh, kSwiGlu } kind = Kind::kGeluTanh;
   ColumnLinear up, gate;
   RowLinear down;
   static FeedForward load(const WeightStore& ws, const std::string& name, int64_t hidden,
-                          int64_t inner, Kind kind, const ParallelContext& ctx);
+                          int64_t inner, Kind kind, const ParallelContext& ctx,
+                          bool swiglu_bias = false);
   Tensor forward(const Tensor& x, Communicator& tp) const;
 };
 

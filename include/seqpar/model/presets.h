@@ -17,6 +17,17 @@
 namespace seqpar {
 
 enum class ModelFamily { kDiT, kMMDiT, kLlm };
+
+// Llama 3.1's RoPE frequency scaling (rope_scaling {"rope_type": "llama3", ...} in config.json):
+// wavelengths longer than original_max_positions / low_freq_factor are divided by factor,
+// shorter than original_max_positions / high_freq_factor kept, and those between interpolated.
+// factor == 0: no scaling.
+struct LlamaRopeScaling {
+  double factor = 0;
+  double low_freq_factor = 1;
+  double high_freq_factor = 4;
+  int64_t original_max_positions = 8192;
+};
 std::string_view model_family_name(ModelFamily f);
 
 struct ModelPreset {
@@ -45,6 +56,13 @@ struct ModelPreset {
   int64_t out_channels = 0;     // predicted channels; 0: in_channels
   double eps = 1e-6;            // LayerNorm and QK-norm epsilon
   bool cross_attn_norm = true;  // affine LayerNorm (norm3) before the cross-attention
+  // llm, as Hugging Face's LlamaConfig names them (config.json)
+  double rms_norm_eps = 1e-5;
+  int64_t max_positions = 0;  // max_position_embeddings (0: no limit)
+  LlamaRopeScaling rope_scaling;
+  bool tie_embeddings = false;  // tie_word_embeddings: lm_head is embed_tokens
+  bool attention_bias = false;  // q/k/v/o biases
+  bool mlp_bias = false;        // gate/up/down biases
 };
 
 // Throws InvalidArgument listing the known names.

@@ -1,0 +1,419 @@
+// seqpar generate: greedy decoding of a Hugging Face Llama directory on a tp x ring x ulysses mesh.
+// Prompt token ids in (a list, or a text / .npy / .safetensors file), tokens and logits out.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "cli/mesh_run.h"
+#include "seqpar/core/json_limits.h"
+#include "seqpar/core/timer.h"
+#include "seqpar/model/decoder.h"
+#include "seqpar/model/llama.h"
+#include "seqpar/model/safetensors.h"
+
+namespace seqpar::cli {
+
+namespace {
+
+using nlohmann::json;
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Largest prompt file read whole (text or .npy): 8 bytes per token of limits::kMaxTokens would
+// not fit memory anyway.
+constexpr int64_t kMaxPromptFileBytes = int64_t{1} << 30;
+
+std::string read_file(const std::string& flag, const std::string& path) {
+  struct stat st {};
+  SEQPAR_ARG_CHECK(::stat(path.c_str(), &st) == 0, flag, " ", path, ": cannot read the file (",
+                   std::strerror(errno), ")");
+  SEQPAR_ARG_CHECK(S_ISREG(st.st_mode), flag, " ", path, ": not a regular file");
+  SEQPAR_ARG_CHECK(st.st_size <= kMaxPromptFileBytes, flag, " ", path, ": ", st.st_size,
+                   " bytes; at most ", limits::max_text(kMaxPromptFileBytes));
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// "1, 2 3\n4": integers separated by commas and/or whitespace.
+std::vector<int64_t> parse_id_text(const std::string& flag, const std::string& text) {
+  std::vector<int64_t> ids;
+  std::string item;
+  auto flush = [&] {
+    if (item.empty()) return;
+    const auto v = limits::parse_int64(item);
+    SEQPAR_ARG_CHECK(v.has_value(), flag, ": '", quote_for_message(item),
+                     "' is not a token id; valid: integers separated by commas or whitespace");
+    ids.push_back(*v);
+    item.clear();
+  };
+  for (char c : text) {
+    if (c == ',' || std::isspace(static_cast<unsigned char>(c))) {
+      flush();
+    } else {
+      item += c;
+    }
+  }
+  flush();
+  return ids;
+}
+
+// Little-endian integers of a numpy/safetensors dtype, widened to int64.
+std::vector<int64_t> widen(const std::string& what, const std::byte* p, int64_t n, char kind,
+                           int size) {
+  std::vector<int64_t> ids(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const std::byte* e = p + i * size;
+    uint64_t u = 0;
+    std::memcpy(&u, e, size);
+    if (kind == 'i' && size < 8 && (u >> (8 * size - 1)) & 1) u |= ~uint64_t{0} << (8 * size);
+    SEQPAR_ARG_CHECK(kind == 'i' || u <= static_cast<uint64_t>(INT64_MAX), what, ": element ", i,
+                     " does not fit int64");
+    ids[i] = static_cast<int64_t>(u);
+  }
+  return ids;
+}
+
+// One tensor of integers of shape [N] or [1, N] in a safetensors file.
+std::vector<int64_t> read_safetensors_ids(const std::string& flag, const std::string& path) {
+  SafetensorsFile f(path);
+  SEQPAR_ARG_CHECK(f.size() == 1, flag, " ", path, ": holds ", f.size(),
+                   " tensors; expected one integer tensor of token ids");
+  const SafetensorsEntry& e = f.entries()[0];
+  static const std::vector<std::pair<std::string, std::pair<char, int>>> kinds = {
+      {"I64", {'i', 8}}, {"I32", {'i', 4}}, {"I16", {'i', 2}}, {"I8", {'i', 1}},
+      {"U64", {'u', 8}}, {"U32", {'u', 4}}, {"U16", {'u', 2}}, {"U8", {'u', 1}}};
+  auto k = std::find_if(kinds.begin(), kinds.end(), [&](auto& x) { return x.first == e.dtype; });
+  SEQPAR_ARG_CHECK(k != kinds.end(), flag, " ", path, ": tensor '", quote_for_message(e.name),
+                   "' is ", e.dtype, "; valid: I64, I32, I16, I8, U64, U32, U16, U8");
+  SEQPAR_ARG_CHECK(e.shape.size() == 1 || (e.shape.size() == 2 && e.shape[0] == 1), flag, " ", path,
+                   ": tensor '", quote_for_message(e.name),
+                   "' must have shape [N] or [1, N] (one prompt)");
+  return widen(flag + " " + path, f.bytes(e.name).data(), e.numel(), k->second.first,
+               k->second.second);
+}
+
+// A .npy array of integers, shape (N,) or (1, N), C order.
+std::vector<int64_t> read_npy_ids(const std::string& flag, const std::string& path) {
+  const std::string data = read_file(flag, path);
+  const std::string where = flag + " " + path;
+  SEQPAR_ARG_CHECK(data.size() >= 10 && data.compare(0, 6, "\x93NUMPY") == 0, where,
+                   ": not a .npy file (no \\x93NUMPY magic)");
+  const int major = static_cast<unsigned char>(data[6]);
+  size_t header_len = 0, start = 0;
+  if (major == 1) {
+    header_len = static_cast<unsigned char>(data[8]) | static_cast<unsigned char>(data[9]) << 8;
+    start = 10;
+  } else {
+    SEQPAR_ARG_CHECK(data.size() >= 12, where, ": truncated .npy header");
+    for (int i = 0; i < 4; ++i)
+      header_len |= size_t{static_cast<unsigned char>(data[8 + i])} << (8 * i);
+    start = 12;
+  }
+  SEQPAR_ARG_CHECK(start + header_len <= data.size(), where, ": truncated .npy header");
+  const std::string header = data.substr(start, header_len);
+  auto value_of = [&](const std::string& key) {
+    const size_t k = header.find("'" + key + "'");
+    SEQPAR_ARG_CHECK(k != std::string::npos, where, ": .npy header has no '", key, "'");
+    size_t v = header.find(':', k) + 1;
+    while (v < header.size() && header[v] == ' ') ++v;
+    return v;
+  };
+  size_t d = value_of("descr");
+  const size_t q = header.find('\'', d + 1);
+  const std::string descr = header.substr(d + 1, q - d - 1);
+  SEQPAR_ARG_CHECK(descr.size() >= 3 && (descr[0] == '<' || descr[0] == '|' || descr[0] == '=') &&
+                       (descr[1] == 'i' || descr[1] == 'u') &&
+                       (descr.substr(2) == "1" || descr.substr(2) == "2" ||
+                        descr.substr(2) == "4" || descr.substr(2) == "8"),
+                   where, ": dtype '", quote_for_message(descr),
+                   "' is not supported; valid: little-endian integers (<i8, <i4, <u4, ...)");
+  SEQPAR_ARG_CHECK(header.compare(value_of("fortran_order"), 5, "False") == 0, where,
+                   ": fortran_order arrays are not supported");
+  const size_t s = value_of("shape");
+  const size_t e = header.find(')', s);
+  std::vector<int64_t> shape = parse_id_text(where + " shape", header.substr(s + 1, e - s - 1));
+  SEQPAR_ARG_CHECK(shape.size() == 1 || (shape.size() == 2 && shape[0] == 1), where,
+                   ": shape must be (N,) or (1, N) (one prompt)");
+  const int size = descr[2] - '0';
+  const int64_t n = shape.back();
+  SEQPAR_ARG_CHECK(n >= 0 && start + header_len + static_cast<size_t>(n) * size <= data.size(),
+                   where, ": holds fewer than the ", n, " elements its header says");
+  return widen(where, reinterpret_cast<const std::byte*>(data.data() + start + header_len), n,
+               descr[1], size);
+}
+
+std::vector<int64_t> prompt_ids(const GenerateOptions& o) {
+  SEQPAR_ARG_CHECK(o.prompt_ids.empty() != o.prompt_ids_file.empty(),
+                   "give the prompt as one of --prompt-ids 1,2,3 or --prompt-ids-file FILE");
+  if (!o.prompt_ids.empty()) return parse_id_text("--prompt-ids", o.prompt_ids);
+  const std::string& f = o.prompt_ids_file;
+  if (ends_with(f, ".safetensors")) return read_safetensors_ids("--prompt-ids-file", f);
+  if (ends_with(f, ".npy")) return read_npy_ids("--prompt-ids-file", f);
+  return parse_id_text("--prompt-ids-file " + f, read_file("--prompt-ids-file", f));
+}
+
+// Everything checked before a rank starts.
+struct Prepared {
+  LlamaCheckpoint ck;
+  MeshChoice mesh;
+  std::vector<int32_t> prompt;
+};
+
+Prepared prepare(const GenerateOptions& o, int world) {
+  Prepared p;
+  limits::check_range("--max-new-tokens", o.max_new_tokens, 1, limits::kMaxSteps);
+  SEQPAR_ARG_CHECK(!o.model.empty(), "--model is required: a Hugging Face Llama directory");
+  p.mesh = resolve_mesh(o, world);
+  const std::vector<int64_t> ids = prompt_ids(o);
+  p.ck = open_llama_checkpoint(o.model);
+  const ModelPreset& m = p.ck.config;
+  const std::string config = o.model + "/config.json";
+  SEQPAR_ARG_CHECK(!ids.empty(), o.prompt_ids.empty() ? "--prompt-ids-file" : "--prompt-ids",
+                   ": the prompt is empty; give at least one token id");
+  for (size_t i = 0; i < ids.size(); ++i)
+    SEQPAR_ARG_CHECK(ids[i] >= 0 && ids[i] < m.vocab, "prompt token ", ids[i], " at position ", i,
+                     " is outside the vocabulary of ", config, " (vocab_size ", m.vocab,
+                     "); valid: 0 to ", m.vocab - 1);
+  limits::check_range("prompt tokens", static_cast<int64_t>(ids.size()), 1, limits::kMaxTokens);
+  p.prompt.assign(ids.begin(), ids.end());
+  // Positions 0 .. P + N - 2 enter the model (the last new token is not fed back).
+  const int64_t last = static_cast<int64_t>(ids.size()) + o.max_new_tokens - 1;
+  if (last > m.max_positions) {
+    SEQPAR_ARG_CHECK(o.allow_long_context, "the prompt (", ids.size(),
+                     " tokens) and --max-new-tokens ", o.max_new_tokens, " need ", last,
+                     " positions, beyond max_position_embeddings ", m.max_positions, " of ", config,
+                     "; shorten them, or pass --allow-long-context");
+    if (reporting_rank())
+      std::fprintf(stderr,
+                   "seqpar: warning: %lld positions exceed max_position_embeddings %lld of %s "
+                   "(--allow-long-context); the model was not trained for them\n",
+                   static_cast<long long>(last), static_cast<long long>(m.max_positions),
+                   config.c_str());
+  }
+  const int64_t tp = o.tp;
+  SEQPAR_ARG_CHECK(
+      m.heads % tp == 0 && (m.kv_heads % tp == 0 || tp % m.kv_heads == 0) && m.ffn_dim % tp == 0,
+      "--tp ", tp, " must divide num_attention_heads ", m.heads, " and intermediate_size ",
+      m.ffn_dim,
+      ", and divide or be a multiple of "
+      "num_key_value_heads ",
+      m.kv_heads, " (", config, ")");
+  return p;
+}
+
+// Resident set of this process from /proc/self/status ("VmRSS" or "VmHWM"), bytes; 0 if unknown.
+int64_t proc_status_bytes(const char* key) {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  long long kb = 0;
+  const size_t n = std::strlen(key);
+  while (std::fgets(line, sizeof line, f))
+    if (std::strncmp(line, key, n) == 0 && line[n] == ':') kb = std::atoll(line + n + 1);
+  std::fclose(f);
+  return kb * 1024;
+}
+
+// What the run produced (rank 0), and per-rank measures.
+struct Generated {
+  Decoder::Output out;
+  double prefill_seconds = 0, decode_seconds = 0;                          // slowest rank
+  std::vector<int64_t> weight_bytes, resident_bytes, peak_resident_bytes;  // per rank
+  int64_t bytes_sent = 0;                                                  // rank 0, all groups
+};
+
+Generated run_rank(Communicator& world, const GenerateOptions& o, const Prepared& p,
+                   WeightStore& weights) {
+  MeshComms mc(world, p.mesh.shape);
+  ParallelContext ctx = rank_context(mc, p.mesh);
+  Decoder dec(p.ck.config, weights, ctx);
+  const int64_t weight_bytes = weights.bytes_read();
+  weights = WeightStore();  // the last rank to let go unmaps the files
+  Decoder::Options opts;
+  opts.max_new_tokens = o.max_new_tokens;
+  if (!o.ignore_eos) opts.stop_tokens = p.ck.eos_token_ids;
+  const bool progress = world.rank() == 0 && !o.quiet && !o.json;
+  double last_report = 0;
+  if (progress)
+    opts.on_token = [&](int64_t tokens, double prefill_s, double decode_s) {
+      if (tokens == 1) {
+        std::fprintf(stderr, "seqpar generate: prefill of %zu tokens in %.3f s (%.1f tokens/s)\n",
+                     p.prompt.size(), prefill_s, p.prompt.size() / std::max(prefill_s, 1e-9));
+      } else if (decode_s - last_report >= 1.0 || tokens == o.max_new_tokens) {
+        last_report = decode_s;
+        std::fprintf(stderr, "seqpar generate: %lld/%lld tokens, %.2f tokens/s\n",
+                     static_cast<long long>(tokens), static_cast<long long>(o.max_new_tokens),
+                     (tokens - 1) / std::max(decode_s, 1e-9));
+      }
+    };
+  world.barrier();
+  mc.reset_stats();
+  Generated g;
+  g.out = dec.generate(p.prompt, opts, ctx);
+  g.prefill_seconds = world.all_reduce_max(g.out.prefill_seconds);
+  g.decode_seconds = world.all_reduce_max(g.out.decode_seconds);
+  g.bytes_sent = mc.stats().total_sent();
+  const int64_t mine[3] = {weight_bytes, proc_status_bytes("VmRSS"), proc_status_bytes("VmHWM")};
+  std::vector<int64_t> all(3 * world.size());
+  world.all_gather(mine, sizeof(mine), all.data());
+  for (int r = 0; r < world.size(); ++r) {
+    g.weight_bytes.push_back(all[3 * r]);
+    g.resident_bytes.push_back(all[3 * r + 1]);
+    g.peak_resident_bytes.push_back(all[3 * r + 2]);
+  }
+  return g;
+}
+
+// tokens (I64 [N]) and logits (F32 [N, vocab]) as safetensors bytes.
+std::string output_file_bytes(const Decoder::Output& out, int64_t vocab) {
+  const int64_t n = static_cast<int64_t>(out.tokens.size());
+  const int64_t tb = 8 * n, lb = 4 * n * vocab;
+  json h;
+  h["tokens"] = {{"dtype", "I64"}, {"shape", {n}}, {"data_offsets", {0, tb}}};
+  h["logits"] = {{"dtype", "F32"}, {"shape", {n, vocab}}, {"data_offsets", {tb, tb + lb}}};
+  h["__metadata__"] = {{"format", "pt"}};
+  std::string header = h.dump();
+  header.append((8 - header.size() % 8) % 8, ' ');
+  std::string bytes(8, '\0');
+  const uint64_t len = header.size();
+  std::memcpy(bytes.data(), &len, 8);
+  bytes += header;
+  for (int32_t t : out.tokens) {
+    const int64_t v = t;
+    bytes.append(reinterpret_cast<const char*>(&v), 8);
+  }
+  for (const Tensor& l : out.logits) bytes.append(static_cast<const char*>(l.raw()), 4 * vocab);
+  return bytes;
+}
+
+json list_json(const std::vector<int64_t>& v) { return json(v); }
+
+int report(const GenerateOptions& o, const Prepared& p, const Generated& g,
+           const std::string& backend, OutputFile* file) {
+  const auto& out = g.out;
+  const int64_t n = static_cast<int64_t>(out.tokens.size());
+  const int64_t P = static_cast<int64_t>(p.prompt.size());
+  if (file) file->write(output_file_bytes(out, p.ck.config.vocab));
+  const double per_token = n > 1 ? g.decode_seconds / static_cast<double>(n - 1) : 0;
+  if (o.json) {
+    json j;
+    j["tokens"] = out.tokens;
+    j["model"] = o.model;
+    j["prompt_tokens"] = P;
+    j["new_tokens"] = n;
+    j["stopped_at_eos"] = out.stopped;
+    j["prefill_seconds"] = g.prefill_seconds;
+    j["prefill_tokens_per_second"] = P / std::max(g.prefill_seconds, 1e-12);
+    j["decode_seconds"] = g.decode_seconds;
+    j["decode_seconds_per_token"] = n > 1 ? json(per_token) : json(nullptr);
+    j["decode_tokens_per_second"] = n > 1 ? json(1.0 / std::max(per_token, 1e-12)) : json(nullptr);
+    j["tokens_per_second"] = n / std::max(g.prefill_seconds + g.decode_seconds, 1e-12);
+    j["backend"] = backend;
+    j["ranks"] = p.mesh.shape.world();
+    j["tp"] = p.mesh.shape.tp;
+    j["ring_degree"] = p.mesh.shape.ring;
+    j["ulysses_degree"] = p.mesh.shape.ulysses;
+    j["strategy"] = strategy_name(p.mesh.strategy);
+    j["layout"] = layout_name(p.mesh.layout);
+    j["pad"] = p.mesh.pad;
+    j["bytes_sent_rank0"] = g.bytes_sent;
+    j["weight_bytes_per_rank"] = list_json(g.weight_bytes);
+    // Under threads every rank reports the one process's.
+    j["resident_bytes_per_rank"] = list_json(g.resident_bytes);
+    j["peak_resident_bytes_per_rank"] = list_json(g.peak_resident_bytes);
+    if (!o.output.empty()) j["output"] = o.output;
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("seqpar generate: %s on %s, %s backend, %s attention, %s layout%s\n",
+                o.model.c_str(), mesh_shape_text(p.mesh.shape).c_str(), backend.c_str(),
+                std::string(strategy_name(p.mesh.strategy)).c_str(),
+                std::string(layout_name(p.mesh.layout)).c_str(), p.mesh.pad ? ", padded" : "");
+    std::printf("  prompt   %lld tokens, prefill %.4f s (%.1f tokens/s)\n",
+                static_cast<long long>(P), g.prefill_seconds,
+                P / std::max(g.prefill_seconds, 1e-12));
+    if (n > 1)
+      std::printf("  decode   %lld tokens, %.4f s a token (%.2f tokens/s)%s\n",
+                  static_cast<long long>(n - 1), per_token, 1.0 / std::max(per_token, 1e-12),
+                  out.stopped ? ", stopped at eos" : "");
+    std::printf("  tokens  ");
+    for (int32_t t : out.tokens) std::printf(" %d", t);
+    std::printf("\n");
+    if (!o.output.empty()) std::printf("  wrote    %s\n", o.output.c_str());
+  }
+  return 0;
+}
+
+int run_generate(const GenerateOptions& o) {
+  if (o.backend != "mpi") {
+    Prepared p = prepare(o, 0);
+    std::unique_ptr<OutputFile> file;
+    if (!o.output.empty()) file = std::make_unique<OutputFile>("--output", o.output);
+    const int n = p.mesh.shape.world();
+    // Each rank its own store (a rank's bytes_read counts its reads alone); the files stay
+    // mapped until the last rank has loaded its share.
+    std::vector<WeightStore> stores(n, p.ck.weights);
+    p.ck.weights = WeightStore();
+    Generated g;
+    run_on_threads(n, [&](Communicator& world) {
+      Generated mine = run_rank(world, o, p, stores[world.rank()]);
+      if (world.rank() == 0) g = std::move(mine);
+    });
+    return finish_output(report(o, p, g, "threads", file.get()));
+  }
+  Prepared p;
+  std::unique_ptr<OutputFile> file;
+  return run_on_mpi(
+      o.json,
+      [&](int world_size) {
+        p = prepare(o, world_size);
+        if (!o.output.empty() && reporting_rank())
+          file = std::make_unique<OutputFile>("--output", o.output);
+      },
+      [&](Communicator& world) {
+        Generated g = run_rank(world, o, p, p.ck.weights);
+        return world.rank() == 0 ? report(o, p, g, "mpi", file.get()) : 0;
+      });
+}
+
+}  // namespace
+
+void add_generate_command(CLI::App& app, GenerateOptions& o) {
+  CLI::App* g = app.add_subcommand(
+      "generate",
+      "Greedy decoding of a Hugging Face Llama directory on a tp x ring x ulysses mesh");
+  g->add_option("--model", o.model, "Hugging Face Llama directory (config.json, safetensors)");
+  g->add_option("--prompt-ids,--prompt_ids", o.prompt_ids, "prompt token ids: 1,2,3");
+  g->add_option("--prompt-ids-file,--prompt_ids_file", o.prompt_ids_file,
+                "prompt token ids: text (commas or whitespace), .npy or .safetensors integers");
+  g->add_option("--max-new-tokens,--max_new_tokens", o.max_new_tokens, "tokens to generate");
+  add_mesh_flags(g, o, false);
+  g->add_flag("--ignore-eos,--ignore_eos", o.ignore_eos, "do not stop at eos_token_id");
+  g->add_flag("--allow-long-context,--allow_long_context", o.allow_long_context,
+              "run past max_position_embeddings (with a warning)");
+  g->add_option("--output", o.output,
+                "safetensors file: tokens (I64 [N]) and logits (F32 [N, vocab])");
+  g->add_flag("--json", o.json, "print one JSON object");
+  g->add_flag("--quiet", o.quiet, "no progress on stderr");
+  guard_integer_options(g);
+}
+
+int generate_command(const GenerateOptions& o) {
+  return with_json_errors(o.json, [&] { return run_generate(o); });
+}
+
+}  // namespace seqpar::cli

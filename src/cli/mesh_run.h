@@ -1,0 +1,46 @@
+// What the model-running subcommands (seqpar model, seqpar generate) share: their mesh flags
+// resolved into a mesh and an attention strategy, a rank's ParallelContext, and the two ways to
+// start the ranks (threads of this process, or the processes of an MPI world).
+// Thread-safety: run_on_threads calls its body from every rank thread at once.
+#pragma once
+
+#include <functional>
+
+#include "cli/commands.h"
+#include "seqpar/comm/communicator.h"
+#include "seqpar/model/context.h"
+#include "seqpar/parallel/mesh.h"
+
+namespace seqpar::cli {
+
+struct MeshChoice {
+  MeshShape shape;
+  Strategy strategy = Strategy::kRing;
+  Layout layout = Layout::kContiguous;
+  UlyssesMode mode = UlyssesMode::kUaa;
+  bool pad = false;
+};
+
+// Registers --tp, --ulysses-degree, --ring-degree, --strategy, --layout, --ulysses-mode, --pad,
+// --backend (and --cfg when with_cfg) on `cmd`.
+void add_mesh_flags(CLI::App* cmd, MeshFlags& f, bool with_cfg);
+
+// The flags checked against core/limits.h and each other; world: the MPI world size (0 under
+// threads), which must equal the mesh's rank count.
+MeshChoice resolve_mesh(const MeshFlags& f, int world);
+
+// Rank `mc`'s context on mesh m (strategies apply only where the sequence is sharded).
+ParallelContext rank_context(MeshComms& mc, const MeshChoice& m);
+
+// Runs body(world) on n rank threads, each with cores / n OpenMP threads.
+void run_on_threads(int n, const std::function<void(Communicator& world)>& body);
+
+// Under MPI: initializes MPI; prepare(world size) on every rank (an InvalidArgument finalizes
+// MPI and propagates, so every rank exits 2 with the same line); then body(world) on every rank
+// with one OpenMP thread. World rank 0's return (and a failed write to its stdout) becomes every
+// rank's exit code. An exception on any rank aborts the world: one line on stderr (and the JSON
+// error object when json), exit 1.
+int run_on_mpi(bool json, const std::function<void(int world_size)>& prepare,
+               const std::function<int(Communicator& world)>& body);
+
+}  // namespace seqpar::cli

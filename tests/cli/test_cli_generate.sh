@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# seqpar generate on bad input: a directory without config.json, a config that disagrees with the
+# tensors, an index naming a missing shard, unsupported config values, token ids outside the
+# vocabulary, a prompt past max_position_embeddings. Each exits 2 with one line naming the file,
+# key or tensor and what was expected. Checkpoints are written here (stdlib Python) with zero
+# weights; the numerics are tests/python/test_llama_generate.py's.
+# usage: test_cli_generate.sh path/to/seqpar [path/to/mpiexec]
+set -u
+bin=${1:?usage: test_cli_generate.sh path/to/seqpar [mpiexec]}
+mpiexec=${2:-}
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# make_ckpt DIR LAYERS SHARDS [config overrides as JSON]: a Llama of hidden 8, 2 heads over 1 kv
+# head, intermediate 16, vocab 16, max_position_embeddings 12, with tensors for LAYERS layers in
+# SHARDS files (1: model.safetensors; more: model-0000k-of-0000n + index). The config says
+# num_hidden_layers LAYERS unless overridden.
+make_ckpt() {
+  python3 - "$@" <<'PY'
+import json, os, struct, sys
+d, layers, shards = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+over = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
+os.makedirs(d, exist_ok=True)
+cfg = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=8,
+           intermediate_size=16, num_hidden_layers=layers, num_attention_heads=2,
+           num_key_value_heads=1, vocab_size=16, max_position_embeddings=12, rms_norm_eps=1e-5,
+           rope_theta=10000.0, tie_word_embeddings=True, eos_token_id=None)
+cfg.update(over)
+json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+t = {"model.embed_tokens.weight": [16, 8], "model.norm.weight": [8]}
+for i in range(layers):
+    p = f"model.layers.{i}."
+    t.update({p + "input_layernorm.weight": [8], p + "post_attention_layernorm.weight": [8],
+              p + "self_attn.q_proj.weight": [8, 8], p + "self_attn.k_proj.weight": [4, 8],
+              p + "self_attn.v_proj.weight": [4, 8], p + "self_attn.o_proj.weight": [8, 8],
+              p + "mlp.gate_proj.weight": [16, 8], p + "mlp.up_proj.weight": [16, 8],
+              p + "mlp.down_proj.weight": [8, 16]})
+names = sorted(t)
+groups = [names[k::shards] for k in range(shards)]
+def write(path, group):
+    header, off = {}, 0
+    for n in group:
+        size = 4 * eval("*".join(map(str, t[n])))
+        header[n] = {"dtype": "F32", "shape": t[n], "data_offsets": [off, off + size]}
+        off += size
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + bytes(off))
+if shards == 1:
+    write(os.path.join(d, "model.safetensors"), names)
+else:
+    wm = {}
+    for k, g in enumerate(groups):
+        f = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
+        write(os.path.join(d, f), g)
+        wm.update({n: f for n in g})
+    json.dump({"metadata": {}, "weight_map": wm},
+              open(os.path.join(d, "model.safetensors.index.json"), "w"))
+PY
+}
+
+gen() { echo generate --max-new-tokens 2 --quiet "$@"; }
+
+# A good directory runs (zero weights: every logit is 0, token 0 wins), sharded too.
+make_ckpt "$tmp/good" 1 1
+make_ckpt "$tmp/sharded" 2 3
+for dir in good sharded; do
+  out=$("$bin" $(gen --model "$tmp/$dir" --prompt-ids 1,2,3 --json) 2>&1); rc=$?
+  [ $rc -eq 0 ] && ok || bad "generate $dir exited $rc: $out"
+  [ "$(json_get "$out" tokens 2>/dev/null)" = "[0, 0]" ] && ok || bad "generate $dir: $out"
+done
+out=$("$bin" $(gen --model "$tmp/good" --prompt-ids 1,2,3 --json --tp 2 --ring-degree 2) 2>&1)
+for key in tokens prompt_tokens prefill_seconds decode_seconds_per_token decode_tokens_per_second \
+           tokens_per_second weight_bytes_per_rank; do
+  json_get "$out" "$key" >/dev/null 2>&1 && ok || bad "generate --json lacks $key: $out"
+done
+
+# The directory and its files.
+mkdir -p "$tmp/empty"
+expect_exit2 "config.json: missing" $(gen --model "$tmp/empty" --prompt-ids 1)
+expect_exit2 "not a directory" $(gen --model "$tmp/nowhere" --prompt-ids 1)
+cp "$tmp/good/config.json" "$tmp/empty/config.json"
+expect_exit2 "neither model.safetensors nor model.safetensors.index.json" \
+  $(gen --model "$tmp/empty" --prompt-ids 1)
+make_ckpt "$tmp/noshard" 1 2
+rm "$tmp/noshard/model-00002-of-00002.safetensors"
+expect_exit2 "index.json: names shard 'model-00002-of-00002.safetensors'" \
+  $(gen --model "$tmp/noshard" --prompt-ids 1)
+
+# The config against the tensors.
+make_ckpt "$tmp/shape" 1 1 '{"intermediate_size": 32}'
+expect_exit2 "tensor 'model.layers.0.mlp.gate_proj.weight' has shape \[16, 8\]; config.json: .*intermediate_size 32.* expects \[32, 8\]" \
+  $(gen --model "$tmp/shape" --prompt-ids 1)
+make_ckpt "$tmp/layer" 1 1 '{"num_hidden_layers": 2}'
+expect_exit2 "no tensor 'model.layers.1.input_layernorm.weight'.*num_hidden_layers 2" \
+  $(gen --model "$tmp/layer" --prompt-ids 1)
+make_ckpt "$tmp/extra" 2 1 '{"num_hidden_layers": 1}'
+expect_exit2 "tensor 'model.layers.1..*' is not a parameter of the model" \
+  $(gen --model "$tmp/extra" --prompt-ids 1)
+make_ckpt "$tmp/untied" 1 1 '{"tie_word_embeddings": false}'
+expect_exit2 "no tensor 'lm_head.weight'" $(gen --model "$tmp/untied" --prompt-ids 1)
+
+# Unsupported config values: one line naming the key and what is supported.
+make_ckpt "$tmp/yarn" 1 1 '{"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}'
+expect_exit2 "config.json: rope_scaling.rope_type \"yarn\" is not supported; valid: llama3, default" \
+  $(gen --model "$tmp/yarn" --prompt-ids 1)
+make_ckpt "$tmp/arch" 1 1 '{"architectures": ["MistralForCausalLM"]}'
+expect_exit2 "architectures .* is not supported; valid: \[\"LlamaForCausalLM\"\]" \
+  $(gen --model "$tmp/arch" --prompt-ids 1)
+make_ckpt "$tmp/l3" 1 1 '{"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}'
+expect_exit2 "rope_scaling.low_freq_factor is missing" $(gen --model "$tmp/l3" --prompt-ids 1)
+make_ckpt "$tmp/kv" 1 1 '{"num_key_value_heads": 3}'
+expect_exit2 "num_key_value_heads 3 is out of range; valid: 1 to 2" \
+  $(gen --model "$tmp/kv" --prompt-ids 1)
+
+# Prompts.
+expect_exit2 "prompt token 16 at position 1 is outside the vocabulary of .*vocab_size 16" \
+  $(gen --model "$tmp/good" --prompt-ids 3,16)
+expect_exit2 "prompt token -1 at position 0" $(gen --model "$tmp/good" --prompt-ids -1)
+expect_exit2 "'x' is not a token id" $(gen --model "$tmp/good" --prompt-ids 1,x)
+expect_exit2 "give the prompt as one of --prompt-ids" $(gen --model "$tmp/good")
+expect_exit2 "give the prompt as one of --prompt-ids" \
+  $(gen --model "$tmp/good" --prompt-ids 1 --prompt-ids-file "$tmp/good/config.json")
+expect_exit2 "--prompt-ids-file $tmp/nofile.npy: cannot read the file" \
+  $(gen --model "$tmp/good" --prompt-ids-file "$tmp/nofile.npy")
+printf 'not numpy' >"$tmp/bad.npy"
+expect_exit2 "not a .npy file" $(gen --model "$tmp/good" --prompt-ids-file "$tmp/bad.npy")
+long=1,2,3,4,5,6,7,8,9,10,11
+expect_exit2 "need 13 positions, beyond max_position_embeddings 12.*--allow-long-context" \
+  $(gen --model "$tmp/good" --prompt-ids $long,12 --max-new-tokens 2)
+err=$("$bin" $(gen --model "$tmp/good" --prompt-ids $long,12 --allow-long-context) 2>&1 >/dev/null)
+rc=$?
+[ $rc -eq 0 ] && ok || bad "--allow-long-context exited $rc: $err"
+printf '%s' "$err" | grep -q "warning: 13 positions exceed max_position_embeddings 12" && ok ||
+  bad "--allow-long-context does not warn: $err"
+
+# Mesh and flags.
+expect_exit2 "--tp 3 must divide num_attention_heads 2" $(gen --model "$tmp/good" --prompt-ids 1 --tp 3)
+expect_exit2 "--max-new-tokens 0 is out of range" $(gen --model "$tmp/good" --prompt-ids 1 --max-new-tokens 0)
+out=$("$bin" $(gen --model "$tmp/empty2" --prompt-ids 1 --json) 2>/dev/null); rc=$?
+[ $rc -eq 2 ] && [ "$(json_get "$out" exit_code)" = 2 ] && ok || bad "--json error object: $rc $out"
+
+# Under MPI every rank meets the error; one line is printed.
+if [ -n "$mpiexec" ]; then
+  err=$(timeout -s KILL 90 "$mpiexec" --allow-run-as-root --oversubscribe \
+          --mca btl_vader_single_copy_mechanism none -n 2 \
+          "$bin" $(gen --model "$tmp/layer" --prompt-ids 1 --ring-degree 2 --backend mpi) \
+          2>&1 >/dev/null); rc=$?
+  [ $rc -eq 2 ] && ok || bad "mpi: exited $rc, want 2: $err"
+  [ "$(printf '%s\n' "$err" | grep -c "no tensor 'model.layers.1.input_layernorm.weight'")" -eq 1 ] &&
+    ok || bad "mpi: error not printed once: $err"
+fi
+
+echo "cli generate: $pass passed, $fail failed"
+[ $fail -eq 0 ]

@@ -1,0 +1,159 @@
+// Hugging Face Llama directories: written and reopened (one file and sharded, fp32 and bf16),
+// every rank reading only its share, the llama3 RoPE frequencies, rotate-half RoPE, and a
+// checkpoint's decoder on meshes against one rank. The comparison with transformers itself is
+// tests/python/test_llama_generate.py.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <numbers>
+
+#include "seqpar/comm/threads.h"
+#include "seqpar/model/decoder.h"
+#include "seqpar/model/llama.h"
+#include "seqpar/model/ops.h"
+#include "seqpar/parallel/mesh.h"
+
+namespace seqpar {
+namespace {
+
+ModelPreset tiny_llama(bool tied) {
+  ModelPreset m = model_preset("tiny-llm");
+  m.vocab = 250;  // not divisible by the tp sizes below
+  m.max_positions = 256;
+  m.rope_theta = 500000.0;
+  m.rope_scaling = {8.0, 1.0, 4.0, 16};
+  m.tie_embeddings = tied;
+  m.attention_bias = !tied;
+  m.mlp_bias = !tied;
+  return m;
+}
+
+std::string temp_dir(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("seqpar_test_llama_" + std::to_string(::getpid()) + "_" + name);
+  std::filesystem::remove_all(dir);
+  return dir.string();
+}
+
+TEST(Llama, CheckpointRoundTripKeepsDtypeAndNames) {
+  for (bool tied : {false, true})
+    for (int64_t shard : {int64_t{0}, int64_t{20000}}) {
+      const ModelPreset m = tiny_llama(tied);
+      const WeightStore ws = WeightStore::random(Decoder::parameters(m), 3);
+      const std::string dir = temp_dir("rt");
+      write_llama_checkpoint(dir, m, ws, DType::kBF16, shard, {7, 9});
+      EXPECT_EQ(std::filesystem::exists(dir + "/model.safetensors.index.json"), shard > 0);
+      LlamaCheckpoint ck = open_llama_checkpoint(dir);
+      EXPECT_EQ(ck.config.hidden, m.hidden);
+      EXPECT_EQ(ck.config.kv_heads, m.kv_heads);
+      EXPECT_EQ(ck.config.tie_embeddings, tied);
+      EXPECT_EQ(ck.config.rope_scaling.original_max_positions, 16);
+      EXPECT_EQ(ck.eos_token_ids, (std::vector<int64_t>{7, 9}));
+      EXPECT_EQ(ck.weights.names().size(), Decoder::parameters(m).size());
+      EXPECT_EQ(ck.weights.dtype("layers.1.mlp.down_proj.weight"), DType::kBF16);
+      EXPECT_EQ(ck.weights.has("lm_head.weight"), !tied);
+      const Tensor a = ck.weights.get("layers.0.self_attn.q_proj.weight");
+      const Tensor b = ws.get("layers.0.self_attn.q_proj.weight").to(DType::kBF16).to(DType::kF32);
+      EXPECT_EQ(max_abs_diff(a, b), 0.0);
+      std::filesystem::remove_all(dir);
+    }
+}
+
+TEST(Llama, Llama3FrequenciesFollowTransformers) {
+  // Values of transformers' _compute_llama3_parameters for head_dim 16, theta 500000, factor 8,
+  // low 1, high 4, original context 16: pair 0 (wavelength 6.28, between 4 and 16) is
+  // interpolated, the others (wavelengths > 16) are divided by 8.
+  ModelPreset m = tiny_llama(false);
+  m.head_dim = 16;
+  const std::vector<float> f = llama_rope_inv_freq(m);
+  ASSERT_EQ(f.size(), 8u);
+  const double wavelen = 2 * std::numbers::pi, smooth = (16 / wavelen - 1) / 3;
+  EXPECT_NEAR(f[0], (1 - smooth) / 8 + smooth, 1e-6);
+  for (int j = 1; j < 8; ++j) {
+    const double want = std::pow(500000.0, -2.0 * j / 16) / 8;
+    EXPECT_NEAR(f[j], want, 1e-7 * want);  // fp32
+  }
+  m.rope_scaling.factor = 0;
+  EXPECT_NEAR(llama_rope_inv_freq(m)[1], std::pow(500000.0, -2.0 / 16), 1e-7);
+}
+
+TEST(Llama, RotateHalfPairsFeatureJWithJPlusHalf) {
+  // x = e_j rotated by angle a: rotate-half moves it into feature j + D/2 by sin(a).
+  const int64_t D = 8;
+  const int64_t pos[1] = {3};
+  const std::vector<float> inv = {0.5f, 0.25f, 0.125f, 0.0625f};
+  const Tensor table = rope_1d(pos, inv);
+  for (int64_t j = 0; j < D / 2; ++j) {
+    Tensor x({1, 1, 1, D});
+    x.data<float>()[j] = 1.f;
+    apply_rope_(x, table, RopePairs::kHalves);
+    EXPECT_NEAR(x.data<float>()[j], std::cos(3 * inv[j]), 1e-6);
+    EXPECT_NEAR(x.data<float>()[j + D / 2], std::sin(3 * inv[j]), 1e-6);
+  }
+}
+
+TEST(Llama, DecodeRowsTimesBf16WeightEqualFp32) {
+  // Up to 8 rows multiply the bf16 matrix directly; more go through converted blocks.
+  const Tensor w = random_normal({300, 136}, 1).to(DType::kBF16);
+  const Tensor bias = random_normal({300}, 2);
+  for (int64_t m : {1, 3, 8, 9}) {
+    const Tensor x = random_normal({1, m, 136}, 3 + m);
+    const Tensor want = linear(x, w.to(DType::kF32), bias);
+    EXPECT_LE(max_abs_diff(linear(x, w, bias), want), 1e-4) << m << " rows";
+  }
+}
+
+TEST(Llama, CheckpointDecoderOnMeshesEqualsOneRank) {
+  const ModelPreset m = tiny_llama(false);
+  const std::string dir = temp_dir("mesh");
+  write_llama_checkpoint(dir, m, WeightStore::random(Decoder::parameters(m), 5), DType::kBF16,
+                         30000);
+  const LlamaCheckpoint ck = open_llama_checkpoint(dir);
+  std::vector<int32_t> prompt(77);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 37 + 5) % 250);
+  auto run = [&](MeshShape shape, Strategy s, Layout layout) {
+    Decoder::Output out;
+    std::vector<int64_t> bytes(shape.world());
+    ThreadWorld::run(shape.world(), [&](Communicator& world) {
+      MeshComms mc(world, shape);
+      ParallelContext ctx;
+      ctx.tp = &mc.tp();
+      ctx.sp = &mc.sp_comms();
+      ctx.cfg = &mc.cfg();
+      ctx.strategy = s;
+      ctx.layout = layout;
+      WeightStore mine = ck.weights;
+      Decoder dec(ck.config, mine, ctx);
+      bytes[world.rank()] = mine.bytes_read();
+      Decoder::Output o = dec.generate(prompt, 5, ctx);
+      if (world.rank() == 0) out = std::move(o);
+    });
+    return std::make_pair(out, bytes);
+  };
+  const auto [one, one_bytes] = run({1, 1, 1, 1}, Strategy::kRing, Layout::kContiguous);
+  EXPECT_EQ(one_bytes[0], ck.file_bytes);  // one rank reads every tensor once, in bf16
+  struct Case {
+    MeshShape shape;
+    Strategy s;
+    Layout layout;
+  };
+  for (const Case& c : {Case{{1, 2, 1, 1}, Strategy::kRing, Layout::kContiguous},
+                        Case{{1, 1, 3, 1}, Strategy::kRing, Layout::kZigzag},
+                        Case{{1, 2, 2, 2}, Strategy::kUsp, Layout::kZigzag},
+                        Case{{1, 4, 1, 2}, Strategy::kUlysses, Layout::kStriped}}) {
+    const auto [got, bytes] = run(c.shape, c.s, c.layout);
+    EXPECT_EQ(got.tokens, one.tokens) << mesh_shape_text(c.shape);
+    for (size_t i = 0; i < got.logits.size(); ++i)
+      EXPECT_LE(max_abs_diff(got.logits[i], one.logits[i]), 1e-4) << mesh_shape_text(c.shape);
+    // A tp rank reads its share of the matrices: under 1/tp of the file (1/kv_heads when tp
+    // exceeds the kv heads, which it then replicates) plus the replicated norms and o/down biases.
+    const int64_t replicated = 4 * m.hidden * (2 * m.layers + 1) + 4 * m.hidden * 2 * m.layers;
+    const int64_t share = std::min<int64_t>(c.shape.tp, m.kv_heads);
+    for (int64_t b : bytes) EXPECT_LE(b, ck.file_bytes / share + replicated);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace seqpar

@@ -1,0 +1,114 @@
+"""Tiny Llama checkpoints in the exact Hugging Face layout, transformers' greedy decoding as the
+reference, and seqpar generate run on them (SEQPAR_BIN, SEQPAR_MPIEXEC from the environment)."""
+import json
+import os
+import subprocess
+
+import numpy as np
+import torch
+from safetensors.numpy import load_file
+from transformers import LlamaConfig, LlamaForCausalLM
+
+SEQPAR = os.environ.get("SEQPAR_BIN", "seqpar")
+MPIEXEC = os.environ.get("SEQPAR_MPIEXEC", "mpiexec")
+MPI_FLAGS = ["--allow-run-as-root", "--oversubscribe", "--mca", "btl_vader_single_copy_mechanism",
+             "none"]
+
+# GQA 8 heads over 2 kv heads, head_dim 16; llama3 RoPE scaling whose original context (16) is
+# shorter than the prompts (40-70 tokens), so that the scaling changes every angle but the
+# fastest; a vocabulary that no tp size of the tests divides evenly.
+TINY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=8,
+            num_key_value_heads=2, vocab_size=381, max_position_embeddings=128,
+            rms_norm_eps=1e-5, rope_theta=500000.0,
+            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                          "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
+
+
+def make_checkpoint(path, *, tied, dtype, sharded, seed=0, **overrides):
+    """Writes a LlamaForCausalLM with save_pretrained. Weights are scaled so that attention is far
+    from uniform: q/k of std 2/sqrt(hidden) give logits q.k/sqrt(d) of std about 4; the other
+    matrices 1/sqrt(fan_in), embeddings of std 1, norms around 1, biases 0.1."""
+    cfg = LlamaConfig(**{**TINY, **overrides}, tie_word_embeddings=tied, eos_token_id=None,
+                      bos_token_id=None, pad_token_id=None)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).float()
+    hidden = cfg.hidden_size
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn_like(p))
+            elif "embed_tokens" in name:
+                p.normal_(0.0, 1.0)
+            elif "q_proj" in name or "k_proj" in name:
+                p.normal_(0.0, 2.0 / hidden ** 0.5)
+            else:
+                p.normal_(0.0, 1.0 / p.shape[1] ** 0.5)
+    model = model.to(dtype)
+    model.save_pretrained(path, safe_serialization=True,
+                          max_shard_size="200KB" if sharded else "10GB")
+    files = sorted(os.listdir(path))
+    if sharded:
+        assert "model.safetensors.index.json" in files, files
+    else:
+        assert "model.safetensors" in files, files
+    return path
+
+
+def prompt_of(n, vocab, seed):
+    return np.random.default_rng(seed).integers(0, vocab, n).tolist()
+
+
+_models = {}
+
+
+def reference(path, prompt, new_tokens, eos=()):
+    """transformers' LlamaForCausalLM in float32 (16-bit weights upcast): greedy tokens and the
+    logits row that chose each."""
+    if path not in _models:
+        _models[path] = LlamaForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+    model = _models[path]
+    ids = torch.tensor([prompt])
+    tokens, logits = [], []
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            row = model(ids).logits[0, -1].double().numpy()
+            t = int(row.argmax())
+            tokens.append(t)
+            logits.append(row)
+            if t in eos:
+                break
+            ids = torch.cat([ids, torch.tensor([[t]])], dim=1)
+    return tokens, np.stack(logits)
+
+
+def mesh_args(mesh):
+    args = []
+    for key in ("tp", "ring-degree", "ulysses-degree", "strategy", "layout", "ulysses-mode"):
+        if key in mesh:
+            args += [f"--{key}", str(mesh[key])]
+    if mesh.get("pad"):
+        args.append("--pad")
+    return args
+
+
+def ranks_of(mesh):
+    return mesh.get("tp", 1) * mesh.get("ring-degree", 1) * mesh.get("ulysses-degree", 1)
+
+
+def run_generate(path, prompt, new_tokens, out_file, mesh=None, backend="threads", extra=()):
+    """seqpar generate --json --output out_file; returns (json, tokens, logits)."""
+    mesh = mesh or {}
+    cmd = [SEQPAR, "generate", "--model", str(path), "--prompt-ids", ",".join(map(str, prompt)),
+           "--max-new-tokens", str(new_tokens), "--json", "--output", str(out_file),
+           "--backend", backend, *mesh_args(mesh), *extra]
+    if backend == "mpi":
+        cmd = [MPIEXEC, *MPI_FLAGS, "-n", str(ranks_of(mesh)), *cmd]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"{' '.join(cmd)}\nstdout: {r.stdout}\nstderr: {r.stderr}"
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    out = load_file(str(out_file))
+    assert out["tokens"].dtype == np.int64 and out["logits"].dtype == np.float32
+    assert summary["tokens"] == out["tokens"].tolist()
+    return summary, out["tokens"].tolist(), out["logits"].astype(np.float64)
