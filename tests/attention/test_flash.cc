@@ -766,8 +766,8 @@ TEST(FlashArgs, ShapeErrorsThrowInvalidArgument) {
   const Tensor q = random_tensor({1, 8, 6, 16}, 1), k = random_tensor({1, 8, 4, 16}, 2);
   const Tensor k2 = random_tensor({1, 8, 2, 16}, 3);
   const std::string heads = error_of([&] { flash_attention(q, k, k); });
-  EXPECT_EQ(heads, "--heads 6 is not divisible by --kv-heads 4; valid kv-heads: 1, 2, 3, 6");
-  EXPECT_NE(error_of([&] { reference_attention(q, k, k); }).find("--kv-heads 4"),
+  EXPECT_EQ(heads, "heads 6 is not divisible by kv_heads 4; valid kv_heads: 1, 2, 3, 6");
+  EXPECT_NE(error_of([&] { reference_attention(q, k, k); }).find("kv_heads 4"),
             std::string::npos);
   const Tensor q3 = random_tensor({8, 6, 16}, 4);
   EXPECT_NE(error_of([&] { flash_attention(q3, k2, k2); }).find("q must be 4-D"),
