@@ -3,12 +3,17 @@
 #   install: cmake --install BUILD --prefix P; a project outside the tree with
 #            find_package(seqpar REQUIRED) builds and runs; pkg-config finds seqpar.pc;
 #   subdirectory: the same project with add_subdirectory(seqpar source) builds only the library.
+# The consumer's program is the C++ block of the README's "Use it from C++".
 # usage: test_package.sh install|subdirectory SOURCE_DIR BUILD_DIR
 set -euo pipefail
 mode=$1 src=$2 build=$3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-consumer=$src/tests/package/consumer
+consumer=$tmp/consumer
+cp -r "$src/tests/package/consumer" "$consumer"
+awk '/^## Use it from C\+\+/{s=1} s && /^```cpp/{f=1; next} f && /^```/{exit} f' \
+  "$src/README.md" >"$consumer/ring_example.cc"
+[ -s "$consumer/ring_example.cc" ] || { echo "no C++ example in README.md" >&2; exit 1; }
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 case $mode in

@@ -275,3 +275,11 @@ def test_partition_and_mesh():
     assert json.loads(cli.stdout) == rows
     with pytest.raises(ValueError):
         seqpar.Mesh(tp=3).rows(heads=40, seq=16)
+
+
+def test_readme_example():
+    """The README's "Use it from Python" block runs as it stands."""
+    readme = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
+    text = open(readme).read().split("## Use it from Python", 1)[1]
+    block = text.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(block, "README.md", "exec"), {})

@@ -1,0 +1,56 @@
+"""Type stubs of seqpar._core, the C++ extension under the package seqpar (whose own
+__init__.py carries its types). Use the package, not this module."""
+
+from typing import Callable, List, Optional, Tuple
+
+import numpy as np
+
+class CommError(RuntimeError):
+    """A communication failure: a peer that failed or died, a mismatched collective."""
+
+class CommTimeout(CommError, TimeoutError):
+    """A communication wait on this rank that passed its deadline."""
+
+class Comm:
+    """A rank's communicator (ThreadWorld.run hands one to each rank; MpiComm makes one)."""
+    @property
+    def rank(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def backend(self) -> str: ...
+    def barrier(self) -> None: ...
+    def close(self) -> None: ...
+    def _last_stats(self) -> dict: ...
+    def _set_timeout(self, seconds: float) -> None: ...
+
+class _Buffer:
+    def __init__(self, address: int, shape: List[int]) -> None: ...
+
+class _AttentionArgs:
+    strategy: str
+    layout: str
+    ulysses_mode: str
+    softmax: str
+    dtype: str
+    causal: bool
+    pad: bool
+    ulysses_degree: int
+    ring_degree: int
+    text_tokens: int
+    seq_len: int
+    scale: float
+    def __init__(self) -> None: ...
+
+def _attention(comm: Comm, q: _Buffer, k: _Buffer, v: _Buffer, out: _Buffer,
+               args: _AttentionArgs) -> Tuple[Optional[np.ndarray], np.ndarray]: ...
+def _decode_attention(comm: Comm, q: _Buffer, k: _Buffer, v: _Buffer, out: _Buffer, pass_: str,
+                      dtype: str, causal: bool, scale: float,
+                      hardware: str) -> Tuple[Optional[np.ndarray], np.ndarray, str]: ...
+def _run_threads(n: int, fn: Callable[[Comm], object], timeout_s: float,
+                 threads: int) -> list: ...
+def _mpi_comm(mpi4py_comm: object) -> Comm: ...
+def _partition_positions(seq: int, ranks: int, layout: str) -> List[np.ndarray]: ...
+def _mesh_rows_json(cfg: int, tp: int, ring: int, ulysses: int, ranks: int, heads: int,
+                    seq: int) -> str: ...
+def version() -> str: ...
