@@ -53,4 +53,34 @@ def _mpi_comm(mpi4py_comm: object) -> Comm: ...
 def _partition_positions(seq: int, ranks: int, layout: str) -> List[np.ndarray]: ...
 def _mesh_rows_json(cfg: int, tp: int, ring: int, ulysses: int, ranks: int, heads: int,
                     seq: int) -> str: ...
+class _PlanSpec:
+    model: str
+    frames: int
+    height: int
+    width: int
+    seq: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    batch: int
+    causal: bool
+    text_tokens: Optional[int]
+    guidance: bool
+    ranks: int
+    ranks_per_node: Optional[int]
+    memory_limit_gb: float
+    dtype: str
+    cfg: int
+    tp: int
+    ulysses_degree: int
+    ring_degree: int
+    strategy: str
+    layout: str
+    ulysses_mode: str
+    pad: Optional[bool]
+    cached: int
+    new: int
+    def __init__(self) -> None: ...
+
+def _plan_json(spec: _PlanSpec, hardware: str, top: int) -> str: ...
 def version() -> str: ...

@@ -32,6 +32,7 @@
 #include "seqpar/parallel/partition.h"
 #include "seqpar/parallel/strategies.h"
 #include "seqpar/plan/hardware.h"
+#include "seqpar/plan/plan_spec.h"
 #include "seqpar/version.h"
 
 namespace py = pybind11;
@@ -557,8 +558,10 @@ PYBIND11_MODULE(_core, m) {
     const Partition part(seq, ranks, parse_layout(layout));
     py::list out;
     for (int r = 0; r < ranks; ++r) {
-      auto p = part.positions(r);
-      out.append(py::array_t<int64_t>(static_cast<py::ssize_t>(p.size()), p.data()));
+      const auto p = part.positions(r);
+      py::array_t<int64_t> a(static_cast<py::ssize_t>(p.size()));
+      std::copy(p.begin(), p.end(), a.mutable_data());
+      out.append(a);
     }
     return out;
   });
@@ -567,6 +570,39 @@ PYBIND11_MODULE(_core, m) {
     const Mesh mesh(MeshShape{.cfg = cfg, .tp = tp, .ring = ring, .ulysses = ulysses}, ranks);
     mesh.check(heads, seq);
     return mesh_rows_json(mesh, heads, seq);
+  });
+  py::class_<PlanSpec>(m, "_PlanSpec")
+      .def(py::init<>())
+      .def_readwrite("model", &PlanSpec::model)
+      .def_readwrite("frames", &PlanSpec::frames)
+      .def_readwrite("height", &PlanSpec::height)
+      .def_readwrite("width", &PlanSpec::width)
+      .def_readwrite("seq", &PlanSpec::seq)
+      .def_readwrite("heads", &PlanSpec::heads)
+      .def_readwrite("kv_heads", &PlanSpec::kv_heads)
+      .def_readwrite("head_dim", &PlanSpec::head_dim)
+      .def_readwrite("batch", &PlanSpec::batch)
+      .def_readwrite("causal", &PlanSpec::causal)
+      .def_readwrite("text_tokens", &PlanSpec::text_tokens)
+      .def_readwrite("guidance", &PlanSpec::guidance)
+      .def_readwrite("ranks", &PlanSpec::ranks)
+      .def_readwrite("ranks_per_node", &PlanSpec::ranks_per_node)
+      .def_readwrite("memory_limit_gb", &PlanSpec::memory_limit_gb)
+      .def_readwrite("dtype", &PlanSpec::dtype)
+      .def_readwrite("cfg", &PlanSpec::cfg)
+      .def_readwrite("tp", &PlanSpec::tp)
+      .def_readwrite("ulysses_degree", &PlanSpec::ulysses_degree)
+      .def_readwrite("ring_degree", &PlanSpec::ring_degree)
+      .def_readwrite("strategy", &PlanSpec::strategy)
+      .def_readwrite("layout", &PlanSpec::layout)
+      .def_readwrite("ulysses_mode", &PlanSpec::ulysses_mode)
+      .def_readwrite("pad", &PlanSpec::pad)
+      .def_readwrite("cached", &PlanSpec::cached)
+      .def_readwrite("new", &PlanSpec::fresh);
+  m.def("_plan_json", [](const PlanSpec& spec, const std::string& hardware, int top) {
+    py::gil_scoped_release release;
+    const ResolvedPlanSpec r = resolve_plan_spec(spec, load_hardware_profile(hardware));
+    return plan_json(r, make_plan(r.req), nullptr, top);
   });
   m.def("version", [] { return std::string(version()); });
 }

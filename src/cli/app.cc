@@ -53,11 +53,12 @@ std::string flag_words(std::string_view m) {
       {"head_dim", "--head-dim"},       {"kv_heads", "--kv-heads"},
       {"ulysses_degree", "--ulysses-degree"}, {"ring_degree", "--ring-degree"},
       {"ulysses_mode", "--ulysses-mode"}, {"text_tokens", "--text-tokens"},
-      {"memory_limit", "--memory-limit"}};
+      {"memory_limit", "--memory-limit"}, {"ranks_per_node", "--ranks-per-node"}};
   static constexpr std::string_view kWords[] = {"strategy", "layout", "dtype", "softmax",
                                                 "hardware", "seq",    "ranks", "heads",
                                                 "batch",    "cfg",    "tp",    "cached",
-                                                "new",      "pad"};
+                                                "new",      "pad",    "model", "frames",
+                                                "height",   "width"};
   auto word_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
   std::string out;
   size_t i = 0;

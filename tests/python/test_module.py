@@ -154,7 +154,7 @@ def test_decode_attention(pass_):
 
 
 def test_contiguous_inputs_are_not_copied():
-    q, k, v = qkv(1, 64, 2, 2, 16, seed=9)
+    q, k, v = qkv(2, 64, 2, 2, 16, seed=9)
     part = seqpar.Partition(64, 2)
 
     def rank(comm):
@@ -201,7 +201,7 @@ def test_stats_report_the_ring_bytes():
     for r, st in enumerate(stats):
         assert st.bytes_recv == 2 * B * (S - part.count(r)) * HKV * D * 4
         assert st.bytes_sent == 2 * B * (S - part.count(1 - r)) * HKV * D * 4
-        assert set(st.bytes_by_op) == {"send_recv"}
+        assert st.bytes_by_op["send_recv"] == (st.bytes_sent, st.bytes_recv)
         assert 0 <= st.exposed_comm_fraction <= 1 and st.seconds > 0 and st.work > 0
 
 
@@ -283,3 +283,17 @@ def test_readme_example():
     text = open(readme).read().split("## Use it from Python", 1)[1]
     block = text.split("```python\n", 1)[1].split("```", 1)[0]
     exec(compile(block, "README.md", "exec"), {})
+
+
+def test_plan_is_the_cli_json():
+    args = dict(model="wan2.1-t2v-14b", height=240, width=432, frames=33, ranks=8)
+    got = seqpar.plan(**args)
+    cli = subprocess.run([os.environ["SEQPAR_BIN"], "plan", "--model", "wan2.1-t2v-14b",
+                          "--height", "240", "--width", "432", "--frames", "33", "--ranks", "8",
+                          "--json"], capture_output=True, text=True, check=True)
+    assert got == json.loads(cli.stdout)
+    assert got["seq_len"] == 3645 and got["remainder"] == 5 and got["meshes"]
+    bare = seqpar.plan(seq=16384, heads=8, ranks=4, causal=True, hardware="cpu-ethernet")
+    assert bare["family"] == "attention" and bare["seq_len"] == 16384
+    with pytest.raises(ValueError, match="model 'wan2.1-14b' is unknown; nearest: wan2.1-t2v-14b"):
+        seqpar.plan(model="wan2.1-14b", height=240, width=432, frames=33)
