@@ -122,8 +122,9 @@ def _empty_like(a: _Arg, shape: Sequence[int]):
     return np.empty(tuple(shape), dtype=a.tensor.dtype)
 
 
-def _wrap(a: _Arg, arr: np.ndarray):
-    """An fp32 NumPy array owned by seqpar, as a's kind (torch shares the memory)."""
+def _wrap(a: _Arg, buf):
+    """An fp32 result buffer of seqpar's as a's kind, without a copy (the array keeps it alive)."""
+    arr = np.asarray(buf)
     return _torch().from_numpy(arr) if a.kind == "torch" else arr
 
 
@@ -209,10 +210,9 @@ def decode_attention(q, k_cache, v_cache, *, comm: Comm, pass_: str = "auto", ca
     _same_kind(args)
     qa, ka, va = args
     scale = 0.0 if softmax_scale is None else float(softmax_scale)
-    out, lse, chosen = _result(qa, qa.shape, lambda out_buf: _core._decode_attention(
+    out, lse = _result(qa, qa.shape, lambda out_buf: _core._decode_attention(
         comm, qa.buffer(), ka.buffer(), va.buffer(), out_buf, pass_, qa.dtype, bool(causal),
         scale, hardware))
-    comm.last_pass = "q" if chosen == "passq" else "kv"
     return (out, _wrap(qa, lse)) if return_lse else out
 
 
@@ -250,7 +250,6 @@ class Stats:
 
 Comm.last_stats = property(lambda self: Stats(**self._last_stats()),
                            doc="Stats of the last attention call on this rank.")
-Comm.last_pass = None
 
 
 def _set_timeout(self, seconds: float) -> None:
@@ -306,7 +305,8 @@ class Partition:
 
     def __init__(self, seq: int, ranks: int, layout: str = "contiguous"):
         self.seq, self.ranks, self.layout = int(seq), int(ranks), layout
-        self._positions = _core._partition_positions(self.seq, self.ranks, layout)
+        self._positions = [np.asarray(p) for p in
+                           _core._partition_positions(self.seq, self.ranks, layout)]
 
     def positions(self, rank: int) -> np.ndarray:
         """Ascending global positions of rank's tokens (int64)."""

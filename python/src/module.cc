@@ -8,7 +8,6 @@
 // under MPI), like the Communicator it wraps.
 #include <omp.h>
 #include <pybind11/functional.h>
-#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -32,10 +31,14 @@
 #include "seqpar/parallel/partition.h"
 #include "seqpar/parallel/strategies.h"
 #include "seqpar/plan/hardware.h"
-#include "seqpar/plan/plan_spec.h"
 #include "seqpar/version.h"
 
 namespace py = pybind11;
+
+namespace seqpar::python {
+// seqpar.plan's part of the module (plan.cc: plan/ and parallel/ both name a type Mesh).
+void bind_plan(py::module_& m);
+}  // namespace seqpar::python
 
 namespace seqpar::python {
 namespace {
@@ -89,6 +92,7 @@ class Comm {
     owned_.reset();
   }
   CallStats last;
+  std::string last_pass;  // decode_attention: "q" or "kv", the pass the last call ran
 
  private:
   std::unique_ptr<Communicator> owned_;
@@ -106,12 +110,37 @@ Tensor view(const Buffer& b, DType dtype) {
   return Tensor::borrow(reinterpret_cast<const void*>(b.address), b.shape, dtype);
 }
 
-// An fp32 tensor of seqpar's handed to NumPy without a copy: the array owns the Tensor.
-py::array_t<float> to_numpy(Tensor&& t) {
-  auto* owner = new Tensor(std::move(t));
-  py::capsule free(owner, [](void* p) { delete static_cast<Tensor*>(p); });
-  std::vector<py::ssize_t> shape(owner->shape().begin(), owner->shape().end());
-  return py::array_t<float>(shape, owner->data<float>(), free);
+// Memory of seqpar's (a result Tensor, a list of positions) that Python reads through the buffer
+// protocol: np.asarray(buffer) is a view that keeps it alive, with no copy. The buffer protocol,
+// unlike pybind11's NumPy API, does not depend on the NumPy version.
+struct HostBuffer {
+  std::shared_ptr<void> owner;
+  void* data = nullptr;
+  std::vector<py::ssize_t> shape;
+  py::ssize_t itemsize = 4;
+  std::string format;  // struct-module code: "f" (fp32), "q" (int64)
+
+  py::buffer_info info() const {
+    std::vector<py::ssize_t> strides(shape.size());
+    py::ssize_t stride = itemsize;
+    for (size_t i = shape.size(); i-- > 0;) {
+      strides[i] = stride;
+      stride *= shape[i];
+    }
+    return py::buffer_info(data, itemsize, format, static_cast<py::ssize_t>(shape.size()), shape,
+                           strides);
+  }
+};
+
+// An fp32 tensor of seqpar's handed to Python without a copy.
+HostBuffer to_host(Tensor&& t) {
+  auto owner = std::make_shared<Tensor>(std::move(t));
+  HostBuffer b;
+  b.data = owner->raw();
+  b.shape.assign(owner->shape().begin(), owner->shape().end());
+  b.format = py::format_descriptor<float>::format();
+  b.owner = std::move(owner);
+  return b;
 }
 
 // Rows [row0, row0 + n) of every batch of `src` (B, n, ...) fp32 into rows [dst_row0, ...) of the
@@ -340,8 +369,8 @@ py::tuple attention(Comm& c, const Buffer& q, const Buffer& k, const Buffer& v, 
     result.emplace(std::move(image.out));
   }
   py::gil_scoped_acquire acquire;
-  py::object o = result ? py::object(to_numpy(std::move(*result))) : py::object(py::none());
-  return py::make_tuple(o, to_numpy(std::move(lse)));
+  py::object o = result ? py::cast(to_host(std::move(*result))) : py::object(py::none());
+  return py::make_tuple(o, to_host(std::move(lse)));
 }
 
 // decode_attention: this rank's queries q (B, Tq, H, D) over every rank's K/V cache shard
@@ -402,6 +431,7 @@ py::tuple decode_attention(Comm& c, const Buffer& q, const Buffer& k, const Buff
   const double t0 = now_seconds();
   AttnState s = kind == PassKind::kPassQ ? passq_attention(comm, place, qi, ki, vi, opts, &cps)
                                          : passkv_attention(comm, place, qi, ki, vi, opts, &cps);
+  c.last_pass = kind == PassKind::kPassQ ? "q" : "kv";
   record(c, comm.stats(), cps, now_seconds() - t0,
          {reinterpret_cast<uintptr_t>(qi.raw()), reinterpret_cast<uintptr_t>(ki.raw()),
           reinterpret_cast<uintptr_t>(vi.raw())});
@@ -411,8 +441,8 @@ py::tuple decode_attention(Comm& c, const Buffer& q, const Buffer& k, const Buff
   else
     result.emplace(std::move(s.out));
   py::gil_scoped_acquire acquire;
-  py::object o = result ? py::object(to_numpy(std::move(*result))) : py::object(py::none());
-  return py::make_tuple(o, to_numpy(std::move(s.lse)), std::string(pass_name(kind)));
+  py::object o = result ? py::cast(to_host(std::move(*result))) : py::object(py::none());
+  return py::make_tuple(o, to_host(std::move(s.lse)));
 }
 
 // ThreadWorld(n).run(fn): fn(comm) on n threads, one per rank, each holding the GIL only while
@@ -515,6 +545,9 @@ PYBIND11_MODULE(_core, m) {
     }
   });
 
+  py::class_<HostBuffer>(m, "_HostBuffer", py::buffer_protocol())
+      .def_buffer([](HostBuffer& b) { return b.info(); });
+
   py::class_<Buffer>(m, "_Buffer")
       .def(py::init([](uintptr_t address, std::vector<int64_t> shape) {
         return Buffer{address, std::move(shape)};
@@ -545,6 +578,12 @@ PYBIND11_MODULE(_core, m) {
         comm.barrier();
       })
       .def("_last_stats", [](Comm& c) { return stats_dict(c.last); })
+      .def_property_readonly(
+          "last_pass",
+          [](Comm& c) -> py::object {
+            return c.last_pass.empty() ? py::object(py::none()) : py::str(c.last_pass);
+          },
+          "decode_attention: \"q\" or \"kv\", the pass of this rank's last call")
       .def("_set_timeout",
            [](Comm& c, double s) { c.get().set_timeout(std::chrono::milliseconds(std::llround(s * 1000))); })
       .def("close", &Comm::close);
@@ -558,10 +597,15 @@ PYBIND11_MODULE(_core, m) {
     const Partition part(seq, ranks, parse_layout(layout));
     py::list out;
     for (int r = 0; r < ranks; ++r) {
-      const auto p = part.positions(r);
-      py::array_t<int64_t> a(static_cast<py::ssize_t>(p.size()));
-      std::copy(p.begin(), p.end(), a.mutable_data());
-      out.append(a);
+      auto positions = std::make_shared<std::vector<int64_t>>(part.positions(r).begin(),
+                                                             part.positions(r).end());
+      HostBuffer b;
+      b.data = positions->data();
+      b.shape = {static_cast<py::ssize_t>(positions->size())};
+      b.itemsize = sizeof(int64_t);
+      b.format = py::format_descriptor<int64_t>::format();
+      b.owner = std::move(positions);
+      out.append(b);
     }
     return out;
   });
@@ -571,38 +615,6 @@ PYBIND11_MODULE(_core, m) {
     mesh.check(heads, seq);
     return mesh_rows_json(mesh, heads, seq);
   });
-  py::class_<PlanSpec>(m, "_PlanSpec")
-      .def(py::init<>())
-      .def_readwrite("model", &PlanSpec::model)
-      .def_readwrite("frames", &PlanSpec::frames)
-      .def_readwrite("height", &PlanSpec::height)
-      .def_readwrite("width", &PlanSpec::width)
-      .def_readwrite("seq", &PlanSpec::seq)
-      .def_readwrite("heads", &PlanSpec::heads)
-      .def_readwrite("kv_heads", &PlanSpec::kv_heads)
-      .def_readwrite("head_dim", &PlanSpec::head_dim)
-      .def_readwrite("batch", &PlanSpec::batch)
-      .def_readwrite("causal", &PlanSpec::causal)
-      .def_readwrite("text_tokens", &PlanSpec::text_tokens)
-      .def_readwrite("guidance", &PlanSpec::guidance)
-      .def_readwrite("ranks", &PlanSpec::ranks)
-      .def_readwrite("ranks_per_node", &PlanSpec::ranks_per_node)
-      .def_readwrite("memory_limit_gb", &PlanSpec::memory_limit_gb)
-      .def_readwrite("dtype", &PlanSpec::dtype)
-      .def_readwrite("cfg", &PlanSpec::cfg)
-      .def_readwrite("tp", &PlanSpec::tp)
-      .def_readwrite("ulysses_degree", &PlanSpec::ulysses_degree)
-      .def_readwrite("ring_degree", &PlanSpec::ring_degree)
-      .def_readwrite("strategy", &PlanSpec::strategy)
-      .def_readwrite("layout", &PlanSpec::layout)
-      .def_readwrite("ulysses_mode", &PlanSpec::ulysses_mode)
-      .def_readwrite("pad", &PlanSpec::pad)
-      .def_readwrite("cached", &PlanSpec::cached)
-      .def_readwrite("new", &PlanSpec::fresh);
-  m.def("_plan_json", [](const PlanSpec& spec, const std::string& hardware, int top) {
-    py::gil_scoped_release release;
-    const ResolvedPlanSpec r = resolve_plan_spec(spec, load_hardware_profile(hardware));
-    return plan_json(r, make_plan(r.req), nullptr, top);
-  });
+  bind_plan(m);
   m.def("version", [] { return std::string(version()); });
 }
