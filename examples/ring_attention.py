@@ -15,8 +15,10 @@ import seqpar
 
 
 def main(comm, seq=1024, heads=8, head_dim=64, dtype=torch.bfloat16):
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(1, seq, heads, head_dim, dtype=dtype) for _ in range(3))
+    # The same full tensors on every rank. A generator of its own per rank: ranks as threads
+    # would share torch's default one.
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, seq, heads, head_dim, generator=g).to(dtype) for _ in range(3))
 
     part = seqpar.Partition(seq, comm.size, "zigzag")  # rank r: chunks r and 2N-1-r
     local_q, local_k, local_v = (part.shard(t, comm.rank) for t in (q, k, v))

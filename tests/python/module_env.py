@@ -52,7 +52,8 @@ def qkv(B, S, H, Hkv, D, dtype=torch.float32, seed=0):
 def mpirun(np_, script, *args, timeout=300):
     """Runs `python script args` on np_ MPI ranks; returns the completed process."""
     mpiexec = os.environ.get("SEQPAR_MPIEXEC") or shutil.which("mpirun")
-    env = dict(os.environ, SEQPAR_PYTHONPATH=SEQPAR_PYTHONPATH, OMP_NUM_THREADS="1",
+    env = dict(os.environ, SEQPAR_PYTHONPATH=SEQPAR_PYTHONPATH, PYTHONPATH=SEQPAR_PYTHONPATH,
+               OMP_NUM_THREADS="1",
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     cmd = [mpiexec, "--oversubscribe", "--mca", "btl_vader_single_copy_mechanism", "none",
            "-n", str(np_), sys.executable, script, *args]
