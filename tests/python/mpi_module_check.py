@@ -5,12 +5,10 @@ import sys
 
 from mpi4py import MPI
 
-from module_env import qkv, reference, torch
+from module_env import TOL_BF16, TOL_F32, qkv, reference, torch
 
 import seqpar
 
-TOL_F32 = 5e-6
-TOL_BF16 = 8e-3
 
 world = MPI.COMM_WORLD
 comm = seqpar.MpiComm(world)

@@ -8,15 +8,10 @@ import subprocess
 import numpy as np
 import pytest
 
-from module_env import qkv, reference, torch
+from module_env import TOL_BF16, TOL_F16, TOL_F32, qkv, reference, torch
 
 import seqpar
 
-# fp32: seqpar's fp32 kernel against float64 (measured max |err| ~ 5e-7 at these shapes).
-TOL_F32 = 5e-6
-# bf16/fp16 out: one rounding of |out| < 1 to 8 (bf16) or 11 (fp16) bits, plus fp32 arithmetic.
-TOL_BF16 = 8e-3
-TOL_F16 = 1e-3
 
 B, S, H, HKV, D = 2, 96, 4, 2, 16
 
