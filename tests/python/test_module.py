@@ -4,6 +4,8 @@ softmax(q kᵀ/√d) v on the unsharded tensors, dtypes, the no-copy contract, s
 import json
 import os
 import subprocess
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -292,3 +294,29 @@ def test_plan_is_the_cli_json():
     assert bare["family"] == "attention" and bare["seq_len"] == 16384
     with pytest.raises(ValueError, match="model 'wan2.1-14b' is unknown; nearest: wan2.1-t2v-14b"):
         seqpar.plan(model="wan2.1-14b", height=240, width=432, frames=33)
+
+
+def test_gil_is_released_while_computing():
+    """Another Python thread runs while a rank computes: it ticks through the call."""
+    q, k, v = qkv(1, 2048, 4, 4, 64, seed=12)
+    ticks, stop = [], threading.Event()
+
+    def ticker():
+        while not stop.is_set():
+            ticks.append(1)
+            time.sleep(0.001)
+
+    def rank(comm):
+        seqpar.attention(q, k, v, comm=comm)  # warm-up
+        thread = threading.Thread(target=ticker)
+        thread.start()
+        time.sleep(0.01)
+        before = len(ticks)
+        seqpar.attention(q, k, v, comm=comm)
+        during = len(ticks) - before
+        stop.set()
+        thread.join()
+        return during, comm.last_stats.seconds
+
+    during, seconds = seqpar.ThreadWorld(1).run(rank)[0]
+    assert seconds > 0.02 and during >= 5, (during, seconds)  # holding the GIL: 0 or 1
