@@ -568,15 +568,24 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("seq_len", &AttentionArgs::seq_len)
       .def_readwrite("scale", &AttentionArgs::scale);
 
-  py::class_<Comm, std::shared_ptr<Comm>>(m, "Comm")
-      .def_property_readonly("rank", [](Comm& c) { return c.get().rank(); })
-      .def_property_readonly("size", [](Comm& c) { return c.get().size(); })
-      .def_property_readonly("backend", [](Comm& c) { return c.get().backend(); })
-      .def("barrier", [](Comm& c) {
-        Communicator& comm = c.get();
-        py::gil_scoped_release release;
-        comm.barrier();
-      })
+  py::class_<Comm, std::shared_ptr<Comm>>(
+      m, "Comm",
+      "A rank's communicator: ThreadWorld.run hands one to each rank, MpiComm makes one. Use it "
+      "from its rank's thread only.")
+      .def_property_readonly(
+          "rank", [](Comm& c) { return c.get().rank(); }, "This rank, 0 to size - 1.")
+      .def_property_readonly(
+          "size", [](Comm& c) { return c.get().size(); }, "The number of ranks.")
+      .def_property_readonly(
+          "backend", [](Comm& c) { return c.get().backend(); }, "\"threads\" or \"mpi\".")
+      .def(
+          "barrier",
+          [](Comm& c) {
+            Communicator& comm = c.get();
+            py::gil_scoped_release release;
+            comm.barrier();
+          },
+          "Waits until every rank has called barrier() (bounded by the deadline).")
       .def("_last_stats", [](Comm& c) { return stats_dict(c.last); })
       .def_property_readonly(
           "last_pass",
@@ -585,8 +594,11 @@ PYBIND11_MODULE(_core, m) {
           },
           "decode_attention: \"q\" or \"kv\", the pass of this rank's last call")
       .def("_set_timeout",
-           [](Comm& c, double s) { c.get().set_timeout(std::chrono::milliseconds(std::llround(s * 1000))); })
-      .def("close", &Comm::close);
+           [](Comm& c, double s) {
+             c.get().set_timeout(std::chrono::milliseconds(std::llround(s * 1000)));
+           })
+      .def("close", &Comm::close,
+           "Releases the communicator (an MpiComm's MPI duplicates); later use raises.");
 
   m.def("_attention", &attention);
   m.def("_decode_attention", &decode_attention);
