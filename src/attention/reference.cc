@@ -68,19 +68,19 @@ void validate_attention_inputs(const Tensor& q, const Tensor& k, const Tensor& v
                    v.shape_str());
   const int64_t b = q.dim(0), sq = q.dim(1), h = q.dim(2), d = q.dim(3);
   const int64_t sk = k.dim(1), hkv = k.dim(2);
-  SEQPAR_ARG_CHECK(k.dim(0) == b && v.dim(0) == b, "--batch: q has batch ", b, " but k has ",
+  SEQPAR_ARG_CHECK(k.dim(0) == b && v.dim(0) == b, "batch: q has ", b, " rows but k has ",
                    k.dim(0), " and v has ", v.dim(0), "; valid: ", b);
-  SEQPAR_ARG_CHECK(d >= 1, "--head-dim ", d, " is invalid; valid: >= 1");
-  SEQPAR_ARG_CHECK(k.dim(3) == d && v.dim(3) == d, "--head-dim: q has head_dim ", d, " but k has ",
+  SEQPAR_ARG_CHECK(d >= 1, "head_dim ", d, " is invalid; valid: >= 1");
+  SEQPAR_ARG_CHECK(k.dim(3) == d && v.dim(3) == d, "head_dim: q has ", d, " but k has ",
                    k.dim(3), " and v has ", v.dim(3), "; valid: ", d);
   SEQPAR_ARG_CHECK(v.dim(1) == sk && v.dim(2) == hkv, "v shape ", v.shape_str(),
                    " must equal k shape ", k.shape_str());
-  SEQPAR_ARG_CHECK(h >= 1, "--heads ", h, " is invalid; valid: >= 1");
-  SEQPAR_ARG_CHECK(hkv >= 1, "--kv-heads ", hkv, " is invalid; valid kv-heads: ", divisors_text(h));
-  SEQPAR_ARG_CHECK(h % hkv == 0, "--heads ", h, " is not divisible by --kv-heads ", hkv,
-                   "; valid kv-heads: ", divisors_text(h));
+  SEQPAR_ARG_CHECK(h >= 1, "heads ", h, " is invalid; valid: >= 1");
+  SEQPAR_ARG_CHECK(hkv >= 1, "kv_heads ", hkv, " is invalid; valid kv_heads: ", divisors_text(h));
+  SEQPAR_ARG_CHECK(h % hkv == 0, "heads ", h, " is not divisible by kv_heads ", hkv,
+                   "; valid kv_heads: ", divisors_text(h));
   SEQPAR_ARG_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype(),
-                   "--dtype: q, k and v must have one dtype; got q ", dtype_name(q.dtype()), ", k ",
+                   "dtype: q, k and v must have one dtype; got q ", dtype_name(q.dtype()), ", k ",
                    dtype_name(k.dtype()), ", v ", dtype_name(v.dtype()),
                    "; valid: all fp32, all bf16 or all fp16");
   check_span(mask.q_pos.size(), sq, "q_pos", "positions 0..Sq-1");

@@ -1,6 +1,7 @@
 #include "cli/app.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -49,6 +50,47 @@ int parse_command_line(CLI::App& app, int argc, const char* const* argv) {
   return -1;
 }
 
+std::string flag_words(std::string_view m) {
+  static constexpr std::pair<std::string_view, std::string_view> kSnake[] = {
+      {"head_dim", "--head-dim"},       {"kv_heads", "--kv-heads"},
+      {"ulysses_degree", "--ulysses-degree"}, {"ring_degree", "--ring-degree"},
+      {"ulysses_mode", "--ulysses-mode"}, {"text_tokens", "--text-tokens"},
+      {"memory_limit", "--memory-limit"}, {"ranks_per_node", "--ranks-per-node"}};
+  static constexpr std::string_view kWords[] = {"strategy", "layout", "dtype", "softmax",
+                                                "hardware", "seq",    "ranks", "heads",
+                                                "batch",    "cfg",    "tp",    "cached",
+                                                "new",      "pad",    "model", "frames",
+                                                "height",   "width"};
+  auto word_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  std::string out;
+  size_t i = 0;
+  while (i < m.size()) {
+    if (!word_char(m[i]) || (i > 0 && (word_char(m[i - 1]) || m[i - 1] == '-'))) {
+      out += m[i++];
+      continue;
+    }
+    size_t end = i;
+    while (end < m.size() && word_char(m[end])) ++end;
+    const std::string_view w = m.substr(i, end - i);
+    std::string_view flag;
+    for (const auto& [name, f] : kSnake)
+      if (w == name) flag = f;
+    const bool names_value =
+        i == 0 ||
+        (end + 1 < m.size() && m[end] == ' ' &&
+         (std::isdigit(static_cast<unsigned char>(m[end + 1])) || m[end + 1] == '\'' ||
+          (m[end + 1] == '-' && end + 2 < m.size() &&
+           std::isdigit(static_cast<unsigned char>(m[end + 2]))))) ||
+        (i > 0 && m[i - 1] == '(' && end < m.size() && m[end] == ')');
+    if (flag.empty() && names_value &&
+        std::find(std::begin(kWords), std::end(kWords), w) != std::end(kWords))
+      out += "--";
+    out += flag.empty() ? std::string(w) : std::string(flag);
+    i = end;
+  }
+  return out;
+}
+
 int run_subcommand(const CLI::App& app, const Options& opts) {
   try {
     if (app.got_subcommand("run")) return run_command(opts.run);
@@ -61,7 +103,7 @@ int run_subcommand(const CLI::App& app, const Options& opts) {
     if (app.got_subcommand("calibrate")) return calibrate_command(opts.calibrate);
   } catch (const seqpar::InvalidArgument& e) {
     // Under mpirun every rank finds the same argument error; one line is enough.
-    if (reporting_rank()) std::fprintf(stderr, "seqpar: error: %s\n", e.what());
+    if (reporting_rank()) std::fprintf(stderr, "seqpar: error: %s\n", flag_words(e.what()).c_str());
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "seqpar: error: %s\n", e.what());

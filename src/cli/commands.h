@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "seqpar/core/error.h"
 #include "seqpar/core/limits.h"
@@ -54,6 +55,13 @@ inline void print_json_error(const std::string& message, int exit_code) {
   std::fflush(stdout);
 }
 
+// The library names a parameter as its API does ("head_dim 0 is invalid", "strategy 'x' is
+// unknown", "ulysses_degree 3 does not divide ..."); the command line reports it as the flag that
+// sets it ("--head-dim 0 is invalid"). Mapped: the snake_case names anywhere, and the one-word
+// names (seq, heads, strategy, ...) where they name a value: at the start of the message, before
+// a number or a quoted value, or alone in parentheses.
+std::string flag_words(std::string_view message);
+
 // Runs a command's body; with json, an escaping error is printed as the JSON error object (exit
 // code 2 for InvalidArgument, 1 otherwise) and rethrown for the one line on stderr.
 template <typename Body>
@@ -61,8 +69,9 @@ int with_json_errors(bool json, Body&& body) {
   try {
     return body();
   } catch (const InvalidArgument& e) {
-    if (json) print_json_error(e.what(), 2);
-    throw;
+    const InvalidArgument in_flags(flag_words(e.what()));
+    if (json) print_json_error(in_flags.what(), 2);
+    throw in_flags;
   } catch (const std::exception& e) {
     if (json) print_json_error(e.what(), 1);
     throw;

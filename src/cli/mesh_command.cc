@@ -1,7 +1,6 @@
 // seqpar mesh: where every rank of a cfg x tp x ring x ulysses mesh sits, which heads it computes
 // and which tokens it holds. Pure arithmetic over the Mesh (parallel/mesh.h); starts no ranks.
 #include <cstdio>
-#include <nlohmann/json.hpp>
 #include <string>
 
 #include "cli/commands.h"
@@ -50,21 +49,7 @@ int print_mesh(const MeshOptions& o) {
   mesh.check(o.heads, o.seq);
 
   if (o.json) {
-    nlohmann::ordered_json rows = nlohmann::ordered_json::array();
-    for (int r = 0; r < mesh.world_size(); ++r) {
-      const MeshCoord c = mesh.coord(r);
-      const IndexRange h = mesh.heads(o.heads, c.tp_rank);
-      const IndexRange t = mesh.tokens(o.seq, c.cp_rank);
-      rows.push_back({{"rank", c.rank},
-                      {"cfg_rank", c.cfg_rank},
-                      {"tp_rank", c.tp_rank},
-                      {"ulysses_rank", c.ulysses_rank},
-                      {"ring_rank", c.ring_rank},
-                      {"cp_rank", c.cp_rank},
-                      {"heads", {h.begin, h.end}},
-                      {"tokens", {t.begin, t.end}}});
-    }
-    std::printf("%s\n", rows.dump().c_str());
+    std::printf("%s\n", mesh_rows_json(mesh, o.heads, o.seq).c_str());
     return finish_output(0);
   }
 

@@ -12,21 +12,19 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "cli/commands.h"
 #include "seqpar/core/error.h"
 #include "seqpar/model/presets.h"
+#include "seqpar/plan/plan_spec.h"
 #include "seqpar/plan/planner.h"
 #include "seqpar/plan/simulate.h"
 
 namespace seqpar::cli {
 
 namespace {
-
-using nlohmann::json;
 
 std::string fmt(const char* f, double x) {
   char buf[64];
@@ -46,132 +44,40 @@ std::string rate_text(double flops) {
 }
 std::string bw_text(double b) { return fmt("%.4g GB/s", b / 1e9); }
 
-const ModelPreset& preset_or_hint(const std::string& name) {
-  try {
-    return model_preset(name);
-  } catch (const InvalidArgument&) {
-    std::string valid;
-    for (const auto& n : model_preset_names()) valid += (valid.empty() ? "" : ", ") + n;
-    throw InvalidArgument(detail::concat(
-        "--model '", name, "' is unknown; nearest: ", nearest_name(name, model_preset_names()),
-        " (valid: ", valid, ")"));
-  }
-}
-
-struct Resolved {
-  PlanRequest req;
-  const ModelPreset* preset = nullptr;
-  LatentShape latent;
-  bool has_latent = false;
-};
-
-// Every size against core/limits.h, before anything is sized by it.
-void validate(const PlanOptions& o) {
-  using limits::check_range;
-  SEQPAR_ARG_CHECK(o.ranks >= 1, "--ranks ", o.ranks, " is invalid; it must be at least 1");
-  check_range("--ranks", o.ranks, 1, limits::kMaxRanks);
-  check_range("--batch", o.batch, 1, limits::kMaxBatch);
-  check_range("--top", o.top, 0, limits::kMaxRanks);
-  check_range("--seq", o.seq, 0, limits::kMaxTokens);
-  check_range("--heads", o.heads, 0, limits::kMaxHeads);
-  check_range("--kv-heads", o.kv_heads, 0, limits::kMaxHeads);
-  check_range("--head-dim", o.head_dim, 1, limits::kMaxHeadDim);
-  check_range("--frames", o.frames, 0, limits::kMaxPixels);
-  check_range("--height", o.height, 0, limits::kMaxPixels);
-  check_range("--width", o.width, 0, limits::kMaxPixels);
-  check_range("--cached", o.cached, 0, limits::kMaxTokens);
-  check_range("--new", o.fresh, 0, limits::kMaxTokens);
-  if (o.text_tokens) check_range("--text-tokens", *o.text_tokens, 0, limits::kMaxTokens);
-  if (o.ranks_per_node) check_range("--ranks-per-node", *o.ranks_per_node, 0, limits::kMaxRanks);
-  for (auto [flag, v] :
-       {std::pair{"--cfg", o.cfg}, std::pair{"--tp", o.tp},
-        std::pair{"--ulysses-degree", o.ulysses_degree}, std::pair{"--ring-degree", o.ring_degree}})
-    check_range(flag, v, 0, limits::kMaxRanks);
-  SEQPAR_ARG_CHECK(
-      std::isfinite(o.memory_limit_gb) && o.memory_limit_gb >= 0 && o.memory_limit_gb <= 1e9,
-      "--memory-limit ", o.memory_limit_gb,
-      " is invalid; give GB per rank, 0 to 1e9 (0: the profile's)");
-}
-
-Resolved resolve(const PlanOptions& o) {
-  validate(o);
-  SEQPAR_ARG_CHECK((o.cached > 0) == (o.fresh > 0),
-                   "decode / partial prefill needs both --cached P and --new T (at least 1)");
-  SEQPAR_ARG_CHECK(o.memory_limit_gb >= 0, "--memory-limit ", o.memory_limit_gb,
-                   " is invalid; give GB per rank (0: the profile's)");
+// The flags as the library's planning question; --top, --simulate, --sim-ranks, --svg and --json
+// are the command's own.
+ResolvedPlanSpec resolve(const PlanOptions& o) {
+  limits::check_range("--top", o.top, 0, limits::kMaxRanks);
   SEQPAR_ARG_CHECK(!(o.pad && o.no_pad), "--pad and --no-pad contradict each other");
-  Resolved r;
-  PlanRequest& req = r.req;
-  req.hw = load_profile_checked(o.hardware);
-  if (o.ranks_per_node) req.hw.ranks_per_node = static_cast<int>(*o.ranks_per_node);
-  req.world = static_cast<int>(o.ranks);
-  req.memory_limit = o.memory_limit_gb * 1e9;
-  const DType dtype = parse_dtype(o.dtype.empty() ? req.hw.dtype : o.dtype);
-  const bool decode = o.fresh > 0;
-
-  if (!o.model.empty()) {
-    const ModelPreset& m = preset_or_hint(o.model);
-    r.preset = &m;
-    int64_t tokens = o.seq;
-    if (m.family == ModelFamily::kLlm) {
-      SEQPAR_ARG_CHECK(o.height == 0 && o.width == 0 && o.frames == 0, "--model ", m.name,
-                       " is a language model: give --seq (prompt tokens) or --cached/--new, not "
-                       "--frames/--height/--width");
-      SEQPAR_ARG_CHECK(decode || tokens >= 1, "--model ", m.name,
-                       " needs --seq (prompt tokens) or --cached P --new T");
-    } else {
-      SEQPAR_ARG_CHECK(!decode, "--cached/--new are for language models; ", m.name, " is a ",
-                       model_family_name(m.family));
-      if (o.height > 0 || o.width > 0) {
-        SEQPAR_ARG_CHECK(o.height > 0 && o.width > 0, "--height and --width go together");
-        const int64_t frames = o.frames > 0 ? o.frames : 1;
-        r.latent = latent_shape(m, frames, o.height, o.width);
-        r.has_latent = true;
-        tokens = r.latent.tokens;
-        req.frames = frames;
-        req.height = o.height;
-        req.width = o.width;
-        req.preset = &m;
-      }
-      SEQPAR_ARG_CHECK(tokens >= 1, "--model ", m.name,
-                       " needs --height and --width (and --frames for video), or --seq tokens");
-    }
-    const int64_t text = m.family == ModelFamily::kMMDiT ? o.text_tokens.value_or(m.text_len) : 0;
-    SEQPAR_ARG_CHECK(o.text_tokens.value_or(0) == 0 || m.family == ModelFamily::kMMDiT,
-                     "--text-tokens is for mmdit models (joint attention); ", m.name, " is a ",
-                     model_family_name(m.family));
-    req.work = model_workload(m, tokens, o.batch, dtype, !o.no_guidance, text, o.cached, o.fresh);
-  } else {
-    SEQPAR_ARG_CHECK(
-        o.heads >= 1, "give --model (one of: ",
-        [] {
-          std::string v;
-          for (const auto& n : model_preset_names()) v += (v.empty() ? "" : ", ") + n;
-          return v;
-        }(),
-        ") or a bare attention shape: --seq S --heads H [--kv-heads --head-dim --causal]");
-    SEQPAR_ARG_CHECK(decode || o.seq >= 1, "--seq ", o.seq, " is invalid; it must be at least 1");
-    const int64_t kv = o.kv_heads == 0 ? o.heads : o.kv_heads;
-    SEQPAR_ARG_CHECK(kv >= 1 && o.heads % kv == 0, "--heads ", o.heads,
-                     " is not divisible by --kv-heads ", kv);
-    SEQPAR_ARG_CHECK(o.head_dim >= 1, "--head-dim ", o.head_dim, " is invalid");
-    req.work = attention_workload(o.seq, o.heads, kv, o.head_dim, o.batch, o.causal || decode,
-                                  dtype, o.text_tokens.value_or(0), o.cached, o.fresh);
-  }
-  req.cfg = static_cast<int>(o.cfg);
-  req.tp = static_cast<int>(o.tp);
-  req.ulysses = static_cast<int>(o.ulysses_degree);
-  req.ring = static_cast<int>(o.ring_degree);
-  (void)limits::checked_product(
-      {std::max<int64_t>(o.cfg, 1), std::max<int64_t>(o.tp, 1),
-       std::max<int64_t>(o.ulysses_degree, 1), std::max<int64_t>(o.ring_degree, 1)},
-      "ranks of --cfg x --tp x --ulysses-degree x --ring-degree", limits::kMaxRanks);
-  if (!o.strategy.empty()) req.scheme = parse_scheme(o.strategy);
-  if (!o.layout.empty()) req.layout = parse_layout(o.layout);
-  if (!o.ulysses_mode.empty()) req.mode = parse_ulysses_mode(o.ulysses_mode);
-  if (o.pad) req.pad = true;
-  if (o.no_pad) req.pad = false;
-  return r;
+  PlanSpec spec;
+  spec.model = o.model;
+  spec.frames = o.frames;
+  spec.height = o.height;
+  spec.width = o.width;
+  spec.seq = o.seq;
+  spec.heads = o.heads;
+  spec.kv_heads = o.kv_heads;
+  spec.head_dim = o.head_dim;
+  spec.batch = o.batch;
+  spec.causal = o.causal;
+  spec.text_tokens = o.text_tokens;
+  spec.guidance = !o.no_guidance;
+  spec.ranks = o.ranks;
+  spec.ranks_per_node = o.ranks_per_node;
+  spec.memory_limit_gb = o.memory_limit_gb;
+  spec.dtype = o.dtype;
+  spec.cfg = o.cfg;
+  spec.tp = o.tp;
+  spec.ulysses_degree = o.ulysses_degree;
+  spec.ring_degree = o.ring_degree;
+  spec.strategy = o.strategy;
+  spec.layout = o.layout;
+  spec.ulysses_mode = o.ulysses_mode;
+  if (o.pad) spec.pad = true;
+  if (o.no_pad) spec.pad = false;
+  spec.cached = o.cached;
+  spec.fresh = o.fresh;
+  return resolve_plan_spec(spec, load_profile_checked(o.hardware));
 }
 
 // The simulation replays every size up to LAST: at most kMaxSimRanks (each size costs its meshes).
@@ -187,219 +93,6 @@ std::vector<int> parse_sizes(const std::string& s) {
                    "' is invalid; give FIRST:LAST with 1 <= FIRST <= LAST <= ",
                    limits::max_text(kMaxSimRanks), ", e.g. 8:1024");
   return doubling_sizes(static_cast<int>(*first), static_cast<int>(*last));
-}
-
-// ---- JSON -------------------------------------------------------------------------------------
-
-// x to 6 significant digits: the model is not more precise, and the object stays small.
-double r6(double x) {
-  if (x == 0 || !std::isfinite(x)) return x;
-  const double scale = std::pow(10.0, 5 - static_cast<int>(std::floor(std::log10(std::fabs(x)))));
-  return std::round(x * scale) / scale;
-}
-
-// Summary fields of a mesh; with `detailed` also the per-rank lists, the collectives and the
-// memory breakdown (kept to the first --top meshes so the object stays small).
-json mesh_json(const MeshCost& c, int rank, bool detailed) {
-  json j;
-  if (rank > 0) j["rank"] = rank;
-  j["cfg"] = c.mesh.cfg;
-  j["tp"] = c.mesh.tp;
-  j["ulysses_degree"] = c.mesh.ulysses;
-  j["ring_degree"] = c.mesh.ring;
-  j["sequence_parallel_size"] = c.mesh.sp();
-  j["strategy"] = scheme_name(c.mesh.scheme);
-  j["ulysses_mode"] = (c.mesh.scheme == Scheme::kUlysses || c.mesh.scheme == Scheme::kUsp)
-                          ? json(ulysses_mode_name(c.mesh.mode))
-                          : json(nullptr);
-  j["layout"] = layout_name(c.mesh.layout);
-  j["pad"] = c.mesh.pad;
-  j["padded_seq"] = c.padded_seq;
-  j["remainder"] = c.remainder;
-  j["step_seconds"] = r6(c.step_s);
-  j["layer_seconds"] = r6(c.layer_s);
-  j["compute_seconds"] = r6(c.compute_s);
-  j["comm_seconds"] = r6(c.comm_s);
-  j["exposed_comm_seconds"] = r6(c.exposed_comm_s);
-  j["critical_rank"] = c.critical_rank;
-  j["work_imbalance"] = r6(c.work_imbalance);
-  uint64_t max_sent = 0, max_recv = 0;
-  int64_t max_peak = 0;
-  for (const auto& r : c.ranks) {
-    max_sent = std::max<uint64_t>(max_sent, r.sent);
-    max_recv = std::max<uint64_t>(max_recv, r.recv);
-    max_peak = std::max(max_peak, r.peak_kv_bytes);
-  }
-  j["max_bytes_sent_per_rank"] = max_sent;
-  j["max_bytes_recv_per_rank"] = max_recv;
-  j["max_peak_kv_bytes"] = max_peak;
-  j["tp_all_reduce_bytes"] = c.tp_bytes;
-  j["memory_bytes"] = r6(c.memory_bytes);
-  j["fits_memory"] = c.fits_memory;
-  if (!detailed) return j;
-  std::vector<uint64_t> sent, recv;
-  std::vector<int64_t> peak, work, tokens;
-  for (const auto& r : c.ranks) {
-    sent.push_back(r.sent);
-    recv.push_back(r.recv);
-    peak.push_back(r.peak_kv_bytes);
-    work.push_back(r.work);
-    tokens.push_back(r.tokens);
-  }
-  j["tokens_per_rank"] = tokens;
-  j["bytes_sent_per_rank"] = sent;
-  j["bytes_recv_per_rank"] = recv;
-  j["peak_kv_bytes_per_rank"] = peak;
-  j["work_per_rank"] = work;
-  const RankCost& crit = c.ranks[c.critical_rank];
-  j["attention_flops_per_layer"] = r6(crit.attention_flops);
-  j["linear_flops_per_layer"] = r6(crit.linear_flops);
-  json cols = json::array();
-  for (const auto& x : c.collectives)
-    cols.push_back({{"op", x.op},
-                    {"what", x.what},
-                    {"group", x.group},
-                    {"sent", x.sent},
-                    {"recv", x.recv},
-                    {"calls", x.calls},
-                    {"inter_node", x.inter_node},
-                    {"overlapped", x.overlapped},
-                    {"seconds", r6(x.seconds)}});
-  j["collectives"] = cols;
-  j["memory"] = {{"weights", c.weight_bytes},         {"kv_cache", c.kv_cache_bytes},
-                 {"activations", c.activation_bytes}, {"total", c.memory_bytes},
-                 {"limit", c.memory_limit},           {"fits", c.fits_memory}};
-  return j;
-}
-
-json choice_json(const PassChoice& c) {
-  return {{"choice", pass_name(c.kind)},
-          {"threshold_tokens", c.threshold_tokens},
-          {"miss_rate", c.miss_rate},
-          {"miss_threshold", c.miss_threshold},
-          {"reason", c.reason}};
-}
-
-void print_json(const Resolved& r, const Plan& plan, const Simulation* sim, int top) {
-  const PlanRequest& req = r.req;
-  const Workload& w = req.work;
-  json j;
-  j["model"] = w.model;
-  j["family"] = w.attention_only ? "attention" : std::string(model_family_name(w.family));
-  if (r.has_latent) {
-    j["frames"] = req.frames;
-    j["height"] = req.height;
-    j["width"] = req.width;
-    j["latent"] = {r.latent.latent_frames, r.latent.latent_height, r.latent.latent_width};
-    j["patch_grid"] = r.latent.grid;
-  }
-  j["seq_len"] = w.seq;
-  j["world"] = req.world;
-  j["batch"] = w.batch;
-  j["guidance_branches"] = w.cfg_branches;
-  j["heads"] = w.heads;
-  j["kv_heads"] = w.kv_heads;
-  j["head_dim"] = w.head_dim;
-  j["layers"] = w.attention_only ? 1 : w.layers;
-  j["causal"] = w.causal;
-  j["text_tokens"] = w.text_tokens;
-  j["dtype"] = dtype_name(w.dtype);
-  j["hardware"] = json::parse(hardware_profile_to_json(req.hw));
-  j["hardware"]["source"] = req.hw.source;
-  const Divisibility& d = plan.divisibility;
-  j["sequence_parallel_size"] = d.sp;
-  j["remainder"] = d.remainder;
-  json alts = json::array();
-  for (const auto& a : d.alternatives)
-    alts.push_back({{"flag", a.flag}, {"value", a.value}, {"seq_len", a.tokens}});
-  j["divisibility"] = {{"divides", d.remainder == 0},
-                       {"shard_floor", d.shard_floor},
-                       {"shard_ceil", d.shard_ceil},
-                       {"ranks_with_ceil", d.ranks_with_ceil},
-                       {"shard_imbalance", d.shard_imbalance},
-                       {"padded_seq", d.padded_seq},
-                       {"padded_seq_zigzag", d.padded_seq_zigzag},
-                       {"pad_token_overhead", d.pad_token_overhead},
-                       {"pad_work_overhead", d.pad_work_overhead},
-                       {"alternatives", alts}};
-  json meshes = json::array();
-  for (size_t i = 0; i < plan.ranked.size(); ++i)
-    meshes.push_back(mesh_json(plan.ranked[i], static_cast<int>(i + 1),
-                               top == 0 || i < static_cast<size_t>(top)));
-  j["meshes"] = meshes;
-  json over = json::array();
-  for (const auto& c : plan.over_memory) {
-    json m = mesh_json(c, 0, false);
-    m["reason"] = detail::concat("needs ", fmt("%.1f", c.memory_bytes / 1e9), " GB per rank > ",
-                                 fmt("%.1f", c.memory_limit / 1e9), " GB");
-    over.push_back(m);
-  }
-  j["over_memory"] = over;
-  json rej = json::array();
-  for (const auto& x : plan.rejected) {
-    json m;
-    m["cfg"] = x.mesh.cfg;
-    m["tp"] = x.mesh.tp;
-    if (x.mesh.ulysses > 0) {
-      m["ulysses_degree"] = x.mesh.ulysses;
-      m["ring_degree"] = x.mesh.ring;
-      m["strategy"] = scheme_name(x.mesh.scheme);
-      if (x.mesh.scheme == Scheme::kUlysses || x.mesh.scheme == Scheme::kUsp)
-        m["ulysses_mode"] = ulysses_mode_name(x.mesh.mode);
-      m["layout"] = x.any_layout ? "any" : std::string(layout_name(x.mesh.layout));
-      m["pad"] = x.mesh.pad;
-    }
-    m["reason"] = x.reason;
-    rej.push_back(m);
-  }
-  j["rejected"] = rej;
-  if (plan.decode) {
-    const DecodeChoice& c = *plan.decode;
-    j["cached"] = w.cached;
-    j["new"] = w.fresh;
-    j["choice"] = pass_name(c.choice);
-    j["threshold_tokens"] = c.all2all.threshold_tokens;
-    j["decode"] = {
-        {"ranks", c.ranks},
-        {"flops_per_s", c.flops_per_s},
-        {"bytes_per_s", c.bytes_per_s},
-        {"meta_rule", choice_json(c.basic)},
-        {"all2all_rule", choice_json(c.all2all)},
-        {"passkv_step_seconds", c.passkv_step_s ? json(*c.passkv_step_s) : json(nullptr)},
-        {"passq_step_seconds", c.passq_step_s ? json(*c.passq_step_s) : json(nullptr)},
-        {"cost_model_fastest", c.fastest ? json(pass_name(*c.fastest)) : json(nullptr)}};
-    if (plan.ranked.empty()) j["warning"] = "no mesh fits the memory limit; see over_memory";
-  }
-  if (sim) {
-    json curves = json::array();
-    for (const auto& c : sim->curves) {
-      json pts = json::array();
-      for (const auto& p : c.points)
-        pts.push_back({{"ranks", p.ranks},
-                       {"valid", p.valid},
-                       {"note", p.note},
-                       {"ulysses_degree", p.ulysses},
-                       {"ring_degree", p.ring},
-                       {"step_seconds", p.step_s},
-                       {"compute_seconds", p.compute_s},
-                       {"comm_seconds", p.comm_s},
-                       {"exposed_comm_seconds", p.exposed_s},
-                       {"exposed_fraction", p.exposed_fraction},
-                       {"inter_node", p.inter_node},
-                       {"memory_bytes", p.memory_bytes}});
-      curves.push_back({{"strategy", scheme_name(c.scheme)},
-                        {"hidden_up_to", c.hidden_up_to},
-                        {"stops_hiding_at", c.stops_hiding_at},
-                        {"points", pts}});
-    }
-    j["simulation"] = {{"sizes", sim->sizes},
-                       {"layout", layout_name(sim->layout)},
-                       {"threshold", sim->threshold},
-                       {"ranks_per_node", sim->ranks_per_node},
-                       {"curves", curves},
-                       {"findings", sim->findings}};
-  }
-  std::printf("%s\n", j.dump().c_str());
 }
 
 // ---- text -------------------------------------------------------------------------------------
@@ -434,7 +127,7 @@ bool equivalent(const MeshCost& a, const MeshCost& b) {
          std::fabs(a.memory_bytes - b.memory_bytes) <= 1e-3 * b.memory_bytes;
 }
 
-void print_text(const Resolved& r, const Plan& plan, const Simulation* sim, int top) {
+void print_text(const ResolvedPlanSpec& r, const Plan& plan, const Simulation* sim, int top) {
   const PlanRequest& req = r.req;
   const Workload& w = req.work;
   const HardwareProfile& hw = req.hw;
@@ -445,9 +138,9 @@ void print_text(const Resolved& r, const Plan& plan, const Simulation* sim, int 
         (long long)w.seq, (long long)w.heads, (long long)w.kv_heads, (long long)w.head_dim,
         (long long)w.batch, w.causal ? "causal" : "non-causal",
         std::string(dtype_name(w.dtype)).c_str());
-  } else if (r.has_latent) {
-    const LatentShape& l = r.latent;
-    if (r.preset != nullptr && r.preset->video)
+  } else if (r.latent) {
+    const LatentShape& l = *r.latent;
+    if (req.preset != nullptr && req.preset->video)
       std::printf(
           "seqpar plan: %s (%s), %lld frames x %lld x %lld -> latent %lld x %lld x %lld "
           "-> %lld x %lld x %lld patches = %lld tokens\n",
@@ -706,7 +399,7 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
 namespace {
 
 int run_plan(const PlanOptions& o) {
-  const Resolved r = resolve(o);
+  const ResolvedPlanSpec r = resolve(o);
   std::vector<int> sizes;
   if (o.simulate || !o.svg.empty()) sizes = parse_sizes(o.sim_ranks);
   std::optional<OutputFile> svg;
@@ -724,7 +417,7 @@ int run_plan(const PlanOptions& o) {
                                r.req.hw.name, ": predicted step time")));
   }
   if (o.json)
-    print_json(r, plan, sim ? &*sim : nullptr, static_cast<int>(o.top));
+    std::printf("%s\n", plan_json(r, plan, sim ? &*sim : nullptr, static_cast<int>(o.top)).c_str());
   else
     print_text(r, plan, sim ? &*sim : nullptr, static_cast<int>(o.top));
   return finish_output(0);

@@ -17,7 +17,7 @@ DType parse_dtype(std::string_view s) {
   if (s == "fp32" || s == "f32" || s == "float32") return DType::kF32;
   if (s == "bf16" || s == "bfloat16") return DType::kBF16;
   if (s == "fp16" || s == "f16" || s == "float16") return DType::kF16;
-  throw InvalidArgument(detail::concat("--dtype '", s, "' is unknown; valid: fp32, bf16, fp16"));
+  throw InvalidArgument(detail::concat("dtype '", s, "' is unknown; valid: fp32, bf16, fp16"));
 }
 
 uint16_t f32_to_f16(float f) {

@@ -19,9 +19,9 @@ namespace seqpar {
 std::string_view pass_name(PassKind k) { return k == PassKind::kPassQ ? "passq" : "passkv"; }
 
 KvPlacement decode_placement(int64_t cached, int64_t fresh, int ranks, Layout layout) {
-  SEQPAR_ARG_CHECK(cached >= ranks, "--cached ", cached, " is too small: each of the ", ranks,
+  SEQPAR_ARG_CHECK(cached >= ranks, "cached ", cached, " is too small: each of the ", ranks,
                    " ranks needs at least one cached token");
-  SEQPAR_ARG_CHECK(fresh >= 1, "--new ", fresh, " is invalid; it must be at least 1");
+  SEQPAR_ARG_CHECK(fresh >= 1, "new ", fresh, " is invalid; it must be at least 1");
   Partition cache(cached, ranks, layout);
   KvPlacement p;
   p.kv_pos.resize(ranks);

@@ -18,7 +18,8 @@ JointState joint_attention(Strategy strategy, SpComms& comms, const Partition& p
                            const Tensor& text_q, const Tensor& text_k, const Tensor& text_v,
                            const CpOptions& opts, CpStats* stats) {
   Communicator& comm = comms.sp();
-  SEQPAR_ARG_CHECK(!opts.causal, "joint attention (--text-tokens) is bidirectional; drop --causal");
+  SEQPAR_ARG_CHECK(!opts.causal,
+                   "joint attention (text tokens) is bidirectional; causal must be false");
   SEQPAR_ARG_CHECK(text_q.ndim() == 4 && text_k.ndim() == 4 && text_k.shape() == text_v.shape() &&
                        text_q.dim(1) == text_k.dim(1) && text_q.dim(2) == q.dim(2) &&
                        text_k.dim(2) == k.dim(2) && text_q.dim(3) == q.dim(3) &&

@@ -10,8 +10,8 @@ namespace seqpar {
 namespace {
 
 std::string flags_text(const MeshShape& s) {
-  return detail::concat("--cfg ", s.cfg, " x --tp ", s.tp, " x --ring-degree ", s.ring,
-                        " x --ulysses-degree ", s.ulysses);
+  return detail::concat("cfg ", s.cfg, " x tp ", s.tp, " x ring_degree ", s.ring,
+                        " x ulysses_degree ", s.ulysses);
 }
 
 // What would fit a world of n ranks, given the degrees the user chose.
@@ -29,8 +29,8 @@ std::string world_hint(const MeshShape& s, int n) {
       }
       pairs += detail::concat(pairs.empty() ? "" : ", ", d[i], " x ", sp / d[i]);
     }
-    return detail::concat("with --cfg ", s.cfg, " --tp ", s.tp,
-                          ", --ulysses-degree x --ring-degree must be ", sp, " (", pairs, ")");
+    return detail::concat("with cfg ", s.cfg, " tp ", s.tp,
+                          ", ulysses_degree x ring_degree must be ", sp, " (", pairs, ")");
   }
   return detail::concat("every degree must divide ", n, ": ", divisors_text(n),
                         ", and their product equal ", n);
@@ -44,20 +44,20 @@ std::string mesh_shape_text(const MeshShape& s) {
 }
 
 Mesh::Mesh(MeshShape shape, int world_size) : shape_(shape) {
-  const std::pair<const char*, int> degrees[] = {{"--cfg", shape.cfg},
-                                                 {"--tp", shape.tp},
-                                                 {"--ring-degree", shape.ring},
-                                                 {"--ulysses-degree", shape.ulysses}};
+  const std::pair<const char*, int> degrees[] = {{"cfg", shape.cfg},
+                                                 {"tp", shape.tp},
+                                                 {"ring_degree", shape.ring},
+                                                 {"ulysses_degree", shape.ulysses}};
   for (const auto& [flag, d] : degrees)
-    SEQPAR_ARG_CHECK(d >= 1, flag, " ", d, " is invalid; every degree (--cfg, --tp, ",
-                     "--ring-degree, --ulysses-degree) must be at least 1");
+    SEQPAR_ARG_CHECK(d >= 1, flag, " ", d, " is invalid; every degree (cfg, tp, ",
+                     "ring_degree, ulysses_degree) must be at least 1");
   (void)limits::checked_product({shape.cfg, shape.tp, shape.ring, shape.ulysses},
                                 detail::concat("the world size ", flags_text(shape)),
                                 limits::kMaxRanks);
-  SEQPAR_ARG_CHECK(world_size >= 0 && world_size <= limits::kMaxRanks, "--ranks ", world_size,
+  SEQPAR_ARG_CHECK(world_size >= 0 && world_size <= limits::kMaxRanks, "ranks ", world_size,
                    " is invalid; valid: 1 to ", limits::max_text(limits::kMaxRanks));
   SEQPAR_ARG_CHECK(world_size == 0 || world_size == shape.world(), flags_text(shape), " = ",
-                   shape.world(), " ranks, but the world size (--ranks) is ", world_size, "; ",
+                   shape.world(), " ranks, but the world size (ranks) is ", world_size, "; ",
                    world_hint(shape, world_size));
 }
 
@@ -86,20 +86,20 @@ int Mesh::rank_of(int cfg_rank, int tp_rank, int ring_rank, int ulysses_rank) co
 }
 
 void Mesh::check(int64_t heads, int64_t seq) const {
-  SEQPAR_ARG_CHECK(heads >= 1, "--heads ", heads, " is invalid; it must be at least 1");
-  SEQPAR_ARG_CHECK(heads % shape_.tp == 0, "--heads ", heads, " is not divisible by --tp ",
-                   shape_.tp, "; valid --tp for ", heads, " heads: ", divisors_text(heads));
-  SEQPAR_ARG_CHECK(seq >= 1, "--seq ", seq, " is invalid; it must be at least 1");
-  SEQPAR_ARG_CHECK(seq >= shape_.sp(), "--seq ", seq,
+  SEQPAR_ARG_CHECK(heads >= 1, "heads ", heads, " is invalid; it must be at least 1");
+  SEQPAR_ARG_CHECK(heads % shape_.tp == 0, "heads ", heads, " is not divisible by tp ",
+                   shape_.tp, "; valid tp for ", heads, " heads: ", divisors_text(heads));
+  SEQPAR_ARG_CHECK(seq >= 1, "seq ", seq, " is invalid; it must be at least 1");
+  SEQPAR_ARG_CHECK(seq >= shape_.sp(), "seq ", seq,
                    " is shorter than the sequence-parallel size ", shape_.sp(),
-                   " (--ulysses-degree ", shape_.ulysses, " x --ring-degree ", shape_.ring,
-                   "): every sp rank needs a token; valid: --seq >= ", shape_.sp(),
-                   ", or --ulysses-degree x --ring-degree <= ", seq);
+                   " (ulysses_degree ", shape_.ulysses, " x ring_degree ", shape_.ring,
+                   "): every sp rank needs a token; valid: seq >= ", shape_.sp(),
+                   ", or ulysses_degree x ring_degree <= ", seq);
 }
 
 IndexRange Mesh::heads(int64_t heads, int tp_rank) const {
-  SEQPAR_ARG_CHECK(heads >= 1 && heads % shape_.tp == 0, "--heads ", heads,
-                   " is not divisible by --tp ", shape_.tp, "; valid --tp for ", heads,
+  SEQPAR_ARG_CHECK(heads >= 1 && heads % shape_.tp == 0, "heads ", heads,
+                   " is not divisible by tp ", shape_.tp, "; valid tp for ", heads,
                    " heads: ", divisors_text(heads));
   SEQPAR_CHECK(tp_rank >= 0 && tp_rank < shape_.tp, "tp_rank ", tp_rank, " of ", shape_.tp);
   const int64_t per = heads / shape_.tp;
@@ -108,7 +108,7 @@ IndexRange Mesh::heads(int64_t heads, int tp_rank) const {
 
 IndexRange Mesh::tokens(int64_t seq, int cp_rank) const {
   const int n = shape_.sp();
-  SEQPAR_ARG_CHECK(seq >= n, "--seq ", seq, " is shorter than the sequence-parallel size ", n);
+  SEQPAR_ARG_CHECK(seq >= n, "seq ", seq, " is shorter than the sequence-parallel size ", n);
   SEQPAR_CHECK(cp_rank >= 0 && cp_rank < n, "cp_rank ", cp_rank, " of ", n);
   // As Partition(seq, n, kContiguous): the first seq mod n ranks hold one token more.
   const int64_t base = seq / n, extra = seq % n;
@@ -144,6 +144,21 @@ void MeshComms::reset_stats() {
   cfg_->stats().reset();
   tp_->stats().reset();
   sp_comms_->reset_stats();
+}
+
+std::string mesh_rows_json(const Mesh& mesh, int64_t heads, int64_t seq) {
+  std::string out = "[";
+  for (int r = 0; r < mesh.world_size(); ++r) {
+    const MeshCoord c = mesh.coord(r);
+    const IndexRange h = mesh.heads(heads, c.tp_rank);
+    const IndexRange t = mesh.tokens(seq, c.cp_rank);
+    out += detail::concat(r ? "," : "", "{\"rank\":", c.rank, ",\"cfg_rank\":", c.cfg_rank,
+                          ",\"tp_rank\":", c.tp_rank, ",\"ulysses_rank\":", c.ulysses_rank,
+                          ",\"ring_rank\":", c.ring_rank, ",\"cp_rank\":", c.cp_rank,
+                          ",\"heads\":[", h.begin, ",", h.end, "],\"tokens\":[", t.begin, ",",
+                          t.end, "]}");
+  }
+  return out + "]";
 }
 
 }  // namespace seqpar

@@ -21,7 +21,7 @@ Layout parse_layout(std::string_view name) {
   if (name == "striped") return Layout::kStriped;
   if (name == "zigzag") return Layout::kZigzag;
   throw InvalidArgument(
-      detail::concat("--layout '", name, "' is unknown; valid: contiguous, striped, zigzag"));
+      detail::concat("layout '", name, "' is unknown; valid: contiguous, striped, zigzag"));
 }
 
 namespace {
@@ -37,9 +37,9 @@ void append_range(std::vector<int64_t>& v, int64_t begin, int64_t end) {
 }  // namespace
 
 Partition::Partition(int64_t seq, int ranks, Layout layout) : seq_(seq), layout_(layout) {
-  SEQPAR_ARG_CHECK(seq >= 1, "--seq ", seq, " is invalid; it must be at least 1");
-  SEQPAR_ARG_CHECK(ranks >= 1, "--ranks ", ranks, " is invalid; it must be at least 1");
-  SEQPAR_ARG_CHECK(ranks <= seq, "--ranks ", ranks, " exceeds --seq ", seq,
+  SEQPAR_ARG_CHECK(seq >= 1, "seq ", seq, " is invalid; it must be at least 1");
+  SEQPAR_ARG_CHECK(ranks >= 1, "ranks ", ranks, " is invalid; it must be at least 1");
+  SEQPAR_ARG_CHECK(ranks <= seq, "ranks ", ranks, " exceeds seq ", seq,
                    "; every rank needs a token: use at most ", seq, " ranks");
   positions_.resize(ranks);
   for (int r = 0; r < ranks; ++r) {

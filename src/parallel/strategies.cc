@@ -27,7 +27,7 @@ Strategy parse_strategy(std::string_view name) {
   if (name == "ulysses") return Strategy::kUlysses;
   if (name == "usp" || name == "hybrid") return Strategy::kUsp;
   throw InvalidArgument(
-      detail::concat("--strategy '", name, "' is unknown; valid: ring, allgather, ulysses, usp"));
+      detail::concat("strategy '", name, "' is unknown; valid: ring, allgather, ulysses, usp"));
 }
 
 std::string_view ulysses_mode_name(UlyssesMode m) {
@@ -38,7 +38,7 @@ UlyssesMode parse_ulysses_mode(std::string_view name) {
   if (name == "strict") return UlyssesMode::kStrict;
   if (name == "uaa") return UlyssesMode::kUaa;
   throw InvalidArgument(
-      detail::concat("--ulysses-mode '", name, "' is unknown; valid: strict, uaa"));
+      detail::concat("ulysses_mode '", name, "' is unknown; valid: strict, uaa"));
 }
 
 std::string_view softmax_mode_name(SoftmaxMode m) {
@@ -50,15 +50,15 @@ SoftmaxMode parse_softmax_mode(std::string_view name) {
   if (name == "const-max" || name == "const_max" || name == "constmax")
     return SoftmaxMode::kConstMax;
   throw InvalidArgument(
-      detail::concat("--softmax '", name, "' is unknown; valid: online, const-max"));
+      detail::concat("softmax '", name, "' is unknown; valid: online, const-max"));
 }
 
 void check_softmax_mode(Strategy strategy, const CpOptions& opts) {
   SEQPAR_ARG_CHECK(opts.softmax == SoftmaxMode::kOnline || strategy == Strategy::kRing ||
                        strategy == Strategy::kUsp,
-                   "--softmax const-max needs a ring: valid with --strategy ring or usp (its ring "
-                   "part), not ",
-                   strategy_name(strategy));
+                   "softmax 'const-max' needs a ring: valid with strategy 'ring' or 'usp' (its "
+                   "ring part), not '",
+                   strategy_name(strategy), "'");
 }
 
 // ---- communicators -------------------------------------------------------------------------
@@ -66,7 +66,7 @@ void check_softmax_mode(Strategy strategy, const CpOptions& opts) {
 SpComms::SpComms(Communicator& sp, int ulysses_degree)
     : sp_(sp), ulysses_degree_(ulysses_degree == 0 ? sp.size() : ulysses_degree) {
   const int n = sp.size();
-  SEQPAR_ARG_CHECK(ulysses_degree_ >= 1 && n % ulysses_degree_ == 0, "--ulysses-degree ",
+  SEQPAR_ARG_CHECK(ulysses_degree_ >= 1 && n % ulysses_degree_ == 0, "ulysses_degree ",
                    ulysses_degree_, " does not divide the ", n,
                    " ranks; valid: ", divisors_text(n));
   if (ulysses_degree_ != n) ulysses_ = sp.split(sp.rank() / ulysses_degree_, sp.rank());
@@ -140,7 +140,7 @@ void check_strategy_shape(Strategy strategy, const Partition& part, int64_t head
   check_softmax_mode(strategy, opts);
   if (strategy != Strategy::kUlysses && strategy != Strategy::kUsp) return;
   const int u = strategy == Strategy::kUlysses ? n : (ulysses_degree == 0 ? n : ulysses_degree);
-  SEQPAR_ARG_CHECK(u >= 1 && n % u == 0, "--ulysses-degree ", u, " does not divide the ", n,
+  SEQPAR_ARG_CHECK(u >= 1 && n % u == 0, "ulysses_degree ", u, " does not divide the ", n,
                    " ranks; valid: ", divisors_text(n));
   if (opts.ulysses_mode == UlyssesMode::kStrict) {
     // Degrees that would work: for ulysses (degree = ranks) those dividing heads and sequence;
@@ -151,18 +151,18 @@ void check_strategy_shape(Strategy strategy, const Partition& part, int64_t head
                                                        : n % d == 0 && heads % d == 0;
       if (fits) valid += (valid.empty() ? "" : ", ") + std::to_string(d);
     }
-    SEQPAR_ARG_CHECK(heads % u == 0, "--ulysses-mode strict needs --heads ", heads,
+    SEQPAR_ARG_CHECK(heads % u == 0, "ulysses_mode 'strict' needs heads ", heads,
                      " divisible by the Ulysses degree ", u,
                      "; valid degrees here: ", valid.empty() ? "none" : valid,
-                     "; or use --ulysses-mode uaa");
+                     "; or use ulysses_mode 'uaa'");
     // The all-to-all of strict mode needs equal shards inside each Ulysses group.
     for (int r = 0; r < n; ++r) {
       const int first = r / u * u;
-      SEQPAR_ARG_CHECK(part.count(r) == part.count(first), "--ulysses-mode strict needs equal ",
+      SEQPAR_ARG_CHECK(part.count(r) == part.count(first), "ulysses_mode 'strict' needs equal ",
                        "shards in a Ulysses group, but rank ", first, " holds ", part.count(first),
-                       " tokens and rank ", r, " holds ", part.count(r), " (--seq ", part.seq(),
+                       " tokens and rank ", r, " holds ", part.count(r), " (seq ", part.seq(),
                        " on ", n, " ranks, remainder ", part.seq() % n, "); pad to ",
-                       (part.seq() + n - 1) / n * n, " tokens (--pad), or use --ulysses-mode uaa");
+                       (part.seq() + n - 1) / n * n, " tokens (pad), or use ulysses_mode 'uaa'");
     }
   }
   if (strategy == Strategy::kUsp && opts.ulysses_mode == UlyssesMode::kStrict) {
@@ -178,7 +178,7 @@ void check_strategy_shape(Strategy strategy, const Partition& part, int64_t head
                        "usp ring groups hold different lengths after "
                        "the Ulysses exchange (group 0: ",
                        lengths[0], " tokens, group ", g, ": ", lengths[g],
-                       "); make --seq divisible by the ranks or use --ulysses-mode uaa");
+                       "); make seq divisible by the ranks or use ulysses_mode 'uaa'");
   }
 }
 

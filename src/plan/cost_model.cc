@@ -38,7 +38,7 @@ Scheme parse_scheme(std::string_view name) {
   for (Scheme s : {Scheme::kLocal, Scheme::kAllGather, Scheme::kRing, Scheme::kUlysses,
                    Scheme::kUsp, Scheme::kPassKv, Scheme::kPassQ})
     if (scheme_name(s) == name) return s;
-  throw InvalidArgument(detail::concat("--strategy '", name, "' is unknown; valid: allgather, ",
+  throw InvalidArgument(detail::concat("strategy '", name, "' is unknown; valid: allgather, ",
                                        "ring, ulysses, usp (sequences), passkv, passq (over a ",
                                        "cache), local (one sequence-parallel rank)"));
 }
@@ -242,12 +242,12 @@ class MeshModel {
     if (decode) {
       SEQPAR_ARG_CHECK(s == Scheme::kLocal || s == Scheme::kPassKv || s == Scheme::kPassQ,
                        scheme_name(s),
-                       " does not run over a K/V cache (--cached/--new); valid: ", "passkv, passq");
-      SEQPAR_ARG_CHECK(!m.pad, "--cached/--new do not pad");
-      SEQPAR_ARG_CHECK(w_.text_tokens == 0, "--cached/--new take no text tokens");
+                       " does not run over a K/V cache (cached, new); valid: ", "passkv, passq");
+      SEQPAR_ARG_CHECK(!m.pad, "a K/V cache (cached, new) is not padded");
+      SEQPAR_ARG_CHECK(w_.text_tokens == 0, "a K/V cache (cached, new) takes no text tokens");
     } else {
       SEQPAR_ARG_CHECK(s != Scheme::kPassKv && s != Scheme::kPassQ, scheme_name(s),
-                       " runs over a K/V cache: give --cached and --new");
+                       " runs over a K/V cache: give cached and new token counts");
     }
     if (s == Scheme::kAllGather || s == Scheme::kRing || s == Scheme::kPassKv ||
         s == Scheme::kPassQ)
@@ -264,7 +264,7 @@ class MeshModel {
   void place_tokens() {
     const int n = N_;
     if (w_.decode()) {
-      SEQPAR_ARG_CHECK(w_.cached >= n, "--cached ", w_.cached, " is too small: each of the ", n,
+      SEQPAR_ARG_CHECK(w_.cached >= n, "cached ", w_.cached, " is too small: each of the ", n,
                        " sequence-parallel ranks needs at least one cached token");
       S_ = w_.seq;
       place_ = decode_placement(w_.cached, w_.fresh, n, m_.layout);
@@ -842,7 +842,7 @@ void check_mesh_degrees(const Workload& w, int cfg, int tp) {
                    " guidance branches; ", w.model, " runs ", w.cfg_branches,
                    w.cfg_branches == 1 ? " (cfg 1 only)" : " (cfg 1 or 2)");
   SEQPAR_ARG_CHECK(tp == 1 || !w.attention_only, "tp ", tp,
-                   ": a bare attention call (--seq/--heads without --model) plans sequence "
+                   ": a bare attention call (seq and heads without a model) plans sequence "
                    "parallelism only; use tp 1");
   SEQPAR_ARG_CHECK(w.heads % tp == 0, "tp ", tp, " does not divide the ", w.heads,
                    " heads; valid tp: ", divisors_text(w.heads));

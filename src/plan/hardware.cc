@@ -56,7 +56,7 @@ bool file_exists(const std::string& path) {
 
 HardwareProfile read_profile_file(const std::string& path) {
   std::ifstream f(path);
-  SEQPAR_ARG_CHECK(f.good(), "--hardware ", path,
+  SEQPAR_ARG_CHECK(f.good(), "hardware '", path, "'",
                    ": cannot read the file; valid names: ", names_text(),
                    ", or a path to a profile JSON file");
   std::stringstream ss;
@@ -96,7 +96,7 @@ std::vector<std::string> hardware_profile_names() {
 HardwareProfile hardware_profile(std::string_view name) {
   for (const auto& p : builtin_profiles())
     if (p.name == name) return p;
-  throw InvalidArgument(detail::concat("--hardware '", name, "' is unknown; valid: ", names_text(),
+  throw InvalidArgument(detail::concat("hardware '", name, "' is unknown; valid: ", names_text(),
                                        ", or a path to a profile JSON file"));
 }
 
@@ -111,7 +111,7 @@ std::string user_profile_dir() {
 
 HardwareProfile load_hardware_profile(std::string_view name_or_path) {
   const std::string s(name_or_path);
-  SEQPAR_ARG_CHECK(!s.empty(), "--hardware is empty; valid: ", names_text(),
+  SEQPAR_ARG_CHECK(!s.empty(), "hardware is empty; valid: ", names_text(),
                    ", or a path to a profile JSON file");
   const bool is_path = s.find('/') != std::string::npos ||
                        (s.size() > 5 && s.compare(s.size() - 5, 5, ".json") == 0);

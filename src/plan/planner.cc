@@ -182,14 +182,14 @@ std::string nearest_running_worlds(const PlanRequest& req) {
   std::string s;
   for (int w2 = req.world - 1; w2 >= 1 && w2 >= req.world - kNearestTries; --w2)
     if (runs(w2)) {
-      s = detail::concat("--ranks ", w2);
+      s = detail::concat("ranks ", w2);
       break;
     }
   const int64_t last = std::min<int64_t>(
       {4 * int64_t{req.world}, int64_t{req.world} + kNearestTries, limits::kMaxRanks});
   for (int w2 = req.world + 1; w2 <= last && plan_work(req, w2) <= kMaxPlanWork; ++w2)
     if (runs(w2)) {
-      s += detail::concat(s.empty() ? "" : " or ", "--ranks ", w2);
+      s += detail::concat(s.empty() ? "" : " or ", "ranks ", w2);
       break;
     }
   return s.empty() ? "none found" : s;
@@ -344,7 +344,7 @@ int64_t plan_work(const PlanRequest& req, int world) {
 }
 
 Plan make_plan(const PlanRequest& req) {
-  SEQPAR_ARG_CHECK(req.world >= 1 && req.world <= limits::kMaxRanks, "--ranks ", req.world,
+  SEQPAR_ARG_CHECK(req.world >= 1 && req.world <= limits::kMaxRanks, "ranks ", req.world,
                    " is invalid; valid: 1 to ", limits::max_text(limits::kMaxRanks));
   SEQPAR_ARG_CHECK(req.cfg >= 0 && req.tp >= 0 && req.ulysses >= 0 && req.ring >= 0 &&
                        limits::checked_product({std::max(req.cfg, 1), std::max(req.tp, 1),
@@ -358,8 +358,8 @@ Plan make_plan(const PlanRequest& req) {
       " tokens means costing about ", work,
       " steps (token positions, run pairs, rank steps) over every mesh, more than the limit ",
       kMaxPlanWork,
-      "; pin --tp, --ulysses-degree, --ring-degree, --strategy or --layout, or plan fewer "
-      "ranks or tokens (--simulate extrapolates)");
+      "; pin tp, ulysses_degree, ring_degree, strategy or layout, or plan fewer "
+      "ranks or tokens (a simulation extrapolates)");
   Plan plan;
   plan.request = req;
   plan.divisibility = analyse_divisibility(req);
@@ -388,14 +388,14 @@ Plan make_plan(const PlanRequest& req) {
     const MeshCost& smallest = plan.over_memory.front();
     MeshCost best;
     const int w2 = nearest_fitting_world(req, &best);
-    std::string alt = w2 > 0 ? detail::concat("--ranks ", w2, " (", best.mesh.label(), ", ",
+    std::string alt = w2 > 0 ? detail::concat("ranks ", w2, " (", best.mesh.label(), ", ",
                                               gb(best.memory_bytes), " per rank)")
                              : std::string("no world size up to 64x fits");
     throw InvalidArgument(
         detail::concat("no mesh of ", req.world, " ranks fits ", what, " in ",
                        gb(smallest.memory_limit), " per rank: the smallest needs ",
                        gb(smallest.memory_bytes), " (", smallest.mesh.label(), "); nearest: ", alt,
-                       ", or --memory-limit ", std::ceil(smallest.memory_bytes / 1e9), " (GB)"));
+                       ", or memory_limit ", std::ceil(smallest.memory_bytes / 1e9), " (GB)"));
   }
   return plan;
 }

@@ -766,20 +766,20 @@ TEST(FlashArgs, ShapeErrorsThrowInvalidArgument) {
   const Tensor q = random_tensor({1, 8, 6, 16}, 1), k = random_tensor({1, 8, 4, 16}, 2);
   const Tensor k2 = random_tensor({1, 8, 2, 16}, 3);
   const std::string heads = error_of([&] { flash_attention(q, k, k); });
-  EXPECT_EQ(heads, "--heads 6 is not divisible by --kv-heads 4; valid kv-heads: 1, 2, 3, 6");
-  EXPECT_NE(error_of([&] { reference_attention(q, k, k); }).find("--kv-heads 4"),
+  EXPECT_EQ(heads, "heads 6 is not divisible by kv_heads 4; valid kv_heads: 1, 2, 3, 6");
+  EXPECT_NE(error_of([&] { reference_attention(q, k, k); }).find("kv_heads 4"),
             std::string::npos);
   const Tensor q3 = random_tensor({8, 6, 16}, 4);
   EXPECT_NE(error_of([&] { flash_attention(q3, k2, k2); }).find("q must be 4-D"),
             std::string::npos);
   const Tensor kd = random_tensor({1, 8, 2, 32}, 5);
-  EXPECT_NE(error_of([&] { flash_attention(q, kd, kd); }).find("--head-dim"), std::string::npos);
+  EXPECT_NE(error_of([&] { flash_attention(q, kd, kd); }).find("head_dim"), std::string::npos);
   const Tensor kb = random_tensor({2, 8, 2, 16}, 6);
-  EXPECT_NE(error_of([&] { flash_attention(q, kb, kb); }).find("--batch"), std::string::npos);
+  EXPECT_NE(error_of([&] { flash_attention(q, kb, kb); }).find("batch"), std::string::npos);
   const Tensor vs = random_tensor({1, 9, 2, 16}, 7);
   EXPECT_NE(error_of([&] { flash_attention(q, k2, vs); }).find("v shape"), std::string::npos);
   const Tensor kbf = k2.to(DType::kBF16);
-  EXPECT_NE(error_of([&] { flash_attention(q, kbf, k2); }).find("--dtype"), std::string::npos);
+  EXPECT_NE(error_of([&] { flash_attention(q, kbf, k2); }).find("dtype"), std::string::npos);
 
   AttnParams p;
   std::vector<int64_t> pos(7);

@@ -114,18 +114,18 @@ void expect_invalid(Fn fn, std::initializer_list<std::string> fragments) {
 
 TEST(Mesh, ArgumentErrorsListValidChoices) {
   expect_invalid([] { Mesh({.tp = 4, .ring = 8}, 16); },
-                 {"= 32 ranks", "(--ranks) is 16", "--ulysses-degree x --ring-degree must be 4",
+                 {"= 32 ranks", "(ranks) is 16", "ulysses_degree x ring_degree must be 4",
                   "1 x 4, 2 x 2, 4 x 1"});
   expect_invalid([] { Mesh({.tp = 3}, 8); }, {"every degree must divide 8: 1, 2, 4, 8"});
-  expect_invalid([] { Mesh({.tp = 0}); }, {"--tp 0 is invalid"});
-  expect_invalid([] { Mesh({.ulysses = -1}); }, {"--ulysses-degree -1 is invalid"});
+  expect_invalid([] { Mesh({.tp = 0}); }, {"tp 0 is invalid"});
+  expect_invalid([] { Mesh({.ulysses = -1}); }, {"ulysses_degree -1 is invalid"});
   expect_invalid([] { Mesh({.tp = 3}).check(40, 64); },
-                 {"--heads 40 is not divisible by --tp 3", "1, 2, 4, 5, 8, 10, 20, 40"});
-  expect_invalid([] { Mesh({.tp = 3}).heads(40, 0); }, {"not divisible by --tp 3"});
+                 {"heads 40 is not divisible by tp 3", "1, 2, 4, 5, 8, 10, 20, 40"});
+  expect_invalid([] { Mesh({.tp = 3}).heads(40, 0); }, {"not divisible by tp 3"});
   expect_invalid([] { Mesh({.ring = 4, .ulysses = 2}).check(8, 7); },
-                 {"--seq 7 is shorter than the sequence-parallel size 8", "--seq >= 8"});
-  expect_invalid([] { Mesh(MeshShape{}).check(0, 7); }, {"--heads 0"});
-  expect_invalid([] { Mesh(MeshShape{}).check(4, 0); }, {"--seq 0"});
+                 {"seq 7 is shorter than the sequence-parallel size 8", "seq >= 8"});
+  expect_invalid([] { Mesh(MeshShape{}).check(0, 7); }, {"heads 0"});
+  expect_invalid([] { Mesh(MeshShape{}).check(4, 0); }, {"seq 0"});
   EXPECT_NO_THROW(Mesh({.cfg = 2, .tp = 2, .ring = 2, .ulysses = 2}, 16).check(2, 4));
 }
 

@@ -31,6 +31,13 @@ class CommError : public Error {
   explicit CommError(const std::string& msg) : Error(msg) {}
 };
 
+// A communication wait that passed its deadline on this rank (Communicator::timeout()). The
+// other ranks learn of it as a CommError naming this rank.
+class CommTimeout : public CommError {
+ public:
+  explicit CommTimeout(const std::string& msg) : CommError(msg) {}
+};
+
 // "1, 2, 4, 8": the divisors of x (x >= 1), for messages that list the valid degrees or counts.
 // Any int64 takes microseconds (core/limits.h); beyond 32 divisors the middle ones are elided.
 std::string divisors_text(int64_t x);

@@ -84,6 +84,12 @@ class Mesh {
   MeshShape shape_;
 };
 
+// Every rank of `mesh` as the JSON array `seqpar mesh --json` prints (the Python module's
+// Mesh.rows() reads the same text): one object per rank, {"rank", "cfg_rank", "tp_rank",
+// "ulysses_rank", "ring_rank", "cp_rank", "heads": [first, end), "tokens": [first, end)}.
+// Requires mesh.check(heads, seq) to pass.
+std::string mesh_rows_json(const Mesh& mesh, int64_t heads, int64_t seq);
+
 // The sub-communicators of one rank. Each group's rank equals the rank's coordinate on its axis:
 //   cfg():     the cfg ranks with this rank's tp and cp coordinates      (rank = cfg_rank)
 //   tp():      the tp ranks with this rank's cfg and cp coordinates      (rank = tp_rank)

@@ -13,6 +13,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 
 #include "comm/mpi/mpi_internal.h"
 #include "comm/op_rules.h"
@@ -367,7 +368,7 @@ struct MpiCore {
         const std::string missing = collective ? missing_text(timeout) : std::string();
         std::string msg = rules::timeout_message(timeout, who(), what + missing);
         world->abort(msg);
-        throw CommError(msg);
+        throw CommTimeout(msg);
       }
       // Spin briefly (low latency), then yield (MPI progresses only inside MPI calls, so long
       // transfers need frequent polls), then sleep a little on long waits.
@@ -917,24 +918,35 @@ bool mpi_launched() {
   return false;
 }
 
-std::unique_ptr<Communicator> mpi_world() {
+namespace {
+
+// The MPI_Comm whose handle has this value: Open MPI's handles are pointers, MPICH's integers.
+template <typename Comm>
+Comm comm_from_handle(std::uintptr_t handle) {
+  if constexpr (std::is_pointer_v<Comm>)
+    return reinterpret_cast<Comm>(handle);
+  else
+    return static_cast<Comm>(handle);
+}
+
+// A communicator over duplicates of `base` (one for the ops, one for failure messages).
+std::unique_ptr<Communicator> duplicate(MPI_Comm base, const char* what) {
   require_mpi_thread();
   // Non-blocking duplicates, so a rank that never arrives cannot hang the others.
   const auto timeout = Communicator::default_timeout();
   const auto deadline = Clock::now() + timeout;
   MPI_Comm comms[2] = {MPI_COMM_NULL, MPI_COMM_NULL};
   MPI_Request reqs[2];
-  check_mpi(MPI_Comm_idup(MPI_COMM_WORLD, &comms[0], &reqs[0]), "MPI_Comm_idup");
-  check_mpi(MPI_Comm_idup(MPI_COMM_WORLD, &comms[1], &reqs[1]), "MPI_Comm_idup");
+  check_mpi(MPI_Comm_idup(base, &comms[0], &reqs[0]), "MPI_Comm_idup");
+  check_mpi(MPI_Comm_idup(base, &comms[1], &reqs[1]), "MPI_Comm_idup");
   for (;;) {
     int done = 0;
     check_mpi(MPI_Testall(2, reqs, &done, MPI_STATUSES_IGNORE), "MPI_Comm_idup");
     if (done) break;
     if (Clock::now() >= deadline) {
       int rank = 0;
-      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-      throw CommError(rules::timeout_message(timeout, concat("rank ", rank),
-                                             "mpi_world (duplicating MPI_COMM_WORLD)"));
+      MPI_Comm_rank(base, &rank);
+      throw CommTimeout(rules::timeout_message(timeout, concat("rank ", rank), what));
     }
     sched_yield();
   }
@@ -942,6 +954,19 @@ std::unique_ptr<Communicator> mpi_world() {
   MPI_Comm_set_errhandler(comms[1], MPI_ERRORS_RETURN);
   auto world = std::make_shared<MpiWorld>(comms[1]);
   return std::make_unique<MpiCommunicator>(comms[0], std::move(world), true, timeout);
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> mpi_world() {
+  return duplicate(MPI_COMM_WORLD, "mpi_world (duplicating MPI_COMM_WORLD)");
+}
+
+std::unique_ptr<Communicator> mpi_communicator(std::uintptr_t handle) {
+  static_assert(sizeof(MPI_Comm) <= sizeof(std::uintptr_t));
+  const MPI_Comm base = comm_from_handle<MPI_Comm>(handle);
+  SEQPAR_ARG_CHECK(base != MPI_COMM_NULL, "mpi_communicator: the communicator is MPI_COMM_NULL");
+  return duplicate(base, "mpi_communicator (duplicating the application's communicator)");
 }
 
 }  // namespace seqpar

@@ -29,4 +29,8 @@ bool mpi_launched() {
 
 std::unique_ptr<Communicator> mpi_world() { unavailable("mpi_world"); }
 
+std::unique_ptr<Communicator> mpi_communicator(std::uintptr_t) {
+  unavailable("mpi_communicator");
+}
+
 }  // namespace seqpar

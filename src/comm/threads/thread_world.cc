@@ -228,7 +228,7 @@ class ThreadRequest final : public RequestImpl {
         // A lent buffer stays lent (the destructor waits for its release); a posted op fails.
         if (op_->state == State::kPosted) fail_locked(msg);
         world_->abort_locked(world_rank_, msg);
-        throw CommError(msg);
+        throw CommTimeout(msg);
       }
     }
   }
@@ -497,7 +497,7 @@ void ThreadCommunicator::rendezvous(Clock::time_point deadline, const CollSlot* 
                                    detail::concat(coll_name(g.slots[rank_].kind), " (rank(s) ",
                                                   late, " of ", g.size(), " not arrived)"));
         world_->abort_locked(world_rank(), msg);
-        throw CommError(msg);
+        throw CommTimeout(msg);
       }
     }
   }

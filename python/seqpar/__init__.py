@@ -1,0 +1,397 @@
+"""seqpar: sequence (context) parallel attention on PyTorch tensors and NumPy arrays.
+
+Every rank holds the tokens of its shard of the sequence, ``[B, S_local, H, D]`` like flash-attn
+and ring-flash-attention, and gets the attention of its queries over the whole sequence::
+
+    import seqpar, torch
+
+    def rank(comm):
+        q, k, v = (seqpar.Partition(S, comm.size).shard(t, comm.rank) for t in (Q, K, V))
+        return seqpar.attention(q, k, v, comm=comm, strategy="ring", causal=True)
+
+    outs = seqpar.ThreadWorld(2).run(rank)          # ranks as threads of this process
+    # or, under mpirun -np 2 python3 script.py:  rank(seqpar.MpiComm())
+
+Inputs are read in place when they are contiguous (torch CPU tensors or NumPy arrays of fp32,
+bf16 (torch only) or fp16); the result has the input's kind and dtype. ``[S, B, H, D]`` tensors
+(Megatron's layout) are passed as ``x.transpose(0, 1)``, which seqpar copies to make contiguous,
+or better made ``[B, S, H, D]`` once upstream.
+
+Errors: bad arguments raise ValueError with the library's one-line message; communication
+failures raise CommError (a RuntimeError), deadlines CommTimeout (a CommError and TimeoutError).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable, List, Optional, Sequence
+
+import numpy as np
+
+from . import _core
+from ._core import Comm, CommError, CommTimeout
+
+__all__ = [
+    "attention",
+    "decode_attention",
+    "Comm",
+    "CommError",
+    "CommTimeout",
+    "ThreadWorld",
+    "MpiComm",
+    "Stats",
+    "Partition",
+    "Mesh",
+    "plan",
+    "version",
+]
+
+__version__ = _core.version()
+
+
+def version() -> str:
+    """The version of the seqpar library inside this module."""
+    return _core.version()
+
+
+# ---- tensors ---------------------------------------------------------------------------------
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:  # NumPy users need no torch
+        return None
+    return torch
+
+
+def _torch_dtypes(torch):
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+class _Arg:
+    """One tensor argument as the core reads it: contiguous memory by address, kept alive."""
+
+    def __init__(self, name: str, x: Any):
+        torch = _torch()
+        if torch is not None and isinstance(x, torch.Tensor):
+            if x.device.type != "cpu":
+                raise ValueError(f"{name}: seqpar computes on the CPU; got a tensor on {x.device}")
+            dtypes = _torch_dtypes(torch)
+            if x.dtype not in dtypes:
+                raise ValueError(f"{name}: dtype {x.dtype} is not supported; valid: float32, "
+                                 "bfloat16, float16")
+            x = x.detach()
+            if not x.is_contiguous():
+                x = x.contiguous()  # the one copy seqpar makes of an input
+            self.kind, self.dtype, self.address = "torch", dtypes[x.dtype], x.data_ptr()
+        elif isinstance(x, np.ndarray):
+            names = {np.dtype(np.float32): "fp32", np.dtype(np.float16): "fp16"}
+            if x.dtype not in names:
+                raise ValueError(f"{name}: dtype {x.dtype} is not supported; valid: float32, "
+                                 "float16 (bfloat16 through torch)")
+            x = np.ascontiguousarray(x)  # no copy when already C-contiguous
+            self.kind, self.dtype = "numpy", names[x.dtype]
+            self.address = x.__array_interface__["data"][0]
+        else:
+            raise ValueError(f"{name}: expected a torch.Tensor or numpy.ndarray, got "
+                             f"{type(x).__name__}")
+        if x.ndim != 4:
+            raise ValueError(f"{name}: expected (batch, tokens, heads, head_dim), got shape "
+                             f"{tuple(x.shape)}")
+        self.tensor = x
+        self.shape = [int(d) for d in x.shape]
+
+    def buffer(self):
+        return _core._Buffer(self.address, self.shape)
+
+
+def _same_kind(args: Sequence[_Arg]) -> None:
+    first = args[0]
+    for a in args[1:]:
+        if a.kind != first.kind or a.dtype != first.dtype:
+            raise ValueError(f"q, k and v must be of one kind and dtype; got {first.kind} "
+                             f"{first.dtype} and {a.kind} {a.dtype}")
+
+
+def _empty_like(a: _Arg, shape: Sequence[int]):
+    """An output in a's kind and dtype (bf16/fp16 results are converted into it)."""
+    if a.kind == "torch":
+        return a.tensor.new_empty(tuple(shape))
+    return np.empty(tuple(shape), dtype=a.tensor.dtype)
+
+
+def _wrap(a: _Arg, buf):
+    """An fp32 result buffer of seqpar's as a's kind, without a copy (the array keeps it alive)."""
+    arr = np.asarray(buf)
+    return _torch().from_numpy(arr) if a.kind == "torch" else arr
+
+
+def _result(a: _Arg, out_shape, core_call):
+    if a.dtype == "fp32":
+        out, *rest = core_call(_core._Buffer(0, []))
+        return (_wrap(a, out), *rest)
+    out = _empty_like(a, out_shape)
+    address = out.data_ptr() if a.kind == "torch" else out.__array_interface__["data"][0]
+    _, *rest = core_call(_core._Buffer(address, list(out_shape)))
+    return (out, *rest)
+
+
+# ---- attention -------------------------------------------------------------------------------
+
+
+def attention(q, k, v, *, comm: Comm, strategy: str = "ring", layout: str = "contiguous",
+              causal: bool = False, ulysses_degree: Optional[int] = None,
+              ring_degree: Optional[int] = None, ulysses_mode: str = "uaa", pad: bool = False,
+              seq_len: Optional[int] = None, text_tokens: int = 0, softmax: str = "online",
+              softmax_scale: Optional[float] = None, return_lse: bool = False):
+    """Attention of this rank's queries over the whole sharded sequence.
+
+    q: (B, S_local, H, D); k, v: (B, S_local, Hkv, D), Hkv dividing H (GQA). This rank's tokens
+    are those ``Partition(S, comm.size, layout)`` gives it, S being the ranks' S_local summed;
+    with layout "contiguous" the ranks may hold runs of any lengths (rank order).
+
+    strategy: "ring" (pass-KV, overlapped), "allgather", "ulysses", "usp" (ulysses_degree x
+    ring_degree = ranks). layout: "contiguous", "striped", "zigzag" (balanced causal).
+    ulysses_mode: "uaa" (any length and head count) or "strict". pad=True with seq_len: the ranks
+    hold a sequence padded past seq_len real tokens; keys at positions >= seq_len are masked.
+    text_tokens=T: the last T rows of q, k, v are text tokens replicated on every rank (MMDiT
+    joint attention, bidirectional); the output's last T rows are theirs. softmax: "online" or
+    "const-max" (rings only). softmax_scale: default 1/sqrt(D).
+
+    Returns the output (B, S_local, H, D) in q's kind and dtype; with return_lse also the
+    log-sum-exp (B, S_local, H), fp32, natural log. The GIL is released while seqpar computes.
+    ``comm.last_stats`` then holds what the call did.
+    """
+    args = [_Arg("q", q), _Arg("k", k), _Arg("v", v)]
+    _same_kind(args)
+    a = _core._AttentionArgs()
+    a.strategy, a.layout, a.ulysses_mode, a.softmax = strategy, layout, ulysses_mode, softmax
+    a.dtype, a.causal, a.pad = args[0].dtype, bool(causal), bool(pad)
+    a.ulysses_degree = _degree("ulysses_degree", ulysses_degree)
+    a.ring_degree = _degree("ring_degree", ring_degree)
+    a.text_tokens = int(text_tokens)
+    a.seq_len = 0 if seq_len is None else int(seq_len)
+    if pad and a.seq_len < 1:
+        raise ValueError("attention: pad=True needs seq_len, the number of real tokens (at "
+                         "least 1)")
+    a.scale = 0.0 if softmax_scale is None else float(softmax_scale)
+    qa, ka, va = args
+    out, lse = _result(qa, qa.shape, lambda out_buf: _core._attention(
+        comm, qa.buffer(), ka.buffer(), va.buffer(), out_buf, a))
+    return (out, _wrap(qa, lse)) if return_lse else out
+
+
+def _degree(name: str, value: Optional[int]) -> int:
+    if value is None:
+        return 0
+    if int(value) < 1:
+        raise ValueError(f"attention: {name} {value} is invalid; it must be at least 1")
+    return int(value)
+
+
+def decode_attention(q, k_cache, v_cache, *, comm: Comm, pass_: str = "auto", causal: bool = True,
+                     softmax_scale: Optional[float] = None, hardware: str = "cpu-ethernet",
+                     return_lse: bool = False):
+    """Attention of new queries over a K/V cache sharded across the ranks (decode, partial
+    prefill).
+
+    q: (B, T_local, H, D) this rank's new queries (T_local may be 0); k_cache, v_cache:
+    (B, P_local, Hkv, D) this rank's share of the cache. The ranks' cache rows in rank order are
+    the sequence; the ranks' queries in rank order are its newest tokens (their keys and values
+    are in the cache), so with causal=True each query sees the keys up to its own position.
+
+    pass_: "q" (queries travel, partial states merge back by LSE), "kv" (the cache rotates
+    around the ring) or "auto" (Meta's rule on the `hardware` profile's compute and network
+    rates). ``comm.last_stats`` holds what the call did; ``comm.last_pass`` which pass ran.
+    """
+    args = [_Arg("q", q), _Arg("k_cache", k_cache), _Arg("v_cache", v_cache)]
+    _same_kind(args)
+    qa, ka, va = args
+    scale = 0.0 if softmax_scale is None else float(softmax_scale)
+    out, lse = _result(qa, qa.shape, lambda out_buf: _core._decode_attention(
+        comm, qa.buffer(), ka.buffer(), va.buffer(), out_buf, pass_, qa.dtype, bool(causal),
+        scale, hardware))
+    return (out, _wrap(qa, lse)) if return_lse else out
+
+
+# ---- communicators ---------------------------------------------------------------------------
+
+
+@dataclass
+class Stats:
+    """What the last attention call did on this rank (the per-rank figures of `seqpar run`).
+
+    bytes_sent, bytes_recv: bytes this rank moved (all communicators of the strategy);
+    bytes_by_op: {"send_recv": (sent, recv), "all_to_all": ..., ...};
+    seconds: wall time of the call; compute_seconds: in the kernel and merges; wait_seconds:
+    blocked on communication; exposed_comm_fraction: (wait - end sync) / seconds, as
+    ``exposed_comm_fraction`` of ``seqpar run --json``; peak_kv_bytes, measured_kv_bytes: K/V
+    held at once (predicted, allocated); work: visible score elements; fallback_rows:
+    const-max rows that fell back to online softmax; input_addresses: where the strategy read q,
+    k and v (the caller's memory when nothing was copied).
+    """
+
+    bytes_sent: int = 0
+    bytes_recv: int = 0
+    bytes_by_op: dict = field(default_factory=dict)
+    seconds: float = 0.0
+    compute_seconds: float = 0.0
+    wait_seconds: float = 0.0
+    end_sync_seconds: float = 0.0
+    exposed_comm_fraction: float = 0.0
+    peak_kv_bytes: int = 0
+    measured_kv_bytes: int = 0
+    work: int = 0
+    fallback_rows: int = 0
+    input_addresses: tuple = (0, 0, 0)
+
+
+Comm.last_stats = property(lambda self: Stats(**self._last_stats()),
+                           doc="Stats of the last attention call on this rank.")
+
+
+def _set_timeout(self, seconds: float) -> None:
+    """Sets the deadline of every communication wait of this rank, in seconds."""
+    self._set_timeout(float(seconds))
+
+
+Comm.set_timeout = _set_timeout
+
+
+class ThreadWorld:
+    """n ranks as threads of this process (seqpar's threads backend; no launcher).
+
+    ``ThreadWorld(4).run(fn, *args)`` calls ``fn(comm, *args)`` on 4 threads, one per rank, and
+    returns their results in rank order. Each thread holds the GIL only while it runs Python;
+    seqpar calls release it. A rank's exception stops the others' communication and is raised
+    by run(). A rank's comm is valid only inside run().
+
+    timeout: seconds every communication wait may take (default SEQPAR_TIMEOUT_S or 60).
+    threads: kernel threads per rank (default cores / n).
+    """
+
+    def __init__(self, n: int, *, timeout: Optional[float] = None, threads: Optional[int] = None):
+        self.n = int(n)
+        self.timeout = 0.0 if timeout is None else float(timeout)
+        self.threads = 0 if threads is None else int(threads)
+
+    def run(self, fn: Callable[..., Any], *args, **kwargs) -> List[Any]:
+        return _core._run_threads(self.n, lambda comm: fn(comm, *args, **kwargs), self.timeout,
+                                  self.threads)
+
+
+def MpiComm(mpi4py_comm=None) -> Comm:
+    """seqpar's communicator over an mpi4py communicator (default MPI.COMM_WORLD), so a script
+    launched with ``mpirun -np N python3 script.py`` shares its MPI world with seqpar.
+
+    Collective over that communicator. seqpar uses a duplicate of it; mpi4py keeps initializing
+    and finalizing MPI.
+    """
+    return _core._mpi_comm(mpi4py_comm)
+
+
+# ---- partitions and meshes -------------------------------------------------------------------
+
+
+class Partition:
+    """Which global token positions each rank holds (the sharding every strategy assumes).
+
+    layout: "contiguous" (rank r holds one run; the first S mod N ranks one token more),
+    "striped" (token i on rank i mod N), "zigzag" (2N chunks, rank r holds chunks r and
+    2N-1-r; balances causal work).
+    """
+
+    def __init__(self, seq: int, ranks: int, layout: str = "contiguous"):
+        self.seq, self.ranks, self.layout = int(seq), int(ranks), layout
+        self._positions = [np.asarray(p) for p in
+                           _core._partition_positions(self.seq, self.ranks, layout)]
+
+    def positions(self, rank: int) -> np.ndarray:
+        """Ascending global positions of rank's tokens (int64)."""
+        return self._positions[rank]
+
+    def count(self, rank: int) -> int:
+        return len(self._positions[rank])
+
+    def shard(self, full, rank: int, dim: int = 1):
+        """rank's rows of a full tensor (the sequence along `dim`, default 1 for [B, S, ...])."""
+        pos = self._positions[rank]
+        torch = _torch()
+        if torch is not None and isinstance(full, torch.Tensor):
+            if self.layout == "contiguous":  # one run: a view, made contiguous by the caller
+                return full.narrow(dim, int(pos[0]), len(pos)).contiguous()
+            return full.index_select(dim, torch.from_numpy(pos).to(full.device))
+        return np.ascontiguousarray(np.take(full, pos, axis=dim))
+
+    def unshard(self, shards: Sequence[Any], dim: int = 1):
+        """The full tensor from every rank's shard (inverse of shard)."""
+        first = shards[0]
+        torch = _torch()
+        shape = list(first.shape)
+        shape[dim] = self.seq
+        if torch is not None and isinstance(first, torch.Tensor):
+            full = first.new_empty(shape)
+            for r, s in enumerate(shards):
+                full.index_copy_(dim, torch.from_numpy(self._positions[r]).to(full.device), s)
+            return full
+        full = np.empty(shape, dtype=first.dtype)
+        for r, s in enumerate(shards):
+            index = [slice(None)] * len(shape)
+            index[dim] = self._positions[r]
+            full[tuple(index)] = s
+        return full
+
+
+class Mesh:
+    """The process mesh world = cfg x tp x ring x ulysses (outermost first), as ``seqpar mesh``.
+
+    Names follow vLLM-Omni and xDiT. ranks: the world size to check against (default the
+    product).
+    """
+
+    def __init__(self, *, ulysses_degree: int = 1, ring_degree: int = 1, tp: int = 1, cfg: int = 1,
+                 ranks: Optional[int] = None):
+        self.ulysses_degree, self.ring_degree = int(ulysses_degree), int(ring_degree)
+        self.tp, self.cfg = int(tp), int(cfg)
+        self.ranks = 0 if ranks is None else int(ranks)
+        self.world_size = self.cfg * self.tp * self.ring_degree * self.ulysses_degree
+        self.sequence_parallel_size = self.ulysses_degree * self.ring_degree
+
+    def rows(self, heads: int, seq: int) -> List[dict]:
+        """One dict per rank, the rows of ``seqpar mesh --json``: rank, cfg_rank, tp_rank,
+        ulysses_rank, ring_rank, cp_rank, heads [first, end), tokens [first, end)."""
+        return json.loads(_core._mesh_rows_json(self.cfg, self.tp, self.ring_degree,
+                                                self.ulysses_degree, self.ranks, int(heads),
+                                                int(seq)))
+
+
+def plan(*, ranks: int = 8, model: Optional[str] = None, seq: int = 0, heads: int = 0,
+         kv_heads: int = 0, head_dim: int = 128, batch: int = 1, causal: bool = False,
+         frames: int = 0, height: int = 0, width: int = 0, text_tokens: Optional[int] = None,
+         guidance: bool = True, hardware: str = "h100", ranks_per_node: Optional[int] = None,
+         memory_limit_gb: float = 0.0, dtype: Optional[str] = None, cfg: int = 0, tp: int = 0,
+         ulysses_degree: int = 0, ring_degree: int = 0, strategy: Optional[str] = None,
+         layout: Optional[str] = None, ulysses_mode: Optional[str] = None,
+         pad: Optional[bool] = None, cached: int = 0, new: int = 0, top: int = 15) -> dict:
+    """Which parallel layout to use, before anything runs: the ``seqpar plan --json`` object.
+
+    A model preset (``model="wan2.1-t2v-14b", frames=33, height=240, width=432``, or
+    ``model="llama3-405b", cached=124800, new=3200``) or one bare attention call (``seq``,
+    ``heads``, ``kv_heads``, ``head_dim``, ``causal``) on ``ranks`` ranks of the ``hardware``
+    profile (h100, h200, cpu-ethernet, local, or a JSON file). Degrees left 0 and options left
+    None are enumerated. ``top``: meshes with per-rank detail (0: all). Keys: seq_len, remainder,
+    divisibility, meshes (fastest first), over_memory, rejected, and for decode the pass choice.
+    """
+    s = _core._PlanSpec()
+    s.model = model or ""
+    s.frames, s.height, s.width, s.seq = int(frames), int(height), int(width), int(seq)
+    s.heads, s.kv_heads, s.head_dim, s.batch = int(heads), int(kv_heads), int(head_dim), int(batch)
+    s.causal, s.text_tokens, s.guidance = bool(causal), text_tokens, bool(guidance)
+    s.ranks, s.ranks_per_node, s.memory_limit_gb = int(ranks), ranks_per_node, float(memory_limit_gb)
+    s.dtype, s.strategy, s.layout = dtype or "", strategy or "", layout or ""
+    s.ulysses_mode, s.pad = ulysses_mode or "", pad
+    s.cfg, s.tp, s.ulysses_degree, s.ring_degree = int(cfg), int(tp), int(ulysses_degree), int(ring_degree)
+    s.cached, s.new = int(cached), int(new)
+    return json.loads(_core._plan_json(s, hardware, int(top)))

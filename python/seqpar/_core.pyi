@@ -1,0 +1,90 @@
+"""Type stubs of seqpar._core, the C++ extension under the package seqpar (whose own
+__init__.py carries its types). Use the package, not this module."""
+
+from typing import Callable, List, Optional, Tuple
+
+class CommError(RuntimeError):
+    """A communication failure: a peer that failed or died, a mismatched collective."""
+
+class CommTimeout(CommError, TimeoutError):
+    """A communication wait on this rank that passed its deadline."""
+
+class Comm:
+    """A rank's communicator (ThreadWorld.run hands one to each rank; MpiComm makes one)."""
+    @property
+    def rank(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def last_pass(self) -> Optional[str]: ...
+    def barrier(self) -> None: ...
+    def close(self) -> None: ...
+    def _last_stats(self) -> dict: ...
+    def _set_timeout(self, seconds: float) -> None: ...
+
+class _HostBuffer:
+    """Memory of seqpar's (fp32 results, int64 positions) read through the buffer protocol."""
+    def __buffer__(self, flags: int) -> memoryview: ...
+
+class _Buffer:
+    def __init__(self, address: int, shape: List[int]) -> None: ...
+
+class _AttentionArgs:
+    strategy: str
+    layout: str
+    ulysses_mode: str
+    softmax: str
+    dtype: str
+    causal: bool
+    pad: bool
+    ulysses_degree: int
+    ring_degree: int
+    text_tokens: int
+    seq_len: int
+    scale: float
+    def __init__(self) -> None: ...
+
+def _attention(comm: Comm, q: _Buffer, k: _Buffer, v: _Buffer, out: _Buffer,
+               args: _AttentionArgs) -> Tuple[Optional[_HostBuffer], _HostBuffer]: ...
+def _decode_attention(comm: Comm, q: _Buffer, k: _Buffer, v: _Buffer, out: _Buffer, pass_: str,
+                      dtype: str, causal: bool, scale: float,
+                      hardware: str) -> Tuple[Optional[_HostBuffer], _HostBuffer]: ...
+def _run_threads(n: int, fn: Callable[[Comm], object], timeout_s: float,
+                 threads: int) -> list: ...
+def _mpi_comm(mpi4py_comm: object) -> Comm: ...
+def _partition_positions(seq: int, ranks: int, layout: str) -> List[_HostBuffer]: ...
+def _mesh_rows_json(cfg: int, tp: int, ring: int, ulysses: int, ranks: int, heads: int,
+                    seq: int) -> str: ...
+class _PlanSpec:
+    model: str
+    frames: int
+    height: int
+    width: int
+    seq: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    batch: int
+    causal: bool
+    text_tokens: Optional[int]
+    guidance: bool
+    ranks: int
+    ranks_per_node: Optional[int]
+    memory_limit_gb: float
+    dtype: str
+    cfg: int
+    tp: int
+    ulysses_degree: int
+    ring_degree: int
+    strategy: str
+    layout: str
+    ulysses_mode: str
+    pad: Optional[bool]
+    cached: int
+    new: int
+    def __init__(self) -> None: ...
+
+def _plan_json(spec: _PlanSpec, hardware: str, top: int) -> str: ...
+def version() -> str: ...

@@ -1,0 +1,632 @@
+// seqpar._core: the C++ side of the Python module seqpar (python/seqpar/__init__.py is the
+// public face). Tensors cross this boundary as (address, shape, dtype) of contiguous memory the
+// Python side owns and keeps alive for the call, so no input is copied; fp32 results come back
+// as NumPy arrays that own seqpar's buffers, bf16/fp16 results are converted into tensors the
+// Python side allocated. Every call into the library releases the GIL.
+//
+// Thread-safety: a Comm belongs to its rank (one Python thread under ThreadWorld, the main thread
+// under MPI), like the Communicator it wraps.
+#include <omp.h>
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "seqpar/comm/mpi.h"
+#include "seqpar/comm/threads.h"
+#include "seqpar/core/limits.h"
+#include "seqpar/core/timer.h"
+#include "seqpar/parallel/decode.h"
+#include "seqpar/parallel/mesh.h"
+#include "seqpar/parallel/partition.h"
+#include "seqpar/parallel/strategies.h"
+#include "seqpar/plan/hardware.h"
+#include "seqpar/version.h"
+
+namespace py = pybind11;
+
+namespace seqpar::python {
+// seqpar.plan's part of the module (plan.cc: plan/ and parallel/ both name a type Mesh).
+void bind_plan(py::module_& m);
+}  // namespace seqpar::python
+
+namespace seqpar::python {
+namespace {
+
+// What one attention call did on this rank: CommStats and CpStats of the call, as `seqpar run`
+// reports them per rank.
+struct CallStats {
+  uint64_t bytes_sent = 0, bytes_recv = 0;
+  std::vector<std::pair<std::string, std::array<uint64_t, 2>>> by_op;  // op -> (sent, recv)
+  double seconds = 0;          // wall time of the call on this rank
+  double compute_seconds = 0;  // inside the local kernel and merges
+  double wait_seconds = 0;     // blocked on communication
+  double end_sync_seconds = 0;
+  int64_t peak_kv_bytes = 0, measured_kv_bytes = 0, work = 0, fallback_rows = 0;
+  // Addresses of q, k, v as the strategy read them: the caller's memory when nothing was copied.
+  std::array<uintptr_t, 3> input_addresses{};
+
+  // Communication wait during the steps / call time (end-of-call sync excluded), as
+  // exposed_comm_fraction of `seqpar run --json`.
+  double exposed_comm_fraction() const {
+    return seconds > 0 ? (wait_seconds - end_sync_seconds) / seconds : 0;
+  }
+};
+
+// A rank's communicator as Python sees it. Under ThreadWorld it borrows the rank's communicator
+// for the duration of run() and is invalidated after; MpiComm owns its communicator.
+class Comm {
+ public:
+  explicit Comm(Communicator* borrowed) : comm_(borrowed) {}
+  explicit Comm(std::unique_ptr<Communicator> owned) : owned_(std::move(owned)), comm_(owned_.get()) {}
+
+  Communicator& get() {
+    if (comm_ == nullptr)
+      throw Error("this communicator is closed: a ThreadWorld rank's comm is valid only inside run()");
+    return *comm_;
+  }
+  // The communicators of a strategy with this Ulysses degree (0 = all ranks), split once and
+  // kept: splitting is collective, so every rank asks for the same degrees in the same order.
+  SpComms& sp_comms(int ulysses_degree) {
+    Communicator& c = get();
+    const int u = ulysses_degree == 0 ? c.size() : ulysses_degree;
+    if (!sp_ || sp_->ulysses_degree() != u) {
+      sp_.reset();
+      sp_ = std::make_unique<SpComms>(c, u);
+    }
+    return *sp_;
+  }
+  void close() {
+    sp_.reset();
+    comm_ = nullptr;
+    owned_.reset();
+  }
+  CallStats last;
+  std::string last_pass;  // decode_attention: "q" or "kv", the pass the last call ran
+
+ private:
+  std::unique_ptr<Communicator> owned_;
+  Communicator* comm_;
+  std::unique_ptr<SpComms> sp_;
+};
+
+// A contiguous tensor of the caller's, by address.
+struct Buffer {
+  uintptr_t address = 0;
+  std::vector<int64_t> shape;
+};
+
+Tensor view(const Buffer& b, DType dtype) {
+  return Tensor::borrow(reinterpret_cast<const void*>(b.address), b.shape, dtype);
+}
+
+// Memory of seqpar's (a result Tensor, a list of positions) that Python reads through the buffer
+// protocol: np.asarray(buffer) is a view that keeps it alive, with no copy. The buffer protocol,
+// unlike pybind11's NumPy API, does not depend on the NumPy version.
+struct HostBuffer {
+  std::shared_ptr<void> owner;
+  void* data = nullptr;
+  std::vector<py::ssize_t> shape;
+  py::ssize_t itemsize = 4;
+  std::string format;  // struct-module code: "f" (fp32), "q" (int64)
+
+  py::buffer_info info() const {
+    std::vector<py::ssize_t> strides(shape.size());
+    py::ssize_t stride = itemsize;
+    for (size_t i = shape.size(); i-- > 0;) {
+      strides[i] = stride;
+      stride *= shape[i];
+    }
+    return py::buffer_info(data, itemsize, format, static_cast<py::ssize_t>(shape.size()), shape,
+                           strides);
+  }
+};
+
+// An fp32 tensor of seqpar's handed to Python without a copy.
+HostBuffer to_host(Tensor&& t) {
+  auto owner = std::make_shared<Tensor>(std::move(t));
+  HostBuffer b;
+  b.data = owner->raw();
+  b.shape.assign(owner->shape().begin(), owner->shape().end());
+  b.format = py::format_descriptor<float>::format();
+  b.owner = std::move(owner);
+  return b;
+}
+
+// Rows [row0, row0 + n) of every batch of `src` (B, n, ...) fp32 into rows [dst_row0, ...) of the
+// caller's `dst` (B, dst_rows, ...) in `dtype`.
+void write_rows(const Tensor& src, int64_t dst_rows, int64_t dst_row0, DType dtype, uintptr_t dst) {
+  const int64_t B = src.dim(0), n = src.dim(1), row = src.numel() / std::max<int64_t>(1, B * n);
+  char* out = reinterpret_cast<char*>(dst);
+  const size_t e = dtype_size(dtype);
+  for (int64_t b = 0; b < B; ++b)
+    convert(src.data<float>() + b * n * row, DType::kF32, out + ((b * dst_rows + dst_row0) * row) * e,
+            dtype, static_cast<size_t>(n * row));
+}
+
+// Rows [row0, row0 + n) of every batch of a caller's (B, rows, ...) tensor: a view when the rows
+// are contiguous (B == 1 or all rows), else a copy.
+Tensor rows_of(const Buffer& b, DType dtype, int64_t row0, int64_t n) {
+  const int64_t B = b.shape[0], rows = b.shape[1], row = b.shape[2] * b.shape[3];
+  const size_t e = dtype_size(dtype);
+  const char* base = reinterpret_cast<const char*>(b.address);
+  if (B == 1 || (row0 == 0 && n == rows))
+    return Tensor::borrow(base + row0 * row * e, {B, n, b.shape[2], b.shape[3]}, dtype);
+  Tensor t({B, n, b.shape[2], b.shape[3]}, dtype);
+  for (int64_t i = 0; i < B; ++i)
+    std::memcpy(static_cast<char*>(t.raw()) + i * n * row * e, base + (i * rows + row0) * row * e,
+                n * row * e);
+  return t;
+}
+
+// Everything the ranks must agree on, checked across ranks before any strategy runs (a mismatch
+// would otherwise surface as a hang or a confusing size error inside a collective).
+struct Agreement {
+  int64_t batch, heads, kv_heads, head_dim, dtype, text_tokens, option_hash;
+};
+
+int64_t options_hash(const std::string& s) {
+  return static_cast<int64_t>(std::hash<std::string>{}(s) & 0x7fffffffffffffff);
+}
+
+// The partition of a call: every rank's token count all-gathered; the layout's own partition of
+// their sum when the counts are the layout's, else (contiguous layout) contiguous runs of the
+// given lengths. Also checks that the ranks agree on everything else.
+Partition gather_partition(Communicator& comm, Layout layout, int64_t local, const Agreement& mine) {
+  const int n = comm.size();
+  std::array<int64_t, 8> row = {local,          mine.batch,       mine.heads,
+                                mine.kv_heads,  mine.head_dim,    mine.dtype,
+                                mine.text_tokens, mine.option_hash};
+  std::vector<int64_t> all(8 * static_cast<size_t>(n));
+  comm.all_gather(row.data(), sizeof(row), all.data());
+  std::vector<int64_t> counts(n);
+  int64_t seq = 0;
+  for (int r = 0; r < n; ++r) {
+    counts[r] = all[8 * r];
+    seq += counts[r];
+    for (int f = 1; f < 8; ++f) {
+      static const char* kNames[] = {"", "batch", "heads", "kv heads", "head_dim", "dtype",
+                                     "text_tokens", "options"};
+      SEQPAR_ARG_CHECK(all[8 * r + f] == row[f], "attention: rank ", r, " and rank ", comm.rank(),
+                       " called with different ", kNames[f],
+                       "; every rank passes the same shapes (but its own tokens) and options");
+    }
+  }
+  for (int r = 0; r < n; ++r)
+    SEQPAR_ARG_CHECK(counts[r] >= 1, "attention: rank ", r,
+                     " holds no tokens; every rank needs at least one");
+  Partition part(seq, n, layout);
+  bool same = true;
+  for (int r = 0; r < n; ++r) same = same && part.count(r) == counts[r];
+  if (same) return part;
+  SEQPAR_ARG_CHECK(layout == Layout::kContiguous, "attention: the ranks hold ", [&] {
+    std::string s;
+    for (int r = 0; r < n; ++r) s += detail::concat(r ? ", " : "", counts[r]);
+    return s;
+  }(), " tokens, but layout ", layout_name(layout), " of ", seq, " tokens over ", n,
+                   " ranks gives rank ", comm.rank(), " ", part.count(comm.rank()),
+                   "; shard with seqpar.Partition(", seq, ", ", n, ", \"", layout_name(layout),
+                   "\") or use layout \"contiguous\" for uneven runs");
+  return Partition::from_counts(counts);
+}
+
+void record(Comm& c, const CommStats& s, const CpStats& cps, double seconds,
+            std::array<uintptr_t, 3> addresses) {
+  CallStats& st = c.last;
+  st = CallStats{};
+  st.bytes_sent = s.total_sent();
+  st.bytes_recv = s.total_recv();
+  for (size_t i = 0; i < static_cast<size_t>(OpKind::kCount); ++i)
+    if (s.ops[i] > 0)
+      st.by_op.push_back({std::string(op_kind_name(static_cast<OpKind>(i))),
+                          {s.bytes_sent[i], s.bytes_recv[i]}});
+  st.seconds = seconds;
+  st.compute_seconds = cps.compute_seconds;
+  st.wait_seconds = cps.wait_seconds;
+  st.end_sync_seconds = cps.end_sync_seconds;
+  st.peak_kv_bytes = cps.peak_kv_bytes;
+  st.measured_kv_bytes = cps.measured_kv_bytes;
+  st.work = cps.work;
+  st.fallback_rows = cps.fallback_rows;
+  st.input_addresses = addresses;
+}
+
+struct AttentionArgs {
+  std::string strategy = "ring", layout = "contiguous", ulysses_mode = "uaa",
+              softmax = "online", dtype = "fp32";
+  bool causal = false, pad = false;
+  int ulysses_degree = 0, ring_degree = 0;
+  int64_t text_tokens = 0, seq_len = 0;
+  double scale = 0;
+};
+
+// The Ulysses degree of a strategy from the two optional degrees (0 = not given), in the
+// library's words.
+int resolve_ulysses_degree(Strategy s, int n, int64_t heads, int u, int r) {
+  SEQPAR_ARG_CHECK(u >= 0 && r >= 0, "ulysses_degree and ring_degree must be positive");
+  switch (s) {
+    case Strategy::kUsp:
+      if (u == 0 && r == 0) {
+        u = 1;  // the largest divisor of the ranks that divides the heads
+        for (int64_t d : limits::divisors(n))
+          if (heads % d == 0) u = static_cast<int>(d);
+      }
+      if (u == 0) u = r > 0 && n % r == 0 ? n / r : 0;
+      if (r == 0) r = u > 0 && n % u == 0 ? n / u : 0;
+      SEQPAR_ARG_CHECK(u > 0 && r > 0 && u * r == n, "ulysses_degree ", u, " x ring_degree ", r,
+                       " must equal the ", n, " ranks; valid ulysses degrees: ", divisors_text(n));
+      return u;
+    case Strategy::kUlysses:
+      SEQPAR_ARG_CHECK((u == 0 || u == n) && (r == 0 || r == 1), "strategy ulysses uses all ", n,
+                       " ranks as one Ulysses group; for ulysses_degree ", u, " ring_degree ", r,
+                       " use strategy \"usp\"");
+      return n;
+    default:
+      SEQPAR_ARG_CHECK((u == 0 || u == 1) && (r == 0 || r == n), "strategy ", strategy_name(s),
+                       " takes no ulysses_degree or ring_degree; use strategy \"usp\" to combine",
+                       " them");
+      return 1;
+  }
+}
+
+// attention over this rank's shard q (B, n + T, H, D), k, v (B, n + T, Hkv, D), the last T rows
+// being the replicated text tokens (joint attention) when text_tokens = T > 0. Writes the output
+// into `out` (same shape as q, the input dtype) when out.address != 0, else returns it as an fp32
+// array; returns the lse (B, n + T, H) fp32.
+py::tuple attention(Comm& c, const Buffer& q, const Buffer& k, const Buffer& v, const Buffer& out,
+                    const AttentionArgs& a) {
+  const DType dtype = parse_dtype(a.dtype);
+  const Strategy strategy = parse_strategy(a.strategy);
+  const Layout layout = parse_layout(a.layout);
+  CpOptions opts;
+  opts.causal = a.causal;
+  opts.scale = static_cast<float>(a.scale);
+  opts.ulysses_mode = parse_ulysses_mode(a.ulysses_mode);
+  opts.softmax = parse_softmax_mode(a.softmax);
+  check_softmax_mode(strategy, opts);
+  SEQPAR_ARG_CHECK(q.shape.size() == 4 && k.shape.size() == 4 && v.shape.size() == 4,
+                   "attention: q, k and v are (batch, tokens, heads, head_dim); got ",
+                   q.shape.size(), ", ", k.shape.size(), " and ", v.shape.size(), " dimensions");
+  const int64_t B = q.shape[0], rows = q.shape[1], H = q.shape[2], D = q.shape[3];
+  const int64_t Hkv = k.shape[2], T = a.text_tokens;
+  SEQPAR_ARG_CHECK(k.shape == v.shape, "attention: k and v differ in shape");
+  SEQPAR_ARG_CHECK(k.shape[0] == B && k.shape[1] == rows && k.shape[3] == D,
+                   "attention: k and v must be (", B, ", ", rows, ", kv_heads, ", D,
+                   ") like q's batch, tokens and head_dim");
+  SEQPAR_ARG_CHECK(H >= 1 && Hkv >= 1 && H % Hkv == 0, "attention: heads ", H,
+                   " is not divisible by kv heads ", Hkv, "; valid kv heads: ", divisors_text(std::max<int64_t>(H, 1)));
+  SEQPAR_ARG_CHECK(T >= 0 && T < rows, "attention: text_tokens ", T,
+                   " must be at least 0 and fewer than the ", rows, " rows of q");
+  SEQPAR_ARG_CHECK(T == 0 || !a.causal, "attention: text_tokens (joint attention) is bidirectional; ",
+                   "pass causal=False");
+  SEQPAR_ARG_CHECK(a.pad == (a.seq_len > 0), a.pad ? "attention: pad=True needs seq_len, the number "
+                   "of real tokens (keys at positions >= seq_len are masked)"
+                   : "attention: seq_len is for pad=True");
+
+  Communicator& comm = c.get();
+  const int n = comm.size();
+  const int u = resolve_ulysses_degree(strategy, n, H, a.ulysses_degree, a.ring_degree);
+  const Agreement agree{B, H, Hkv, D, static_cast<int64_t>(dtype), T,
+                        options_hash(detail::concat(a.strategy, '|', a.layout, '|', a.causal, '|',
+                                                    a.ulysses_mode, '|', a.softmax, '|', u, '|',
+                                                    a.pad, '|', a.seq_len, '|', a.scale))};
+  py::gil_scoped_release release;
+  const Partition part = gather_partition(comm, layout, rows - T, agree);
+  if (a.pad) {
+    SEQPAR_ARG_CHECK(a.seq_len <= part.seq(), "attention: seq_len ", a.seq_len,
+                     " exceeds the ", part.seq(), " tokens of the ranks together");
+    if (a.seq_len < part.seq()) opts.valid_len = a.seq_len;
+  }
+  check_strategy_shape(strategy, part, H, Hkv, u, opts);
+  SpComms& comms = c.sp_comms(u);
+
+  const Tensor qi = rows_of(q, dtype, 0, rows - T), ki = rows_of(k, dtype, 0, rows - T),
+               vi = rows_of(v, dtype, 0, rows - T);
+  CpStats cps;
+  comms.reset_stats();
+  const double t0 = now_seconds();
+  AttnState image, text;
+  if (T > 0) {
+    const Tensor tq = rows_of(q, dtype, rows - T, T), tk = rows_of(k, dtype, rows - T, T),
+                 tv = rows_of(v, dtype, rows - T, T);
+    JointState js = joint_attention(strategy, comms, part, qi, ki, vi, tq, tk, tv, opts, &cps);
+    image = std::move(js.image);
+    text = std::move(js.text);
+  } else {
+    image = context_parallel_attention(strategy, comms, part, qi, ki, vi, opts, &cps);
+  }
+  const double seconds = now_seconds() - t0;
+  record(c, comms.stats(), cps, seconds,
+         {reinterpret_cast<uintptr_t>(qi.raw()), reinterpret_cast<uintptr_t>(ki.raw()),
+          reinterpret_cast<uintptr_t>(vi.raw())});
+
+  Tensor lse = std::move(image.lse);
+  if (T > 0) {  // image rows, then text rows
+    Tensor all({B, rows, H}, DType::kF32);
+    write_rows(lse, rows, 0, DType::kF32, reinterpret_cast<uintptr_t>(all.raw()));
+    write_rows(text.lse, rows, rows - T, DType::kF32, reinterpret_cast<uintptr_t>(all.raw()));
+    lse = std::move(all);
+  }
+  std::optional<Tensor> result;
+  if (out.address != 0) {
+    write_rows(image.out, rows, 0, dtype, out.address);
+    if (T > 0) write_rows(text.out, rows, rows - T, dtype, out.address);
+  } else if (T > 0) {
+    result.emplace(std::vector<int64_t>{B, rows, H, D}, DType::kF32);
+    write_rows(image.out, rows, 0, DType::kF32, reinterpret_cast<uintptr_t>(result->raw()));
+    write_rows(text.out, rows, rows - T, DType::kF32, reinterpret_cast<uintptr_t>(result->raw()));
+  } else {
+    result.emplace(std::move(image.out));
+  }
+  py::gil_scoped_acquire acquire;
+  py::object o = result ? py::cast(to_host(std::move(*result))) : py::object(py::none());
+  return py::make_tuple(o, to_host(std::move(lse)));
+}
+
+// decode_attention: this rank's queries q (B, Tq, H, D) over every rank's K/V cache shard
+// (B, Kv, Hkv, D). The ranks' K/V rows, in rank order, are the sequence (positions 0..P-1); the
+// ranks' queries, in rank order, are its last T tokens (positions P-T..P-1), so with causal each
+// query sees the keys up to its own position.
+py::tuple decode_attention(Comm& c, const Buffer& q, const Buffer& k, const Buffer& v,
+                           const Buffer& out, const std::string& pass, const std::string& dtype_name,
+                           bool causal, double scale, const std::string& hardware) {
+  const DType dtype = parse_dtype(dtype_name);
+  SEQPAR_ARG_CHECK(q.shape.size() == 4 && k.shape.size() == 4 && v.shape.size() == 4,
+                   "decode_attention: q, k_cache and v_cache are (batch, tokens, heads, head_dim)");
+  SEQPAR_ARG_CHECK(pass == "auto" || pass == "q" || pass == "kv", "decode_attention: pass_ '", pass,
+                   "' is unknown; valid: auto, q, kv");
+  const int64_t B = q.shape[0], Tq = q.shape[1], H = q.shape[2], D = q.shape[3], Hkv = k.shape[2];
+  SEQPAR_ARG_CHECK(k.shape == v.shape && k.shape[0] == B && k.shape[3] == D,
+                   "decode_attention: k_cache and v_cache must both be (", B, ", tokens, kv_heads, ",
+                   D, ")");
+  SEQPAR_ARG_CHECK(H % Hkv == 0, "decode_attention: heads ", H, " is not divisible by kv heads ",
+                   Hkv);
+  Communicator& comm = c.get();
+  const int n = comm.size();
+  py::gil_scoped_release release;
+  std::array<int64_t, 6> row = {Tq, k.shape[1], B, H, Hkv, static_cast<int64_t>(dtype)};
+  std::vector<int64_t> all(6 * static_cast<size_t>(n));
+  comm.all_gather(row.data(), sizeof(row), all.data());
+  KvPlacement place;
+  place.kv_pos.resize(n);
+  place.q_pos.resize(n);
+  int64_t P = 0, T = 0;
+  for (int r = 0; r < n; ++r) {
+    for (int f = 2; f < 6; ++f)
+      SEQPAR_ARG_CHECK(all[6 * r + f] == row[f], "decode_attention: rank ", r,
+                       " passed a different batch, heads, kv heads or dtype");
+    P += all[6 * r + 1];
+    T += all[6 * r];
+  }
+  SEQPAR_ARG_CHECK(T <= P, "decode_attention: ", T, " queries but only ", P,
+                   " cached tokens; the queries are the newest tokens of the cache");
+  int64_t kp = 0, qp = P - T;
+  for (int r = 0; r < n; ++r) {
+    for (int64_t i = 0; i < all[6 * r + 1]; ++i) place.kv_pos[r].push_back(kp++);
+    for (int64_t i = 0; i < all[6 * r]; ++i) place.q_pos[r].push_back(qp++);
+  }
+  PassKind kind = pass == "q" ? PassKind::kPassQ : PassKind::kPassKv;
+  if (pass == "auto") {
+    const HardwareProfile hw = load_hardware_profile(hardware);
+    kind = choose_pass(T, P - T, n, H, Hkv, dtype_size(dtype), hw.attention_flops,
+                       hw.inter_node_bw)
+               .kind;
+  }
+  CpOptions opts;
+  opts.causal = causal;
+  opts.scale = static_cast<float>(scale);
+  const Tensor qi = view(q, dtype), ki = view(k, dtype), vi = view(v, dtype);
+  CpStats cps;
+  comm.stats().reset();
+  const double t0 = now_seconds();
+  AttnState s = kind == PassKind::kPassQ ? passq_attention(comm, place, qi, ki, vi, opts, &cps)
+                                         : passkv_attention(comm, place, qi, ki, vi, opts, &cps);
+  c.last_pass = kind == PassKind::kPassQ ? "q" : "kv";
+  record(c, comm.stats(), cps, now_seconds() - t0,
+         {reinterpret_cast<uintptr_t>(qi.raw()), reinterpret_cast<uintptr_t>(ki.raw()),
+          reinterpret_cast<uintptr_t>(vi.raw())});
+  std::optional<Tensor> result;
+  if (out.address != 0)
+    write_rows(s.out, Tq, 0, dtype, out.address);
+  else
+    result.emplace(std::move(s.out));
+  py::gil_scoped_acquire acquire;
+  py::object o = result ? py::cast(to_host(std::move(*result))) : py::object(py::none());
+  return py::make_tuple(o, to_host(std::move(s.lse)));
+}
+
+// ThreadWorld(n).run(fn): fn(comm) on n threads, one per rank, each holding the GIL only while
+// it runs Python; the results in rank order. A rank's exception (Python or seqpar) aborts the
+// others' communication and is raised here.
+py::list run_threads(int n, const py::function& fn, double timeout_s, int threads) {
+  SEQPAR_ARG_CHECK(n >= 1 && n <= limits::kMaxRanks, "ThreadWorld: ranks ", n,
+                   " is invalid; valid: 1 to ", limits::kMaxRanks);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int per_rank = threads > 0 ? threads : std::max(1, cores / n);
+  const auto timeout = timeout_s > 0
+                           ? std::chrono::milliseconds(std::llround(timeout_s * 1000))
+                           : Communicator::default_timeout();
+  std::vector<py::object> results(static_cast<size_t>(n));
+  {
+    py::gil_scoped_release release;
+    ThreadWorld::run(
+        n,
+        [&](Communicator& comm) {
+          omp_set_num_threads(per_rank);
+          py::gil_scoped_acquire acquire;
+          auto handle = std::make_shared<Comm>(&comm);
+          struct Closer {  // the comm dies with the rank, even if fn keeps it
+            std::shared_ptr<Comm> c;
+            ~Closer() { c->close(); }
+          } closer{handle};
+          results[comm.rank()] = fn(handle);
+        },
+        timeout);
+  }
+  py::list out;
+  for (auto& r : results) out.append(r);
+  return out;
+}
+
+std::shared_ptr<Comm> mpi_comm(py::object mpi4py_comm) {
+  SEQPAR_ARG_CHECK(mpi_available(), "MpiComm: this build of seqpar has no MPI; use ThreadWorld");
+  py::module_ MPI = py::module_::import("mpi4py.MPI");
+  if (mpi4py_comm.is_none()) mpi4py_comm = MPI.attr("COMM_WORLD");
+  const auto handle = MPI.attr("_handleof")(mpi4py_comm).cast<uintptr_t>();
+  mpi_init(nullptr, nullptr);  // adopts mpi4py's MPI
+  std::unique_ptr<Communicator> comm;
+  {
+    py::gil_scoped_release release;
+    comm = mpi_communicator(handle);
+  }
+  return std::make_shared<Comm>(std::move(comm));
+}
+
+py::dict stats_dict(const CallStats& s) {
+  py::dict by_op;
+  for (const auto& [name, sr] : s.by_op) by_op[py::str(name)] = py::make_tuple(sr[0], sr[1]);
+  py::dict d;
+  d["bytes_sent"] = s.bytes_sent;
+  d["bytes_recv"] = s.bytes_recv;
+  d["bytes_by_op"] = by_op;
+  d["seconds"] = s.seconds;
+  d["compute_seconds"] = s.compute_seconds;
+  d["wait_seconds"] = s.wait_seconds;
+  d["end_sync_seconds"] = s.end_sync_seconds;
+  d["exposed_comm_fraction"] = s.exposed_comm_fraction();
+  d["peak_kv_bytes"] = s.peak_kv_bytes;
+  d["measured_kv_bytes"] = s.measured_kv_bytes;
+  d["work"] = s.work;
+  d["fallback_rows"] = s.fallback_rows;
+  d["input_addresses"] = py::make_tuple(s.input_addresses[0], s.input_addresses[1],
+                                        s.input_addresses[2]);
+  return d;
+}
+
+}  // namespace
+}  // namespace seqpar::python
+
+PYBIND11_MODULE(_core, m) {
+  using namespace seqpar;
+  using namespace seqpar::python;
+  m.doc() = "seqpar's C++ core; use the package seqpar, not this module";
+
+  // Exceptions: bad arguments are ValueError with the library's one-line message; communication
+  // failures CommError (a RuntimeError), deadlines CommTimeout (also a TimeoutError).
+  static py::exception<CommError> comm_error(m, "CommError", PyExc_RuntimeError);
+  static py::handle comm_timeout = [&] {
+    py::object bases = py::make_tuple(comm_error, py::handle(PyExc_TimeoutError));
+    py::object cls = py::reinterpret_steal<py::object>(
+        PyErr_NewException("seqpar._core.CommTimeout", bases.ptr(), nullptr));
+    m.attr("CommTimeout") = cls;
+    return cls.release();
+  }();
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const InvalidArgument& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const CommTimeout& e) {
+      PyErr_SetString(comm_timeout.ptr(), e.what());
+    } catch (const CommError& e) {
+      PyErr_SetString(comm_error.ptr(), e.what());
+    } catch (const Error& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
+  });
+
+  py::class_<HostBuffer>(m, "_HostBuffer", py::buffer_protocol())
+      .def_buffer([](HostBuffer& b) { return b.info(); });
+
+  py::class_<Buffer>(m, "_Buffer")
+      .def(py::init([](uintptr_t address, std::vector<int64_t> shape) {
+        return Buffer{address, std::move(shape)};
+      }));
+
+  py::class_<AttentionArgs>(m, "_AttentionArgs")
+      .def(py::init<>())
+      .def_readwrite("strategy", &AttentionArgs::strategy)
+      .def_readwrite("layout", &AttentionArgs::layout)
+      .def_readwrite("ulysses_mode", &AttentionArgs::ulysses_mode)
+      .def_readwrite("softmax", &AttentionArgs::softmax)
+      .def_readwrite("dtype", &AttentionArgs::dtype)
+      .def_readwrite("causal", &AttentionArgs::causal)
+      .def_readwrite("pad", &AttentionArgs::pad)
+      .def_readwrite("ulysses_degree", &AttentionArgs::ulysses_degree)
+      .def_readwrite("ring_degree", &AttentionArgs::ring_degree)
+      .def_readwrite("text_tokens", &AttentionArgs::text_tokens)
+      .def_readwrite("seq_len", &AttentionArgs::seq_len)
+      .def_readwrite("scale", &AttentionArgs::scale);
+
+  py::class_<Comm, std::shared_ptr<Comm>>(
+      m, "Comm",
+      "A rank's communicator: ThreadWorld.run hands one to each rank, MpiComm makes one. Use it "
+      "from its rank's thread only.")
+      .def_property_readonly(
+          "rank", [](Comm& c) { return c.get().rank(); }, "This rank, 0 to size - 1.")
+      .def_property_readonly(
+          "size", [](Comm& c) { return c.get().size(); }, "The number of ranks.")
+      .def_property_readonly(
+          "backend", [](Comm& c) { return c.get().backend(); }, "\"threads\" or \"mpi\".")
+      .def(
+          "barrier",
+          [](Comm& c) {
+            Communicator& comm = c.get();
+            py::gil_scoped_release release;
+            comm.barrier();
+          },
+          "Waits until every rank has called barrier() (bounded by the deadline).")
+      .def("_last_stats", [](Comm& c) { return stats_dict(c.last); })
+      .def_property_readonly(
+          "last_pass",
+          [](Comm& c) -> py::object {
+            return c.last_pass.empty() ? py::object(py::none()) : py::str(c.last_pass);
+          },
+          "decode_attention: \"q\" or \"kv\", the pass of this rank's last call")
+      .def("_set_timeout",
+           [](Comm& c, double s) {
+             c.get().set_timeout(std::chrono::milliseconds(std::llround(s * 1000)));
+           })
+      .def("close", &Comm::close,
+           "Releases the communicator (an MpiComm's MPI duplicates); later use raises.");
+
+  m.def("_attention", &attention);
+  m.def("_decode_attention", &decode_attention);
+  m.def("_run_threads", &run_threads);
+  m.def("_mpi_comm", &mpi_comm);
+
+  m.def("_partition_positions", [](int64_t seq, int ranks, const std::string& layout) {
+    const Partition part(seq, ranks, parse_layout(layout));
+    py::list out;
+    for (int r = 0; r < ranks; ++r) {
+      auto positions = std::make_shared<std::vector<int64_t>>(part.positions(r).begin(),
+                                                             part.positions(r).end());
+      HostBuffer b;
+      b.data = positions->data();
+      b.shape = {static_cast<py::ssize_t>(positions->size())};
+      b.itemsize = sizeof(int64_t);
+      b.format = py::format_descriptor<int64_t>::format();
+      b.owner = std::move(positions);
+      out.append(b);
+    }
+    return out;
+  });
+  m.def("_mesh_rows_json", [](int cfg, int tp, int ring, int ulysses, int ranks, int64_t heads,
+                              int64_t seq) {
+    const Mesh mesh(MeshShape{.cfg = cfg, .tp = tp, .ring = ring, .ulysses = ulysses}, ranks);
+    mesh.check(heads, seq);
+    return mesh_rows_json(mesh, heads, seq);
+  });
+  bind_plan(m);
+  m.def("version", [] { return std::string(version()); });
+}

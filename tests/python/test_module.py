@@ -1,0 +1,322 @@
+"""seqpar's Python module on ranks as threads: every strategy against PyTorch's
+softmax(q kᵀ/√d) v on the unsharded tensors, dtypes, the no-copy contract, stats, errors."""
+
+import json
+import os
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from module_env import TOL_BF16, TOL_F16, TOL_F32, qkv, reference, torch
+
+import seqpar
+
+
+B, S, H, HKV, D = 2, 96, 4, 2, 16
+
+
+def run_sharded(n, layout, fn, full, **kwargs):
+    """Shards `full` tensors by Partition(S, n, layout), runs fn(comm, *shards) on n thread
+    ranks, unshards the outputs."""
+    part = seqpar.Partition(full[0].shape[1], n, layout)
+
+    def rank(comm):
+        shards = [part.shard(t, comm.rank) for t in full]
+        return fn(comm, *shards, **kwargs)
+
+    return part.unshard(seqpar.ThreadWorld(n, threads=1).run(rank)), part
+
+
+STRATEGIES = [  # (strategy, ranks, extra keywords)
+    ("ring", 2, {}),
+    ("ring", 4, {}),
+    ("allgather", 3, {}),
+    ("ulysses", 2, {}),
+    ("ulysses", 4, {"ulysses_mode": "uaa"}),
+    ("usp", 4, {"ulysses_degree": 2, "ring_degree": 2}),
+]
+
+
+@pytest.mark.parametrize("strategy,n,extra", STRATEGIES)
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag", "striped"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_strategy_matches_pytorch(strategy, n, extra, layout, causal):
+    q, k, v = qkv(B, S, H, HKV, D)
+    out, _ = run_sharded(n, layout, lambda comm, *t: seqpar.attention(
+        *t, comm=comm, strategy=strategy, layout=layout, causal=causal, **extra), (q, k, v))
+    want, _ = reference(q, k, v, causal=causal)
+    assert out.dtype == torch.float32 and out.shape == q.shape
+    assert (out.double() - want).abs().max().item() < TOL_F32
+
+
+def test_lse_and_const_max_softmax():
+    q, k, v = qkv(1, 64, 4, 4, 16, seed=1)
+
+    def fn(comm, q, k, v):
+        out, lse = seqpar.attention(q, k, v, comm=comm, causal=True, softmax="const-max",
+                                    return_lse=True)
+        return torch.cat([out.flatten(2), lse], dim=2)
+
+    got, _ = run_sharded(2, "contiguous", fn, (q, k, v))
+    want, want_lse = reference(q, k, v, causal=True)
+    assert (got[..., :64].double() - want.flatten(2)).abs().max().item() < TOL_F32
+    assert (got[..., 64:].double() - want_lse).abs().max().item() < TOL_F32
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, TOL_BF16), (torch.float16, TOL_F16)])
+def test_half_precision_in_and_out(dtype, tol):
+    q, k, v = qkv(B, S, H, HKV, D, dtype=dtype, seed=2)
+    out, _ = run_sharded(2, "zigzag", lambda comm, *t: seqpar.attention(
+        *t, comm=comm, layout="zigzag", causal=True), (q, k, v))
+    want, _ = reference(q, k, v, causal=True)  # the same rounded inputs, in float64
+    assert out.dtype == dtype
+    assert (out.double() - want).abs().max().item() < tol
+
+
+def test_numpy_in_numpy_out():
+    q, k, v = (t.numpy() for t in qkv(1, 40, 2, 2, 8, seed=3))
+    out, _ = run_sharded(2, "contiguous", lambda comm, *t: seqpar.attention(
+        *t, comm=comm, strategy="allgather"), (q, k, v))
+    want, _ = reference(*(torch.from_numpy(t) for t in (q, k, v)))
+    assert isinstance(out, np.ndarray) and out.dtype == np.float32
+    assert np.abs(out - want.numpy()).max() < TOL_F32
+    out16, _ = run_sharded(2, "contiguous", lambda comm, *t: seqpar.attention(*t, comm=comm),
+                           tuple(t.astype(np.float16) for t in (q, k, v)))
+    assert out16.dtype == np.float16
+
+
+def test_uneven_contiguous_shards_and_padding():
+    q, k, v = qkv(1, 50, 2, 1, 8, seed=4)
+    counts = [13, 30, 7]
+
+    def uneven(comm):
+        lo = sum(counts[:comm.rank])
+        sl = slice(lo, lo + counts[comm.rank])
+        return seqpar.attention(q[:, sl], k[:, sl], v[:, sl], comm=comm, causal=True)
+
+    out = torch.cat(seqpar.ThreadWorld(3).run(uneven), dim=1)
+    want, _ = reference(q, k, v, causal=True)
+    assert (out.double() - want).abs().max().item() < TOL_F32
+
+    # 50 real tokens padded to 52 over 4 ranks: the padded keys are masked.
+    qp, kp, vp = (torch.cat([t, torch.zeros(1, 2, *t.shape[2:])], dim=1) for t in (q, k, v))
+    out, _ = run_sharded(4, "zigzag", lambda comm, *t: seqpar.attention(
+        *t, comm=comm, layout="zigzag", pad=True, seq_len=50), (qp, kp, vp))
+    want, _ = reference(q, k, v)
+    assert (out[:, :50].double() - want).abs().max().item() < TOL_F32
+
+
+def test_joint_attention_with_replicated_text():
+    T = 6
+    q, k, v = qkv(2, 32, 2, 2, 8, seed=5)
+    tq, tk, tv = qkv(2, T, 2, 2, 8, seed=6)
+    part = seqpar.Partition(32, 2)
+
+    def rank(comm):
+        x = [torch.cat([part.shard(a, comm.rank), b], dim=1) for a, b in ((q, tq), (k, tk), (v, tv))]
+        return seqpar.attention(*x, comm=comm, strategy="ulysses", text_tokens=T)
+
+    outs = seqpar.ThreadWorld(2).run(rank)
+    want, _ = reference(*(torch.cat([a, b], dim=1) for a, b in ((q, tq), (k, tk), (v, tv))))
+    image = part.unshard([o[:, :-T] for o in outs])
+    assert (image.double() - want[:, :32]).abs().max().item() < TOL_F32
+    for o in outs:
+        assert (o[:, -T:].double() - want[:, 32:]).abs().max().item() < TOL_F32
+
+
+@pytest.mark.parametrize("pass_", ["q", "kv", "auto"])
+def test_decode_attention(pass_):
+    P, T = 40, 3  # cache of 40 tokens (the last 3 are the new ones), 3 queries
+    q_all, _, _ = qkv(1, T, 4, 2, 8, seed=7)
+    _, k, v = qkv(1, P, 4, 2, 8, seed=8)
+    kv_counts, q_counts = [15, 15, 10], [0, 1, 2]
+
+    def rank(comm):
+        lo = sum(kv_counts[:comm.rank])
+        qlo = sum(q_counts[:comm.rank])
+        return seqpar.decode_attention(q_all[:, qlo:qlo + q_counts[comm.rank]],
+                                       k[:, lo:lo + kv_counts[comm.rank]],
+                                       v[:, lo:lo + kv_counts[comm.rank]], comm=comm,
+                                       pass_=pass_), comm.last_pass
+
+    results = seqpar.ThreadWorld(3).run(rank)
+    out = torch.cat([r[0] for r in results], dim=1)
+    want, _ = reference(q_all, k, v, causal=True, q_pos=range(P - T, P))
+    assert (out.double() - want).abs().max().item() < TOL_F32
+    if pass_ != "auto":
+        assert {r[1] for r in results} == {pass_}
+
+
+def test_contiguous_inputs_are_not_copied():
+    q, k, v = qkv(2, 64, 2, 2, 16, seed=9)
+    part = seqpar.Partition(64, 2)
+
+    def rank(comm):
+        x = [part.shard(t, comm.rank) for t in (q, k, v)]
+        out = seqpar.attention(*x, comm=comm)
+        read = comm.last_stats.input_addresses
+        # The same values stored [S, B, H, D] and viewed [B, S, H, D]: not contiguous, so seqpar
+        # computes from a compact copy, and the result is the same.
+        sbhd = [t.transpose(0, 1).contiguous().transpose(0, 1) for t in x]
+        out2 = seqpar.attention(*sbhd, comm=comm)
+        return (read, tuple(t.data_ptr() for t in x), comm.last_stats.input_addresses,
+                tuple(t.data_ptr() for t in sbhd), torch.equal(out, out2))
+
+    for read, given, read_sbhd, given_sbhd, same in seqpar.ThreadWorld(2).run(rank):
+        assert read == given  # computed from the caller's memory
+        assert all(a != b for a, b in zip(read_sbhd, given_sbhd))
+        assert same
+
+
+def test_numpy_inputs_are_not_copied_and_fp32_output_is_shared():
+    q, k, v = (t.numpy() for t in qkv(1, 32, 2, 2, 8, seed=10))
+
+    def rank(comm):
+        sl = slice(16 * comm.rank, 16 * comm.rank + 16)
+        x = [np.ascontiguousarray(t[:, sl]) for t in (q, k, v)]
+        out = seqpar.attention(*x, comm=comm)
+        return comm.last_stats.input_addresses, tuple(t.ctypes.data for t in x), out.flags.owndata
+
+    for read, given, owns in seqpar.ThreadWorld(2).run(rank):
+        assert read == given
+        assert not owns  # the array is a view of seqpar's result buffer, not a copy of it
+
+
+def test_stats_report_the_ring_bytes():
+    q, k, v = qkv(B, S, H, HKV, D, seed=11)
+    part = seqpar.Partition(S, 2)
+
+    def rank(comm):
+        seqpar.attention(*(part.shard(t, comm.rank) for t in (q, k, v)), comm=comm)
+        return comm.last_stats
+
+    stats = seqpar.ThreadWorld(2).run(rank)
+    # ring: rank r receives the other rank's K and V once: 2·B·(S - n_r)·Hkv·D·4 bytes.
+    for r, st in enumerate(stats):
+        assert st.bytes_recv == 2 * B * (S - part.count(r)) * HKV * D * 4
+        assert st.bytes_sent == 2 * B * (S - part.count(1 - r)) * HKV * D * 4
+        assert st.bytes_by_op["send_recv"] == (st.bytes_sent, st.bytes_recv)
+        assert 0 <= st.exposed_comm_fraction <= 1 and st.seconds > 0 and st.work > 0
+
+
+def test_bad_arguments_raise_value_error_with_the_library_message():
+    q, k, v = qkv(1, 8, 2, 2, 4)
+    cases = [
+        (dict(strategy="bogus"), "strategy 'bogus' is unknown; valid: ring, allgather, ulysses, usp"),
+        (dict(layout="diagonal"), "layout 'diagonal' is unknown; valid: contiguous, striped, zigzag"),
+        (dict(softmax="const-max", strategy="allgather"), "const-max"),
+        (dict(strategy="ring", ulysses_degree=2), "use strategy \"usp\""),
+        (dict(pad=True), "pad=True needs seq_len"),
+    ]
+    for kwargs, message in cases:
+        def rank(comm, kwargs=kwargs):
+            seqpar.attention(q, k, v, comm=comm, **kwargs)
+        with pytest.raises(ValueError, match=None) as e:
+            seqpar.ThreadWorld(1).run(rank)
+        assert message in str(e.value), (kwargs, str(e.value))
+        assert "--" not in str(e.value)  # the library's words, not the command line's
+    with pytest.raises(ValueError, match="dtype torch.float64"):
+        seqpar.ThreadWorld(1).run(lambda comm: seqpar.attention(q.double(), k, v, comm=comm))
+    with pytest.raises(ValueError, match="divisible"):
+        seqpar.ThreadWorld(1).run(lambda comm: seqpar.attention(q, k[:, :, :1].repeat(1, 1, 3, 1),
+                                                               v[:, :, :1].repeat(1, 1, 3, 1),
+                                                               comm=comm))
+
+
+def test_rank_failure_and_timeout():
+    q, k, v = qkv(1, 8, 2, 2, 4)
+
+    def one_fails(comm):
+        if comm.rank == 1:
+            raise KeyError("rank one gives up")
+        seqpar.attention(q, k, v, comm=comm)
+
+    with pytest.raises(KeyError, match="rank one gives up"):  # the first failure, as raised
+        seqpar.ThreadWorld(2).run(one_fails)
+
+    def one_absent(comm):
+        if comm.rank == 0:
+            seqpar.attention(q, k, v, comm=comm)
+
+    with pytest.raises(seqpar.CommTimeout) as e:
+        seqpar.ThreadWorld(2, timeout=0.3).run(one_absent)
+    assert isinstance(e.value, RuntimeError) and isinstance(e.value, TimeoutError)
+    assert "timeout after" in str(e.value)
+
+
+def test_comm_outside_run_is_closed():
+    comm = seqpar.ThreadWorld(1).run(lambda c: c)[0]
+    with pytest.raises(RuntimeError, match="valid only inside run"):
+        comm.rank
+
+
+def test_partition_and_mesh():
+    part = seqpar.Partition(10, 2, "zigzag")
+    assert [list(part.positions(r)) for r in range(2)] == [[0, 1, 2, 8, 9], [3, 4, 5, 6, 7]]
+    x = torch.arange(20.).reshape(1, 10, 2, 1)
+    assert torch.equal(part.unshard([part.shard(x, r) for r in range(2)]), x)
+    xn = x.numpy()
+    assert np.array_equal(part.unshard([part.shard(xn, r) for r in range(2)]), xn)
+    with pytest.raises(ValueError, match="layout 'diagonal' is unknown"):
+        seqpar.Partition(10, 2, "diagonal")
+
+    rows = seqpar.Mesh(tp=4, ring_degree=8).rows(heads=40, seq=1024)
+    assert rows[8] == {"rank": 8, "cfg_rank": 0, "tp_rank": 1, "ulysses_rank": 0, "ring_rank": 0,
+                       "cp_rank": 0, "heads": [10, 20], "tokens": [0, 128]}
+    cli = subprocess.run([os.environ["SEQPAR_BIN"], "mesh", "--tp", "4", "--ring-degree", "8",
+                          "--heads", "40", "--seq", "1024", "--json"],
+                         capture_output=True, text=True, check=True)
+    assert json.loads(cli.stdout) == rows
+    with pytest.raises(ValueError):
+        seqpar.Mesh(tp=3).rows(heads=40, seq=16)
+
+
+def test_readme_example():
+    """The README's "Use it from Python" block runs as it stands."""
+    readme = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
+    text = open(readme).read().split("## Use it from Python", 1)[1]
+    block = text.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(block, "README.md", "exec"), {})
+
+
+def test_plan_is_the_cli_json():
+    args = dict(model="wan2.1-t2v-14b", height=240, width=432, frames=33, ranks=8)
+    got = seqpar.plan(**args)
+    cli = subprocess.run([os.environ["SEQPAR_BIN"], "plan", "--model", "wan2.1-t2v-14b",
+                          "--height", "240", "--width", "432", "--frames", "33", "--ranks", "8",
+                          "--json"], capture_output=True, text=True, check=True)
+    assert got == json.loads(cli.stdout)
+    assert got["seq_len"] == 3645 and got["remainder"] == 5 and got["meshes"]
+    bare = seqpar.plan(seq=16384, heads=8, ranks=4, causal=True, hardware="cpu-ethernet")
+    assert bare["family"] == "attention" and bare["seq_len"] == 16384
+    with pytest.raises(ValueError, match="model 'wan2.1-14b' is unknown; nearest: wan2.1-t2v-14b"):
+        seqpar.plan(model="wan2.1-14b", height=240, width=432, frames=33)
+
+
+def test_gil_is_released_while_computing():
+    """Another Python thread runs while a rank computes: it ticks through the call."""
+    q, k, v = qkv(1, 2048, 4, 4, 64, seed=12)
+    ticks, stop = [], threading.Event()
+
+    def ticker():
+        while not stop.is_set():
+            ticks.append(1)
+            time.sleep(0.001)
+
+    def rank(comm):
+        seqpar.attention(q, k, v, comm=comm)  # warm-up
+        thread = threading.Thread(target=ticker)
+        thread.start()
+        time.sleep(0.01)
+        before = len(ticks)
+        seqpar.attention(q, k, v, comm=comm)
+        during = len(ticks) - before
+        stop.set()
+        thread.join()
+        return during, comm.last_stats.seconds
+
+    during, seconds = seqpar.ThreadWorld(1).run(rank)[0]
+    assert seconds > 0.02 and during >= 5, (during, seconds)  # holding the GIL: 0 or 1
