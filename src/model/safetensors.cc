@@ -328,6 +328,18 @@ SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& other) noexcept {
   return *this;
 }
 
+void SafetensorsFile::release(std::span<const std::byte> range) const {
+  if (map_ == nullptr || range.empty()) return;
+  // Whole pages inside the range only: a page shared with a neighbour's bytes stays mapped.
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(range.data());
+  const uintptr_t first = (begin + page - 1) / page * page;
+  const uintptr_t last = (begin + range.size()) / page * page;
+  // A read-only private mapping of a file: dropping its pages loses nothing (advice only, so a
+  // failure changes nothing but the resident set).
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
 void SafetensorsFile::unmap() {
   if (map_ != nullptr) ::munmap(const_cast<std::byte*>(map_), map_bytes_);
   map_ = nullptr;

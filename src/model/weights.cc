@@ -155,7 +155,10 @@ Tensor WeightStore::rows(const std::string& name, int64_t begin, int64_t end) co
   if (!s.empty()) out_shape[0] = end - begin;
   Tensor out(out_shape, *e.seqpar_dtype());
   const size_t row_bytes = e.nbytes() / std::max<int64_t>(1, n0);
-  std::memcpy(out.raw(), f->file->bytes(f->stored).data() + begin * row_bytes, out.nbytes());
+  const std::span<const std::byte> src =
+      f->file->bytes(f->stored).subspan(begin * row_bytes, out.nbytes());
+  std::memcpy(out.raw(), src.data(), src.size());
+  f->file->release(src);
   bytes_read_ += static_cast<int64_t>(out.nbytes());
   check_finite(f->file->path(), f->stored, out);
   return out;
@@ -175,6 +178,7 @@ Tensor WeightStore::cols(const std::string& name, int64_t begin, int64_t end) co
     std::memcpy(static_cast<std::byte*>(out.raw()) + r * (end - begin) * e,
                 src + (r * s[1] + begin) * e, (end - begin) * e);
   if (f != nullptr) {
+    f->file->release(f->file->bytes(f->stored));
     bytes_read_ += static_cast<int64_t>(out.nbytes());
     check_finite(f->file->path(), f->stored, out);
   }

@@ -91,6 +91,11 @@ class SafetensorsFile {
 
   // The raw bytes of a tensor (little-endian, row-major), valid while this file lives.
   std::span<const std::byte> bytes(const std::string& name) const;
+  // Tells the kernel that this process is done with `range` (a part of some bytes() view) for
+  // now: its pages leave the process's resident set (they stay in the page cache, and a later
+  // read maps them again). A loader that copies what it needs calls this after each copy, so the
+  // mapped checkpoint does not count as resident memory on top of the copies.
+  void release(std::span<const std::byte> range) const;
   // A copy of the tensor in its stored dtype, with its stored shape. Throws InvalidArgument if
   // the tensor is missing or its dtype is not F32/BF16/F16.
   Tensor tensor(const std::string& name) const;
