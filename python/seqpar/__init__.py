@@ -45,6 +45,9 @@ __all__ = [
     "Mesh",
     "plan",
     "version",
+    "ModelMesh",
+    "Llama",
+    "WanTransformer",
 ]
 
 __version__ = _core.version()
@@ -395,3 +398,6 @@ def plan(*, ranks: int = 8, model: Optional[str] = None, seq: int = 0, heads: in
     s.cfg, s.tp, s.ulysses_degree, s.ring_degree = int(cfg), int(tp), int(ulysses_degree), int(ring_degree)
     s.cached, s.new = int(cached), int(new)
     return json.loads(_core._plan_json(s, hardware, int(top)))
+
+
+from .models import Llama, ModelMesh, WanTransformer  # noqa: E402
