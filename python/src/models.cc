@@ -207,7 +207,7 @@ void bind_models(py::module_& m) {
       .def("forward", &WanTransformerRank::forward)
       .def_property_readonly("config", &WanTransformerRank::config);
   m.def("_flow_match_schedule", [](int steps, double shift) {
-    limits::check_range("num_inference_steps", steps, 1, limits::kMaxSteps);
+    limits::check_range("num_inference_steps", int64_t{steps}, 1, limits::kMaxSteps);
     SEQPAR_ARG_CHECK(std::isfinite(shift) && shift > 0 && shift <= 100, "shift ", shift,
                      " is invalid; valid: (0, 100]");
     const FlowMatchSchedule s = flow_match_schedule(steps, shift);

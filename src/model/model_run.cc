@@ -12,10 +12,10 @@ ModelMesh model_mesh(int cfg, int tp, int ring_degree, int ulysses_degree,
                      const std::string& strategy, const std::string& layout,
                      const std::string& ulysses_mode, bool pad) {
   using limits::check_range;
-  check_range("cfg", cfg, 1, 2);
-  check_range("tp", tp, 1, limits::kMaxRanks);
-  check_range("ring_degree", ring_degree, 1, limits::kMaxRanks);
-  check_range("ulysses_degree", ulysses_degree, 1, limits::kMaxRanks);
+  check_range("cfg", int64_t{cfg}, 1, 2);
+  check_range("tp", int64_t{tp}, 1, limits::kMaxRanks);
+  check_range("ring_degree", int64_t{ring_degree}, 1, limits::kMaxRanks);
+  check_range("ulysses_degree", int64_t{ulysses_degree}, 1, limits::kMaxRanks);
   (void)limits::checked_product({cfg, tp, ring_degree, ulysses_degree},
                                 "ranks of cfg x tp x ring_degree x ulysses_degree",
                                 limits::kMaxRanks);

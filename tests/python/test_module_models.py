@@ -64,14 +64,14 @@ def test_llama_rank_models_on_a_comm(llama):
 def test_llama_bad_arguments(llama):
     with pytest.raises(ValueError, match=r"^tp 3 must divide num_attention_heads 8"):
         seqpar.Llama.from_pretrained(llama["path"], tp=3)
-    with pytest.raises(ValueError, match=r"^ring_degree 0 is invalid"):
+    with pytest.raises(ValueError, match=r"^ring_degree 0 is out of range"):
         seqpar.Llama.from_pretrained(llama["path"], ring_degree=0)
     with pytest.raises(ValueError, match="config.json"):
         seqpar.Llama.from_pretrained(os.path.dirname(llama["path"]) + "/missing")
     with seqpar.Llama.from_pretrained(llama["path"], ring_degree=2) as model:
         with pytest.raises(ValueError, match=r"^prompt token 381 at position 1 is outside"):
             model.generate([1, 381], 2)
-        with pytest.raises(ValueError, match=r"^max_new_tokens 0 is invalid"):
+        with pytest.raises(ValueError, match=r"^max_new_tokens 0 is out of range"):
             model.generate([1, 2], 0)
         assert model.generate(llama["prompt"], 2).tolist() == llama["tokens"][:2]  # still serving
 
