@@ -72,6 +72,7 @@ def _mesh_dict(mesh: ModelMesh) -> dict:
         if not isinstance(d[k], (int, np.integer)) or isinstance(d[k], bool):
             raise ValueError(f"{k} {d[k]!r} is invalid; expected an integer")
         d[k] = int(d[k])
+    _core._check_model_mesh(d)  # the library's messages, before any rank starts
     return d
 
 

@@ -206,6 +206,7 @@ void bind_models(py::module_& m) {
       .def(py::init<py::object, const std::string&, const py::dict&, py::object>())
       .def("forward", &WanTransformerRank::forward)
       .def_property_readonly("config", &WanTransformerRank::config);
+  m.def("_check_model_mesh", [](const py::dict& mesh) { (void)mesh_of(mesh); });
   m.def("_flow_match_schedule", [](int steps, double shift) {
     limits::check_range("num_inference_steps", int64_t{steps}, 1, limits::kMaxSteps);
     SEQPAR_ARG_CHECK(std::isfinite(shift) && shift > 0 && shift <= 100, "shift ", shift,
