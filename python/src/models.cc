@@ -41,9 +41,8 @@ struct RankMesh {
 
   RankMesh(py::object c, const ModelMesh& m) : comm(std::move(c)), mesh(m) {
     Communicator& world = communicator_of(comm);
-    SEQPAR_ARG_CHECK(world.size() == mesh.shape.world(), "the mesh ",
-                     mesh_shape_text(mesh.shape), " needs ", mesh.shape.world(),
-                     " ranks but comm has ", world.size());
+    SEQPAR_ARG_CHECK(world.size() == mesh.shape.world(), "the mesh ", mesh_shape_text(mesh.shape),
+                     " needs ", mesh.shape.world(), " ranks but comm has ", world.size());
     py::gil_scoped_release release;
     comms = std::make_unique<MeshComms>(world, mesh.shape);
     ctx = model_context(*comms, mesh);
@@ -165,8 +164,7 @@ class WanTransformerRank {
                        " values; expected one or [", x.dim(0), "]");
       for (float tb : timesteps)
         SEQPAR_ARG_CHECK(std::isfinite(tb) && tb >= 0 && tb <= 1000,
-                         "WanTransformer.forward: timestep ", tb,
-                         " is invalid; valid: 0..1000");
+                         "WanTransformer.forward: timestep ", tb, " is invalid; valid: 0..1000");
       v = wan_->velocity(x, timesteps, t, n, g, rank_.ctx);
     }
     return py::make_tuple(py::bytes(static_cast<const char*>(v.raw()), v.nbytes()), v.shape());

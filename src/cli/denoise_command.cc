@@ -25,9 +25,9 @@
 #include "seqpar/core/timer.h"
 #include "seqpar/core/trace.h"
 #include "seqpar/model/dit.h"
+#include "seqpar/model/model_run.h"
 #include "seqpar/model/ops.h"
 #include "seqpar/model/safetensors.h"
-#include "seqpar/model/model_run.h"
 #include "seqpar/model/wan.h"
 
 namespace seqpar::cli {

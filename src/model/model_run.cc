@@ -54,13 +54,13 @@ void check_llama_tp(const LlamaCheckpoint& ck, int64_t tp, const LlamaRunNames& 
   SEQPAR_ARG_CHECK(
       m.heads % tp == 0 && (m.kv_heads % tp == 0 || tp % m.kv_heads == 0) && m.ffn_dim % tp == 0,
       names.tp, " ", tp, " must divide num_attention_heads ", m.heads, " and intermediate_size ",
-      m.ffn_dim, ", and divide or be a multiple of num_key_value_heads ", m.kv_heads, " (",
-      ck.dir, "/config.json)");
+      m.ffn_dim, ", and divide or be a multiple of num_key_value_heads ", m.kv_heads, " (", ck.dir,
+      "/config.json)");
 }
 
-std::vector<int32_t> check_llama_prompt(const LlamaCheckpoint& ck,
-                                        const std::vector<int64_t>& ids, int64_t max_new_tokens,
-                                        bool allow_long_context, const LlamaRunNames& names) {
+std::vector<int32_t> check_llama_prompt(const LlamaCheckpoint& ck, const std::vector<int64_t>& ids,
+                                        int64_t max_new_tokens, bool allow_long_context,
+                                        const LlamaRunNames& names) {
   const ModelPreset& m = ck.config;
   const std::string config = ck.dir + "/config.json";
   limits::check_range(names.max_new_tokens, max_new_tokens, 1, limits::kMaxSteps);
@@ -105,8 +105,7 @@ int WanRank::expert_at(float t, const WanGuidance& g) const {
 }
 
 Tensor WanRank::velocity(const Tensor& latents, const std::vector<float>& t, const Tensor& text,
-                         const Tensor& negative, const WanGuidance& g,
-                         ParallelContext& ctx) const {
+                         const Tensor& negative, const WanGuidance& g, ParallelContext& ctx) const {
   const bool have_negative = !negative.empty();
   auto one = [&](const Tensor& x, float tb, const Tensor& txt, const Tensor& neg) {
     const bool low = expert_at(tb, g) == 2;

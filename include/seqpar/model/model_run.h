@@ -48,9 +48,8 @@ struct LlamaRunNames {
 };
 void check_llama_tp(const LlamaCheckpoint& ck, int64_t tp, const LlamaRunNames& names = {});
 std::vector<int32_t> check_llama_prompt(const LlamaCheckpoint& ck,
-                                        const std::vector<int64_t>& prompt,
-                                        int64_t max_new_tokens, bool allow_long_context,
-                                        const LlamaRunNames& names = {});
+                                        const std::vector<int64_t>& prompt, int64_t max_new_tokens,
+                                        bool allow_long_context, const LlamaRunNames& names = {});
 
 // How a WanRank combines its experts and guidance: the high-noise expert (or the only one) at
 // t >= boundary with `guidance`, the low-noise one below with `guidance_2`; guidance applies
