@@ -4,13 +4,13 @@ and test_wan.py: identical greedy tokens and logits within 1e-3 (float32 weights
 within 1e-4 relative, on one rank and on meshes of threads (the whole mesh in one object, and a
 rank's model on its comm inside ThreadWorld.run), and a Llama under mpirun -np 2."""
 
+import json
 import os
-import sys
 
 import numpy as np
 import pytest
 
-from module_env import SEQPAR_PYTHONPATH, mpirun  # noqa: F401  (puts the module on sys.path)
+from module_env import SEQPAR_PYTHONPATH, mpirun  # puts the built module on sys.path
 
 import seqpar  # noqa: E402
 import torch  # noqa: E402
@@ -77,16 +77,20 @@ def test_llama_bad_arguments(llama):
 
 
 def test_llama_mpi(llama, tmp_path):
+    """Every rank of mpirun -np 2 gets the reference's tokens (each writes its own file: the
+    ranks' stdout would interleave)."""
     script = tmp_path / "llama_mpi.py"
     script.write_text(
-        "import sys\nsys.path.insert(0, sys.argv[1])\nimport seqpar\n"
-        "model = seqpar.Llama.from_pretrained(sys.argv[2], comm=seqpar.MpiComm(), ring_degree=2)\n"
-        "print('tokens', model.generate([int(t) for t in sys.argv[3].split(',')], int(sys.argv[4]))"
-        ".tolist())\n")
+        "import json, sys\nsys.path.insert(0, sys.argv[1])\nimport seqpar\n"
+        "comm = seqpar.MpiComm()\n"
+        "model = seqpar.Llama.from_pretrained(sys.argv[2], comm=comm, ring_degree=2)\n"
+        "tokens = model.generate([int(t) for t in sys.argv[3].split(',')], int(sys.argv[4]))\n"
+        "open(f'{sys.argv[5]}/rank{comm.rank}.json', 'w').write(json.dumps(tokens.tolist()))\n")
     r = mpirun(2, str(script), SEQPAR_PYTHONPATH, llama["path"],
-               ",".join(map(str, llama["prompt"])), str(NEW))
+               ",".join(map(str, llama["prompt"])), str(NEW), str(tmp_path))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.count(f"tokens {llama['tokens']}") == 2, r.stdout
+    for rank in range(2):
+        assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == llama["tokens"]
 
 
 @pytest.fixture(scope="module")
