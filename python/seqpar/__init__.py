@@ -17,6 +17,10 @@ bf16 (torch only) or fp16); the result has the input's kind and dtype. ``[S, B, 
 (Megatron's layout) are passed as ``x.transpose(0, 1)``, which seqpar copies to make contiguous,
 or better made ``[B, S, H, D]`` once upstream.
 
+The models run on a mesh the same way: ``seqpar.Llama.from_pretrained(path, tp=2,
+ring_degree=2).generate(ids, 16)`` and ``seqpar.WanTransformer.from_pretrained(path)(latents, t,
+prompt_embeds)`` (seqpar/models.py).
+
 Errors: bad arguments raise ValueError with the library's one-line message; communication
 failures raise CommError (a RuntimeError), deadlines CommTimeout (a CommError and TimeoutError).
 """
@@ -45,6 +49,9 @@ __all__ = [
     "Mesh",
     "plan",
     "version",
+    "ModelMesh",
+    "Llama",
+    "WanTransformer",
 ]
 
 __version__ = _core.version()
@@ -395,3 +402,6 @@ def plan(*, ranks: int = 8, model: Optional[str] = None, seq: int = 0, heads: in
     s.cfg, s.tp, s.ulysses_degree, s.ring_degree = int(cfg), int(tp), int(ulysses_degree), int(ring_degree)
     s.cached, s.new = int(cached), int(new)
     return json.loads(_core._plan_json(s, hardware, int(top)))
+
+
+from .models import Llama, ModelMesh, WanTransformer  # noqa: E402

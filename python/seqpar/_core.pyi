@@ -1,7 +1,7 @@
 """Type stubs of seqpar._core, the C++ extension under the package seqpar (whose own
 __init__.py carries its types). Use the package, not this module."""
 
-from typing import Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 class CommError(RuntimeError):
     """A communication failure: a peer that failed or died, a mismatched collective."""
@@ -88,3 +88,23 @@ class _PlanSpec:
 
 def _plan_json(spec: _PlanSpec, hardware: str, top: int) -> str: ...
 def version() -> str: ...
+
+# The models (src/models.cc); the package's seqpar.models wraps them.
+class _LlamaRank:
+    vocab_size: int
+    eos_token_ids: List[int]
+    max_position_embeddings: int
+    def __init__(self, comm: Comm, path: str, mesh: Dict[str, Any]) -> None: ...
+    def generate(self, prompt: List[int], max_new_tokens: int, ignore_eos: bool,
+                 allow_long_context: bool) -> Tuple[List[int], bytes, bool]: ...
+
+class _WanTransformerRank:
+    config: Dict[str, Any]
+    def __init__(self, comm: Comm, path: str, mesh: Dict[str, Any],
+                 boundary_ratio: Optional[float]) -> None: ...
+    def forward(self, latents: int, latents_shape: List[int], timesteps: List[float], text: int,
+                text_shape: List[int], negative: int, negative_shape: List[int], guidance: float,
+                guidance_2: Optional[float]) -> Tuple[bytes, List[int]]: ...
+
+def _check_model_mesh(mesh: Dict[str, Any]) -> None: ...
+def _flow_match_schedule(steps: int, shift: float) -> Tuple[List[float], List[float]]: ...

@@ -38,6 +38,8 @@ namespace py = pybind11;
 namespace seqpar::python {
 // seqpar.plan's part of the module (plan.cc: plan/ and parallel/ both name a type Mesh).
 void bind_plan(py::module_& m);
+// The models (models.cc).
+void bind_models(py::module_& m);
 }  // namespace seqpar::python
 
 namespace seqpar::python {
@@ -514,6 +516,9 @@ py::dict stats_dict(const CallStats& s) {
 }
 
 }  // namespace
+
+Communicator& communicator_of(py::handle comm) { return comm.cast<Comm&>().get(); }
+
 }  // namespace seqpar::python
 
 PYBIND11_MODULE(_core, m) {
@@ -628,5 +633,6 @@ PYBIND11_MODULE(_core, m) {
     return mesh_rows_json(mesh, heads, seq);
   });
   bind_plan(m);
+  bind_models(m);
   m.def("version", [] { return std::string(version()); });
 }

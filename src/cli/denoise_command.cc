@@ -25,6 +25,7 @@
 #include "seqpar/core/timer.h"
 #include "seqpar/core/trace.h"
 #include "seqpar/model/dit.h"
+#include "seqpar/model/model_run.h"
 #include "seqpar/model/ops.h"
 #include "seqpar/model/safetensors.h"
 #include "seqpar/model/wan.h"
@@ -59,26 +60,12 @@ Inputs read_inputs(const DenoiseOptions& o, const ModelPreset& m) {
                                           m.patch[1], "x", m.patch[2]);
   Inputs in;
   in.latents = need("latents", detail::concat("[B, ", m.in_channels, ", F, H, W] with ", grid));
-  const Tensor& x = in.latents;
-  SEQPAR_ARG_CHECK(x.ndim() == 5 && x.dim(1) == m.in_channels && x.dim(0) >= 1, p,
-                   ": tensor 'latents' has shape ", x.shape_str(), "; expected [B, ", m.in_channels,
-                   ", F, H, W]");
-  SEQPAR_ARG_CHECK(x.dim(2) % m.patch[0] == 0 && x.dim(3) % m.patch[1] == 0 &&
-                       x.dim(4) % m.patch[2] == 0 && x.dim(2) > 0 && x.dim(3) > 0 && x.dim(4) > 0,
-                   p, ": tensor 'latents' has shape ", x.shape_str(), "; expected ", grid);
-  const int64_t B = x.dim(0);
+  const int64_t B = in.latents.dim(0) >= 1 && in.latents.ndim() == 5 ? in.latents.dim(0) : 1;
   const std::string text_shape = detail::concat("[", B, ", L, ", m.text_dim, "]");
-  auto check_text = [&](const std::string& name, const Tensor& t) {
-    SEQPAR_ARG_CHECK(t.ndim() == 3 && t.dim(0) == B && t.dim(1) >= 1 && t.dim(2) == m.text_dim, p,
-                     ": tensor '", name, "' has shape ", t.shape_str(), "; expected ", text_shape,
-                     " (the model's text_dim ", m.text_dim, ")");
-  };
   in.text = need("encoder_hidden_states", text_shape);
-  check_text("encoder_hidden_states", in.text);
-  if (f.contains("negative_encoder_hidden_states")) {
+  if (f.contains("negative_encoder_hidden_states"))
     in.negative = f.tensor("negative_encoder_hidden_states", DType::kF32);
-    check_text("negative_encoder_hidden_states", in.negative);
-  }
+  check_wan_inputs(m, in.latents, in.text, in.negative, p);
   const double max_guidance = std::max(o.guidance, o.guidance_2.value_or(o.guidance));
   SEQPAR_ARG_CHECK(o.steps == 0 || max_guidance <= 1 || !in.negative.empty(), p,
                    ": tensor 'negative_encoder_hidden_states' is missing; expected ", text_shape,
@@ -96,22 +83,7 @@ Inputs read_inputs(const DenoiseOptions& o, const ModelPreset& m) {
       in.timestep.push_back(v);
     }
   }
-  for (auto [name, t] :
-       {std::pair{"latents", &in.latents}, std::pair{"encoder_hidden_states", &in.text},
-        std::pair{"negative_encoder_hidden_states", &in.negative}})
-    for (int64_t i = 0; i < t->numel(); ++i)
-      SEQPAR_ARG_CHECK(std::isfinite(t->data<float>()[i]), p, ": tensor '", name,
-                       "' holds a non-finite value at element ", i, "; expected finite values");
   return in;
-}
-
-// Row b of dimension 0 of t, as [1, ...].
-Tensor batch_row(const Tensor& t, int64_t b) {
-  std::vector<int64_t> shape = t.shape();
-  shape[0] = 1;
-  Tensor r(shape);
-  std::memcpy(r.raw(), t.data<float>() + b * r.numel(), r.nbytes());
-  return r;
 }
 
 struct Plan {
@@ -178,44 +150,19 @@ RankResult run_rank(Communicator& world, const Plan& p, const Inputs& in, const 
   ParallelContext ctx = rank_context(mc, p.mesh);
   RankResult res;
   const double t_load = now_seconds();
-  std::vector<WeightStore> stores;
-  std::vector<DiT> dits;
-  for (const WanExpert& e : p.model.experts) stores.push_back(wan_weights(e));
-  for (size_t i = 0; i < stores.size(); ++i)
-    dits.emplace_back(p.model.experts[i].preset, stores[i], ctx);
+  const WanRank wan(p.model, ctx);
   res.load_seconds = world.all_reduce_max(now_seconds() - t_load);
-  int64_t mine = 0;
-  for (const WeightStore& ws : stores) mine += ws.bytes_read();
+  const int64_t mine = wan.weight_bytes();
   res.weight_bytes.resize(world.size());
   world.all_gather(&mine, sizeof(mine), res.weight_bytes.data());
 
-  const bool have_negative = !in.negative.empty();
   const int64_t B = in.latents.dim(0);
-  // The velocity for `latents` at timestep t (per batch row when the rows' timesteps differ):
-  // the high-noise expert (or the only one) at t >= boundary with --guidance, the low-noise one
-  // below with --guidance-2, as WanPipeline.
+  WanGuidance guidance;
+  guidance.guidance = static_cast<float>(o.guidance);
+  guidance.guidance_2 = static_cast<float>(o.guidance_2.value_or(o.guidance));
+  guidance.boundary = p.boundary;
   auto velocity = [&](const Tensor& latents, const std::vector<float>& t) {
-    auto one = [&](const Tensor& x, float tb, const Tensor& text, const Tensor& neg) {
-      const bool low = dits.size() == 2 && tb < p.boundary;
-      const float g = static_cast<float>(low ? o.guidance_2.value_or(o.guidance) : o.guidance);
-      const DiT& dit = dits[low ? 1 : 0];
-      if (have_negative && g > 1.0f) return dit.guided(x, tb, text, neg, g, ctx);
-      return dit.forward(x, tb, text, ctx);
-    };
-    if (std::all_of(t.begin(), t.end(), [&](float v) { return v == t[0]; }))
-      return one(latents, t[0], in.text, in.negative);
-    Tensor out;
-    for (int64_t b = 0; b < B; ++b) {
-      Tensor v = one(batch_row(latents, b), t[b], batch_row(in.text, b),
-                     have_negative ? batch_row(in.negative, b) : Tensor());
-      if (b == 0) {
-        std::vector<int64_t> shape = v.shape();
-        shape[0] = B;
-        out = Tensor(shape);
-      }
-      std::memcpy(out.data<float>() + b * v.numel(), v.raw(), v.nbytes());
-    }
-    return out;
+    return wan.velocity(latents, t, in.text, in.negative, guidance, ctx);
   };
   auto timed = [&](auto&& body, size_t i, size_t n, float t) {
     world.barrier();
@@ -231,14 +178,13 @@ RankResult run_rank(Communicator& world, const Plan& p, const Inputs& in, const 
   if (o.steps == 0) {
     timed([&] { res.output = velocity(in.latents, in.timestep); }, 0, 1, in.timestep[0]);
     res.step_timesteps.push_back(in.timestep[0]);
-    res.step_expert.push_back(dits.size() == 2 && in.timestep[0] < p.boundary ? 2 : 1);
+    res.step_expert.push_back(wan.expert_at(in.timestep[0], guidance));
   } else {
     Tensor x = in.latents;
     const auto& sig = p.schedule.sigmas;
     const size_t n = p.schedule.timesteps.size();
     for (size_t i = 0; i < n; ++i) {
       const float t = p.schedule.timesteps[i];
-      const bool low = dits.size() == 2 && t < p.boundary;
       timed(
           [&] {
             trace::Scope span(trace::enabled() ? "step " + std::to_string(i) : std::string(),
@@ -249,7 +195,7 @@ RankResult run_rank(Communicator& world, const Plan& p, const Inputs& in, const 
           },
           i, n, t);
       res.step_timesteps.push_back(t);
-      res.step_expert.push_back(low ? 2 : 1);
+      res.step_expert.push_back(wan.expert_at(t, guidance));
     }
     res.output = std::move(x);
   }

@@ -19,6 +19,7 @@
 #include "seqpar/core/timer.h"
 #include "seqpar/model/decoder.h"
 #include "seqpar/model/llama.h"
+#include "seqpar/model/model_run.h"
 #include "seqpar/model/safetensors.h"
 
 namespace seqpar::cli {
@@ -183,36 +184,21 @@ Prepared prepare(const GenerateOptions& o, int world) {
   p.ck = open_llama_checkpoint(o.model);
   const ModelPreset& m = p.ck.config;
   const std::string config = o.model + "/config.json";
-  SEQPAR_ARG_CHECK(!ids.empty(), o.prompt_ids.empty() ? "--prompt-ids-file" : "--prompt-ids",
-                   ": the prompt is empty; give at least one token id");
-  for (size_t i = 0; i < ids.size(); ++i)
-    SEQPAR_ARG_CHECK(ids[i] >= 0 && ids[i] < m.vocab, "prompt token ", ids[i], " at position ", i,
-                     " is outside the vocabulary of ", config, " (vocab_size ", m.vocab,
-                     "); valid: 0 to ", m.vocab - 1);
-  limits::check_range("prompt tokens", static_cast<int64_t>(ids.size()), 1, limits::kMaxTokens);
-  p.prompt.assign(ids.begin(), ids.end());
+  LlamaRunNames names;
+  names.prompt = o.prompt_ids.empty() ? "--prompt-ids-file" : "--prompt-ids";
+  names.max_new_tokens = "--max-new-tokens";
+  names.tp = "--tp";
+  names.allow_long_context = "--allow-long-context";
+  p.prompt = check_llama_prompt(p.ck, ids, o.max_new_tokens, o.allow_long_context, names);
   // Positions 0 .. P + N - 2 enter the model (the last new token is not fed back).
   const int64_t last = static_cast<int64_t>(ids.size()) + o.max_new_tokens - 1;
-  if (last > m.max_positions) {
-    SEQPAR_ARG_CHECK(o.allow_long_context, "the prompt (", ids.size(),
-                     " tokens) and --max-new-tokens ", o.max_new_tokens, " need ", last,
-                     " positions, beyond max_position_embeddings ", m.max_positions, " of ", config,
-                     "; shorten them, or pass --allow-long-context");
-    if (reporting_rank())
-      std::fprintf(stderr,
-                   "seqpar: warning: %lld positions exceed max_position_embeddings %lld of %s "
-                   "(--allow-long-context); the model was not trained for them\n",
-                   static_cast<long long>(last), static_cast<long long>(m.max_positions),
-                   config.c_str());
-  }
-  const int64_t tp = o.tp;
-  SEQPAR_ARG_CHECK(
-      m.heads % tp == 0 && (m.kv_heads % tp == 0 || tp % m.kv_heads == 0) && m.ffn_dim % tp == 0,
-      "--tp ", tp, " must divide num_attention_heads ", m.heads, " and intermediate_size ",
-      m.ffn_dim,
-      ", and divide or be a multiple of "
-      "num_key_value_heads ",
-      m.kv_heads, " (", config, ")");
+  if (last > m.max_positions && reporting_rank())
+    std::fprintf(stderr,
+                 "seqpar: warning: %lld positions exceed max_position_embeddings %lld of %s "
+                 "(--allow-long-context); the model was not trained for them\n",
+                 static_cast<long long>(last), static_cast<long long>(m.max_positions),
+                 config.c_str());
+  check_llama_tp(p.ck, o.tp, names);
   return p;
 }
 

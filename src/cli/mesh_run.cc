@@ -62,17 +62,7 @@ MeshChoice resolve_mesh(const MeshFlags& f, int world) {
   return m;
 }
 
-ParallelContext rank_context(MeshComms& mc, const MeshChoice& m) {
-  ParallelContext ctx;
-  ctx.tp = &mc.tp();
-  ctx.sp = &mc.sp_comms();
-  ctx.cfg = &mc.cfg();
-  ctx.strategy = mc.sp_comms().sp().size() > 1 ? m.strategy : Strategy::kRing;
-  ctx.layout = m.layout;
-  ctx.pad = m.pad;
-  ctx.cp.ulysses_mode = m.mode;
-  return ctx;
-}
+ParallelContext rank_context(MeshComms& mc, const MeshChoice& m) { return model_context(mc, m); }
 
 void run_on_threads(int n, const std::function<void(Communicator& world)>& body) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

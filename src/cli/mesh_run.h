@@ -9,17 +9,12 @@
 #include "cli/commands.h"
 #include "seqpar/comm/communicator.h"
 #include "seqpar/model/context.h"
+#include "seqpar/model/model_run.h"
 #include "seqpar/parallel/mesh.h"
 
 namespace seqpar::cli {
 
-struct MeshChoice {
-  MeshShape shape;
-  Strategy strategy = Strategy::kRing;
-  Layout layout = Layout::kContiguous;
-  UlyssesMode mode = UlyssesMode::kUaa;
-  bool pad = false;
-};
+using MeshChoice = ModelMesh;
 
 // Registers --tp, --ulysses-degree, --ring-degree, --strategy, --layout, --ulysses-mode, --pad,
 // --backend (and --cfg when with_cfg) on `cmd`.

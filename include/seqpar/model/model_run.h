@@ -1,0 +1,90 @@
+// What every caller that runs a model on a mesh shares (the CLI's generate and denoise, and the
+// Python module): the mesh a model runs on, a rank's ParallelContext over it, the checks of a
+// Llama generation against its checkpoint, and a rank's Wan transformer (one or two experts,
+// classifier-free guidance, per-row timesteps) as WanPipeline calls it.
+// Messages name the parameters as the API calls them ("tp", "max_new_tokens"); the CLI passes
+// its flag names where it has its own.
+// Thread-safety: the functions are reentrant; a WanRank belongs to its rank thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "seqpar/model/dit.h"
+#include "seqpar/model/llama.h"
+#include "seqpar/model/wan.h"
+#include "seqpar/parallel/mesh.h"
+#include "seqpar/parallel/partition.h"
+#include "seqpar/parallel/strategies.h"
+
+namespace seqpar {
+
+// A cfg x tp x ring x ulysses mesh and how its sequence-parallel group runs attention.
+struct ModelMesh {
+  MeshShape shape;
+  Strategy strategy = Strategy::kRing;  // kUsp / kUlysses set by the degrees
+  Layout layout = Layout::kContiguous;
+  UlyssesMode mode = UlyssesMode::kUaa;
+  bool pad = false;
+};
+
+// The mesh of these degrees, each in 1..limits::kMaxRanks; strategy ("ring" | "allgather") is
+// used when ulysses_degree is 1, USP or Ulysses follow from the degrees otherwise.
+ModelMesh model_mesh(int cfg, int tp, int ring_degree, int ulysses_degree,
+                     const std::string& strategy, const std::string& layout,
+                     const std::string& ulysses_mode, bool pad);
+
+// Rank `mc`'s context on mesh m (strategies apply only where the sequence is sharded).
+ParallelContext model_context(MeshComms& mc, const ModelMesh& m);
+
+// Checks a greedy generation of max_new_tokens after `prompt` on tensor-parallel size tp against
+// the checkpoint: ids in the vocabulary, positions within max_position_embeddings (unless
+// allow_long_context), tp dividing the heads and FFN. `names` are the words for the prompt,
+// max_new_tokens and tp in messages.
+struct LlamaRunNames {
+  std::string prompt = "prompt", max_new_tokens = "max_new_tokens", tp = "tp",
+              allow_long_context = "allow_long_context=True";
+};
+void check_llama_tp(const LlamaCheckpoint& ck, int64_t tp, const LlamaRunNames& names = {});
+std::vector<int32_t> check_llama_prompt(const LlamaCheckpoint& ck,
+                                        const std::vector<int64_t>& prompt, int64_t max_new_tokens,
+                                        bool allow_long_context, const LlamaRunNames& names = {});
+
+// How a WanRank combines its experts and guidance: the high-noise expert (or the only one) at
+// t >= boundary with `guidance`, the low-noise one below with `guidance_2`; guidance applies
+// when the negative text states are given and the scale is > 1.
+struct WanGuidance {
+  float guidance = 1.0f;
+  float guidance_2 = 1.0f;
+  double boundary = 0;  // timestep (0..1000) where experts[1] takes over
+};
+
+// A rank's Wan model: one DiT per expert, loaded on construction (collective over ctx's groups
+// only in that every rank loads its share).
+class WanRank {
+ public:
+  WanRank(const WanModel& model, const ParallelContext& ctx);
+
+  // Velocity (B, C_out, F, H, W) for latents (B, C, F, H, W) at timesteps [B] (one forward when
+  // they are equal, else row by row) given text (B, L, text_dim) and negative (B, L', text_dim)
+  // or an empty tensor. Every rank returns the full velocity.
+  Tensor velocity(const Tensor& latents, const std::vector<float>& timesteps, const Tensor& text,
+                  const Tensor& negative, const WanGuidance& g, ParallelContext& ctx) const;
+
+  // 1 or 2: the expert that runs at timestep t.
+  int expert_at(float t, const WanGuidance& g) const;
+  int64_t weight_bytes() const { return weight_bytes_; }
+  size_t experts() const { return dits_.size(); }
+
+ private:
+  std::vector<DiT> dits_;
+  int64_t weight_bytes_ = 0;
+};
+
+// Checks latents (B, C, F, H, W), text states (B, L, text_dim) and optional negative states
+// against preset m; `where` prefixes the messages, the tensors are named as in WanPipeline.
+void check_wan_inputs(const ModelPreset& m, const Tensor& latents, const Tensor& text,
+                      const Tensor& negative, const std::string& where);
+
+}  // namespace seqpar

@@ -1,0 +1,217 @@
+// seqpar._core's models: a rank's Llama (greedy generation) and a rank's Wan transformer (noise
+// prediction), each on its rank's Comm, built from the library's model_run.h as the CLI's
+// generate and denoise are. The package (python/seqpar/models.py) runs them on ThreadWorld
+// ranks or under MPI.
+//
+// Thread-safety: a model belongs to its rank (the thread holding its Comm); every call releases
+// the GIL while the library computes.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "seqpar/core/limits.h"
+#include "seqpar/model/decoder.h"
+#include "seqpar/model/llama.h"
+#include "seqpar/model/model_run.h"
+#include "seqpar/model/wan.h"
+
+namespace py = pybind11;
+
+namespace seqpar::python {
+
+// module.cc: the Communicator of a Comm (raises if the Comm is closed).
+Communicator& communicator_of(py::handle comm);
+
+namespace {
+
+// One rank's model on its mesh. The Comm object is held so the communicator outlives the
+// groups split from it; every call checks it is still open (a ThreadWorld comm closes after
+// run()).
+struct RankMesh {
+  py::object comm;
+  ModelMesh mesh;
+  std::unique_ptr<MeshComms> comms;
+  ParallelContext ctx;
+
+  RankMesh(py::object c, const ModelMesh& m) : comm(std::move(c)), mesh(m) {
+    Communicator& world = communicator_of(comm);
+    SEQPAR_ARG_CHECK(world.size() == mesh.shape.world(), "the mesh ", mesh_shape_text(mesh.shape),
+                     " needs ", mesh.shape.world(), " ranks but comm has ", world.size());
+    py::gil_scoped_release release;
+    comms = std::make_unique<MeshComms>(world, mesh.shape);
+    ctx = model_context(*comms, mesh);
+  }
+  void check_open() const { (void)communicator_of(comm); }
+};
+
+ModelMesh mesh_of(const py::dict& d) {
+  return model_mesh(d["cfg"].cast<int>(), d["tp"].cast<int>(), d["ring_degree"].cast<int>(),
+                    d["ulysses_degree"].cast<int>(), d["strategy"].cast<std::string>(),
+                    d["layout"].cast<std::string>(), d["ulysses_mode"].cast<std::string>(),
+                    d["pad"].cast<bool>());
+}
+
+class LlamaRank {
+ public:
+  LlamaRank(py::object comm, const std::string& dir, const py::dict& mesh)
+      : rank_(std::move(comm), mesh_of(mesh)) {
+    SEQPAR_ARG_CHECK(rank_.mesh.shape.cfg == 1, "Llama: cfg ", rank_.mesh.shape.cfg,
+                     " is invalid; valid: 1 (guidance branches are for diffusion models)");
+    py::gil_scoped_release release;
+    ck_ = open_llama_checkpoint(dir);
+    check_llama_tp(ck_, rank_.mesh.shape.tp);
+    decoder_ = std::make_unique<Decoder>(ck_.config, ck_.weights, rank_.ctx);
+    ck_.weights = WeightStore();  // the decoder holds its slices
+  }
+
+  // (tokens [N] int64, logits [N, vocab] fp32 as bytes, stopped)
+  py::tuple generate(const std::vector<int64_t>& ids, int64_t max_new_tokens, bool ignore_eos,
+                     bool allow_long_context) {
+    rank_.check_open();
+    const std::vector<int32_t> prompt =
+        check_llama_prompt(ck_, ids, max_new_tokens, allow_long_context);
+    Decoder::Options opts;
+    opts.max_new_tokens = max_new_tokens;
+    if (!ignore_eos) opts.stop_tokens = ck_.eos_token_ids;
+    Decoder::Output out;
+    {
+      py::gil_scoped_release release;
+      out = decoder_->generate(prompt, opts, rank_.ctx);
+    }
+    const int64_t vocab = ck_.config.vocab;
+    std::string logits(out.logits.size() * vocab * sizeof(float), '\0');
+    for (size_t i = 0; i < out.logits.size(); ++i)
+      std::memcpy(logits.data() + i * vocab * sizeof(float), out.logits[i].raw(),
+                  vocab * sizeof(float));
+    std::vector<int64_t> tokens(out.tokens.begin(), out.tokens.end());
+    return py::make_tuple(tokens, py::bytes(logits), out.stopped);
+  }
+
+  int64_t vocab() const { return ck_.config.vocab; }
+  std::vector<int64_t> eos_token_ids() const { return ck_.eos_token_ids; }
+  int64_t max_positions() const { return ck_.config.max_positions; }
+
+ private:
+  RankMesh rank_;
+  LlamaCheckpoint ck_;
+  std::unique_ptr<Decoder> decoder_;
+};
+
+// A caller's contiguous fp32 array by address and shape (borrowed for the call).
+Tensor f32_view(uintptr_t address, const std::vector<int64_t>& shape) {
+  if (address == 0) return Tensor();
+  return Tensor::borrow(reinterpret_cast<const void*>(address), shape, DType::kF32);
+}
+
+class WanTransformerRank {
+ public:
+  WanTransformerRank(py::object comm, const std::string& dir, const py::dict& mesh,
+                     py::object boundary_ratio)
+      : rank_(std::move(comm), mesh_of(mesh)) {
+    py::gil_scoped_release release;
+    model_ = open_wan_model(dir);
+    const ModelPreset& m = model_.experts[0].preset;
+    SEQPAR_ARG_CHECK(m.heads % rank_.mesh.shape.tp == 0, "tp ", rank_.mesh.shape.tp,
+                     " does not divide the ", m.heads, " heads of ", dir,
+                     "; valid: ", divisors_text(m.heads));
+    {
+      py::gil_scoped_acquire acquire;
+      if (!boundary_ratio.is_none()) {
+        const double r = boundary_ratio.cast<double>();
+        SEQPAR_ARG_CHECK(r > 0 && r < 1, "boundary_ratio ", r, " is invalid; valid: (0, 1)");
+        ratio_ = r;
+      }
+    }
+    if (model_.experts.size() == 2 && !ratio_) ratio_ = *model_.boundary_ratio;
+    wan_ = std::make_unique<WanRank>(model_, rank_.ctx);
+  }
+
+  // Velocity as bytes (B, C_out, F, H, W) fp32 and its shape.
+  py::tuple forward(uintptr_t latents, const std::vector<int64_t>& latents_shape,
+                    const std::vector<float>& timesteps, uintptr_t text,
+                    const std::vector<int64_t>& text_shape, uintptr_t negative,
+                    const std::vector<int64_t>& negative_shape, double guidance,
+                    py::object guidance_2) {
+    rank_.check_open();
+    const ModelPreset& m = model_.experts[0].preset;
+    const Tensor x = f32_view(latents, latents_shape), t = f32_view(text, text_shape),
+                 n = f32_view(negative, negative_shape);
+    WanGuidance g;
+    for (auto [name, v] : {std::pair{"guidance_scale", guidance},
+                           std::pair{"guidance_scale_2",
+                                     guidance_2.is_none() ? guidance : guidance_2.cast<double>()}})
+      SEQPAR_ARG_CHECK(std::isfinite(v) && v >= 0 && v <= 100, name, " ", v,
+                       " is invalid; valid: 0..100");
+    g.guidance = static_cast<float>(guidance);
+    g.guidance_2 = static_cast<float>(guidance_2.is_none() ? guidance : guidance_2.cast<double>());
+    g.boundary = ratio_.value_or(0) * 1000.0;
+    SEQPAR_ARG_CHECK(rank_.mesh.shape.cfg == 1 || (!n.empty() && g.guidance > 1), "cfg ",
+                     rank_.mesh.shape.cfg,
+                     " runs the two guidance branches side by side; it needs "
+                     "negative_encoder_hidden_states and guidance_scale > 1");
+    Tensor v;
+    {
+      py::gil_scoped_release release;
+      check_wan_inputs(m, x, t, n, "WanTransformer.forward");
+      SEQPAR_ARG_CHECK(static_cast<int64_t>(timesteps.size()) == x.dim(0),
+                       "WanTransformer.forward: timestep has ", timesteps.size(),
+                       " values; expected one or [", x.dim(0), "]");
+      for (float tb : timesteps)
+        SEQPAR_ARG_CHECK(std::isfinite(tb) && tb >= 0 && tb <= 1000,
+                         "WanTransformer.forward: timestep ", tb, " is invalid; valid: 0..1000");
+      v = wan_->velocity(x, timesteps, t, n, g, rank_.ctx);
+    }
+    return py::make_tuple(py::bytes(static_cast<const char*>(v.raw()), v.nbytes()), v.shape());
+  }
+
+  py::dict config() const {
+    const ModelPreset& m = model_.experts[0].preset;
+    py::dict d;
+    d["in_channels"] = m.in_channels;
+    d["out_channels"] = m.out_channels;
+    d["text_dim"] = m.text_dim;
+    d["heads"] = m.heads;
+    d["patch_size"] = py::make_tuple(m.patch[0], m.patch[1], m.patch[2]);
+    d["experts"] = model_.experts.size();
+    d["layout"] = std::string(wan_layout_name(model_.experts[0].layout));
+    d["boundary_ratio"] = ratio_ ? py::cast(*ratio_) : py::none();
+    return d;
+  }
+
+ private:
+  RankMesh rank_;
+  WanModel model_;
+  std::optional<double> ratio_;
+  std::unique_ptr<WanRank> wan_;
+};
+
+}  // namespace
+
+void bind_models(py::module_& m) {
+  py::class_<LlamaRank>(m, "_LlamaRank")
+      .def(py::init<py::object, const std::string&, const py::dict&>())
+      .def("generate", &LlamaRank::generate)
+      .def_property_readonly("vocab_size", &LlamaRank::vocab)
+      .def_property_readonly("eos_token_ids", &LlamaRank::eos_token_ids)
+      .def_property_readonly("max_position_embeddings", &LlamaRank::max_positions);
+  py::class_<WanTransformerRank>(m, "_WanTransformerRank")
+      .def(py::init<py::object, const std::string&, const py::dict&, py::object>())
+      .def("forward", &WanTransformerRank::forward)
+      .def_property_readonly("config", &WanTransformerRank::config);
+  m.def("_check_model_mesh", [](const py::dict& mesh) { (void)mesh_of(mesh); });
+  m.def("_flow_match_schedule", [](int steps, double shift) {
+    limits::check_range("num_inference_steps", int64_t{steps}, 1, limits::kMaxSteps);
+    SEQPAR_ARG_CHECK(std::isfinite(shift) && shift > 0 && shift <= 100, "shift ", shift,
+                     " is invalid; valid: (0, 100]");
+    const FlowMatchSchedule s = flow_match_schedule(steps, shift);
+    return py::make_tuple(s.sigmas, s.timesteps);
+  });
+}
+
+}  // namespace seqpar::python

@@ -1,0 +1,160 @@
+#include "seqpar/model/model_run.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "seqpar/core/limits.h"
+
+namespace seqpar {
+
+ModelMesh model_mesh(int cfg, int tp, int ring_degree, int ulysses_degree,
+                     const std::string& strategy, const std::string& layout,
+                     const std::string& ulysses_mode, bool pad) {
+  using limits::check_range;
+  check_range("cfg", int64_t{cfg}, 1, 2);
+  check_range("tp", int64_t{tp}, 1, limits::kMaxRanks);
+  check_range("ring_degree", int64_t{ring_degree}, 1, limits::kMaxRanks);
+  check_range("ulysses_degree", int64_t{ulysses_degree}, 1, limits::kMaxRanks);
+  (void)limits::checked_product({cfg, tp, ring_degree, ulysses_degree},
+                                "ranks of cfg x tp x ring_degree x ulysses_degree",
+                                limits::kMaxRanks);
+  ModelMesh m;
+  m.shape = {cfg, tp, ring_degree, ulysses_degree};
+  m.layout = parse_layout(layout);
+  m.mode = parse_ulysses_mode(ulysses_mode);
+  m.pad = pad;
+  if (ring_degree > 1 && ulysses_degree > 1) {
+    m.strategy = Strategy::kUsp;
+  } else if (ulysses_degree > 1) {
+    m.strategy = Strategy::kUlysses;
+  } else {
+    m.strategy = parse_strategy(strategy);
+    SEQPAR_ARG_CHECK(m.strategy == Strategy::kRing || m.strategy == Strategy::kAllGather,
+                     "strategy ", strategy, " needs ulysses_degree > 1; with only ring_degree ",
+                     "use ring or allgather");
+  }
+  return m;
+}
+
+ParallelContext model_context(MeshComms& mc, const ModelMesh& m) {
+  ParallelContext ctx;
+  ctx.tp = &mc.tp();
+  ctx.sp = &mc.sp_comms();
+  ctx.cfg = &mc.cfg();
+  ctx.strategy = mc.sp_comms().sp().size() > 1 ? m.strategy : Strategy::kRing;
+  ctx.layout = m.layout;
+  ctx.pad = m.pad;
+  ctx.cp.ulysses_mode = m.mode;
+  return ctx;
+}
+
+void check_llama_tp(const LlamaCheckpoint& ck, int64_t tp, const LlamaRunNames& names) {
+  const ModelPreset& m = ck.config;
+  SEQPAR_ARG_CHECK(
+      m.heads % tp == 0 && (m.kv_heads % tp == 0 || tp % m.kv_heads == 0) && m.ffn_dim % tp == 0,
+      names.tp, " ", tp, " must divide num_attention_heads ", m.heads, " and intermediate_size ",
+      m.ffn_dim, ", and divide or be a multiple of num_key_value_heads ", m.kv_heads, " (", ck.dir,
+      "/config.json)");
+}
+
+std::vector<int32_t> check_llama_prompt(const LlamaCheckpoint& ck, const std::vector<int64_t>& ids,
+                                        int64_t max_new_tokens, bool allow_long_context,
+                                        const LlamaRunNames& names) {
+  const ModelPreset& m = ck.config;
+  const std::string config = ck.dir + "/config.json";
+  limits::check_range(names.max_new_tokens, max_new_tokens, 1, limits::kMaxSteps);
+  SEQPAR_ARG_CHECK(!ids.empty(), names.prompt, ": the prompt is empty; give at least one token id");
+  for (size_t i = 0; i < ids.size(); ++i)
+    SEQPAR_ARG_CHECK(ids[i] >= 0 && ids[i] < m.vocab, "prompt token ", ids[i], " at position ", i,
+                     " is outside the vocabulary of ", config, " (vocab_size ", m.vocab,
+                     "); valid: 0 to ", m.vocab - 1);
+  limits::check_range("prompt tokens", static_cast<int64_t>(ids.size()), 1, limits::kMaxTokens);
+  // Positions 0 .. P + N - 2 enter the model (the last new token is not fed back).
+  const int64_t last = static_cast<int64_t>(ids.size()) + max_new_tokens - 1;
+  SEQPAR_ARG_CHECK(last <= m.max_positions || allow_long_context, "the prompt (", ids.size(),
+                   " tokens) and ", names.max_new_tokens, " ", max_new_tokens, " need ", last,
+                   " positions, beyond max_position_embeddings ", m.max_positions, " of ", config,
+                   "; shorten them, or pass ", names.allow_long_context);
+  return std::vector<int32_t>(ids.begin(), ids.end());
+}
+
+namespace {
+
+// Row b of dimension 0 of t, as [1, ...].
+Tensor batch_row(const Tensor& t, int64_t b) {
+  std::vector<int64_t> shape = t.shape();
+  shape[0] = 1;
+  Tensor r(shape);
+  std::memcpy(r.raw(), t.data<float>() + b * r.numel(), r.nbytes());
+  return r;
+}
+
+}  // namespace
+
+WanRank::WanRank(const WanModel& model, const ParallelContext& ctx) {
+  for (const WanExpert& e : model.experts) {
+    WeightStore ws = wan_weights(e);
+    dits_.emplace_back(e.preset, ws, ctx);
+    weight_bytes_ += ws.bytes_read();
+  }
+}
+
+int WanRank::expert_at(float t, const WanGuidance& g) const {
+  return dits_.size() == 2 && t < g.boundary ? 2 : 1;
+}
+
+Tensor WanRank::velocity(const Tensor& latents, const std::vector<float>& t, const Tensor& text,
+                         const Tensor& negative, const WanGuidance& g, ParallelContext& ctx) const {
+  const bool have_negative = !negative.empty();
+  auto one = [&](const Tensor& x, float tb, const Tensor& txt, const Tensor& neg) {
+    const bool low = expert_at(tb, g) == 2;
+    const float scale = low ? g.guidance_2 : g.guidance;
+    const DiT& dit = dits_[low ? 1 : 0];
+    if (have_negative && scale > 1.0f) return dit.guided(x, tb, txt, neg, scale, ctx);
+    return dit.forward(x, tb, txt, ctx);
+  };
+  if (std::all_of(t.begin(), t.end(), [&](float v) { return v == t[0]; }))
+    return one(latents, t[0], text, negative);
+  const int64_t B = latents.dim(0);
+  Tensor out;
+  for (int64_t b = 0; b < B; ++b) {
+    Tensor v = one(batch_row(latents, b), t[b], batch_row(text, b),
+                   have_negative ? batch_row(negative, b) : Tensor());
+    if (b == 0) {
+      std::vector<int64_t> shape = v.shape();
+      shape[0] = B;
+      out = Tensor(shape);
+    }
+    std::memcpy(out.data<float>() + b * v.numel(), v.raw(), v.nbytes());
+  }
+  return out;
+}
+
+void check_wan_inputs(const ModelPreset& m, const Tensor& x, const Tensor& text,
+                      const Tensor& negative, const std::string& p) {
+  const std::string grid = detail::concat("F, H, W multiples of the patch ", m.patch[0], "x",
+                                          m.patch[1], "x", m.patch[2]);
+  SEQPAR_ARG_CHECK(x.ndim() == 5 && x.dim(1) == m.in_channels && x.dim(0) >= 1, p,
+                   ": tensor 'latents' has shape ", x.shape_str(), "; expected [B, ", m.in_channels,
+                   ", F, H, W]");
+  SEQPAR_ARG_CHECK(x.dim(2) % m.patch[0] == 0 && x.dim(3) % m.patch[1] == 0 &&
+                       x.dim(4) % m.patch[2] == 0 && x.dim(2) > 0 && x.dim(3) > 0 && x.dim(4) > 0,
+                   p, ": tensor 'latents' has shape ", x.shape_str(), "; expected ", grid);
+  const int64_t B = x.dim(0);
+  const std::string text_shape = detail::concat("[", B, ", L, ", m.text_dim, "]");
+  auto check_text = [&](const std::string& name, const Tensor& t) {
+    SEQPAR_ARG_CHECK(t.ndim() == 3 && t.dim(0) == B && t.dim(1) >= 1 && t.dim(2) == m.text_dim, p,
+                     ": tensor '", name, "' has shape ", t.shape_str(), "; expected ", text_shape,
+                     " (the model's text_dim ", m.text_dim, ")");
+  };
+  check_text("encoder_hidden_states", text);
+  if (!negative.empty()) check_text("negative_encoder_hidden_states", negative);
+  for (auto [name, t] : {std::pair{"latents", &x}, std::pair{"encoder_hidden_states", &text},
+                         std::pair{"negative_encoder_hidden_states", &negative}})
+    for (int64_t i = 0; i < t->numel(); ++i)
+      SEQPAR_ARG_CHECK(std::isfinite(t->data<float>()[i]), p, ": tensor '", name,
+                       "' holds a non-finite value at element ", i, "; expected finite values");
+}
+
+}  // namespace seqpar

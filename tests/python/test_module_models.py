@@ -1,0 +1,172 @@
+"""seqpar.Llama and seqpar.WanTransformer from Python against transformers' LlamaForCausalLM and
+diffusers' WanTransformer3DModel, with the checkpoints and tolerances of test_llama_generate.py
+and test_wan.py: identical greedy tokens and logits within 1e-3 (float32 weights), noise_pred
+within 1e-4 relative, on one rank and on meshes of threads (the whole mesh in one object, and a
+rank's model on its comm inside ThreadWorld.run), and a Llama under mpirun -np 2."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from module_env import SEQPAR_PYTHONPATH, mpirun  # puts the built module on sys.path
+
+import seqpar  # noqa: E402
+import torch  # noqa: E402
+
+import llama_ref as L  # noqa: E402
+from test_wan import (GRID_LATENT, NEG_LEN, TEXT_DIM, TEXT_LEN, make_model,  # noqa: E402
+                      reference_loop, rel_err, save_diffusers)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOL_LOGITS = 1e-3  # test_llama_generate.py's float32 bound (measured there: 1.7e-4)
+TOL_WAN = 1e-4     # test_wan.py's one call, fp32 weights
+TOL_LOOP = 1e-3    # test_wan.py's guided loop
+NEW = 6
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    path = L.make_checkpoint(str(tmp_path_factory.mktemp("llama") / "m"), tied=False,
+                             dtype=torch.float32, sharded=False)
+    prompt = L.prompt_of(11, L.TINY["vocab_size"], 3)
+    tokens, logits = L.reference(path, prompt, NEW)
+    return {"path": path, "prompt": prompt, "tokens": tokens, "logits": logits}
+
+
+@pytest.mark.parametrize("mesh", [{}, {"tp": 2, "ring_degree": 2},
+                                  {"ulysses_degree": 2, "layout": "zigzag"}],
+                         ids=["1rank", "tp2_ring2", "ulysses2_zigzag"])
+def test_llama_threads(llama, mesh):
+    with seqpar.Llama.from_pretrained(llama["path"], **mesh) as model:
+        assert model.mesh.ranks == L.ranks_of({k.replace("_", "-"): v for k, v in mesh.items()})
+        tokens, logits = model.generate(torch.tensor([llama["prompt"]]), NEW, return_logits=True)
+        assert tokens.dtype == torch.int64 and logits.shape == (NEW, L.TINY["vocab_size"])
+        err = float(np.abs(logits.numpy() - llama["logits"]).max())
+        print(f"llama {mesh}: max abs logit error {err:.3g}")
+        assert tokens.tolist() == llama["tokens"]
+        assert err <= TOL_LOGITS
+        # The ranks stay loaded: a second call, a list prompt -> NumPy tokens.
+        again = model.generate(llama["prompt"], 3)
+        assert isinstance(again, np.ndarray) and again.tolist() == llama["tokens"][:3]
+
+
+def test_llama_rank_models_on_a_comm(llama):
+    def rank(comm):
+        model = seqpar.Llama.from_pretrained(llama["path"], comm=comm,
+                                             mesh=seqpar.ModelMesh(ring_degree=2))
+        return model.generate(llama["prompt"], NEW).tolist()
+
+    assert seqpar.ThreadWorld(2).run(rank) == [llama["tokens"]] * 2
+
+
+def test_llama_bad_arguments(llama):
+    with pytest.raises(ValueError, match=r"^tp 3 must divide num_attention_heads 8"):
+        seqpar.Llama.from_pretrained(llama["path"], tp=3)
+    with pytest.raises(ValueError, match=r"^ring_degree 0 is out of range"):
+        seqpar.Llama.from_pretrained(llama["path"], ring_degree=0)
+    with pytest.raises(ValueError, match="config.json"):
+        seqpar.Llama.from_pretrained(os.path.dirname(llama["path"]) + "/missing")
+    with seqpar.Llama.from_pretrained(llama["path"], ring_degree=2) as model:
+        with pytest.raises(ValueError, match=r"^prompt token 381 at position 1 is outside"):
+            model.generate([1, 381], 2)
+        with pytest.raises(ValueError, match=r"^max_new_tokens 0 is out of range"):
+            model.generate([1, 2], 0)
+        assert model.generate(llama["prompt"], 2).tolist() == llama["tokens"][:2]  # still serving
+
+
+def test_llama_mpi(llama, tmp_path):
+    """Every rank of mpirun -np 2 gets the reference's tokens (each writes its own file: the
+    ranks' stdout would interleave)."""
+    script = tmp_path / "llama_mpi.py"
+    script.write_text(
+        "import json, sys\nsys.path.insert(0, sys.argv[1])\nimport seqpar\n"
+        "comm = seqpar.MpiComm()\n"
+        "model = seqpar.Llama.from_pretrained(sys.argv[2], comm=comm, ring_degree=2)\n"
+        "tokens = model.generate([int(t) for t in sys.argv[3].split(',')], int(sys.argv[4]))\n"
+        "open(f'{sys.argv[5]}/rank{comm.rank}.json', 'w').write(json.dumps(tokens.tolist()))\n")
+    r = mpirun(2, str(script), SEQPAR_PYTHONPATH, llama["path"],
+               ",".join(map(str, llama["prompt"])), str(NEW), str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    for rank in range(2):
+        assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == llama["tokens"]
+
+
+@pytest.fixture(scope="module")
+def wan(tmp_path_factory):
+    d = tmp_path_factory.mktemp("wan_module")
+    m = make_model(1)
+    save_diffusers([m], str(d / "diffusers"))
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(1, 4, *GRID_LATENT, generator=g)
+    text = torch.randn(1, TEXT_LEN, TEXT_DIM, generator=g)
+    neg = torch.randn(1, NEG_LEN, TEXT_DIM, generator=g)
+    t = torch.tensor([737.0])
+    with torch.no_grad():
+        cond = m(hidden_states=x, timestep=t, encoder_hidden_states=text).sample
+        uncond = m(hidden_states=x, timestep=t, encoder_hidden_states=neg).sample
+    return {"path": str(d / "diffusers"), "model": m, "x": x, "text": text, "neg": neg,
+            "cond": cond, "guided": uncond + 5.0 * (cond - uncond)}
+
+
+@pytest.mark.parametrize("mesh,guided", [({}, False), ({"tp": 2, "ring_degree": 2}, False),
+                                         ({"cfg": 2, "ulysses_degree": 2}, True)],
+                         ids=["1rank", "tp2_ring2", "cfg2_ulysses2_guided"])
+def test_wan_forward(wan, mesh, guided):
+    with seqpar.WanTransformer.from_pretrained(wan["path"], **mesh) as model:
+        assert model.config["in_channels"] == 4 and model.config["layout"] == "diffusers"
+        if guided:
+            out = model(wan["x"], 737.0, wan["text"], wan["neg"], guidance_scale=5.0)
+            ref = wan["guided"]
+        else:
+            out = model.forward(wan["x"], torch.tensor([737.0]), wan["text"])
+            ref = wan["cond"]
+        err = rel_err(out, ref)
+        print(f"wan {mesh}: relative error {err:.3g}")
+        assert isinstance(out, torch.Tensor) and out.shape == ref.shape
+        assert err <= TOL_WAN
+        # NumPy in, NumPy out
+        out_np = model.forward(wan["x"].numpy(), 737.0, wan["text"].numpy(),
+                               wan["neg"].numpy() if guided else None,
+                               guidance_scale=5.0 if guided else 1.0)
+        assert isinstance(out_np, np.ndarray) and np.array_equal(out_np, out.numpy())
+
+
+def test_wan_sample_and_rank_models(wan):
+    ref, _ = reference_loop([wan["model"]], None, wan["x"], wan["text"], wan["neg"], 2, 5.0, 5.0,
+                            3.0)
+
+    def rank(comm):
+        model = seqpar.WanTransformer.from_pretrained(wan["path"], comm=comm, ring_degree=2)
+        return model.sample(wan["x"], wan["text"], wan["neg"], num_inference_steps=2,
+                            guidance_scale=5.0, shift=3.0)
+
+    outs = seqpar.ThreadWorld(2).run(rank)
+    assert torch.equal(outs[0], outs[1])
+    err = rel_err(outs[0], ref)
+    print(f"wan 2-step guided loop, ring 2: relative error {err:.3g}")
+    assert err <= TOL_LOOP
+
+
+def test_wan_bad_arguments(wan):
+    with pytest.raises(ValueError, match=r"^tp 3 does not divide the 4 heads"):
+        seqpar.WanTransformer.from_pretrained(wan["path"], tp=3)
+    with seqpar.WanTransformer.from_pretrained(wan["path"]) as model:
+        with pytest.raises(ValueError, match=r"tensor 'latents' has shape \[1, 3, 3, 10, 18\]"):
+            model(wan["x"][:, :3], 737.0, wan["text"])
+        with pytest.raises(ValueError, match=r"timestep 2000 is invalid"):
+            model(wan["x"], 2000.0, wan["text"])
+        assert rel_err(model(wan["x"], 737.0, wan["text"]), wan["cond"]) <= TOL_WAN
+
+
+def test_readme_model_block(llama):
+    """The README's model example runs as it stands, on the tiny checkpoint."""
+    readme = os.path.join(HERE, "..", "..", "README.md")
+    text = open(readme).read().split("## Use it from Python", 1)[1].split("\n## ", 1)[0]
+    block = text.split("```python\n")[2].split("```", 1)[0]
+    assert '"Llama-3.2-1B"' in block
+    scope = {}
+    exec(compile(block.replace('"Llama-3.2-1B"', repr(llama["path"])), "README.md", "exec"),
+         scope)
+    assert scope["tokens"].shape == (8,) and scope["logits"].shape == (8, L.TINY["vocab_size"])
