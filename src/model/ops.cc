@@ -83,6 +83,10 @@ constexpr int64_t kConvertedBlockBytes = 512 << 10;
 // as 2 bytes, instead of converted to fp32, written and read again.
 constexpr int64_t kMaxGemvRows = 8;
 
+// Partial sums a dot product keeps: the summation order (and so the rounding) is the same
+// whether or not the compiler vectorizes the loop, and the error grows with k / kLanes, not k.
+constexpr int kLanes = 8;
+
 // y (m, n) = x (m, k) · w (n, k, bf16)ᵀ + bias, m <= kMaxGemvRows; output rows split over the
 // calling thread's OpenMP team.
 void gemv_bf16(const float* x, int64_t m, int64_t k, const uint16_t* w, int64_t n,
@@ -92,14 +96,18 @@ void gemv_bf16(const float* x, int64_t m, int64_t k, const uint16_t* w, int64_t 
     const uint16_t* row = w + j * k;
     for (int64_t r = 0; r < m; ++r) {
       const float* xr = x + r * k;
-      float s = 0.f;
-#pragma omp simd reduction(+ : s)
-      for (int64_t i = 0; i < k; ++i) {
-        const uint32_t bits = static_cast<uint32_t>(row[i]) << 16;
-        float wf;
-        std::memcpy(&wf, &bits, sizeof wf);
-        s += xr[i] * wf;
+      float acc[kLanes] = {};
+      for (int64_t i0 = 0; i0 < k; i0 += kLanes) {
+        const int64_t lanes = std::min<int64_t>(kLanes, k - i0);
+        for (int64_t l = 0; l < lanes; ++l) {
+          const uint32_t bits = static_cast<uint32_t>(row[i0 + l]) << 16;
+          float wf;
+          std::memcpy(&wf, &bits, sizeof wf);
+          acc[l] += xr[i0 + l] * wf;
+        }
       }
+      float s = 0.f;
+      for (float a : acc) s += a;
       y[r * n + j] = s + (bias ? bias[j] : 0.f);
     }
   }

@@ -151,7 +151,10 @@ if [ -n "$mpiexec" ]; then
     [ -n "$victim" ] && break
     sleep 0.1
   done
-  sleep 1
+  # Stop it once both ranks are past MPI_Init and inside the collectives (a rank stopped during
+  # MPI_Init hangs its peer in Open MPI, before any seqpar timeout): seconds under a sanitizer on
+  # a loaded machine.
+  sleep 4
   if [ -n "$victim" ]; then
     kill -STOP "$victim"
     for _ in $(seq 300); do grep -q "timeout after" "$tmp/mpi.err" && break; sleep 0.1; done
