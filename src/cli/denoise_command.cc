@@ -220,15 +220,7 @@ int report(const DenoiseOptions& o, const Plan& p, const Inputs& in, const RankR
     j["model"] = o.model;
     j["checkpoint_layout"] = wan_layout_name(p.model.experts[0].layout);
     j["experts"] = p.model.experts.size();
-    j["backend"] = backend;
-    j["ranks"] = p.mesh.shape.world();
-    j["cfg"] = p.mesh.shape.cfg;
-    j["tp"] = p.mesh.shape.tp;
-    j["ring_degree"] = p.mesh.shape.ring;
-    j["ulysses_degree"] = p.mesh.shape.ulysses;
-    j["strategy"] = strategy_name(p.mesh.strategy);
-    j["layout"] = layout_name(p.mesh.layout);
-    j["pad"] = p.mesh.pad;
+    add_mesh_json(j, p.mesh, backend, /*with_cfg=*/true);
     j["batch"] = in.latents.dim(0);
     j["tokens"] = tokens;
     j["steps"] = o.steps;

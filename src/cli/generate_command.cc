@@ -309,14 +309,7 @@ int report(const GenerateOptions& o, const Prepared& p, const Generated& g,
     j["decode_seconds_per_token"] = n > 1 ? json(per_token) : json(nullptr);
     j["decode_tokens_per_second"] = n > 1 ? json(1.0 / std::max(per_token, 1e-12)) : json(nullptr);
     j["tokens_per_second"] = n / std::max(g.prefill_seconds + g.decode_seconds, 1e-12);
-    j["backend"] = backend;
-    j["ranks"] = p.mesh.shape.world();
-    j["tp"] = p.mesh.shape.tp;
-    j["ring_degree"] = p.mesh.shape.ring;
-    j["ulysses_degree"] = p.mesh.shape.ulysses;
-    j["strategy"] = strategy_name(p.mesh.strategy);
-    j["layout"] = layout_name(p.mesh.layout);
-    j["pad"] = p.mesh.pad;
+    add_mesh_json(j, p.mesh, backend, /*with_cfg=*/false);
     j["bytes_sent_rank0"] = g.bytes_sent;
     j["weight_bytes_per_rank"] = list_json(g.weight_bytes);
     // Under threads every rank reports the one process's.

@@ -62,6 +62,19 @@ MeshChoice resolve_mesh(const MeshFlags& f, int world) {
   return m;
 }
 
+void add_mesh_json(nlohmann::json& j, const MeshChoice& m, const std::string& backend,
+                   bool with_cfg) {
+  j["backend"] = backend;
+  j["ranks"] = m.shape.world();
+  if (with_cfg) j["cfg"] = m.shape.cfg;
+  j["tp"] = m.shape.tp;
+  j["ring_degree"] = m.shape.ring;
+  j["ulysses_degree"] = m.shape.ulysses;
+  j["strategy"] = strategy_name(m.strategy);
+  j["layout"] = layout_name(m.layout);
+  j["pad"] = m.pad;
+}
+
 ParallelContext rank_context(MeshComms& mc, const MeshChoice& m) { return model_context(mc, m); }
 
 void run_on_threads(int n, const std::function<void(Communicator& world)>& body) {

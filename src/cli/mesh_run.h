@@ -5,6 +5,8 @@
 #pragma once
 
 #include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
 
 #include "cli/commands.h"
 #include "seqpar/comm/communicator.h"
@@ -23,6 +25,10 @@ void add_mesh_flags(CLI::App* cmd, MeshFlags& f, bool with_cfg);
 // The flags checked against core/limits.h and each other; world: the MPI world size (0 under
 // threads), which must equal the mesh's rank count.
 MeshChoice resolve_mesh(const MeshFlags& f, int world);
+
+// The mesh a model command ran on, as its --json reports it: backend, ranks, (cfg,) tp,
+// ring_degree, ulysses_degree, strategy, layout, pad.
+void add_mesh_json(nlohmann::json& j, const MeshChoice& m, const std::string& backend, bool with_cfg);
 
 // Rank `mc`'s context on mesh m (strategies apply only where the sequence is sharded).
 ParallelContext rank_context(MeshComms& mc, const MeshChoice& m);
