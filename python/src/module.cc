@@ -417,7 +417,7 @@ py::tuple decode_attention(Comm& c, const Buffer& q, const Buffer& k, const Buff
     for (int64_t i = 0; i < all[6 * r + 1]; ++i) place.kv_pos[r].push_back(kp++);
     for (int64_t i = 0; i < all[6 * r]; ++i) place.q_pos[r].push_back(qp++);
   }
-  PassKind kind = pass == "q" ? PassKind::kPassQ : PassKind::kPassKv;
+  Strategy kind = pass == "q" ? Strategy::kPassQ : Strategy::kPassKv;
   if (pass == "auto") {
     const HardwareProfile hw = load_hardware_profile(hardware);
     kind = choose_pass(T, P - T, n, H, Hkv, dtype_size(dtype), hw.attention_flops,
@@ -431,9 +431,9 @@ py::tuple decode_attention(Comm& c, const Buffer& q, const Buffer& k, const Buff
   CpStats cps;
   comm.stats().reset();
   const double t0 = now_seconds();
-  AttnState s = kind == PassKind::kPassQ ? passq_attention(comm, place, qi, ki, vi, opts, &cps)
+  AttnState s = kind == Strategy::kPassQ ? passq_attention(comm, place, qi, ki, vi, opts, &cps)
                                          : passkv_attention(comm, place, qi, ki, vi, opts, &cps);
-  c.last_pass = kind == PassKind::kPassQ ? "q" : "kv";
+  c.last_pass = kind == Strategy::kPassQ ? "q" : "kv";
   record(c, comm.stats(), cps, now_seconds() - t0,
          {reinterpret_cast<uintptr_t>(qi.raw()), reinterpret_cast<uintptr_t>(ki.raw()),
           reinterpret_cast<uintptr_t>(vi.raw())});

@@ -97,10 +97,10 @@ std::vector<int> parse_sizes(const std::string& s) {
 
 // ---- text -------------------------------------------------------------------------------------
 
-std::string strategy_cell(const Mesh& m) {
-  std::string s(scheme_name(m.scheme));
-  if (m.scheme == Scheme::kUlysses || m.scheme == Scheme::kUsp)
-    s += detail::concat("(", ulysses_mode_name(m.mode), ")");
+std::string strategy_cell(const ParallelConfig& m) {
+  std::string s(strategy_name(m.strategy));
+  if (m.strategy == Strategy::kUlysses || m.strategy == Strategy::kUsp)
+    s += detail::concat("(", ulysses_mode_name(m.ulysses_mode), ")");
   return s;
 }
 
@@ -111,8 +111,8 @@ void print_mesh_row(int idx, const MeshCost& c, int same) {
   const double compute_frac = c.layer_s > 0 ? c.compute_s / c.layer_s : 1;
   std::printf(
       "  %-4d %3d %3d %4d %4d  %-14s %-10s %-3s %10s %10s %7.0f%% %7.0f%% %10.3g %8.1f %6.2f %5s\n",
-      idx, c.mesh.cfg, c.mesh.tp, c.mesh.ulysses, c.mesh.ring, strategy_cell(c.mesh).c_str(),
-      std::string(layout_name(c.mesh.layout)).c_str(), c.mesh.pad ? "yes" : "-",
+      idx, c.config.mesh.cfg, c.config.mesh.tp, c.config.mesh.ulysses, c.config.mesh.ring, strategy_cell(c.config).c_str(),
+      std::string(layout_name(c.config.layout)).c_str(), c.config.pad ? "yes" : "-",
       seconds_text(c.step_s).c_str(), seconds_text(c.layer_s).c_str(), 100 * compute_frac,
       100 * (1 - compute_frac), bytes / 1e6, c.memory_bytes / 1e9, c.work_imbalance,
       same > 0 ? ("+" + std::to_string(same)).c_str() : "");
@@ -121,8 +121,8 @@ void print_mesh_row(int idx, const MeshCost& c, int same) {
 // Rows the table folds into the one above: the same degrees and strategy within 0.1% of its
 // predicted time and memory (layouts of a non-causal model, a few padding tokens, strict vs uaa).
 bool equivalent(const MeshCost& a, const MeshCost& b) {
-  return a.mesh.cfg == b.mesh.cfg && a.mesh.tp == b.mesh.tp && a.mesh.ulysses == b.mesh.ulysses &&
-         a.mesh.ring == b.mesh.ring && a.mesh.scheme == b.mesh.scheme &&
+  return a.config.mesh.cfg == b.config.mesh.cfg && a.config.mesh.tp == b.config.mesh.tp && a.config.mesh.ulysses == b.config.mesh.ulysses &&
+         a.config.mesh.ring == b.config.mesh.ring && a.config.strategy == b.config.strategy &&
          std::fabs(a.step_s - b.step_s) <= 1e-3 * b.step_s &&
          std::fabs(a.memory_bytes - b.memory_bytes) <= 1e-3 * b.memory_bytes;
 }
@@ -223,7 +223,7 @@ void print_text(const ResolvedPlanSpec& r, const Plan& plan, const Simulation* s
         bw_text(c.bytes_per_s).c_str());
     std::printf("  Meta's rule:           %s\n", c.basic.reason.c_str());
     std::printf("  All2All-aware variant: %s\n", c.all2all.reason.c_str());
-    std::printf("  choice: %s (threshold %.0f tokens)", std::string(pass_name(c.choice)).c_str(),
+    std::printf("  choice: %s (threshold %.0f tokens)", std::string(strategy_name(c.choice)).c_str(),
                 c.all2all.threshold_tokens);
     if (c.passkv_step_s && c.passq_step_s)
       std::printf(
@@ -268,7 +268,7 @@ void print_text(const ResolvedPlanSpec& r, const Plan& plan, const Simulation* s
   if (!plan.ranked.empty()) {
     const MeshCost& b = plan.ranked.front();
     std::printf("\nbest: %s: %s per step (%s per layer x %lld layers), critical rank %d:\n",
-                b.mesh.label().c_str(), seconds_text(b.step_s).c_str(),
+                config_label(b.config).c_str(), seconds_text(b.step_s).c_str(),
                 seconds_text(b.layer_s).c_str(), (long long)(w.attention_only ? 1 : w.layers),
                 b.critical_rank);
     const RankCost& cr = b.ranks[b.critical_rank];
@@ -295,7 +295,7 @@ void print_text(const ResolvedPlanSpec& r, const Plan& plan, const Simulation* s
         top > 0 ? std::min<size_t>(top, plan.over_memory.size()) : plan.over_memory.size();
     for (size_t i = 0; i < n; ++i) {
       const MeshCost& c = plan.over_memory[i];
-      std::printf("  %-60s needs %.1f GB > %.1f GB\n", c.mesh.label().c_str(), c.memory_bytes / 1e9,
+      std::printf("  %-60s needs %.1f GB > %.1f GB\n", config_label(c.config).c_str(), c.memory_bytes / 1e9,
                   c.memory_limit / 1e9);
     }
   }
@@ -303,11 +303,11 @@ void print_text(const ResolvedPlanSpec& r, const Plan& plan, const Simulation* s
     std::printf("\ncannot run (%zu):\n", plan.rejected.size());
     for (const auto& x : plan.rejected) {
       std::string what;
-      if (x.mesh.ulysses == 0) {
-        what = detail::concat("cfg ", x.mesh.cfg, " tp ", x.mesh.tp, " (any split)");
+      if (x.config.mesh.ulysses == 0) {
+        what = detail::concat("cfg ", x.config.mesh.cfg, " tp ", x.config.mesh.tp, " (any split)");
       } else {
-        Mesh m = x.mesh;
-        what = m.label();
+        ParallelConfig m = x.config;
+        what = config_label(m);
         if (x.any_layout) {
           const std::string lay(layout_name(m.layout));
           const auto pos = what.find(lay);
@@ -327,7 +327,7 @@ void print_text(const ResolvedPlanSpec& r, const Plan& plan, const Simulation* s
     if (sim->ranks_per_node > 0) std::printf(", %d ranks per node", sim->ranks_per_node);
     std::printf("\n  %-6s", "ranks");
     for (const auto& c : sim->curves)
-      std::printf(" %22s", (std::string(scheme_name(c.scheme)) + " step (exp)").c_str());
+      std::printf(" %22s", (std::string(strategy_name(c.strategy)) + " step (exp)").c_str());
     std::printf("\n");
     for (size_t i = 0; i < sim->sizes.size(); ++i) {
       std::printf("  %-6d", sim->sizes[i]);

@@ -50,7 +50,7 @@ struct Job {
   Kind kind = Kind::kSequence;
   std::string strategy_label;  // as reported: ring, ulysses, passq, ...
   Strategy strategy = Strategy::kRing;
-  PassKind pass = PassKind::kPassKv;
+  Strategy pass = Strategy::kPassKv;
   std::optional<PassChoice> choice;  // --strategy auto
   Layout layout = Layout::kContiguous;
   DType dtype = DType::kF32;
@@ -245,9 +245,9 @@ Job make_job(const RunOptions& o, int ranks, int threads) {
                                dtype_size(job.dtype), hw.attention_flops, hw.inter_node_bw);
       job.pass = job.choice->kind;
     } else {
-      job.pass = o.strategy == "passq" ? PassKind::kPassQ : PassKind::kPassKv;
+      job.pass = o.strategy == "passq" ? Strategy::kPassQ : Strategy::kPassKv;
     }
-    job.strategy_label = std::string(pass_name(job.pass));
+    job.strategy_label = std::string(strategy_name(job.pass));
     return job;
   }
 
@@ -459,7 +459,7 @@ void run_rank(Communicator& comm, const Job& job, Report* report, OutputFile* tr
       comm.stats().reset();
     double t0 = now_seconds();
     if (job.kind == Kind::kDecode) {
-      state = job.pass == PassKind::kPassQ
+      state = job.pass == Strategy::kPassQ
                   ? passq_attention(comm, job.place, q, k, v, job.cp, &cps)
                   : passkv_attention(comm, job.place, q, k, v, job.cp, &cps);
     } else if (o.text_tokens > 0) {
@@ -616,7 +616,7 @@ int print_report(const Job& job, const Report& rep, const std::string& backend) 
       j["cached"] = o.cached;
       j["new"] = o.fresh;
       if (job.choice) {
-        j["choice"] = pass_name(job.choice->kind);
+        j["choice"] = strategy_name(job.choice->kind);
         j["threshold_tokens"] = job.choice->threshold_tokens;
         j["choice_reason"] = job.choice->reason;
         j["hardware"] = o.hardware;

@@ -16,7 +16,6 @@
 
 namespace seqpar {
 
-std::string_view pass_name(PassKind k) { return k == PassKind::kPassQ ? "passq" : "passkv"; }
 
 KvPlacement decode_placement(int64_t cached, int64_t fresh, int ranks, Layout layout) {
   SEQPAR_ARG_CHECK(cached >= ranks, "cached ", cached, " is too small: each of the ", ranks,
@@ -176,15 +175,15 @@ PassChoice choose_pass(int64_t new_tokens, int64_t cached_tokens, int ranks, int
   c.miss_threshold = 2.0 * kv_heads / heads;
   char buf[256];
   if (new_tokens >= c.threshold_tokens) {
-    c.kind = PassKind::kPassKv;
+    c.kind = Strategy::kPassKv;
     std::snprintf(buf, sizeof buf, "passkv: T = %lld new tokens >= N*C*Hkv*e/(2*H*BW) = %.0f",
                   static_cast<long long>(new_tokens), c.threshold_tokens);
   } else if (c.miss_rate >= c.miss_threshold) {
-    c.kind = PassKind::kPassKv;
+    c.kind = Strategy::kPassKv;
     std::snprintf(buf, sizeof buf, "passkv: T/(T+P) = %.4f >= 2*Hkv/H = %.4f", c.miss_rate,
                   c.miss_threshold);
   } else {
-    c.kind = PassKind::kPassQ;
+    c.kind = Strategy::kPassQ;
     std::snprintf(buf, sizeof buf,
                   "passq: T = %lld < %.0f tokens and T/(T+P) = %.4f < 2*Hkv/H = %.4f",
                   static_cast<long long>(new_tokens), c.threshold_tokens, c.miss_rate,
@@ -194,13 +193,13 @@ PassChoice choose_pass(int64_t new_tokens, int64_t cached_tokens, int ranks, int
   return c;
 }
 
-CommPrediction predict_decode_bytes(PassKind kind, const KvPlacement& place, int rank,
+CommPrediction predict_decode_bytes(Strategy kind, const KvPlacement& place, int rank,
                                     int64_t batch, int64_t heads, int64_t kv_heads,
                                     int64_t head_dim, size_t elem_bytes) {
   const int n = place.ranks();
   CommPrediction p;
   if (n == 1) return p;
-  if (kind == PassKind::kPassKv) {
+  if (kind == Strategy::kPassKv) {
     const uint64_t token = 2ull * batch * kv_heads * head_dim * elem_bytes;
     uint64_t total = 0;
     for (const auto& kv : place.kv_pos) total += kv.size();

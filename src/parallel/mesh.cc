@@ -38,11 +38,6 @@ std::string world_hint(const MeshShape& s, int n) {
 
 }  // namespace
 
-std::string mesh_shape_text(const MeshShape& s) {
-  return detail::concat("cfg ", s.cfg, " x tp ", s.tp, " x ring ", s.ring, " x ulysses ",
-                        s.ulysses);
-}
-
 Mesh::Mesh(MeshShape shape, int world_size) : shape_(shape) {
   const std::pair<const char*, int> degrees[] = {{"cfg", shape.cfg},
                                                  {"tp", shape.tp},

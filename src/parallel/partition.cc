@@ -16,14 +16,6 @@ std::string_view layout_name(Layout layout) {
   return "?";
 }
 
-Layout parse_layout(std::string_view name) {
-  if (name == "contiguous") return Layout::kContiguous;
-  if (name == "striped") return Layout::kStriped;
-  if (name == "zigzag") return Layout::kZigzag;
-  throw InvalidArgument(
-      detail::concat("layout '", name, "' is unknown; valid: contiguous, striped, zigzag"));
-}
-
 namespace {
 // Start of chunk c when [0, seq) is cut into n chunks whose lengths differ by at most one
 // (the first seq mod n chunks are one longer).

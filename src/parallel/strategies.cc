@@ -6,53 +6,6 @@
 
 namespace seqpar {
 
-std::string_view strategy_name(Strategy s) {
-  switch (s) {
-    case Strategy::kAllGather:
-      return "allgather";
-    case Strategy::kRing:
-      return "ring";
-    case Strategy::kUlysses:
-      return "ulysses";
-    case Strategy::kUsp:
-      return "usp";
-  }
-  return "?";
-}
-
-Strategy parse_strategy(std::string_view name) {
-  if (name == "allgather" || name == "all_gather" || name == "all-gather")
-    return Strategy::kAllGather;
-  if (name == "ring" || name == "passkv" || name == "pass-kv") return Strategy::kRing;
-  if (name == "ulysses") return Strategy::kUlysses;
-  if (name == "usp" || name == "hybrid") return Strategy::kUsp;
-  throw InvalidArgument(
-      detail::concat("strategy '", name, "' is unknown; valid: ring, allgather, ulysses, usp"));
-}
-
-std::string_view ulysses_mode_name(UlyssesMode m) {
-  return m == UlyssesMode::kStrict ? "strict" : "uaa";
-}
-
-UlyssesMode parse_ulysses_mode(std::string_view name) {
-  if (name == "strict") return UlyssesMode::kStrict;
-  if (name == "uaa") return UlyssesMode::kUaa;
-  throw InvalidArgument(
-      detail::concat("ulysses_mode '", name, "' is unknown; valid: strict, uaa"));
-}
-
-std::string_view softmax_mode_name(SoftmaxMode m) {
-  return m == SoftmaxMode::kConstMax ? "const-max" : "online";
-}
-
-SoftmaxMode parse_softmax_mode(std::string_view name) {
-  if (name == "online") return SoftmaxMode::kOnline;
-  if (name == "const-max" || name == "const_max" || name == "constmax")
-    return SoftmaxMode::kConstMax;
-  throw InvalidArgument(
-      detail::concat("softmax '", name, "' is unknown; valid: online, const-max"));
-}
-
 void check_softmax_mode(Strategy strategy, const CpOptions& opts) {
   SEQPAR_ARG_CHECK(opts.softmax == SoftmaxMode::kOnline || strategy == Strategy::kRing ||
                        strategy == Strategy::kUsp,
@@ -217,8 +170,17 @@ AttnState context_parallel_attention(Strategy strategy, SpComms& comms, const Pa
       return ulysses_attention(comms.sp(), part, q, k, v, opts, stats);
     case Strategy::kUsp:
       return usp_attention(comms, part, q, k, v, opts, stats);
+    case Strategy::kLocal:
+      SEQPAR_ARG_CHECK(comms.sp().size() == 1, "strategy local needs one sequence-parallel ",
+                       "rank, not ", comms.sp().size());
+      return ring_attention(comms.sp(), part, q, k, v, opts, stats);
+    case Strategy::kPassKv:
+    case Strategy::kPassQ:
+      break;
   }
-  throw Error("unknown strategy");
+  throw InvalidArgument(detail::concat("strategy ", strategy_name(strategy),
+                                       " runs over a K/V cache (passkv_attention, ",
+                                       "passq_attention), not over a sharded sequence"));
 }
 
 // ---- predicted bytes --------------------------------------------------------------------------
@@ -307,6 +269,11 @@ CommPrediction predict_comm_bytes(Strategy strategy, const Partition& part, int 
       }
       break;
     }
+    case Strategy::kLocal:
+    case Strategy::kPassKv:
+    case Strategy::kPassQ:
+      SEQPAR_CHECK(false, "predict_comm_bytes: strategy ", strategy_name(strategy),
+                   " is not one over a sharded sequence");
   }
   return p;
 }

@@ -14,45 +14,6 @@
 
 namespace seqpar {
 
-std::string_view scheme_name(Scheme s) {
-  switch (s) {
-    case Scheme::kLocal:
-      return "local";
-    case Scheme::kAllGather:
-      return "allgather";
-    case Scheme::kRing:
-      return "ring";
-    case Scheme::kUlysses:
-      return "ulysses";
-    case Scheme::kUsp:
-      return "usp";
-    case Scheme::kPassKv:
-      return "passkv";
-    case Scheme::kPassQ:
-      return "passq";
-  }
-  return "?";
-}
-
-Scheme parse_scheme(std::string_view name) {
-  for (Scheme s : {Scheme::kLocal, Scheme::kAllGather, Scheme::kRing, Scheme::kUlysses,
-                   Scheme::kUsp, Scheme::kPassKv, Scheme::kPassQ})
-    if (scheme_name(s) == name) return s;
-  throw InvalidArgument(detail::concat("strategy '", name, "' is unknown; valid: allgather, ",
-                                       "ring, ulysses, usp (sequences), passkv, passq (over a ",
-                                       "cache), local (one sequence-parallel rank)"));
-}
-
-std::string Mesh::label() const {
-  std::string s = detail::concat("cfg ", cfg, " tp ", tp, " ulysses ", ulysses, " ring ", ring, " ",
-                                 scheme_name(scheme));
-  if (scheme == Scheme::kUlysses || scheme == Scheme::kUsp)
-    s += detail::concat("(", ulysses_mode_name(mode), ")");
-  s += detail::concat(" ", layout_name(layout));
-  if (pad) s += " padded";
-  return s;
-}
-
 void check_workload_limits(const Workload& w) {
   using limits::checked_add;
   using limits::checked_product;
@@ -159,17 +120,17 @@ PassChoice choose_pass_all2all(int64_t new_tokens, int64_t cached_tokens, int ra
       2.0 * kv_heads / heads - 4.0 * new_tokens * bytes_per_s / (n * flops_per_s * e);
   char buf[320];
   if (new_tokens >= c.threshold_tokens) {
-    c.kind = PassKind::kPassKv;
+    c.kind = Strategy::kPassKv;
     std::snprintf(buf, sizeof buf, "passkv: T = %lld new tokens >= N*C*Hkv*e/(2*H*BW) = %.0f",
                   static_cast<long long>(new_tokens), c.threshold_tokens);
   } else if (c.miss_rate >= c.miss_threshold) {
-    c.kind = PassKind::kPassKv;
+    c.kind = Strategy::kPassKv;
     std::snprintf(buf, sizeof buf,
                   "passkv: T/(T+P) = %.4f >= 2*Hkv/H - 4*T*BW/(N*C*e) = %.4f (pass-Q's "
                   "all-to-all would cost more)",
                   c.miss_rate, c.miss_threshold);
   } else {
-    c.kind = PassKind::kPassQ;
+    c.kind = Strategy::kPassQ;
     std::snprintf(buf, sizeof buf,
                   "passq: T = %lld < %.0f tokens and T/(T+P) = %.4f < 2*Hkv/H - "
                   "4*T*BW/(N*C*e) = %.4f",
@@ -191,13 +152,13 @@ int64_t cap64(int64_t bytes) {
 // Everything one mesh's cost needs, resolved once.
 class MeshModel {
  public:
-  MeshModel(const Workload& w, const Mesh& m, const HardwareProfile& hw, double memory_limit)
+  MeshModel(const Workload& w, const ParallelConfig& m, const HardwareProfile& hw, double memory_limit)
       : w_(w), m_(m), hw_(hw), memory_limit_(memory_limit) {}
 
   MeshCost run() {
     validate();
     place_tokens();
-    cost_.mesh = m_;
+    cost_.config = m_;
     cost_.seq = w_.seq;
     cost_.padded_seq = S_;
     cost_.remainder = w_.seq % N_;
@@ -217,45 +178,45 @@ class MeshModel {
   // ---- validation and placement ----------------------------------------------------------
 
   void validate() {
-    const Mesh& m = m_;
-    SEQPAR_ARG_CHECK(m.cfg >= 1 && m.tp >= 1 && m.ulysses >= 1 && m.ring >= 1,
+    const ParallelConfig& m = m_;
+    SEQPAR_ARG_CHECK(m.mesh.cfg >= 1 && m.mesh.tp >= 1 && m.mesh.ulysses >= 1 && m.mesh.ring >= 1,
                      "degrees must be at least 1");
     N_ = m.sp();
-    U_ = m.ulysses;
-    R_ = m.ring;
+    U_ = m.mesh.ulysses;
+    R_ = m.mesh.ring;
     SEQPAR_ARG_CHECK(w_.heads >= 1 && w_.kv_heads >= 1 && w_.heads % w_.kv_heads == 0 &&
                          w_.head_dim >= 1 && w_.batch >= 1 && w_.seq >= 1,
                      "the workload needs heads divisible by kv heads, head_dim, batch and tokens");
-    check_mesh_degrees(w_, m.cfg, m.tp);
-    H_ = w_.heads / m.tp;
-    Hkv_ = std::max<int64_t>(1, w_.kv_heads / m.tp);  // replicated when tp > kv heads
+    check_mesh_degrees(w_, m.mesh.cfg, m.mesh.tp);
+    H_ = w_.heads / m.mesh.tp;
+    Hkv_ = std::max<int64_t>(1, w_.kv_heads / m.mesh.tp);  // replicated when tp > kv heads
     D_ = w_.head_dim;
     e_ = dtype_size(w_.dtype);
-    B_ = w_.batch * (w_.cfg_branches / m.cfg);
+    B_ = w_.batch * (w_.cfg_branches / m.mesh.cfg);
     const bool decode = w_.decode();
-    const Scheme s = m.scheme;
+    const Strategy s = m.strategy;
     if (N_ == 1) {
-      SEQPAR_ARG_CHECK(s == Scheme::kLocal, "one sequence-parallel rank: strategy local only");
+      SEQPAR_ARG_CHECK(s == Strategy::kLocal, "one sequence-parallel rank: strategy local only");
     } else {
-      SEQPAR_ARG_CHECK(s != Scheme::kLocal, "strategy local needs a sequence-parallel size of 1");
+      SEQPAR_ARG_CHECK(s != Strategy::kLocal, "strategy local needs a sequence-parallel size of 1");
     }
     if (decode) {
-      SEQPAR_ARG_CHECK(s == Scheme::kLocal || s == Scheme::kPassKv || s == Scheme::kPassQ,
-                       scheme_name(s),
+      SEQPAR_ARG_CHECK(s == Strategy::kLocal || s == Strategy::kPassKv || s == Strategy::kPassQ,
+                       strategy_name(s),
                        " does not run over a K/V cache (cached, new); valid: ", "passkv, passq");
       SEQPAR_ARG_CHECK(!m.pad, "a K/V cache (cached, new) is not padded");
       SEQPAR_ARG_CHECK(w_.text_tokens == 0, "a K/V cache (cached, new) takes no text tokens");
     } else {
-      SEQPAR_ARG_CHECK(s != Scheme::kPassKv && s != Scheme::kPassQ, scheme_name(s),
+      SEQPAR_ARG_CHECK(s != Strategy::kPassKv && s != Strategy::kPassQ, strategy_name(s),
                        " runs over a K/V cache: give cached and new token counts");
     }
-    if (s == Scheme::kAllGather || s == Scheme::kRing || s == Scheme::kPassKv ||
-        s == Scheme::kPassQ)
-      SEQPAR_ARG_CHECK(U_ == 1, scheme_name(s), " takes no ulysses degree; use usp");
-    if (s == Scheme::kUlysses)
+    if (s == Strategy::kAllGather || s == Strategy::kRing || s == Strategy::kPassKv ||
+        s == Strategy::kPassQ)
+      SEQPAR_ARG_CHECK(U_ == 1, strategy_name(s), " takes no ulysses degree; use usp");
+    if (s == Strategy::kUlysses)
       SEQPAR_ARG_CHECK(R_ == 1, "ulysses uses the whole sequence-parallel group; ring ", R_,
                        " needs usp");
-    if (s == Scheme::kUsp)
+    if (s == Strategy::kUsp)
       SEQPAR_ARG_CHECK(U_ > 1 && R_ > 1, "usp needs a ulysses degree and a ring degree above 1");
     SEQPAR_ARG_CHECK(w_.text_tokens == 0 || !w_.causal,
                      "joint attention (text tokens) is bidirectional; not causal");
@@ -296,10 +257,10 @@ class MeshModel {
       q_runs_.push_back(layout_runs(S_, n, m_.layout, r));
       kv_runs_.push_back(q_runs_.back());
     }
-    if (m_.scheme == Scheme::kUlysses || m_.scheme == Scheme::kUsp) {
+    if (m_.strategy == Strategy::kUlysses || m_.strategy == Strategy::kUsp) {
       CpOptions opts;
-      opts.ulysses_mode = m_.mode;
-      check_strategy_shape(m_.scheme == Scheme::kUlysses ? Strategy::kUlysses : Strategy::kUsp,
+      opts.ulysses_mode = m_.ulysses_mode;
+      check_strategy_shape(m_.strategy == Strategy::kUlysses ? Strategy::kUlysses : Strategy::kUsp,
                            part_, H_, Hkv_, U_, opts);
     }
   }
@@ -432,24 +393,24 @@ class MeshModel {
   }
 
   void attention() {
-    switch (m_.scheme) {
-      case Scheme::kLocal:
+    switch (m_.strategy) {
+      case Strategy::kLocal:
         local();
         break;
-      case Scheme::kAllGather:
+      case Strategy::kAllGather:
         allgather();
         break;
-      case Scheme::kRing:
-        ring(kv_runs_, Scheme::kRing);
+      case Strategy::kRing:
+        ring(kv_runs_, Strategy::kRing);
         break;
-      case Scheme::kPassKv:
-        ring(kv_runs_, Scheme::kPassKv);
+      case Strategy::kPassKv:
+        ring(kv_runs_, Strategy::kPassKv);
         break;
-      case Scheme::kUlysses:
-      case Scheme::kUsp:
+      case Strategy::kUlysses:
+      case Strategy::kUsp:
         ulysses();
         break;
-      case Scheme::kPassQ:
+      case Strategy::kPassQ:
         passq();
         break;
     }
@@ -488,7 +449,7 @@ class MeshModel {
   }
 
   // Ring (pass-KV) over the sp group with K/V blocks kv[r] and this rank's queries q_runs_[r].
-  void ring(const std::vector<PositionRuns>& kv, Scheme scheme) {
+  void ring(const std::vector<PositionRuns>& kv, Strategy scheme) {
     const int n = N_;
     const int64_t tok = 2 * B_ * Hkv_ * D_ * e_;  // K and V of a token
     std::vector<int64_t> block_bytes(n), len(n);
@@ -696,7 +657,7 @@ class MeshModel {
   void model_layers() {
     if (w_.attention_only) return;
     const double h = static_cast<double>(w_.hidden), f = static_cast<double>(w_.ffn_dim);
-    const int tp = m_.tp;
+    const int tp = m_.mesh.tp;
     for (int r = 0; r < N_; ++r) {
       RankCost& rc = cost_.ranks[r];
       double tokens = static_cast<double>(rc.tokens), fixed = 0, per_token = 0, reduce_rows = 0;
@@ -752,19 +713,19 @@ class MeshModel {
         }
       CommPrediction p;
       if (w_.decode()) {
-        if (m_.scheme != Scheme::kLocal)
+        if (m_.strategy != Strategy::kLocal)
           p = predict_decode_bytes(
-              m_.scheme == Scheme::kPassQ ? PassKind::kPassQ : PassKind::kPassKv, place_, r, B_, H_,
+              m_.strategy == Strategy::kPassQ ? Strategy::kPassQ : Strategy::kPassKv, place_, r, B_, H_,
               Hkv_, D_, e_);
-      } else if (m_.scheme != Scheme::kLocal) {
-        const Strategy st = m_.scheme == Scheme::kAllGather ? Strategy::kAllGather
-                            : m_.scheme == Scheme::kRing    ? Strategy::kRing
-                            : m_.scheme == Scheme::kUlysses ? Strategy::kUlysses
+      } else if (m_.strategy != Strategy::kLocal) {
+        const Strategy st = m_.strategy == Strategy::kAllGather ? Strategy::kAllGather
+                            : m_.strategy == Strategy::kRing    ? Strategy::kRing
+                            : m_.strategy == Strategy::kUlysses ? Strategy::kUlysses
                                                             : Strategy::kUsp;
         p = predict_comm_bytes(st, part_, r, B_, H_, Hkv_, D_, e_, U_, w_.text_tokens);
       }
       SEQPAR_CHECK(sent == p.sent && recv == p.recv, "cost model collectives of rank ", r, " (",
-                   m_.label(), ") add up to ", sent, "/", recv, " bytes, parallel/ predicts ",
+                   config_label(m_), ") add up to ", sent, "/", recv, " bytes, parallel/ predicts ",
                    p.sent, "/", p.recv);
       cost_.ranks[r].sent = p.sent;
       cost_.ranks[r].recv = p.recv;
@@ -802,7 +763,7 @@ class MeshModel {
       } else {
         act = B_ * tokens * e_ *
                   (4.0 * w_.hidden + (H_ + 2.0 * Hkv_) * D_ +
-                   static_cast<double>(w_.ffn_dim) / m_.tp) +
+                   static_cast<double>(w_.ffn_dim) / m_.mesh.tp) +
               B_ * rc.tokens * H_ * (D_ + 1) * 4.0;
       }
       act += rc.peak_kv_bytes;
@@ -811,7 +772,7 @@ class MeshModel {
         worst_kv = std::max(worst_kv, static_cast<double>(w_.layers) * 2 * B_ *
                                           run_count(kv_runs_[r]) * Hkv_ * D_ * e_);
     }
-    cost_.weight_bytes = w_.attention_only ? 0 : static_cast<double>(w_.params) * e_ / m_.tp;
+    cost_.weight_bytes = w_.attention_only ? 0 : static_cast<double>(w_.params) * e_ / m_.mesh.tp;
     cost_.kv_cache_bytes = worst_kv;
     cost_.activation_bytes = worst_act;
     cost_.memory_bytes = cost_.weight_bytes + cost_.kv_cache_bytes + cost_.activation_bytes;
@@ -821,7 +782,7 @@ class MeshModel {
   }
 
   const Workload& w_;
-  const Mesh& m_;
+  const ParallelConfig& m_;
   const HardwareProfile& hw_;
   double memory_limit_;
   int N_ = 1, U_ = 1, R_ = 1;
@@ -850,7 +811,7 @@ void check_mesh_degrees(const Workload& w, int cfg, int tp) {
                    " neither divides nor is a multiple of the ", w.kv_heads, " kv heads");
 }
 
-MeshCost cost_mesh(const Workload& w, const Mesh& m, const HardwareProfile& hw,
+MeshCost cost_mesh(const Workload& w, const ParallelConfig& m, const HardwareProfile& hw,
                    double memory_limit) {
   return MeshModel(w, m, hw, memory_limit).run();
 }

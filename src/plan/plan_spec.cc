@@ -75,17 +75,17 @@ double r6(double x) {
 json mesh_json(const MeshCost& c, int rank, bool detailed) {
   json j;
   if (rank > 0) j["rank"] = rank;
-  j["cfg"] = c.mesh.cfg;
-  j["tp"] = c.mesh.tp;
-  j["ulysses_degree"] = c.mesh.ulysses;
-  j["ring_degree"] = c.mesh.ring;
-  j["sequence_parallel_size"] = c.mesh.sp();
-  j["strategy"] = scheme_name(c.mesh.scheme);
-  j["ulysses_mode"] = (c.mesh.scheme == Scheme::kUlysses || c.mesh.scheme == Scheme::kUsp)
-                          ? json(ulysses_mode_name(c.mesh.mode))
+  j["cfg"] = c.config.mesh.cfg;
+  j["tp"] = c.config.mesh.tp;
+  j["ulysses_degree"] = c.config.mesh.ulysses;
+  j["ring_degree"] = c.config.mesh.ring;
+  j["sequence_parallel_size"] = c.config.sp();
+  j["strategy"] = strategy_name(c.config.strategy);
+  j["ulysses_mode"] = (c.config.strategy == Strategy::kUlysses || c.config.strategy == Strategy::kUsp)
+                          ? json(ulysses_mode_name(c.config.ulysses_mode))
                           : json(nullptr);
-  j["layout"] = layout_name(c.mesh.layout);
-  j["pad"] = c.mesh.pad;
+  j["layout"] = layout_name(c.config.layout);
+  j["pad"] = c.config.pad;
   j["padded_seq"] = c.padded_seq;
   j["remainder"] = c.remainder;
   j["step_seconds"] = r6(c.step_s);
@@ -145,7 +145,7 @@ json mesh_json(const MeshCost& c, int rank, bool detailed) {
 }
 
 json choice_json(const PassChoice& c) {
-  return {{"choice", pass_name(c.kind)},
+  return {{"choice", strategy_name(c.kind)},
           {"threshold_tokens", c.threshold_tokens},
           {"miss_rate", c.miss_rate},
           {"miss_threshold", c.miss_threshold},
@@ -221,9 +221,9 @@ ResolvedPlanSpec resolve_plan_spec(const PlanSpec& o, HardwareProfile hw) {
       {std::max<int64_t>(o.cfg, 1), std::max<int64_t>(o.tp, 1),
        std::max<int64_t>(o.ulysses_degree, 1), std::max<int64_t>(o.ring_degree, 1)},
       "the ranks of cfg x tp x ulysses_degree x ring_degree", limits::kMaxRanks);
-  if (!o.strategy.empty()) req.scheme = parse_scheme(o.strategy);
+  if (!o.strategy.empty()) req.strategy = parse_strategy(o.strategy);
   if (!o.layout.empty()) req.layout = parse_layout(o.layout);
-  if (!o.ulysses_mode.empty()) req.mode = parse_ulysses_mode(o.ulysses_mode);
+  if (!o.ulysses_mode.empty()) req.ulysses_mode = parse_ulysses_mode(o.ulysses_mode);
   req.pad = o.pad;
   return r;
 }
@@ -287,16 +287,16 @@ std::string plan_json(const ResolvedPlanSpec& r, const Plan& plan, const Simulat
   json rej = json::array();
   for (const auto& x : plan.rejected) {
     json m;
-    m["cfg"] = x.mesh.cfg;
-    m["tp"] = x.mesh.tp;
-    if (x.mesh.ulysses > 0) {
-      m["ulysses_degree"] = x.mesh.ulysses;
-      m["ring_degree"] = x.mesh.ring;
-      m["strategy"] = scheme_name(x.mesh.scheme);
-      if (x.mesh.scheme == Scheme::kUlysses || x.mesh.scheme == Scheme::kUsp)
-        m["ulysses_mode"] = ulysses_mode_name(x.mesh.mode);
-      m["layout"] = x.any_layout ? "any" : std::string(layout_name(x.mesh.layout));
-      m["pad"] = x.mesh.pad;
+    m["cfg"] = x.config.mesh.cfg;
+    m["tp"] = x.config.mesh.tp;
+    if (x.config.mesh.ulysses > 0) {
+      m["ulysses_degree"] = x.config.mesh.ulysses;
+      m["ring_degree"] = x.config.mesh.ring;
+      m["strategy"] = strategy_name(x.config.strategy);
+      if (x.config.strategy == Strategy::kUlysses || x.config.strategy == Strategy::kUsp)
+        m["ulysses_mode"] = ulysses_mode_name(x.config.ulysses_mode);
+      m["layout"] = x.any_layout ? "any" : std::string(layout_name(x.config.layout));
+      m["pad"] = x.config.pad;
     }
     m["reason"] = x.reason;
     rej.push_back(m);
@@ -306,7 +306,7 @@ std::string plan_json(const ResolvedPlanSpec& r, const Plan& plan, const Simulat
     const DecodeChoice& c = *plan.decode;
     j["cached"] = w.cached;
     j["new"] = w.fresh;
-    j["choice"] = pass_name(c.choice);
+    j["choice"] = strategy_name(c.choice);
     j["threshold_tokens"] = c.all2all.threshold_tokens;
     j["decode"] = {
         {"ranks", c.ranks},
@@ -316,7 +316,7 @@ std::string plan_json(const ResolvedPlanSpec& r, const Plan& plan, const Simulat
         {"all2all_rule", choice_json(c.all2all)},
         {"passkv_step_seconds", c.passkv_step_s ? json(*c.passkv_step_s) : json(nullptr)},
         {"passq_step_seconds", c.passq_step_s ? json(*c.passq_step_s) : json(nullptr)},
-        {"cost_model_fastest", c.fastest ? json(pass_name(*c.fastest)) : json(nullptr)}};
+        {"cost_model_fastest", c.fastest ? json(strategy_name(*c.fastest)) : json(nullptr)}};
     if (plan.ranked.empty()) j["warning"] = "no mesh fits the memory limit; see over_memory";
   }
   if (sim) {
@@ -336,7 +336,7 @@ std::string plan_json(const ResolvedPlanSpec& r, const Plan& plan, const Simulat
                        {"exposed_fraction", p.exposed_fraction},
                        {"inter_node", p.inter_node},
                        {"memory_bytes", p.memory_bytes}});
-      curves.push_back({{"strategy", scheme_name(c.scheme)},
+      curves.push_back({{"strategy", strategy_name(c.strategy)},
                         {"hidden_up_to", c.hidden_up_to},
                         {"stops_hiding_at", c.stops_hiding_at},
                         {"points", pts}});

@@ -28,18 +28,18 @@ std::string gb(double bytes) {
 }
 
 // The schemes a sequence-parallel group of u x r ranks can run.
-std::vector<Scheme> schemes_for(const Workload& w, int u, int r) {
-  if (u * r == 1) return {Scheme::kLocal};
+std::vector<Strategy> schemes_for(const Workload& w, int u, int r) {
+  if (u * r == 1) return {Strategy::kLocal};
   if (w.decode())
-    return u == 1 ? std::vector<Scheme>{Scheme::kPassKv, Scheme::kPassQ} : std::vector<Scheme>{};
-  if (u == 1) return {Scheme::kRing, Scheme::kAllGather};
-  if (r == 1) return {Scheme::kUlysses};
-  return {Scheme::kUsp};
+    return u == 1 ? std::vector<Strategy>{Strategy::kPassKv, Strategy::kPassQ} : std::vector<Strategy>{};
+  if (u == 1) return {Strategy::kRing, Strategy::kAllGather};
+  if (r == 1) return {Strategy::kUlysses};
+  return {Strategy::kUsp};
 }
 
-bool uses_mode(Scheme s) { return s == Scheme::kUlysses || s == Scheme::kUsp; }
+bool uses_mode(Strategy s) { return s == Strategy::kUlysses || s == Strategy::kUsp; }
 
-// Calls visit(mesh, any_layout_reason) for every mesh the request's pins allow. Mesh-level
+// Calls visit(mesh, any_layout_reason) for every mesh the request's pins allow. ParallelConfig-level
 // (cfg, tp) problems are reported once through reject_degrees.
 template <typename Visit, typename Reject>
 void enumerate(const PlanRequest& req, Visit&& visit, Reject&& reject_degrees) {
@@ -51,14 +51,14 @@ void enumerate(const PlanRequest& req, Visit&& visit, Reject&& reject_degrees) {
     for (int tp : divisors(world / cfg)) {
       if (req.tp != 0 && req.tp != tp) continue;
       if (tp > 1 && w.attention_only && req.tp == 0) continue;
-      Mesh base;
-      base.cfg = cfg;
-      base.tp = tp;
+      ParallelConfig base;
+      base.mesh.cfg = cfg;
+      base.mesh.tp = tp;
       try {
         check_mesh_degrees(w, cfg, tp);
       } catch (const InvalidArgument& e) {
-        base.ulysses = 0;
-        base.ring = 0;
+        base.mesh.ulysses = 0;
+        base.mesh.ring = 0;
         reject_degrees(base, e.what());
         continue;
       }
@@ -66,11 +66,11 @@ void enumerate(const PlanRequest& req, Visit&& visit, Reject&& reject_degrees) {
       for (int u : divisors(sp)) {
         const int r = sp / u;
         if ((req.ulysses != 0 && req.ulysses != u) || (req.ring != 0 && req.ring != r)) continue;
-        for (Scheme s : schemes_for(w, u, r)) {
-          if (req.scheme && *req.scheme != s) continue;
+        for (Strategy s : schemes_for(w, u, r)) {
+          if (req.strategy && *req.strategy != s) continue;
           for (UlyssesMode mode : {UlyssesMode::kUaa, UlyssesMode::kStrict}) {
             if (!uses_mode(s) && mode != UlyssesMode::kUaa) continue;
-            if (req.mode && uses_mode(s) && *req.mode != mode) continue;
+            if (req.ulysses_mode && uses_mode(s) && *req.ulysses_mode != mode) continue;
             for (bool pad : {false, true}) {
               if (req.pad && *req.pad != pad) continue;
               if (pad && (sp == 1 || w.decode())) continue;
@@ -82,11 +82,11 @@ void enumerate(const PlanRequest& req, Visit&& visit, Reject&& reject_degrees) {
                   const int64_t mult = layout == Layout::kZigzag ? 2 * int64_t{sp} : sp;
                   if (w.seq % mult == 0 && !(req.pad && *req.pad)) continue;
                 }
-                Mesh m = base;
-                m.ulysses = u;
-                m.ring = r;
-                m.scheme = s;
-                m.mode = mode;
+                ParallelConfig m = base;
+                m.mesh.ulysses = u;
+                m.mesh.ring = r;
+                m.strategy = s;
+                m.ulysses_mode = mode;
                 m.pad = pad;
                 m.layout = layout;
                 visit(m);
@@ -116,11 +116,11 @@ Enumerated enumerate_and_cost(const PlanRequest& req, bool stop_at_first_fit = f
   std::map<std::string, size_t> index;
   enumerate(
       req,
-      [&](const Mesh& m) {
+      [&](const ParallelConfig& m) {
         if (stop_at_first_fit && !out.fit.empty()) return;
-        Mesh key = m;
+        ParallelConfig key = m;
         key.layout = Layout::kContiguous;
-        auto [it, inserted] = index.emplace(key.label(), groups.size());
+        auto [it, inserted] = index.emplace(config_label(key), groups.size());
         if (inserted) groups.emplace_back();
         Group& g = groups[it->second];
         ++g.tried;
@@ -131,7 +131,7 @@ Enumerated enumerate_and_cost(const PlanRequest& req, bool stop_at_first_fit = f
           g.rejected.push_back({m, false, e.what()});
         }
       },
-      [&](const Mesh& m, const std::string& reason) {
+      [&](const ParallelConfig& m, const std::string& reason) {
         groups.emplace_back();
         groups.back().rejected.push_back({m, true, reason});
         groups.back().tried = 1;
@@ -304,20 +304,20 @@ DecodeChoice decode_choice(const PlanRequest& req) {
                                   c.bytes_per_s);
   c.choice = c.all2all.kind;
   if (c.ranks > 1) {
-    for (Scheme s : {Scheme::kPassKv, Scheme::kPassQ}) {
-      Mesh m;
-      m.tp = tp;
-      m.ring = c.ranks;
-      m.scheme = s;
+    for (Strategy s : {Strategy::kPassKv, Strategy::kPassQ}) {
+      ParallelConfig m;
+      m.mesh.tp = tp;
+      m.mesh.ring = c.ranks;
+      m.strategy = s;
       m.layout = req.layout.value_or(Layout::kContiguous);
       try {
         const double t = cost_mesh(w, m, req.hw, req.memory_limit).step_s;
-        (s == Scheme::kPassKv ? c.passkv_step_s : c.passq_step_s) = t;
+        (s == Strategy::kPassKv ? c.passkv_step_s : c.passq_step_s) = t;
       } catch (const InvalidArgument&) {
       }
     }
     if (c.passkv_step_s && c.passq_step_s)
-      c.fastest = *c.passq_step_s < *c.passkv_step_s ? PassKind::kPassQ : PassKind::kPassKv;
+      c.fastest = *c.passq_step_s < *c.passkv_step_s ? Strategy::kPassQ : Strategy::kPassKv;
   }
   return c;
 }
@@ -328,18 +328,18 @@ int64_t plan_work(const PlanRequest& req, int world) {
   int64_t work = 0;
   enumerate(
       r,
-      [&](const Mesh& m) {
+      [&](const ParallelConfig& m) {
         // Costing a mesh builds its token positions, and counts visible pairs over position runs
         // (a contiguous or striped rank holds one run, a zigzag rank two): every member of a
         // Ulysses group over the group's runs, every ring step over two ranks' runs, all-gather
         // every rank over all runs; plus every rank's steps.
-        const int64_t u = m.ulysses, g = m.ring, sp = u * g;
+        const int64_t u = m.mesh.ulysses, g = m.mesh.ring, sp = u * g;
         const int64_t runs = m.layout == Layout::kZigzag ? 2 : 1;
         const int64_t pairs =
-            runs * runs * (sp * (u * u + g) + (m.scheme == Scheme::kAllGather ? sp * sp : 0));
+            runs * runs * (sp * (u * u + g) + (m.strategy == Strategy::kAllGather ? sp * sp : 0));
         work += r.work.seq + r.work.text_tokens + pairs + int64_t{world} * std::max(u, g);
       },
-      [](const Mesh&, const std::string&) {});
+      [](const ParallelConfig&, const std::string&) {});
   return work;
 }
 
@@ -388,13 +388,13 @@ Plan make_plan(const PlanRequest& req) {
     const MeshCost& smallest = plan.over_memory.front();
     MeshCost best;
     const int w2 = nearest_fitting_world(req, &best);
-    std::string alt = w2 > 0 ? detail::concat("ranks ", w2, " (", best.mesh.label(), ", ",
+    std::string alt = w2 > 0 ? detail::concat("ranks ", w2, " (", config_label(best.config), ", ",
                                               gb(best.memory_bytes), " per rank)")
                              : std::string("no world size up to 64x fits");
     throw InvalidArgument(
         detail::concat("no mesh of ", req.world, " ranks fits ", what, " in ",
                        gb(smallest.memory_limit), " per rank: the smallest needs ",
-                       gb(smallest.memory_bytes), " (", smallest.mesh.label(), "); nearest: ", alt,
+                       gb(smallest.memory_bytes), " (", config_label(smallest.config), "); nearest: ", alt,
                        ", or memory_limit ", std::ceil(smallest.memory_bytes / 1e9), " (GB)"));
   }
   return plan;

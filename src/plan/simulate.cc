@@ -21,8 +21,8 @@ SimPoint point_of(const MeshCost& c, const Workload& w, const HardwareProfile& h
   SimPoint p;
   p.ranks = n;
   p.valid = true;
-  p.ulysses = c.mesh.ulysses;
-  p.ring = c.mesh.ring;
+  p.ulysses = c.config.mesh.ulysses;
+  p.ring = c.config.mesh.ring;
   p.step_s = c.step_s;
   p.compute_s = c.compute_s;
   p.comm_s = c.comm_s;
@@ -52,22 +52,22 @@ Simulation simulate_scaling(const Workload& w, const HardwareProfile& hw,
   sim.layout = layout;
   sim.threshold = threshold;
   sim.sizes = sizes;
-  const std::vector<Scheme> schemes =
+  const std::vector<Strategy> schemes =
       w.decode()
-          ? std::vector<Scheme>{Scheme::kPassKv, Scheme::kPassQ}
-          : std::vector<Scheme>{Scheme::kRing, Scheme::kUlysses, Scheme::kUsp, Scheme::kAllGather};
-  for (Scheme s : schemes) {
+          ? std::vector<Strategy>{Strategy::kPassKv, Strategy::kPassQ}
+          : std::vector<Strategy>{Strategy::kRing, Strategy::kUlysses, Strategy::kUsp, Strategy::kAllGather};
+  for (Strategy s : schemes) {
     SimCurve curve;
-    curve.scheme = s;
+    curve.strategy = s;
     for (int n : sizes) {
       SimPoint best;
       best.ranks = n;
       std::vector<std::pair<int, int>> degrees;  // (ulysses, ring)
       if (n == 1) {
         degrees.push_back({1, 1});
-      } else if (s == Scheme::kUlysses) {
+      } else if (s == Strategy::kUlysses) {
         degrees.push_back({n, 1});
-      } else if (s == Scheme::kUsp) {
+      } else if (s == Strategy::kUsp) {
         for (int u = 2; u < n; ++u)
           if (n % u == 0) degrees.push_back({u, n / u});
       } else {
@@ -75,14 +75,14 @@ Simulation simulate_scaling(const Workload& w, const HardwareProfile& hw,
       }
       if (degrees.empty()) best.note = "usp needs a size with a divisor between 1 and itself";
       for (auto [u, r] : degrees) {
-        Mesh m;
-        m.cfg = cfg;
-        m.tp = tp;
-        m.ulysses = u;
-        m.ring = r;
-        m.scheme = n == 1 ? Scheme::kLocal : s;
+        ParallelConfig m;
+        m.mesh.cfg = cfg;
+        m.mesh.tp = tp;
+        m.mesh.ulysses = u;
+        m.mesh.ring = r;
+        m.strategy = n == 1 ? Strategy::kLocal : s;
         m.layout = layout;
-        m.mode = UlyssesMode::kUaa;
+        m.ulysses_mode = UlyssesMode::kUaa;
         try {
           MeshCost c = cost_mesh(w, m, hw);
           if (!best.valid || c.step_s < best.step_s) best = point_of(c, w, hw, n);
@@ -90,7 +90,7 @@ Simulation simulate_scaling(const Workload& w, const HardwareProfile& hw,
           if (!best.valid) best.note = e.what();
         }
       }
-      if (best.valid && s == Scheme::kUsp)
+      if (best.valid && s == Strategy::kUsp)
         best.note = detail::concat("ulysses ", best.ulysses, " x ring ", best.ring);
       curve.points.push_back(best);
     }
@@ -113,7 +113,7 @@ Simulation simulate_scaling(const Workload& w, const HardwareProfile& hw,
         if (!first) first = &p;
         last = &p;
       }
-    std::string line = std::string(scheme_name(s)) + ": ";
+    std::string line = std::string(strategy_name(s)) + ": ";
     if (!first) {
       line += "no size runs (" +
               (curve.points.empty() ? std::string("no sizes") : curve.points[0].note) + ")";
@@ -135,7 +135,7 @@ Simulation simulate_scaling(const Workload& w, const HardwareProfile& hw,
         line += detail::concat("communication is exposed at every size: ",
                                percent(at->exposed_fraction), " of a layer at ", at->ranks,
                                " ranks, ", percent(last->exposed_fraction), " at ", last->ranks);
-      if (s == Scheme::kUlysses || s == Scheme::kAllGather || s == Scheme::kPassQ)
+      if (s == Strategy::kUlysses || s == Strategy::kAllGather || s == Strategy::kPassQ)
         line += " (its collectives are never overlapped with compute)";
     }
     sim.findings.push_back(line);

@@ -45,19 +45,19 @@ std::string time_label(double s) {
   return buf;
 }
 
-const char* color_of(Scheme s) {
+const char* color_of(Strategy s) {
   switch (s) {
-    case Scheme::kRing:
+    case Strategy::kRing:
       return "#1f77b4";
-    case Scheme::kUlysses:
+    case Strategy::kUlysses:
       return "#ff7f0e";
-    case Scheme::kUsp:
+    case Strategy::kUsp:
       return "#2ca02c";
-    case Scheme::kAllGather:
+    case Strategy::kAllGather:
       return "#9467bd";
-    case Scheme::kPassKv:
+    case Strategy::kPassKv:
       return "#1f77b4";
-    case Scheme::kPassQ:
+    case Strategy::kPassQ:
       return "#d62728";
     default:
       return "#7f7f7f";
@@ -129,7 +129,7 @@ std::string simulation_svg(const Simulation& sim, const std::string& title) {
   // Curves: step time (solid), compute of the critical rank (dashed, same color).
   int legend = 0;
   for (const auto& c : sim.curves) {
-    const char* col = color_of(c.scheme);
+    const char* col = color_of(c.strategy);
     std::ostringstream step, comp;
     step.setf(std::ios::fixed);
     comp.setf(std::ios::fixed);
@@ -152,7 +152,7 @@ std::string simulation_svg(const Simulation& sim, const std::string& title) {
     for (const auto& p : c.points) {
       if (!p.valid || p.step_s <= 0) continue;
       o << "<circle cx=\"" << X(p.ranks) << "\" cy=\"" << Y(p.step_s) << "\" r=\"3.5\" fill=\""
-        << col << "\"><title>" << escape(std::string(scheme_name(c.scheme))) << " " << p.ranks
+        << col << "\"><title>" << escape(std::string(strategy_name(c.strategy))) << " " << p.ranks
         << " ranks: " << escape(time_label(p.step_s)) << ", exposed comm "
         << static_cast<int>(100 * p.exposed_fraction + 0.5) << "%</title></circle>\n";
       if (p.ranks == c.stops_hiding_at)
@@ -163,7 +163,7 @@ std::string simulation_svg(const Simulation& sim, const std::string& title) {
     o << "<line x1=\"" << left + pw + 15 << "\" y1=\"" << ly << "\" x2=\"" << left + pw + 45
       << "\" y2=\"" << ly << "\" stroke=\"" << col << "\" stroke-width=\"2.5\"/>\n"
       << "<text x=\"" << left + pw + 52 << "\" y=\"" << ly + 4 << "\">"
-      << escape(std::string(scheme_name(c.scheme))) << "</text>\n";
+      << escape(std::string(strategy_name(c.strategy))) << "</text>\n";
   }
   const double ly = top + 10 + 22 * legend;
   o << "<line x1=\"" << left + pw + 15 << "\" y1=\"" << ly << "\" x2=\"" << left + pw + 45

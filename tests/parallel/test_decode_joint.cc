@@ -167,7 +167,7 @@ struct DecodeCase {
   int heads, kv_heads;
 };
 
-void check_decode(const DecodeCase& c, PassKind kind, int64_t head_dim = 16) {
+void check_decode(const DecodeCase& c, Strategy kind, int64_t head_dim = 16) {
   const int64_t total = c.cached + c.fresh, B = 1;
   std::mt19937 rng(7);
   Tensor q_all = random_tensor({B, total, c.heads, head_dim}, rng, DType::kF32);
@@ -198,7 +198,7 @@ void check_decode(const DecodeCase& c, PassKind kind, int64_t head_dim = 16) {
     const int r = comm.rank();
     Tensor q = rows_of(q_all, place.q_pos[r]);
     Tensor k = rows_of(k_all, place.kv_pos[r]), v = rows_of(v_all, place.kv_pos[r]);
-    got[r] = kind == PassKind::kPassQ ? passq_attention(comm, place, q, k, v, opts)
+    got[r] = kind == Strategy::kPassQ ? passq_attention(comm, place, q, k, v, opts)
                                       : passkv_attention(comm, place, q, k, v, opts);
     stats[r] = comm.stats();
   });
@@ -210,19 +210,19 @@ void check_decode(const DecodeCase& c, PassKind kind, int64_t head_dim = 16) {
       for (int64_t x = 0; x < c.heads * head_dim; ++x)
         ASSERT_NEAR(got[r].out.at(i * c.heads * head_dim + x),
                     ref.out.at(row * c.heads * head_dim + x), kTol)
-            << pass_name(kind) << " rank " << r << " row " << i;
+            << strategy_name(kind) << " rank " << r << " row " << i;
       for (int64_t h = 0; h < c.heads; ++h)
         ASSERT_NEAR(got[r].lse.at(i * c.heads + h), ref.lse.at(row * c.heads + h), kTol);
     }
     CommPrediction want =
         predict_decode_bytes(kind, place, r, B, c.heads, c.kv_heads, head_dim, 4);
-    EXPECT_EQ(stats[r].total_sent(), want.sent) << pass_name(kind) << " rank " << r;
-    EXPECT_EQ(stats[r].total_recv(), want.recv) << pass_name(kind) << " rank " << r;
+    EXPECT_EQ(stats[r].total_sent(), want.sent) << strategy_name(kind) << " rank " << r;
+    EXPECT_EQ(stats[r].total_recv(), want.recv) << strategy_name(kind) << " rank " << r;
   }
 }
 
 TEST(Decode, PassQAndPassKvMatchReference) {
-  for (PassKind kind : {PassKind::kPassQ, PassKind::kPassKv})
+  for (Strategy kind : {Strategy::kPassQ, Strategy::kPassKv})
     for (DecodeCase c : std::vector<DecodeCase>{{1, 50, 3, Layout::kContiguous, 4, 4},
                                                 {2, 100, 1, Layout::kContiguous, 4, 2},
                                                 {3, 257, 5, Layout::kZigzag, 6, 3},
@@ -235,8 +235,8 @@ TEST(Decode, PassQAndPassKvMatchReference) {
 TEST(Decode, LongCacheFewNewTokens) {
   // Decode of 1..64 new tokens over caches up to 64K tokens.
   for (int64_t fresh : {1, 64})
-    check_decode({4, 65536, fresh, Layout::kContiguous, 2, 1}, PassKind::kPassQ, 8);
-  check_decode({2, 16384, 16, Layout::kZigzag, 2, 2}, PassKind::kPassKv, 8);
+    check_decode({4, 65536, fresh, Layout::kContiguous, 2, 1}, Strategy::kPassQ, 8);
+  check_decode({2, 16384, 16, Layout::kZigzag, 2, 2}, Strategy::kPassKv, 8);
 }
 
 TEST(Decode, ChooserReproducesThePapersExamples) {
@@ -244,11 +244,11 @@ TEST(Decode, ChooserReproducesThePapersExamples) {
   // rank between nodes, 128K tokens in all.
   const HardwareProfile hw = hardware_profile("h100");
   PassChoice a = choose_pass(3200, 124800, 4, 128, 8, 2, hw.attention_flops, hw.inter_node_bw);
-  EXPECT_EQ(a.kind, PassKind::kPassQ) << a.reason;
+  EXPECT_EQ(a.kind, Strategy::kPassQ) << a.reason;
   PassChoice b = choose_pass(12800, 115200, 4, 128, 8, 2, hw.attention_flops, hw.inter_node_bw);
-  EXPECT_EQ(b.kind, PassKind::kPassKv) << b.reason;
+  EXPECT_EQ(b.kind, Strategy::kPassKv) << b.reason;
   // A full prefill (no cache) always passes K/V: T/(T+P) = 1 >= 2·Hkv/H.
-  EXPECT_EQ(choose_pass(10, 0, 4, 128, 8, 2, 1e15, 1e9).kind, PassKind::kPassKv);
+  EXPECT_EQ(choose_pass(10, 0, 4, 128, 8, 2, 1e15, 1e9).kind, Strategy::kPassKv);
   EXPECT_THROW(hardware_profile("tpu"), InvalidArgument);
 }
 

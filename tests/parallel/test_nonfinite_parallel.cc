@@ -148,7 +148,7 @@ TEST(NonFiniteParallel, BadKeyPoisonsExactlyTheRowsThatSeeIt) {
 // the heads of its kv head are NaN on every rank, through passq and passkv.
 TEST(NonFiniteParallel, BadCachedKeyThroughPassQAndPassKv) {
   const int64_t cached = 80, fresh = 5, total = cached + fresh;
-  for (PassKind kind : {PassKind::kPassQ, PassKind::kPassKv})
+  for (Strategy kind : {Strategy::kPassQ, Strategy::kPassKv})
     for (float bad : {kNaN, kInf, -kInf})
       for (int ranks : {2, 4}) {
         std::mt19937 rng(9);
@@ -178,10 +178,10 @@ TEST(NonFiniteParallel, BadCachedKeyThroughPassQAndPassKv) {
           const int r = comm.rank();
           Tensor q = rows_of(q_all, place.q_pos[r]);
           Tensor k = rows_of(k_all, place.kv_pos[r]), v = rows_of(v_all, place.kv_pos[r]);
-          got[r] = kind == PassKind::kPassQ ? passq_attention(comm, place, q, k, v, opts)
+          got[r] = kind == Strategy::kPassQ ? passq_attention(comm, place, q, k, v, opts)
                                             : passkv_attention(comm, place, q, k, v, opts);
         });
-        const std::string what = std::string(pass_name(kind)) + " " + std::to_string(ranks) +
+        const std::string what = std::string(strategy_name(kind)) + " " + std::to_string(ranks) +
                                  " ranks " + std::to_string(bad);
         int64_t row = 0;
         for (int r = 0; r < ranks; ++r)

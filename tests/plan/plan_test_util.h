@@ -1,4 +1,4 @@
-// Runs one distributed attention on threads for a planner Workload and Mesh, and returns what
+// Runs one distributed attention on threads for a planner Workload and ParallelConfig, and returns what
 // every rank measured (CommStats after SpComms is built, CpStats): the oracle the cost model's
 // predictions are checked against.
 #pragma once
@@ -27,7 +27,7 @@ inline Tensor random_rows(int64_t b, int64_t n, int64_t h, int64_t d, DType dtyp
 }
 
 // The workload must be attention_only (the shapes of one call); cfg = tp = 1.
-inline Measured measure(const Workload& w, const Mesh& m) {
+inline Measured measure(const Workload& w, const ParallelConfig& m) {
   const int n = m.sp();
   Measured out;
   out.comm.resize(n);
@@ -35,7 +35,7 @@ inline Measured measure(const Workload& w, const Mesh& m) {
   const int64_t B = w.batch, H = w.heads, Hkv = w.kv_heads, D = w.head_dim;
   CpOptions opts;
   opts.causal = w.causal;
-  opts.ulysses_mode = m.mode;
+  opts.ulysses_mode = m.ulysses_mode;
   if (w.decode()) {
     const KvPlacement place = decode_placement(w.cached, w.fresh, n, m.layout);
     ThreadWorld::run(n, [&](Communicator& comm) {
@@ -45,7 +45,7 @@ inline Measured measure(const Workload& w, const Mesh& m) {
       Tensor v = random_rows(B, place.kv_pos[r].size(), Hkv, D, w.dtype, 200 + r);
       comm.barrier();
       comm.stats().reset();
-      if (m.scheme == Scheme::kPassQ)
+      if (m.strategy == Strategy::kPassQ)
         passq_attention(comm, place, q, k, v, opts, &out.cp[r]);
       else
         passkv_attention(comm, place, q, k, v, opts, &out.cp[r]);
@@ -60,9 +60,9 @@ inline Measured measure(const Workload& w, const Mesh& m) {
     if (S != w.seq) opts.valid_len = w.seq;
   }
   const Partition part(S, n, m.layout);
-  const Strategy st = m.scheme == Scheme::kAllGather ? Strategy::kAllGather
-                      : m.scheme == Scheme::kRing    ? Strategy::kRing
-                      : m.scheme == Scheme::kUlysses ? Strategy::kUlysses
+  const Strategy st = m.strategy == Strategy::kAllGather ? Strategy::kAllGather
+                      : m.strategy == Strategy::kRing    ? Strategy::kRing
+                      : m.strategy == Strategy::kUlysses ? Strategy::kUlysses
                                                      : Strategy::kUsp;
   ThreadWorld::run(n, [&](Communicator& comm) {
     const int r = comm.rank();
@@ -70,7 +70,7 @@ inline Measured measure(const Workload& w, const Mesh& m) {
     Tensor q = random_rows(B, nr, H, D, w.dtype, 10 + r);
     Tensor k = random_rows(B, nr, Hkv, D, w.dtype, 100 + r);
     Tensor v = random_rows(B, nr, Hkv, D, w.dtype, 200 + r);
-    SpComms comms(comm, m.ulysses);
+    SpComms comms(comm, m.mesh.ulysses);
     comm.barrier();
     comms.reset_stats();
     if (w.text_tokens > 0) {

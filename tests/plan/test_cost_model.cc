@@ -40,8 +40,8 @@ OpKind kind_of(const std::string& op) {
 }
 
 // Checks every rank's prediction against the measurement; returns the number of ranks checked.
-void expect_matches(const Workload& w, const Mesh& m) {
-  SCOPED_TRACE(m.label() + " S=" + std::to_string(w.seq) + " B=" + std::to_string(w.batch) +
+void expect_matches(const Workload& w, const ParallelConfig& m) {
+  SCOPED_TRACE(config_label(m) + " S=" + std::to_string(w.seq) + " B=" + std::to_string(w.batch) +
                " H=" + std::to_string(w.heads) + "/" + std::to_string(w.kv_heads) + " " +
                std::string(dtype_name(w.dtype)) + (w.decode() ? " decode" : "") +
                (w.text_tokens ? " text" : ""));
@@ -70,7 +70,7 @@ void expect_matches(const Workload& w, const Mesh& m) {
 }
 
 struct Degrees {
-  Scheme scheme;
+  Strategy strategy;
   int ulysses, ring;
 };
 
@@ -80,10 +80,10 @@ class SequenceBytes
 TEST_P(SequenceBytes, EqualMeasured) {
   auto [deg, layout, seq, pad, dtype] = GetParam();
   Workload w = attention_workload(seq, 4, 2, 16, 1, /*causal=*/true, dtype);
-  Mesh m;
-  m.scheme = deg.scheme;
-  m.ulysses = deg.ulysses;
-  m.ring = deg.ring;
+  ParallelConfig m;
+  m.strategy = deg.strategy;
+  m.mesh.ulysses = deg.ulysses;
+  m.mesh.ring = deg.ring;
   m.layout = layout;
   m.pad = pad;
   expect_matches(w, m);
@@ -92,13 +92,13 @@ TEST_P(SequenceBytes, EqualMeasured) {
 INSTANTIATE_TEST_SUITE_P(
     AllStrategies, SequenceBytes,
     ::testing::Combine(
-        ::testing::Values(Degrees{Scheme::kAllGather, 1, 2}, Degrees{Scheme::kAllGather, 1, 3},
-                          Degrees{Scheme::kAllGather, 1, 8}, Degrees{Scheme::kRing, 1, 2},
-                          Degrees{Scheme::kRing, 1, 3}, Degrees{Scheme::kRing, 1, 4},
-                          Degrees{Scheme::kRing, 1, 8}, Degrees{Scheme::kUlysses, 2, 1},
-                          Degrees{Scheme::kUlysses, 3, 1}, Degrees{Scheme::kUlysses, 4, 1},
-                          Degrees{Scheme::kUsp, 2, 2}, Degrees{Scheme::kUsp, 2, 3},
-                          Degrees{Scheme::kUsp, 3, 2}, Degrees{Scheme::kUsp, 4, 2}),
+        ::testing::Values(Degrees{Strategy::kAllGather, 1, 2}, Degrees{Strategy::kAllGather, 1, 3},
+                          Degrees{Strategy::kAllGather, 1, 8}, Degrees{Strategy::kRing, 1, 2},
+                          Degrees{Strategy::kRing, 1, 3}, Degrees{Strategy::kRing, 1, 4},
+                          Degrees{Strategy::kRing, 1, 8}, Degrees{Strategy::kUlysses, 2, 1},
+                          Degrees{Strategy::kUlysses, 3, 1}, Degrees{Strategy::kUlysses, 4, 1},
+                          Degrees{Strategy::kUsp, 2, 2}, Degrees{Strategy::kUsp, 2, 3},
+                          Degrees{Strategy::kUsp, 3, 2}, Degrees{Strategy::kUsp, 4, 2}),
         ::testing::Values(Layout::kContiguous, Layout::kStriped, Layout::kZigzag),
         ::testing::Values(int64_t{64}, int64_t{67}), ::testing::Bool(),
         ::testing::Values(DType::kF32, DType::kBF16)));
@@ -109,13 +109,13 @@ TEST(CostModelBytes, BatchNonCausalAndOddHeads) {
   for (auto [h, kv] : {std::pair<int64_t, int64_t>{6, 2}, {3, 3}, {8, 1}}) {
     for (bool causal : {false, true}) {
       Workload w = attention_workload(45, h, kv, 8, 2, causal, DType::kF32);
-      for (Degrees d : {Degrees{Scheme::kUlysses, 4, 1}, Degrees{Scheme::kUsp, 4, 2},
-                        Degrees{Scheme::kUsp, 2, 3}, Degrees{Scheme::kRing, 1, 5},
-                        Degrees{Scheme::kAllGather, 1, 4}}) {
-        Mesh m;
-        m.scheme = d.scheme;
-        m.ulysses = d.ulysses;
-        m.ring = d.ring;
+      for (Degrees d : {Degrees{Strategy::kUlysses, 4, 1}, Degrees{Strategy::kUsp, 4, 2},
+                        Degrees{Strategy::kUsp, 2, 3}, Degrees{Strategy::kRing, 1, 5},
+                        Degrees{Strategy::kAllGather, 1, 4}}) {
+        ParallelConfig m;
+        m.strategy = d.strategy;
+        m.mesh.ulysses = d.ulysses;
+        m.mesh.ring = d.ring;
         m.layout = Layout::kZigzag;
         expect_matches(w, m);
       }
@@ -125,12 +125,12 @@ TEST(CostModelBytes, BatchNonCausalAndOddHeads) {
 
 TEST(CostModelBytes, StrictUlyssesWithPadding) {
   Workload w = attention_workload(67, 4, 4, 16, 1, true, DType::kF32);
-  for (Degrees d : {Degrees{Scheme::kUlysses, 4, 1}, Degrees{Scheme::kUsp, 2, 2}}) {
-    Mesh m;
-    m.scheme = d.scheme;
-    m.ulysses = d.ulysses;
-    m.ring = d.ring;
-    m.mode = UlyssesMode::kStrict;
+  for (Degrees d : {Degrees{Strategy::kUlysses, 4, 1}, Degrees{Strategy::kUsp, 2, 2}}) {
+    ParallelConfig m;
+    m.strategy = d.strategy;
+    m.mesh.ulysses = d.ulysses;
+    m.mesh.ring = d.ring;
+    m.ulysses_mode = UlyssesMode::kStrict;
     m.pad = true;
     expect_matches(w, m);
     m.pad = false;  // 67 does not divide: strict mode cannot run it
@@ -140,12 +140,12 @@ TEST(CostModelBytes, StrictUlyssesWithPadding) {
 
 TEST(CostModelBytes, JointTextTokens) {
   Workload w = attention_workload(40, 4, 4, 8, 1, false, DType::kF32, /*text_tokens=*/5);
-  for (Degrees d : {Degrees{Scheme::kRing, 1, 3}, Degrees{Scheme::kAllGather, 1, 2},
-                    Degrees{Scheme::kUlysses, 2, 1}, Degrees{Scheme::kUsp, 2, 2}}) {
-    Mesh m;
-    m.scheme = d.scheme;
-    m.ulysses = d.ulysses;
-    m.ring = d.ring;
+  for (Degrees d : {Degrees{Strategy::kRing, 1, 3}, Degrees{Strategy::kAllGather, 1, 2},
+                    Degrees{Strategy::kUlysses, 2, 1}, Degrees{Strategy::kUsp, 2, 2}}) {
+    ParallelConfig m;
+    m.strategy = d.strategy;
+    m.mesh.ulysses = d.ulysses;
+    m.mesh.ring = d.ring;
     expect_matches(w, m);
   }
 }
@@ -154,11 +154,11 @@ TEST(CostModelBytes, DecodePassQAndPassKv) {
   for (auto [p, t] : {std::pair<int64_t, int64_t>{40, 3}, {37, 8}, {50, 1}}) {
     for (int n : {2, 3, 4}) {
       for (Layout layout : {Layout::kContiguous, Layout::kStriped, Layout::kZigzag}) {
-        for (Scheme s : {Scheme::kPassQ, Scheme::kPassKv}) {
+        for (Strategy s : {Strategy::kPassQ, Strategy::kPassKv}) {
           Workload w = attention_workload(0, 8, 2, 16, 1, true, DType::kBF16, 0, p, t);
-          Mesh m;
-          m.scheme = s;
-          m.ring = n;
+          ParallelConfig m;
+          m.strategy = s;
+          m.mesh.ring = n;
           m.layout = layout;
           expect_matches(w, m);
         }
@@ -186,9 +186,9 @@ TEST(CostModelTime, RingOverlapsTransferWithCompute) {
   // scores = 4·128·8·2^20 flops = 4.295 ms at 1 TFLOP/s; a K/V block is 1024·2·8·128·4 bytes =
   // 8.39 MB = 0.839 ms + 10 us at 10 GB/s, hidden behind the first step's compute.
   Workload w = attention_workload(2048, 8, 8, 128, 1, false, DType::kF32);
-  Mesh m;
-  m.scheme = Scheme::kRing;
-  m.ring = 2;
+  ParallelConfig m;
+  m.strategy = Strategy::kRing;
+  m.mesh.ring = 2;
   HardwareProfile hw = test_profile();
   const double step = 4.0 * 128 * 8 * 1024.0 * 1024 / 1e12;
   const double xfer = 1e-5 + 1024.0 * 2 * 8 * 128 * 4 / 1e10;
@@ -210,9 +210,9 @@ TEST(CostModelTime, RingOverlapsTransferWithCompute) {
 TEST(CostModelTime, AllGatherThenCompute) {
   // Two all_gatherv (K, V) of 1024·8·128·4 bytes received each, then 1024 x 2048 x 8 scores.
   Workload w = attention_workload(2048, 8, 8, 128, 1, false, DType::kF32);
-  Mesh m;
-  m.scheme = Scheme::kAllGather;
-  m.ring = 2;
+  ParallelConfig m;
+  m.strategy = Strategy::kAllGather;
+  m.mesh.ring = 2;
   const MeshCost c = cost_mesh(w, m, test_profile());
   const double gather = 2 * (1e-5 + 1024.0 * 8 * 128 * 4 / 1e10);
   const double compute = 4.0 * 128 * 8 * 1024.0 * 2048 / 1e12;
@@ -227,9 +227,9 @@ TEST(CostModelTime, TwoLevelNetwork) {
   // 16 ranks of a ring with 8 ranks per node: the hops 7 -> 8 and 15 -> 0 cross nodes, so the
   // ring is paced by the between-node link; with 16 per node it is not.
   Workload w = attention_workload(16384, 8, 8, 128, 1, false, DType::kBF16);
-  Mesh m;
-  m.scheme = Scheme::kRing;
-  m.ring = 16;
+  ParallelConfig m;
+  m.strategy = Strategy::kRing;
+  m.mesh.ring = 16;
   HardwareProfile hw = test_profile();
   hw.attention_flops = 1e15;  // transfers dominate
   MeshCost two = cost_mesh(w, m, hw);
@@ -244,9 +244,9 @@ TEST(CostModelTime, TwoLevelNetwork) {
 
 TEST(CostModelTime, UlyssesIsExposedAllToAll) {
   Workload w = attention_workload(4096, 8, 8, 128, 1, false, DType::kF32);
-  Mesh m;
-  m.scheme = Scheme::kUlysses;
-  m.ulysses = 4;
+  ParallelConfig m;
+  m.strategy = Strategy::kUlysses;
+  m.mesh.ulysses = 4;
   const MeshCost c = cost_mesh(w, m, test_profile());
   double comm = 0;
   for (const auto& col : c.collectives) comm += col.seconds;
@@ -265,25 +265,25 @@ TEST(CostModel, MemoryAndShapesOfAModel) {
   const ModelPreset& wan = model_preset("wan2.1-t2v-14b");
   Workload w = model_workload(wan, 3645, 1, DType::kBF16, true, 0);
   const HardwareProfile hw = hardware_profile("h100");
-  Mesh m;
-  m.scheme = Scheme::kRing;
-  m.ring = 8;
+  ParallelConfig m;
+  m.strategy = Strategy::kRing;
+  m.mesh.ring = 8;
   MeshCost c = cost_mesh(w, m, hw);
   EXPECT_DOUBLE_EQ(c.weight_bytes, 28e9);
   EXPECT_TRUE(c.fits_memory);
   EXPECT_EQ(c.remainder, 3645 % 8);
   EXPECT_EQ(c.tp_bytes, 0u);
-  m.tp = 4;
-  m.ring = 2;
+  m.mesh.tp = 4;
+  m.mesh.ring = 2;
   c = cost_mesh(w, m, hw);
   EXPECT_DOUBLE_EQ(c.weight_bytes, 7e9);
   // tp all-reduce as CommStats counts it: n·(tp-1) for each of 3 reduces of B·n_r·hidden·e,
   // batch 2 (both guidance branches on every rank at cfg 1).
   EXPECT_EQ(c.tp_bytes, 3ull * 2 * 1823 * 5120 * 2 * 3);
-  m.cfg = 3;
+  m.mesh.cfg = 3;
   EXPECT_THROW(cost_mesh(w, m, hw), InvalidArgument);
-  m.cfg = 1;
-  m.tp = 3;  // 40 heads do not split 3 ways
+  m.mesh.cfg = 1;
+  m.mesh.tp = 3;  // 40 heads do not split 3 ways
   EXPECT_THROW(cost_mesh(w, m, hw), InvalidArgument);
 }
 

@@ -228,7 +228,7 @@ TEST(Simulation, RingStopsHidingPastANode) {
   ASSERT_EQ(sim.curves.size(), 4u);
   EXPECT_EQ(sim.sizes, (std::vector<int>{8, 16, 32, 64, 128, 256, 512, 1024}));
   const SimCurve& ring = sim.curves[0];
-  EXPECT_EQ(ring.scheme, Scheme::kRing);
+  EXPECT_EQ(ring.strategy, Strategy::kRing);
   for (const auto& p : ring.points) EXPECT_TRUE(p.valid) << p.ranks << " " << p.note;
   EXPECT_GT(ring.stops_hiding_at, 0);
   for (const auto& p : ring.points) {
@@ -242,7 +242,7 @@ TEST(Simulation, RingStopsHidingPastANode) {
   }
   // Ulysses beyond 40 ranks leaves members without heads: the step stops shrinking.
   const SimCurve& uly = sim.curves[1];
-  EXPECT_EQ(uly.scheme, Scheme::kUlysses);
+  EXPECT_EQ(uly.strategy, Strategy::kUlysses);
   const SimPoint& u64 = uly.points[3];
   const SimPoint& u1024 = uly.points[7];
   EXPECT_GT(u1024.compute_s, 0.5 * u64.compute_s);
@@ -263,8 +263,8 @@ TEST(Simulation, DecodeCurves) {
   const Simulation sim =
       simulate_scaling(w, hardware_profile("h200"), doubling_sizes(8, 64), Layout::kContiguous);
   ASSERT_EQ(sim.curves.size(), 2u);
-  EXPECT_EQ(sim.curves[0].scheme, Scheme::kPassKv);
-  EXPECT_EQ(sim.curves[1].scheme, Scheme::kPassQ);
+  EXPECT_EQ(sim.curves[0].strategy, Strategy::kPassKv);
+  EXPECT_EQ(sim.curves[1].strategy, Strategy::kPassQ);
   // 16 new tokens over a million cached: passing the queries is far cheaper.
   for (size_t i = 0; i < sim.sizes.size(); ++i)
     EXPECT_LT(sim.curves[1].points[i].step_s, sim.curves[0].points[i].step_s);

@@ -59,8 +59,8 @@ TEST(Planner, RanksEveryMeshFastestFirstAndSaysWhyOthersCannotRun) {
   std::set<std::string> schemes;
   for (const auto& c : plan.ranked) {
     EXPECT_TRUE(c.fits_memory);
-    EXPECT_EQ(c.mesh.world(), 8);
-    schemes.insert(std::string(scheme_name(c.mesh.scheme)));
+    EXPECT_EQ(c.config.world(), 8);
+    schemes.insert(std::string(strategy_name(c.config.strategy)));
   }
   // Every strategy that can run uneven shards is among them.
   for (const char* s : {"ring", "allgather", "ulysses", "usp"}) EXPECT_TRUE(schemes.count(s)) << s;
@@ -68,15 +68,15 @@ TEST(Planner, RanksEveryMeshFastestFirstAndSaysWhyOthersCannotRun) {
   bool strict_rejected = false, strict_padded_ranked = false;
   for (const auto& r : plan.rejected) {
     EXPECT_FALSE(r.reason.empty());
-    if (r.mesh.scheme == Scheme::kUlysses && r.mesh.mode == UlyssesMode::kStrict &&
-        r.mesh.ulysses == 8 && !r.mesh.pad) {
+    if (r.config.strategy == Strategy::kUlysses && r.config.ulysses_mode == UlyssesMode::kStrict &&
+        r.config.mesh.ulysses == 8 && !r.config.pad) {
       strict_rejected = true;
       EXPECT_NE(r.reason.find("3648"), std::string::npos) << r.reason;
     }
   }
   for (const auto& c : plan.ranked)
-    if (c.mesh.scheme == Scheme::kUlysses && c.mesh.mode == UlyssesMode::kStrict &&
-        c.mesh.ulysses == 8 && c.mesh.pad)
+    if (c.config.strategy == Strategy::kUlysses && c.config.ulysses_mode == UlyssesMode::kStrict &&
+        c.config.mesh.ulysses == 8 && c.config.pad)
       strict_padded_ranked = true;
   EXPECT_TRUE(strict_rejected);
   EXPECT_TRUE(strict_padded_ranked);
@@ -88,19 +88,19 @@ TEST(Planner, PinsAndTensorParallelRejections) {
   // tp 3 and tp 6 do not divide 40 heads: rejected for every split.
   int tp_rejections = 0;
   for (const auto& r : plan.rejected)
-    if (r.mesh.ulysses == 0) {
+    if (r.config.mesh.ulysses == 0) {
       ++tp_rejections;
       EXPECT_NE(r.reason.find("does not divide the 40 heads"), std::string::npos);
     }
   EXPECT_GE(tp_rejections, 2);
   req.world = 8;
-  req.scheme = Scheme::kRing;
+  req.strategy = Strategy::kRing;
   req.layout = Layout::kZigzag;
   req.cfg = 1;
   for (const auto& c : make_plan(req).ranked) {
-    EXPECT_EQ(c.mesh.scheme, Scheme::kRing);
-    EXPECT_EQ(c.mesh.layout, Layout::kZigzag);
-    EXPECT_EQ(c.mesh.cfg, 1);
+    EXPECT_EQ(c.config.strategy, Strategy::kRing);
+    EXPECT_EQ(c.config.layout, Layout::kZigzag);
+    EXPECT_EQ(c.config.mesh.cfg, 1);
   }
 }
 
@@ -118,16 +118,16 @@ TEST(Planner, MetasWorkedExamples) {
   // Threshold N·C·Hkv·e/(2·H·BW) = 4·989e12·8·2 / (2·128·50e9) = 4945 tokens.
   const Plan a = make_plan(llama405_decode(124800, 3200));  // 2.5% new
   ASSERT_TRUE(a.decode.has_value());
-  EXPECT_EQ(a.decode->choice, PassKind::kPassQ);
-  EXPECT_EQ(a.decode->basic.kind, PassKind::kPassQ);
+  EXPECT_EQ(a.decode->choice, Strategy::kPassQ);
+  EXPECT_EQ(a.decode->basic.kind, Strategy::kPassQ);
   EXPECT_NEAR(a.decode->all2all.threshold_tokens, 4945.0, 1e-6);
   // All2All-aware: 2·8/128 - 4·3200·50e9 / (4·989e12·2) = 0.125 - 0.0808898 = 0.0441102.
   EXPECT_NEAR(a.decode->all2all.miss_threshold, 0.125 - 4.0 * 3200 * 50e9 / (4 * 989e12 * 2),
               1e-12);
   EXPECT_NEAR(a.decode->all2all.miss_rate, 0.025, 1e-12);
   const Plan b = make_plan(llama405_decode(115200, 12800));  // 10% new
-  EXPECT_EQ(b.decode->choice, PassKind::kPassKv);
-  EXPECT_EQ(b.decode->basic.kind, PassKind::kPassKv);
+  EXPECT_EQ(b.decode->choice, Strategy::kPassKv);
+  EXPECT_EQ(b.decode->basic.kind, Strategy::kPassKv);
   // 405B does not fit 4 H100s: every mesh is over the memory limit, and the choice stands.
   EXPECT_TRUE(a.ranked.empty());
   EXPECT_FALSE(a.over_memory.empty());
@@ -139,10 +139,10 @@ TEST(Planner, All2AllVariantCanFlipTheChoice) {
   // > 0.125 - 4·4000·50e9/(4·989e12·2) = 0.0239.
   const PassChoice basic = choose_pass(4000, 36000, 4, 128, 8, 2, 989e12, 50e9);
   const PassChoice a2a = choose_pass_all2all(4000, 36000, 4, 128, 8, 2, 989e12, 50e9);
-  EXPECT_EQ(basic.kind, PassKind::kPassQ);
-  EXPECT_EQ(a2a.kind, PassKind::kPassKv);
+  EXPECT_EQ(basic.kind, Strategy::kPassQ);
+  EXPECT_EQ(a2a.kind, Strategy::kPassKv);
   // Decode of a single token over a long cache: pass-Q by both.
-  EXPECT_EQ(choose_pass_all2all(1, 1 << 20, 8, 128, 8, 2, 989e12, 50e9).kind, PassKind::kPassQ);
+  EXPECT_EQ(choose_pass_all2all(1, 1 << 20, 8, 128, 8, 2, 989e12, 50e9).kind, Strategy::kPassQ);
 }
 
 TEST(Planner, InvalidRequestsNameTheCauseAndAnAlternative) {
@@ -191,9 +191,9 @@ TEST(Planner, LanguageModelDivisibilityAlternatives) {
   const MeshCost* contiguous = nullptr;
   const MeshCost* zigzag = nullptr;
   for (const auto& c : plan.ranked)
-    if (c.mesh.scheme == Scheme::kRing && c.mesh.tp == 1 && !c.mesh.pad) {
-      if (c.mesh.layout == Layout::kContiguous && !contiguous) contiguous = &c;
-      if (c.mesh.layout == Layout::kZigzag && !zigzag) zigzag = &c;
+    if (c.config.strategy == Strategy::kRing && c.config.mesh.tp == 1 && !c.config.pad) {
+      if (c.config.layout == Layout::kContiguous && !contiguous) contiguous = &c;
+      if (c.config.layout == Layout::kZigzag && !zigzag) zigzag = &c;
     }
   ASSERT_TRUE(contiguous && zigzag);
   EXPECT_GT(contiguous->work_imbalance, 1.8);

@@ -32,8 +32,6 @@ struct KvPlacement {
 // appends the newest token to the last rank).
 KvPlacement decode_placement(int64_t cached, int64_t fresh, int ranks, Layout layout);
 
-enum class PassKind { kPassKv, kPassQ };
-std::string_view pass_name(PassKind k);  // "passkv", "passq"
 
 // Attention of this rank's queries q (B, Tq_r, H, D) over every rank's K/V (B, Kv_r, Hkv, D).
 AttnState passq_attention(Communicator& comm, const KvPlacement& place, const Tensor& q,
@@ -46,7 +44,7 @@ AttnState passkv_attention(Communicator& comm, const KvPlacement& place, const T
 // Meta's rule: pass-KV if T >= N·C·Hkv·e / (2·H·BW) or T/(T+P) >= 2·Hkv/H, else pass-Q.
 // C: attention compute rate of a rank (FLOP/s); BW: its network bandwidth (bytes/s).
 struct PassChoice {
-  PassKind kind;
+  Strategy kind;
   double threshold_tokens;  // N·C·Hkv·e / (2·H·BW)
   double miss_rate;         // T / (T + P)
   double miss_threshold;    // 2·Hkv / H
@@ -57,7 +55,7 @@ PassChoice choose_pass(int64_t new_tokens, int64_t cached_tokens, int ranks, int
                        double bytes_per_s);
 
 // Bytes this rank sends and receives in one call (docs/algorithms.md).
-CommPrediction predict_decode_bytes(PassKind kind, const KvPlacement& place, int rank,
+CommPrediction predict_decode_bytes(Strategy kind, const KvPlacement& place, int rank,
                                     int64_t batch, int64_t heads, int64_t kv_heads,
                                     int64_t head_dim, size_t elem_bytes);
 

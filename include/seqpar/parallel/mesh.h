@@ -22,22 +22,11 @@
 #include <vector>
 
 #include "seqpar/comm/communicator.h"
+#include "seqpar/parallel/config.h"
 #include "seqpar/parallel/partition.h"
 #include "seqpar/parallel/strategies.h"
 
 namespace seqpar {
-
-struct MeshShape {
-  int cfg = 1;      // cfg_parallel_size: guidance branches (1 or 2 in practice)
-  int tp = 1;       // tensor_parallel_size
-  int ring = 1;     // ring_degree
-  int ulysses = 1;  // ulysses_degree
-  int sp() const { return ring * ulysses; }  // sequence_parallel_size
-  int world() const { return cfg * tp * ring * ulysses; }
-  bool operator==(const MeshShape&) const = default;
-};
-// "cfg 1 x tp 4 x ring 8 x ulysses 1"
-std::string mesh_shape_text(const MeshShape& shape);
 
 // Where one rank sits in the mesh.
 struct MeshCoord {

@@ -23,31 +23,10 @@
 
 #include "seqpar/attention/attention.h"
 #include "seqpar/comm/communicator.h"
+#include "seqpar/parallel/config.h"
 #include "seqpar/parallel/partition.h"
 
 namespace seqpar {
-
-enum class Strategy { kAllGather, kRing, kUlysses, kUsp };
-std::string_view strategy_name(Strategy s);
-Strategy parse_strategy(std::string_view name);  // throws InvalidArgument listing valid names
-
-// strict: sequence and heads must divide the Ulysses degree; uaa: any length (variable
-// all-to-all) and any head count (heads padded to the next multiple of the degree; padded head
-// slots are neither sent nor computed).
-enum class UlyssesMode { kStrict, kUaa };
-std::string_view ulysses_mode_name(UlyssesMode m);
-UlyssesMode parse_ulysses_mode(std::string_view name);
-
-// How ring steps combine their partial states (docs/algorithms.md "const-max ring").
-//   online:    every step's state is merged by LSE (flash attention's online softmax).
-//   const-max: every query row gets a fixed maximum, a bound on its logits from all-reduced key
-//              norms (scale·|q|·max|k|, Cauchy–Schwarz); the kernel uses it for every block, so
-//              the steps' unnormalized sums add without rescaling, in any order. Rows whose
-//              bound is too loose (more than 30 above the log-sum-exp of the first block they
-//              attend) fall back to the online merge. Rings only: ring and usp's ring part.
-enum class SoftmaxMode { kOnline, kConstMax };
-std::string_view softmax_mode_name(SoftmaxMode m);      // "online", "const-max"
-SoftmaxMode parse_softmax_mode(std::string_view name);  // throws InvalidArgument listing names
 
 struct CpOptions {
   bool causal = false;

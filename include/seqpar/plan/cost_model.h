@@ -23,17 +23,13 @@
 
 #include "seqpar/core/dtype.h"
 #include "seqpar/model/presets.h"
+#include "seqpar/parallel/config.h"
 #include "seqpar/parallel/decode.h"
 #include "seqpar/parallel/strategies.h"
 #include "seqpar/plan/hardware.h"
 #include "seqpar/plan/position_runs.h"
 
 namespace seqpar {
-
-// How the sequence-parallel group computes attention. kLocal: a group of one rank.
-enum class Scheme { kLocal, kAllGather, kRing, kUlysses, kUsp, kPassKv, kPassQ };
-std::string_view scheme_name(Scheme s);      // "local", "allgather", "ring", "ulysses", "usp", ...
-Scheme parse_scheme(std::string_view name);  // throws InvalidArgument listing valid names
 
 // What runs: one model forward step (a denoising step, a prefill, a partial prefill / decode
 // step over a cache), or one bare attention call (attention_only, the shape of `seqpar run`).
@@ -68,19 +64,6 @@ Workload attention_workload(int64_t seq, int64_t heads, int64_t kv_heads, int64_
                             int64_t batch, bool causal, DType dtype, int64_t text_tokens = 0,
                             int64_t cached = 0, int64_t fresh = 0);
 
-// World = cfg x tp x ring x ulysses, outermost first (DESIGN.md): world rank
-// ((c·tp + t)·ring + g)·ulysses + u; its sequence-parallel rank is g·ulysses + u.
-struct Mesh {
-  int cfg = 1, tp = 1, ulysses = 1, ring = 1;
-  Scheme scheme = Scheme::kLocal;
-  Layout layout = Layout::kContiguous;
-  UlyssesMode mode = UlyssesMode::kUaa;  // ulysses and usp
-  bool pad = false;  // pad S to a multiple of the sp size (2x for zigzag), mask the padding
-  int world() const { return cfg * tp * ring * ulysses; }
-  int sp() const { return ring * ulysses; }
-  std::string label() const;  // "cfg 2 tp 1 ulysses 4 ring 1 ulysses(uaa) contiguous"
-};
-
 // One collective (or the ring's point-to-point steps) of a rank, per layer.
 struct CollectiveCost {
   std::string op;               // all_gatherv, all_to_allv, send_recv, all_gather, all_reduce
@@ -106,7 +89,7 @@ struct RankCost {
 };
 
 struct MeshCost {
-  Mesh mesh;
+  ParallelConfig config;
   int64_t seq = 0, padded_seq = 0, remainder = 0;  // remainder: seq mod sp
   std::vector<RankCost> ranks;                     // sp ranks
   std::vector<CollectiveCost> collectives;         // of the critical rank
@@ -132,7 +115,7 @@ void check_mesh_degrees(const Workload& w, int cfg, int tp);
 // Costs one mesh. Throws InvalidArgument with the reason when the mesh cannot run the workload
 // (degrees that do not multiply or divide, strict shapes, more sp ranks than tokens, ...).
 // memory_limit 0: the profile's per-rank memory.
-MeshCost cost_mesh(const Workload& w, const Mesh& m, const HardwareProfile& hw,
+MeshCost cost_mesh(const Workload& w, const ParallelConfig& m, const HardwareProfile& hw,
                    double memory_limit = 0);
 
 // The All2All-aware variant of Meta's rule (see docs/planner.md): pass-KV if

@@ -22,9 +22,9 @@ struct PlanRequest {
   double memory_limit = 0;  // bytes per rank; 0: the profile's
   // Pins: 0 / empty enumerates every value.
   int cfg = 0, tp = 0, ulysses = 0, ring = 0;
-  std::optional<Scheme> scheme;
+  std::optional<Strategy> strategy;
   std::optional<Layout> layout;
-  std::optional<UlyssesMode> mode;
+  std::optional<UlyssesMode> ulysses_mode;
   std::optional<bool> pad;
   // DiT / MMDiT inputs, for the nearest shapes that divide (0: not a DiT request).
   const ModelPreset* preset = nullptr;
@@ -32,8 +32,8 @@ struct PlanRequest {
 };
 
 struct Rejection {
-  Mesh mesh;
-  bool any_layout = false;  // the reason holds for every layout (mesh.layout is not meaningful)
+  ParallelConfig config;
+  bool any_layout = false;  // the reason holds for every layout (config.layout is not meaningful)
   std::string reason;
 };
 
@@ -67,12 +67,12 @@ struct DecodeChoice {
   double flops_per_s = 0, bytes_per_s = 0;
   PassChoice basic;
   PassChoice all2all;
-  PassKind choice = PassKind::kPassKv;
+  Strategy choice = Strategy::kPassKv;
   // The cost model's step times at that size (seqpar's own passq all-gathers the queries and
   // returns fp32 partials, so it can disagree with the rule, which assumes the paper's ring
   // pass-Q), and the faster of the two.
   std::optional<double> passkv_step_s, passq_step_s;
-  std::optional<PassKind> fastest;
+  std::optional<Strategy> fastest;
 };
 
 struct Plan {

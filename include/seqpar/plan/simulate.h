@@ -25,7 +25,7 @@ struct SimPoint {
 };
 
 struct SimCurve {
-  Scheme scheme = Scheme::kRing;
+  Strategy strategy = Strategy::kRing;
   std::vector<SimPoint> points;
   int hidden_up_to = 0;  // largest size with exposed fraction <= threshold (0: none)
   int stops_hiding_at =

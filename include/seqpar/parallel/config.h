@@ -1,0 +1,137 @@
+// The one vocabulary of a parallel layout, used by the strategies, the planner, the models, the
+// command line, the Python module and the tests:
+//   Strategy        how the sequence-parallel group computes attention;
+//   UlyssesMode, SoftmaxMode, Layout (partition.h): the options that change what a strategy does;
+//   MeshShape       the degrees: world = cfg x tp x ring x ulysses (mesh.h places the ranks);
+//   ParallelConfig  all of the above: one parallel layout;
+//   AttnShape       one attention call's shape (a sharded sequence, or new tokens over a cache);
+// one table of the names users type for each value, one padding rule, the degree defaults, and
+// one validation. Messages name values as the API does (strategy, ulysses_degree, ring_degree,
+// seq, heads, kv_heads, text_tokens, cached, new, ...); the command line maps them to its flags.
+// Thread-safety: pure functions of values.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "seqpar/core/dtype.h"
+#include "seqpar/parallel/partition.h"
+
+namespace seqpar {
+
+// local:     one sequence-parallel rank, no communication.
+// allgather: K and V all-gathered, local attention over the whole sequence.
+// ring:      K/V blocks passed around the ring (pass-KV over a sharded sequence).
+// ulysses:   all-to-all sequence -> heads, full-sequence attention on a share of the heads.
+// usp:       ulysses inside groups, ring across them.
+// passkv:    new tokens over a distributed K/V cache, the K/V shards passed around the ring.
+// passq:     new tokens over a distributed K/V cache, the queries passed to the K/V.
+enum class Strategy { kLocal, kAllGather, kRing, kUlysses, kUsp, kPassKv, kPassQ };
+std::string_view strategy_name(Strategy s);      // the canonical names above
+Strategy parse_strategy(std::string_view name);  // canonical or alias; InvalidArgument lists names
+std::span<const Strategy> all_strategies();
+// passkv and passq run over a K/V cache (AttnShape::cached, fresh); the others over a sequence.
+bool runs_over_cache(Strategy s);
+// The strategies with a ring of K/V blocks over a sequence (const-max softmax applies).
+bool has_ring(Strategy s);
+
+// strict: sequence and heads must divide the Ulysses degree; uaa: any length (variable
+// all-to-all) and any head count (heads padded to the next multiple of the degree; padded head
+// slots are neither sent nor computed).
+enum class UlyssesMode { kStrict, kUaa };
+std::string_view ulysses_mode_name(UlyssesMode m);
+UlyssesMode parse_ulysses_mode(std::string_view name);
+
+// How ring steps combine their partial states (docs/algorithms.md "const-max ring").
+//   online:    every step's state is merged by LSE (flash attention's online softmax).
+//   const-max: every query row gets a fixed maximum, a bound on its logits from all-reduced key
+//              norms (scale·|q|·max|k|, Cauchy–Schwarz); the kernel uses it for every block, so
+//              the steps' unnormalized sums add without rescaling, in any order. Rows whose
+//              bound is too loose (more than 30 above the log-sum-exp of the first block they
+//              attend) fall back to the online merge. Rings only: ring and usp's ring part.
+enum class SoftmaxMode { kOnline, kConstMax };
+std::string_view softmax_mode_name(SoftmaxMode m);      // "online", "const-max"
+SoftmaxMode parse_softmax_mode(std::string_view name);  // InvalidArgument lists names
+
+// The names a value may be given by besides its canonical one (what peers and users type), for
+// help texts: "strategy", "layout", "ulysses_mode", "softmax" -> (alias, canonical) pairs.
+struct NameAlias {
+  std::string_view kind, alias, name;
+};
+std::span<const NameAlias> name_aliases();
+
+// The degrees of a mesh, outermost first (names as vLLM-Omni and xDiT: cfg_parallel_size,
+// tensor_parallel_size, ring_degree, ulysses_degree).
+struct MeshShape {
+  int cfg = 1;      // cfg_parallel_size: guidance branches (1 or 2 in practice)
+  int tp = 1;       // tensor_parallel_size
+  int ring = 1;     // ring_degree
+  int ulysses = 1;  // ulysses_degree
+  int sp() const { return ring * ulysses; }  // sequence_parallel_size
+  int world() const { return cfg * tp * ring * ulysses; }
+  bool operator==(const MeshShape&) const = default;
+};
+// "cfg 1 x tp 4 x ring 8 x ulysses 1"
+std::string mesh_shape_text(const MeshShape& shape);
+
+// One parallel layout.
+struct ParallelConfig {
+  MeshShape mesh;
+  Strategy strategy = Strategy::kRing;
+  Layout layout = Layout::kContiguous;
+  UlyssesMode ulysses_mode = UlyssesMode::kUaa;  // ulysses and usp
+  SoftmaxMode softmax = SoftmaxMode::kOnline;    // ring and usp
+  bool pad = false;  // pad the sequence to padded_seq() and mask the padding
+  int sp() const { return mesh.sp(); }
+  int world() const { return mesh.world(); }
+  bool operator==(const ParallelConfig&) const = default;
+};
+// "cfg 2 tp 1 ulysses 4 ring 1 ulysses(uaa) contiguous", with " padded", " const-max" when set.
+std::string config_label(const ParallelConfig& c);
+
+// One attention call: B sequences of `seq` sharded tokens (over a cache: seq = cached + fresh),
+// H query heads and Hkv key/value heads of D dimensions (kv_heads 0: heads), and T replicated text
+// tokens of joint attention.
+struct AttnShape {
+  int64_t batch = 1;
+  int64_t seq = 0;
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;
+  bool causal = false;
+  int64_t text_tokens = 0;
+  int64_t cached = 0, fresh = 0;  // over a K/V cache: P cached tokens and T new ones
+  DType dtype = DType::kF32;
+  int64_t kv() const { return kv_heads == 0 ? heads : kv_heads; }
+  bool over_cache() const { return cached > 0 || fresh > 0; }
+  bool operator==(const AttnShape&) const = default;
+};
+
+// The padding rule: with pad, a sequence of `seq` tokens over `sp` ranks is padded to the next
+// multiple of sp (of 2·sp for zigzag, whose 2·sp chunks are then equal); the padding keys are
+// masked (CpOptions::valid_len = seq) and the padded queries' outputs dropped.
+int64_t pad_multiple(int sp, Layout layout);
+int64_t padded_seq(int64_t seq, int sp, Layout layout);
+// The sharded length config c runs shape s at: padded_seq when c.pad, else s.seq.
+int64_t sharded_seq(const ParallelConfig& c, const AttnShape& s);
+
+// The strategy that degrees imply on a model's mesh: usp when ulysses and ring are both above 1,
+// ulysses when only ulysses is, else `ring_axis` (ring or allgather; InvalidArgument otherwise).
+Strategy strategy_for_degrees(int ulysses, int ring, Strategy ring_axis);
+
+// The degrees of a sequence-parallel group of n ranks running c.strategy, those left 0 in c.mesh
+// filled: usp: ulysses x ring = n (both 0: ulysses the largest divisor of n that divides heads);
+// ulysses: ulysses n, ring 1; the others: ring n, ulysses 1. InvalidArgument (naming
+// ulysses_degree and ring_degree and what would fit) when the given degrees do not.
+void fill_sp_degrees(ParallelConfig& c, int n, int64_t heads);
+
+// Everything about c and s that can be checked before a rank starts, in one place: degrees in
+// range (each >= 1, the world within limits::kMaxRanks), the strategy against the degrees and
+// the kind of call (sequence or cache), the options against the strategy (const-max needs a
+// ring, text tokens are bidirectional and not over a cache, a cache is not padded), the shape
+// (heads divisible by kv_heads and tp, kv_heads splittable by tp, every sequence-parallel rank
+// holds a token, strict Ulysses shapes). InvalidArgument with one line naming what was wrong and
+// what would be valid.
+void validate_config(const ParallelConfig& c, const AttnShape& s);
+
+}  // namespace seqpar

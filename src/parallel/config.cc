@@ -1,0 +1,244 @@
+#include "seqpar/parallel/config.h"
+
+#include <array>
+
+#include "seqpar/core/error.h"
+#include "seqpar/core/limits.h"
+#include "seqpar/parallel/mesh.h"
+#include "seqpar/parallel/strategies.h"
+
+namespace seqpar {
+
+namespace {
+
+constexpr std::array kStrategies = {Strategy::kLocal, Strategy::kAllGather, Strategy::kRing,
+                                    Strategy::kUlysses, Strategy::kUsp,      Strategy::kPassKv,
+                                    Strategy::kPassQ};
+
+// Every name a value may be given by that is not its canonical one.
+constexpr NameAlias kAliases[] = {
+    {"strategy", "all-gather", "allgather"}, {"strategy", "all_gather", "allgather"},
+    {"strategy", "pass-kv", "passkv"},       {"strategy", "pass_kv", "passkv"},
+    {"strategy", "pass-q", "passq"},         {"strategy", "pass_q", "passq"},
+    {"strategy", "hybrid", "usp"},           {"softmax", "const_max", "const-max"},
+    {"softmax", "constmax", "const-max"},
+};
+
+// The canonical name `name` stands for in `kind` (itself when it is no alias).
+std::string_view canonical(std::string_view kind, std::string_view name) {
+  for (const NameAlias& a : kAliases)
+    if (a.kind == kind && a.alias == name) return a.name;
+  return name;
+}
+
+// Finds `name` (canonical or alias) among values [first, last] of an enum named by `name_of`.
+template <typename E, typename NameOf, size_t N>
+E parse_named(std::string_view kind, std::string_view name, const std::array<E, N>& values,
+              NameOf&& name_of) {
+  const std::string_view c = canonical(kind, name);
+  std::string valid;
+  for (E e : values) {
+    if (name_of(e) == c) return e;
+    valid += detail::concat(valid.empty() ? "" : ", ", name_of(e));
+  }
+  throw InvalidArgument(detail::concat(kind, " '", name, "' is unknown; valid: ", valid));
+}
+
+}  // namespace
+
+std::string_view strategy_name(Strategy s) {
+  switch (s) {
+    case Strategy::kLocal:
+      return "local";
+    case Strategy::kAllGather:
+      return "allgather";
+    case Strategy::kRing:
+      return "ring";
+    case Strategy::kUlysses:
+      return "ulysses";
+    case Strategy::kUsp:
+      return "usp";
+    case Strategy::kPassKv:
+      return "passkv";
+    case Strategy::kPassQ:
+      return "passq";
+  }
+  return "?";
+}
+
+Strategy parse_strategy(std::string_view name) {
+  return parse_named("strategy", name, kStrategies, strategy_name);
+}
+
+std::span<const Strategy> all_strategies() { return kStrategies; }
+
+bool runs_over_cache(Strategy s) { return s == Strategy::kPassKv || s == Strategy::kPassQ; }
+
+bool has_ring(Strategy s) { return s == Strategy::kRing || s == Strategy::kUsp; }
+
+std::string_view ulysses_mode_name(UlyssesMode m) {
+  return m == UlyssesMode::kStrict ? "strict" : "uaa";
+}
+
+UlyssesMode parse_ulysses_mode(std::string_view name) {
+  return parse_named("ulysses_mode", name, std::array{UlyssesMode::kStrict, UlyssesMode::kUaa},
+                     ulysses_mode_name);
+}
+
+std::string_view softmax_mode_name(SoftmaxMode m) {
+  return m == SoftmaxMode::kConstMax ? "const-max" : "online";
+}
+
+SoftmaxMode parse_softmax_mode(std::string_view name) {
+  return parse_named("softmax", name, std::array{SoftmaxMode::kOnline, SoftmaxMode::kConstMax},
+                     softmax_mode_name);
+}
+
+Layout parse_layout(std::string_view name) {
+  return parse_named("layout", name,
+                     std::array{Layout::kContiguous, Layout::kStriped, Layout::kZigzag},
+                     layout_name);
+}
+
+std::span<const NameAlias> name_aliases() { return kAliases; }
+
+std::string mesh_shape_text(const MeshShape& s) {
+  return detail::concat("cfg ", s.cfg, " x tp ", s.tp, " x ring ", s.ring, " x ulysses ",
+                        s.ulysses);
+}
+
+std::string config_label(const ParallelConfig& c) {
+  std::string s = detail::concat("cfg ", c.mesh.cfg, " tp ", c.mesh.tp, " ulysses ",
+                                 c.mesh.ulysses, " ring ", c.mesh.ring, " ",
+                                 strategy_name(c.strategy));
+  if (c.strategy == Strategy::kUlysses || c.strategy == Strategy::kUsp)
+    s += detail::concat("(", ulysses_mode_name(c.ulysses_mode), ")");
+  s += detail::concat(" ", layout_name(c.layout));
+  if (c.pad) s += " padded";
+  if (c.softmax != SoftmaxMode::kOnline) s += detail::concat(" ", softmax_mode_name(c.softmax));
+  return s;
+}
+
+int64_t pad_multiple(int sp, Layout layout) {
+  return layout == Layout::kZigzag ? 2 * int64_t{sp} : int64_t{sp};
+}
+
+int64_t padded_seq(int64_t seq, int sp, Layout layout) {
+  const int64_t m = pad_multiple(sp, layout);
+  return (seq + m - 1) / m * m;
+}
+
+int64_t sharded_seq(const ParallelConfig& c, const AttnShape& s) {
+  return c.pad && !s.over_cache() ? padded_seq(s.seq, c.sp(), c.layout) : s.seq;
+}
+
+Strategy strategy_for_degrees(int ulysses, int ring, Strategy ring_axis) {
+  if (ulysses > 1) return ring > 1 ? Strategy::kUsp : Strategy::kUlysses;
+  SEQPAR_ARG_CHECK(ring_axis == Strategy::kRing || ring_axis == Strategy::kAllGather, "strategy ",
+                   strategy_name(ring_axis), " needs ulysses_degree > 1; with only ring_degree ",
+                   "valid: ring, allgather");
+  return ring_axis;
+}
+
+void fill_sp_degrees(ParallelConfig& c, int n, int64_t heads) {
+  int u = c.mesh.ulysses, r = c.mesh.ring;
+  SEQPAR_ARG_CHECK(u >= 0 && r >= 0, "ulysses_degree and ring_degree must be positive");
+  switch (c.strategy) {
+    case Strategy::kUsp:
+      if (u == 0 && r == 0) {
+        u = 1;  // the largest divisor of the ranks that divides the heads
+        for (int64_t d : limits::divisors(n))
+          if (heads % d == 0) u = static_cast<int>(d);
+      }
+      if (u == 0) u = r > 0 && n % r == 0 ? n / r : 0;
+      if (r == 0) r = u > 0 && n % u == 0 ? n / u : 0;
+      SEQPAR_ARG_CHECK(u > 0 && r > 0 && int64_t{u} * r == n, "ulysses_degree ", c.mesh.ulysses,
+                       " x ring_degree ", c.mesh.ring, " must equal the ", n,
+                       " ranks; valid ulysses degrees: ", divisors_text(n));
+      break;
+    case Strategy::kUlysses:
+      SEQPAR_ARG_CHECK((u == 0 || u == n) && (r == 0 || r == 1), "strategy ulysses uses all ", n,
+                       " ranks as one Ulysses group; for ulysses_degree ", u, " ring_degree ", r,
+                       " use strategy usp");
+      u = n;
+      r = 1;
+      break;
+    default:
+      SEQPAR_ARG_CHECK((u == 0 || u == 1) && (r == 0 || r == n), "strategy ",
+                       strategy_name(c.strategy), " takes no ulysses_degree or ring_degree; ",
+                       "use strategy usp to combine them");
+      u = 1;
+      r = n;
+  }
+  c.mesh.ulysses = u;
+  c.mesh.ring = r;
+}
+
+void validate_config(const ParallelConfig& c, const AttnShape& s) {
+  using limits::check_range;
+  // Degrees.
+  const MeshShape& m = c.mesh;
+  const std::pair<const char*, int> degrees[] = {
+      {"cfg", m.cfg}, {"tp", m.tp}, {"ring_degree", m.ring}, {"ulysses_degree", m.ulysses}};
+  for (const auto& [name, d] : degrees)
+    SEQPAR_ARG_CHECK(d >= 1, name, " ", d, " is invalid; every degree (cfg, tp, ring_degree, ",
+                     "ulysses_degree) must be at least 1");
+  (void)limits::checked_product({m.cfg, m.tp, m.ring, m.ulysses},
+                                "ranks of cfg x tp x ring_degree x ulysses_degree",
+                                limits::kMaxRanks);
+  // Shape.
+  check_range("batch", s.batch, 1, limits::kMaxBatch);
+  check_range("heads", s.heads, 1, limits::kMaxHeads);
+  check_range("kv_heads", s.kv(), 1, limits::kMaxHeads);
+  check_range("head_dim", s.head_dim, 1, limits::kMaxHeadDim);
+  check_range("text_tokens", s.text_tokens, 0, limits::kMaxTokens);
+  SEQPAR_ARG_CHECK(s.heads % s.kv() == 0, "heads ", s.heads, " is not divisible by kv_heads ",
+                   s.kv(), "; valid kv_heads: ", divisors_text(s.heads));
+  SEQPAR_ARG_CHECK(s.heads % m.tp == 0, "tp ", m.tp, " does not divide the ", s.heads,
+                   " heads; valid tp: ", divisors_text(s.heads));
+  SEQPAR_ARG_CHECK(s.kv() % m.tp == 0 || m.tp % s.kv() == 0, "tp ", m.tp,
+                   " neither divides nor is a multiple of the ", s.kv(), " kv_heads");
+  // The strategy against the degrees.
+  const Strategy st = c.strategy;
+  const int sp = m.sp();
+  SEQPAR_ARG_CHECK(st != Strategy::kLocal || sp == 1, "strategy local needs one ",
+                   "sequence-parallel rank, not ", sp);
+  SEQPAR_ARG_CHECK(st == Strategy::kUlysses || st == Strategy::kUsp || m.ulysses == 1,
+                   "strategy ", strategy_name(st), " takes no ulysses_degree (", m.ulysses,
+                   "); use strategy usp to combine ulysses_degree and ring_degree");
+  SEQPAR_ARG_CHECK(st != Strategy::kUlysses || m.ring == 1, "strategy ulysses uses the whole ",
+                   "sequence-parallel group; ring_degree ", m.ring, " needs strategy usp");
+  // The options against the strategy and the kind of call.
+  SEQPAR_ARG_CHECK(c.softmax == SoftmaxMode::kOnline || has_ring(st), "softmax 'const-max' ",
+                   "needs a ring: valid with strategy 'ring' or 'usp' (its ring part), not '",
+                   strategy_name(st), "'");
+  SEQPAR_ARG_CHECK(s.text_tokens == 0 || !s.causal, "text_tokens (joint attention) are ",
+                   "bidirectional; not causal");
+  if (s.over_cache()) {
+    SEQPAR_ARG_CHECK(runs_over_cache(st) || st == Strategy::kLocal, "strategy ",
+                     strategy_name(st), " does not run over a K/V cache (cached, new); valid: ",
+                     "passkv, passq");
+    check_range("cached", s.cached, 1, limits::kMaxTokens);
+    check_range("new", s.fresh, 1, limits::kMaxTokens);
+    SEQPAR_ARG_CHECK(s.cached >= sp, "cached ", s.cached, " is too small: each of the ", sp,
+                     " sequence-parallel ranks needs at least one cached token");
+    SEQPAR_ARG_CHECK(!c.pad && s.text_tokens == 0, "a K/V cache (cached, new) takes no pad ",
+                     "and no text_tokens");
+    return;
+  }
+  SEQPAR_ARG_CHECK(!runs_over_cache(st), "strategy ", strategy_name(st), " runs over a K/V ",
+                   "cache: give cached and new token counts");
+  check_range("seq", s.seq, 1, limits::kMaxTokens);
+  const int64_t n = sharded_seq(c, s);
+  SEQPAR_ARG_CHECK(sp <= s.seq, sp, " sequence-parallel ranks exceed seq ", s.seq,
+                   "; every rank needs a real token: at most ", s.seq, " ranks");
+  if (st == Strategy::kUlysses || st == Strategy::kUsp) {
+    CpOptions opts;
+    opts.ulysses_mode = c.ulysses_mode;
+    opts.softmax = c.softmax;
+    check_strategy_shape(st, Partition(n, sp, c.layout), s.heads / m.tp,
+                         std::max<int64_t>(1, s.kv() / m.tp), m.ulysses, opts);
+  }
+}
+
+}  // namespace seqpar
