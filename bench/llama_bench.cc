@@ -19,6 +19,7 @@
 #include "bench_util.h"
 #include "seqpar/comm/threads.h"
 #include "seqpar/model/decoder.h"
+#include "seqpar/model/model_run.h"
 #include "seqpar/model/llama.h"
 #include "seqpar/parallel/mesh.h"
 
@@ -40,12 +41,11 @@ Result run_mesh(const LlamaCheckpoint& ck, MeshShape shape, Strategy strategy,
   ThreadWorld::run(n, [&](Communicator& world) {
     omp_set_num_threads(std::max(1, cores / n));
     MeshComms mc(world, shape);
-    ParallelContext ctx;
-    ctx.tp = &mc.tp();
-    ctx.sp = &mc.sp_comms();
-    ctx.cfg = &mc.cfg();
-    ctx.strategy = strategy;
-    ctx.layout = Layout::kZigzag;
+    ParallelConfig config;
+    config.mesh = shape;
+    config.strategy = strategy;
+    config.layout = Layout::kZigzag;
+    ParallelContext ctx = model_context(mc, config);
     WeightStore mine = ck.weights;
     Decoder dec(ck.config, mine, ctx);
     mine = WeightStore();

@@ -35,22 +35,22 @@ namespace {
 // run()).
 struct RankMesh {
   py::object comm;
-  ModelMesh mesh;
+  ParallelConfig mesh;
   std::unique_ptr<MeshComms> comms;
   ParallelContext ctx;
 
-  RankMesh(py::object c, const ModelMesh& m) : comm(std::move(c)), mesh(m) {
+  RankMesh(py::object c, const ParallelConfig& m) : comm(std::move(c)), mesh(m) {
     Communicator& world = communicator_of(comm);
-    SEQPAR_ARG_CHECK(world.size() == mesh.shape.world(), "the mesh ", mesh_shape_text(mesh.shape),
-                     " needs ", mesh.shape.world(), " ranks but comm has ", world.size());
+    SEQPAR_ARG_CHECK(world.size() == mesh.mesh.world(), "the mesh ", mesh_shape_text(mesh.mesh),
+                     " needs ", mesh.mesh.world(), " ranks but comm has ", world.size());
     py::gil_scoped_release release;
-    comms = std::make_unique<MeshComms>(world, mesh.shape);
+    comms = std::make_unique<MeshComms>(world, mesh.mesh);
     ctx = model_context(*comms, mesh);
   }
   void check_open() const { (void)communicator_of(comm); }
 };
 
-ModelMesh mesh_of(const py::dict& d) {
+ParallelConfig mesh_of(const py::dict& d) {
   return model_mesh(d["cfg"].cast<int>(), d["tp"].cast<int>(), d["ring_degree"].cast<int>(),
                     d["ulysses_degree"].cast<int>(), d["strategy"].cast<std::string>(),
                     d["layout"].cast<std::string>(), d["ulysses_mode"].cast<std::string>(),
@@ -61,11 +61,11 @@ class LlamaRank {
  public:
   LlamaRank(py::object comm, const std::string& dir, const py::dict& mesh)
       : rank_(std::move(comm), mesh_of(mesh)) {
-    SEQPAR_ARG_CHECK(rank_.mesh.shape.cfg == 1, "Llama: cfg ", rank_.mesh.shape.cfg,
+    SEQPAR_ARG_CHECK(rank_.mesh.mesh.cfg == 1, "Llama: cfg ", rank_.mesh.mesh.cfg,
                      " is invalid; valid: 1 (guidance branches are for diffusion models)");
     py::gil_scoped_release release;
     ck_ = open_llama_checkpoint(dir);
-    check_llama_tp(ck_, rank_.mesh.shape.tp);
+    check_llama_tp(ck_, rank_.mesh.mesh.tp);
     decoder_ = std::make_unique<Decoder>(ck_.config, ck_.weights, rank_.ctx);
     ck_.weights = WeightStore();  // the decoder holds its slices
   }
@@ -117,7 +117,7 @@ class WanTransformerRank {
     py::gil_scoped_release release;
     model_ = open_wan_model(dir);
     const ModelPreset& m = model_.experts[0].preset;
-    SEQPAR_ARG_CHECK(m.heads % rank_.mesh.shape.tp == 0, "tp ", rank_.mesh.shape.tp,
+    SEQPAR_ARG_CHECK(m.heads % rank_.mesh.mesh.tp == 0, "tp ", rank_.mesh.mesh.tp,
                      " does not divide the ", m.heads, " heads of ", dir,
                      "; valid: ", divisors_text(m.heads));
     {
@@ -151,8 +151,8 @@ class WanTransformerRank {
     g.guidance = static_cast<float>(guidance);
     g.guidance_2 = static_cast<float>(guidance_2.is_none() ? guidance : guidance_2.cast<double>());
     g.boundary = ratio_.value_or(0) * 1000.0;
-    SEQPAR_ARG_CHECK(rank_.mesh.shape.cfg == 1 || (!n.empty() && g.guidance > 1), "cfg ",
-                     rank_.mesh.shape.cfg,
+    SEQPAR_ARG_CHECK(rank_.mesh.mesh.cfg == 1 || (!n.empty() && g.guidance > 1), "cfg ",
+                     rank_.mesh.mesh.cfg,
                      " runs the two guidance branches side by side; it needs "
                      "negative_encoder_hidden_states and guidance_scale > 1");
     Tensor v;

@@ -88,7 +88,7 @@ Inputs read_inputs(const DenoiseOptions& o, const ModelPreset& m) {
 
 struct Plan {
   WanModel model;
-  MeshChoice mesh;
+  ParallelConfig mesh;
   FlowMatchSchedule schedule;  // sampling loop only
   double boundary = 0;         // timestep where the second expert takes over (experts: 2)
   bool guide = false;          // two branches combined with the guidance scale
@@ -146,8 +146,8 @@ int64_t peak_rss_bytes() {
 
 RankResult run_rank(Communicator& world, const Plan& p, const Inputs& in, const DenoiseOptions& o,
                     bool report) {
-  MeshComms mc(world, p.mesh.shape);
-  ParallelContext ctx = rank_context(mc, p.mesh);
+  MeshComms mc(world, p.mesh.mesh);
+  ParallelContext ctx = model_context(mc, p.mesh);
   RankResult res;
   const double t_load = now_seconds();
   const WanRank wan(p.model, ctx);
@@ -240,7 +240,7 @@ int report(const DenoiseOptions& o, const Plan& p, const Inputs& in, const RankR
     std::printf("seqpar denoise: %s (%s layout, %zu expert%s) on %s, %s backend\n", o.model.c_str(),
                 std::string(wan_layout_name(p.model.experts[0].layout)).c_str(),
                 p.model.experts.size(), p.model.experts.size() == 1 ? "" : "s",
-                mesh_shape_text(p.mesh.shape).c_str(), backend.c_str());
+                mesh_shape_text(p.mesh.mesh).c_str(), backend.c_str());
     std::printf("  %lld tokens x batch %lld, %s attention, %s layout%s\n", (long long)tokens,
                 (long long)in.latents.dim(0), std::string(strategy_name(p.mesh.strategy)).c_str(),
                 std::string(layout_name(p.mesh.layout)).c_str(), p.mesh.pad ? ", padded" : "");
@@ -254,8 +254,8 @@ int report(const DenoiseOptions& o, const Plan& p, const Inputs& in, const RankR
 
 // --cfg 2 runs the two guidance branches side by side: both must be there.
 void check_cfg(const DenoiseOptions& o, const Plan& p, const Inputs& in) {
-  SEQPAR_ARG_CHECK(p.mesh.shape.cfg == 1 || (!in.negative.empty() && o.guidance > 1), "--cfg ",
-                   p.mesh.shape.cfg,
+  SEQPAR_ARG_CHECK(p.mesh.mesh.cfg == 1 || (!in.negative.empty() && o.guidance > 1), "--cfg ",
+                   p.mesh.mesh.cfg,
                    " runs the two guidance branches side by side; it needs "
                    "negative_encoder_hidden_states in --inputs and --guidance > 1");
 }
@@ -271,7 +271,7 @@ int run_threads(const DenoiseOptions& o) {
   RankResult got;
   std::string trace_error;
   if (!o.trace.empty()) trace::start();
-  run_on_threads(p.mesh.shape.world(), [&](Communicator& world) {
+  run_on_threads(p.mesh.mesh.world(), [&](Communicator& world) {
     trace::set_rank(world.rank());
     RankResult r = run_rank(world, p, in, o, world.rank() == 0);
     if (!o.trace.empty())

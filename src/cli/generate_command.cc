@@ -171,7 +171,7 @@ std::vector<int64_t> prompt_ids(const GenerateOptions& o) {
 // Everything checked before a rank starts.
 struct Prepared {
   LlamaCheckpoint ck;
-  MeshChoice mesh;
+  ParallelConfig mesh;
   std::vector<int32_t> prompt;
 };
 
@@ -225,8 +225,8 @@ struct Generated {
 
 Generated run_rank(Communicator& world, const GenerateOptions& o, const Prepared& p,
                    WeightStore& weights) {
-  MeshComms mc(world, p.mesh.shape);
-  ParallelContext ctx = rank_context(mc, p.mesh);
+  MeshComms mc(world, p.mesh.mesh);
+  ParallelContext ctx = model_context(mc, p.mesh);
   Decoder dec(p.ck.config, weights, ctx);
   const int64_t weight_bytes = weights.bytes_read();
   weights = WeightStore();  // the last rank to let go unmaps the files
@@ -319,7 +319,7 @@ int report(const GenerateOptions& o, const Prepared& p, const Generated& g,
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("seqpar generate: %s on %s, %s backend, %s attention, %s layout%s\n",
-                o.model.c_str(), mesh_shape_text(p.mesh.shape).c_str(), backend.c_str(),
+                o.model.c_str(), mesh_shape_text(p.mesh.mesh).c_str(), backend.c_str(),
                 std::string(strategy_name(p.mesh.strategy)).c_str(),
                 std::string(layout_name(p.mesh.layout)).c_str(), p.mesh.pad ? ", padded" : "");
     std::printf("  prompt   %lld tokens, prefill %.4f s (%.1f tokens/s)\n",
@@ -342,7 +342,7 @@ int run_generate(const GenerateOptions& o) {
     Prepared p = prepare(o, 0);
     std::unique_ptr<OutputFile> file;
     if (!o.output.empty()) file = std::make_unique<OutputFile>("--output", o.output);
-    const int n = p.mesh.shape.world();
+    const int n = p.mesh.mesh.world();
     // Each rank its own store (a rank's bytes_read counts its reads alone); the files stay
     // mapped until the last rank has loaded its share.
     std::vector<WeightStore> stores(n, p.ck.weights);

@@ -25,57 +25,39 @@ void add_mesh_flags(CLI::App* cmd, MeshFlags& f, bool with_cfg) {
   cmd->add_option("--backend", f.backend, "threads | mpi");
 }
 
-MeshChoice resolve_mesh(const MeshFlags& f, int world) {
-  using limits::check_range;
-  check_range("--cfg", f.cfg, 1, 2);
-  check_range("--tp", f.tp, 1, limits::kMaxRanks);
-  check_range("--ring-degree", f.ring_degree, 1, limits::kMaxRanks);
-  check_range("--ulysses-degree", f.ulysses_degree, 1, limits::kMaxRanks);
+ParallelConfig resolve_mesh(const MeshFlags& f, int world) {
+  // The degrees in range before they are narrowed to int; model_mesh checks the rest.
+  limits::check_range("--cfg", f.cfg, 1, 2);
+  limits::check_range("--tp", f.tp, 1, limits::kMaxRanks);
+  limits::check_range("--ring-degree", f.ring_degree, 1, limits::kMaxRanks);
+  limits::check_range("--ulysses-degree", f.ulysses_degree, 1, limits::kMaxRanks);
   SEQPAR_ARG_CHECK(f.backend == "threads" || f.backend == "mpi", "--backend '", f.backend,
                    "' is unknown; valid: threads, mpi");
-  MeshChoice m;
-  m.shape = {static_cast<int>(f.cfg), static_cast<int>(f.tp), static_cast<int>(f.ring_degree),
-             static_cast<int>(f.ulysses_degree)};
-  (void)limits::checked_product({f.cfg, f.tp, f.ring_degree, f.ulysses_degree},
-                                "ranks of --cfg x --tp x --ring-degree x --ulysses-degree",
-                                limits::kMaxRanks);
-  SEQPAR_ARG_CHECK(world == 0 || m.shape.world() == world, "the mesh ", mesh_shape_text(m.shape),
-                   " needs ", m.shape.world(), " ranks but the MPI world has ", world,
-                   "; launch mpirun -np ", m.shape.world());
-  SEQPAR_ARG_CHECK(world != 0 || m.shape.world() <= limits::max_threads(), "the mesh ",
-                   mesh_shape_text(m.shape), " needs ", m.shape.world(),
+  const ParallelConfig c = model_mesh(
+      static_cast<int>(f.cfg), static_cast<int>(f.tp), static_cast<int>(f.ring_degree),
+      static_cast<int>(f.ulysses_degree), f.strategy, f.layout, f.ulysses_mode, f.pad);
+  SEQPAR_ARG_CHECK(world == 0 || c.world() == world, "the mesh ", mesh_shape_text(c.mesh),
+                   " needs ", c.world(), " ranks but the MPI world has ", world,
+                   "; launch mpirun -np ", c.world());
+  SEQPAR_ARG_CHECK(world != 0 || c.world() <= limits::max_threads(), "the mesh ",
+                   mesh_shape_text(c.mesh), " needs ", c.world(),
                    " rank threads; this process may start at most ", limits::max_threads(),
                    " (core/limits.h and RLIMIT_NPROC); use --backend mpi");
-  m.layout = parse_layout(f.layout);
-  m.mode = parse_ulysses_mode(f.ulysses_mode);
-  m.pad = f.pad;
-  if (f.ring_degree > 1 && f.ulysses_degree > 1) {
-    m.strategy = Strategy::kUsp;
-  } else if (f.ulysses_degree > 1) {
-    m.strategy = Strategy::kUlysses;
-  } else {
-    m.strategy = parse_strategy(f.strategy);
-    SEQPAR_ARG_CHECK(m.strategy == Strategy::kRing || m.strategy == Strategy::kAllGather,
-                     "--strategy ", f.strategy, " needs --ulysses-degree > 1; with only ",
-                     "--ring-degree use ring or allgather");
-  }
-  return m;
+  return c;
 }
 
-void add_mesh_json(nlohmann::json& j, const MeshChoice& m, const std::string& backend,
+void add_mesh_json(nlohmann::json& j, const ParallelConfig& m, const std::string& backend,
                    bool with_cfg) {
   j["backend"] = backend;
-  j["ranks"] = m.shape.world();
-  if (with_cfg) j["cfg"] = m.shape.cfg;
-  j["tp"] = m.shape.tp;
-  j["ring_degree"] = m.shape.ring;
-  j["ulysses_degree"] = m.shape.ulysses;
+  j["ranks"] = m.world();
+  if (with_cfg) j["cfg"] = m.mesh.cfg;
+  j["tp"] = m.mesh.tp;
+  j["ring_degree"] = m.mesh.ring;
+  j["ulysses_degree"] = m.mesh.ulysses;
   j["strategy"] = strategy_name(m.strategy);
   j["layout"] = layout_name(m.layout);
   j["pad"] = m.pad;
 }
-
-ParallelContext rank_context(MeshComms& mc, const MeshChoice& m) { return model_context(mc, m); }
 
 void run_on_threads(int n, const std::function<void(Communicator& world)>& body) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -92,10 +74,18 @@ int run_on_mpi(bool json, const std::function<void(int world_size)>& prepare,
   std::unique_ptr<Communicator> world = mpi_world();
   try {
     prepare(world->size());
-  } catch (const InvalidArgument&) {
+  } catch (const InvalidArgument& e) {
+    // Every rank finds the same argument error; rank 0 reports it before MPI_Finalize, since
+    // once a rank has finalized and exits 2, mpiexec may stop the others before they print.
+    const std::string line = flag_words(e.what());
+    if (world->rank() == 0) {
+      if (json) print_json_error(line, 2);
+      std::fprintf(stderr, "seqpar: error: %s\n", line.c_str());
+    }
+    std::fflush(nullptr);
     world.reset();
     mpi_finalize();
-    throw;
+    std::_Exit(2);
   }
   int code = 0;
   try {

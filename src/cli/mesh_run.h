@@ -16,28 +16,24 @@
 
 namespace seqpar::cli {
 
-using MeshChoice = ModelMesh;
-
 // Registers --tp, --ulysses-degree, --ring-degree, --strategy, --layout, --ulysses-mode, --pad,
 // --backend (and --cfg when with_cfg) on `cmd`.
 void add_mesh_flags(CLI::App* cmd, MeshFlags& f, bool with_cfg);
 
 // The flags checked against core/limits.h and each other; world: the MPI world size (0 under
 // threads), which must equal the mesh's rank count.
-MeshChoice resolve_mesh(const MeshFlags& f, int world);
+ParallelConfig resolve_mesh(const MeshFlags& f, int world);
 
 // The mesh a model command ran on, as its --json reports it: backend, ranks, (cfg,) tp,
 // ring_degree, ulysses_degree, strategy, layout, pad.
-void add_mesh_json(nlohmann::json& j, const MeshChoice& m, const std::string& backend, bool with_cfg);
-
-// Rank `mc`'s context on mesh m (strategies apply only where the sequence is sharded).
-ParallelContext rank_context(MeshComms& mc, const MeshChoice& m);
+void add_mesh_json(nlohmann::json& j, const ParallelConfig& m, const std::string& backend, bool with_cfg);
 
 // Runs body(world) on n rank threads, each with cores / n OpenMP threads.
 void run_on_threads(int n, const std::function<void(Communicator& world)>& body);
 
-// Under MPI: initializes MPI; prepare(world size) on every rank (an InvalidArgument finalizes
-// MPI and propagates, so every rank exits 2 with the same line); then body(world) on every rank
+// Under MPI: initializes MPI; prepare(world size) on every rank (an InvalidArgument is reported
+// by rank 0 as one line (and the JSON error object when json) before MPI is finalized, and every
+// rank exits 2); then body(world) on every rank
 // with one OpenMP thread. World rank 0's return (and a failed write to its stdout) becomes every
 // rank's exit code. An exception on any rank aborts the world: one line on stderr (and the JSON
 // error object when json), exit 1.

@@ -33,7 +33,7 @@ struct ModelResult {
 
 struct Resolved {
   ModelPreset preset;
-  MeshChoice mesh;
+  ParallelConfig mesh;
   MeshShape shape;
   Strategy strategy = Strategy::kRing;
   Layout layout = Layout::kContiguous;
@@ -84,7 +84,7 @@ Resolved resolve(const ModelOptions& o, int world) {
   Resolved r;
   r.mesh = resolve_mesh(o, world);
   r.preset = model_preset(o.preset);
-  r.shape = r.mesh.shape;
+  r.shape = r.mesh.mesh;
   r.strategy = r.mesh.strategy;
   r.layout = r.mesh.layout;
   SEQPAR_ARG_CHECK(r.preset.family != ModelFamily::kLlm || o.cfg == 1, "--cfg ", o.cfg,
@@ -109,7 +109,7 @@ Resolved resolve(const ModelOptions& o, int world) {
 ModelResult run_model(Communicator& world, const Resolved& r, const ModelOptions& o,
                       const WeightStore& ws, MeshShape shape) {
   MeshComms mc(world, shape);
-  ParallelContext ctx = rank_context(mc, r.mesh);
+  ParallelContext ctx = model_context(mc, r.mesh);
   ModelResult res;
   world.barrier();
   mc.reset_stats();

@@ -8,9 +8,9 @@
 
 namespace seqpar {
 
-ModelMesh model_mesh(int cfg, int tp, int ring_degree, int ulysses_degree,
-                     const std::string& strategy, const std::string& layout,
-                     const std::string& ulysses_mode, bool pad) {
+ParallelConfig model_mesh(int cfg, int tp, int ring_degree, int ulysses_degree,
+                          const std::string& ring_axis, const std::string& layout,
+                          const std::string& ulysses_mode, bool pad) {
   using limits::check_range;
   check_range("cfg", int64_t{cfg}, 1, 2);
   check_range("tp", int64_t{tp}, 1, limits::kMaxRanks);
@@ -19,33 +19,22 @@ ModelMesh model_mesh(int cfg, int tp, int ring_degree, int ulysses_degree,
   (void)limits::checked_product({cfg, tp, ring_degree, ulysses_degree},
                                 "ranks of cfg x tp x ring_degree x ulysses_degree",
                                 limits::kMaxRanks);
-  ModelMesh m;
-  m.shape = {cfg, tp, ring_degree, ulysses_degree};
-  m.layout = parse_layout(layout);
-  m.mode = parse_ulysses_mode(ulysses_mode);
-  m.pad = pad;
-  if (ring_degree > 1 && ulysses_degree > 1) {
-    m.strategy = Strategy::kUsp;
-  } else if (ulysses_degree > 1) {
-    m.strategy = Strategy::kUlysses;
-  } else {
-    m.strategy = parse_strategy(strategy);
-    SEQPAR_ARG_CHECK(m.strategy == Strategy::kRing || m.strategy == Strategy::kAllGather,
-                     "strategy ", strategy, " needs ulysses_degree > 1; with only ring_degree ",
-                     "use ring or allgather");
-  }
-  return m;
+  ParallelConfig c;
+  c.mesh = {cfg, tp, ring_degree, ulysses_degree};
+  c.layout = parse_layout(layout);
+  c.ulysses_mode = parse_ulysses_mode(ulysses_mode);
+  c.pad = pad;
+  c.strategy = strategy_for_degrees(ulysses_degree, ring_degree, parse_strategy(ring_axis));
+  return c;
 }
 
-ParallelContext model_context(MeshComms& mc, const ModelMesh& m) {
+ParallelContext model_context(MeshComms& mc, const ParallelConfig& c) {
   ParallelContext ctx;
   ctx.tp = &mc.tp();
   ctx.sp = &mc.sp_comms();
   ctx.cfg = &mc.cfg();
-  ctx.strategy = mc.sp_comms().sp().size() > 1 ? m.strategy : Strategy::kRing;
-  ctx.layout = m.layout;
-  ctx.pad = m.pad;
-  ctx.cp.ulysses_mode = m.mode;
+  ctx.config = c;
+  if (mc.sp_comms().sp().size() == 1) ctx.config.strategy = Strategy::kLocal;
   return ctx;
 }
 

@@ -227,7 +227,7 @@ Tensor SelfAttention::forward(const Tensor& x, const Tensor& rope, ParallelConte
   }
   AttnState s;
   if (sp.sharded()) {
-    s = context_parallel_attention(ctx.strategy, *ctx.sp, sp.partition(), qh, kh, vh,
+    s = context_parallel_attention(ctx.config.strategy, *ctx.sp, sp.partition(), qh, kh, vh,
                                    sp.cp_options(causal));
   } else {
     AttnParams params;

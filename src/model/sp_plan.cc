@@ -7,14 +7,10 @@ namespace seqpar {
 SpRuntime::SpRuntime(const SpPlan& plan, ParallelContext& ctx, int64_t seq)
     : plan_(plan), ctx_(ctx), seq_(seq) {
   const int n = ctx.sp_size();
-  int64_t padded = seq;
-  if (ctx.pad) {
-    const int64_t m = ctx.layout == Layout::kZigzag ? 2 * n : n;
-    padded = (seq + m - 1) / m * m;
-  }
+  const int64_t padded = ctx.config.pad ? seqpar::padded_seq(seq, n, ctx.config.layout) : seq;
   SEQPAR_ARG_CHECK(padded >= n, "the sequence has ", seq, " tokens, fewer than the ", n,
                    " sequence-parallel ranks; use at most ", seq, " ranks");
-  part_ = Partition(padded, n, ctx.layout);
+  part_ = Partition(padded, n, ctx.config.layout);
   all_positions_.resize(seq);
   for (int64_t i = 0; i < seq; ++i) all_positions_[i] = i;
 }
@@ -25,6 +21,8 @@ std::span<const int64_t> SpRuntime::local_positions() const {
 
 CpOptions SpRuntime::cp_options(bool causal) const {
   CpOptions o = ctx_.cp;
+  o.ulysses_mode = ctx_.config.ulysses_mode;
+  o.softmax = ctx_.config.softmax;
   o.causal = causal;
   o.valid_len = part_.seq() != seq_ ? seq_ : 0;
   return o;

@@ -11,6 +11,7 @@
 #include "seqpar/comm/threads.h"
 #include "seqpar/model/decoder.h"
 #include "seqpar/model/llama.h"
+#include "seqpar/model/model_run.h"
 #include "seqpar/model/ops.h"
 #include "seqpar/parallel/mesh.h"
 
@@ -117,12 +118,11 @@ TEST(Llama, CheckpointDecoderOnMeshesEqualsOneRank) {
     std::vector<int64_t> bytes(shape.world());
     ThreadWorld::run(shape.world(), [&](Communicator& world) {
       MeshComms mc(world, shape);
-      ParallelContext ctx;
-      ctx.tp = &mc.tp();
-      ctx.sp = &mc.sp_comms();
-      ctx.cfg = &mc.cfg();
-      ctx.strategy = s;
-      ctx.layout = layout;
+      ParallelConfig config;
+      config.mesh = shape;
+      config.strategy = s;
+      config.layout = layout;
+      ParallelContext ctx = model_context(mc, config);
       WeightStore mine = ck.weights;
       Decoder dec(ck.config, mine, ctx);
       bytes[world.rank()] = mine.bytes_read();

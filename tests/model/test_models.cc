@@ -12,6 +12,7 @@
 #include "seqpar/comm/threads.h"
 #include "seqpar/model/decoder.h"
 #include "seqpar/model/dit.h"
+#include "seqpar/model/model_run.h"
 #include "seqpar/model/ops.h"
 #include "seqpar/model/safetensors.h"
 #include "seqpar/parallel/mesh.h"
@@ -33,10 +34,13 @@ std::string name_of(const MeshCase& c) {
          (c.pad ? " pad" : "") + " " + std::string(strategy_name(c.ring_strategy));
 }
 
-Strategy strategy_for(const MeshCase& c) {
-  if (c.shape.ulysses > 1 && c.shape.ring > 1) return Strategy::kUsp;
-  if (c.shape.ulysses > 1) return Strategy::kUlysses;
-  return c.ring_strategy;
+ParallelConfig config_of(const MeshCase& c) {
+  ParallelConfig config;
+  config.mesh = c.shape;
+  config.strategy = strategy_for_degrees(c.shape.ulysses, c.shape.ring, c.ring_strategy);
+  config.layout = c.layout;
+  config.pad = c.pad;
+  return config;
 }
 
 // Runs fn(ctx) on every rank of the mesh; returns rank 0's result and checks that every rank
@@ -47,13 +51,7 @@ auto on_mesh(const MeshCase& c, Fn fn) {
   std::vector<R> results(c.shape.world());
   ThreadWorld::run(c.shape.world(), [&](Communicator& world) {
     MeshComms mc(world, c.shape);
-    ParallelContext ctx;
-    ctx.tp = &mc.tp();
-    ctx.sp = &mc.sp_comms();
-    ctx.cfg = &mc.cfg();
-    ctx.strategy = strategy_for(c);
-    ctx.layout = c.layout;
-    ctx.pad = c.pad;
+    ParallelContext ctx = model_context(mc, config_of(c));
     results[world.rank()] = fn(ctx);
   });
   return results;
@@ -158,7 +156,7 @@ TEST_F(TinyDit, WanSeedSequenceOnEightRanks) {
                           s.latent_width}, 3);
   auto velocity = [&](const MeshCase& c, UlyssesMode mode) {
     auto results = on_mesh(c, [&](ParallelContext& ctx) {
-      ctx.cp.ulysses_mode = mode;
+      ctx.config.ulysses_mode = mode;
       DiT dit(*preset_, *weights_, ctx);
       return dit.forward(latent, 500.f, *text_, ctx);
     });

@@ -20,10 +20,10 @@ struct ParallelContext {
   Communicator* tp = nullptr;   // tensor-parallel group: heads and FFN columns split over it
   SpComms* sp = nullptr;        // sequence-parallel group (ulysses x ring)
   Communicator* cfg = nullptr;  // classifier-free-guidance group (size 1 or 2)
-  Strategy strategy = Strategy::kRing;
-  Layout layout = Layout::kContiguous;
-  CpOptions cp;                 // ulysses mode etc.; causal and valid_len are set per call
-  bool pad = false;             // pad sequences that do not divide instead of uneven shards
+  // How the sequence-parallel group runs attention (strategy, layout, ulysses mode, softmax,
+  // pad: sequences that do not divide are padded instead of sharded unevenly).
+  ParallelConfig config;
+  CpOptions cp;  // kernel options (scale, block sizes); the rest is set per call from config
 
   int tp_rank() const { return tp->rank(); }
   int tp_size() const { return tp->size(); }

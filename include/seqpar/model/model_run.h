@@ -20,23 +20,15 @@
 
 namespace seqpar {
 
-// A cfg x tp x ring x ulysses mesh and how its sequence-parallel group runs attention.
-struct ModelMesh {
-  MeshShape shape;
-  Strategy strategy = Strategy::kRing;  // kUsp / kUlysses set by the degrees
-  Layout layout = Layout::kContiguous;
-  UlyssesMode mode = UlyssesMode::kUaa;
-  bool pad = false;
-};
-
-// The mesh of these degrees, each in 1..limits::kMaxRanks; strategy ("ring" | "allgather") is
-// used when ulysses_degree is 1, USP or Ulysses follow from the degrees otherwise.
-ModelMesh model_mesh(int cfg, int tp, int ring_degree, int ulysses_degree,
-                     const std::string& strategy, const std::string& layout,
-                     const std::string& ulysses_mode, bool pad);
+// The parallel layout of a model on a cfg x tp x ring x ulysses mesh: each degree in
+// 1..limits::kMaxRanks (cfg 1 or 2); the strategy follows from the degrees
+// (strategy_for_degrees: usp, ulysses, or ring_axis "ring" | "allgather").
+ParallelConfig model_mesh(int cfg, int tp, int ring_degree, int ulysses_degree,
+                          const std::string& ring_axis, const std::string& layout,
+                          const std::string& ulysses_mode, bool pad);
 
 // Rank `mc`'s context on mesh m (strategies apply only where the sequence is sharded).
-ParallelContext model_context(MeshComms& mc, const ModelMesh& m);
+ParallelContext model_context(MeshComms& mc, const ParallelConfig& m);
 
 // Checks a greedy generation of max_new_tokens after `prompt` on tensor-parallel size tp against
 // the checkpoint: ids in the vocabulary, positions within max_position_embeddings (unless
