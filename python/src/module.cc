@@ -252,35 +252,6 @@ struct AttentionArgs {
   double scale = 0;
 };
 
-// The Ulysses degree of a strategy from the two optional degrees (0 = not given), in the
-// library's words.
-int resolve_ulysses_degree(Strategy s, int n, int64_t heads, int u, int r) {
-  SEQPAR_ARG_CHECK(u >= 0 && r >= 0, "ulysses_degree and ring_degree must be positive");
-  switch (s) {
-    case Strategy::kUsp:
-      if (u == 0 && r == 0) {
-        u = 1;  // the largest divisor of the ranks that divides the heads
-        for (int64_t d : limits::divisors(n))
-          if (heads % d == 0) u = static_cast<int>(d);
-      }
-      if (u == 0) u = r > 0 && n % r == 0 ? n / r : 0;
-      if (r == 0) r = u > 0 && n % u == 0 ? n / u : 0;
-      SEQPAR_ARG_CHECK(u > 0 && r > 0 && u * r == n, "ulysses_degree ", u, " x ring_degree ", r,
-                       " must equal the ", n, " ranks; valid ulysses degrees: ", divisors_text(n));
-      return u;
-    case Strategy::kUlysses:
-      SEQPAR_ARG_CHECK((u == 0 || u == n) && (r == 0 || r == 1), "strategy ulysses uses all ", n,
-                       " ranks as one Ulysses group; for ulysses_degree ", u, " ring_degree ", r,
-                       " use strategy \"usp\"");
-      return n;
-    default:
-      SEQPAR_ARG_CHECK((u == 0 || u == 1) && (r == 0 || r == n), "strategy ", strategy_name(s),
-                       " takes no ulysses_degree or ring_degree; use strategy \"usp\" to combine",
-                       " them");
-      return 1;
-  }
-}
-
 // attention over this rank's shard q (B, n + T, H, D), k, v (B, n + T, Hkv, D), the last T rows
 // being the replicated text tokens (joint attention) when text_tokens = T > 0. Writes the output
 // into `out` (same shape as q, the input dtype) when out.address != 0, else returns it as an fp32
@@ -317,7 +288,12 @@ py::tuple attention(Comm& c, const Buffer& q, const Buffer& k, const Buffer& v, 
 
   Communicator& comm = c.get();
   const int n = comm.size();
-  const int u = resolve_ulysses_degree(strategy, n, H, a.ulysses_degree, a.ring_degree);
+  ParallelConfig config;
+  config.strategy = strategy;
+  config.mesh.ulysses = a.ulysses_degree;
+  config.mesh.ring = a.ring_degree;
+  fill_sp_degrees(config, n, H);
+  const int u = config.mesh.ulysses;
   const Agreement agree{B, H, Hkv, D, static_cast<int64_t>(dtype), T,
                         options_hash(detail::concat(a.strategy, '|', a.layout, '|', a.causal, '|',
                                                     a.ulysses_mode, '|', a.softmax, '|', u, '|',

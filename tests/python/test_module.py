@@ -205,7 +205,7 @@ def test_stats_report_the_ring_bytes():
 def test_bad_arguments_raise_value_error_with_the_library_message():
     q, k, v = qkv(1, 8, 2, 2, 4)
     cases = [
-        (dict(strategy="bogus"), "strategy 'bogus' is unknown; valid: ring, allgather, ulysses, usp"),
+        (dict(strategy="bogus"), "strategy 'bogus' is unknown; valid: local, allgather, ring, ulysses, usp, passkv, passq"),
         (dict(layout="diagonal"), "layout 'diagonal' is unknown; valid: contiguous, striped, zigzag"),
         (dict(softmax="const-max", strategy="allgather"), "const-max"),
         (dict(strategy="ring", ulysses_degree=2), "use strategy \"usp\""),
