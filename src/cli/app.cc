@@ -51,11 +51,19 @@ int parse_command_line(CLI::App& app, int argc, const char* const* argv) {
 }
 
 std::string flag_words(std::string_view m) {
+  // A message about a parallel-config file names the file's keys, which stay as they are.
+  constexpr std::string_view kFile = "parallel_config ", kFlag = "--parallel-config ";
+  if (m.substr(0, kFile.size()) == kFile)
+    return std::string(kFlag) + std::string(m.substr(kFile.size()));
+  if (m.substr(0, kFlag.size()) == kFlag) return std::string(m);
   static constexpr std::pair<std::string_view, std::string_view> kSnake[] = {
       {"head_dim", "--head-dim"},       {"kv_heads", "--kv-heads"},
       {"ulysses_degree", "--ulysses-degree"}, {"ring_degree", "--ring-degree"},
       {"ulysses_mode", "--ulysses-mode"}, {"text_tokens", "--text-tokens"},
-      {"memory_limit", "--memory-limit"}, {"ranks_per_node", "--ranks-per-node"}};
+      {"memory_limit", "--memory-limit"}, {"ranks_per_node", "--ranks-per-node"},
+      {"sequence_parallel_size", "--sequence-parallel-size"},
+      {"tensor_parallel_size", "--tensor-parallel-size"},
+      {"cfg_parallel_size", "--cfg-parallel-size"}};
   static constexpr std::string_view kWords[] = {"strategy", "layout", "dtype", "softmax",
                                                 "hardware", "seq",    "ranks", "heads",
                                                 "batch",    "cfg",    "tp",    "cached",

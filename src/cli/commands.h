@@ -203,10 +203,13 @@ int mesh_command(const MeshOptions& opts);
 // The mesh flags of the model-running subcommands (src/cli/mesh_run.h registers and resolves
 // them).
 struct MeshFlags {
-  int64_t cfg = 1, tp = 1, ring_degree = 1, ulysses_degree = 1;
+  // Unset: from --parallel-config, else 1 (sequence_parallel_size: ulysses x ring, see
+  // seqpar/parallel/config_file.h).
+  std::optional<int64_t> cfg, tp, ring_degree, ulysses_degree, sequence_parallel_size;
+  std::optional<std::string> ulysses_mode;  // unset: from --parallel-config, else uaa
+  std::string parallel_config;              // --parallel-config FILE (JSON or YAML)
   std::string strategy = "ring";
   std::string layout = "contiguous";
-  std::string ulysses_mode = "uaa";
   bool pad = false;
   std::string backend = "threads";
 };

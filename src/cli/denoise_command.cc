@@ -113,7 +113,7 @@ Plan resolve(const DenoiseOptions& o, int world) {
   p.model = open_wan_model(o.model);
   const ModelPreset& m = p.model.experts[0].preset;
   p.mesh = resolve_mesh(o, world);
-  SEQPAR_ARG_CHECK(m.heads % o.tp == 0, "--tp ", o.tp, " does not divide the ", m.heads,
+  SEQPAR_ARG_CHECK(m.heads % p.mesh.mesh.tp == 0, "--tp ", p.mesh.mesh.tp, " does not divide the ", m.heads,
                    " heads of ", o.model, "; valid: ", divisors_text(m.heads));
   if (p.model.experts.size() == 2)
     p.boundary = o.boundary_ratio.value_or(*p.model.boundary_ratio) * 1000.0;

@@ -198,7 +198,7 @@ Prepared prepare(const GenerateOptions& o, int world) {
                  "(--allow-long-context); the model was not trained for them\n",
                  static_cast<long long>(last), static_cast<long long>(m.max_positions),
                  config.c_str());
-  check_llama_tp(p.ck, o.tp, names);
+  check_llama_tp(p.ck, p.mesh.mesh.tp, names);
   return p;
 }
 

@@ -10,32 +10,56 @@
 
 #include "seqpar/comm/mpi.h"
 #include "seqpar/comm/threads.h"
+#include "seqpar/parallel/config_file.h"
 
 namespace seqpar::cli {
 
 void add_mesh_flags(CLI::App* cmd, MeshFlags& f, bool with_cfg) {
-  if (with_cfg) cmd->add_option("--cfg", f.cfg, "classifier-free guidance parallel size (1 or 2)");
-  cmd->add_option("--tp", f.tp, "tensor parallel size");
-  cmd->add_option("--ulysses-degree,--ulysses_degree", f.ulysses_degree, "Ulysses degree");
-  cmd->add_option("--ring-degree,--ring_degree", f.ring_degree, "ring degree");
+  auto degree = [&](const std::string& names, std::optional<int64_t>& slot, const char* help) {
+    cmd->add_option_function<int64_t>(names, [&slot](int64_t v) { slot = v; }, help);
+  };
+  if (with_cfg)
+    degree("--cfg,--cfg-parallel-size,--cfg_parallel_size", f.cfg,
+           "classifier-free guidance parallel size (1 or 2)");
+  degree("--tp,--tensor-parallel-size,--tensor_parallel_size", f.tp, "tensor parallel size");
+  degree("--ulysses-degree,--ulysses_degree", f.ulysses_degree, "Ulysses degree");
+  degree("--ring-degree,--ring_degree", f.ring_degree, "ring degree");
+  degree("--sequence-parallel-size,--sequence_parallel_size", f.sequence_parallel_size,
+         "ulysses degree x ring degree (alone: the ring degree)");
+  cmd->add_option("--parallel-config,--parallel_config", f.parallel_config,
+                  "JSON or YAML file with tensor_parallel_size, cfg_parallel_size, "
+                  "ulysses_degree, ring_degree, sequence_parallel_size, ulysses_mode (flags "
+                  "override it)");
+  cmd->add_option_function<std::string>(
+      "--ulysses-mode,--ulysses_mode", [&f](const std::string& v) { f.ulysses_mode = v; },
+      "strict | uaa (alias advanced_uaa)");
   cmd->add_option("--strategy", f.strategy, "ring | allgather (meshes without Ulysses)");
   cmd->add_option("--layout", f.layout, "contiguous | striped | zigzag");
-  cmd->add_option("--ulysses-mode,--ulysses_mode", f.ulysses_mode, "strict | uaa");
   cmd->add_flag("--pad", f.pad, "pad the sequence to a multiple of the sequence-parallel size");
   cmd->add_option("--backend", f.backend, "threads | mpi");
 }
 
 ParallelConfig resolve_mesh(const MeshFlags& f, int world) {
+  DegreeSpec flags;
+  flags.cfg = f.cfg;
+  flags.tp = f.tp;
+  flags.ring = f.ring_degree;
+  flags.ulysses = f.ulysses_degree;
+  flags.sp = f.sequence_parallel_size;
+  flags.ulysses_mode = f.ulysses_mode;
+  const DegreeSpec d =
+      f.parallel_config.empty() ? flags
+                                : read_parallel_config_file(f.parallel_config).merged_with(flags);
   // The degrees in range before they are narrowed to int; model_mesh checks the rest.
-  limits::check_range("--cfg", f.cfg, 1, 2);
-  limits::check_range("--tp", f.tp, 1, limits::kMaxRanks);
-  limits::check_range("--ring-degree", f.ring_degree, 1, limits::kMaxRanks);
-  limits::check_range("--ulysses-degree", f.ulysses_degree, 1, limits::kMaxRanks);
+  limits::check_range("--cfg", d.cfg.value_or(1), 1, 2);
+  limits::check_range("--tp", d.tp.value_or(1), 1, limits::kMaxRanks);
+  limits::check_range("--ring-degree", d.ring.value_or(1), 1, limits::kMaxRanks);
+  limits::check_range("--ulysses-degree", d.ulysses.value_or(1), 1, limits::kMaxRanks);
   SEQPAR_ARG_CHECK(f.backend == "threads" || f.backend == "mpi", "--backend '", f.backend,
                    "' is unknown; valid: threads, mpi");
-  const ParallelConfig c = model_mesh(
-      static_cast<int>(f.cfg), static_cast<int>(f.tp), static_cast<int>(f.ring_degree),
-      static_cast<int>(f.ulysses_degree), f.strategy, f.layout, f.ulysses_mode, f.pad);
+  const MeshShape m = resolve_degrees(d);
+  const ParallelConfig c = model_mesh(m.cfg, m.tp, m.ring, m.ulysses, f.strategy, f.layout,
+                                      d.ulysses_mode.value_or("uaa"), f.pad);
   SEQPAR_ARG_CHECK(world == 0 || c.world() == world, "the mesh ", mesh_shape_text(c.mesh),
                    " needs ", c.world(), " ranks but the MPI world has ", world,
                    "; launch mpirun -np ", c.world());

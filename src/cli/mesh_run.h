@@ -16,8 +16,9 @@
 
 namespace seqpar::cli {
 
-// Registers --tp, --ulysses-degree, --ring-degree, --strategy, --layout, --ulysses-mode, --pad,
-// --backend (and --cfg when with_cfg) on `cmd`.
+// Registers the degrees (--tp / --tensor-parallel-size, --ulysses-degree, --ring-degree,
+// --sequence-parallel-size, and --cfg / --cfg-parallel-size when with_cfg), --parallel-config,
+// --strategy, --layout, --ulysses-mode, --pad and --backend on `cmd`.
 void add_mesh_flags(CLI::App* cmd, MeshFlags& f, bool with_cfg);
 
 // The flags checked against core/limits.h and each other; world: the MPI world size (0 under

@@ -87,13 +87,13 @@ Resolved resolve(const ModelOptions& o, int world) {
   r.shape = r.mesh.mesh;
   r.strategy = r.mesh.strategy;
   r.layout = r.mesh.layout;
-  SEQPAR_ARG_CHECK(r.preset.family != ModelFamily::kLlm || o.cfg == 1, "--cfg ", o.cfg,
+  SEQPAR_ARG_CHECK(r.preset.family != ModelFamily::kLlm || r.shape.cfg == 1, "--cfg ", r.shape.cfg,
                    ": classifier-free guidance is for diffusion models; use --cfg 1 with ",
                    r.preset.name);
   SEQPAR_ARG_CHECK(r.preset.family != ModelFamily::kMMDiT, "model ", r.preset.name,
                    " (mmdit) is available to `seqpar plan` only; runnable presets: the dit and "
                    "llm ones (tiny-dit, tiny-llm, wan2.1-t2v-1.3b, llama3-8b, ...)");
-  SEQPAR_ARG_CHECK(r.preset.heads % o.tp == 0, "--tp ", o.tp, " does not divide the ",
+  SEQPAR_ARG_CHECK(r.preset.heads % r.shape.tp == 0, "--tp ", r.shape.tp, " does not divide the ",
                    r.preset.heads, " heads of ", r.preset.name,
                    "; valid: ", divisors_text(r.preset.heads));
   r.specs = r.preset.family == ModelFamily::kDiT ? DiT::parameters(r.preset)

@@ -21,7 +21,7 @@ constexpr NameAlias kAliases[] = {
     {"strategy", "pass-kv", "passkv"},       {"strategy", "pass_kv", "passkv"},
     {"strategy", "pass-q", "passq"},         {"strategy", "pass_q", "passq"},
     {"strategy", "hybrid", "usp"},           {"softmax", "const_max", "const-max"},
-    {"softmax", "constmax", "const-max"},
+    {"softmax", "constmax", "const-max"},    {"ulysses_mode", "advanced_uaa", "uaa"},
 };
 
 // The canonical name `name` stands for in `kind` (itself when it is no alias).

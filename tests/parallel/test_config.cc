@@ -1,0 +1,275 @@
+// The vocabulary of a parallel layout (parallel/config.h) and the parallel-config files and
+// degree names of other engines (parallel/config_file.h), each against a brute-force or
+// hand-written oracle.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "seqpar/core/error.h"
+#include "seqpar/core/limits.h"
+#include "seqpar/parallel/config.h"
+#include "seqpar/parallel/config_file.h"
+
+namespace seqpar {
+namespace {
+
+// The message of the InvalidArgument fn throws ("" if it throws none).
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Names, EveryCanonicalNameAndAliasParses) {
+  for (Strategy s : all_strategies()) EXPECT_EQ(parse_strategy(strategy_name(s)), s);
+  const std::pair<const char*, Strategy> aliases[] = {
+      {"all-gather", Strategy::kAllGather}, {"all_gather", Strategy::kAllGather},
+      {"pass-kv", Strategy::kPassKv},       {"pass_kv", Strategy::kPassKv},
+      {"pass-q", Strategy::kPassQ},         {"pass_q", Strategy::kPassQ},
+      {"hybrid", Strategy::kUsp}};
+  for (const auto& [alias, s] : aliases) EXPECT_EQ(parse_strategy(alias), s) << alias;
+  EXPECT_EQ(parse_ulysses_mode("advanced_uaa"), UlyssesMode::kUaa);
+  EXPECT_EQ(parse_ulysses_mode("strict"), UlyssesMode::kStrict);
+  EXPECT_EQ(parse_softmax_mode("const_max"), SoftmaxMode::kConstMax);
+  EXPECT_EQ(parse_layout("zigzag"), Layout::kZigzag);
+  // Every alias of the table resolves to its canonical value.
+  for (const NameAlias& a : name_aliases()) {
+    if (a.kind == "strategy") {
+      EXPECT_EQ(strategy_name(parse_strategy(a.alias)), a.name);
+    } else if (a.kind == "ulysses_mode") {
+      EXPECT_EQ(ulysses_mode_name(parse_ulysses_mode(a.alias)), a.name);
+    } else {
+      EXPECT_EQ(softmax_mode_name(parse_softmax_mode(a.alias)), a.name);
+    }
+  }
+  EXPECT_EQ(error_of([] { parse_strategy("rign"); }),
+            "strategy 'rign' is unknown; valid: local, allgather, ring, ulysses, usp, passkv, "
+            "passq");
+  EXPECT_EQ(error_of([] { parse_layout("custom"); }),
+            "layout 'custom' is unknown; valid: contiguous, striped, zigzag");
+}
+
+TEST(Padding, SmallestMultipleOfTheRanksOrTwiceForZigzag) {
+  for (int sp = 1; sp <= 9; ++sp)
+    for (int64_t seq = 1; seq <= 60; ++seq)
+      for (Layout layout : {Layout::kContiguous, Layout::kStriped, Layout::kZigzag}) {
+        const int64_t m = layout == Layout::kZigzag ? 2 * sp : sp;
+        int64_t want = seq;
+        while (want % m != 0) ++want;  // the oracle: count up
+        EXPECT_EQ(padded_seq(seq, sp, layout), want) << seq << " on " << sp;
+        ParallelConfig c;
+        c.mesh.ring = sp;
+        c.layout = layout;
+        AttnShape s;
+        s.seq = seq;
+        EXPECT_EQ(sharded_seq(c, s), seq);
+        c.pad = true;
+        EXPECT_EQ(sharded_seq(c, s), want);
+      }
+}
+
+TEST(Degrees, FilledDegreesMultiplyToTheRanks) {
+  for (int n = 1; n <= 12; ++n)
+    for (int64_t heads = 1; heads <= 12; ++heads) {
+      ParallelConfig c;
+      c.strategy = Strategy::kUsp;
+      c.mesh.ulysses = c.mesh.ring = 0;
+      fill_sp_degrees(c, n, heads);
+      int best = 1;  // the oracle: the largest divisor of n dividing heads
+      for (int d = 1; d <= n; ++d)
+        if (n % d == 0 && heads % d == 0) best = d;
+      EXPECT_EQ(c.mesh.ulysses, best) << n << " ranks, " << heads << " heads";
+      EXPECT_EQ(c.mesh.ulysses * c.mesh.ring, n);
+      for (Strategy s : {Strategy::kRing, Strategy::kAllGather, Strategy::kUlysses}) {
+        ParallelConfig d;
+        d.strategy = s;
+        d.mesh.ulysses = d.mesh.ring = 0;
+        fill_sp_degrees(d, n, heads);
+        EXPECT_EQ(d.mesh.sp(), n);
+        EXPECT_EQ(d.mesh.ulysses, s == Strategy::kUlysses ? n : 1);
+      }
+    }
+  ParallelConfig c;
+  c.strategy = Strategy::kUsp;
+  c.mesh.ulysses = 3;
+  c.mesh.ring = 0;
+  EXPECT_EQ(error_of([&] { fill_sp_degrees(c, 4, 4); }),
+            "ulysses_degree 3 x ring_degree 0 must equal the 4 ranks; valid ulysses degrees: 1, "
+            "2, 4");
+  c.strategy = Strategy::kRing;
+  c.mesh.ulysses = 2;
+  EXPECT_NE(error_of([&] { fill_sp_degrees(c, 4, 4); }).find("use strategy usp"),
+            std::string::npos);
+}
+
+TEST(Degrees, StrategyFollowsTheDegrees) {
+  EXPECT_EQ(strategy_for_degrees(2, 2, Strategy::kRing), Strategy::kUsp);
+  EXPECT_EQ(strategy_for_degrees(2, 1, Strategy::kAllGather), Strategy::kUlysses);
+  EXPECT_EQ(strategy_for_degrees(1, 4, Strategy::kAllGather), Strategy::kAllGather);
+  EXPECT_EQ(strategy_for_degrees(1, 1, Strategy::kRing), Strategy::kRing);
+  EXPECT_NE(error_of([] { strategy_for_degrees(1, 2, Strategy::kUsp); }), "");
+}
+
+// A valid config and shape that each case below breaks in one way.
+struct Base {
+  ParallelConfig c;
+  AttnShape s;
+  Base() {
+    c.mesh.ring = 4;
+    s.seq = 64;
+    s.heads = 8;
+    s.kv_heads = 2;
+    s.head_dim = 16;
+  }
+};
+
+TEST(Validate, EachRuleNamesWhatWasWrong) {
+  EXPECT_EQ(error_of([] { Base b; validate_config(b.c, b.s); }), "");
+  const std::pair<std::string, std::function<void(Base&)>> cases[] = {
+      {"ring_degree 0 is invalid", [](Base& b) { b.c.mesh.ring = 0; }},
+      {"heads 8 is not divisible by kv_heads 3", [](Base& b) { b.s.kv_heads = 3; }},
+      {"tp 3 does not divide the 8 heads", [](Base& b) { b.c.mesh.tp = 3; }},
+      {"tp 3 neither divides", [](Base& b) { b.s.kv_heads = 8, b.s.heads = 24, b.c.mesh.tp = 3; }},
+      {"strategy local needs one", [](Base& b) { b.c.strategy = Strategy::kLocal; }},
+      {"strategy ring takes no ulysses_degree", [](Base& b) { b.c.mesh.ulysses = 2; }},
+      {"ring_degree 4 needs strategy usp", [](Base& b) { b.c.strategy = Strategy::kUlysses; }},
+      {"softmax 'const-max' needs a ring",
+       [](Base& b) { b.c.strategy = Strategy::kAllGather, b.c.softmax = SoftmaxMode::kConstMax; }},
+      {"bidirectional; not causal", [](Base& b) { b.s.text_tokens = 3, b.s.causal = true; }},
+      {"runs over a K/V cache", [](Base& b) { b.c.strategy = Strategy::kPassQ; }},
+      {"does not run over a K/V cache", [](Base& b) { b.s.cached = 10, b.s.fresh = 1; }},
+      {"cached 3 is too small",
+       [](Base& b) { b.c.strategy = Strategy::kPassKv, b.s.cached = 3, b.s.fresh = 1; }},
+      {"takes no pad", [](Base& b) {
+         b.c.strategy = Strategy::kPassKv, b.s.cached = 8, b.s.fresh = 1, b.c.pad = true;
+       }},
+      {"4 sequence-parallel ranks exceed seq 3", [](Base& b) { b.s.seq = 3; }},
+      {"ulysses_mode 'strict' needs heads 6 divisible", [](Base& b) {
+         b.c.strategy = Strategy::kUlysses, b.c.mesh = {1, 1, 1, 4}, b.s.heads = 6,
+         b.s.kv_heads = 6, b.c.ulysses_mode = UlyssesMode::kStrict;
+       }},
+  };
+  for (const auto& [want, breaks] : cases) {
+    Base b;
+    breaks(b);
+    const std::string got = error_of([&] { validate_config(b.c, b.s); });
+    EXPECT_NE(got.find(want), std::string::npos) << "want '" << want << "', got '" << got << "'";
+  }
+}
+
+TEST(ConfigFile, JsonFlatAndNested) {
+  DegreeSpec d = parse_parallel_config(
+      R"({"tensor_parallel_size": 2, "ulysses_degree": 4, "ulysses_mode": "advanced_uaa"})", "f");
+  EXPECT_EQ(d.tp, 2);
+  EXPECT_EQ(d.ulysses, 4);
+  EXPECT_EQ(d.ulysses_mode, "uaa");
+  EXPECT_FALSE(d.ring || d.cfg || d.sp);
+  d = parse_parallel_config(
+      R"({"stage_args": [{"stage_id": 0, "engine_args": {"model": "x",
+          "parallel_config": {"ring_degree": 2, "cfg_parallel_size": 2}}}]})",
+      "f");
+  EXPECT_EQ(d.ring, 2);
+  EXPECT_EQ(d.cfg, 2);
+  EXPECT_FALSE(d.tp);
+}
+
+TEST(ConfigFile, YamlAsStageConfigsWriteIt) {
+  const std::string stage = R"(# stage config
+stage_args:
+  - stage_id: 0
+    engine_args:
+      model: "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
+      parallel_config:
+        tensor_parallel_size: 1
+        ulysses_degree: 2   # two heads groups
+        ring_degree: 2
+        ulysses_mode: 'strict'
+      dtype: bf16
+  - stage_id: 1
+)";
+  DegreeSpec d = parse_parallel_config(stage, "stage.yaml");
+  EXPECT_EQ(d.tp, 1);
+  EXPECT_EQ(d.ulysses, 2);
+  EXPECT_EQ(d.ring, 2);
+  EXPECT_EQ(d.ulysses_mode, "strict");
+  d = parse_parallel_config("sequence_parallel_size: 8\nulysses_degree: 4\n", "flat.yaml");
+  EXPECT_EQ(d.sp, 8);
+  EXPECT_EQ(d.ulysses, 4);
+}
+
+TEST(ConfigFile, MalformedFilesGiveOneLine) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"ulysses_degree: 2\nfoo: 1\n", "'foo' is not a parallel-config key; valid: "},
+      {"ulysses_degree: two\n", "'ulysses_degree' is 'two'; valid: an integer from 1"},
+      {"ulysses_degree: 0\n", "valid: an integer from 1"},
+      {"ulysses_degree: \"2\"\n", "valid: an integer from 1"},
+      {"pipeline_parallel_size: 2\n", "runs no pipeline or data parallelism"},
+      {"ulysses_mode: fast\n", "ulysses_mode 'fast' is unknown"},
+      {"parallel_config:\n\tulysses_degree: 2\n", "indented with a tab"},
+      {"just words\n", "is not 'key: value'"},
+      {"parallel_config:\n  ring:\n    x: 1\n", "holds a nested mapping"},
+      {"ulysses_degree: 2\nextra:\n  foo: 1\n", "has no parallel_config mapping"},
+      {"{\"ulysses_degree\": [2]}", "valid: an integer from 1"},
+      {"{\"ulysses_degree\": 2", "not valid JSON"},
+  };
+  for (const auto& [text, want] : cases) {
+    const std::string got = error_of([&] { parse_parallel_config(text, "pc"); });
+    EXPECT_NE(got.find(want), std::string::npos) << "text '" << text << "': got '" << got << "'";
+    EXPECT_EQ(got.find('\n'), std::string::npos) << got;
+  }
+  EXPECT_NE(error_of([] { read_parallel_config_file("/nonexistent/pc.yaml"); })
+                .find("cannot read it"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { read_parallel_config_file("/"); }).find("is not a regular file"),
+            std::string::npos);
+}
+
+TEST(ConfigFile, ReadFromDisk) {
+  const std::string path = testing::TempDir() + "/seqpar_pc.yaml";
+  {
+    std::ofstream f(path);
+    f << "parallel_config:\n  ulysses_degree: 2\n  ring_degree: 3\n";
+  }
+  const DegreeSpec d = read_parallel_config_file(path);
+  std::remove(path.c_str());
+  EXPECT_EQ(d.ulysses, 2);
+  EXPECT_EQ(d.ring, 3);
+}
+
+TEST(ConfigFile, SequenceParallelSizeResolvesTheDegrees) {
+  auto degrees = [](std::optional<int64_t> sp, std::optional<int64_t> u,
+                    std::optional<int64_t> r) {
+    DegreeSpec d;
+    d.sp = sp;
+    d.ulysses = u;
+    d.ring = r;
+    const MeshShape m = resolve_degrees(d);
+    return std::pair{m.ulysses, m.ring};
+  };
+  EXPECT_EQ(degrees(std::nullopt, std::nullopt, std::nullopt), std::pair(1, 1));
+  EXPECT_EQ(degrees(8, std::nullopt, std::nullopt), std::pair(1, 8));
+  EXPECT_EQ(degrees(8, 2, std::nullopt), std::pair(2, 4));
+  EXPECT_EQ(degrees(8, std::nullopt, 2), std::pair(4, 2));
+  EXPECT_EQ(degrees(8, 4, 2), std::pair(4, 2));
+  EXPECT_EQ(degrees(std::nullopt, 2, 3), std::pair(2, 3));
+  EXPECT_NE(error_of([&] { degrees(8, 3, std::nullopt); }).find("does not divide"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { degrees(8, 2, 2); }).find("must equal"), std::string::npos);
+  // Flags replace what the file gave.
+  DegreeSpec file, flags;
+  file.ulysses = 2;
+  file.tp = 2;
+  flags.ulysses = 4;
+  const DegreeSpec m = file.merged_with(flags);
+  EXPECT_EQ(m.ulysses, 4);
+  EXPECT_EQ(m.tp, 2);
+}
+
+}  // namespace
+}  // namespace seqpar
