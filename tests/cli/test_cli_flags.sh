@@ -100,6 +100,35 @@ a=$("$bin" $dit --guidance 1); b=$("$bin" $dit --guidance 1); c=$("$bin" $dit --
 [ "$(json_get "$a" max_abs_err)" != "$(json_get "$c" max_abs_err)" ] && ok || bad "--guidance 1 and 6 gave the same output"
 expect_exit2 "diffusion" model --preset tiny-llm --cfg 2 --prompt-len 16 --decode 1
 
+# The degree names of vLLM-Omni and xDiT: the long flags, sequence_parallel_size, and a
+# --parallel-config file (YAML as a stage config nests it, or JSON) whose values flags override.
+small_dit="model --preset tiny-dit --frames 1 --height 32 --width 32 --verify --json"
+degrees() { python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print(d["ok"], d["tp"], d["ulysses_degree"], d["ring_degree"], d["strategy"])' "$1"; }
+out=$("$bin" $small_dit --tensor-parallel-size 2 --sequence-parallel-size 2)
+[ "$(degrees "$out")" = "True 2 1 2 ring" ] && ok || bad "--tensor-parallel-size 2 --sequence-parallel-size 2: $out"
+out=$("$bin" $small_dit --sequence-parallel-size 4 --ulysses-degree 2 --ulysses-mode advanced_uaa)
+[ "$(degrees "$out")" = "True 1 2 2 usp" ] && ok || bad "--sequence-parallel-size 4 --ulysses-degree 2: $out"
+cat > "$tmp/stage.yaml" <<'YAML'
+stage_args:
+  - stage_id: 0
+    engine_args:
+      parallel_config:
+        ulysses_degree: 2   # heads split in two
+        ring_degree: 2
+        ulysses_mode: advanced_uaa
+YAML
+out=$("$bin" $small_dit --parallel-config "$tmp/stage.yaml")
+[ "$(degrees "$out")" = "True 1 2 2 usp" ] && ok || bad "--parallel-config stage.yaml: $out"
+out=$("$bin" $small_dit --parallel-config "$tmp/stage.yaml" --ring-degree 1)
+[ "$(degrees "$out")" = "True 1 2 1 ulysses" ] && ok || bad "--parallel-config with --ring-degree 1: $out"
+echo '{"tensor_parallel_size": 2, "cfg_parallel_size": 2}' > "$tmp/pc.json"
+out=$("$bin" $small_dit --parallel-config "$tmp/pc.json")
+[ "$(json_get "$out" cfg) $(json_get "$out" tp)" = "2 2" ] && ok || bad "--parallel-config pc.json: $out"
+echo '{"parallel_config": {"ulysses_degree": 2, "pipeline_parallel_size": 2}}' > "$tmp/bad.json"
+expect_exit2 "pipeline_parallel_size' is 2; seqpar runs no pipeline" model --preset tiny-dit --parallel-config "$tmp/bad.json"
+expect_exit2 "--sequence-parallel-size 4 must equal --ulysses-degree x --ring-degree = 2 x 3" model --preset tiny-dit --sequence-parallel-size 4 --ulysses-degree 2 --ring-degree 3
+expect_exit2 "--parallel-config $tmp/none.yaml: cannot read it" model --preset tiny-dit --parallel-config "$tmp/none.yaml"
+
 # plan --top N prints N ranked rows (and --json details N meshes' collectives).
 wan="plan --model wan2.1-t2v-14b --height 240 --width 432 --frames 33 --ranks 8"
 for n in 2 5; do
