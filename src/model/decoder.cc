@@ -151,14 +151,21 @@ Decoder::Output Decoder::generate(const std::vector<int32_t>& prompt, const Opti
     out.logits.push_back(std::move(logits));
     for (int64_t s : opts.stop_tokens) out.stopped = out.stopped || s == out.tokens.back();
   };
-  // ---- prefill: context parallel over the prompt.
+  // ---- prefill: context parallel over the prompt (or its first chunk).
+  SEQPAR_ARG_CHECK(opts.prefill_chunk >= 0, "prefill_chunk ", opts.prefill_chunk,
+                   " is invalid; valid: 0 (the whole prompt at once) or more");
+  // The first chunk holds a token for every sequence-parallel rank at least.
+  const int64_t first =
+      opts.prefill_chunk > 0 ? std::min(P, std::max<int64_t>(opts.prefill_chunk, ctx.sp_size()))
+                             : P;
   const double t0 = now_seconds();
-  SpRuntime sp(sp_plan(), ctx, P);
-  std::vector<int64_t> all_pos(P);
-  for (int64_t i = 0; i < P; ++i) all_pos[i] = i;
+  SpRuntime sp(sp_plan(), ctx, first);
+  std::vector<int64_t> all_pos(first);
+  for (int64_t i = 0; i < first; ++i) all_pos[i] = i;
   const int64_t hd = m_.head_dim;
-  Tensor x = sp.at("layers.0", "hidden", embed(prompt, *ctx.tp));
-  Tensor table = sp.at("layers.0", "rope", reshape(rope(all_pos), {1, P, hd}));
+  const std::span<const int32_t> tokens(prompt);
+  Tensor x = sp.at("layers.0", "hidden", embed(tokens.first(first), *ctx.tp));
+  Tensor table = sp.at("layers.0", "rope", reshape(rope(all_pos), {1, first, hd}));
   table = reshape(std::move(table), {x.dim(1), hd / 2, 2});
   for (Layer& layer : layers_) {
     Tensor h =
@@ -166,15 +173,11 @@ Decoder::Output Decoder::generate(const std::vector<int32_t>& prompt, const Opti
     add_(x, h);
     add_(x, layer.mlp.forward(rms_norm(x, layer.post_norm, eps), *ctx.tp));
   }
-  x = sp.at("norm", "hidden", std::move(x));  // (1, P, d) on every rank
-  Tensor last({d});
-  std::memcpy(last.raw(), x.data<float>() + (P - 1) * d, d * sizeof(float));
-  take(logits_of(last, *ctx.tp));
-  out.prefill_seconds = now_seconds() - t0;
-  if (opts.on_token) opts.on_token(1, out.prefill_seconds, 0);
+  x = sp.at("norm", "hidden", std::move(x));  // (1, first, d) on every rank
+  out.chunks.push_back({0, first, 0, ctx.config.strategy, "context-parallel prefill",
+                        now_seconds() - t0});
 
-  // ---- decode: one token a step, pass-Q over the caches prefill left.
-  const double t1 = now_seconds();
+  // The caches prefill left: each rank's real tokens of the partition.
   const int n = ctx.sp_size();
   KvPlacement place;
   place.kv_pos.resize(n);
@@ -182,7 +185,52 @@ Decoder::Output Decoder::generate(const std::vector<int32_t>& prompt, const Opti
   const Partition& part = sp.partition();
   for (int r = 0; r < n; ++r)
     for (int64_t p : part.positions(r))
-      if (p < P) place.kv_pos[r].push_back(p);
+      if (p < first) place.kv_pos[r].push_back(p);
+
+  // ---- the prompt's next chunks over the cache: T tokens split over the ranks as
+  // decode_placement splits new tokens, replicated activations, pass-KV or pass-Q per chunk.
+  for (int64_t c0 = first; c0 < P; c0 += opts.prefill_chunk) {  // prefill_chunk > 0 here
+    const double tc = now_seconds();
+    const int64_t c1 = std::min(P, c0 + opts.prefill_chunk), T = c1 - c0;
+    Chunk chunk{c0, c1, c0, Strategy::kPassQ, "pinned", 0};
+    if (opts.chunk_strategy) {
+      chunk.strategy = *opts.chunk_strategy;
+    } else {
+      SEQPAR_ARG_CHECK(opts.attention_flops > 0 && opts.network_bytes_per_s > 0,
+                       "prefill_chunk needs attention_flops and network_bytes_per_s (a hardware "
+                       "profile) to choose pass-KV or pass-Q, or a pinned chunk_strategy");
+      const PassChoice c = choose_pass(T, c0, n, m_.heads, m_.kv_heads, sizeof(float),
+                                       opts.attention_flops, opts.network_bytes_per_s);
+      chunk.strategy = c.kind;
+      chunk.reason = c.reason;
+    }
+    int64_t next = c0;
+    std::vector<int64_t> positions(T);
+    for (int r = 0; r < n; ++r) {
+      place.q_pos[r].clear();
+      const int64_t share = T / n + (r >= n - T % n ? 1 : 0);
+      for (int64_t i = 0; i < share; ++i) place.q_pos[r].push_back(next++);
+      place.kv_pos[r].insert(place.kv_pos[r].end(), place.q_pos[r].begin(), place.q_pos[r].end());
+    }
+    for (int64_t i = 0; i < T; ++i) positions[i] = c0 + i;
+    Tensor rc = rope(positions);
+    x = embed(tokens.subspan(c0, T), *ctx.tp);  // (1, T, d), replicated
+    for (Layer& layer : layers_) {
+      add_(x, layer.attn.decode(rms_norm(x, layer.input_norm, eps), rc, ctx, layer.cache, place,
+                                chunk.strategy));
+      add_(x, layer.mlp.forward(rms_norm(x, layer.post_norm, eps), *ctx.tp));
+    }
+    chunk.seconds = now_seconds() - tc;
+    out.chunks.push_back(std::move(chunk));
+  }
+  Tensor last({d});
+  std::memcpy(last.raw(), x.data<float>() + (x.dim(1) - 1) * d, d * sizeof(float));
+  take(logits_of(last, *ctx.tp));
+  out.prefill_seconds = now_seconds() - t0;
+  if (opts.on_token) opts.on_token(1, out.prefill_seconds, 0);
+
+  // ---- decode: one token a step, pass-Q over the caches prefill left.
+  const double t1 = now_seconds();
   for (int64_t step = 1; step < opts.max_new_tokens && !out.stopped; ++step) {
     // The token chosen last enters at position P + step - 1.
     const int64_t pos = P + step - 1;

@@ -238,7 +238,7 @@ Tensor SelfAttention::forward(const Tensor& x, const Tensor& rope, ParallelConte
 }
 
 Tensor SelfAttention::decode(const Tensor& x, const Tensor& rope, ParallelContext& ctx,
-                             KvCache& cache, const KvPlacement& place) const {
+                             KvCache& cache, const KvPlacement& place, Strategy pass) const {
   const int64_t B = x.dim(0), T = x.dim(1), d = head_dim;
   Communicator& sp = ctx.sp->sp();
   const int r = sp.rank();
@@ -266,7 +266,11 @@ Tensor SelfAttention::decode(const Tensor& x, const Tensor& rope, ParallelContex
   CpOptions opts = ctx.cp;
   opts.causal = true;
   opts.valid_len = 0;
-  AttnState s = passq_attention(sp, place, pick(qh, mine), cache.k, cache.v, opts);
+  SEQPAR_ARG_CHECK(runs_over_cache(pass), "decode over a cache: strategy ", strategy_name(pass),
+                   " is not one over a cache; valid: passkv, passq");
+  AttnState s = pass == Strategy::kPassKv
+                    ? passkv_attention(sp, place, pick(qh, mine), cache.k, cache.v, opts)
+                    : passq_attention(sp, place, pick(qh, mine), cache.k, cache.v, opts);
   // Every rank needs every new token's output: each owner broadcasts its rows.
   Tensor out({B, T, h1 - h0, d});
   for (int owner = 0; owner < sp.size(); ++owner) {

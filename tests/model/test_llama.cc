@@ -155,5 +155,73 @@ TEST(Llama, CheckpointDecoderOnMeshesEqualsOneRank) {
   std::filesystem::remove_all(dir);
 }
 
+// Chunked prefill: each chunk after the first attends the cache by pass-KV or pass-Q; the tokens
+// and logits equal the whole prompt's prefill on one rank.
+TEST(Llama, ChunkedPrefillEqualsTheWholePrompt) {
+  const ModelPreset m = tiny_llama(false);
+  WeightStore ws = WeightStore::random(Decoder::parameters(m), 9);
+  std::vector<int32_t> prompt(61);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 53 + 11) % 250);
+  auto run = [&](MeshShape shape, Layout layout, const Decoder::Options& opts) {
+    Decoder::Output out;
+    ThreadWorld::run(shape.world(), [&](Communicator& world) {
+      MeshComms mc(world, shape);
+      ParallelConfig config;
+      config.mesh = shape;
+      config.strategy = strategy_for_degrees(shape.ulysses, shape.ring, Strategy::kRing);
+      config.layout = layout;
+      ParallelContext ctx = model_context(mc, config);
+      Decoder dec(m, ws, ctx);
+      Decoder::Output o = dec.generate(prompt, opts, ctx);
+      if (world.rank() == 0) out = std::move(o);
+    });
+    return out;
+  };
+  Decoder::Options whole;
+  whole.max_new_tokens = 4;
+  const Decoder::Output one = run({1, 1, 1, 1}, Layout::kContiguous, whole);
+  ASSERT_EQ(one.chunks.size(), 1u);
+  struct Case {
+    MeshShape shape;
+    Layout layout;
+    int64_t chunk;
+    std::optional<Strategy> pinned;
+  };
+  for (const Case& c : {Case{{1, 1, 2, 1}, Layout::kContiguous, 20, Strategy::kPassKv},
+                        Case{{1, 1, 3, 1}, Layout::kZigzag, 7, Strategy::kPassQ},
+                        Case{{1, 2, 2, 1}, Layout::kZigzag, 1, Strategy::kPassQ},
+                        Case{{1, 1, 2, 2}, Layout::kStriped, 16, Strategy::kPassKv},
+                        Case{{1, 1, 4, 1}, Layout::kContiguous, 25, std::nullopt},
+                        Case{{1, 1, 1, 1}, Layout::kContiguous, 30, Strategy::kPassKv}}) {
+    Decoder::Options opts = whole;
+    opts.prefill_chunk = c.chunk;
+    opts.chunk_strategy = c.pinned;
+    opts.attention_flops = 1e12;  // the rule: T >= N·C·Hkv·e/(2·H·BW) = N·2e12/(2·4·1e9)
+    opts.network_bytes_per_s = 1e9;
+    const Decoder::Output got = run(c.shape, c.layout, opts);
+    const std::string what = mesh_shape_text(c.shape) + " chunk " + std::to_string(c.chunk);
+    EXPECT_EQ(got.tokens, one.tokens) << what;
+    for (size_t i = 0; i < got.logits.size(); ++i)
+      EXPECT_LE(max_abs_diff(got.logits[i], one.logits[i]), 1e-4) << what << " token " << i;
+    const int64_t first = std::max<int64_t>(c.chunk, c.shape.sp());
+    const int64_t chunks = 1 + (61 - first + c.chunk - 1) / c.chunk;
+    ASSERT_EQ(static_cast<int64_t>(got.chunks.size()), chunks) << what;
+    for (size_t i = 1; i < got.chunks.size(); ++i) {
+      const Decoder::Chunk& k = got.chunks[i];
+      EXPECT_EQ(k.cached, k.begin) << what;
+      EXPECT_EQ(k.begin, got.chunks[i - 1].end) << what;
+      if (c.pinned) {
+        EXPECT_EQ(k.strategy, *c.pinned) << what;
+      } else {  // by the rule on these rates: a 4-rank threshold of 1000 tokens, miss rate
+        const PassChoice want = choose_pass(k.end - k.begin, k.cached, 4, m.heads, m.kv_heads,
+                                            4, 1e12, 1e9);
+        EXPECT_EQ(k.strategy, want.kind) << what;
+        EXPECT_EQ(k.reason, want.reason) << what;
+      }
+    }
+    EXPECT_EQ(got.chunks.back().end, 61) << what;
+  }
+}
+
 }  // namespace
 }  // namespace seqpar

@@ -11,6 +11,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "seqpar/model/context.h"
@@ -34,6 +36,22 @@ class Decoder {
     std::vector<int64_t> stop_tokens;  // generation ends after one of these
     // Called after each new token (rank-local; for progress reports): tokens so far, seconds.
     std::function<void(int64_t tokens, double prefill_s, double decode_s)> on_token;
+    // Chunked prefill: the first prefill_chunk tokens of the prompt (at least one per
+    // sequence-parallel rank) prefill context parallel,
+    // each next chunk of at most prefill_chunk tokens attends the cache the earlier ones left
+    // (its tokens split over the ranks as decode_placement splits new tokens), by pass-KV or
+    // pass-Q as choose_pass says for a rank's attention rate and network bandwidth below, or
+    // as chunk_strategy pins it. 0: the whole prompt at once.
+    int64_t prefill_chunk = 0;
+    std::optional<Strategy> chunk_strategy;
+    double attention_flops = 0, network_bytes_per_s = 0;  // > 0 when prefill_chunk > 0, unpinned
+  };
+  // One chunk of a chunked prefill: prompt tokens [begin, end) over `cached` cached tokens.
+  struct Chunk {
+    int64_t begin = 0, end = 0, cached = 0;
+    Strategy strategy = Strategy::kRing;  // the first chunk: the context's; then passkv / passq
+    std::string reason;                   // why (choose_pass), or "pinned"
+    double seconds = 0;                   // this rank's wall time
   };
   struct Output {
     std::vector<int32_t> tokens;  // the greedy tokens: one from prefill, then one per decode step
@@ -41,6 +59,7 @@ class Decoder {
     double prefill_seconds = 0;   // this rank's wall time
     double decode_seconds = 0;
     bool stopped = false;  // ended at a stop token
+    std::vector<Chunk> chunks;  // the prefill's chunks (one without prefill_chunk)
   };
   // Prefill `prompt` (B = 1) context parallel, then greedy steps with pass-Q.
   Output generate(const std::vector<int32_t>& prompt, const Options& opts, ParallelContext& ctx);
