@@ -52,15 +52,19 @@ int parse_command_line(CLI::App& app, int argc, const char* const* argv) {
 
 std::string flag_words(std::string_view m) {
   static constexpr std::pair<std::string_view, std::string_view> kSnake[] = {
-      {"head_dim", "--head-dim"},       {"kv_heads", "--kv-heads"},
-      {"ulysses_degree", "--ulysses-degree"}, {"ring_degree", "--ring-degree"},
-      {"ulysses_mode", "--ulysses-mode"}, {"text_tokens", "--text-tokens"},
-      {"memory_limit", "--memory-limit"}, {"ranks_per_node", "--ranks-per-node"}};
-  static constexpr std::string_view kWords[] = {"strategy", "layout", "dtype", "softmax",
-                                                "hardware", "seq",    "ranks", "heads",
-                                                "batch",    "cfg",    "tp",    "cached",
-                                                "new",      "pad",    "model", "frames",
-                                                "height",   "width"};
+      {"head_dim", "--head-dim"},
+      {"kv_heads", "--kv-heads"},
+      {"ulysses_degree", "--ulysses-degree"},
+      {"ring_degree", "--ring-degree"},
+      {"ulysses_mode", "--ulysses-mode"},
+      {"text_tokens", "--text-tokens"},
+      {"memory_limit", "--memory-limit"},
+      {"ranks_per_node", "--ranks-per-node"},
+      {"strategy", "--strategy"},
+      {"causal", "--causal"}};
+  static constexpr std::string_view kWords[] = {
+      "layout", "dtype",  "softmax", "hardware", "seq",   "ranks",  "heads",  "batch", "cfg",
+      "tp",     "cached", "new",     "pad",      "model", "frames", "height", "width"};
   auto word_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
   std::string out;
   size_t i = 0;
