@@ -332,6 +332,8 @@ Verification verify_call(Communicator& comm, const AttnJob& job, uint64_t seed,
       }
     errs[2] = static_cast<double>(ns);
     if (T > 0) {  // the replicated text outputs, checked on rank 0
+      SEQPAR_CHECK(call.text.out.numel() == B * T * row && call.text.lse.numel() == B * T * H,
+                   "verify_call: the call holds no text outputs (B, ", T, ", H, D)");
       const std::vector<int64_t> tq_pos = iota(s.seq, T);
       Tensor tq = synthetic_rows(seed, SyntheticTensor::kTextQ, B, iota(0, T), H, D, s.dtype);
       params.mask.q_pos = tq_pos;

@@ -181,6 +181,10 @@ inline void accumulate_errors(const AttnState& got, const CaseData& data,
                               std::span<const int64_t> pos, int64_t pos_base, RankErrors& e) {
   const int64_t B = data.ref.out.dim(0), R = data.ref.out.dim(1), H = data.ref.out.dim(2),
                 D = data.ref.out.dim(3), n = static_cast<int64_t>(pos.size());
+  if (got.out.numel() != B * n * H * D || got.lse.numel() != B * n * H) {  // missing or misshapen
+    e.out = e.lse = INFINITY;
+    return;
+  }
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < n; ++i) {
       const int64_t j = pos[i] - pos_base;
