@@ -208,16 +208,9 @@ inline int usp_degree(const CheckCase& c, int ranks) {
 
 // The case's shape as the runner takes it.
 inline AttnShape case_shape(const CheckCase& c) {
-  AttnShape s;
-  s.batch = c.batch;
-  s.seq = c.seq;
-  s.heads = c.heads;
-  s.kv_heads = c.kv_heads;
-  s.head_dim = c.head_dim;
-  s.causal = c.causal;
-  s.dtype = c.dtype;
+  AttnShape s{c.batch, c.seq, c.heads, c.kv_heads, c.head_dim, c.causal, 0, 0, 0, c.dtype};
   if (c.op == Op::kJoint) s.text_tokens = c.extra;
-  if (c.op == Op::kPassQ || c.op == Op::kPassKv) {
+  if (c.op == Op::kPassQ || c.op == Op::kPassKv) {  // c.seq cached tokens, c.extra new ones
     s.cached = c.seq;
     s.fresh = c.extra;
     s.seq = c.seq + c.extra;

@@ -79,15 +79,7 @@ inline AttnJob job_for(Strategy strategy, const AttnShape& shape, const Partitio
 }
 
 inline AttnShape shape_of(const Problem& p) {
-  AttnShape s;
-  s.batch = p.batch;
-  s.seq = p.seq;
-  s.heads = p.heads;
-  s.kv_heads = p.kv_heads;
-  s.head_dim = p.head_dim;
-  s.causal = p.causal;
-  s.dtype = p.dtype;
-  return s;
+  return {p.batch, p.seq, p.heads, p.kv_heads, p.head_dim, p.causal, 0, 0, 0, p.dtype};
 }
 
 // Runs `strategy` on `ranks` threads over the problem's global inputs.
