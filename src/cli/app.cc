@@ -57,18 +57,22 @@ std::string flag_words(std::string_view m) {
     return std::string(kFlag) + std::string(m.substr(kFile.size()));
   if (m.substr(0, kFlag.size()) == kFlag) return std::string(m);
   static constexpr std::pair<std::string_view, std::string_view> kSnake[] = {
-      {"head_dim", "--head-dim"},       {"kv_heads", "--kv-heads"},
-      {"ulysses_degree", "--ulysses-degree"}, {"ring_degree", "--ring-degree"},
-      {"ulysses_mode", "--ulysses-mode"}, {"text_tokens", "--text-tokens"},
-      {"memory_limit", "--memory-limit"}, {"ranks_per_node", "--ranks-per-node"},
+      {"head_dim", "--head-dim"},
+      {"kv_heads", "--kv-heads"},
+      {"ulysses_degree", "--ulysses-degree"},
+      {"ring_degree", "--ring-degree"},
+      {"ulysses_mode", "--ulysses-mode"},
+      {"text_tokens", "--text-tokens"},
+      {"memory_limit", "--memory-limit"},
+      {"ranks_per_node", "--ranks-per-node"},
+      {"strategy", "--strategy"},
+      {"causal", "--causal"},
       {"sequence_parallel_size", "--sequence-parallel-size"},
       {"tensor_parallel_size", "--tensor-parallel-size"},
       {"cfg_parallel_size", "--cfg-parallel-size"}};
-  static constexpr std::string_view kWords[] = {"strategy", "layout", "dtype", "softmax",
-                                                "hardware", "seq",    "ranks", "heads",
-                                                "batch",    "cfg",    "tp",    "cached",
-                                                "new",      "pad",    "model", "frames",
-                                                "height",   "width"};
+  static constexpr std::string_view kWords[] = {
+      "layout", "dtype",  "softmax", "hardware", "seq",   "ranks",  "heads",  "batch", "cfg",
+      "tp",     "cached", "new",     "pad",      "model", "frames", "height", "width"};
   auto word_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
   std::string out;
   size_t i = 0;

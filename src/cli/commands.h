@@ -57,9 +57,10 @@ inline void print_json_error(const std::string& message, int exit_code) {
 
 // The library names a parameter as its API does ("head_dim 0 is invalid", "strategy 'x' is
 // unknown", "ulysses_degree 3 does not divide ..."); the command line reports it as the flag that
-// sets it ("--head-dim 0 is invalid"). Mapped: the snake_case names anywhere, and the one-word
-// names (seq, heads, strategy, ...) where they name a value: at the start of the message, before
-// a number or a quoted value, or alone in parentheses.
+// sets it ("--head-dim 0 is invalid"). Mapped: the snake_case names, strategy and causal
+// anywhere ("use strategy usp", "drop causal"), and the other one-word names (seq, heads, ...)
+// where they name a value: at the start of the message, before a number or a quoted value, or
+// alone in parentheses.
 std::string flag_words(std::string_view message);
 
 // Runs a command's body; with json, an escaping error is printed as the JSON error object (exit

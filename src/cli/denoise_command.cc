@@ -7,7 +7,6 @@
 //        diffusers' FlowMatchEulerDiscreteScheduler with --shift (experts switched at the
 //        boundary as WanPipeline does).
 #include <omp.h>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <cmath>
@@ -22,6 +21,7 @@
 #include "cli/trace_file.h"
 #include "seqpar/comm/mpi.h"
 #include "seqpar/comm/threads.h"
+#include "seqpar/core/process_memory.h"
 #include "seqpar/core/timer.h"
 #include "seqpar/core/trace.h"
 #include "seqpar/model/dit.h"
@@ -138,12 +138,6 @@ struct RankResult {
   double load_seconds = 0;
 };
 
-int64_t peak_rss_bytes() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<int64_t>(u.ru_maxrss) * 1024;
-}
-
 RankResult run_rank(Communicator& world, const Plan& p, const Inputs& in, const DenoiseOptions& o,
                     bool report) {
   MeshComms mc(world, p.mesh.mesh);
@@ -200,7 +194,7 @@ RankResult run_rank(Communicator& world, const Plan& p, const Inputs& in, const 
     res.output = std::move(x);
   }
   res.comm = mc.stats();
-  const int64_t rss = peak_rss_bytes();
+  const int64_t rss = peak_resident_bytes();
   res.peak_rss.resize(world.size());
   world.all_gather(&rss, sizeof(rss), res.peak_rss.data());
   return res;

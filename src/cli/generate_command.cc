@@ -16,6 +16,7 @@
 #include "cli/commands.h"
 #include "cli/mesh_run.h"
 #include "seqpar/core/json_limits.h"
+#include "seqpar/core/process_memory.h"
 #include "seqpar/core/timer.h"
 #include "seqpar/model/decoder.h"
 #include "seqpar/model/llama.h"
@@ -202,19 +203,6 @@ Prepared prepare(const GenerateOptions& o, int world) {
   return p;
 }
 
-// Resident set of this process from /proc/self/status ("VmRSS" or "VmHWM"), bytes; 0 if unknown.
-int64_t proc_status_bytes(const char* key) {
-  std::FILE* f = std::fopen("/proc/self/status", "r");
-  if (f == nullptr) return 0;
-  char line[256];
-  long long kb = 0;
-  const size_t n = std::strlen(key);
-  while (std::fgets(line, sizeof line, f))
-    if (std::strncmp(line, key, n) == 0 && line[n] == ':') kb = std::atoll(line + n + 1);
-  std::fclose(f);
-  return kb * 1024;
-}
-
 // What the run produced (rank 0), and per-rank measures.
 struct Generated {
   Decoder::Output out;
@@ -254,7 +242,7 @@ Generated run_rank(Communicator& world, const GenerateOptions& o, const Prepared
   g.prefill_seconds = world.all_reduce_max(g.out.prefill_seconds);
   g.decode_seconds = world.all_reduce_max(g.out.decode_seconds);
   g.bytes_sent = mc.stats().total_sent();
-  const int64_t mine[3] = {weight_bytes, proc_status_bytes("VmRSS"), proc_status_bytes("VmHWM")};
+  const int64_t mine[3] = {weight_bytes, resident_bytes(), peak_resident_bytes()};
   std::vector<int64_t> all(3 * world.size());
   world.all_gather(mine, sizeof(mine), all.data());
   for (int r = 0; r < world.size(); ++r) {

@@ -9,11 +9,9 @@
 
 namespace seqpar::cli {
 
-// Stops recording (every rank is past its last recorded work: this follows a collective) and
-// writes the events of every rank to `out` (opened before the work, held by rank 0) from rank 0;
-// a failed write is kept in *error (when given) so the command's report still prints. Threads:
-// the ranks share the process's recorder. MPI: each process serializes its events relative to
-// the earliest event of any rank and rank 0 gathers them.
+// Stops recording and writes the events of every rank (gather_trace, parallel/runner.h) to `out`
+// (opened before the work, held by rank 0; null on the others); a failed write is kept in *error
+// (when given) so the command's report still prints.
 void write_trace(Communicator& comm, OutputFile* out, std::string* error);
 
 }  // namespace seqpar::cli

@@ -213,7 +213,7 @@ void validate_config(const ParallelConfig& c, const AttnShape& s) {
                    "needs a ring: valid with strategy 'ring' or 'usp' (its ring part), not '",
                    strategy_name(st), "'");
   SEQPAR_ARG_CHECK(s.text_tokens == 0 || !s.causal, "text_tokens (joint attention) are ",
-                   "bidirectional; not causal");
+                   "bidirectional; drop causal");
   if (s.over_cache()) {
     SEQPAR_ARG_CHECK(runs_over_cache(st) || st == Strategy::kLocal, "strategy ",
                      strategy_name(st), " does not run over a K/V cache (cached, new); valid: ",
@@ -227,7 +227,7 @@ void validate_config(const ParallelConfig& c, const AttnShape& s) {
     return;
   }
   SEQPAR_ARG_CHECK(!runs_over_cache(st), "strategy ", strategy_name(st), " runs over a K/V ",
-                   "cache: give cached and new token counts");
+                   "cache: cached ", s.cached, " and new ", s.fresh, " must both be at least 1");
   check_range("seq", s.seq, 1, limits::kMaxTokens);
   const int64_t n = sharded_seq(c, s);
   SEQPAR_ARG_CHECK(sp <= s.seq, sp, " sequence-parallel ranks exceed seq ", s.seq,

@@ -21,6 +21,7 @@
 #include "parallel/cp_test_util.h"
 #include "seqpar/attention/error_bound.h"
 #include "seqpar/parallel/decode.h"
+#include "seqpar/parallel/runner.h"
 
 namespace seqpar::testing {
 
@@ -180,6 +181,10 @@ inline void accumulate_errors(const AttnState& got, const CaseData& data,
                               std::span<const int64_t> pos, int64_t pos_base, RankErrors& e) {
   const int64_t B = data.ref.out.dim(0), R = data.ref.out.dim(1), H = data.ref.out.dim(2),
                 D = data.ref.out.dim(3), n = static_cast<int64_t>(pos.size());
+  if (got.out.numel() != B * n * H * D || got.lse.numel() != B * n * H) {  // missing or misshapen
+    e.out = e.lse = INFINITY;
+    return;
+  }
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < n; ++i) {
       const int64_t j = pos[i] - pos_base;
@@ -201,21 +206,36 @@ inline int usp_degree(const CheckCase& c, int ranks) {
   return c.strategy == Strategy::kUsp ? (ranks % 2 == 0 ? 2 : 1) : 0;
 }
 
-// Runs the case on this rank and returns the max errors of the rows it holds.
+// The case's shape as the runner takes it.
+inline AttnShape case_shape(const CheckCase& c) {
+  AttnShape s{c.batch, c.seq, c.heads, c.kv_heads, c.head_dim, c.causal, 0, 0, 0, c.dtype};
+  if (c.op == Op::kJoint) s.text_tokens = c.extra;
+  if (c.op == Op::kPassQ || c.op == Op::kPassKv) {  // c.seq cached tokens, c.extra new ones
+    s.cached = c.seq;
+    s.fresh = c.extra;
+    s.seq = c.seq + c.extra;
+  }
+  return s;
+}
+
+// Runs the case on this rank through the runner (run_attention_call) and returns the max errors
+// of the rows it holds.
 inline RankErrors check_on_rank(Communicator& comm, const CheckCase& c, const CaseData& data) {
   const int n = comm.size(), r = comm.rank();
   CpOptions opts;
   opts.causal = c.causal;
   opts.softmax = c.softmax;
   RankErrors e;
+  RankInputs in;
   switch (c.op) {
     case Op::kSequence: {
-      Partition part(c.seq, n, c.layout);
-      SpComms comms(comm, usp_degree(c, n));
-      AttnState s =
-          context_parallel_attention(c.strategy, comms, part, shard(data.q, part, r),
-                                     shard(data.k, part, r), shard(data.v, part, r), opts);
-      accumulate_errors(s, data, part.positions(r), 0, e);
+      const Partition part(c.seq, n, c.layout);
+      const AttnJob job = job_for(c.strategy, case_shape(c), part, opts, usp_degree(c, n));
+      in.q = shard(data.q, part, r);
+      in.k = shard(data.k, part, r);
+      in.v = shard(data.v, part, r);
+      JobComms comms(comm, job);
+      accumulate_errors(run_attention_call(comms, job, in).state, data, part.positions(r), 0, e);
       break;
     }
     case Op::kPadded: {
@@ -230,12 +250,14 @@ inline RankErrors check_on_rank(Communicator& comm, const CheckCase& c, const Ca
                       static_cast<const char*>(x.raw()) + b * x.dim(1) * row, x.dim(1) * row);
         return y;
       };
-      Partition part(padded, n, c.layout);
+      const Partition part(padded, n, c.layout);
       opts.valid_len = c.seq;
-      SpComms comms(comm, usp_degree(c, n));
-      AttnState s = context_parallel_attention(c.strategy, comms, part, shard(pad(data.q), part, r),
-                                               shard(pad(data.k), part, r),
-                                               shard(pad(data.v), part, r), opts);
+      const AttnJob job = job_for(c.strategy, case_shape(c), part, opts, usp_degree(c, n));
+      in.q = shard(pad(data.q), part, r);
+      in.k = shard(pad(data.k), part, r);
+      in.v = shard(pad(data.v), part, r);
+      JobComms comms(comm, job);
+      const AttnState s = run_attention_call(comms, job, in).state;
       // Keep the real rows only.
       std::vector<int64_t> keep, real_pos;
       const auto pos = part.positions(r);
@@ -253,27 +275,35 @@ inline RankErrors check_on_rank(Communicator& comm, const CheckCase& c, const Ca
       break;
     }
     case Op::kJoint: {
-      Partition part(c.seq, n, c.layout);
+      const Partition part(c.seq, n, c.layout);
       const std::vector<int64_t> text_pos = iota_positions(c.seq, c.extra);
-      Tensor image_q = rows_at(data.q, part.positions(r)),
-             image_k = rows_at(data.k, part.positions(r)),
-             image_v = rows_at(data.v, part.positions(r));
-      SpComms comms(comm, usp_degree(c, n));
-      JointState js = joint_attention(c.strategy, comms, part, image_q, image_k, image_v,
-                                      rows_at(data.q, text_pos), rows_at(data.k, text_pos),
-                                      rows_at(data.v, text_pos), opts);
-      accumulate_errors(js.image, data, part.positions(r), 0, e);
-      accumulate_errors(js.text, data, text_pos, 0, e);
+      const AttnJob job = job_for(c.strategy, case_shape(c), part, opts, usp_degree(c, n));
+      in.q = rows_at(data.q, part.positions(r));
+      in.k = rows_at(data.k, part.positions(r));
+      in.v = rows_at(data.v, part.positions(r));
+      in.text_q = rows_at(data.q, text_pos);
+      in.text_k = rows_at(data.k, text_pos);
+      in.text_v = rows_at(data.v, text_pos);
+      JobComms comms(comm, job);
+      const RankCall call = run_attention_call(comms, job, in);
+      accumulate_errors(call.state, data, part.positions(r), 0, e);
+      accumulate_errors(call.text, data, text_pos, 0, e);
       break;
     }
     case Op::kPassQ:
     case Op::kPassKv: {
-      KvPlacement place = decode_placement(c.seq, c.extra, n, c.layout);
-      Tensor q = rows_at(data.q, place.q_pos[r]);
-      Tensor k = rows_at(data.k, place.kv_pos[r]), v = rows_at(data.v, place.kv_pos[r]);
-      AttnState s = c.op == Op::kPassQ ? passq_attention(comm, place, q, k, v, opts)
-                                       : passkv_attention(comm, place, q, k, v, opts);
-      accumulate_errors(s, data, place.q_pos[r], c.seq, e);
+      AttnJob job;
+      job.config.strategy = c.op == Op::kPassQ ? Strategy::kPassQ : Strategy::kPassKv;
+      job.shape = case_shape(c);
+      job.padded_seq = job.shape.seq;
+      job.place = decode_placement(c.seq, c.extra, n, c.layout);
+      job.cp = opts;
+      in.q = rows_at(data.q, job.place.q_pos[r]);
+      in.k = rows_at(data.k, job.place.kv_pos[r]);
+      in.v = rows_at(data.v, job.place.kv_pos[r]);
+      JobComms comms(comm, job);
+      accumulate_errors(run_attention_call(comms, job, in).state, data, job.place.q_pos[r], c.seq,
+                        e);
       break;
     }
   }

@@ -1,5 +1,6 @@
-// Shared helpers of the context-parallel tests: seeded global inputs, a cached oracle, and a
-// runner that shards, runs a strategy on every rank and gathers the result.
+// Shared helpers of the context-parallel tests: seeded global inputs, a cached oracle, and
+// run_cp, which shards the inputs, runs a strategy on every rank through the library's runner
+// (parallel/runner.h: run_attention_call) and gathers the result.
 #pragma once
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include "seqpar/attention/error_bound.h"
 #include "seqpar/comm/threads.h"
 #include "seqpar/parallel/partition.h"
+#include "seqpar/parallel/runner.h"
 #include "seqpar/parallel/strategies.h"
 
 namespace seqpar::testing {
@@ -62,12 +64,31 @@ struct CpRun {
   std::vector<CpStats> cp;           // per rank
 };
 
+// The runner's job for `strategy` over the tests' own partition and options (not resolve_job:
+// the tests choose partitions, padding and kernel options it would not).
+inline AttnJob job_for(Strategy strategy, const AttnShape& shape, const Partition& part,
+                       const CpOptions& opts, int ulysses_degree) {
+  AttnJob job;
+  job.config.strategy = strategy;
+  job.config.mesh.ulysses = ulysses_degree;  // 0: no split (all ranks one Ulysses group)
+  job.shape = shape;
+  job.padded_seq = part.seq();
+  job.part = part;
+  job.cp = opts;
+  return job;
+}
+
+inline AttnShape shape_of(const Problem& p) {
+  return {p.batch, p.seq, p.heads, p.kv_heads, p.head_dim, p.causal, 0, 0, 0, p.dtype};
+}
+
 // Runs `strategy` on `ranks` threads over the problem's global inputs.
 // ulysses_degree is used by usp (0: all ranks in one Ulysses group).
 inline CpRun run_cp(const Problem& p, Strategy strategy, const Partition& part,
                     CpOptions opts = {}, int ulysses_degree = 0) {
   const Inputs& in = inputs_for(p);
   opts.causal = p.causal;
+  const AttnJob job = job_for(strategy, shape_of(p), part, opts, ulysses_degree);
   const int ranks = part.ranks();
   std::vector<Tensor> outs(ranks), lses(ranks);
   CpRun result;
@@ -75,13 +96,17 @@ inline CpRun run_cp(const Problem& p, Strategy strategy, const Partition& part,
   result.cp.resize(ranks);
   ThreadWorld::run(ranks, [&](Communicator& comm) {
     const int r = comm.rank();
-    Tensor q = shard(in.q, part, r), k = shard(in.k, part, r), v = shard(in.v, part, r);
-    SpComms comms(comm, ulysses_degree);
-    AttnState s = context_parallel_attention(strategy, comms, part, q, k, v, opts, &result.cp[r]);
-    result.comm[r] = comms.stats();
-    outs[r] = std::move(s.out);
+    RankInputs ri;
+    ri.q = shard(in.q, part, r);
+    ri.k = shard(in.k, part, r);
+    ri.v = shard(in.v, part, r);
+    JobComms comms(comm, job);
+    RankCall call = run_attention_call(comms, job, ri);
+    result.comm[r] = call.comm;
+    result.cp[r] = call.cp;
+    outs[r] = std::move(call.state.out);
     // lse (B, n, H) is sharded like a (B, n, H, 1) tensor.
-    lses[r] = std::move(s.lse);
+    lses[r] = std::move(call.state.lse);
     lses[r].resize({p.batch, part.count(r), p.heads, 1});
   });
   result.state.out = unshard(outs, part);

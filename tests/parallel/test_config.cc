@@ -141,7 +141,7 @@ TEST(Validate, EachRuleNamesWhatWasWrong) {
       {"ring_degree 4 needs strategy usp", [](Base& b) { b.c.strategy = Strategy::kUlysses; }},
       {"softmax 'const-max' needs a ring",
        [](Base& b) { b.c.strategy = Strategy::kAllGather, b.c.softmax = SoftmaxMode::kConstMax; }},
-      {"bidirectional; not causal", [](Base& b) { b.s.text_tokens = 3, b.s.causal = true; }},
+      {"bidirectional; drop causal", [](Base& b) { b.s.text_tokens = 3, b.s.causal = true; }},
       {"runs over a K/V cache", [](Base& b) { b.c.strategy = Strategy::kPassQ; }},
       {"does not run over a K/V cache", [](Base& b) { b.s.cached = 10, b.s.fresh = 1; }},
       {"cached 3 is too small",

@@ -1,13 +1,13 @@
-#include "cli/synthetic.h"
+#include "seqpar/parallel/synthetic.h"
 
 #include <vector>
 
 #include "seqpar/core/dtype.h"
 
-namespace seqpar::cli {
+namespace seqpar {
 
 namespace {
-inline uint64_t splitmix64(uint64_t& state) {
+uint64_t splitmix64(uint64_t& state) {
   uint64_t z = (state += 0x9e3779b97f4a7c15ull);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
@@ -15,8 +15,9 @@ inline uint64_t splitmix64(uint64_t& state) {
 }
 }  // namespace
 
-Tensor synthetic_rows(uint64_t seed, Which which, int64_t batch, std::span<const int64_t> positions,
-                      int64_t heads, int64_t head_dim, DType dtype) {
+Tensor synthetic_rows(uint64_t seed, SyntheticTensor which, int64_t batch,
+                      std::span<const int64_t> positions, int64_t heads, int64_t head_dim,
+                      DType dtype) {
   const int64_t n = static_cast<int64_t>(positions.size());
   const int64_t row = heads * head_dim;
   // Generated row by row in fp32 and stored in dtype directly (no full-size fp32 copy: a long
@@ -45,4 +46,4 @@ Tensor synthetic_rows(uint64_t seed, Which which, int64_t batch, std::span<const
   return t;
 }
 
-}  // namespace seqpar::cli
+}  // namespace seqpar
