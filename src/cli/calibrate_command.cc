@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "cli/commands.h"
+#include "commands.h"
 #include "seqpar/attention/attention.h"
 #include "seqpar/comm/threads.h"
 #include "seqpar/core/error.h"

@@ -19,9 +19,9 @@
 #include <thread>
 #include <vector>
 
-#include "cli/commands.h"
-#include "cli/trace_file.h"
-#include "cli/synthetic.h"
+#include "commands.h"
+#include "trace_file.h"
+#include "synthetic.h"
 #include "seqpar/attention/attention.h"
 #include "seqpar/attention/error_bound.h"
 #include "seqpar/comm/mpi.h"

@@ -1,4 +1,4 @@
-#include "cli/synthetic.h"
+#include "synthetic.h"
 
 #include <vector>
 

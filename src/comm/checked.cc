@@ -3,7 +3,7 @@
 
 #include <thread>
 
-#include "comm/op_rules.h"
+#include "op_rules.h"
 
 namespace seqpar {
 

@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <exception>
 
-#include "comm/op_rules.h"
+#include "op_rules.h"
 #include "seqpar/core/limits.h"
 
 namespace seqpar {

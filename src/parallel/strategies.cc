@@ -2,7 +2,7 @@
 
 #include <numeric>
 
-#include "parallel/strategy_common.h"
+#include "strategy_common.h"
 
 namespace seqpar {
 

@@ -15,10 +15,10 @@
 #include <thread>
 #include <type_traits>
 
-#include "comm/mpi/mpi_internal.h"
-#include "comm/op_rules.h"
-#include "comm/trace_op.h"
+#include "mpi/mpi_internal.h"
+#include "op_rules.h"
 #include "seqpar/comm/mpi.h"
+#include "trace_op.h"
 
 namespace seqpar {
 

@@ -7,12 +7,12 @@
 #include <exception>
 #include <thread>
 
-#include "comm/op_rules.h"
-#include "comm/threads/thread_world_state.h"
-#include "comm/trace_op.h"
+#include "op_rules.h"
 #include "seqpar/comm/threads.h"
 #include "seqpar/core/limits.h"
 #include "seqpar/core/trace.h"
+#include "threads/thread_world_state.h"
+#include "trace_op.h"
 
 namespace seqpar {
 
