@@ -52,8 +52,8 @@ const SpPlan& Decoder::sp_plan() {
 }
 
 namespace {
-// Vocabulary rows [v0, v1) of tp rank r of n (any vocabulary size).
-std::array<int64_t, 2> vocab_share(int64_t vocab, int r, int n) {
+// Vocabulary rows of tp rank r of n (any vocabulary size).
+IndexRange vocab_share(int64_t vocab, int r, int n) {
   return {vocab * r / n, vocab * (r + 1) / n};
 }
 }  // namespace

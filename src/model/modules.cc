@@ -9,7 +9,7 @@
 
 namespace seqpar {
 
-std::array<int64_t, 2> tp_share(int64_t count, int rank, int n) {
+IndexRange tp_share(int64_t count, int rank, int n) {
   SEQPAR_CHECK(count % n == 0, count, " is not divisible by the tensor-parallel size ", n);
   return {count / n * rank, count / n * (rank + 1)};
 }
