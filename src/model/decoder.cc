@@ -86,8 +86,8 @@ Decoder::Decoder(const ModelPreset& m, const WeightStore& ws, const ParallelCont
                                      m.attention_bias, false,
                                      {"q_proj", "k_proj", "v_proj", "o_proj"}, m.head_dim);
     layer.attn.rope_pairs = RopePairs::kHalves;  // Hugging Face's q_proj/k_proj row layout
-    layer.mlp = FeedForward::load(ws, l + "mlp", m.hidden, m.ffn_dim, FeedForward::Kind::kSwiGlu,
-                                  ctx, m.mlp_bias);
+    layer.mlp =
+        FeedForward::load(ws, l + "mlp", m.ffn_dim, FeedForward::Kind::kSwiGlu, ctx, m.mlp_bias);
     layers_.push_back(std::move(layer));
   }
 }

@@ -128,9 +128,8 @@ struct FeedForward {
   enum class Kind { kGeluTanh, kSwiGlu } kind = Kind::kGeluTanh;
   ColumnLinear up, gate;
   RowLinear down;
-  static FeedForward load(const WeightStore& ws, const std::string& name, int64_t hidden,
-                          int64_t inner, Kind kind, const ParallelContext& ctx,
-                          bool swiglu_bias = false);
+  static FeedForward load(const WeightStore& ws, const std::string& name, int64_t inner,
+                          Kind kind, const ParallelContext& ctx, bool swiglu_bias = false);
   Tensor forward(const Tensor& x, Communicator& tp) const;
 };
 
