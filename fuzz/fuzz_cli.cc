@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/app.h"
+#include "app.h"
 
 namespace {
 constexpr size_t kMaxArgs = 64;

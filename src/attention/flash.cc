@@ -42,10 +42,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "attention/simd.h"
 #include "seqpar/attention/attention.h"
 #include "seqpar/core/error.h"
 #include "seqpar/core/trace.h"
+#include "simd.h"
 
 namespace seqpar {
 

@@ -1,7 +1,7 @@
 // Per-ISA instantiations of the kernel's vector routines (simd_body.inc) and run-time dispatch.
 // Each variant lives in its own namespace; the AVX ones are compiled under `#pragma GCC target`
 // so the library itself needs no -m flags and runs on any x86-64 (or other) CPU.
-#include "attention/simd.h"
+#include "simd.h"
 
 #include <algorithm>
 #include <atomic>
@@ -54,7 +54,7 @@ inline V vpow2i(V n) {
 inline V vload_bf16(const uint16_t* p) { return ::seqpar::bf16_to_f32(*p); }
 inline V vload_f16(const uint16_t* p) { return ::seqpar::f16_to_f32(*p); }
 inline void vstore_bf16(uint16_t* p, V v) { *p = ::seqpar::f32_to_bf16(v); }
-#include "attention/simd_body.inc"
+#include "simd_body.inc"
 }  // namespace scalar
 
 #if SEQPAR_X86_SIMD
@@ -108,7 +108,7 @@ inline void vstore_bf16(uint16_t* p, V v) {
   const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(u, u), 0x08);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
 }
-#include "attention/simd_body.inc"
+#include "simd_body.inc"
 }  // namespace avx2
 #if defined(__clang__)
 #pragma clang attribute pop
@@ -155,7 +155,7 @@ inline void vstore_bf16(uint16_t* p, V v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
                       _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
 }
-#include "attention/simd_body.inc"
+#include "simd_body.inc"
 }  // namespace avx512
 #if defined(__clang__)
 #pragma clang attribute pop

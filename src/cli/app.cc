@@ -1,4 +1,4 @@
-#include "cli/app.h"
+#include "app.h"
 
 #include <algorithm>
 #include <cctype>

@@ -6,7 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <memory>
 
-#include "cli/commands.h"
+#include "commands.h"
 
 namespace seqpar::cli {
 

@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "cli/commands.h"
+#include "commands.h"
 #include "seqpar/core/error.h"
 #include "seqpar/plan/calibrate.h"
 #include "seqpar/plan/hardware.h"

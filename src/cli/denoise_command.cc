@@ -16,9 +16,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "cli/commands.h"
-#include "cli/mesh_run.h"
-#include "cli/trace_file.h"
+#include "commands.h"
+#include "mesh_run.h"
 #include "seqpar/comm/mpi.h"
 #include "seqpar/comm/threads.h"
 #include "seqpar/core/process_memory.h"
@@ -29,6 +28,7 @@
 #include "seqpar/model/ops.h"
 #include "seqpar/model/safetensors.h"
 #include "seqpar/model/wan.h"
+#include "trace_file.h"
 
 namespace seqpar::cli {
 

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "cli/commands.h"
-#include "cli/mesh_run.h"
+#include "commands.h"
+#include "mesh_run.h"
 #include "seqpar/core/json_limits.h"
 #include "seqpar/core/process_memory.h"
 #include "seqpar/core/timer.h"

@@ -6,7 +6,7 @@
 #include <thread>
 #include <vector>
 
-#include "cli/commands.h"
+#include "commands.h"
 #include "seqpar/attention/attention.h"
 #include "seqpar/comm/mpi.h"
 

@@ -1,7 +1,7 @@
-// seqpar: the command-line program. Subcommands: run, info, mesh, model, plan, calibrate
-// (src/cli/app.h builds them). Argument errors print one line "seqpar: error: ..." to stderr
+// seqpar: the command-line program. Subcommands: run, info, mesh, model, denoise, generate,
+// plan, calibrate (make_app in src/cli/app.cc registers them). Argument errors print one line "seqpar: error: ..." to stderr
 // and exit 2.
-#include "cli/app.h"
+#include "app.h"
 
 int main(int argc, char** argv) {
   seqpar::cli::Options opts;

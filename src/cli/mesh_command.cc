@@ -3,7 +3,7 @@
 #include <cstdio>
 #include <string>
 
-#include "cli/commands.h"
+#include "commands.h"
 #include "seqpar/parallel/mesh.h"
 
 namespace seqpar::cli {

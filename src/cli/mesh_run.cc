@@ -1,4 +1,4 @@
-#include "cli/mesh_run.h"
+#include "mesh_run.h"
 
 #include <omp.h>
 

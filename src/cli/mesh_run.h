@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "cli/commands.h"
+#include "commands.h"
 #include "seqpar/comm/communicator.h"
 #include "seqpar/model/context.h"
 #include "seqpar/model/model_run.h"

@@ -8,8 +8,8 @@
 #include <random>
 #include <string>
 
-#include "cli/commands.h"
-#include "cli/mesh_run.h"
+#include "commands.h"
+#include "mesh_run.h"
 #include "seqpar/core/timer.h"
 #include "seqpar/model/decoder.h"
 #include "seqpar/model/dit.h"

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/commands.h"
+#include "commands.h"
 #include "seqpar/core/error.h"
 #include "seqpar/model/presets.h"
 #include "seqpar/plan/plan_spec.h"

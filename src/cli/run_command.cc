@@ -18,9 +18,9 @@
 #include <thread>
 #include <vector>
 
-#include "cli/commands.h"
-#include "cli/mesh_run.h"
-#include "cli/trace_file.h"
+#include "commands.h"
+#include "mesh_run.h"
+#include "trace_file.h"
 #include "seqpar/comm/threads.h"
 #include "seqpar/core/timer.h"
 #include "seqpar/core/trace.h"

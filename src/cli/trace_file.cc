@@ -1,4 +1,4 @@
-#include "cli/trace_file.h"
+#include "trace_file.h"
 
 #include "seqpar/parallel/runner.h"
 

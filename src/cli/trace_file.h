@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "cli/commands.h"
+#include "commands.h"
 #include "seqpar/comm/communicator.h"
 
 namespace seqpar::cli {

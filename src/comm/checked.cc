@@ -3,7 +3,7 @@
 
 #include <thread>
 
-#include "comm/op_rules.h"
+#include "op_rules.h"
 
 namespace seqpar {
 
@@ -14,7 +14,7 @@ struct CheckedCommunicator::StatsLink : rules::StatsLink {};
 
 // What a rank is about to do, as all ranks must agree on it. 32 bytes.
 struct CheckedCommunicator::Desc {
-  int32_t kind = 0;  // Kind below
+  int32_t kind = 0;  // OpKind
   int32_t aux = 0;   // broadcast: root; all_reduce: elem * 2 + op
   uint64_t a = 0;    // bytes (all_gather, all_to_all, broadcast), n (all_reduce), counts hash
   uint64_t b = 0;    // reserved
@@ -22,23 +22,6 @@ struct CheckedCommunicator::Desc {
 };
 
 namespace {
-
-enum Kind : int32_t {
-  kAllGather,
-  kAllGatherV,
-  kAllToAll,
-  kAllToAllV,
-  kAllReduce,
-  kBroadcast,
-  kBarrier,
-  kSplit
-};
-
-const char* kind_name(int32_t k) {
-  static const char* const names[] = {"all_gather", "all_gatherv", "all_to_all", "all_to_allv",
-                                      "all_reduce", "broadcast",   "barrier",    "split"};
-  return k >= 0 && k <= kSplit ? names[k] : "unknown op";
-}
 
 uint64_t hash_counts(std::span<const size_t> counts) {
   uint64_t h = 1469598103934665603ull;  // FNV-1a over the 8-byte values
@@ -49,12 +32,6 @@ uint64_t hash_counts(std::span<const size_t> counts) {
     }
   }
   return h;
-}
-
-std::string format_counts(const uint64_t* c, size_t n) {
-  std::string s = "[";
-  for (size_t i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(c[i]);
-  return s + "]";
 }
 
 Communicator::Elem elem_of(int32_t aux) { return static_cast<Communicator::Elem>(aux / 2); }
@@ -90,7 +67,7 @@ CheckedCommunicator::CheckedCommunicator(Communicator& inner)
 
 CheckedCommunicator::~CheckedCommunicator() { link_->stats = nullptr; }
 
-bool CheckedCommunicator::begin_op(const char* name) {
+bool CheckedCommunicator::begin_op(std::string_view name) {
   inner_->set_timeout(timeout_);
   const int64_t n = ++ops_seen_;
   bool run = true;
@@ -118,48 +95,12 @@ bool CheckedCommunicator::check(const Desc& mine) {
   const int n = size();
   std::vector<Desc> all(static_cast<size_t>(n));
   inner_->all_gather(&mine, sizeof(Desc), all.data());
-  const Desc& a = all[0];
-  for (int i = 1; i < n; ++i) {
-    if (all[i].kind != a.kind) {
-      throw CommError(concat("collective mismatch: rank 0 calls ", kind_name(a.kind), ", rank ", i,
-                             " calls ", kind_name(all[i].kind)));
-    }
-  }
+  std::vector<rules::CollectiveCall> calls;
+  for (const Desc& d : all)
+    calls.push_back({static_cast<OpKind>(d.kind), d.a, elem_of(d.aux), op_of(d.aux), d.aux});
+  if (std::string m = rules::collective_mismatch(calls); !m.empty()) throw CommError(m);
   bool same_a = true;
-  for (int i = 1; i < n; ++i) {
-    const Desc& b = all[i];
-    switch (a.kind) {
-      case kAllGather:
-        if (b.a != a.a) {
-          throw CommError(concat("all_gather size mismatch: rank 0 sends ", a.a, " bytes, rank ", i,
-                                 " sends ", b.a));
-        }
-        break;
-      case kAllToAll:
-        if (b.a != a.a) {
-          throw CommError(concat("all_to_all size mismatch: rank 0 sends ", a.a,
-                                 " bytes per rank, rank ", i, " sends ", b.a));
-        }
-        break;
-      case kAllReduce:
-        if (b.a != a.a || b.aux != a.aux) {
-          throw CommError(concat(
-              "all_reduce mismatch: rank 0 reduces ", a.a, " ", rules::elem_name(elem_of(a.aux)),
-              " (", rules::reduce_name(op_of(a.aux)), "), rank ", i, " reduces ", b.a, " ",
-              rules::elem_name(elem_of(b.aux)), " (", rules::reduce_name(op_of(b.aux)), ")"));
-        }
-        break;
-      case kBroadcast:
-        if (b.a != a.a || b.aux != a.aux) {
-          throw CommError(concat("broadcast mismatch: rank 0 has ", a.a, " bytes from root ", a.aux,
-                                 ", rank ", i, " has ", b.a, " bytes from root ", b.aux));
-        }
-        break;
-      default:
-        same_a = same_a && b.a == a.a;
-        break;
-    }
-  }
+  for (const Desc& d : all) same_a = same_a && d.a == all[0].a;
   return same_a;
 }
 
@@ -203,9 +144,9 @@ Request CheckedCommunicator::irecv(void* buf, size_t bytes, int src, int tag) {
 }
 
 void CheckedCommunicator::all_gather(const void* send, size_t bytes, void* recv) {
-  if (!begin_op("all_gather")) return;
+  if (!begin_op(op_kind_name(OpKind::kAllGather))) return;
   Desc d;
-  d.kind = kAllGather;
+  d.kind = static_cast<int32_t>(OpKind::kAllGather);
   d.a = bytes;
   check(d);
   forward([&] { inner_->all_gather(send, bytes, recv); });
@@ -213,10 +154,10 @@ void CheckedCommunicator::all_gather(const void* send, size_t bytes, void* recv)
 
 void CheckedCommunicator::all_gatherv(const void* send, void* recv,
                                       std::span<const size_t> counts) {
-  if (!begin_op("all_gatherv")) return;
+  if (!begin_op(op_kind_name(OpKind::kAllGatherV))) return;
   rules::check_counts(counts, size(), "all_gatherv: counts");
   Desc d;
-  d.kind = kAllGatherV;
+  d.kind = static_cast<int32_t>(OpKind::kAllGatherV);
   d.a = hash_counts(counts);
   if (!check(d)) {
     // Counts differ somewhere: every rank gathers all counts to name the first difference.
@@ -226,8 +167,8 @@ void CheckedCommunicator::all_gatherv(const void* send, void* recv,
     for (size_t i = 1; i < n; ++i) {
       if (!std::equal(all.begin(), all.begin() + n, all.begin() + i * n)) {
         throw CommError(concat("all_gatherv counts mismatch: rank 0 has counts ",
-                               format_counts(all.data(), n), ", rank ", i, " has ",
-                               format_counts(all.data() + i * n, n)));
+                               rules::format_counts({all.data(), n}), ", rank ", i, " has ",
+                               rules::format_counts({all.data() + i * n, n})));
       }
     }
     throw CommError("all_gatherv counts mismatch");  // hash collision of equal counts: unreachable
@@ -236,9 +177,9 @@ void CheckedCommunicator::all_gatherv(const void* send, void* recv,
 }
 
 void CheckedCommunicator::all_to_all(const void* send, void* recv, size_t bytes_per_rank) {
-  if (!begin_op("all_to_all")) return;
+  if (!begin_op(op_kind_name(OpKind::kAllToAll))) return;
   Desc d;
-  d.kind = kAllToAll;
+  d.kind = static_cast<int32_t>(OpKind::kAllToAll);
   d.a = bytes_per_rank;
   check(d);
   forward([&] { inner_->all_to_all(send, recv, bytes_per_rank); });
@@ -246,11 +187,11 @@ void CheckedCommunicator::all_to_all(const void* send, void* recv, size_t bytes_
 
 void CheckedCommunicator::all_to_allv(const void* send, std::span<const size_t> send_counts,
                                       void* recv, std::span<const size_t> recv_counts) {
-  if (!begin_op("all_to_allv")) return;
+  if (!begin_op(op_kind_name(OpKind::kAllToAllV))) return;
   rules::check_counts(send_counts, size(), "all_to_allv: send_counts");
   rules::check_counts(recv_counts, size(), "all_to_allv: recv_counts");
   Desc d;
-  d.kind = kAllToAllV;
+  d.kind = static_cast<int32_t>(OpKind::kAllToAllV);
   check(d);
   // Every rank sees the whole (sender, receiver) matrix, so all name the same first mismatch.
   const size_t n = send_counts.size();
@@ -272,9 +213,9 @@ void CheckedCommunicator::all_to_allv(const void* send, std::span<const size_t> 
 }
 
 void CheckedCommunicator::all_reduce(void* buf, size_t n, Elem elem, ReduceOp op) {
-  if (!begin_op("all_reduce")) return;
+  if (!begin_op(op_kind_name(OpKind::kAllReduce))) return;
   Desc d;
-  d.kind = kAllReduce;
+  d.kind = static_cast<int32_t>(OpKind::kAllReduce);
   d.aux = static_cast<int32_t>(elem) * 2 + static_cast<int32_t>(op);
   d.a = n;
   check(d);
@@ -282,9 +223,9 @@ void CheckedCommunicator::all_reduce(void* buf, size_t n, Elem elem, ReduceOp op
 }
 
 void CheckedCommunicator::broadcast(void* buf, size_t bytes, int root) {
-  if (!begin_op("broadcast")) return;
+  if (!begin_op(op_kind_name(OpKind::kBroadcast))) return;
   Desc d;
-  d.kind = kBroadcast;
+  d.kind = static_cast<int32_t>(OpKind::kBroadcast);
   d.aux = root;
   d.a = bytes;
   check(d);
@@ -292,17 +233,17 @@ void CheckedCommunicator::broadcast(void* buf, size_t bytes, int root) {
 }
 
 void CheckedCommunicator::barrier() {
-  if (!begin_op("barrier")) return;
+  if (!begin_op(op_kind_name(OpKind::kBarrier))) return;
   Desc d;
-  d.kind = kBarrier;
+  d.kind = static_cast<int32_t>(OpKind::kBarrier);
   check(d);
   forward([&] { inner_->barrier(); });
 }
 
 std::unique_ptr<Communicator> CheckedCommunicator::split(int color, int key) {
-  if (!begin_op("split")) return nullptr;
+  if (!begin_op(op_kind_name(OpKind::kSplit))) return nullptr;
   Desc d;
-  d.kind = kSplit;
+  d.kind = static_cast<int32_t>(OpKind::kSplit);
   check(d);
   auto sub = inner_->split(color, key);
   if (!sub) return nullptr;

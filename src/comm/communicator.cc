@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <exception>
 
-#include "comm/op_rules.h"
+#include "op_rules.h"
 #include "seqpar/core/limits.h"
 
 namespace seqpar {
@@ -27,6 +27,12 @@ std::string_view op_kind_name(OpKind kind) {
       return "broadcast";
     case OpKind::kBarrier:
       return "barrier";
+    case OpKind::kAllGatherV:
+      return "all_gatherv";
+    case OpKind::kAllToAllV:
+      return "all_to_allv";
+    case OpKind::kSplit:
+      return "split";
     case OpKind::kCount:
       break;
   }
@@ -143,6 +149,64 @@ void check_gather_buffers(const void* send, size_t bytes, const void* recv, size
                    "rank's block of recv (recv + ", offset, ") to gather in place");
 }
 
+void check_isend(const void* buf, size_t bytes, int dst, int tag, int size) {
+  check_peer(dst, size, "isend: dst");
+  check_tag(tag);
+  check_buffer(buf, bytes, "isend: buf");
+}
+
+void check_irecv(const void* buf, size_t bytes, int src, int tag, int size) {
+  check_peer(src, size, "irecv: src");
+  check_tag(tag);
+  check_buffer(buf, bytes, "irecv: buf");
+}
+
+void check_all_gather(const void* send, size_t bytes, const void* recv, int rank, int size) {
+  check_buffer(send, bytes, "all_gather: send");
+  check_buffer(recv, bytes, "all_gather: recv");
+  check_gather_buffers(send, bytes, recv, bytes * static_cast<size_t>(rank),
+                       bytes * static_cast<size_t>(size), "all_gather");
+}
+
+void check_all_gatherv(const void* send, const void* recv, std::span<const size_t> counts,
+                       int rank, int size) {
+  check_counts(counts, size, "all_gatherv: counts");
+  check_buffer(send, counts[rank], "all_gatherv: send");
+  size_t offset = 0, total = 0;
+  for (int i = 0; i < size; ++i) {
+    if (i < rank) offset += counts[i];
+    total += counts[i];
+  }
+  check_gather_buffers(send, counts[rank], recv, offset, total, "all_gatherv");
+}
+
+void check_all_to_all(const void* send, const void* recv, size_t bytes_per_rank, int size) {
+  const size_t total = bytes_per_rank * static_cast<size_t>(size);
+  check_buffer(send, total, "all_to_all: send");
+  check_buffer(recv, total, "all_to_all: recv");
+  SEQPAR_ARG_CHECK(send != recv || total == 0, "all_to_all: send and recv must not alias");
+}
+
+void check_all_to_allv(const void* send, std::span<const size_t> send_counts, const void* recv,
+                       std::span<const size_t> recv_counts, int size) {
+  check_counts(send_counts, size, "all_to_allv: send_counts");
+  check_counts(recv_counts, size, "all_to_allv: recv_counts");
+  size_t send_total = 0, recv_total = 0;
+  for (int i = 0; i < size; ++i) {
+    send_total += send_counts[i];
+    recv_total += recv_counts[i];
+  }
+  check_buffer(send, send_total, "all_to_allv: send");
+  check_buffer(recv, recv_total, "all_to_allv: recv");
+  SEQPAR_ARG_CHECK(send != recv || send_total == 0 || recv_total == 0,
+                   "all_to_allv: send and recv must not alias");
+}
+
+void check_broadcast(const void* buf, size_t bytes, int root, int size) {
+  check_peer(root, size, "broadcast: root");
+  check_buffer(buf, bytes, "broadcast: buf");
+}
+
 size_t elem_size(Communicator::Elem elem) { return elem == Communicator::Elem::kF32 ? 4 : 8; }
 
 std::string_view elem_name(Communicator::Elem elem) {
@@ -210,6 +274,59 @@ void account_broadcast(CommStats& s, size_t bytes, int root, int rank, int size)
 }
 
 void account_barrier(CommStats& s) { s.add(OpKind::kBarrier, 0, 0); }
+
+std::string collective_mismatch(std::span<const CollectiveCall> calls) {
+  using detail::concat;
+  const CollectiveCall& a = calls[0];
+  for (size_t i = 1; i < calls.size(); ++i) {
+    if (calls[i].kind != a.kind) {
+      return concat("collective mismatch: rank 0 calls ", op_kind_name(a.kind), ", rank ", i,
+                    " calls ", op_kind_name(calls[i].kind));
+    }
+  }
+  for (size_t i = 1; i < calls.size(); ++i) {
+    const CollectiveCall& b = calls[i];
+    switch (a.kind) {
+      case OpKind::kAllGather:
+        if (b.size != a.size) {
+          return concat("all_gather size mismatch: rank 0 sends ", a.size, " bytes, rank ", i,
+                        " sends ", b.size);
+        }
+        break;
+      case OpKind::kAllToAll:
+        if (b.size != a.size) {
+          return concat("all_to_all size mismatch: rank 0 sends ", a.size,
+                        " bytes per rank, rank ", i, " sends ", b.size);
+        }
+        break;
+      case OpKind::kAllReduce:
+        if (b.size != a.size || b.elem != a.elem || b.op != a.op) {
+          return concat("all_reduce mismatch: rank 0 reduces ", a.size, " ", elem_name(a.elem),
+                        " (", reduce_name(a.op), "), rank ", i, " reduces ", b.size, " ",
+                        elem_name(b.elem), " (", reduce_name(b.op), ")");
+        }
+        break;
+      case OpKind::kBroadcast:
+        if (b.size != a.size || b.root != a.root) {
+          return concat("broadcast mismatch: rank 0 has ", a.size, " bytes from root ", a.root,
+                        ", rank ", i, " has ", b.size, " bytes from root ", b.root);
+        }
+        break;
+      default:
+        break;
+    }
+  }
+  return "";
+}
+
+std::string format_counts(std::span<const size_t> counts) {
+  std::string s = "[";
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += std::to_string(counts[i]);
+  }
+  return s + "]";
+}
 
 std::string format_seconds(std::chrono::milliseconds t) {
   char buf[32];

@@ -25,9 +25,35 @@ void check_buffer(const void* p, size_t bytes, const char* what);  // non-null u
 // that does not overlap recv[0, total).
 void check_gather_buffers(const void* send, size_t bytes, const void* recv, size_t offset,
                           size_t total, const char* what);
+// The checks of each op's arguments, the same on every backend, before the op starts.
+void check_isend(const void* buf, size_t bytes, int dst, int tag, int size);
+void check_irecv(const void* buf, size_t bytes, int src, int tag, int size);
+void check_all_gather(const void* send, size_t bytes, const void* recv, int rank, int size);
+void check_all_gatherv(const void* send, const void* recv, std::span<const size_t> counts,
+                       int rank, int size);
+void check_all_to_all(const void* send, const void* recv, size_t bytes_per_rank, int size);
+void check_all_to_allv(const void* send, std::span<const size_t> send_counts, const void* recv,
+                       std::span<const size_t> recv_counts, int size);
+void check_broadcast(const void* buf, size_t bytes, int root, int size);
 size_t elem_size(Communicator::Elem elem);
 std::string_view elem_name(Communicator::Elem elem);
 std::string_view reduce_name(ReduceOp op);
+
+// What a rank passes to a collective that every rank of the group must pass alike.
+struct CollectiveCall {
+  OpKind kind = OpKind::kBarrier;
+  uint64_t size = 0;  // bytes (all_gather, all_to_all per rank, broadcast), elements (all_reduce)
+  Communicator::Elem elem = Communicator::Elem::kF32;  // all_reduce
+  ReduceOp op = ReduceOp::kSum;                        // all_reduce
+  int root = 0;                                        // broadcast
+};
+// Compares every rank's call with rank 0's: "" when they agree, else the message of the
+// CommError every rank reports ("collective mismatch: rank 0 calls all_gather, rank 2 calls
+// barrier", "all_gather size mismatch: ..."). The counts of all_gatherv and all_to_allv are the
+// backends' to compare.
+std::string collective_mismatch(std::span<const CollectiveCall> calls);
+// "[1, 2, 3]"
+std::string format_counts(std::span<const size_t> counts);
 
 // Byte accounting: the logical bytes of each op, self-transfers excluded, one op each call.
 //   isend: sent += bytes                      irecv: recv += bytes

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 #include "seqpar/comm/communicator.h"
 #include "seqpar/core/trace.h"
@@ -14,8 +15,8 @@ namespace seqpar::comm_rules {
 // the first statement of the op; when tracing is off it costs one relaxed atomic load.
 class CollectiveTrace {
  public:
-  CollectiveTrace(const char* name, const CommStats& stats)
-      : on_(trace::enabled()), name_(name), stats_(stats) {
+  CollectiveTrace(OpKind kind, const CommStats& stats)
+      : on_(trace::enabled()), name_(op_kind_name(kind)), stats_(stats) {
     if (!on_) return;
     sent0_ = stats.total_sent();
     recv0_ = stats.total_recv();
@@ -32,7 +33,7 @@ class CollectiveTrace {
 
  private:
   bool on_;
-  const char* name_;
+  std::string_view name_;
   const CommStats& stats_;
   uint64_t sent0_ = 0, recv0_ = 0;
   double t0_ = 0;

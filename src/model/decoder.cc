@@ -52,8 +52,8 @@ const SpPlan& Decoder::sp_plan() {
 }
 
 namespace {
-// Vocabulary rows [v0, v1) of tp rank r of n (any vocabulary size).
-std::array<int64_t, 2> vocab_share(int64_t vocab, int r, int n) {
+// Vocabulary rows of tp rank r of n (any vocabulary size).
+IndexRange vocab_share(int64_t vocab, int r, int n) {
   return {vocab * r / n, vocab * (r + 1) / n};
 }
 }  // namespace
@@ -86,8 +86,8 @@ Decoder::Decoder(const ModelPreset& m, const WeightStore& ws, const ParallelCont
                                      m.attention_bias, false,
                                      {"q_proj", "k_proj", "v_proj", "o_proj"}, m.head_dim);
     layer.attn.rope_pairs = RopePairs::kHalves;  // Hugging Face's q_proj/k_proj row layout
-    layer.mlp = FeedForward::load(ws, l + "mlp", m.hidden, m.ffn_dim, FeedForward::Kind::kSwiGlu,
-                                  ctx, m.mlp_bias);
+    layer.mlp =
+        FeedForward::load(ws, l + "mlp", m.ffn_dim, FeedForward::Kind::kSwiGlu, ctx, m.mlp_bias);
     layers_.push_back(std::move(layer));
   }
 }

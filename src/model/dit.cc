@@ -92,8 +92,7 @@ DiT::DiT(const ModelPreset& m, const WeightStore& ws, const ParallelContext& ctx
       blk.norm3_w = ws.get(b + "norm3.weight");
       blk.norm3_b = ws.get(b + "norm3.bias");
     }
-    blk.ffn = FeedForward::load(ws, b + "ffn", m.hidden, m.ffn_dim,
-                                FeedForward::Kind::kGeluTanh, ctx);
+    blk.ffn = FeedForward::load(ws, b + "ffn", m.ffn_dim, FeedForward::Kind::kGeluTanh, ctx);
     blocks_.push_back(std::move(blk));
   }
   head_mod = ws.get("head.modulation");

@@ -9,7 +9,7 @@
 
 namespace seqpar {
 
-std::array<int64_t, 2> tp_share(int64_t count, int rank, int n) {
+IndexRange tp_share(int64_t count, int rank, int n) {
   SEQPAR_CHECK(count % n == 0, count, " is not divisible by the tensor-parallel size ", n);
   return {count / n * rank, count / n * (rank + 1)};
 }
@@ -320,9 +320,8 @@ Tensor CrossAttention::forward(const Tensor& x, const Tensor& context, ParallelC
 
 // ---- feed-forward ----------------------------------------------------------------------------
 
-FeedForward FeedForward::load(const WeightStore& ws, const std::string& name, int64_t hidden,
-                              int64_t inner, Kind kind, const ParallelContext& ctx,
-                              bool swiglu_bias) {
+FeedForward FeedForward::load(const WeightStore& ws, const std::string& name, int64_t inner,
+                              Kind kind, const ParallelContext& ctx, bool swiglu_bias) {
   FeedForward f;
   f.kind = kind;
   auto [c0, c1] = tp_share(inner, ctx.tp_rank(), ctx.tp_size());
@@ -334,7 +333,6 @@ FeedForward FeedForward::load(const WeightStore& ws, const std::string& name, in
     f.up = ColumnLinear::load(ws, name + ".up_proj", c0, c1, swiglu_bias);
     f.down = RowLinear::load(ws, name + ".down_proj", c0, c1, swiglu_bias);
   }
-  (void)hidden;
   return f;
 }
 

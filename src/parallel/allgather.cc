@@ -5,8 +5,8 @@
 #include <cstring>
 #include <vector>
 
-#include "parallel/strategy_common.h"
 #include "seqpar/core/timer.h"
+#include "strategy_common.h"
 
 namespace seqpar {
 

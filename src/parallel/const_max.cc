@@ -9,7 +9,7 @@
 #include <cmath>
 #include <limits>
 
-#include "parallel/strategy_common.h"
+#include "strategy_common.h"
 
 namespace seqpar {
 

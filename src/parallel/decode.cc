@@ -11,8 +11,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "parallel/strategy_common.h"
 #include "seqpar/core/timer.h"
+#include "strategy_common.h"
 
 namespace seqpar {
 

@@ -26,9 +26,9 @@
 #include <optional>
 #include <vector>
 
-#include "parallel/strategy_common.h"
 #include "seqpar/core/timer.h"
 #include "seqpar/core/trace.h"
+#include "strategy_common.h"
 
 namespace seqpar {
 

@@ -2,7 +2,7 @@
 
 #include <numeric>
 
-#include "parallel/strategy_common.h"
+#include "strategy_common.h"
 
 namespace seqpar {
 
@@ -44,19 +44,19 @@ void SpComms::reset_stats() {
 
 // ---- shapes ---------------------------------------------------------------------------------
 
-HeadRange ulysses_q_heads(int64_t heads, int n, int j) {
+IndexRange ulysses_q_heads(int64_t heads, int n, int j) {
   const int64_t per = (heads + n - 1) / n;
   return {std::min(j * per, heads), std::min((j + 1) * per, heads)};
 }
 
-HeadRange ulysses_kv_heads(int64_t heads, int64_t kv_heads, int n, int j) {
-  const HeadRange q = ulysses_q_heads(heads, n, j);
+IndexRange ulysses_kv_heads(int64_t heads, int64_t kv_heads, int n, int j) {
+  const IndexRange q = ulysses_q_heads(heads, n, j);
   if (q.size() == 0) return {0, 0};
   const int64_t group = heads / kv_heads;
   return {q.begin / group, (q.end - 1) / group + 1};
 }
 
-bool standard_gqa(HeadRange q, HeadRange kv, int64_t group) {
+bool standard_gqa(IndexRange q, IndexRange kv, int64_t group) {
   bool standard = kv.size() > 0 && q.size() % kv.size() == 0;
   for (int64_t i = 0; standard && i < q.size(); ++i)
     standard = (q.begin + i) / group - kv.begin == i / (q.size() / kv.size());
@@ -64,7 +64,7 @@ bool standard_gqa(HeadRange q, HeadRange kv, int64_t group) {
 }
 
 int64_t ulysses_kernel_kv_heads(int64_t heads, int64_t kv_heads, int n, int j) {
-  const HeadRange q = ulysses_q_heads(heads, n, j), kv = ulysses_kv_heads(heads, kv_heads, n, j);
+  const IndexRange q = ulysses_q_heads(heads, n, j), kv = ulysses_kv_heads(heads, kv_heads, n, j);
   return standard_gqa(q, kv, heads / kv_heads) ? kv.size() : q.size();
 }
 
@@ -195,12 +195,12 @@ CommPrediction ulysses_bytes(std::span<const int64_t> counts, int me, int64_t ba
   const int n = static_cast<int>(counts.size());
   CommPrediction p;
   if (n == 1) return p;
-  const HeadRange my_q = ulysses_q_heads(heads, n, me);
-  const HeadRange my_kv = ulysses_kv_heads(heads, kv_heads, n, me);
+  const IndexRange my_q = ulysses_q_heads(heads, n, me);
+  const IndexRange my_kv = ulysses_kv_heads(heads, kv_heads, n, me);
   for (int j = 0; j < n; ++j) {
     if (j == me) continue;
-    const HeadRange jq = ulysses_q_heads(heads, n, j);
-    const HeadRange jkv = ulysses_kv_heads(heads, kv_heads, n, j);
+    const IndexRange jq = ulysses_q_heads(heads, n, j);
+    const IndexRange jkv = ulysses_kv_heads(heads, kv_heads, n, j);
     // to member j: my tokens of its heads; back from j: my tokens of its heads (out + lse)
     p.sent += batch * counts[me] * (jq.size() + 2 * jkv.size()) * head_dim * e;
     p.recv += batch * counts[me] * jq.size() * (head_dim + 1) * 4;

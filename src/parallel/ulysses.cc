@@ -12,8 +12,8 @@
 #include <cstring>
 #include <vector>
 
-#include "parallel/strategy_common.h"
 #include "seqpar/core/timer.h"
+#include "strategy_common.h"
 
 namespace seqpar {
 
@@ -34,7 +34,7 @@ void append_heads(const Tensor& x, int64_t h0, int64_t h1, int64_t w_bytes, char
 // Sequence -> heads. x (B, n_me, Hx, W): member j gets heads ranges[j]. Returns
 // (B, S_g, |ranges[me]|, W) with the tokens of member 0, then 1, ... (counts[i] each).
 Tensor seq_to_heads(Communicator& comm, const Tensor& x, std::span<const int64_t> counts,
-                    std::span<const HeadRange> ranges) {
+                    std::span<const IndexRange> ranges) {
   const int n = comm.size(), me = comm.rank();
   const int64_t B = x.dim(0), W = x.dim(3);
   const int64_t w_bytes = W * static_cast<int64_t>(dtype_size(x.dtype()));
@@ -77,7 +77,7 @@ Tensor seq_to_heads(Communicator& comm, const Tensor& x, std::span<const int64_t
 // Heads -> sequence. y (B, S_g, |ranges[me]|, W) fp32 over the group's tokens -> (B, n_me, H, W)
 // with member j's heads at ranges[j].
 Tensor heads_to_seq(Communicator& comm, const Tensor& y, std::span<const int64_t> counts,
-                    std::span<const HeadRange> ranges, int64_t heads) {
+                    std::span<const IndexRange> ranges, int64_t heads) {
   const int n = comm.size(), me = comm.rank();
   const int64_t B = y.dim(0), total = y.dim(1), mine = y.dim(2), W = y.dim(3);
   const size_t w_bytes = static_cast<size_t>(W) * dtype_size(y.dtype());
@@ -132,7 +132,7 @@ std::vector<int64_t> exchange_counts(Communicator& comm, std::span<const int64_t
 // k/v (B, T, h_kv, D) for query heads q (local kv heads kv): if the kernel's GQA rule
 // (local head i reads local kv head i / (hq/hkv)) does not give each query head its kv head,
 // expands to one kv head per query head.
-Tensor kv_for_heads(const Tensor& x, HeadRange q, HeadRange kv, int64_t group) {
+Tensor kv_for_heads(const Tensor& x, IndexRange q, IndexRange kv, int64_t group) {
   const int64_t hq = q.size(), hkv = kv.size();
   if (standard_gqa(q, kv, group)) return x;
   const int64_t B = x.dim(0), T = x.dim(1), D = x.dim(3);
@@ -149,7 +149,7 @@ Tensor kv_for_heads(const Tensor& x, HeadRange q, HeadRange kv, int64_t group) {
 struct UlyssesLayout {
   std::vector<int64_t> expected;   // tokens per member, from the partition
   std::vector<int64_t> positions;  // the group's positions, member order
-  std::vector<HeadRange> q_heads, kv_heads;
+  std::vector<IndexRange> q_heads, kv_heads;
 };
 
 UlyssesLayout ulysses_layout(const Partition& part, int first_rank, int n, int64_t heads,
@@ -190,7 +190,7 @@ AttnState ulysses_body(Communicator& ucomm, const Partition& part, int first_ran
   Tensor kl = seq_to_heads(ucomm, k, counts, l.kv_heads);
   Tensor vl = seq_to_heads(ucomm, v, counts, l.kv_heads);
   double t1 = now_seconds();
-  const HeadRange myq = l.q_heads[me], mykv = l.kv_heads[me];
+  const IndexRange myq = l.q_heads[me], mykv = l.kv_heads[me];
   AttnState local;
   if (myq.size() > 0) {
     kl = kv_for_heads(kl, myq, mykv, H / Hkv);

@@ -101,7 +101,7 @@ int node_of(const HardwareProfile& hw, int world_rank) {
 int64_t ulysses_member_kernel_kv_heads(int64_t heads, int64_t kv_heads, int n, int j) {
   // The kernel reads local kv head i / (|q| / |kv|) for local query head i; that must be the kv
   // head h / (H / Hkv) of every global query head h, else K/V are expanded to one per query head.
-  const HeadRange q = ulysses_q_heads(heads, n, j), kv = ulysses_kv_heads(heads, kv_heads, n, j);
+  const IndexRange q = ulysses_q_heads(heads, n, j), kv = ulysses_kv_heads(heads, kv_heads, n, j);
   const int64_t group = heads / kv_heads;
   bool standard = kv.size() > 0 && q.size() % kv.size() == 0;
   for (int64_t i = 0; standard && i < q.size(); ++i)
@@ -486,7 +486,7 @@ class MeshModel {
 
   void ulysses() {
     const int u = U_, groups = R_;
-    std::vector<HeadRange> qh(u), kvh(u);
+    std::vector<IndexRange> qh(u), kvh(u);
     std::vector<int64_t> kvk(u);
     for (int j = 0; j < u; ++j) {
       qh[j] = ulysses_q_heads(H_, u, j);
@@ -524,7 +524,7 @@ class MeshModel {
       for (int j = 0; j < u; ++j) cnt[j].sent = cnt[j].recv = 8ull * (u - 1);
       for (int j = 0; j < u; ++j) cnt[j].intra = 8.0 * (u - 1);
       collective(members, "all_gather", "token counts", "ulysses", cnt, true);
-      auto to_heads = [&](const std::string& what, const std::vector<HeadRange>& heads) {
+      auto to_heads = [&](const std::string& what, const std::vector<IndexRange>& heads) {
         exchange(
             what,
             [&](int me, int j) {

@@ -17,7 +17,7 @@ std::vector<int> doubling_sizes(int first, int last) {
 
 namespace {
 
-SimPoint point_of(const MeshCost& c, const Workload& w, const HardwareProfile& hw, int n) {
+SimPoint point_of(const MeshCost& c, const Workload&, const HardwareProfile& hw, int n) {
   SimPoint p;
   p.ranks = n;
   p.valid = true;
@@ -30,7 +30,6 @@ SimPoint point_of(const MeshCost& c, const Workload& w, const HardwareProfile& h
   p.exposed_fraction = c.layer_s > 0 ? c.exposed_comm_s / c.layer_s : 0;
   p.inter_node = hw.ranks_per_node > 0 && n > hw.ranks_per_node;
   p.memory_bytes = c.memory_bytes;
-  (void)w;
   return p;
 }
 

@@ -21,9 +21,9 @@
 #include <tuple>
 #include <vector>
 
-#include "attention/simd.h"
 #include "seqpar/attention/attention.h"
 #include "seqpar/attention/error_bound.h"
+#include "simd.h"
 
 namespace seqpar {
 namespace {

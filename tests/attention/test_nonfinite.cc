@@ -16,8 +16,8 @@
 #include <tuple>
 #include <vector>
 
-#include "attention/simd.h"
 #include "seqpar/attention/attention.h"
+#include "simd.h"
 
 namespace seqpar {
 namespace {

@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "comm/comm_suite.h"
-#include "comm/mpi/mpi_internal.h"
+#include "mpi/mpi_internal.h"
 #include "seqpar/comm/mpi.h"
 
 namespace seqpar {

@@ -9,7 +9,7 @@
 #include <random>
 
 #include "parallel/cp_test_util.h"
-#include "parallel/strategy_common.h"
+#include "strategy_common.h"
 
 namespace seqpar {
 namespace {

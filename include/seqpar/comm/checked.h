@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "seqpar/comm/communicator.h"
@@ -71,7 +72,7 @@ class CheckedCommunicator final : public Communicator {
   struct StatsLink;
 
   // Counts the op, applies this rank's faults; false = drop it.
-  bool begin_op(const char* name);
+  bool begin_op(std::string_view name);
   // All-gathers this rank's descriptor and throws CommError on every rank if the ops or their
   // uniform sizes differ. Returns whether every rank has the same `a` field (the all_gatherv
   // counts hash, whose mismatch the caller reports).

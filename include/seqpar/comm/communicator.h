@@ -31,8 +31,24 @@
 
 namespace seqpar {
 
-enum class OpKind { kSendRecv, kAllGather, kAllToAll, kAllReduce, kBroadcast, kBarrier, kCount };
-std::string_view op_kind_name(OpKind kind);  // "send_recv", "all_gather", ...
+// The operations of a communicator, named as in its API: "send_recv" (isend and irecv),
+// "all_gather", "all_to_all", "all_reduce", "broadcast", "barrier", "all_gatherv", "all_to_allv",
+// "split". Traces, error messages and CommStats use these names. CommStats counts all_gatherv
+// under kAllGather and all_to_allv under kAllToAll (one kind per pattern of transfers); split
+// moves none of the caller's bytes and is not counted.
+enum class OpKind {
+  kSendRecv,
+  kAllGather,
+  kAllToAll,
+  kAllReduce,
+  kBroadcast,
+  kBarrier,
+  kAllGatherV,
+  kAllToAllV,
+  kSplit,
+  kCount
+};
+std::string_view op_kind_name(OpKind kind);
 
 struct CommStats {
   std::array<uint64_t, static_cast<size_t>(OpKind::kCount)> bytes_sent{};

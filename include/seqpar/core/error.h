@@ -1,4 +1,4 @@
-// Errors. Three channels (see docs/design-notes.md):
+// Errors, in three channels:
 //   - broken invariants and bad arguments inside the library throw seqpar::Error (with file:line);
 //   - communication failures are stored in a Request and rethrown by Request::wait();
 //   - the CLI turns InvalidArgument into one line on stderr and exit code 2.

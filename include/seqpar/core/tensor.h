@@ -1,4 +1,5 @@
-// Tensor: an owning, 64-byte aligned, row-major buffer of up to 4 dimensions and one dtype.
+// Tensor: an owning, 64-byte aligned, row-major buffer of one dtype and any number of dimensions
+// (the shape is a vector; no dimension may be negative).
 // The canonical activation layout is token-major [B, S, H, D] ("bshd").
 // Thread-safety: a Tensor is a value; concurrent reads are safe, writes need external sync.
 #pragma once

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "seqpar/core/index_range.h"
 #include "seqpar/model/context.h"
 #include "seqpar/model/sp_plan.h"
 #include "seqpar/parallel/decode.h"
@@ -128,13 +129,12 @@ struct FeedForward {
   enum class Kind { kGeluTanh, kSwiGlu } kind = Kind::kGeluTanh;
   ColumnLinear up, gate;
   RowLinear down;
-  static FeedForward load(const WeightStore& ws, const std::string& name, int64_t hidden,
-                          int64_t inner, Kind kind, const ParallelContext& ctx,
-                          bool swiglu_bias = false);
+  static FeedForward load(const WeightStore& ws, const std::string& name, int64_t inner,
+                          Kind kind, const ParallelContext& ctx, bool swiglu_bias = false);
   Tensor forward(const Tensor& x, Communicator& tp) const;
 };
 
-// The contiguous share [begin, end) of `count` items of tp rank r of n (count divisible by n).
-std::array<int64_t, 2> tp_share(int64_t count, int rank, int n);
+// The contiguous share of `count` items of tp rank r of n (count divisible by n).
+IndexRange tp_share(int64_t count, int rank, int n);
 
 }  // namespace seqpar

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "seqpar/comm/communicator.h"
+#include "seqpar/core/index_range.h"
 #include "seqpar/parallel/config.h"
 #include "seqpar/parallel/partition.h"
 #include "seqpar/parallel/strategies.h"
@@ -34,13 +35,6 @@ struct MeshCoord {
   int cfg_rank = 0, tp_rank = 0, ring_rank = 0, ulysses_rank = 0;
   int cp_rank = 0;  // ring_rank · ulysses + ulysses_rank
   bool operator==(const MeshCoord&) const = default;
-};
-
-// Half-open index range [begin, end) (heads of a tp rank, tokens of a cp rank).
-struct IndexRange {
-  int64_t begin = 0, end = 0;
-  int64_t size() const { return end - begin; }
-  bool operator==(const IndexRange&) const = default;
 };
 
 class Mesh {

@@ -23,6 +23,7 @@
 
 #include "seqpar/attention/attention.h"
 #include "seqpar/comm/communicator.h"
+#include "seqpar/core/index_range.h"
 #include "seqpar/parallel/config.h"
 #include "seqpar/parallel/partition.h"
 
@@ -65,12 +66,8 @@ class SpComms {
 // Head ranges of Ulysses member j of n: query heads padded to the next multiple of n, member j
 // owning slots [j·ceil(H/n), (j+1)·ceil(H/n)) clipped to H; kv heads are those its query heads
 // read (query head h reads kv head h / (H/Hkv)); kv heads are replicated when members share one.
-struct HeadRange {
-  int64_t begin = 0, end = 0;
-  int64_t size() const { return end - begin; }
-};
-HeadRange ulysses_q_heads(int64_t heads, int n, int j);
-HeadRange ulysses_kv_heads(int64_t heads, int64_t kv_heads, int n, int j);
+IndexRange ulysses_q_heads(int64_t heads, int n, int j);
+IndexRange ulysses_kv_heads(int64_t heads, int64_t kv_heads, int n, int j);
 
 // What one call did on this rank, besides CommStats.
 struct CpStats {

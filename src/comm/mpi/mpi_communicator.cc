@@ -15,10 +15,10 @@
 #include <thread>
 #include <type_traits>
 
-#include "comm/mpi/mpi_internal.h"
-#include "comm/op_rules.h"
-#include "comm/trace_op.h"
+#include "mpi/mpi_internal.h"
+#include "op_rules.h"
 #include "seqpar/comm/mpi.h"
+#include "trace_op.h"
 
 namespace seqpar {
 
@@ -571,15 +571,15 @@ class MpiCommunicator final : public Communicator {
       throw;
     }
   }
-  std::string group_what(const char* op) const { return concat(op, " (group of ", size(), ")"); }
+  std::string group_what(OpKind op) const {
+    return concat(op_kind_name(op), " (group of ", size(), ")");
+  }
 
   std::shared_ptr<MpiCore> core_;
 };
 
 Request MpiCommunicator::isend(const void* buf, size_t bytes, int dst, int tag) {
-  rules::check_peer(dst, size(), "isend: dst");
-  rules::check_tag(tag);
-  rules::check_buffer(buf, bytes, "isend: buf");
+  rules::check_isend(buf, bytes, dst, tag, size());
   begin_op();
   rules::account_send(stats_, bytes, dst == rank());
   auto type = std::make_unique<ByteType>(bytes);
@@ -592,9 +592,7 @@ Request MpiCommunicator::isend(const void* buf, size_t bytes, int dst, int tag) 
 }
 
 Request MpiCommunicator::irecv(void* buf, size_t bytes, int src, int tag) {
-  rules::check_peer(src, size(), "irecv: src");
-  rules::check_tag(tag);
-  rules::check_buffer(buf, bytes, "irecv: buf");
+  rules::check_irecv(buf, bytes, src, tag, size());
   begin_op();
   rules::account_recv(stats_, bytes, src == rank());
   auto type = std::make_unique<ByteType>(bytes);
@@ -611,11 +609,8 @@ Request MpiCommunicator::irecv(void* buf, size_t bytes, int src, int tag) {
 // collectives use the caller's buffers (zero copy); see docs/communication.md.
 
 void MpiCommunicator::all_gather(const void* send, size_t bytes, void* recv) {
-  rules::CollectiveTrace trace_op("all_gather", stats_);
-  rules::check_buffer(send, bytes, "all_gather: send");
-  rules::check_buffer(recv, bytes, "all_gather: recv");
-  rules::check_gather_buffers(send, bytes, recv, bytes * static_cast<size_t>(rank()),
-                              bytes * static_cast<size_t>(size()), "all_gather");
+  rules::CollectiveTrace trace_op(OpKind::kAllGather, stats_);
+  rules::check_all_gather(send, bytes, recv, rank(), size());
   begin_op();
   rules::account_all_gather(stats_, bytes, size());
   rules::WaitClock clock(&stats_);
@@ -632,14 +627,13 @@ void MpiCommunicator::all_gather(const void* send, size_t bytes, void* recv) {
   check_mpi(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, t.count(), t.type(), out, t.count(),
                            t.type(), core_->comm, &req),
             "MPI_Iallgather");
-  finish_collective(&req, group_what("all_gather"), args, deadline);
+  finish_collective(&req, group_what(OpKind::kAllGather), args, deadline);
   if (staged && total > 0) std::memcpy(recv, out, total);
 }
 
 void MpiCommunicator::all_gatherv(const void* send, void* recv, std::span<const size_t> counts) {
-  rules::CollectiveTrace trace_op("all_gatherv", stats_);
-  rules::check_counts(counts, size(), "all_gatherv: counts");
-  rules::check_buffer(send, counts[rank()], "all_gatherv: send");
+  rules::CollectiveTrace trace_op(OpKind::kAllGatherV, stats_);
+  rules::check_all_gatherv(send, recv, counts, rank(), size());
   begin_op();
   rules::account_all_gatherv(stats_, counts, rank());
   rules::WaitClock clock(&stats_);
@@ -648,7 +642,6 @@ void MpiCommunicator::all_gatherv(const void* send, void* recv, std::span<const 
   std::vector<size_t> offsets(static_cast<size_t>(n) + 1, 0);
   for (int i = 0; i < n; ++i) offsets[i + 1] = offsets[i] + counts[i];
   const size_t total = offsets[n];
-  rules::check_gather_buffers(send, counts[me], recv, offsets[me], total, "all_gatherv");
   auto args = std::make_shared<CollArgs>();
   const bool staged = total <= g_stage_bytes;
   char* out = staged ? args->make_stage(total) : static_cast<char*>(recv);
@@ -694,16 +687,14 @@ void MpiCommunicator::all_gatherv(const void* send, void* recv, std::span<const 
                              ints + 3 * n, args->types.data() + n, core_->comm, &req),
               "MPI_Ialltoallw");
   }
-  finish_collective(&req, group_what("all_gatherv"), args, deadline);
+  finish_collective(&req, group_what(OpKind::kAllGatherV), args, deadline);
   if (staged && total > 0) std::memcpy(recv, out, total);
 }
 
 void MpiCommunicator::all_to_all(const void* send, void* recv, size_t bytes_per_rank) {
-  rules::CollectiveTrace trace_op("all_to_all", stats_);
+  rules::CollectiveTrace trace_op(OpKind::kAllToAll, stats_);
   const size_t total = bytes_per_rank * static_cast<size_t>(size());
-  rules::check_buffer(send, total, "all_to_all: send");
-  rules::check_buffer(recv, total, "all_to_all: recv");
-  SEQPAR_ARG_CHECK(send != recv || total == 0, "all_to_all: send and recv must not alias");
+  rules::check_all_to_all(send, recv, bytes_per_rank, size());
   begin_op();
   rules::account_all_to_all(stats_, bytes_per_rank, size());
   rules::WaitClock clock(&stats_);
@@ -723,25 +714,20 @@ void MpiCommunicator::all_to_all(const void* send, void* recv, size_t bytes_per_
   MPI_Request req;
   check_mpi(MPI_Ialltoall(in, t.count(), t.type(), out, t.count(), t.type(), core_->comm, &req),
             "MPI_Ialltoall");
-  finish_collective(&req, group_what("all_to_all"), args, deadline);
+  finish_collective(&req, group_what(OpKind::kAllToAll), args, deadline);
   if (staged && total > 0) std::memcpy(recv, out, total);
 }
 
 void MpiCommunicator::all_to_allv(const void* send, std::span<const size_t> send_counts, void* recv,
                                   std::span<const size_t> recv_counts) {
-  rules::CollectiveTrace trace_op("all_to_allv", stats_);
-  rules::check_counts(send_counts, size(), "all_to_allv: send_counts");
-  rules::check_counts(recv_counts, size(), "all_to_allv: recv_counts");
+  rules::CollectiveTrace trace_op(OpKind::kAllToAllV, stats_);
+  rules::check_all_to_allv(send, send_counts, recv, recv_counts, size());
   const int n = size();
   std::vector<size_t> soff(static_cast<size_t>(n) + 1, 0), roff(static_cast<size_t>(n) + 1, 0);
   for (int i = 0; i < n; ++i) {
     soff[i + 1] = soff[i] + send_counts[i];
     roff[i + 1] = roff[i] + recv_counts[i];
   }
-  rules::check_buffer(send, soff[n], "all_to_allv: send");
-  rules::check_buffer(recv, roff[n], "all_to_allv: recv");
-  SEQPAR_ARG_CHECK(send != recv || soff[n] == 0 || roff[n] == 0,
-                   "all_to_allv: send and recv must not alias");
   begin_op();
   rules::account_all_to_allv(stats_, send_counts, recv_counts, rank());
   rules::WaitClock clock(&stats_);
@@ -784,12 +770,12 @@ void MpiCommunicator::all_to_allv(const void* send, std::span<const size_t> send
   check_mpi(MPI_Ialltoallw(in, ints, ints + n, args->types.data(), out, ints + 2 * n, ints + 3 * n,
                            args->types.data() + n, core_->comm, &req),
             "MPI_Ialltoallw");
-  finish_collective(&req, group_what("all_to_allv"), args, deadline);
+  finish_collective(&req, group_what(OpKind::kAllToAllV), args, deadline);
   if (staged && roff[n] > 0) std::memcpy(recv, out, roff[n]);
 }
 
 void MpiCommunicator::all_reduce(void* buf, size_t n, Elem elem, ReduceOp op) {
-  rules::CollectiveTrace trace_op("all_reduce", stats_);
+  rules::CollectiveTrace trace_op(OpKind::kAllReduce, stats_);
   rules::check_buffer(buf, n, "all_reduce: buf");
   begin_op();
   const size_t esize = rules::elem_size(elem);
@@ -813,16 +799,15 @@ void MpiCommunicator::all_reduce(void* buf, size_t n, Elem elem, ReduceOp op) {
     check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data + done * esize, to_int(m), type, mpi_op,
                              core_->comm, &req),
               "MPI_Iallreduce");
-    finish_collective(&req, group_what("all_reduce"), args, deadline);
+    finish_collective(&req, group_what(OpKind::kAllReduce), args, deadline);
     done += m;
   } while (done < n);
   if (staged && n > 0) std::memcpy(buf, data, n * esize);
 }
 
 void MpiCommunicator::broadcast(void* buf, size_t bytes, int root) {
-  rules::CollectiveTrace trace_op("broadcast", stats_);
-  rules::check_peer(root, size(), "broadcast: root");
-  rules::check_buffer(buf, bytes, "broadcast: buf");
+  rules::CollectiveTrace trace_op(OpKind::kBroadcast, stats_);
+  rules::check_broadcast(buf, bytes, root, size());
   begin_op();
   rules::account_broadcast(stats_, bytes, root, rank(), size());
   rules::WaitClock clock(&stats_);
@@ -837,19 +822,19 @@ void MpiCommunicator::broadcast(void* buf, size_t bytes, int root) {
   auto& t = *args->owned.emplace_back(std::make_unique<ByteType>(bytes));
   MPI_Request req;
   check_mpi(MPI_Ibcast(data, t.count(), t.type(), root, core_->comm, &req), "MPI_Ibcast");
-  finish_collective(&req, group_what("broadcast"), args, deadline);
+  finish_collective(&req, group_what(OpKind::kBroadcast), args, deadline);
   if (staged && rank() != root && bytes > 0) std::memcpy(buf, data, bytes);
 }
 
 void MpiCommunicator::barrier() {
-  rules::CollectiveTrace trace_op("barrier", stats_);
+  rules::CollectiveTrace trace_op(OpKind::kBarrier, stats_);
   begin_op();
   rules::account_barrier(stats_);
   rules::WaitClock clock(&stats_);
   const auto deadline = Clock::now() + timeout();
   MPI_Request req;
   check_mpi(MPI_Ibarrier(core_->comm, &req), "MPI_Ibarrier");
-  finish_collective(&req, group_what("barrier"), nullptr, deadline);
+  finish_collective(&req, group_what(OpKind::kBarrier), nullptr, deadline);
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
@@ -865,7 +850,7 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
   check_mpi(MPI_Iallgather(args->ints.data(), 2, MPI_INT, args->ints.data() + 2, 2, MPI_INT,
                            core_->comm, &req),
             "MPI_Iallgather");
-  finish_collective(&req, group_what("split"), args, deadline);
+  finish_collective(&req, group_what(OpKind::kSplit), args, deadline);
   MPI_Comm comm = MPI_COMM_NULL;
   check_mpi(MPI_Comm_split(core_->comm, color < 0 ? MPI_UNDEFINED : color, key, &comm),
             "MPI_Comm_split");

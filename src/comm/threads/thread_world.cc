@@ -7,12 +7,12 @@
 #include <exception>
 #include <thread>
 
-#include "comm/op_rules.h"
-#include "comm/threads/thread_world_state.h"
-#include "comm/trace_op.h"
+#include "op_rules.h"
 #include "seqpar/comm/threads.h"
 #include "seqpar/core/limits.h"
 #include "seqpar/core/trace.h"
+#include "threads/thread_world_state.h"
+#include "trace_op.h"
 
 namespace seqpar {
 
@@ -52,89 +52,27 @@ std::string ThreadWorldState::failure_locked() const {
 
 namespace {
 
-std::string_view coll_name(CollKind k) {
-  switch (k) {
-    case CollKind::kAllGather:
-      return "all_gather";
-    case CollKind::kAllGatherV:
-      return "all_gatherv";
-    case CollKind::kAllToAll:
-      return "all_to_all";
-    case CollKind::kAllToAllV:
-      return "all_to_allv";
-    case CollKind::kAllReduce:
-      return "all_reduce";
-    case CollKind::kBroadcast:
-      return "broadcast";
-    case CollKind::kBarrier:
-      return "barrier";
-    case CollKind::kSplit:
-      return "split";
-  }
-  return "?";
-}
-
-std::string format_counts(std::span<const size_t> counts) {
-  std::string s = "[";
-  for (size_t i = 0; i < counts.size(); ++i) {
-    if (i > 0) s += ", ";
-    s += std::to_string(counts[i]);
-  }
-  return s + "]";
-}
-
 // Checks that every member called the same collective with matching sizes. Runs once per
 // collective, under the world lock, in the last member to arrive. Returns "" or the error.
 std::string check_slots(const ThreadGroup& g) {
   using detail::concat;
   const CollSlot& a = g.slots[0];
   const int n = g.size();
-  for (int i = 1; i < n; ++i) {
-    const CollSlot& b = g.slots[i];
-    if (b.kind != a.kind) {
-      return concat("collective mismatch: rank 0 calls ", coll_name(a.kind), ", rank ", i,
-                    " calls ", coll_name(b.kind));
+  std::vector<rules::CollectiveCall> calls;
+  for (const CollSlot& s : g.slots)
+    calls.push_back({s.kind, s.kind == OpKind::kAllReduce ? s.n : s.bytes, s.elem, s.op, s.root});
+  if (std::string m = rules::collective_mismatch(calls); !m.empty()) return m;
+  if (a.kind == OpKind::kAllGatherV) {
+    for (int i = 1; i < n; ++i) {
+      const CollSlot& b = g.slots[i];
+      if (!std::equal(a.counts.begin(), a.counts.end(), b.counts.begin(), b.counts.end())) {
+        return concat("all_gatherv counts mismatch: rank 0 has counts ",
+                      rules::format_counts(a.counts), ", rank ", i, " has ",
+                      rules::format_counts(b.counts));
+      }
     }
   }
-  for (int i = 1; i < n; ++i) {
-    const CollSlot& b = g.slots[i];
-    switch (a.kind) {
-      case CollKind::kAllGather:
-        if (b.bytes != a.bytes) {
-          return concat("all_gather size mismatch: rank 0 sends ", a.bytes, " bytes, rank ", i,
-                        " sends ", b.bytes);
-        }
-        break;
-      case CollKind::kAllGatherV:
-        if (!std::equal(a.counts.begin(), a.counts.end(), b.counts.begin(), b.counts.end())) {
-          return concat("all_gatherv counts mismatch: rank 0 has counts ", format_counts(a.counts),
-                        ", rank ", i, " has ", format_counts(b.counts));
-        }
-        break;
-      case CollKind::kAllToAll:
-        if (b.bytes != a.bytes) {
-          return concat("all_to_all size mismatch: rank 0 sends ", a.bytes,
-                        " bytes per rank, rank ", i, " sends ", b.bytes);
-        }
-        break;
-      case CollKind::kAllReduce:
-        if (b.n != a.n || b.elem != a.elem || b.op != a.op) {
-          return concat("all_reduce mismatch: rank 0 reduces ", a.n, " ", rules::elem_name(a.elem),
-                        " (", rules::reduce_name(a.op), "), rank ", i, " reduces ", b.n, " ",
-                        rules::elem_name(b.elem), " (", rules::reduce_name(b.op), ")");
-        }
-        break;
-      case CollKind::kBroadcast:
-        if (b.bytes != a.bytes || b.root != a.root) {
-          return concat("broadcast mismatch: rank 0 has ", a.bytes, " bytes from root ", a.root,
-                        ", rank ", i, " has ", b.bytes, " bytes from root ", b.root);
-        }
-        break;
-      default:
-        break;
-    }
-  }
-  if (a.kind == CollKind::kAllToAllV) {
+  if (a.kind == OpKind::kAllToAllV) {
     for (int i = 0; i < n; ++i) {
       for (int j = 0; j < n; ++j) {
         const size_t sent = g.slots[i].counts[j], expected = g.slots[j].recv_counts[i];
@@ -422,9 +360,7 @@ Request ThreadCommunicator::post(std::shared_ptr<ThreadP2pOp> op) {
 }
 
 Request ThreadCommunicator::isend(const void* buf, size_t bytes, int dst, int tag) {
-  rules::check_peer(dst, size(), "isend: dst");
-  rules::check_tag(tag);
-  rules::check_buffer(buf, bytes, "isend: buf");
+  rules::check_isend(buf, bytes, dst, tag, size());
   throw_if_aborted();
   rules::account_send(stats_, bytes, dst == rank_);
   auto op = new_op(bytes, rank_, dst, tag);
@@ -461,9 +397,7 @@ Request ThreadCommunicator::irecv_borrow(void* buf, size_t bytes, int src, int t
 }
 
 Request ThreadCommunicator::irecv(void* buf, size_t bytes, int src, int tag) {
-  rules::check_peer(src, size(), "irecv: src");
-  rules::check_tag(tag);
-  rules::check_buffer(buf, bytes, "irecv: buf");
+  rules::check_irecv(buf, bytes, src, tag, size());
   throw_if_aborted();
   rules::account_recv(stats_, bytes, src == rank_);
   auto op = new_op(bytes, src, rank_, tag);
@@ -494,7 +428,7 @@ void ThreadCommunicator::rendezvous(Clock::time_point deadline, const CollSlot* 
         }
         std::string msg =
             rules::timeout_message(timeout(), who(),
-                                   detail::concat(coll_name(g.slots[rank_].kind), " (rank(s) ",
+                                   detail::concat(op_kind_name(g.slots[rank_].kind), " (rank(s) ",
                                                   late, " of ", g.size(), " not arrived)"));
         world_->abort_locked(world_rank(), msg);
         throw CommTimeout(msg);
@@ -517,14 +451,11 @@ void ThreadCommunicator::collective(const CollSlot& slot, int phases, Work&& wor
 }
 
 void ThreadCommunicator::all_gather(const void* send, size_t bytes, void* recv) {
-  rules::CollectiveTrace trace_op("all_gather", stats_);
-  rules::check_buffer(send, bytes, "all_gather: send");
-  rules::check_buffer(recv, bytes, "all_gather: recv");
-  rules::check_gather_buffers(send, bytes, recv, bytes * static_cast<size_t>(rank_),
-                              bytes * static_cast<size_t>(size()), "all_gather");
+  rules::CollectiveTrace trace_op(OpKind::kAllGather, stats_);
+  rules::check_all_gather(send, bytes, recv, rank_, size());
   rules::account_all_gather(stats_, bytes, size());
   CollSlot slot;
-  slot.kind = CollKind::kAllGather;
+  slot.kind = OpKind::kAllGather;
   slot.send = send;
   slot.bytes = bytes;
   collective(slot, 1, [&](int) {
@@ -538,18 +469,11 @@ void ThreadCommunicator::all_gather(const void* send, size_t bytes, void* recv) 
 }
 
 void ThreadCommunicator::all_gatherv(const void* send, void* recv, std::span<const size_t> counts) {
-  rules::CollectiveTrace trace_op("all_gatherv", stats_);
-  rules::check_counts(counts, size(), "all_gatherv: counts");
-  rules::check_buffer(send, counts[rank_], "all_gatherv: send");
-  size_t my_offset = 0, total = 0;
-  for (int i = 0; i < size(); ++i) {
-    if (i < rank_) my_offset += counts[i];
-    total += counts[i];
-  }
-  rules::check_gather_buffers(send, counts[rank_], recv, my_offset, total, "all_gatherv");
+  rules::CollectiveTrace trace_op(OpKind::kAllGatherV, stats_);
+  rules::check_all_gatherv(send, recv, counts, rank_, size());
   rules::account_all_gatherv(stats_, counts, rank_);
   CollSlot slot;
-  slot.kind = CollKind::kAllGatherV;
+  slot.kind = OpKind::kAllGatherV;
   slot.send = send;
   slot.counts = counts;
   collective(slot, 1, [&](int) {
@@ -564,14 +488,11 @@ void ThreadCommunicator::all_gatherv(const void* send, void* recv, std::span<con
 }
 
 void ThreadCommunicator::all_to_all(const void* send, void* recv, size_t bytes_per_rank) {
-  rules::CollectiveTrace trace_op("all_to_all", stats_);
-  const size_t total = bytes_per_rank * static_cast<size_t>(size());
-  rules::check_buffer(send, total, "all_to_all: send");
-  rules::check_buffer(recv, total, "all_to_all: recv");
-  SEQPAR_ARG_CHECK(send != recv || total == 0, "all_to_all: send and recv must not alias");
+  rules::CollectiveTrace trace_op(OpKind::kAllToAll, stats_);
+  rules::check_all_to_all(send, recv, bytes_per_rank, size());
   rules::account_all_to_all(stats_, bytes_per_rank, size());
   CollSlot slot;
-  slot.kind = CollKind::kAllToAll;
+  slot.kind = OpKind::kAllToAll;
   slot.send = send;
   slot.bytes = bytes_per_rank;
   collective(slot, 1, [&](int) {
@@ -587,21 +508,11 @@ void ThreadCommunicator::all_to_all(const void* send, void* recv, size_t bytes_p
 
 void ThreadCommunicator::all_to_allv(const void* send, std::span<const size_t> send_counts,
                                      void* recv, std::span<const size_t> recv_counts) {
-  rules::CollectiveTrace trace_op("all_to_allv", stats_);
-  rules::check_counts(send_counts, size(), "all_to_allv: send_counts");
-  rules::check_counts(recv_counts, size(), "all_to_allv: recv_counts");
-  size_t send_total = 0, recv_total = 0;
-  for (int i = 0; i < size(); ++i) {
-    send_total += send_counts[i];
-    recv_total += recv_counts[i];
-  }
-  rules::check_buffer(send, send_total, "all_to_allv: send");
-  rules::check_buffer(recv, recv_total, "all_to_allv: recv");
-  SEQPAR_ARG_CHECK(send != recv || send_total == 0 || recv_total == 0,
-                   "all_to_allv: send and recv must not alias");
+  rules::CollectiveTrace trace_op(OpKind::kAllToAllV, stats_);
+  rules::check_all_to_allv(send, send_counts, recv, recv_counts, size());
   rules::account_all_to_allv(stats_, send_counts, recv_counts, rank_);
   CollSlot slot;
-  slot.kind = CollKind::kAllToAllV;
+  slot.kind = OpKind::kAllToAllV;
   slot.send = send;
   slot.counts = send_counts;
   slot.recv_counts = recv_counts;
@@ -621,12 +532,12 @@ void ThreadCommunicator::all_to_allv(const void* send, std::span<const size_t> s
 }
 
 void ThreadCommunicator::all_reduce(void* buf, size_t n, Elem elem, ReduceOp op) {
-  rules::CollectiveTrace trace_op("all_reduce", stats_);
+  rules::CollectiveTrace trace_op(OpKind::kAllReduce, stats_);
   rules::check_buffer(buf, n, "all_reduce: buf");
   const int p = size();
   rules::account_all_reduce(stats_, n * rules::elem_size(elem), p);
   CollSlot slot;
-  slot.kind = CollKind::kAllReduce;
+  slot.kind = OpKind::kAllReduce;
   slot.recv = buf;
   slot.n = n;
   slot.elem = elem;
@@ -661,12 +572,11 @@ void ThreadCommunicator::all_reduce(void* buf, size_t n, Elem elem, ReduceOp op)
 }
 
 void ThreadCommunicator::broadcast(void* buf, size_t bytes, int root) {
-  rules::CollectiveTrace trace_op("broadcast", stats_);
-  rules::check_peer(root, size(), "broadcast: root");
-  rules::check_buffer(buf, bytes, "broadcast: buf");
+  rules::CollectiveTrace trace_op(OpKind::kBroadcast, stats_);
+  rules::check_broadcast(buf, bytes, root, size());
   rules::account_broadcast(stats_, bytes, root, rank_, size());
   CollSlot slot;
-  slot.kind = CollKind::kBroadcast;
+  slot.kind = OpKind::kBroadcast;
   slot.send = buf;
   slot.bytes = bytes;
   slot.root = root;
@@ -676,17 +586,17 @@ void ThreadCommunicator::broadcast(void* buf, size_t bytes, int root) {
 }
 
 void ThreadCommunicator::barrier() {
-  rules::CollectiveTrace trace_op("barrier", stats_);
+  rules::CollectiveTrace trace_op(OpKind::kBarrier, stats_);
   rules::account_barrier(stats_);
   CollSlot slot;
-  slot.kind = CollKind::kBarrier;
+  slot.kind = OpKind::kBarrier;
   collective(slot, 0, [](int) {});
 }
 
 std::unique_ptr<Communicator> ThreadCommunicator::split(int color, int key) {
   // Not counted in CommStats: setting up groups is not traffic of the algorithms.
   CollSlot slot;
-  slot.kind = CollKind::kSplit;
+  slot.kind = OpKind::kSplit;
   slot.color = color;
   slot.key = key;
   const uint64_t split_number = splits_++;

@@ -55,19 +55,8 @@ struct ThreadChannel {
 };
 
 // What a rank brings to a collective, published at its first rendezvous.
-enum class CollKind {
-  kAllGather,
-  kAllGatherV,
-  kAllToAll,
-  kAllToAllV,
-  kAllReduce,
-  kBroadcast,
-  kBarrier,
-  kSplit
-};
-
 struct CollSlot {
-  CollKind kind = CollKind::kBarrier;
+  OpKind kind = OpKind::kBarrier;
   const void* send = nullptr;
   void* recv = nullptr;
   size_t bytes = 0;                     // all_gather, all_to_all, broadcast
