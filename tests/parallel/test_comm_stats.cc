@@ -1,7 +1,9 @@
-// Measured CommStats of every strategy equal the formulas of docs/algorithms.md exactly.
+// Measured CommStats and CpStats of every strategy equal its schedule (schedule.h) exactly:
+// bytes per rank and per kind of op, work, peak K/V.
 #include <gtest/gtest.h>
 
 #include "parallel/cp_test_util.h"
+#include "seqpar/parallel/schedule.h"
 
 namespace seqpar {
 
@@ -22,15 +24,35 @@ TEST_P(CommBytes, EqualFormula) {
   p.dtype = dtype;
   p.causal = true;
   auto run = run_cp(p, strategy, layout, ranks);
+  ParallelConfig c;
+  c.strategy = ranks == 1 ? Strategy::kLocal : strategy;
+  c.mesh.ring = ranks;
+  c.layout = layout;
+  AttnShape shape{.batch = batch, .seq = seq, .heads = p.heads, .kv_heads = p.kv_heads,
+                  .head_dim = p.head_dim, .causal = true, .dtype = dtype};
+  const Schedule s = attention_schedule(c, shape);
   Partition part(seq, ranks, layout);
   for (int r = 0; r < ranks; ++r) {
-    CommPrediction want = predict_comm_bytes(strategy, part, r, batch, p.heads, p.kv_heads,
-                                             p.head_dim, dtype_size(dtype));
+    const CommPrediction want = schedule_bytes(s, r);
     EXPECT_EQ(run.comm[r].total_sent(), want.sent) << "rank " << r;
     EXPECT_EQ(run.comm[r].total_recv(), want.recv) << "rank " << r;
-    // Which ops carry the bytes: ring only point-to-point, allgather only all-gathers.
-    const OpKind kind = strategy == Strategy::kRing ? OpKind::kSendRecv : OpKind::kAllGather;
-    EXPECT_EQ(run.comm[r].bytes_sent[static_cast<size_t>(kind)], want.sent);
+    EXPECT_EQ(run.cp[r].work, schedule_work(s, r)) << "rank " << r;
+    EXPECT_EQ(run.cp[r].peak_kv_bytes, s.ranks[r].peak_kv_bytes) << "rank " << r;
+    // The ops that carry the bytes, step by step: ring only point-to-point, allgather only
+    // all-gathers.
+    std::array<uint64_t, static_cast<size_t>(OpKind::kCount)> sent{}, recv{};
+    for (const Step& step : s.ranks[r].steps)
+      if (step.comm) {
+        sent[static_cast<size_t>(step.comm->op)] += step.comm->sent;
+        recv[static_cast<size_t>(step.comm->op)] += step.comm->recv;
+      }
+    EXPECT_EQ(run.comm[r].bytes_sent, sent) << "rank " << r;
+    EXPECT_EQ(run.comm[r].bytes_recv, recv) << "rank " << r;
+    // The Partition entry gives the same bytes.
+    const CommPrediction p_want = predict_comm_bytes(strategy, part, r, batch, p.heads,
+                                                     p.kv_heads, p.head_dim, dtype_size(dtype));
+    EXPECT_EQ(p_want.sent, want.sent) << "rank " << r;
+    EXPECT_EQ(p_want.recv, want.recv) << "rank " << r;
   }
 }
 
