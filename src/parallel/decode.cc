@@ -220,7 +220,7 @@ void add_passq(Schedule& s, const CallRuns& c) {
   for (int r = 0; r < n; ++r) {
     RankSchedule& rs = s.ranks[r];
     const int64_t mine = rs.tokens;
-    const std::vector<int> members = consecutive_members(0, n);
+    const GroupMembers members = consecutive_members(0, n);
     rs.steps.push_back(collective_step(OpKind::kAllGather, true, "q", CommGroup::kSp, members,
                                        q_token * mine * (n - 1), q_token * (total - mine)));
     rs.steps.push_back(compute_step(c.B * c.H * c.visible(all_q, c.kv[r])));

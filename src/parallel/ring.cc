@@ -241,18 +241,17 @@ int64_t ring_peak_kv(std::span<const int64_t> len, int r, int64_t token_bytes) {
 // Member i at step s (0 <= s < n) attends to the block of member i - s and, for s < n-1, sends
 // the block it holds to member i+1 while receiving that of member i-s-1 from member i-1. A step
 // after the first attended block merges its state into the accumulator.
-void add_ring(Schedule& s, const CallRuns& c, std::span<const int> members,
+void add_ring(Schedule& s, const CallRuns& c, GroupMembers members,
               std::span<const PositionRuns> blocks, std::span<const PositionRuns> queries,
               int64_t heads, int64_t kv_heads, CommGroup group, SoftmaxMode softmax) {
   const int n = static_cast<int>(members.size());
   const int64_t token = c.B * kv_heads * c.D * static_cast<int64_t>(c.e);  // K or V of a token
   std::vector<int64_t> len(n);
   for (int i = 0; i < n; ++i) len[i] = run_count(blocks[i]);
-  const std::vector<int> ring(members.begin(), members.end());
   for (int i = 0; i < n; ++i) {
     RankSchedule& rs = s.ranks[members[i]];
     if (softmax == SoftmaxMode::kConstMax && n > 1)
-      rs.steps.push_back(key_norms_step(c, ring, kv_heads, group));
+      rs.steps.push_back(key_norms_step(c, members, kv_heads, group));
     const int64_t rows = run_count(queries[i]);
     bool attended = false;
     for (int step = 0; step < n; ++step) {
@@ -268,7 +267,7 @@ void add_ring(Schedule& s, const CallRuns& c, std::span<const int> members,
         t.op = OpKind::kSendRecv;
         t.what = "k, v";
         t.group = group;
-        t.members = ring;
+        t.members = members;
         t.sent = 2 * token * len[src];
         t.recv = 2 * token * len[((i - step - 1) % n + n) % n];
         t.calls = 2;

@@ -2,8 +2,6 @@
 // strategy's steps are in its own file.
 #include "seqpar/parallel/schedule.h"
 
-#include <numeric>
-
 #include "parallel/schedule_build.h"
 #include "seqpar/core/error.h"
 
@@ -132,11 +130,7 @@ CallRuns placement_runs(const KvPlacement& place, int64_t batch, int64_t heads, 
 
 // ---- steps ----------------------------------------------------------------------------------
 
-std::vector<int> consecutive_members(int first, int n) {
-  std::vector<int> m(n);
-  std::iota(m.begin(), m.end(), first);
-  return m;
-}
+GroupMembers consecutive_members(int first, int n) { return {first, 1, n}; }
 
 Schedule empty_schedule(const CallRuns& c) {
   Schedule s;
@@ -149,14 +143,14 @@ Schedule empty_schedule(const CallRuns& c) {
 }
 
 Step collective_step(OpKind op, bool varying, std::string what, CommGroup group,
-                     std::vector<int> members, uint64_t sent, uint64_t recv) {
+                     GroupMembers members, uint64_t sent, uint64_t recv) {
   Step step;
   Transfer& t = step.comm.emplace();
   t.op = op;
   t.varying = varying;
   t.what = std::move(what);
   t.group = group;
-  t.members = std::move(members);
+  t.members = members;
   t.sent = sent;
   t.recv = recv;
   return step;

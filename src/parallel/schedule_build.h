@@ -45,12 +45,12 @@ CallRuns partition_runs(const Partition& part, int64_t batch, int64_t heads, int
 CallRuns placement_runs(const KvPlacement& place, int64_t batch, int64_t heads, int64_t kv_heads,
                         int64_t head_dim, size_t elem_bytes);
 
-std::vector<int> consecutive_members(int first, int n);  // first, first+1, ..., first+n-1
+GroupMembers consecutive_members(int first, int n);  // first, first+1, ..., first+n-1
 Schedule empty_schedule(const CallRuns& c);              // tokens set, no steps
 
 // A step with a collective of uniform shares (all_gather(v), all_reduce) of this rank.
 Step collective_step(OpKind op, bool varying, std::string what, CommGroup group,
-                     std::vector<int> members, uint64_t sent, uint64_t recv);
+                     GroupMembers members, uint64_t sent, uint64_t recv);
 Step compute_step(int64_t work, double copy_bytes = 0);
 
 // The steps of the strategies, appended to s (each defined next to its strategy):
@@ -59,11 +59,11 @@ void add_allgather(Schedule& s, const CallRuns& c);
 // ring.cc: the ring over `members` (sp ranks, ring order), member i holding the K/V block
 // blocks[i] of kv_heads heads per token and the queries queries[i] of `heads` heads; sets each
 // member's peak K/V. const-max adds the key norms' all-reduce first (const_max.cc).
-void add_ring(Schedule& s, const CallRuns& c, std::span<const int> members,
+void add_ring(Schedule& s, const CallRuns& c, GroupMembers members,
               std::span<const PositionRuns> blocks, std::span<const PositionRuns> queries,
               int64_t heads, int64_t kv_heads, CommGroup group, SoftmaxMode softmax);
 // const_max.cc: the all-reduce (max) of B·kv_heads fp32 key norms over `members`.
-Step key_norms_step(const CallRuns& c, std::vector<int> members, int64_t kv_heads,
+Step key_norms_step(const CallRuns& c, GroupMembers members, int64_t kv_heads,
                     CommGroup group);
 // ulysses.cc: Ulysses inside groups of u consecutive ranks, then (groups > 1) a ring across
 // groups: ulysses (u = n) and usp.

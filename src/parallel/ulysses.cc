@@ -272,7 +272,7 @@ namespace {
 
 // An all_to_allv of group `members` where member i sends member j bytes(i, j).
 template <typename Bytes>
-Step exchange_step(const std::string& what, const std::vector<int>& members, int me,
+Step exchange_step(const std::string& what, GroupMembers members, int me,
                    int64_t calls, Bytes&& bytes) {
   Step step = collective_step(OpKind::kAllToAll, true, what, CommGroup::kUlysses, members, 0, 0);
   Transfer& t = *step.comm;
@@ -310,7 +310,7 @@ void add_ulysses(Schedule& s, const CallRuns& c, int u, SoftmaxMode softmax) {
   }
   const double e = static_cast<double>(c.e);
   for (int g = 0; g < groups && u > 1; ++g) {
-    const std::vector<int> members = consecutive_members(g * u, u);
+    const GroupMembers members = consecutive_members(g * u, u);
     auto count = [&](int j) { return run_count(c.q[g * u + j]); };
     for (int me = 0; me < u; ++me) {
       std::vector<Step>& steps = s.ranks[members[me]].steps;
@@ -336,14 +336,12 @@ void add_ulysses(Schedule& s, const CallRuns& c, int u, SoftmaxMode softmax) {
   } else {
     for (int j = 0; j < u; ++j) {
       if (qh[j].size() == 0) continue;  // a member without query heads runs no ring
-      std::vector<int> ring(groups);
-      for (int g = 0; g < groups; ++g) ring[g] = g * u + j;
-      add_ring(s, c, ring, group_runs, group_runs, qh[j].size(), kernel_kv[j], CommGroup::kRing,
+      add_ring(s, c, GroupMembers{j, u, groups}, group_runs, group_runs, qh[j].size(), kernel_kv[j], CommGroup::kRing,
                softmax);
     }
   }
   for (int g = 0; g < groups && u > 1; ++g) {
-    const std::vector<int> members = consecutive_members(g * u, u);
+    const GroupMembers members = consecutive_members(g * u, u);
     for (int me = 0; me < u; ++me) {
       std::vector<Step>& steps = s.ranks[members[me]].steps;
       // member `from` sends member `to` the rows of to's tokens of from's heads

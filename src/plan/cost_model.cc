@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <numeric>
 #include <optional>
+#include <tuple>
 
 #include "seqpar/core/error.h"
 #include "seqpar/core/limits.h"
@@ -235,49 +237,54 @@ class MeshModel {
     return pc_[r] < steps.size() ? &steps[pc_[r]] : nullptr;
   }
 
-  // Every rank's steps in order; a step with communication runs once every member of its group
-  // has reached it (the same op on the same group).
+  // Every rank runs its steps in order; a step with communication runs once every member of
+  // its group has reached it (members reach their steps on a group in the same order).
   void replay() {
     pc_.assign(N_, 0);
-    for (;;) {
-      bool progressed = false, done = true;
-      for (int r = 0; r < N_; ++r) {
-        while (const Step* st = current(r)) {
-          if (!st->comm) {
-            compute(r, step_compute_s(r, *st));
-            ++pc_[r];
-            progressed = true;
-            continue;
-          }
-          const Transfer& t = *st->comm;
-          bool ready = true;
-          for (int x : t.members) {
-            const Step* o = current(x);
-            ready = ready && o && o->comm && o->comm->op == t.op && o->comm->group == t.group &&
-                    o->comm->what == t.what;
-          }
-          if (!ready) break;
-          const std::vector<int> members = t.members;
-          if (t.overlaps_compute) {
-            ring_step(members);
-          } else {
-            collective(members);
-          }
-          for (int x : members) ++pc_[x];
-          progressed = true;
-        }
-        done = done && current(r) == nullptr;
+    std::map<std::tuple<int, int, int>, int> arrived;  // per group: members waiting at a step
+    std::vector<int> ready(N_);
+    std::iota(ready.begin(), ready.end(), 0);
+    while (!ready.empty()) {
+      const int r = ready.back();
+      ready.pop_back();
+      const Step* st = current(r);
+      for (; st && !st->comm; st = current(r)) {
+        compute(r, step_compute_s(r, *st));
+        ++pc_[r];
       }
-      if (done) return;
-      SEQPAR_CHECK(progressed, "the schedule of ", config_label(m_),
-                   " does not line up: a step waits for a member that never reaches it");
+      if (!st) continue;
+      const GroupMembers& g = st->comm->members;
+      int& waiting = arrived[{g.first, g.stride, g.count}];
+      if (++waiting < g.count) continue;
+      waiting = 0;
+      std::vector<int> members(g.count);
+      for (int i = 0; i < g.count; ++i) {
+        members[i] = g[i];
+        const Step* o = current(members[i]);
+        SEQPAR_CHECK(o && o->comm && o->comm->op == st->comm->op &&
+                         o->comm->what == st->comm->what,
+                     "the schedule of ", config_label(m_), " does not line up: sp rank ",
+                     members[i], " is not at ", st->comm->what);
+      }
+      if (st->comm->overlaps_compute) {
+        ring_step(members);
+      } else {
+        collective(members);
+      }
+      for (int x : members) {
+        ++pc_[x];
+        ready.push_back(x);
+      }
     }
+    for (int r = 0; r < N_; ++r)
+      SEQPAR_CHECK(current(r) == nullptr, "the schedule of ", config_label(m_),
+                   " does not line up: sp rank ", r, " waits for a member that never comes");
   }
 
   // A collective: it starts when the last member arrives and ends when the slowest member's
-  // transfers end: (n-1)·latency per call, plus all_to_all: the bytes to and from each peer
-  // over its kind of link, the two kinds in parallel; the others (ring algorithms): what the
-  // member receives over the group's slowest link.
+  // transfers end: (n-1)·latency (once per step: a step's calls go back to back), plus for an
+  // all_to_all the bytes to and from each peer over its kind of link, the two kinds in parallel;
+  // for the others (ring algorithms) what the member receives over the group's slowest link.
   void collective(const std::vector<int>& members) {
     const bool span = spans(members);
     const int n = static_cast<int>(members.size());
@@ -294,7 +301,7 @@ class MeshModel {
       } else {
         bytes_s = static_cast<double>(t.recv) / bw(span);
       }
-      dur = std::max(dur, static_cast<double>(t.calls) * (n - 1) * alpha(span) + bytes_s);
+      dur = std::max(dur, (n - 1) * alpha(span) + bytes_s);
     }
     for (int x : members) {
       const Transfer& t = *current(x)->comm;

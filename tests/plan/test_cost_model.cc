@@ -262,8 +262,7 @@ TEST(CostModelTime, UlyssesIsExposedAllToAll) {
   // q, k, v and out+lse: all_to_allv of (S/N)·(N-1)/N... each member receives 3 of its heads'
   // tensors from 3 peers: 3 · 1024 · 2 heads · 128 · 4 bytes per tensor.
   const double qkv = 3 * (3 * 1e-5 + 3.0 * 1024 * 2 * 128 * 4 / 1e10);
-  // out and lse: two calls, so two latencies per peer.
-  const double back = 2 * 3 * 1e-5 + 3.0 * 1024 * 2 * 129 * 4 / 1e10;
+  const double back = 3 * 1e-5 + 3.0 * 1024 * 2 * 129 * 4 / 1e10;
   const double counts = 3 * 1e-5 + 24 / 1e10;
   EXPECT_NEAR(c.comm_s, qkv + back + counts, 1e-12);
 }

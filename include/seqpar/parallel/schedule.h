@@ -34,13 +34,23 @@ struct PeerBytes {
   uint64_t sent = 0, recv = 0;
 };
 
+// The members of a group as sp ranks in group order: first, first + stride, ... (count of
+// them). SpComms' groups are all of this form: the sp group (0, 1, N), a Ulysses group (g·U, 1,
+// U), a ring group (j, U, R). A ring's neighbours are the members left and right.
+struct GroupMembers {
+  int first = 0, stride = 1, count = 1;
+  int operator[](int i) const { return first + i * stride; }
+  int size() const { return count; }
+  bool operator==(const GroupMembers&) const = default;
+};
+
 // One collective, or one step's transfer of a ring.
 struct Transfer {
   OpKind op = OpKind::kSendRecv;
   bool varying = false;  // counts differ per member: all_gatherv, all_to_allv
   std::string what;      // "k", "v", "q", "k, v", "out, lse", "token counts", "key norms", ...
   CommGroup group = CommGroup::kSp;
-  std::vector<int> members;  // sp ranks in group order (a ring: prev = left, next = right)
+  GroupMembers members;
   uint64_t sent = 0, recv = 0;    // bytes of this rank, as CommStats counts them
   std::vector<PeerBytes> peers;   // all_to_all: per peer (the rest: empty)
   int64_t calls = 1;              // ops (a ring step: K and V)
