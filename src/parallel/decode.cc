@@ -168,9 +168,8 @@ AttnState passkv_attention(Communicator& comm, const KvPlacement& place, const T
 }
 
 PassChoice pass_choice(int64_t new_tokens, int64_t cached_tokens, int ranks, int64_t heads,
-                       int64_t kv_heads, size_t elem_bytes, double flops_per_s,
-                       double bytes_per_s, double miss_threshold,
-                       std::string_view miss_threshold_formula) {
+                       int64_t kv_heads, size_t elem_bytes, double flops_per_s, double bytes_per_s,
+                       double miss_threshold, std::string_view miss_threshold_formula) {
   PassChoice c;
   c.threshold_tokens = static_cast<double>(ranks) * flops_per_s * kv_heads * elem_bytes /
                        (2.0 * heads * bytes_per_s);
@@ -224,8 +223,8 @@ void add_passq(Schedule& s, const CallRuns& c) {
     rs.steps.push_back(collective_step(OpKind::kAllGather, true, "q", CommGroup::kSp, members,
                                        q_token * mine * (n - 1), q_token * (total - mine)));
     rs.steps.push_back(compute_step(c.B * c.H * c.visible(all_q, c.kv[r])));
-    Step back = collective_step(OpKind::kAllToAll, true, "partial out, lse", CommGroup::kSp,
-                                members, 0, 0);
+    Step back =
+        collective_step(OpKind::kAllToAll, true, "partial out, lse", CommGroup::kSp, members, 0, 0);
     for (int j = 0; j < n; ++j) {
       if (j == r) continue;
       const PeerBytes p{j, partial * run_count(c.q[j]), partial * mine};

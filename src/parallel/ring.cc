@@ -282,8 +282,7 @@ void add_ring(Schedule& s, const CallRuns& c, GroupMembers members,
 Schedule ring_schedule(const ParallelConfig& cfg, const AttnShape& shape) {
   const CallRuns c = sequence_runs(cfg, shape);
   Schedule s = empty_schedule(c);
-  add_ring(s, c, consecutive_members(0, c.n()), c.kv, c.q, c.H, c.Hkv, CommGroup::kSp,
-           cfg.softmax);
+  add_ring(s, c, consecutive_members(0, c.n()), c.kv, c.q, c.H, c.Hkv, CommGroup::kSp, cfg.softmax);
   return s;
 }
 

@@ -15,11 +15,11 @@ namespace seqpar {
 // One call as the schedules see it: sizes, masks, and per sp rank its queries and its K/V.
 struct CallRuns {
   int64_t B = 1, H = 1, Hkv = 1, D = 1;
-  size_t e = 4;               // element bytes of q, k, v
+  size_t e = 4;  // element bytes of q, k, v
   bool causal = false;
-  int64_t valid_len = 0;      // keys at positions >= valid_len are padding (0: none)
+  int64_t valid_len = 0;  // keys at positions >= valid_len are padding (0: none)
   int64_t text_tokens = 0;
-  int64_t seq = 0;            // sharded tokens (padding included; over a cache: K/V tokens)
+  int64_t seq = 0;  // sharded tokens (padding included; over a cache: K/V tokens)
   std::vector<PositionRuns> q, kv;
   int n() const { return static_cast<int>(q.size()); }
   int64_t visible(const PositionRuns& qr, const PositionRuns& kr) const {
@@ -46,7 +46,7 @@ CallRuns placement_runs(const KvPlacement& place, int64_t batch, int64_t heads, 
                         int64_t head_dim, size_t elem_bytes);
 
 GroupMembers consecutive_members(int first, int n);  // first, first+1, ..., first+n-1
-Schedule empty_schedule(const CallRuns& c);              // tokens set, no steps
+Schedule empty_schedule(const CallRuns& c);          // tokens set, no steps
 
 // A step with a collective of uniform shares (all_gather(v), all_reduce) of this rank.
 Step collective_step(OpKind op, bool varying, std::string what, CommGroup group,
@@ -63,8 +63,7 @@ void add_ring(Schedule& s, const CallRuns& c, GroupMembers members,
               std::span<const PositionRuns> blocks, std::span<const PositionRuns> queries,
               int64_t heads, int64_t kv_heads, CommGroup group, SoftmaxMode softmax);
 // const_max.cc: the all-reduce (max) of B·kv_heads fp32 key norms over `members`.
-Step key_norms_step(const CallRuns& c, GroupMembers members, int64_t kv_heads,
-                    CommGroup group);
+Step key_norms_step(const CallRuns& c, GroupMembers members, int64_t kv_heads, CommGroup group);
 // ulysses.cc: Ulysses inside groups of u consecutive ranks, then (groups > 1) a ring across
 // groups: ulysses (u = n) and usp.
 void add_ulysses(Schedule& s, const CallRuns& c, int u, SoftmaxMode softmax);

@@ -272,8 +272,8 @@ namespace {
 
 // An all_to_allv of group `members` where member i sends member j bytes(i, j).
 template <typename Bytes>
-Step exchange_step(const std::string& what, GroupMembers members, int me,
-                   int64_t calls, Bytes&& bytes) {
+Step exchange_step(const std::string& what, GroupMembers members, int me, int64_t calls,
+                   Bytes&& bytes) {
   Step step = collective_step(OpKind::kAllToAll, true, what, CommGroup::kUlysses, members, 0, 0);
   Transfer& t = *step.comm;
   t.calls = calls;
@@ -330,14 +330,15 @@ void add_ulysses(Schedule& s, const CallRuns& c, int u, SoftmaxMode softmax) {
   if (groups == 1) {
     for (int j = 0; j < u; ++j) {
       RankSchedule& rs = s.ranks[j];
-      rs.steps.push_back(compute_step(c.B * qh[j].size() * c.visible(group_runs[0], group_runs[0])));
+      rs.steps.push_back(
+          compute_step(c.B * qh[j].size() * c.visible(group_runs[0], group_runs[0])));
       rs.peak_kv_bytes = 2 * c.B * c.seq * (qh[j].size() > 0 ? kernel_kv[j] : 0) * c.D * c.e;
     }
   } else {
     for (int j = 0; j < u; ++j) {
       if (qh[j].size() == 0) continue;  // a member without query heads runs no ring
-      add_ring(s, c, GroupMembers{j, u, groups}, group_runs, group_runs, qh[j].size(), kernel_kv[j], CommGroup::kRing,
-               softmax);
+      add_ring(s, c, GroupMembers{j, u, groups}, group_runs, group_runs, qh[j].size(), kernel_kv[j],
+               CommGroup::kRing, softmax);
     }
   }
   for (int g = 0; g < groups && u > 1; ++g) {

@@ -261,8 +261,7 @@ class MeshModel {
       for (int i = 0; i < g.count; ++i) {
         members[i] = g[i];
         const Step* o = current(members[i]);
-        SEQPAR_CHECK(o && o->comm && o->comm->op == st->comm->op &&
-                         o->comm->what == st->comm->what,
+        SEQPAR_CHECK(o && o->comm && o->comm->op == st->comm->op && o->comm->what == st->comm->what,
                      "the schedule of ", config_label(m_), " does not line up: sp rank ",
                      members[i], " is not at ", st->comm->what);
       }
@@ -306,9 +305,8 @@ class MeshModel {
     for (int x : members) {
       const Transfer& t = *current(x)->comm;
       t_[x] = start + dur;
-      collectives_[x].push_back(
-          {t.op_name(), t.what, std::string(comm_group_name(t.group)), t.sent, t.recv, t.calls,
-           span, false, dur});
+      collectives_[x].push_back({t.op_name(), t.what, std::string(comm_group_name(t.group)), t.sent,
+                                 t.recv, t.calls, span, false, dur});
     }
   }
 

@@ -216,8 +216,7 @@ void check_decode(const DecodeCase& c, Strategy kind, int64_t head_dim = 16) {
       for (int64_t h = 0; h < c.heads; ++h)
         ASSERT_NEAR(got[r].lse.at(i * c.heads + h), ref.lse.at(row * c.heads + h), kTol);
     }
-    CommPrediction want =
-        predict_decode_bytes(kind, place, r, B, c.heads, c.kv_heads, head_dim, 4);
+    CommPrediction want = predict_decode_bytes(kind, place, r, B, c.heads, c.kv_heads, head_dim, 4);
     EXPECT_EQ(stats[r].total_sent(), want.sent) << strategy_name(kind) << " rank " << r;
     EXPECT_EQ(stats[r].total_recv(), want.recv) << strategy_name(kind) << " rank " << r;
     // The schedule: bytes, work and peak K/V of every rank.
@@ -225,14 +224,20 @@ void check_decode(const DecodeCase& c, Strategy kind, int64_t head_dim = 16) {
     config.strategy = kind;
     config.mesh.ring = c.ranks;
     config.layout = c.layout;
-    const AttnShape shape{.batch = B, .seq = total, .heads = c.heads, .kv_heads = c.kv_heads,
-                          .head_dim = head_dim, .causal = true, .cached = c.cached,
+    const AttnShape shape{.batch = B,
+                          .seq = total,
+                          .heads = c.heads,
+                          .kv_heads = c.kv_heads,
+                          .head_dim = head_dim,
+                          .causal = true,
+                          .cached = c.cached,
                           .fresh = c.fresh};
     const Schedule s = attention_schedule(config, shape);
     EXPECT_EQ(schedule_bytes(s, r).sent, want.sent) << strategy_name(kind) << " rank " << r;
     EXPECT_EQ(schedule_bytes(s, r).recv, want.recv) << strategy_name(kind) << " rank " << r;
     EXPECT_EQ(schedule_work(s, r), cp[r].work) << strategy_name(kind) << " rank " << r;
-    EXPECT_EQ(s.ranks[r].peak_kv_bytes, cp[r].peak_kv_bytes) << strategy_name(kind) << " rank " << r;
+    EXPECT_EQ(s.ranks[r].peak_kv_bytes, cp[r].peak_kv_bytes)
+        << strategy_name(kind) << " rank " << r;
   }
 }
 
