@@ -399,8 +399,12 @@ class MeshModel {
     for (int r = 0; r < N_; ++r) {
       cost_.ranks[r].finish_s = t_[r];
       if (t_[r] > t_[crit]) crit = r;
-      max_work = std::max(max_work, cost_.ranks[r].work);
-      sum_work += cost_.ranks[r].work;
+      // What the rank computes: CpStats' count plus the work every rank repeats (joint
+      // attention's text over text, counted on rank 0 only).
+      int64_t work = 0;
+      for (const Step& st : schedule_.ranks[r].steps) work += st.work;
+      max_work = std::max(max_work, work);
+      sum_work += work;
     }
     cost_.critical_rank = crit;
     cost_.collectives = collectives_[crit];

@@ -78,7 +78,7 @@ struct CollectiveCost {
 // One rank of the sequence-parallel group (the same in every cfg and tp group), per layer.
 struct RankCost {
   int64_t tokens = 0;           // its queries (sharded tokens, padding included)
-  int64_t work = 0;             // visible score elements of the attention call (CpStats::work)
+  int64_t work = 0;             // visible score elements (CpStats::work; joint: its text too)
   uint64_t sent = 0, recv = 0;  // attention bytes (CommStats): the schedule's
   int64_t peak_kv_bytes = 0;    // K/V held at once (CpStats::peak_kv_bytes)
   double attention_flops = 0;   // all attention of the layer (self, cross, text)
@@ -94,7 +94,7 @@ struct MeshCost {
   std::vector<CollectiveCost> collectives;         // of the critical rank
   int critical_rank = 0;                           // the rank that finishes last
   double compute_s = 0, comm_s = 0, exposed_comm_s = 0, layer_s = 0, step_s = 0;
-  double work_imbalance = 1;  // max / mean attention work
+  double work_imbalance = 1;  // max / mean attention work computed (replicated work included)
   uint64_t tp_bytes = 0;      // all-reduce bytes per rank per layer (CommStats rule n·(tp-1))
   // Memory per rank.
   double weight_bytes = 0, kv_cache_bytes = 0, activation_bytes = 0, memory_bytes = 0;
