@@ -381,14 +381,16 @@ def plan(*, ranks: int = 8, model: Optional[str] = None, seq: int = 0, heads: in
          memory_limit_gb: float = 0.0, dtype: Optional[str] = None, cfg: int = 0, tp: int = 0,
          ulysses_degree: int = 0, ring_degree: int = 0, strategy: Optional[str] = None,
          layout: Optional[str] = None, ulysses_mode: Optional[str] = None,
-         pad: Optional[bool] = None, cached: int = 0, new: int = 0, top: int = 15) -> dict:
+         softmax: Optional[str] = None, pad: Optional[bool] = None, cached: int = 0, new: int = 0,
+         top: int = 15) -> dict:
     """Which parallel layout to use, before anything runs: the ``seqpar plan --json`` object.
 
     A model preset (``model="wan2.1-t2v-14b", frames=33, height=240, width=432``, or
     ``model="llama3-405b", cached=124800, new=3200``) or one bare attention call (``seq``,
     ``heads``, ``kv_heads``, ``head_dim``, ``causal``) on ``ranks`` ranks of the ``hardware``
     profile (h100, h200, cpu-ethernet, local, or a JSON file). Degrees left 0 and options left
-    None are enumerated. ``top``: meshes with per-rank detail (0: all). Keys: seq_len, remainder,
+    None are enumerated (softmax None: online; ``softmax="const-max"`` plans ring and usp with
+    the const-max softmax). ``top``: meshes with per-rank detail (0: all). Keys: seq_len, remainder,
     divisibility, meshes (fastest first), over_memory, rejected, and for decode the pass choice.
     """
     s = _core._PlanSpec()
@@ -398,7 +400,7 @@ def plan(*, ranks: int = 8, model: Optional[str] = None, seq: int = 0, heads: in
     s.causal, s.text_tokens, s.guidance = bool(causal), text_tokens, bool(guidance)
     s.ranks, s.ranks_per_node, s.memory_limit_gb = int(ranks), ranks_per_node, float(memory_limit_gb)
     s.dtype, s.strategy, s.layout = dtype or "", strategy or "", layout or ""
-    s.ulysses_mode, s.pad = ulysses_mode or "", pad
+    s.ulysses_mode, s.softmax, s.pad = ulysses_mode or "", softmax or "", pad
     s.cfg, s.tp, s.ulysses_degree, s.ring_degree = int(cfg), int(tp), int(ulysses_degree), int(ring_degree)
     s.cached, s.new = int(cached), int(new)
     return json.loads(_core._plan_json(s, hardware, int(top)))

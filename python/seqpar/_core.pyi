@@ -81,6 +81,7 @@ class _PlanSpec:
     strategy: str
     layout: str
     ulysses_mode: str
+    softmax: str
     pad: Optional[bool]
     cached: int
     new: int

@@ -37,6 +37,7 @@ void bind_plan(py::module_& m) {
       .def_readwrite("strategy", &PlanSpec::strategy)
       .def_readwrite("layout", &PlanSpec::layout)
       .def_readwrite("ulysses_mode", &PlanSpec::ulysses_mode)
+      .def_readwrite("softmax", &PlanSpec::softmax)
       .def_readwrite("pad", &PlanSpec::pad)
       .def_readwrite("cached", &PlanSpec::cached)
       .def_readwrite("new", &PlanSpec::fresh);

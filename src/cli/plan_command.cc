@@ -73,6 +73,7 @@ ResolvedPlanSpec resolve(const PlanOptions& o) {
   spec.strategy = o.strategy;
   spec.layout = o.layout;
   spec.ulysses_mode = o.ulysses_mode;
+  spec.softmax = o.softmax;
   if (o.pad) spec.pad = true;
   if (o.no_pad) spec.pad = false;
   spec.cached = o.cached;
@@ -101,6 +102,7 @@ std::string strategy_cell(const ParallelConfig& m) {
   std::string s(strategy_name(m.strategy));
   if (m.strategy == Strategy::kUlysses || m.strategy == Strategy::kUsp)
     s += detail::concat("(", ulysses_mode_name(m.ulysses_mode), ")");
+  if (m.softmax == SoftmaxMode::kConstMax) s += " const-max";
   return s;
 }
 
@@ -384,6 +386,8 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
                 "pin: allgather | ring | ulysses | usp | passkv | passq | local");
   p->add_option("--layout", o.layout, "pin: contiguous | striped | zigzag");
   p->add_option("--ulysses-mode,--ulysses_mode", o.ulysses_mode, "pin: strict | uaa");
+  p->add_option("--softmax", o.softmax,
+                "online (default) | const-max: plan ring and usp with the const-max softmax");
   p->add_flag("--pad", o.pad, "only padded meshes");
   p->add_flag("--no-pad,--no_pad", o.no_pad, "only unpadded meshes");
   p->add_option("--cached", o.cached, "llm decode / partial prefill: cached tokens P");

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <vector>
 
+#include "schedule_build.h"
+#include "strategy_common.h"
 #include "seqpar/core/timer.h"
 #include "strategy_common.h"
 
@@ -65,6 +67,33 @@ AttnState allgather_attention(Communicator& comm, const Partition& part, const T
     stats->compute_seconds = t2 - t1;
   }
   return state;
+}
+
+// The schedule: two all_gatherv (K, V) over the group, then attention over the whole sequence
+// (with B > 1 the gathered rows are regrouped: a copy of what was received).
+void add_allgather(Schedule& s, const CallRuns& c) {
+  const int n = c.n();
+  const uint64_t token = c.B * c.Hkv * c.D * c.e;  // K or V of one token
+  PositionRuns all;
+  for (const auto& kv : c.kv) all.insert(all.end(), kv.begin(), kv.end());
+  for (int r = 0; r < n; ++r) {
+    const int64_t mine = run_count(c.kv[r]);
+    const uint64_t sent = token * mine * (n - 1), recv = token * (c.seq - mine);
+    RankSchedule& rs = s.ranks[r];
+    for (const char* what : {"k", "v"})
+      rs.steps.push_back(collective_step(OpKind::kAllGather, true, what, CommGroup::kSp,
+                                         consecutive_members(0, n), sent, recv));
+    rs.steps.push_back(compute_step(c.B * c.H * c.visible(c.q[r], all),
+                                    c.B > 1 ? 2.0 * static_cast<double>(recv) : 0));
+    rs.peak_kv_bytes = 2 * c.B * c.seq * c.Hkv * c.D * c.e;
+  }
+}
+
+Schedule allgather_schedule(const ParallelConfig& cfg, const AttnShape& shape) {
+  const CallRuns c = sequence_runs(cfg, shape);
+  Schedule s = empty_schedule(c);
+  add_allgather(s, c);
+  return s;
 }
 
 }  // namespace seqpar

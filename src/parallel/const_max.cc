@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 
+#include "schedule_build.h"
 #include "strategy_common.h"
 
 namespace seqpar {
@@ -164,6 +165,12 @@ int64_t ConstMaxAccumulator::fallback_rows() const {
   int64_t n = 0;
   for (float m : kernel_max_) n += std::isnan(m);
   return n;
+}
+
+// const_max_row_bounds' all-reduce: B·kv_heads fp32 maxima, each member's to every other.
+Step key_norms_step(const CallRuns& c, GroupMembers members, int64_t kv_heads, CommGroup group) {
+  const uint64_t bytes = 4ull * c.B * kv_heads * (members.size() - 1);
+  return collective_step(OpKind::kAllReduce, false, "key norms", group, members, bytes, bytes);
 }
 
 }  // namespace seqpar

@@ -9,8 +9,11 @@
 #include "seqpar/parallel/decode.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
+#include "schedule_build.h"
+#include "strategy_common.h"
 #include "seqpar/core/timer.h"
 #include "strategy_common.h"
 
@@ -165,56 +168,105 @@ AttnState passkv_attention(Communicator& comm, const KvPlacement& place, const T
   return ring_over_blocks(comm, blocks, place.q_pos[comm.rank()], q, k, v, opts, stats);
 }
 
-PassChoice choose_pass(int64_t new_tokens, int64_t cached_tokens, int ranks, int64_t heads,
-                       int64_t kv_heads, size_t elem_bytes, double flops_per_s,
-                       double bytes_per_s) {
+PassChoice pass_choice(int64_t new_tokens, int64_t cached_tokens, int ranks, int64_t heads,
+                       int64_t kv_heads, size_t elem_bytes, double flops_per_s, double bytes_per_s,
+                       double miss_threshold, std::string_view miss_threshold_formula) {
   PassChoice c;
   c.threshold_tokens = static_cast<double>(ranks) * flops_per_s * kv_heads * elem_bytes /
                        (2.0 * heads * bytes_per_s);
   c.miss_rate = static_cast<double>(new_tokens) / static_cast<double>(new_tokens + cached_tokens);
-  c.miss_threshold = 2.0 * kv_heads / heads;
-  char buf[256];
+  c.miss_threshold = miss_threshold;
+  const std::string formula(miss_threshold_formula);
+  char buf[320];
   if (new_tokens >= c.threshold_tokens) {
     c.kind = Strategy::kPassKv;
     std::snprintf(buf, sizeof buf, "passkv: T = %lld new tokens >= N*C*Hkv*e/(2*H*BW) = %.0f",
                   static_cast<long long>(new_tokens), c.threshold_tokens);
   } else if (c.miss_rate >= c.miss_threshold) {
     c.kind = Strategy::kPassKv;
-    std::snprintf(buf, sizeof buf, "passkv: T/(T+P) = %.4f >= 2*Hkv/H = %.4f", c.miss_rate,
-                  c.miss_threshold);
+    std::snprintf(buf, sizeof buf, "passkv: T/(T+P) = %.4f >= %s = %.4f", c.miss_rate,
+                  formula.c_str(), c.miss_threshold);
   } else {
     c.kind = Strategy::kPassQ;
-    std::snprintf(buf, sizeof buf,
-                  "passq: T = %lld < %.0f tokens and T/(T+P) = %.4f < 2*Hkv/H = %.4f",
+    std::snprintf(buf, sizeof buf, "passq: T = %lld < %.0f tokens and T/(T+P) = %.4f < %s = %.4f",
                   static_cast<long long>(new_tokens), c.threshold_tokens, c.miss_rate,
-                  c.miss_threshold);
+                  formula.c_str(), c.miss_threshold);
   }
   c.reason = buf;
   return c;
 }
 
+PassChoice choose_pass(int64_t new_tokens, int64_t cached_tokens, int ranks, int64_t heads,
+                       int64_t kv_heads, size_t elem_bytes, double flops_per_s,
+                       double bytes_per_s) {
+  return pass_choice(new_tokens, cached_tokens, ranks, heads, kv_heads, elem_bytes, flops_per_s,
+                     bytes_per_s, 2.0 * kv_heads / heads, "2*Hkv/H");
+}
+
+// ---- schedules --------------------------------------------------------------------------------
+
+// pass-Q: all_gatherv of the queries, attention of all of them over the local shard,
+// all_to_allv of the fp32 partial states back to their owners, N merges of each own row.
+void add_passq(Schedule& s, const CallRuns& c) {
+  const int n = c.n();
+  PositionRuns all_q;
+  int64_t total = 0;
+  for (const auto& q : c.q) {
+    all_q.insert(all_q.end(), q.begin(), q.end());
+    total += run_count(q);
+  }
+  const uint64_t q_token = c.B * c.H * c.D * c.e;
+  const uint64_t partial = c.B * c.H * (c.D + 1) * 4;  // fp32 out row and lse of one token
+  for (int r = 0; r < n; ++r) {
+    RankSchedule& rs = s.ranks[r];
+    const int64_t mine = rs.tokens;
+    const GroupMembers members = consecutive_members(0, n);
+    rs.steps.push_back(collective_step(OpKind::kAllGather, true, "q", CommGroup::kSp, members,
+                                       q_token * mine * (n - 1), q_token * (total - mine)));
+    rs.steps.push_back(compute_step(c.B * c.H * c.visible(all_q, c.kv[r])));
+    Step back =
+        collective_step(OpKind::kAllToAll, true, "partial out, lse", CommGroup::kSp, members, 0, 0);
+    for (int j = 0; j < n; ++j) {
+      if (j == r) continue;
+      const PeerBytes p{j, partial * run_count(c.q[j]), partial * mine};
+      back.comm->sent += p.sent;
+      back.comm->recv += p.recv;
+      back.comm->peers.push_back(p);
+    }
+    rs.steps.push_back(std::move(back));
+    rs.steps.push_back(compute_step(0, n * c.merge_bytes(mine, c.H)));
+    rs.peak_kv_bytes = 2 * c.B * run_count(c.kv[r]) * c.Hkv * c.D * c.e;
+  }
+}
+
+Schedule passq_schedule(const ParallelConfig& cfg, const AttnShape& shape) {
+  const CallRuns c = cache_runs(cfg, shape);
+  Schedule s = empty_schedule(c);
+  add_passq(s, c);
+  return s;
+}
+
+// pass-KV: the ring of the K/V shards, the queries staying.
+Schedule passkv_schedule(const ParallelConfig& cfg, const AttnShape& shape) {
+  const CallRuns c = cache_runs(cfg, shape);
+  Schedule s = empty_schedule(c);
+  add_ring(s, c, consecutive_members(0, c.n()), c.kv, c.q, c.H, c.Hkv, CommGroup::kSp,
+           SoftmaxMode::kOnline);
+  return s;
+}
+
 CommPrediction predict_decode_bytes(Strategy kind, const KvPlacement& place, int rank,
                                     int64_t batch, int64_t heads, int64_t kv_heads,
                                     int64_t head_dim, size_t elem_bytes) {
-  const int n = place.ranks();
-  CommPrediction p;
-  if (n == 1) return p;
-  if (kind == Strategy::kPassKv) {
-    const uint64_t token = 2ull * batch * kv_heads * head_dim * elem_bytes;
-    uint64_t total = 0;
-    for (const auto& kv : place.kv_pos) total += kv.size();
-    p.sent = token * (total - place.kv_pos[(rank + 1) % n].size());
-    p.recv = token * (total - place.kv_pos[rank].size());
-    return p;
+  const CallRuns c = placement_runs(place, batch, heads, kv_heads, head_dim, elem_bytes);
+  Schedule s = empty_schedule(c);
+  if (kind == Strategy::kPassQ) {
+    add_passq(s, c);
+  } else {
+    add_ring(s, c, consecutive_members(0, c.n()), c.kv, c.q, c.H, c.Hkv, CommGroup::kSp,
+             SoftmaxMode::kOnline);
   }
-  const uint64_t q_token = static_cast<uint64_t>(batch * heads * head_dim) * elem_bytes;
-  const uint64_t partial = static_cast<uint64_t>(batch * heads * (head_dim + 1)) * 4;
-  const uint64_t mine = place.q_pos[rank].size();
-  uint64_t total = 0;
-  for (const auto& q : place.q_pos) total += q.size();
-  p.sent = q_token * mine * (n - 1) + partial * (total - mine);
-  p.recv = q_token * (total - mine) + partial * mine * (n - 1);
-  return p;
+  return schedule_bytes(s, rank);
 }
 
 }  // namespace seqpar

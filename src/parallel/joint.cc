@@ -8,6 +8,8 @@
 #include <cstring>
 #include <vector>
 
+#include "schedule_build.h"
+#include "strategy_common.h"
 #include "seqpar/core/timer.h"
 #include "strategy_common.h"
 
@@ -83,6 +85,28 @@ JointState joint_attention(Strategy strategy, SpComms& comms, const Partition& p
     stats->work += comm.rank() == 0 ? B * H * T * T : 0;  // text-text: counted once
   }
   return js;
+}
+
+// The text part's schedule (steps 1 to 4): image queries over the text keys and text queries
+// over the image shard, with the merge of the image state; the all_gather of the text partials;
+// text over text (on every rank, counted once by CpStats) and the merges of the partials.
+void add_joint_text(Schedule& s, const CallRuns& c) {
+  const int n = c.n();
+  const int64_t T = c.text_tokens;
+  const uint64_t partials = 4ull * c.B * T * c.H * (c.D + 1) * (n - 1);
+  for (int r = 0; r < n; ++r) {
+    RankSchedule& rs = s.ranks[r];
+    rs.steps.push_back(compute_step(2 * c.B * c.H * rs.tokens * T, c.merge_bytes(rs.tokens, c.H)));
+    rs.steps.push_back(collective_step(OpKind::kAllGather, false, "text partials", CommGroup::kSp,
+                                       consecutive_members(0, n), partials, partials));
+    Step text = compute_step(c.B * c.H * T * T, n * c.merge_bytes(T, c.H));
+    text.replicated = true;
+    rs.steps.push_back(text);
+  }
+}
+
+void add_joint_text_schedule(Schedule& image, const ParallelConfig& cfg, const AttnShape& shape) {
+  add_joint_text(image, sequence_runs(cfg, shape));
 }
 
 }  // namespace seqpar

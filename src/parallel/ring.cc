@@ -26,6 +26,8 @@
 #include <optional>
 #include <vector>
 
+#include "schedule_build.h"
+#include "strategy_common.h"
 #include "seqpar/core/timer.h"
 #include "seqpar/core/trace.h"
 #include "strategy_common.h"
@@ -211,6 +213,78 @@ AttnState ring_attention(Communicator& comm, const Partition& part, const Tensor
   for (int i = 0; i < part.ranks(); ++i) blocks[i] = part.positions(i);
   if (stats) *stats = CpStats{};
   return ring_over_blocks(comm, blocks, part.positions(comm.rank()), q, k, v, opts, stats);
+}
+
+// ---- schedule -------------------------------------------------------------------------------
+
+namespace {
+
+// Tensor's capacity rule: 64-byte multiples, at least 64 (0 for nothing).
+int64_t capacity_bytes(int64_t bytes) {
+  return bytes <= 0 ? 0 : std::max<int64_t>(64, (bytes + 63) / 64 * 64);
+}
+
+// What ring_over_blocks holds on member r: its own block plus two receive buffers (K and V
+// each), buffer i refilled at steps s = i (mod 2), s < n-1, growing to the largest block it
+// received. len[i]: tokens of block i; token_bytes: K or V of one token.
+int64_t ring_peak_kv(std::span<const int64_t> len, int r, int64_t token_bytes) {
+  const int n = static_cast<int>(len.size());
+  int64_t buf[2] = {0, 0};
+  for (int s = 0; s + 1 < n; ++s) {
+    const int incoming = ((r - s - 1) % n + n) % n;
+    buf[s % 2] = std::max(buf[s % 2], len[incoming] * token_bytes);
+  }
+  return 2 * len[r] * token_bytes + 2 * (capacity_bytes(buf[0]) + capacity_bytes(buf[1]));
+}
+
+}  // namespace
+
+// Member i at step s (0 <= s < n) attends to the block of member i - s and, for s < n-1, sends
+// the block it holds to member i+1 while receiving that of member i-s-1 from member i-1. A step
+// after the first attended block merges its state into the accumulator.
+void add_ring(Schedule& s, const CallRuns& c, GroupMembers members,
+              std::span<const PositionRuns> blocks, std::span<const PositionRuns> queries,
+              int64_t heads, int64_t kv_heads, CommGroup group, SoftmaxMode softmax) {
+  const int n = static_cast<int>(members.size());
+  const int64_t token = c.B * kv_heads * c.D * static_cast<int64_t>(c.e);  // K or V of a token
+  std::vector<int64_t> len(n);
+  for (int i = 0; i < n; ++i) len[i] = run_count(blocks[i]);
+  for (int i = 0; i < n; ++i) {
+    RankSchedule& rs = s.ranks[members[i]];
+    if (softmax == SoftmaxMode::kConstMax && n > 1)
+      rs.steps.push_back(key_norms_step(c, members, kv_heads, group));
+    const int64_t rows = run_count(queries[i]);
+    bool attended = false;
+    for (int step = 0; step < n; ++step) {
+      const int src = ((i - step) % n + n) % n;
+      Step st;
+      if (!c.hidden(queries[i], blocks[src])) {
+        st.work = c.B * heads * c.visible(queries[i], blocks[src]);
+        if (attended) st.copy_bytes = c.merge_bytes(rows, heads);
+        attended = true;
+      }
+      if (step + 1 < n) {
+        Transfer& t = st.comm.emplace();
+        t.op = OpKind::kSendRecv;
+        t.what = "k, v";
+        t.group = group;
+        t.members = members;
+        t.sent = 2 * token * len[src];
+        t.recv = 2 * token * len[((i - step - 1) % n + n) % n];
+        t.calls = 2;
+        t.overlaps_compute = true;
+      }
+      rs.steps.push_back(std::move(st));
+    }
+    rs.peak_kv_bytes = ring_peak_kv(len, i, token);
+  }
+}
+
+Schedule ring_schedule(const ParallelConfig& cfg, const AttnShape& shape) {
+  const CallRuns c = sequence_runs(cfg, shape);
+  Schedule s = empty_schedule(c);
+  add_ring(s, c, consecutive_members(0, c.n()), c.kv, c.q, c.H, c.Hkv, CommGroup::kSp, cfg.softmax);
+  return s;
 }
 
 }  // namespace seqpar

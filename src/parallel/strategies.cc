@@ -2,6 +2,7 @@
 
 #include <numeric>
 
+#include "schedule_build.h"
 #include "strategy_common.h"
 
 namespace seqpar {
@@ -185,97 +186,35 @@ AttnState context_parallel_attention(Strategy strategy, SpComms& comms, const Pa
 
 // ---- predicted bytes --------------------------------------------------------------------------
 
-namespace {
-
-// Bytes of the Ulysses exchanges for member `me` of the group whose members hold counts[j]
-// tokens: q, k, v to heads (element bytes e), out and lse back (fp32), plus the 8-byte token
-// counts all-gathered first.
-CommPrediction ulysses_bytes(std::span<const int64_t> counts, int me, int64_t batch, int64_t heads,
-                             int64_t kv_heads, int64_t head_dim, size_t e) {
-  const int n = static_cast<int>(counts.size());
-  CommPrediction p;
-  if (n == 1) return p;
-  const IndexRange my_q = ulysses_q_heads(heads, n, me);
-  const IndexRange my_kv = ulysses_kv_heads(heads, kv_heads, n, me);
-  for (int j = 0; j < n; ++j) {
-    if (j == me) continue;
-    const IndexRange jq = ulysses_q_heads(heads, n, j);
-    const IndexRange jkv = ulysses_kv_heads(heads, kv_heads, n, j);
-    // to member j: my tokens of its heads; back from j: my tokens of its heads (out + lse)
-    p.sent += batch * counts[me] * (jq.size() + 2 * jkv.size()) * head_dim * e;
-    p.recv += batch * counts[me] * jq.size() * (head_dim + 1) * 4;
-    // from member j: its tokens of my heads; back to j: its tokens of my heads
-    p.recv += batch * counts[j] * (my_q.size() + 2 * my_kv.size()) * head_dim * e;
-    p.sent += batch * counts[j] * my_q.size() * (head_dim + 1) * 4;
-  }
-  p.sent += 8ull * (n - 1);
-  p.recv += 8ull * (n - 1);
-  return p;
-}
-
-}  // namespace
-
 CommPrediction predict_comm_bytes(Strategy strategy, const Partition& part, int rank, int64_t batch,
                                   int64_t heads, int64_t kv_heads, int64_t head_dim,
                                   size_t elem_bytes, int ulysses_degree, int64_t text_tokens,
                                   SoftmaxMode softmax) {
+  CallRuns c = partition_runs(part, batch, heads, kv_heads, head_dim, elem_bytes);
+  c.text_tokens = text_tokens;
+  Schedule s = empty_schedule(c);
   const int n = part.ranks();
-  const uint64_t token_kv = 2ull * batch * kv_heads * head_dim * elem_bytes;  // K and V of a token
-  CommPrediction p;
-  if (n == 1) return p;
-  const uint64_t text_partials = 4ull * batch * text_tokens * heads * (head_dim + 1) * (n - 1);
-  p.sent = p.recv = text_partials;
-  const bool const_max = softmax == SoftmaxMode::kConstMax;
-  std::vector<int64_t> counts(n);
-  for (int i = 0; i < n; ++i) counts[i] = part.count(i);
   switch (strategy) {
     case Strategy::kAllGather:
-      p.sent += token_kv * counts[rank] * (n - 1);
-      p.recv += token_kv * (part.seq() - counts[rank]);
+      add_allgather(s, c);
       break;
     case Strategy::kRing:
-      p.sent += token_kv * (part.seq() - counts[(rank + 1) % n]);
-      p.recv += token_kv * (part.seq() - counts[rank]);
-      if (const_max) {  // all-reduce (max) of B·Hkv fp32 key norms
-        p.sent += 4ull * batch * kv_heads * (n - 1);
-        p.recv += 4ull * batch * kv_heads * (n - 1);
-      }
+      add_ring(s, c, consecutive_members(0, n), c.kv, c.q, c.H, c.Hkv, CommGroup::kSp, softmax);
       break;
-    case Strategy::kUlysses: {
-      CommPrediction u = ulysses_bytes(counts, rank, batch, heads, kv_heads, head_dim, elem_bytes);
-      p.sent += u.sent;
-      p.recv += u.recv;
+    case Strategy::kUlysses:
+      add_ulysses(s, c, n, softmax);
       break;
-    }
-    case Strategy::kUsp: {
-      const int u = ulysses_degree == 0 ? n : ulysses_degree, groups = n / u;
-      const int g = rank / u, me = rank % u;
-      CommPrediction ub = ulysses_bytes(std::span(counts).subspan(g * u, u), me, batch, heads,
-                                        kv_heads, head_dim, elem_bytes);
-      p.sent += ub.sent;
-      p.recv += ub.recv;
-      if (groups > 1) {
-        // Ring across groups of this member's kv heads over the groups' sequences.
-        std::vector<int64_t> len(groups, 0);
-        for (int i = 0; i < n; ++i) len[i / u] += counts[i];
-        const int64_t ring_kv = ulysses_kernel_kv_heads(heads, kv_heads, u, me);
-        const uint64_t token = 2ull * batch * ring_kv * head_dim * elem_bytes;
-        p.sent += token * (part.seq() - len[(g + 1) % groups]);
-        p.recv += token * (part.seq() - len[g]);
-        if (const_max) {  // the ring group's all-reduce of B·ring_kv key norms
-          p.sent += 4ull * batch * ring_kv * (groups - 1);
-          p.recv += 4ull * batch * ring_kv * (groups - 1);
-        }
-      }
+    case Strategy::kUsp:
+      add_ulysses(s, c, ulysses_degree == 0 ? n : ulysses_degree, softmax);
       break;
-    }
     case Strategy::kLocal:
     case Strategy::kPassKv:
     case Strategy::kPassQ:
       SEQPAR_CHECK(false, "predict_comm_bytes: strategy ", strategy_name(strategy),
                    " is not one over a sharded sequence");
   }
-  return p;
+  if (text_tokens > 0) add_joint_text(s, c);
+  return schedule_bytes(s, rank);
 }
 
 }  // namespace seqpar

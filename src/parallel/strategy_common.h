@@ -18,9 +18,6 @@ void validate_local_shapes(const Communicator& comm, const Partition& part, cons
 // i / (|q| / |kv|)) gives every query head of q (global query head h reads kv head h / group)
 // its kv head from kv.
 bool standard_gqa(IndexRange q, IndexRange kv, int64_t group);
-// The kv heads a Ulysses member's kernel reads: its kv heads when standard_gqa holds, else one
-// per query head (expanded locally; the ring of usp then carries the expanded heads).
-int64_t ulysses_kernel_kv_heads(int64_t heads, int64_t kv_heads, int n, int j);
 
 // Kernel parameters for queries at q_pos attending keys at k_pos under opts, with the padding
 // mask (keys at positions >= opts.valid_len) for `batch` rows when padding is on. Holds the mask

@@ -12,6 +12,8 @@
 #include <cstring>
 #include <vector>
 
+#include "schedule_build.h"
+#include "strategy_common.h"
 #include "seqpar/core/timer.h"
 #include "strategy_common.h"
 
@@ -263,6 +265,110 @@ AttnState usp_attention(SpComms& comms, const Partition& part, const Tensor& q, 
                         return ring_over_blocks(comms.ring(), blocks, pos, ql, kl, vl, opts,
                                                 stats);
                       });
+}
+
+// ---- schedule -------------------------------------------------------------------------------
+
+namespace {
+
+// An all_to_allv of group `members` where member i sends member j bytes(i, j).
+template <typename Bytes>
+Step exchange_step(const std::string& what, GroupMembers members, int me, int64_t calls,
+                   Bytes&& bytes) {
+  Step step = collective_step(OpKind::kAllToAll, true, what, CommGroup::kUlysses, members, 0, 0);
+  Transfer& t = *step.comm;
+  t.calls = calls;
+  for (int j = 0; j < static_cast<int>(members.size()); ++j) {
+    if (j == me) continue;
+    const PeerBytes p{members[j], bytes(me, j), bytes(j, me)};
+    t.sent += p.sent;
+    t.recv += p.recv;
+    t.peers.push_back(p);
+  }
+  return step;
+}
+
+}  // namespace
+
+// Per group of u consecutive members: token counts, q, k, v to heads (then packing and placing
+// them: a copy of what was sent and received), attention on the member's heads (the whole group
+// sequence, or with several groups a ring of the groups' sequences across the members of one
+// Ulysses rank), out and lse back (fp32, two calls), and their copy.
+void add_ulysses(Schedule& s, const CallRuns& c, int u, SoftmaxMode softmax) {
+  const int groups = c.n() / u;
+  std::vector<IndexRange> qh(u), kvh(u);
+  std::vector<int64_t> kernel_kv(u);
+  for (int j = 0; j < u; ++j) {
+    qh[j] = ulysses_q_heads(c.H, u, j);
+    kvh[j] = ulysses_kv_heads(c.H, c.Hkv, u, j);
+    kernel_kv[j] = ulysses_kernel_kv_heads(c.H, c.Hkv, u, j);
+  }
+  std::vector<PositionRuns> group_runs(groups);
+  std::vector<int64_t> group_len(groups, 0);
+  for (int r = 0; r < c.n(); ++r) {
+    group_runs[r / u].insert(group_runs[r / u].end(), c.q[r].begin(), c.q[r].end());
+    group_len[r / u] += run_count(c.q[r]);
+  }
+  const double e = static_cast<double>(c.e);
+  for (int g = 0; g < groups && u > 1; ++g) {
+    const GroupMembers members = consecutive_members(g * u, u);
+    auto count = [&](int j) { return run_count(c.q[g * u + j]); };
+    for (int me = 0; me < u; ++me) {
+      std::vector<Step>& steps = s.ranks[members[me]].steps;
+      steps.push_back(collective_step(OpKind::kAllGather, false, "token counts",
+                                      CommGroup::kUlysses, members, 8ull * (u - 1),
+                                      8ull * (u - 1)));
+      double copied = 0;
+      for (auto [what, heads] : {std::pair{"q", &qh}, {"k", &kvh}, {"v", &kvh}}) {
+        steps.push_back(exchange_step(what, members, me, 1, [&](int from, int to) {
+          return static_cast<uint64_t>(c.B * count(from) * (*heads)[to].size() * c.D * e);
+        }));
+        copied += static_cast<double>(steps.back().comm->sent + steps.back().comm->recv);
+      }
+      steps.push_back(compute_step(0, copied));
+    }
+  }
+  if (groups == 1) {
+    for (int j = 0; j < u; ++j) {
+      RankSchedule& rs = s.ranks[j];
+      rs.steps.push_back(
+          compute_step(c.B * qh[j].size() * c.visible(group_runs[0], group_runs[0])));
+      rs.peak_kv_bytes = 2 * c.B * c.seq * (qh[j].size() > 0 ? kernel_kv[j] : 0) * c.D * c.e;
+    }
+  } else {
+    for (int j = 0; j < u; ++j) {
+      if (qh[j].size() == 0) continue;  // a member without query heads runs no ring
+      add_ring(s, c, GroupMembers{j, u, groups}, group_runs, group_runs, qh[j].size(), kernel_kv[j],
+               CommGroup::kRing, softmax);
+    }
+  }
+  for (int g = 0; g < groups && u > 1; ++g) {
+    const GroupMembers members = consecutive_members(g * u, u);
+    for (int me = 0; me < u; ++me) {
+      std::vector<Step>& steps = s.ranks[members[me]].steps;
+      // member `from` sends member `to` the rows of to's tokens of from's heads
+      steps.push_back(exchange_step("out, lse", members, me, 2, [&](int from, int to) {
+        return static_cast<uint64_t>(c.B * run_count(c.q[g * u + to]) * qh[from].size() *
+                                     (c.D + 1) * 4);
+      }));
+      steps.push_back(
+          compute_step(0, static_cast<double>(steps.back().comm->sent + steps.back().comm->recv)));
+    }
+  }
+}
+
+Schedule ulysses_schedule(const ParallelConfig& cfg, const AttnShape& shape) {
+  const CallRuns c = sequence_runs(cfg, shape);
+  Schedule s = empty_schedule(c);
+  add_ulysses(s, c, c.n(), SoftmaxMode::kOnline);
+  return s;
+}
+
+Schedule usp_schedule(const ParallelConfig& cfg, const AttnShape& shape) {
+  const CallRuns c = sequence_runs(cfg, shape);
+  Schedule s = empty_schedule(c);
+  add_ulysses(s, c, cfg.mesh.ulysses, cfg.softmax);
+  return s;
 }
 
 }  // namespace seqpar

@@ -1,16 +1,19 @@
-// The cost model of one mesh: per-rank bytes (parallel/'s predictions, split into the
-// collectives that carry them), work (position runs), memory, and a replay of one layer's
-// schedule on the profile's two-level alpha-beta network.
+// The cost model of one mesh: the sequence-parallel group's schedule (parallel/schedule.h: bytes,
+// work, K/V memory per rank) replayed on the profile's two-level alpha-beta network, then the
+// model's other layers and memory.
 #include "seqpar/plan/cost_model.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <numeric>
 #include <optional>
+#include <tuple>
 
 #include "seqpar/core/error.h"
 #include "seqpar/core/limits.h"
+#include "seqpar/parallel/schedule.h"
 
 namespace seqpar {
 
@@ -98,171 +101,97 @@ int node_of(const HardwareProfile& hw, int world_rank) {
   return hw.ranks_per_node <= 0 ? 0 : world_rank / hw.ranks_per_node;
 }
 
-int64_t ulysses_member_kernel_kv_heads(int64_t heads, int64_t kv_heads, int n, int j) {
-  // The kernel reads local kv head i / (|q| / |kv|) for local query head i; that must be the kv
-  // head h / (H / Hkv) of every global query head h, else K/V are expanded to one per query head.
-  const IndexRange q = ulysses_q_heads(heads, n, j), kv = ulysses_kv_heads(heads, kv_heads, n, j);
-  const int64_t group = heads / kv_heads;
-  bool standard = kv.size() > 0 && q.size() % kv.size() == 0;
-  for (int64_t i = 0; standard && i < q.size(); ++i)
-    standard = (q.begin + i) / group - kv.begin == i / (q.size() / kv.size());
-  return standard ? kv.size() : q.size();
-}
-
 PassChoice choose_pass_all2all(int64_t new_tokens, int64_t cached_tokens, int ranks, int64_t heads,
                                int64_t kv_heads, size_t elem_bytes, double flops_per_s,
                                double bytes_per_s) {
-  PassChoice c;
-  const double n = ranks, e = static_cast<double>(elem_bytes);
-  c.threshold_tokens = n * flops_per_s * kv_heads * e / (2.0 * heads * bytes_per_s);
-  c.miss_rate = static_cast<double>(new_tokens) / static_cast<double>(new_tokens + cached_tokens);
-  c.miss_threshold =
-      2.0 * kv_heads / heads - 4.0 * new_tokens * bytes_per_s / (n * flops_per_s * e);
-  char buf[320];
-  if (new_tokens >= c.threshold_tokens) {
-    c.kind = Strategy::kPassKv;
-    std::snprintf(buf, sizeof buf, "passkv: T = %lld new tokens >= N*C*Hkv*e/(2*H*BW) = %.0f",
-                  static_cast<long long>(new_tokens), c.threshold_tokens);
-  } else if (c.miss_rate >= c.miss_threshold) {
-    c.kind = Strategy::kPassKv;
-    std::snprintf(buf, sizeof buf,
-                  "passkv: T/(T+P) = %.4f >= 2*Hkv/H - 4*T*BW/(N*C*e) = %.4f (pass-Q's "
-                  "all-to-all would cost more)",
-                  c.miss_rate, c.miss_threshold);
-  } else {
-    c.kind = Strategy::kPassQ;
-    std::snprintf(buf, sizeof buf,
-                  "passq: T = %lld < %.0f tokens and T/(T+P) = %.4f < 2*Hkv/H - "
-                  "4*T*BW/(N*C*e) = %.4f",
-                  static_cast<long long>(new_tokens), c.threshold_tokens, c.miss_rate,
-                  c.miss_threshold);
-  }
-  c.reason = buf;
+  const double e = static_cast<double>(elem_bytes);
+  const double threshold =
+      2.0 * kv_heads / heads - 4.0 * new_tokens * bytes_per_s / (ranks * flops_per_s * e);
+  PassChoice c = pass_choice(new_tokens, cached_tokens, ranks, heads, kv_heads, elem_bytes,
+                             flops_per_s, bytes_per_s, threshold, "2*Hkv/H - 4*T*BW/(N*C*e)");
+  if (c.kind == Strategy::kPassKv && new_tokens < c.threshold_tokens)
+    c.reason += " (pass-Q's all-to-all would cost more)";
   return c;
+}
+
+AttnShape workload_shape(const Workload& w) {
+  AttnShape s;
+  s.batch = w.batch * w.cfg_branches;
+  s.seq = w.seq;
+  s.heads = w.heads;
+  s.kv_heads = w.kv_heads;
+  s.head_dim = w.head_dim;
+  s.causal = w.causal;
+  s.text_tokens = w.text_tokens;
+  if (w.decode()) {
+    s.cached = w.cached;
+    s.fresh = w.fresh;
+  }
+  s.dtype = w.dtype;
+  return s;
 }
 
 namespace {
 
-constexpr double kLseBytes = 4;  // fp32
-
-int64_t cap64(int64_t bytes) {
-  return bytes <= 0 ? 0 : std::max<int64_t>(64, (bytes + 63) / 64 * 64);
-}
-
-// Everything one mesh's cost needs, resolved once.
+// One mesh's cost: the sequence-parallel group's schedule (parallel/schedule.h) replayed on the
+// profile, the model's other layers, memory.
 class MeshModel {
  public:
-  MeshModel(const Workload& w, const ParallelConfig& m, const HardwareProfile& hw, double memory_limit)
+  MeshModel(const Workload& w, const ParallelConfig& m, const HardwareProfile& hw,
+            double memory_limit)
       : w_(w), m_(m), hw_(hw), memory_limit_(memory_limit) {}
 
   MeshCost run() {
     validate();
-    place_tokens();
+    schedule_ = attention_schedule(m_, shape_);
     cost_.config = m_;
     cost_.seq = w_.seq;
-    cost_.padded_seq = S_;
+    cost_.padded_seq = w_.decode() ? w_.seq : sharded_seq(m_, shape_);
     cost_.remainder = w_.seq % N_;
     cost_.ranks.assign(N_, RankCost{});
     collectives_.assign(N_, {});
     t_.assign(N_, 0.0);
-    for (int r = 0; r < N_; ++r) cost_.ranks[r].tokens = run_count(q_runs_[r]);
-    attention();
+    for (int r = 0; r < N_; ++r) {
+      RankCost& rc = cost_.ranks[r];
+      const RankSchedule& rs = schedule_.ranks[r];
+      rc.tokens = rs.tokens;
+      rc.work = schedule_work(schedule_, r);
+      rc.peak_kv_bytes = rs.peak_kv_bytes;
+      const CommPrediction bytes = schedule_bytes(schedule_, r);
+      rc.sent = bytes.sent;
+      rc.recv = bytes.recv;
+    }
+    replay();
     model_layers();
-    check_bytes();
     finish();
     memory();
     return cost_;
   }
 
  private:
-  // ---- validation and placement ----------------------------------------------------------
-
+  // The workload on this mesh: validate_config's checks of the whole mesh, the planner's own
+  // (cfg against the guidance branches, tp of a bare call, usp with both degrees above 1, one
+  // sp rank is local), and the shape the sequence-parallel group sees.
   void validate() {
-    const ParallelConfig& m = m_;
-    SEQPAR_ARG_CHECK(m.mesh.cfg >= 1 && m.mesh.tp >= 1 && m.mesh.ulysses >= 1 && m.mesh.ring >= 1,
-                     "degrees must be at least 1");
-    N_ = m.sp();
-    U_ = m.mesh.ulysses;
-    R_ = m.mesh.ring;
     SEQPAR_ARG_CHECK(w_.heads >= 1 && w_.kv_heads >= 1 && w_.heads % w_.kv_heads == 0 &&
                          w_.head_dim >= 1 && w_.batch >= 1 && w_.seq >= 1,
                      "the workload needs heads divisible by kv heads, head_dim, batch and tokens");
-    check_mesh_degrees(w_, m.mesh.cfg, m.mesh.tp);
-    H_ = w_.heads / m.mesh.tp;
-    Hkv_ = std::max<int64_t>(1, w_.kv_heads / m.mesh.tp);  // replicated when tp > kv heads
+    check_mesh_degrees(w_, m_.mesh.cfg, m_.mesh.tp);
+    validate_config(m_, workload_shape(w_));
+    N_ = m_.sp();
+    SEQPAR_ARG_CHECK(N_ > 1 || m_.strategy == Strategy::kLocal,
+                     "one sequence-parallel rank: strategy local only");
+    SEQPAR_ARG_CHECK(m_.strategy != Strategy::kUsp || (m_.mesh.ulysses > 1 && m_.mesh.ring > 1),
+                     "usp needs a ulysses degree and a ring degree above 1");
+    shape_ = workload_shape(w_);
+    shape_.batch = w_.batch * (w_.cfg_branches / m_.mesh.cfg);
+    shape_.heads = w_.heads / m_.mesh.tp;
+    shape_.kv_heads = std::max<int64_t>(1, w_.kv_heads / m_.mesh.tp);  // replicated past kv heads
+    B_ = shape_.batch;
+    H_ = shape_.heads;
+    Hkv_ = shape_.kv_heads;
     D_ = w_.head_dim;
     e_ = dtype_size(w_.dtype);
-    B_ = w_.batch * (w_.cfg_branches / m.mesh.cfg);
-    const bool decode = w_.decode();
-    const Strategy s = m.strategy;
-    if (N_ == 1) {
-      SEQPAR_ARG_CHECK(s == Strategy::kLocal, "one sequence-parallel rank: strategy local only");
-    } else {
-      SEQPAR_ARG_CHECK(s != Strategy::kLocal, "strategy local needs a sequence-parallel size of 1");
-    }
-    if (decode) {
-      SEQPAR_ARG_CHECK(s == Strategy::kLocal || s == Strategy::kPassKv || s == Strategy::kPassQ,
-                       strategy_name(s),
-                       " does not run over a K/V cache (cached, new); valid: ", "passkv, passq");
-      SEQPAR_ARG_CHECK(!m.pad, "a K/V cache (cached, new) is not padded");
-      SEQPAR_ARG_CHECK(w_.text_tokens == 0, "a K/V cache (cached, new) takes no text tokens");
-    } else {
-      SEQPAR_ARG_CHECK(s != Strategy::kPassKv && s != Strategy::kPassQ, strategy_name(s),
-                       " runs over a K/V cache: give cached and new token counts");
-    }
-    if (s == Strategy::kAllGather || s == Strategy::kRing || s == Strategy::kPassKv ||
-        s == Strategy::kPassQ)
-      SEQPAR_ARG_CHECK(U_ == 1, strategy_name(s), " takes no ulysses degree; use usp");
-    if (s == Strategy::kUlysses)
-      SEQPAR_ARG_CHECK(R_ == 1, "ulysses uses the whole sequence-parallel group; ring ", R_,
-                       " needs usp");
-    if (s == Strategy::kUsp)
-      SEQPAR_ARG_CHECK(U_ > 1 && R_ > 1, "usp needs a ulysses degree and a ring degree above 1");
-    SEQPAR_ARG_CHECK(w_.text_tokens == 0 || !w_.causal,
-                     "joint attention (text tokens) is bidirectional; not causal");
-  }
-
-  void place_tokens() {
-    const int n = N_;
-    if (w_.decode()) {
-      SEQPAR_ARG_CHECK(w_.cached >= n, "cached ", w_.cached, " is too small: each of the ", n,
-                       " sequence-parallel ranks needs at least one cached token");
-      S_ = w_.seq;
-      place_ = decode_placement(w_.cached, w_.fresh, n, m_.layout);
-      int64_t next = w_.cached;
-      for (int r = 0; r < n; ++r) {
-        const int64_t share = static_cast<int64_t>(place_.q_pos[r].size());
-        PositionRuns kv = layout_runs(w_.cached, n, m_.layout, r);
-        PositionRuns q = range_runs(next, next + share);
-        kv.insert(kv.end(), q.begin(), q.end());
-        q_runs_.push_back(q);
-        kv_runs_.push_back(kv);
-        next += share;
-      }
-      return;
-    }
-    S_ = w_.seq;
-    SEQPAR_ARG_CHECK(n <= w_.seq, n, " sequence-parallel ranks exceed the ", w_.seq,
-                     " tokens; every rank needs a real token (padding would leave some with ",
-                     "padding only): at most ", w_.seq);
-    if (m_.pad) {
-      const int64_t mult = m_.layout == Layout::kZigzag ? 2 * int64_t{n} : n;
-      S_ = (w_.seq + mult - 1) / mult * mult;
-      if (S_ != w_.seq) valid_len_ = w_.seq;
-    }
-    SEQPAR_ARG_CHECK(n <= S_, n, " sequence-parallel ranks exceed the ", S_,
-                     " tokens; every rank needs a token: at most ", S_);
-    part_ = Partition(S_, n, m_.layout);
-    for (int r = 0; r < n; ++r) {
-      q_runs_.push_back(layout_runs(S_, n, m_.layout, r));
-      kv_runs_.push_back(q_runs_.back());
-    }
-    if (m_.strategy == Strategy::kUlysses || m_.strategy == Strategy::kUsp) {
-      CpOptions opts;
-      opts.ulysses_mode = m_.ulysses_mode;
-      check_strategy_shape(m_.strategy == Strategy::kUlysses ? Strategy::kUlysses : Strategy::kUsp,
-                           part_, H_, Hkv_, U_, opts);
-    }
   }
 
   // ---- network ----------------------------------------------------------------------------
@@ -290,366 +219,128 @@ class MeshModel {
     return 4.0 * D_ * static_cast<double>(score_elements);
   }
 
-  std::vector<int> sp_group() const {
-    std::vector<int> g(N_);
-    std::iota(g.begin(), g.end(), 0);
-    return g;
-  }
-
-  // Adds a collective to every member's list and advances the members' clocks together: it
-  // starts when the last member arrives and ends when the slowest member's transfers end.
-  // per_member[i] = {sent, recv, intra_bytes, inter_bytes} of member i.
-  struct Share {
-    uint64_t sent = 0, recv = 0;
-    double intra = 0, inter = 0;  // bytes this member moves over each kind of link
-  };
-  void collective(const std::vector<int>& members, const std::string& op, const std::string& what,
-                  const std::string& group, const std::vector<Share>& shares, bool ring_algorithm,
-                  int64_t calls = 1) {
-    const bool span = spans(members);
-    const int n = static_cast<int>(members.size());
-    double start = 0, dur = 0;
-    for (int x : members) start = std::max(start, t_[x]);
-    for (int i = 0; i < n; ++i) {
-      double d;
-      if (ring_algorithm) {  // all_gather: every link of the ring carries what a member receives
-        d = (n - 1) * alpha(span) + static_cast<double>(shares[i].recv) / bw(span);
-      } else {  // all_to_all: the two kinds of links in parallel
-        d = (n - 1) * alpha(span) +
-            std::max(shares[i].intra / hw_.intra_node_bw, shares[i].inter / hw_.inter_node_bw);
-      }
-      dur = std::max(dur, d * calls);
-    }
-    for (int i = 0; i < n; ++i) {
-      const int x = members[i];
-      t_[x] = start + dur;
-      CollectiveCost c{op, what, group, shares[i].sent, shares[i].recv, calls, span, false, dur};
-      collectives_[x].push_back(c);
-    }
-  }
-
   void compute(int r, double seconds) {
     t_[r] += seconds;
     cost_.ranks[r].compute_s += seconds;
   }
 
-  // Ring over `members` (ring order); member i holds block i; at step s it computes on block
-  // (i - s) and receives block (i - s - 1) of `block_bytes[]` from member i-1.
-  // step_compute(i, s) is the compute of member i at step s.
-  template <typename StepCompute>
-  void ring_steps(const std::vector<int>& members, const std::vector<int64_t>& block_bytes,
-                  const std::string& what, const std::string& group, StepCompute&& step_compute) {
+  // ---- the replay -------------------------------------------------------------------------
+
+  // The compute of a step: its attention and its local copies and merges.
+  double step_compute_s(int r, const Step& st) {
+    cost_.ranks[r].attention_flops += flops_of(st.work);
+    return flops_of(st.work) / attn_rate() + copy_s(st.copy_bytes);
+  }
+
+  const Step* current(int r) const {
+    const auto& steps = schedule_.ranks[r].steps;
+    return pc_[r] < steps.size() ? &steps[pc_[r]] : nullptr;
+  }
+
+  // Every rank runs its steps in order; a step with communication runs once every member of
+  // its group has reached it (members reach their steps on a group in the same order).
+  void replay() {
+    pc_.assign(N_, 0);
+    std::map<std::tuple<int, int, int>, int> arrived;  // per group: members waiting at a step
+    std::vector<int> ready(N_);
+    std::iota(ready.begin(), ready.end(), 0);
+    while (!ready.empty()) {
+      const int r = ready.back();
+      ready.pop_back();
+      const Step* st = current(r);
+      for (; st && !st->comm; st = current(r)) {
+        compute(r, step_compute_s(r, *st));
+        ++pc_[r];
+      }
+      if (!st) continue;
+      const GroupMembers& g = st->comm->members;
+      int& waiting = arrived[{g.first, g.stride, g.count}];
+      if (++waiting < g.count) continue;
+      waiting = 0;
+      std::vector<int> members(g.count);
+      for (int i = 0; i < g.count; ++i) {
+        members[i] = g[i];
+        const Step* o = current(members[i]);
+        SEQPAR_CHECK(o && o->comm && o->comm->op == st->comm->op && o->comm->what == st->comm->what,
+                     "the schedule of ", config_label(m_), " does not line up: sp rank ",
+                     members[i], " is not at ", st->comm->what);
+      }
+      if (st->comm->overlaps_compute) {
+        ring_step(members);
+      } else {
+        collective(members);
+      }
+      for (int x : members) {
+        ++pc_[x];
+        ready.push_back(x);
+      }
+    }
+    for (int r = 0; r < N_; ++r)
+      SEQPAR_CHECK(current(r) == nullptr, "the schedule of ", config_label(m_),
+                   " does not line up: sp rank ", r, " waits for a member that never comes");
+  }
+
+  // A collective: it starts when the last member arrives and ends when the slowest member's
+  // transfers end: (n-1)·latency (once per step: a step's calls go back to back), plus for an
+  // all_to_all the bytes to and from each peer over its kind of link, the two kinds in parallel;
+  // for the others (ring algorithms) what the member receives over the group's slowest link.
+  void collective(const std::vector<int>& members) {
+    const bool span = spans(members);
+    const int n = static_cast<int>(members.size());
+    double start = 0, dur = 0;
+    for (int x : members) start = std::max(start, t_[x]);
+    for (int x : members) {
+      const Transfer& t = *current(x)->comm;
+      double bytes_s;
+      if (t.op == OpKind::kAllToAll) {
+        double intra = 0, inter_bytes = 0;
+        for (const PeerBytes& p : t.peers)
+          (inter(x, p.peer) ? inter_bytes : intra) += static_cast<double>(std::max(p.sent, p.recv));
+        bytes_s = std::max(intra / hw_.intra_node_bw, inter_bytes / hw_.inter_node_bw);
+      } else {
+        bytes_s = static_cast<double>(t.recv) / bw(span);
+      }
+      dur = std::max(dur, (n - 1) * alpha(span) + bytes_s);
+    }
+    for (int x : members) {
+      const Transfer& t = *current(x)->comm;
+      t_[x] = start + dur;
+      collectives_[x].push_back({t.op_name(), t.what, std::string(comm_group_name(t.group)), t.sent,
+                                 t.recv, t.calls, span, false, dur});
+    }
+  }
+
+  // One step of a ring: every member sends to the next while receiving from the previous and
+  // computing. A transfer starts when both ends have posted (rendezvous); what cannot overlap
+  // with compute (1 - overlap) is paid by the receiving rank's thread.
+  void ring_step(const std::vector<int>& members) {
     const int n = static_cast<int>(members.size());
     const bool span = spans(members);
-    std::vector<double> xfer(n, 0);  // per member, total transfer seconds
-    std::vector<uint64_t> sent(n, 0), recv(n, 0);
     std::vector<double> start(n);
-    for (int s = 0; s < n; ++s) {
-      for (int i = 0; i < n; ++i) start[i] = t_[members[i]];
-      for (int i = 0; i < n; ++i) {
-        const int x = members[i];
-        const int prev = (i + n - 1) % n, next = (i + 1) % n;
-        const double c = step_compute(i, s);
-        cost_.ranks[x].compute_s += c;
-        double end = start[i] + c;
-        if (s + 1 < n) {
-          const int incoming = ((i - s - 1) % n + n) % n;
-          const int outgoing = ((i - s) % n + n) % n;
-          const bool in_inter = inter(members[prev], x), out_inter = inter(x, members[next]);
-          const double x_in = alpha(in_inter) + block_bytes[incoming] / bw(in_inter);
-          const double x_out = alpha(out_inter) + block_bytes[outgoing] / bw(out_inter);
-          // The transfer starts when both ends have posted (rendezvous); what cannot overlap
-          // with compute (1 - overlap) is paid by this rank's thread.
-          const double recv_done = std::max(start[prev], start[i]) + x_in;
-          const double send_done = std::max(start[i], start[next]) + x_out;
-          end = std::max({start[i] + c + (1 - hw_.overlap) * x_in, recv_done, send_done});
-          xfer[i] += x_in;
-          sent[i] += block_bytes[outgoing];
-          recv[i] += block_bytes[incoming];
-        }
-        t_[x] = end;
-      }
-    }
+    for (int i = 0; i < n; ++i) start[i] = t_[members[i]];
     for (int i = 0; i < n; ++i) {
-      CollectiveCost c{"send_recv",        what, group, sent[i], recv[i],
-                       2 * int64_t{n - 1}, span, true,  xfer[i]};
-      collectives_[members[i]].push_back(c);
+      const int x = members[i], prev = (i + n - 1) % n, next = (i + 1) % n;
+      const Step& st = *current(x);
+      const Transfer& t = *st.comm;
+      const double c = step_compute_s(x, st);
+      cost_.ranks[x].compute_s += c;
+      const bool in_inter = inter(members[prev], x), out_inter = inter(x, members[next]);
+      const double x_in = alpha(in_inter) + static_cast<double>(t.recv) / bw(in_inter);
+      const double x_out = alpha(out_inter) + static_cast<double>(t.sent) / bw(out_inter);
+      const double recv_done = std::max(start[prev], start[i]) + x_in;
+      const double send_done = std::max(start[i], start[next]) + x_out;
+      t_[x] = std::max({start[i] + c + (1 - hw_.overlap) * x_in, recv_done, send_done});
+      // One entry per ring: its steps' transfers add up.
+      auto& list = collectives_[x];
+      const std::string group(comm_group_name(t.group));
+      if (list.empty() || !list.back().overlapped || list.back().what != t.what ||
+          list.back().group != group)
+        list.push_back({t.op_name(), t.what, group, 0, 0, 0, span, true, 0});
+      list.back().sent += t.sent;
+      list.back().recv += t.recv;
+      list.back().calls += t.calls;
+      list.back().seconds += x_in;
     }
-  }
-
-  // ---- attention ----------------------------------------------------------------------------
-
-  int64_t visible(const PositionRuns& q, const PositionRuns& k) const {
-    return visible_pairs(q, k, w_.causal, valid_len_);
-  }
-  bool hidden(const PositionRuns& q, const PositionRuns& k) const {
-    // ring's fully_hidden: no keys, all padding, or causal with every key after every query.
-    if (run_count(q) == 0 || run_count(k) == 0) return true;
-    if (valid_len_ > 0 && run_min(k) >= valid_len_) return true;
-    return w_.causal && run_min(k) > run_max(q);
-  }
-  double merge_s(int64_t rows, int64_t heads) const {
-    return copy_s(3.0 * static_cast<double>(B_) * rows * heads * (D_ + 1) * 4);
-  }
-
-  void attention() {
-    switch (m_.strategy) {
-      case Strategy::kLocal:
-        local();
-        break;
-      case Strategy::kAllGather:
-        allgather();
-        break;
-      case Strategy::kRing:
-        ring(kv_runs_, Strategy::kRing);
-        break;
-      case Strategy::kPassKv:
-        ring(kv_runs_, Strategy::kPassKv);
-        break;
-      case Strategy::kUlysses:
-      case Strategy::kUsp:
-        ulysses();
-        break;
-      case Strategy::kPassQ:
-        passq();
-        break;
-    }
-    if (w_.text_tokens > 0) joint_text();
-  }
-
-  void local() {
-    const int64_t work = B_ * H_ * visible(q_runs_[0], kv_runs_[0]);
-    cost_.ranks[0].work = work;
-    cost_.ranks[0].peak_kv_bytes = 2 * B_ * run_count(kv_runs_[0]) * Hkv_ * D_ * e_;
-    cost_.ranks[0].attention_flops += flops_of(work);
-    compute(0, flops_of(work) / attn_rate());
-  }
-
-  void allgather() {
-    const uint64_t tk = B_ * Hkv_ * D_ * e_;  // one of K or V, per token
-    PositionRuns all;
-    for (const auto& r : kv_runs_) all.insert(all.end(), r.begin(), r.end());
-    std::vector<Share> shares(N_);
-    for (int r = 0; r < N_; ++r) {
-      const int64_t n_r = run_count(kv_runs_[r]);
-      shares[r].sent = tk * n_r * (N_ - 1);
-      shares[r].recv = tk * (S_ - n_r);
-    }
-    const auto g = sp_group();
-    collective(g, "all_gatherv", "k", "sp", shares, true);
-    collective(g, "all_gatherv", "v", "sp", shares, true);
-    for (int r = 0; r < N_; ++r) {
-      const int64_t work = B_ * H_ * visible(q_runs_[r], all);
-      cost_.ranks[r].work = work;
-      cost_.ranks[r].peak_kv_bytes = 2 * B_ * S_ * Hkv_ * D_ * e_;
-      cost_.ranks[r].attention_flops += flops_of(work);
-      const double regroup = B_ > 1 ? copy_s(2.0 * shares[r].recv) : 0;
-      compute(r, flops_of(work) / attn_rate() + regroup);
-    }
-  }
-
-  // Ring (pass-KV) over the sp group with K/V blocks kv[r] and this rank's queries q_runs_[r].
-  void ring(const std::vector<PositionRuns>& kv, Strategy scheme) {
-    const int n = N_;
-    const int64_t tok = 2 * B_ * Hkv_ * D_ * e_;  // K and V of a token
-    std::vector<int64_t> block_bytes(n), len(n);
-    for (int i = 0; i < n; ++i) {
-      len[i] = run_count(kv[i]);
-      block_bytes[i] = tok * len[i];
-    }
-    std::vector<int> visible_blocks(n, 0);
-    ring_steps(sp_group(), block_bytes, "k, v", "sp", [&](int i, int s) {
-      const int src = ((i - s) % n + n) % n;
-      if (hidden(q_runs_[i], kv[src])) return 0.0;
-      const int64_t work = B_ * H_ * visible(q_runs_[i], kv[src]);
-      cost_.ranks[i].work += work;
-      cost_.ranks[i].attention_flops += flops_of(work);
-      const double merge = visible_blocks[i]++ > 0 ? merge_s(cost_.ranks[i].tokens, H_) : 0;
-      return flops_of(work) / attn_rate() + merge;
-    });
-    for (int r = 0; r < n; ++r)
-      cost_.ranks[r].peak_kv_bytes = ring_peak_kv(len, r, B_ * Hkv_ * D_ * e_);
-    (void)scheme;
-  }
-
-  // What ring_over_blocks holds: the own block plus two receive buffers (K and V each), buffer
-  // i refilled at steps s = i (mod 2), s < n-1, to the largest block it received (capacity).
-  static int64_t ring_peak_kv(const std::vector<int64_t>& len, int r, int64_t token_bytes) {
-    const int n = static_cast<int>(len.size());
-    int64_t buf[2] = {0, 0};
-    for (int s = 0; s + 1 < n; ++s) {
-      const int incoming = ((r - s - 1) % n + n) % n;
-      buf[s % 2] = std::max(buf[s % 2], len[incoming] * token_bytes);
-    }
-    return 2 * len[r] * token_bytes + 2 * (cap64(buf[0]) + cap64(buf[1]));
-  }
-
-  void ulysses() {
-    const int u = U_, groups = R_;
-    std::vector<IndexRange> qh(u), kvh(u);
-    std::vector<int64_t> kvk(u);
-    for (int j = 0; j < u; ++j) {
-      qh[j] = ulysses_q_heads(H_, u, j);
-      kvh[j] = ulysses_kv_heads(H_, Hkv_, u, j);
-      kvk[j] = ulysses_member_kernel_kv_heads(H_, Hkv_, u, j);
-    }
-    std::vector<PositionRuns> group_runs(groups);
-    std::vector<int64_t> group_len(groups, 0);
-    for (int r = 0; r < N_; ++r) {
-      auto& g = group_runs[r / u];
-      g.insert(g.end(), q_runs_[r].begin(), q_runs_[r].end());
-      group_len[r / u] += run_count(q_runs_[r]);
-    }
-    const double e = static_cast<double>(e_);
-    // Steps 0 and 1: token counts, then q, k, v sequence -> heads, inside each Ulysses group.
-    for (int g = 0; g < groups; ++g) {
-      std::vector<int> members(u);
-      for (int j = 0; j < u; ++j) members[j] = g * u + j;
-      auto counts = [&](int j) { return cost_.ranks[members[j]].tokens; };
-      auto exchange = [&](const std::string& what, auto&& sent_to, auto&& recv_from, bool lse) {
-        std::vector<Share> sh(u);
-        for (int me = 0; me < u; ++me)
-          for (int j = 0; j < u; ++j) {
-            if (j == me) continue;
-            const uint64_t s = sent_to(me, j), rv = recv_from(me, j);
-            sh[me].sent += s;
-            sh[me].recv += rv;
-            const bool x = inter(members[me], members[j]);
-            (x ? sh[me].inter : sh[me].intra) += std::max(s, rv);
-          }
-        (void)lse;
-        collective(members, "all_to_allv", what, "ulysses", sh, false);
-      };
-      std::vector<Share> cnt(u);
-      for (int j = 0; j < u; ++j) cnt[j].sent = cnt[j].recv = 8ull * (u - 1);
-      for (int j = 0; j < u; ++j) cnt[j].intra = 8.0 * (u - 1);
-      collective(members, "all_gather", "token counts", "ulysses", cnt, true);
-      auto to_heads = [&](const std::string& what, const std::vector<IndexRange>& heads) {
-        exchange(
-            what,
-            [&](int me, int j) {
-              return static_cast<uint64_t>(B_ * counts(me) * heads[j].size() * D_ * e);
-            },
-            [&](int me, int j) {
-              return static_cast<uint64_t>(B_ * counts(j) * heads[me].size() * D_ * e);
-            },
-            false);
-      };
-      to_heads("q", qh);
-      to_heads("k", kvh);
-      to_heads("v", kvh);
-      // Local copies: packing the sends, placing the receives.
-      for (int j = 0; j < u; ++j) {
-        const int x = members[j];
-        double bytes = 0;
-        for (const auto& c : collectives_[x])
-          if (c.op == "all_to_allv") bytes += c.sent + c.recv;
-        compute(x, copy_s(bytes));
-      }
-    }
-    // Step 2: attention of the local heads over the whole sequence (ulysses) or the ring of the
-    // groups' sequences (usp).
-    if (groups == 1) {
-      PositionRuns all = group_runs[0];
-      for (int j = 0; j < u; ++j) {
-        const int64_t work = B_ * qh[j].size() * visible(all, all);
-        cost_.ranks[j].work = work;
-        cost_.ranks[j].attention_flops += flops_of(work);
-        cost_.ranks[j].peak_kv_bytes = 2 * B_ * S_ * (qh[j].size() > 0 ? kvk[j] : 0) * D_ * e_;
-        compute(j, flops_of(work) / attn_rate());
-      }
-    } else {
-      for (int j = 0; j < u; ++j) {
-        std::vector<int> members(groups);
-        for (int g = 0; g < groups; ++g) members[g] = g * u + j;
-        if (qh[j].size() == 0) continue;  // idle member: no kernel, no ring
-        const int64_t tok = 2 * B_ * kvk[j] * D_ * e_;
-        std::vector<int64_t> block_bytes(groups);
-        for (int g = 0; g < groups; ++g) block_bytes[g] = tok * group_len[g];
-        std::vector<int> visible_blocks(groups, 0);
-        ring_steps(members, block_bytes, "k, v", "ring", [&](int i, int s) {
-          const int src = ((i - s) % groups + groups) % groups;
-          if (hidden(group_runs[i], group_runs[src])) return 0.0;
-          const int64_t work = B_ * qh[j].size() * visible(group_runs[i], group_runs[src]);
-          const int x = members[i];
-          cost_.ranks[x].work += work;
-          cost_.ranks[x].attention_flops += flops_of(work);
-          const double merge = visible_blocks[i]++ > 0 ? merge_s(group_len[i], qh[j].size()) : 0;
-          return flops_of(work) / attn_rate() + merge;
-        });
-        for (int g = 0; g < groups; ++g)
-          cost_.ranks[members[g]].peak_kv_bytes = ring_peak_kv(group_len, g, B_ * kvk[j] * D_ * e_);
-      }
-    }
-    // Step 3: out and lse (fp32) heads -> sequence.
-    for (int g = 0; g < groups; ++g) {
-      std::vector<int> members(u);
-      for (int j = 0; j < u; ++j) members[j] = g * u + j;
-      std::vector<Share> sh(u);
-      for (int me = 0; me < u; ++me)
-        for (int j = 0; j < u; ++j) {
-          if (j == me) continue;
-          const uint64_t s = B_ * cost_.ranks[members[j]].tokens * qh[me].size() * (D_ + 1) * 4;
-          const uint64_t rv = B_ * cost_.ranks[members[me]].tokens * qh[j].size() * (D_ + 1) * 4;
-          sh[me].sent += s;
-          sh[me].recv += rv;
-          (inter(members[me], members[j]) ? sh[me].inter : sh[me].intra) += std::max(s, rv);
-        }
-      collective(members, "all_to_allv", "out, lse", "ulysses", sh, false);
-      for (int j = 0; j < u; ++j) compute(members[j], copy_s(sh[j].sent + sh[j].recv));
-    }
-  }
-
-  void passq() {
-    const int n = N_;
-    const double e = static_cast<double>(e_);
-    int64_t total = 0;
-    PositionRuns all_q;
-    for (int r = 0; r < n; ++r) {
-      total += cost_.ranks[r].tokens;
-      all_q.insert(all_q.end(), q_runs_[r].begin(), q_runs_[r].end());
-    }
-    std::vector<Share> gather(n), back(n);
-    for (int r = 0; r < n; ++r) {
-      const int64_t mine = cost_.ranks[r].tokens;
-      gather[r].sent = static_cast<uint64_t>(B_ * mine * H_ * D_ * e) * (n - 1);
-      gather[r].recv = static_cast<uint64_t>(B_ * (total - mine) * H_ * D_ * e);
-      back[r].sent = static_cast<uint64_t>(B_ * (total - mine) * H_ * (D_ + 1) * 4);
-      back[r].recv = static_cast<uint64_t>(B_ * mine * H_ * (D_ + 1) * 4) * (n - 1);
-      for (int j = 0; j < n; ++j) {
-        if (j == r) continue;
-        const double bytes = B_ * static_cast<double>(cost_.ranks[j].tokens) * H_ * (D_ + 1) * 4;
-        (inter(r, j) ? back[r].inter : back[r].intra) += bytes;
-      }
-    }
-    const auto g = sp_group();
-    collective(g, "all_gatherv", "q", "sp", gather, true);
-    for (int r = 0; r < n; ++r) {
-      const int64_t work = B_ * H_ * visible(all_q, kv_runs_[r]);
-      cost_.ranks[r].work = work;
-      cost_.ranks[r].attention_flops += flops_of(work);
-      cost_.ranks[r].peak_kv_bytes = 2 * B_ * run_count(kv_runs_[r]) * Hkv_ * D_ * e_;
-      compute(r, flops_of(work) / attn_rate());
-    }
-    collective(g, "all_to_allv", "partial out, lse", "sp", back, false);
-    for (int r = 0; r < n; ++r) compute(r, n * merge_s(cost_.ranks[r].tokens, H_));
-  }
-
-  // Joint attention's text part: image queries over the text keys, text queries over the local
-  // image shard, all_gather of the text partials, text over text (on every rank).
-  void joint_text() {
-    const int64_t T = w_.text_tokens;
-    std::vector<Share> sh(N_);
-    for (int r = 0; r < N_; ++r)
-      sh[r].sent = sh[r].recv = static_cast<uint64_t>(B_ * T * H_ * (D_ + 1) * 4) * (N_ - 1);
-    for (int r = 0; r < N_; ++r) {
-      const int64_t n_r = cost_.ranks[r].tokens;
-      const int64_t work = B_ * H_ * (2 * n_r * T + T * T);
-      cost_.ranks[r].attention_flops += flops_of(work);
-      compute(r, flops_of(work) / attn_rate() + merge_s(n_r, H_));
-    }
-    collective(sp_group(), "all_gather", "text partials", "sp", sh, true);
-    for (int r = 0; r < N_; ++r) compute(r, N_ * merge_s(T, H_));
   }
 
   // ---- the rest of a transformer layer -----------------------------------------------------
@@ -702,44 +393,18 @@ class MeshModel {
 
   // ---- results ------------------------------------------------------------------------------
 
-  // The collectives' attention bytes must be what parallel/ predicts (and CommStats measures).
-  void check_bytes() {
-    for (int r = 0; r < N_; ++r) {
-      uint64_t sent = 0, recv = 0;
-      for (const auto& c : collectives_[r])
-        if (c.group != "tp") {
-          sent += c.sent;
-          recv += c.recv;
-        }
-      CommPrediction p;
-      if (w_.decode()) {
-        if (m_.strategy != Strategy::kLocal)
-          p = predict_decode_bytes(
-              m_.strategy == Strategy::kPassQ ? Strategy::kPassQ : Strategy::kPassKv, place_, r, B_, H_,
-              Hkv_, D_, e_);
-      } else if (m_.strategy != Strategy::kLocal) {
-        const Strategy st = m_.strategy == Strategy::kAllGather ? Strategy::kAllGather
-                            : m_.strategy == Strategy::kRing    ? Strategy::kRing
-                            : m_.strategy == Strategy::kUlysses ? Strategy::kUlysses
-                                                            : Strategy::kUsp;
-        p = predict_comm_bytes(st, part_, r, B_, H_, Hkv_, D_, e_, U_, w_.text_tokens);
-      }
-      SEQPAR_CHECK(sent == p.sent && recv == p.recv, "cost model collectives of rank ", r, " (",
-                   config_label(m_), ") add up to ", sent, "/", recv, " bytes, parallel/ predicts ",
-                   p.sent, "/", p.recv);
-      cost_.ranks[r].sent = p.sent;
-      cost_.ranks[r].recv = p.recv;
-    }
-  }
-
   void finish() {
     int crit = 0;
     int64_t max_work = 0, sum_work = 0;
     for (int r = 0; r < N_; ++r) {
       cost_.ranks[r].finish_s = t_[r];
       if (t_[r] > t_[crit]) crit = r;
-      max_work = std::max(max_work, cost_.ranks[r].work);
-      sum_work += cost_.ranks[r].work;
+      // What the rank computes: CpStats' count plus the work every rank repeats (joint
+      // attention's text over text, counted on rank 0 only).
+      int64_t work = 0;
+      for (const Step& st : schedule_.ranks[r].steps) work += st.work;
+      max_work = std::max(max_work, work);
+      sum_work += work;
     }
     cost_.critical_rank = crit;
     cost_.collectives = collectives_[crit];
@@ -770,7 +435,7 @@ class MeshModel {
       worst_act = std::max(worst_act, act);
       if (!w_.attention_only && w_.family == ModelFamily::kLlm)
         worst_kv = std::max(worst_kv, static_cast<double>(w_.layers) * 2 * B_ *
-                                          run_count(kv_runs_[r]) * Hkv_ * D_ * e_);
+                                          schedule_.ranks[r].kv_tokens * Hkv_ * D_ * e_);
     }
     cost_.weight_bytes = w_.attention_only ? 0 : static_cast<double>(w_.params) * e_ / m_.mesh.tp;
     cost_.kv_cache_bytes = worst_kv;
@@ -785,12 +450,12 @@ class MeshModel {
   const ParallelConfig& m_;
   const HardwareProfile& hw_;
   double memory_limit_;
-  int N_ = 1, U_ = 1, R_ = 1;
-  int64_t S_ = 0, valid_len_ = 0, B_ = 1, H_ = 1, Hkv_ = 1, D_ = 1;
+  int N_ = 1;
+  int64_t B_ = 1, H_ = 1, Hkv_ = 1, D_ = 1;
   size_t e_ = 2;
-  Partition part_;
-  KvPlacement place_;
-  std::vector<PositionRuns> q_runs_, kv_runs_;
+  AttnShape shape_;
+  Schedule schedule_;
+  std::vector<size_t> pc_;  // per rank, its next step in the replay
   std::vector<std::vector<CollectiveCost>> collectives_;
   std::vector<double> t_;
   MeshCost cost_;
@@ -805,10 +470,14 @@ void check_mesh_degrees(const Workload& w, int cfg, int tp) {
   SEQPAR_ARG_CHECK(tp == 1 || !w.attention_only, "tp ", tp,
                    ": a bare attention call (seq and heads without a model) plans sequence "
                    "parallelism only; use tp 1");
-  SEQPAR_ARG_CHECK(w.heads % tp == 0, "tp ", tp, " does not divide the ", w.heads,
-                   " heads; valid tp: ", divisors_text(w.heads));
-  SEQPAR_ARG_CHECK(w.kv_heads % tp == 0 || tp % w.kv_heads == 0, "tp ", tp,
-                   " neither divides nor is a multiple of the ", w.kv_heads, " kv heads");
+  ParallelConfig c;  // the degrees alone: one sequence-parallel rank
+  c.mesh.cfg = cfg;
+  c.mesh.tp = tp;
+  c.strategy = Strategy::kLocal;
+  AttnShape s = workload_shape(w);
+  s.text_tokens = 0;
+  s.causal = false;
+  validate_config(c, s);
 }
 
 MeshCost cost_mesh(const Workload& w, const ParallelConfig& m, const HardwareProfile& hw,

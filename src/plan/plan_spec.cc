@@ -85,6 +85,8 @@ json mesh_json(const MeshCost& c, int rank, bool detailed) {
                           ? json(ulysses_mode_name(c.config.ulysses_mode))
                           : json(nullptr);
   j["layout"] = layout_name(c.config.layout);
+  j["softmax"] = has_ring(c.config.strategy) ? json(softmax_mode_name(c.config.softmax))
+                                              : json(nullptr);
   j["pad"] = c.config.pad;
   j["padded_seq"] = c.padded_seq;
   j["remainder"] = c.remainder;
@@ -224,6 +226,7 @@ ResolvedPlanSpec resolve_plan_spec(const PlanSpec& o, HardwareProfile hw) {
   if (!o.strategy.empty()) req.strategy = parse_strategy(o.strategy);
   if (!o.layout.empty()) req.layout = parse_layout(o.layout);
   if (!o.ulysses_mode.empty()) req.ulysses_mode = parse_ulysses_mode(o.ulysses_mode);
+  if (!o.softmax.empty()) req.softmax = parse_softmax_mode(o.softmax);
   req.pad = o.pad;
   return r;
 }

@@ -68,6 +68,10 @@ void enumerate(const PlanRequest& req, Visit&& visit, Reject&& reject_degrees) {
         if ((req.ulysses != 0 && req.ulysses != u) || (req.ring != 0 && req.ring != r)) continue;
         for (Strategy s : schemes_for(w, u, r)) {
           if (req.strategy && *req.strategy != s) continue;
+          const SoftmaxMode softmax = req.softmax.value_or(SoftmaxMode::kOnline);
+          // A pinned const-max leaves out the strategies without a ring, unless pinned too (then
+          // the rejection says why).
+          if (softmax == SoftmaxMode::kConstMax && !has_ring(s) && !req.strategy) continue;
           for (UlyssesMode mode : {UlyssesMode::kUaa, UlyssesMode::kStrict}) {
             if (!uses_mode(s) && mode != UlyssesMode::kUaa) continue;
             if (req.ulysses_mode && uses_mode(s) && *req.ulysses_mode != mode) continue;
@@ -89,6 +93,7 @@ void enumerate(const PlanRequest& req, Visit&& visit, Reject&& reject_degrees) {
                 m.ulysses_mode = mode;
                 m.pad = pad;
                 m.layout = layout;
+                m.softmax = has_ring(s) || req.strategy ? softmax : SoftmaxMode::kOnline;
                 visit(m);
               }
             }

@@ -6,6 +6,7 @@
 
 #include "parallel/cp_test_util.h"
 #include "seqpar/parallel/decode.h"
+#include "seqpar/parallel/schedule.h"
 
 namespace seqpar {
 
@@ -193,12 +194,13 @@ void check_decode(const DecodeCase& c, Strategy kind, int64_t head_dim = 16) {
   opts.causal = true;
   std::vector<AttnState> got(c.ranks);
   std::vector<CommStats> stats(c.ranks);
+  std::vector<CpStats> cp(c.ranks);
   ThreadWorld::run(c.ranks, [&](Communicator& comm) {
     const int r = comm.rank();
     Tensor q = rows_of(q_all, place.q_pos[r]);
     Tensor k = rows_of(k_all, place.kv_pos[r]), v = rows_of(v_all, place.kv_pos[r]);
-    got[r] = kind == Strategy::kPassQ ? passq_attention(comm, place, q, k, v, opts)
-                                      : passkv_attention(comm, place, q, k, v, opts);
+    got[r] = kind == Strategy::kPassQ ? passq_attention(comm, place, q, k, v, opts, &cp[r])
+                                      : passkv_attention(comm, place, q, k, v, opts, &cp[r]);
     stats[r] = comm.stats();
   });
   // New tokens are placed in rank order, so concatenating the ranks' rows gives new_pos order.
@@ -213,10 +215,28 @@ void check_decode(const DecodeCase& c, Strategy kind, int64_t head_dim = 16) {
       for (int64_t h = 0; h < c.heads; ++h)
         ASSERT_NEAR(got[r].lse.at(i * c.heads + h), ref.lse.at(row * c.heads + h), kTol);
     }
-    CommPrediction want =
-        predict_decode_bytes(kind, place, r, B, c.heads, c.kv_heads, head_dim, 4);
+    CommPrediction want = predict_decode_bytes(kind, place, r, B, c.heads, c.kv_heads, head_dim, 4);
     EXPECT_EQ(stats[r].total_sent(), want.sent) << strategy_name(kind) << " rank " << r;
     EXPECT_EQ(stats[r].total_recv(), want.recv) << strategy_name(kind) << " rank " << r;
+    // The schedule: bytes, work and peak K/V of every rank.
+    ParallelConfig config;
+    config.strategy = kind;
+    config.mesh.ring = c.ranks;
+    config.layout = c.layout;
+    const AttnShape shape{.batch = B,
+                          .seq = total,
+                          .heads = c.heads,
+                          .kv_heads = c.kv_heads,
+                          .head_dim = head_dim,
+                          .causal = true,
+                          .cached = c.cached,
+                          .fresh = c.fresh};
+    const Schedule s = attention_schedule(config, shape);
+    EXPECT_EQ(schedule_bytes(s, r).sent, want.sent) << strategy_name(kind) << " rank " << r;
+    EXPECT_EQ(schedule_bytes(s, r).recv, want.recv) << strategy_name(kind) << " rank " << r;
+    EXPECT_EQ(schedule_work(s, r), cp[r].work) << strategy_name(kind) << " rank " << r;
+    EXPECT_EQ(s.ranks[r].peak_kv_bytes, cp[r].peak_kv_bytes)
+        << strategy_name(kind) << " rank " << r;
   }
 }
 

@@ -36,6 +36,7 @@ inline Measured measure(const Workload& w, const ParallelConfig& m) {
   CpOptions opts;
   opts.causal = w.causal;
   opts.ulysses_mode = m.ulysses_mode;
+  opts.softmax = m.softmax;
   if (w.decode()) {
     const KvPlacement place = decode_placement(w.cached, w.fresh, n, m.layout);
     ThreadWorld::run(n, [&](Communicator& comm) {

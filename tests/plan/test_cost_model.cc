@@ -8,7 +8,6 @@
 #include <cmath>
 #include <string>
 
-#include "parallel/strategy_common.h"
 #include "plan/plan_test_util.h"
 #include "seqpar/plan/cost_model.h"
 
@@ -44,7 +43,8 @@ void expect_matches(const Workload& w, const ParallelConfig& m) {
   SCOPED_TRACE(config_label(m) + " S=" + std::to_string(w.seq) + " B=" + std::to_string(w.batch) +
                " H=" + std::to_string(w.heads) + "/" + std::to_string(w.kv_heads) + " " +
                std::string(dtype_name(w.dtype)) + (w.decode() ? " decode" : "") +
-               (w.text_tokens ? " text" : ""));
+               (w.text_tokens ? " text" : "") +
+               (m.softmax == SoftmaxMode::kConstMax ? " const-max" : ""));
   const MeshCost c = cost_mesh(w, m, test_profile());
   const testing::Measured got = measure(w, m);
   ASSERT_EQ(c.ranks.size(), got.comm.size());
@@ -52,9 +52,7 @@ void expect_matches(const Workload& w, const ParallelConfig& m) {
     EXPECT_EQ(c.ranks[r].sent, got.comm[r].total_sent()) << "rank " << r;
     EXPECT_EQ(c.ranks[r].recv, got.comm[r].total_recv()) << "rank " << r;
     EXPECT_EQ(c.ranks[r].peak_kv_bytes, got.cp[r].peak_kv_bytes) << "rank " << r;
-    if (w.text_tokens == 0) {
-      EXPECT_EQ(c.ranks[r].work, got.cp[r].work) << "rank " << r;
-    }
+    EXPECT_EQ(c.ranks[r].work, got.cp[r].work) << "rank " << r;
   }
   // Bytes per kind of collective, on the critical rank (the one whose list is reported).
   const int cr = c.critical_rank;
@@ -167,16 +165,25 @@ TEST(CostModelBytes, DecodePassQAndPassKv) {
   }
 }
 
-TEST(CostModel, KernelKvHeadsAgreeWithTheStrategies) {
-  for (int64_t h = 1; h <= 12; ++h)
-    for (int64_t kv = 1; kv <= h; ++kv) {
-      if (h % kv) continue;
-      for (int n = 1; n <= 8; ++n)
-        for (int j = 0; j < n; ++j)
-          EXPECT_EQ(ulysses_member_kernel_kv_heads(h, kv, n, j),
-                    ulysses_kernel_kv_heads(h, kv, n, j))
-              << h << "/" << kv << " n " << n << " j " << j;
+TEST(CostModelBytes, ConstMaxKeyNorms) {
+  // const-max adds the ring's all-reduce of the key norms (ring: over sp; usp: each ring group).
+  for (int64_t seq : {64, 67}) {
+    Workload w = attention_workload(seq, 6, 2, 8, 2, true, DType::kF32);
+    for (Degrees d : {Degrees{Strategy::kRing, 1, 3}, Degrees{Strategy::kRing, 1, 4},
+                      Degrees{Strategy::kUsp, 2, 2}, Degrees{Strategy::kUsp, 4, 2}}) {
+      ParallelConfig m;
+      m.strategy = d.strategy;
+      m.mesh.ulysses = d.ulysses;
+      m.mesh.ring = d.ring;
+      m.layout = Layout::kZigzag;
+      m.softmax = SoftmaxMode::kConstMax;
+      expect_matches(w, m);
+      const MeshCost c = cost_mesh(w, m, test_profile());
+      bool norms = false;
+      for (const auto& col : c.collectives) norms |= col.what == "key norms";
+      EXPECT_TRUE(norms) << config_label(m);
     }
+  }
 }
 
 // ---- times: hand-computed alpha-beta cases ---------------------------------------------------

@@ -9,7 +9,7 @@
 
 #include "seqpar/attention/attention.h"
 #include "seqpar/plan/hardware.h"
-#include "seqpar/plan/position_runs.h"
+#include "seqpar/parallel/position_runs.h"
 #include "seqpar/plan/simulate.h"
 
 namespace seqpar {

@@ -29,6 +29,16 @@ grep -q "3645 % 8 = 5" <<<"$text" && ok || bad "wan text lacks '3645 % 8 = 5'"
 grep -q "padding (--pad): to 3648" <<<"$text" && ok || bad "wan text lacks the padding"
 grep -q -- "--frames 29" <<<"$text" && ok || bad "wan text lacks the nearest frames"
 
+# Strategy aliases and the softmax pin.
+"$bin" plan --ranks 4 --seq 4096 --heads 8 --strategy all-gather --json >"$tmp/ag.json" \
+  && ok || bad "plan --strategy all-gather exited non-zero"
+py "$tmp/ag.json" 'all(m["strategy"] == "allgather" for m in d["meshes"])' \
+  && ok || bad "all-gather: not the allgather meshes"
+"$bin" plan --ranks 4 --seq 4096 --heads 8 --softmax const-max --json >"$tmp/cm.json" \
+  && ok || bad "plan --softmax const-max exited non-zero"
+py "$tmp/cm.json" 'd["meshes"] and all(m["softmax"] == "const-max" for m in d["meshes"])' \
+  && ok || bad "const-max: meshes without the const-max softmax"
+
 # 2. Meta's worked examples (Llama3 405B, 4 ranks of H100, 50 GB/s per rank, 128K tokens).
 "$bin" plan --model llama3-405b --ranks 4 --hardware h100 --cached 124800 --new 3200 --json \
   >"$tmp/a.json" && ok || bad "decode a exited non-zero"

@@ -113,6 +113,36 @@ PlanRequest llama405_decode(int64_t cached, int64_t fresh) {
   return req;
 }
 
+TEST(Planner, SoftmaxIsOnlineUnlessPinned) {
+  PlanRequest req;
+  req.work = attention_workload(8192, 8, 0, 128, 1, true, DType::kBF16);
+  req.hw = hardware_profile("h100");
+  req.world = 4;
+  std::set<Strategy> strategies;
+  for (const MeshCost& c : make_plan(req).ranked) {
+    EXPECT_EQ(c.config.softmax, SoftmaxMode::kOnline) << config_label(c.config);
+    strategies.insert(c.config.strategy);
+  }
+  EXPECT_TRUE(strategies.count(Strategy::kAllGather) && strategies.count(Strategy::kUlysses));
+  req.softmax = SoftmaxMode::kConstMax;  // ring and usp only, with the key norms' all-reduce
+  const Plan plan = make_plan(req);
+  ASSERT_FALSE(plan.ranked.empty());
+  for (const MeshCost& c : plan.ranked) {
+    EXPECT_TRUE(has_ring(c.config.strategy)) << config_label(c.config);
+    EXPECT_EQ(c.config.softmax, SoftmaxMode::kConstMax) << config_label(c.config);
+    bool norms = false;
+    for (const auto& col : c.collectives) norms |= col.what == "key norms";
+    EXPECT_TRUE(norms) << config_label(c.config);
+  }
+  req.strategy = Strategy::kAllGather;  // pinned without a ring: rejected with the reason
+  try {
+    (void)make_plan(req);
+    ADD_FAILURE() << "no throw";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("needs a ring"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Planner, MetasWorkedExamples) {
   // Llama3 405B on 4 ranks of the H100 profile with 50 GB/s per rank between nodes, 128K tokens.
   // Threshold N·C·Hkv·e/(2·H·BW) = 4·989e12·8·2 / (2·128·50e9) = 4945 tokens.
@@ -215,7 +245,8 @@ TEST(PlannerLimits, HugeSizesAreRefusedWithoutOverflow) {
   EXPECT_THROW((void)attention_workload(0, 8, 0, 128, 1, true, DType::kBF16, 0, int64_t{1} << 62,
                                         int64_t{1} << 62),
                InvalidArgument);
-  // A 19-digit prime head count: the tp message lists its two divisors at once.
+  // A 19-digit prime head count (past the limits): refused by its range, before any divisor
+  // listing.
   Workload w = attention_workload(1024, 8, 0, 128, 1, false, DType::kBF16);
   w.attention_only = false;
   w.heads = w.kv_heads = 9223372036854775783;
@@ -223,7 +254,8 @@ TEST(PlannerLimits, HugeSizesAreRefusedWithoutOverflow) {
     check_mesh_degrees(w, 1, 2);
     ADD_FAILURE() << "no throw";
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("valid tp: 1, 9223372036854775783"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("heads 9223372036854775783 is out of range"),
+              std::string::npos)
         << e.what();
   }
 }

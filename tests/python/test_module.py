@@ -292,6 +292,8 @@ def test_plan_is_the_cli_json():
     assert got["seq_len"] == 3645 and got["remainder"] == 5 and got["meshes"]
     bare = seqpar.plan(seq=16384, heads=8, ranks=4, causal=True, hardware="cpu-ethernet")
     assert bare["family"] == "attention" and bare["seq_len"] == 16384
+    const_max = seqpar.plan(seq=16384, heads=8, ranks=4, causal=True, softmax="const-max")
+    assert const_max["meshes"] and all(m["softmax"] == "const-max" for m in const_max["meshes"])
     with pytest.raises(ValueError, match="model 'wan2.1-14b' is unknown; nearest: wan2.1-t2v-14b"):
         seqpar.plan(model="wan2.1-14b", height=240, width=432, frames=33)
 

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "seqpar/parallel/strategies.h"
@@ -53,8 +54,14 @@ struct PassChoice {
 PassChoice choose_pass(int64_t new_tokens, int64_t cached_tokens, int ranks, int64_t heads,
                        int64_t kv_heads, size_t elem_bytes, double flops_per_s,
                        double bytes_per_s);
+// The rule with another miss-rate threshold (its value and its formula, for the reason): what
+// Meta's rule and the planner's All2All-aware variant (plan/cost_model.h) share.
+PassChoice pass_choice(int64_t new_tokens, int64_t cached_tokens, int ranks, int64_t heads,
+                       int64_t kv_heads, size_t elem_bytes, double flops_per_s, double bytes_per_s,
+                       double miss_threshold, std::string_view miss_threshold_formula);
 
-// Bytes this rank sends and receives in one call (docs/algorithms.md).
+// Bytes this rank sends and receives in one call: the sum over its schedule (passkv_schedule,
+// passq_schedule in schedule.h; docs/algorithms.md).
 CommPrediction predict_decode_bytes(Strategy kind, const KvPlacement& place, int rank,
                                     int64_t batch, int64_t heads, int64_t kv_heads,
                                     int64_t head_dim, size_t elem_bytes);

@@ -12,6 +12,7 @@
 //              2·B·(S-n_r)·Hkv·D·e. K/V memory: own shard plus two blocks in flight.
 //   ulysses:   all-to-all of q, k, v (sequence -> heads), attention, all-to-all of out and lse
 //              (fp32) back; see docs/algorithms.md for the bytes.
+// Each strategy's steps, bytes, work and K/V memory as data: schedule.h.
 // Thread-safety: one call per rank thread; ranks run the same call concurrently.
 #pragma once
 
@@ -68,6 +69,10 @@ class SpComms {
 // read (query head h reads kv head h / (H/Hkv)); kv heads are replicated when members share one.
 IndexRange ulysses_q_heads(int64_t heads, int n, int j);
 IndexRange ulysses_kv_heads(int64_t heads, int64_t kv_heads, int n, int j);
+// The kv heads member j's kernel reads: its kv heads when the kernel's GQA rule on local heads
+// gives every local query head its kv head, else one per query head (expanded locally; usp's
+// ring then carries the expanded heads).
+int64_t ulysses_kernel_kv_heads(int64_t heads, int64_t kv_heads, int n, int j);
 
 // What one call did on this rank, besides CommStats.
 struct CpStats {
@@ -138,16 +143,14 @@ AttnState context_parallel_attention(Strategy strategy, SpComms& comms, const Pa
                                      const Tensor& q, const Tensor& k, const Tensor& v,
                                      const CpOptions& opts, CpStats* stats = nullptr);
 
-// Bytes this rank is predicted to send and receive in one call (the formulas above), for
-// checking CommStats exactly and for the planner.
+// Bytes this rank is predicted to send and receive in one call, for checking CommStats exactly:
+// the sum over the strategy's schedule (schedule.h) for any partition.
 struct CommPrediction {
   uint64_t sent = 0;
   uint64_t recv = 0;
 };
 // heads is the query head count (used by ulysses and usp); ulysses_degree by usp (0 = N);
-// text_tokens > 0 adds the all-gather of the text queries' partial states of joint attention;
-// softmax const-max adds the ring's all-reduce (max) of the key norms, 4·B·Hkv_ring·(R − 1)
-// bytes each way (R ring members, Hkv_ring the kv heads the ring carries).
+// text_tokens > 0 adds joint attention's text part; softmax const-max the ring's key norms.
 CommPrediction predict_comm_bytes(Strategy strategy, const Partition& part, int rank, int64_t batch,
                                   int64_t heads, int64_t kv_heads, int64_t head_dim,
                                   size_t elem_bytes, int ulysses_degree = 0,

@@ -3,16 +3,15 @@
 // of the sequence-parallel group computes, sends, receives and holds per layer, and how long a
 // layer and a step take on a hardware profile.
 //
-//   bytes:   predict_comm_bytes / predict_decode_bytes (parallel/), the formulas of
-//            docs/algorithms.md; tests check them against the CommStats of real runs exactly.
-//            Every collective is listed with its share (they add up to those totals).
-//   work:    visible score elements per rank, as CpStats::work counts them (position_runs.h);
-//            FLOPs = 4·D per element, plus the linear layers' 2·MACs (approximate).
-//   memory:  K/V held by the strategy (as CpStats::peak_kv_bytes measures it, exactly), weights
-//            / tp, a KV cache (llm), and an estimate of one layer's activations.
-//   time:    a replay of every rank's schedule of one layer (hardware.h's two-level alpha-beta
-//            network; ring steps overlap transfer and compute as far as the profile's `overlap`
-//            says; collectives wait for their slowest member), times the layers.
+//   schedule: what every rank does in the attention call (parallel/schedule.h): its steps, the
+//            bytes CommStats counts, the work CpStats counts, its K/V memory (CpStats, exactly);
+//            FLOPs = 4·D per score element, plus the linear layers' 2·MACs (approximate).
+//   memory:  that K/V, weights / tp, a KV cache (llm), and an estimate of one layer's
+//            activations.
+//   time:    the schedule replayed on hardware.h's two-level alpha-beta network (ring steps
+//            overlap transfer and compute as far as the profile's `overlap` says; collectives
+//            wait for their slowest member), then the linear layers and tp's all-reduce, times
+//            the layers. The model knows no strategy: a strategy with a schedule is costed.
 // Thread-safety: pure functions of values.
 #pragma once
 
@@ -25,9 +24,9 @@
 #include "seqpar/model/presets.h"
 #include "seqpar/parallel/config.h"
 #include "seqpar/parallel/decode.h"
+#include "seqpar/parallel/position_runs.h"
 #include "seqpar/parallel/strategies.h"
 #include "seqpar/plan/hardware.h"
-#include "seqpar/plan/position_runs.h"
 
 namespace seqpar {
 
@@ -79,8 +78,8 @@ struct CollectiveCost {
 // One rank of the sequence-parallel group (the same in every cfg and tp group), per layer.
 struct RankCost {
   int64_t tokens = 0;           // its queries (sharded tokens, padding included)
-  int64_t work = 0;             // visible score elements of the attention call (CpStats::work)
-  uint64_t sent = 0, recv = 0;  // attention bytes (CommStats): predict_*_bytes
+  int64_t work = 0;             // visible score elements (CpStats::work; joint: its text too)
+  uint64_t sent = 0, recv = 0;  // attention bytes (CommStats): the schedule's
   int64_t peak_kv_bytes = 0;    // K/V held at once (CpStats::peak_kv_bytes)
   double attention_flops = 0;   // all attention of the layer (self, cross, text)
   double linear_flops = 0;
@@ -95,7 +94,7 @@ struct MeshCost {
   std::vector<CollectiveCost> collectives;         // of the critical rank
   int critical_rank = 0;                           // the rank that finishes last
   double compute_s = 0, comm_s = 0, exposed_comm_s = 0, layer_s = 0, step_s = 0;
-  double work_imbalance = 1;  // max / mean attention work
+  double work_imbalance = 1;  // max / mean attention work computed (replicated work included)
   uint64_t tp_bytes = 0;      // all-reduce bytes per rank per layer (CommStats rule n·(tp-1))
   // Memory per rank.
   double weight_bytes = 0, kv_cache_bytes = 0, activation_bytes = 0, memory_bytes = 0;
@@ -108,8 +107,12 @@ int ranks_on_node(const HardwareProfile& hw, int world);
 // Node of world rank w.
 int node_of(const HardwareProfile& hw, int world_rank);
 
-// The checks of cfg and tp alone (guidance branches, heads and kv heads they split). Throws
-// InvalidArgument with the reason.
+// The attention shape of a workload (batch x guidance branches, every head; the cache when it
+// decodes): validate_config's shape. The cost model divides batch by cfg and heads by tp.
+AttnShape workload_shape(const Workload& w);
+
+// The checks of cfg and tp alone (guidance branches, a bare call's tp, and validate_config's
+// checks of the heads and kv heads they split). Throws InvalidArgument with the reason.
 void check_mesh_degrees(const Workload& w, int cfg, int tp);
 
 // Costs one mesh. Throws InvalidArgument with the reason when the mesh cannot run the workload
@@ -124,9 +127,5 @@ MeshCost cost_mesh(const Workload& w, const ParallelConfig& m, const HardwarePro
 PassChoice choose_pass_all2all(int64_t new_tokens, int64_t cached_tokens, int ranks, int64_t heads,
                                int64_t kv_heads, size_t elem_bytes, double flops_per_s,
                                double bytes_per_s);
-
-// The kv heads a Ulysses member's kernel reads (its own, or one per query head when the local
-// GQA mapping does not line up): what the ring of usp carries.
-int64_t ulysses_member_kernel_kv_heads(int64_t heads, int64_t kv_heads, int n, int j);
 
 }  // namespace seqpar

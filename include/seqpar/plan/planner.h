@@ -1,4 +1,5 @@
-// The planner: every mesh (cfg, tp, ulysses, ring, strategy, Ulysses mode, layout, padding) of a
+// The planner: every mesh (cfg, tp, ulysses, ring, strategy, Ulysses mode, layout, padding,
+// softmax when pinned) of a
 // world size, costed (cost_model.h) and ranked by predicted step time within the memory limit;
 // the ones that cannot run or do not fit, with the reason. Also what to do when the sequence does
 // not divide the sequence-parallel size, and for decode / partial prefill the pass-KV / pass-Q
@@ -26,6 +27,9 @@ struct PlanRequest {
   std::optional<Layout> layout;
   std::optional<UlyssesMode> ulysses_mode;
   std::optional<bool> pad;
+  // Unset: online softmax only (const-max would double the ring and usp meshes); pinned
+  // const-max: ring and usp with the const-max softmax (docs/algorithms.md "const-max ring").
+  std::optional<SoftmaxMode> softmax;
   // DiT / MMDiT inputs, for the nearest shapes that divide (0: not a DiT request).
   const ModelPreset* preset = nullptr;
   int64_t frames = 0, height = 0, width = 0;

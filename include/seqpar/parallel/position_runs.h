@@ -1,5 +1,5 @@
 // Token positions as arithmetic runs, and the attention work between two sets of them in O(runs)
-// instead of O(tokens): what lets the cost model count the visible score elements of every
+// instead of O(tokens): what lets a schedule (schedule.h) count the visible score elements of every
 // (query rank, key block) pair of a 1024-rank ring over a million tokens.
 //
 // A rank of Partition(seq, ranks, layout) holds one run (contiguous: stride 1; striped: stride
@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "seqpar/parallel/partition.h"
@@ -35,6 +36,9 @@ int64_t run_max(const PositionRuns& runs);    // largest position (runs non-empt
 // Visible (query, key) pairs: all pairs, or with causal those with k <= q; keys at positions
 // >= valid_len are padding and never visible (valid_len 0: no padding). Equals
 // visible_score_elements(1, 1, |q|, |k|, mask) for these positions.
+// Positions (ascending or not) as runs: consecutive positions with one stride form one run.
+PositionRuns runs_of(std::span<const int64_t> positions);
+
 int64_t visible_pairs(const PositionRuns& q, const PositionRuns& k, bool causal,
                       int64_t valid_len = 0);
 

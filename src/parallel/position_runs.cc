@@ -1,4 +1,4 @@
-#include "seqpar/plan/position_runs.h"
+#include "seqpar/parallel/position_runs.h"
 
 #include <algorithm>
 
@@ -102,6 +102,27 @@ int64_t run_max(const PositionRuns& runs) {
   for (const auto& r : runs)
     if (r.count > 0) m = std::max(m, r.start + (r.count - 1) * r.stride);
   return m;
+}
+
+PositionRuns runs_of(std::span<const int64_t> positions) {
+  PositionRuns runs;
+  for (int64_t p : positions) {
+    if (!runs.empty()) {
+      PositionRun& last = runs.back();
+      const int64_t next = last.start + last.count * last.stride;
+      if (last.count == 1 && p > last.start) {
+        last.stride = p - last.start;
+        last.count = 2;
+        continue;
+      }
+      if (p == next) {
+        ++last.count;
+        continue;
+      }
+    }
+    runs.push_back({p, 1, 1});
+  }
+  return runs;
 }
 
 int64_t visible_pairs(const PositionRuns& q, const PositionRuns& k, bool causal,
