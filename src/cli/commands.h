@@ -242,6 +242,9 @@ struct GenerateOptions : MeshFlags {
   bool ignore_eos = false;
   bool allow_long_context = false;
   std::string output;  // safetensors: tokens (I64 [N]), logits (F32 [N, vocab])
+  int64_t prefill_chunk = 0;     // 0: the whole prompt at once
+  std::string chunk_strategy;    // passkv | passq; empty: the rule on --hardware
+  std::string hardware = "h100";  // profile whose rates the pass-KV / pass-Q rule uses
   bool json = false;
   bool quiet = false;
 };

@@ -107,6 +107,33 @@ def test_mpi(ckpts, tmp_path, mesh):
     assert len(summary["weight_bytes_per_rank"]) == L.ranks_of(mesh)
 
 
+CHUNKED = [
+    {"ring-degree": 2, "layout": "zigzag", "prefill-chunk": 16, "chunk-strategy": "passkv"},
+    {"ring-degree": 3, "prefill-chunk": 9, "chunk-strategy": "passq"},
+    {"tp": 2, "ulysses-degree": 2, "prefill-chunk": 20},   # by the rule on the h100 profile
+    {"ring-degree": 4, "prefill-chunk": 1, "chunk-strategy": "passkv"},
+]
+
+
+@pytest.mark.parametrize("mesh", CHUNKED, ids=lambda m: "-".join(f"{k}{v}" for k, v in m.items()))
+def test_chunked_prefill(ckpts, tmp_path, mesh):
+    # The prompt in chunks over the cache the earlier chunks left: the same tokens and logits.
+    summary = check(ckpts, tmp_path, "f32_tied_sharded_bias", 61, mesh)
+    chunk, sp = mesh["prefill-chunk"], mesh.get("ring-degree", 1) * mesh.get("ulysses-degree", 1)
+    chunks = summary["prefill_chunks"]
+    first = max(chunk, sp)
+    assert [c["begin"] for c in chunks] == [0] + list(range(first, 61, chunk))
+    assert chunks[-1]["end"] == 61
+    assert all(c["cached"] == c["begin"] for c in chunks)
+    want = mesh.get("chunk-strategy")
+    for c in chunks[1:]:
+        assert c["strategy"] in ("passkv", "passq"), c
+        if want:
+            assert c["strategy"] == want, c
+        else:  # the rule's reason names the test it passed
+            assert c["reason"].startswith(c["strategy"] + ":"), c
+
+
 def test_weight_shares(ckpts, tmp_path):
     """A rank of tp 2 reads half of every matrix (and all of the norm scales), in bf16."""
     one = check(ckpts, tmp_path, "bf16_untied_sharded", 45)
