@@ -163,15 +163,7 @@ int report(const ModelOptions& o, const Resolved& r, const ModelResult& got,
     json j;
     j["preset"] = r.preset.name;
     j["family"] = model_family_name(r.preset.family);
-    j["backend"] = backend;
-    j["ranks"] = r.shape.world();
-    j["cfg"] = r.shape.cfg;
-    j["tp"] = r.shape.tp;
-    j["ring_degree"] = r.shape.ring;
-    j["ulysses_degree"] = r.shape.ulysses;
-    j["strategy"] = strategy_name(r.strategy);
-    j["layout"] = layout_name(r.layout);
-    j["pad"] = o.pad;
+    add_mesh_json(j, r.mesh, backend, /*with_cfg=*/true);
     j["seq"] = got.seq;
     j["seconds"] = got.seconds;
     j["bytes_sent_rank0"] = got.comm.total_sent();

@@ -319,8 +319,9 @@ void add_ulysses(Schedule& s, const CallRuns& c, int u, SoftmaxMode softmax) {
                                       CommGroup::kUlysses, members, 8ull * (u - 1),
                                       8ull * (u - 1)));
       double copied = 0;
-      for (auto [what, heads] : {std::pair{"q", &qh}, {"k", &kvh}, {"v", &kvh}}) {
-        steps.push_back(exchange_step(what, members, me, 1, [&](int from, int to) {
+      for (const auto& tensor : {std::pair{"q", &qh}, {"k", &kvh}, {"v", &kvh}}) {
+        const std::vector<IndexRange>* heads = tensor.second;
+        steps.push_back(exchange_step(tensor.first, members, me, 1, [&](int from, int to) {
           return static_cast<uint64_t>(c.B * count(from) * (*heads)[to].size() * c.D * e);
         }));
         copied += static_cast<double>(steps.back().comm->sent + steps.back().comm->recv);

@@ -129,6 +129,10 @@ expect_exit2 "pipeline_parallel_size' is 2; seqpar runs no pipeline" model --pre
 expect_exit2 "--sequence-parallel-size 4 must equal --ulysses-degree x --ring-degree = 2 x 3" model --preset tiny-dit --sequence-parallel-size 4 --ulysses-degree 2 --ring-degree 3
 expect_exit2 "--parallel-config $tmp/none.yaml: cannot read it" model --preset tiny-dit --parallel-config "$tmp/none.yaml"
 
+# plan takes the long names of its cfg and tp pins.
+out=$("$bin" plan --seq 4096 --heads 8 --ranks 4 --tensor-parallel-size 1 --cfg-parallel-size 1 --json)
+python3 -c 'import json,sys; m=json.loads(sys.argv[1])["meshes"]; sys.exit(0 if m and all(x["tp"] == 1 and x["cfg"] == 1 for x in m) else 1)' "$out" && ok || bad "plan --tensor-parallel-size 1 --cfg-parallel-size 1: not pinned"
+
 # plan --top N prints N ranked rows (and --json details N meshes' collectives).
 wan="plan --model wan2.1-t2v-14b --height 240 --width 432 --frames 33 --ranks 8"
 for n in 2 5; do
