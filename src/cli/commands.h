@@ -174,6 +174,7 @@ struct RunOptions {
   int64_t fresh = 0;                // decode / partial prefill: new tokens (--new)
   std::string hardware = "h100";    // profile for --strategy auto
   std::string softmax = "online";   // online | const-max (ring, usp)
+  std::string schedule = "default";  // default | steal (ring) | ring (passq)
   std::string trace;                // --trace FILE: Chrome/Perfetto trace of the run (empty: off)
   int64_t warmup = 1;               // untimed runs before the --repeat timed ones
 };

@@ -85,6 +85,7 @@ Run make_run(const RunOptions& o, int ranks, int threads) {
   c.layout = parse_layout(o.layout);
   c.ulysses_mode = parse_ulysses_mode(o.ulysses_mode);
   c.softmax = parse_softmax_mode(o.softmax);
+  c.schedule = parse_schedule_kind(o.schedule);
   c.pad = o.pad;
   const AttnShape s{o.batch,  o.seq,         o.heads,  o.kv_heads, o.head_dim,
                     o.causal, o.text_tokens, o.cached, o.fresh,    parse_dtype(o.dtype)};
@@ -209,6 +210,7 @@ int print_report(const Run& run, const Report& rep, const std::string& backend) 
     j["warmup"] = o.warmup;
     if (!o.trace.empty()) j["trace"] = o.trace;
     j["softmax"] = softmax_mode_name(job.cp.softmax);
+    j["schedule"] = schedule_kind_name(job.cp.schedule);
     j["fallback_rows"] = st.fallback_rows;
     if (!job.over_cache()) {
       j["ulysses_degree"] = job.config.mesh.ulysses;
@@ -322,6 +324,9 @@ void add_run_command(CLI::App& app, RunOptions& o) {
   run->add_option("--softmax", o.softmax,
                   "online | const-max (ring, usp: fixed per-row max from key norms, partial "
                   "sums added without rescaling; loose rows fall back to online)");
+  run->add_option("--schedule", o.schedule,
+                  "default | steal (ring, causal, contiguous: every rank the same work) | ring "
+                  "(passq: Q blocks around the ring)");
   run->add_option("--dtype", o.dtype, "fp32 | bf16 | fp16");
   run->add_option("--backend", o.backend, "threads | mpi (launch with mpirun)");
   run->add_flag("--verify", o.verify, "compare with the single-rank reference");

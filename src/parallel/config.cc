@@ -94,6 +94,36 @@ SoftmaxMode parse_softmax_mode(std::string_view name) {
                      softmax_mode_name);
 }
 
+std::string_view schedule_kind_name(ScheduleKind k) {
+  switch (k) {
+    case ScheduleKind::kDefault:
+      return "default";
+    case ScheduleKind::kSteal:
+      return "steal";
+    case ScheduleKind::kRing:
+      return "ring";
+  }
+  return "?";
+}
+
+ScheduleKind parse_schedule_kind(std::string_view name) {
+  return parse_named("schedule", name,
+                     std::array{ScheduleKind::kDefault, ScheduleKind::kSteal, ScheduleKind::kRing},
+                     schedule_kind_name);
+}
+
+bool schedule_applies(ScheduleKind k, Strategy s) {
+  switch (k) {
+    case ScheduleKind::kDefault:
+      return true;
+    case ScheduleKind::kSteal:
+      return s == Strategy::kRing;
+    case ScheduleKind::kRing:
+      return s == Strategy::kPassQ;
+  }
+  return false;
+}
+
 Layout parse_layout(std::string_view name) {
   return parse_named("layout", name,
                      std::array{Layout::kContiguous, Layout::kStriped, Layout::kZigzag},
@@ -116,6 +146,8 @@ std::string config_label(const ParallelConfig& c) {
   s += detail::concat(" ", layout_name(c.layout));
   if (c.pad) s += " padded";
   if (c.softmax != SoftmaxMode::kOnline) s += detail::concat(" ", softmax_mode_name(c.softmax));
+  if (c.schedule != ScheduleKind::kDefault)
+    s += detail::concat(" ", schedule_kind_name(c.schedule));
   return s;
 }
 
@@ -212,6 +244,12 @@ void validate_config(const ParallelConfig& c, const AttnShape& s) {
   SEQPAR_ARG_CHECK(c.softmax == SoftmaxMode::kOnline || has_ring(st), "softmax 'const-max' ",
                    "needs a ring: valid with strategy 'ring' or 'usp' (its ring part), not '",
                    strategy_name(st), "'");
+  SEQPAR_ARG_CHECK(schedule_applies(c.schedule, st), "schedule '",
+                   schedule_kind_name(c.schedule), "' does not apply to strategy '",
+                   strategy_name(st), "'; valid: 'steal' with ring, 'ring' with passq, 'default'");
+  SEQPAR_ARG_CHECK(c.schedule != ScheduleKind::kSteal || c.layout == Layout::kContiguous,
+                   "schedule 'steal' balances contiguous shards; layout '", layout_name(c.layout),
+                   "' is not: use layout 'contiguous' (or zigzag without steal)");
   SEQPAR_ARG_CHECK(s.text_tokens == 0 || !s.causal, "text_tokens (joint attention) are ",
                    "bidirectional; drop causal");
   if (s.over_cache()) {
@@ -236,6 +274,7 @@ void validate_config(const ParallelConfig& c, const AttnShape& s) {
     CpOptions opts;
     opts.ulysses_mode = c.ulysses_mode;
     opts.softmax = c.softmax;
+    opts.schedule = c.schedule;
     check_strategy_shape(st, Partition(n, sp, c.layout), s.heads / m.tp,
                          std::max<int64_t>(1, s.kv() / m.tp), m.ulysses, opts);
   }

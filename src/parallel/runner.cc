@@ -133,6 +133,7 @@ AttnJob resolve_job(ParallelConfig config, const AttnShape& shape, int ranks, bo
   job.cp.causal = shape.causal;
   job.cp.ulysses_mode = config.ulysses_mode;
   job.cp.softmax = config.softmax;
+  job.cp.schedule = config.schedule;
   if (job.over_cache()) {
     job.padded_seq = job.shape.seq;
     job.place = decode_placement(shape.cached, shape.fresh, ranks, config.layout);
@@ -197,9 +198,11 @@ RankCall run_attention_call(JobComms& comms, const AttnJob& job, const RankInput
     SEQPAR_ARG_CHECK(runs_over_cache(st), "strategy ", strategy_name(st),
                      " does not run over a K/V cache (cached, new); valid: passkv, passq");
     call.state =
-        st == Strategy::kPassQ
-            ? passq_attention(comms.comm(), job.place, in.q, in.k, in.v, job.cp, &call.cp)
-            : passkv_attention(comms.comm(), job.place, in.q, in.k, in.v, job.cp, &call.cp);
+        st == Strategy::kPassKv
+            ? passkv_attention(comms.comm(), job.place, in.q, in.k, in.v, job.cp, &call.cp)
+        : job.cp.schedule == ScheduleKind::kRing
+            ? passq_ring_attention(comms.comm(), job.place, in.q, in.k, in.v, job.cp, &call.cp)
+            : passq_attention(comms.comm(), job.place, in.q, in.k, in.v, job.cp, &call.cp);
   } else if (job.shape.text_tokens > 0) {
     JointState js = joint_attention(st, *comms.sp(), job.part, in.q, in.k, in.v, in.text_q,
                                     in.text_k, in.text_v, job.cp, &call.cp);

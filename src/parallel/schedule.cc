@@ -188,7 +188,7 @@ Schedule attention_schedule(const ParallelConfig& c, const AttnShape& s) {
       out = allgather_schedule(sp, s);
       break;
     case Strategy::kRing:
-      out = ring_schedule(sp, s);
+      out = c.schedule == ScheduleKind::kSteal ? steal_schedule(sp, s) : ring_schedule(sp, s);
       break;
     case Strategy::kUlysses:
       out = ulysses_schedule(sp, s);
@@ -200,7 +200,8 @@ Schedule attention_schedule(const ParallelConfig& c, const AttnShape& s) {
       out = passkv_schedule(sp, s);
       break;
     case Strategy::kPassQ:
-      out = passq_schedule(sp, s);
+      out = c.schedule == ScheduleKind::kRing ? passq_ring_schedule(sp, s)
+                                              : passq_schedule(sp, s);
       break;
   }
   if (s.text_tokens > 0) add_joint_text_schedule(out, sp, s);

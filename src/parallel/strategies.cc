@@ -166,6 +166,8 @@ AttnState context_parallel_attention(Strategy strategy, SpComms& comms, const Pa
     case Strategy::kAllGather:
       return allgather_attention(comms.sp(), part, q, k, v, opts, stats);
     case Strategy::kRing:
+      if (opts.schedule == ScheduleKind::kSteal)
+        return steal_attention(comms.sp(), part, q, k, v, opts, stats);
       return ring_attention(comms.sp(), part, q, k, v, opts, stats);
     case Strategy::kUlysses:
       return ulysses_attention(comms.sp(), part, q, k, v, opts, stats);

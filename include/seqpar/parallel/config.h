@@ -55,6 +55,21 @@ enum class SoftmaxMode { kOnline, kConstMax };
 std::string_view softmax_mode_name(SoftmaxMode m);      // "online", "const-max"
 SoftmaxMode parse_softmax_mode(std::string_view name);  // InvalidArgument lists names
 
+// Which of its schedules a strategy runs (docs/algorithms.md), where it has more than one:
+//   default: its own (ring: each rank attends its own queries while K/V blocks pass; passq: the
+//            queries all-gathered);
+//   steal:   ring, causal, contiguous shards: the ranks holding late tokens hand part of their
+//            queries' work to the ranks holding early ones, which return partial states that the
+//            owners merge by LSE, so that every rank computes the same visible score elements
+//            (DistFlashAttn's balance, without moving tokens);
+//   ring:    passq: Q blocks pass around the ring, overlapped with attention on the local K/V, and
+//            the partial states return to their owners in one all-to-all.
+enum class ScheduleKind { kDefault, kSteal, kRing };
+std::string_view schedule_kind_name(ScheduleKind k);      // "default", "steal", "ring"
+ScheduleKind parse_schedule_kind(std::string_view name);  // InvalidArgument lists names
+// The strategies a schedule kind applies to (default: all).
+bool schedule_applies(ScheduleKind k, Strategy s);
+
 // The names a value may be given by besides its canonical one (what peers and users type), for
 // help texts: "strategy", "layout", "ulysses_mode", "softmax" -> (alias, canonical) pairs.
 struct NameAlias {
@@ -83,12 +98,14 @@ struct ParallelConfig {
   Layout layout = Layout::kContiguous;
   UlyssesMode ulysses_mode = UlyssesMode::kUaa;  // ulysses and usp
   SoftmaxMode softmax = SoftmaxMode::kOnline;    // ring and usp
+  ScheduleKind schedule = ScheduleKind::kDefault;  // steal: ring; ring: passq
   bool pad = false;  // pad the sequence to padded_seq() and mask the padding
   int sp() const { return mesh.sp(); }
   int world() const { return mesh.world(); }
   bool operator==(const ParallelConfig&) const = default;
 };
-// "cfg 2 tp 1 ulysses 4 ring 1 ulysses(uaa) contiguous", with " padded", " const-max" when set.
+// "cfg 2 tp 1 ulysses 4 ring 1 ulysses(uaa) contiguous", with " padded", " const-max",
+// " steal" (a schedule kind other than default) when set.
 std::string config_label(const ParallelConfig& c);
 
 // One attention call: B sequences of `seq` sharded tokens (over a cache: seq = cached + fresh),

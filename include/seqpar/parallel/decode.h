@@ -38,6 +38,11 @@ KvPlacement decode_placement(int64_t cached, int64_t fresh, int ranks, Layout la
 AttnState passq_attention(Communicator& comm, const KvPlacement& place, const Tensor& q,
                           const Tensor& k, const Tensor& v, const CpOptions& opts,
                           CpStats* stats = nullptr);
+// passq with schedule ring (docs/algorithms.md "ring pass-Q"): Q blocks pass around the ring,
+// overlapped with attention on the local K/V; the partial states return in one all-to-all.
+AttnState passq_ring_attention(Communicator& comm, const KvPlacement& place, const Tensor& q,
+                               const Tensor& k, const Tensor& v, const CpOptions& opts,
+                               CpStats* stats = nullptr);
 AttnState passkv_attention(Communicator& comm, const KvPlacement& place, const Tensor& q,
                            const Tensor& k, const Tensor& v, const CpOptions& opts,
                            CpStats* stats = nullptr);

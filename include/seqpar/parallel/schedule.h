@@ -92,11 +92,13 @@ Schedule attention_schedule(const ParallelConfig& c, const AttnShape& s);
 Schedule local_schedule(const ParallelConfig& c, const AttnShape& s);
 Schedule allgather_schedule(const ParallelConfig& c, const AttnShape& s);
 Schedule ring_schedule(const ParallelConfig& c, const AttnShape& s);  // const-max: key norms
+Schedule steal_schedule(const ParallelConfig& c, const AttnShape& s);  // ring, schedule steal
 Schedule ulysses_schedule(const ParallelConfig& c, const AttnShape& s);
 Schedule usp_schedule(const ParallelConfig& c, const AttnShape& s);
 // Over a K/V cache (s.cached, s.fresh; decode_placement):
 Schedule passkv_schedule(const ParallelConfig& c, const AttnShape& s);
 Schedule passq_schedule(const ParallelConfig& c, const AttnShape& s);
+Schedule passq_ring_schedule(const ParallelConfig& c, const AttnShape& s);  // schedule ring
 // Joint attention's text part (s.text_tokens), appended to the image part's schedule.
 void add_joint_text_schedule(Schedule& image, const ParallelConfig& c, const AttnShape& s);
 

@@ -40,6 +40,7 @@ struct CpOptions {
   // The outputs of padded queries are computed but meaningless; callers drop them.
   int64_t valid_len = 0;
   SoftmaxMode softmax = SoftmaxMode::kOnline;
+  ScheduleKind schedule = ScheduleKind::kDefault;  // ring: steal; passq: ring
 };
 
 // The communicators a strategy runs on: the sequence-parallel group (N ranks) and, for usp, its
@@ -105,6 +106,13 @@ AttnState allgather_attention(Communicator& comm, const Partition& part, const T
 AttnState ring_attention(Communicator& comm, const Partition& part, const Tensor& q,
                          const Tensor& k, const Tensor& v, const CpOptions& opts,
                          CpStats* stats = nullptr);
+
+// ring with schedule steal (docs/algorithms.md "steal"): contiguous shards, causal; the work of
+// the ranks that hold late tokens is split so that every rank computes the same visible score
+// elements, partial states returned to the owners and merged by LSE. Non-causal: ring_attention.
+AttnState steal_attention(Communicator& comm, const Partition& part, const Tensor& q,
+                          const Tensor& k, const Tensor& v, const CpOptions& opts,
+                          CpStats* stats = nullptr);
 
 // ulysses: all-to-all [B, n_r, H, D] -> [B, S, H/N, D] (sequence to heads), full-sequence
 // attention on the local heads, all-to-all back (heads to sequence) of out and lse.
