@@ -140,31 +140,54 @@ Decoder::Output Decoder::generate(const std::vector<int32_t>& prompt, int decode
 
 Decoder::Output Decoder::generate(const std::vector<int32_t>& prompt, const Options& opts,
                                   ParallelContext& ctx) {
-  const int64_t P = static_cast<int64_t>(prompt.size()), d = m_.hidden;
-  const float eps = static_cast<float>(m_.rms_norm_eps);
+  const int64_t P = static_cast<int64_t>(prompt.size());
   SEQPAR_ARG_CHECK(P >= 1, "the prompt is empty");
   SEQPAR_ARG_CHECK(opts.max_new_tokens >= 1, "max_new_tokens ", opts.max_new_tokens,
                    " is invalid; valid: 1 or more");
-  Output out;
-  auto take = [&](Tensor logits) {
-    out.tokens.push_back(argmax(logits));
-    out.logits.push_back(std::move(logits));
-    for (int64_t s : opts.stop_tokens) out.stopped = out.stopped || s == out.tokens.back();
-  };
-  // ---- prefill: context parallel over the prompt (or its first chunk).
   SEQPAR_ARG_CHECK(opts.prefill_chunk >= 0, "prefill_chunk ", opts.prefill_chunk,
                    " is invalid; valid: 0 (the whole prompt at once) or more");
+  for (size_t t = 0; t < opts.next_turns.size(); ++t)
+    SEQPAR_ARG_CHECK(!opts.next_turns[t].empty(), "turn ", t + 2, " of the chat is empty");
+  Output out;
+  Turn turn{ctx, opts, out, {}, 0};
+  const double t0 = now_seconds();
+  // ---- the prompt: its first chunk context parallel, the rest over the cache.
   // The first chunk holds a token for every sequence-parallel rank at least.
   const int64_t first =
       opts.prefill_chunk > 0 ? std::min(P, std::max<int64_t>(opts.prefill_chunk, ctx.sp_size()))
                              : P;
+  const std::span<const int32_t> tokens(prompt);
+  Tensor x = prefill(tokens.first(first), turn);
+  if (first < P) x = extend(tokens.subspan(first), turn);
+  take_logits(x, turn);
+  out.prefill_seconds = now_seconds() - t0;
+  if (opts.on_token) opts.on_token(1, out.prefill_seconds, 0);
+  decode(turn, t0 + out.prefill_seconds);
+  out.turn_tokens.push_back(static_cast<int64_t>(out.tokens.size()));
+  // ---- chat turns: the last token chosen (not yet in the cache), then the turn's prompt.
+  for (const std::vector<int32_t>& next : opts.next_turns) {
+    const double tt = now_seconds();
+    const int64_t before = static_cast<int64_t>(out.tokens.size());
+    std::vector<int32_t> fresh{out.tokens.back()};
+    fresh.insert(fresh.end(), next.begin(), next.end());
+    out.stopped = false;
+    take_logits(extend(fresh, turn), turn);
+    out.prefill_seconds += now_seconds() - tt;
+    decode(turn, now_seconds());
+    out.turn_tokens.push_back(static_cast<int64_t>(out.tokens.size()) - before);
+  }
+  return out;
+}
+
+Tensor Decoder::prefill(std::span<const int32_t> tokens, Turn& turn) {
+  ParallelContext& ctx = turn.ctx;
+  const int64_t first = static_cast<int64_t>(tokens.size()), hd = m_.head_dim;
+  const float eps = static_cast<float>(m_.rms_norm_eps);
   const double t0 = now_seconds();
   SpRuntime sp(sp_plan(), ctx, first);
   std::vector<int64_t> all_pos(first);
   for (int64_t i = 0; i < first; ++i) all_pos[i] = i;
-  const int64_t hd = m_.head_dim;
-  const std::span<const int32_t> tokens(prompt);
-  Tensor x = sp.at("layers.0", "hidden", embed(tokens.first(first), *ctx.tp));
+  Tensor x = sp.at("layers.0", "hidden", embed(tokens, *ctx.tp));
   Tensor table = sp.at("layers.0", "rope", reshape(rope(all_pos), {1, first, hd}));
   table = reshape(std::move(table), {x.dim(1), hd / 2, 2});
   for (Layer& layer : layers_) {
@@ -174,45 +197,56 @@ Decoder::Output Decoder::generate(const std::vector<int32_t>& prompt, const Opti
     add_(x, layer.mlp.forward(rms_norm(x, layer.post_norm, eps), *ctx.tp));
   }
   x = sp.at("norm", "hidden", std::move(x));  // (1, first, d) on every rank
-  out.chunks.push_back({0, first, 0, ctx.config.strategy, "context-parallel prefill",
-                        now_seconds() - t0});
-
+  turn.out.chunks.push_back({0, first, 0, ctx.config.strategy, "context-parallel prefill",
+                             now_seconds() - t0});
   // The caches prefill left: each rank's real tokens of the partition.
   const int n = ctx.sp_size();
-  KvPlacement place;
-  place.kv_pos.resize(n);
-  place.q_pos.resize(n);
+  turn.place.kv_pos.assign(n, {});
+  turn.place.q_pos.assign(n, {});
   const Partition& part = sp.partition();
   for (int r = 0; r < n; ++r)
     for (int64_t p : part.positions(r))
-      if (p < first) place.kv_pos[r].push_back(p);
+      if (p < first) turn.place.kv_pos[r].push_back(p);
+  turn.length = first;
+  return x;
+}
 
-  // ---- the prompt's next chunks over the cache: T tokens split over the ranks as
-  // decode_placement splits new tokens, replicated activations, pass-KV or pass-Q per chunk.
-  for (int64_t c0 = first; c0 < P; c0 += opts.prefill_chunk) {  // prefill_chunk > 0 here
+Tensor Decoder::extend(std::span<const int32_t> tokens, Turn& turn) {
+  ParallelContext& ctx = turn.ctx;
+  const Options& opts = turn.opts;
+  const float eps = static_cast<float>(m_.rms_norm_eps);
+  const int n = ctx.sp_size();
+  const int64_t total = static_cast<int64_t>(tokens.size());
+  const int64_t size = opts.prefill_chunk > 0 ? opts.prefill_chunk : total;
+  Tensor x;
+  // Chunks of T tokens over the cache, split over the ranks as decode_placement splits new
+  // tokens, replicated activations, pass-KV or pass-Q per chunk.
+  for (int64_t c0 = 0; c0 < total; c0 += size) {
     const double tc = now_seconds();
-    const int64_t c1 = std::min(P, c0 + opts.prefill_chunk), T = c1 - c0;
-    Chunk chunk{c0, c1, c0, Strategy::kPassQ, "pinned", 0};
+    const int64_t T = std::min(size, total - c0), begin = turn.length;
+    Chunk chunk{begin, begin + T, begin, Strategy::kPassQ, "pinned", 0};
     if (opts.chunk_strategy) {
       chunk.strategy = *opts.chunk_strategy;
     } else {
       SEQPAR_ARG_CHECK(opts.attention_flops > 0 && opts.network_bytes_per_s > 0,
-                       "prefill_chunk needs attention_flops and network_bytes_per_s (a hardware "
-                       "profile) to choose pass-KV or pass-Q, or a pinned chunk_strategy");
-      const PassChoice c = choose_pass(T, c0, n, m_.heads, m_.kv_heads, sizeof(float),
+                       "prefill_chunk and chat turns need attention_flops and "
+                       "network_bytes_per_s (a hardware profile) to choose pass-KV or pass-Q, "
+                       "or a pinned chunk_strategy");
+      const PassChoice c = choose_pass(T, begin, n, m_.heads, m_.kv_heads, sizeof(float),
                                        opts.attention_flops, opts.network_bytes_per_s);
       chunk.strategy = c.kind;
       chunk.reason = c.reason;
     }
-    int64_t next = c0;
-    std::vector<int64_t> positions(T);
+    KvPlacement& place = turn.place;
+    int64_t next = begin;
     for (int r = 0; r < n; ++r) {
       place.q_pos[r].clear();
       const int64_t share = T / n + (r >= n - T % n ? 1 : 0);
       for (int64_t i = 0; i < share; ++i) place.q_pos[r].push_back(next++);
       place.kv_pos[r].insert(place.kv_pos[r].end(), place.q_pos[r].begin(), place.q_pos[r].end());
     }
-    for (int64_t i = 0; i < T; ++i) positions[i] = c0 + i;
+    std::vector<int64_t> positions(T);
+    for (int64_t i = 0; i < T; ++i) positions[i] = begin + i;
     Tensor rc = rope(positions);
     x = embed(tokens.subspan(c0, T), *ctx.tp);  // (1, T, d), replicated
     for (Layer& layer : layers_) {
@@ -220,38 +254,52 @@ Decoder::Output Decoder::generate(const std::vector<int32_t>& prompt, const Opti
                                 chunk.strategy));
       add_(x, layer.mlp.forward(rms_norm(x, layer.post_norm, eps), *ctx.tp));
     }
+    turn.length += T;
     chunk.seconds = now_seconds() - tc;
-    out.chunks.push_back(std::move(chunk));
+    turn.out.chunks.push_back(std::move(chunk));
   }
+  return x;
+}
+
+void Decoder::take_logits(const Tensor& x, Turn& turn) {
+  const int64_t d = m_.hidden;
   Tensor last({d});
   std::memcpy(last.raw(), x.data<float>() + (x.dim(1) - 1) * d, d * sizeof(float));
-  take(logits_of(last, *ctx.tp));
-  out.prefill_seconds = now_seconds() - t0;
-  if (opts.on_token) opts.on_token(1, out.prefill_seconds, 0);
+  Output& out = turn.out;
+  Tensor logits = logits_of(last, *turn.ctx.tp);
+  out.tokens.push_back(argmax(logits));
+  out.logits.push_back(std::move(logits));
+  for (int64_t s : turn.opts.stop_tokens) out.stopped = out.stopped || s == out.tokens.back();
+}
 
-  // ---- decode: one token a step, pass-Q over the caches prefill left.
-  const double t1 = now_seconds();
-  for (int64_t step = 1; step < opts.max_new_tokens && !out.stopped; ++step) {
-    // The token chosen last enters at position P + step - 1.
-    const int64_t pos = P + step - 1;
+void Decoder::decode(Turn& turn, double t1) {
+  // One token a step, pass-Q over the caches: the token chosen last enters at the cache's end,
+  // owned by sequence-parallel rank (position mod N).
+  ParallelContext& ctx = turn.ctx;
+  Output& out = turn.out;
+  const float eps = static_cast<float>(m_.rms_norm_eps);
+  const int n = ctx.sp_size();
+  const double before = out.decode_seconds;
+  for (int64_t step = 1; step < turn.opts.max_new_tokens && !out.stopped; ++step) {
+    const int64_t pos = turn.length++;
     const int owner = static_cast<int>(pos % n);
-    for (auto& q : place.q_pos) q.clear();
-    place.q_pos[owner].push_back(pos);
-    place.kv_pos[owner].push_back(pos);
+    for (auto& q : turn.place.q_pos) q.clear();
+    turn.place.q_pos[owner].push_back(pos);
+    turn.place.kv_pos[owner].push_back(pos);
     const int64_t position[1] = {pos};
     Tensor r1 = rope(position);
     Tensor h = embed(std::span<const int32_t>(&out.tokens.back(), 1), *ctx.tp);
     for (Layer& layer : layers_) {
-      add_(h, layer.attn.decode(rms_norm(h, layer.input_norm, eps), r1, ctx, layer.cache, place));
+      add_(h, layer.attn.decode(rms_norm(h, layer.input_norm, eps), r1, ctx, layer.cache,
+                                turn.place));
       add_(h, layer.mlp.forward(rms_norm(h, layer.post_norm, eps), *ctx.tp));
     }
-    take(logits_of(reshape(std::move(h), {d}), *ctx.tp));
-    out.decode_seconds = now_seconds() - t1;
-    if (opts.on_token)
-      opts.on_token(static_cast<int64_t>(out.tokens.size()), out.prefill_seconds,
-                    out.decode_seconds);
+    take_logits(reshape(std::move(h), {1, 1, m_.hidden}), turn);
+    out.decode_seconds = before + now_seconds() - t1;
+    if (turn.opts.on_token)
+      turn.opts.on_token(static_cast<int64_t>(out.tokens.size()), out.prefill_seconds,
+                         out.decode_seconds);
   }
-  return out;
 }
 
 }  // namespace seqpar

@@ -223,5 +223,63 @@ TEST(Llama, ChunkedPrefillEqualsTheWholePrompt) {
   }
 }
 
+// A chat turn (a second prompt after the first one's tokens) continues over the cache: its
+// tokens equal one rank's whole run of the concatenation (prompt, tokens generated, turn).
+TEST(Llama, ChatTurnEqualsTheConcatenatedPrompt) {
+  const ModelPreset m = tiny_llama(false);
+  WeightStore ws = WeightStore::random(Decoder::parameters(m), 9);
+  std::vector<int32_t> prompt(23), turn(17);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 53 + 11) % 250);
+  for (size_t i = 0; i < turn.size(); ++i) turn[i] = static_cast<int32_t>((i * 31 + 7) % 250);
+  auto run = [&](MeshShape shape, const std::vector<int32_t>& ids, const Decoder::Options& opts) {
+    Decoder::Output out;
+    ThreadWorld::run(shape.world(), [&](Communicator& world) {
+      MeshComms mc(world, shape);
+      ParallelConfig config;
+      config.mesh = shape;
+      config.strategy = strategy_for_degrees(shape.ulysses, shape.ring, Strategy::kRing);
+      ParallelContext ctx = model_context(mc, config);
+      Decoder dec(m, ws, ctx);
+      Decoder::Output o = dec.generate(ids, opts, ctx);
+      if (world.rank() == 0) out = std::move(o);
+    });
+    return out;
+  };
+  Decoder::Options opts;
+  opts.max_new_tokens = 3;
+  opts.chunk_strategy = Strategy::kPassQ;
+  for (MeshShape shape : {MeshShape{1, 1, 1, 1}, MeshShape{1, 1, 3, 1}, MeshShape{1, 2, 2, 1},
+                          MeshShape{1, 1, 2, 2}}) {
+    for (int64_t chunk : {0, 5}) {
+      for (Strategy pass : {Strategy::kPassQ, Strategy::kPassKv}) {
+        Decoder::Options chat = opts;
+        chat.next_turns = {turn};
+        chat.prefill_chunk = chunk;
+        chat.chunk_strategy = pass;
+        const Decoder::Output got = run(shape, prompt, chat);
+        const std::string what = mesh_shape_text(shape) + " chunk " + std::to_string(chunk) +
+                                 " " + std::string(strategy_name(pass));
+        ASSERT_EQ(got.turn_tokens, (std::vector<int64_t>{3, 3})) << what;
+        // The reference: the first turn alone, then the whole conversation on one rank.
+        std::vector<int32_t> whole = prompt;
+        whole.insert(whole.end(), got.tokens.begin(), got.tokens.begin() + 3);
+        whole.insert(whole.end(), turn.begin(), turn.end());
+        const Decoder::Output first = run({1, 1, 1, 1}, prompt, opts);
+        const Decoder::Output second = run({1, 1, 1, 1}, whole, opts);
+        EXPECT_EQ(std::vector<int32_t>(got.tokens.begin(), got.tokens.begin() + 3), first.tokens)
+            << what;
+        EXPECT_EQ(std::vector<int32_t>(got.tokens.begin() + 3, got.tokens.end()), second.tokens)
+            << what;
+        for (size_t i = 0; i < 3; ++i)
+          EXPECT_LE(max_abs_diff(got.logits[3 + i], second.logits[i]), 1e-4) << what << " " << i;
+        // The turn's chunks start where the cache ends: after the prompt and two decoded tokens.
+        const Decoder::Chunk& k = got.chunks[got.chunks.size() - (chunk ? 4 : 1)];
+        EXPECT_EQ(k.begin, 23 + 2) << what;
+        EXPECT_EQ(got.chunks.back().end, 23 + 3 + 17) << what;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace seqpar

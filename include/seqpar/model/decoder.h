@@ -45,6 +45,12 @@ class Decoder {
     int64_t prefill_chunk = 0;
     std::optional<Strategy> chunk_strategy;
     double attention_flops = 0, network_bytes_per_s = 0;  // > 0 when prefill_chunk > 0, unpinned
+    // Chat turns: when the prompt's tokens are generated (max_new_tokens, or a stop token),
+    // each next turn's prompt is appended after them: the last token generated, then the
+    // turn's tokens attend the cache as chunks of prefill_chunk (the whole turn as one chunk
+    // when 0), by pass-KV or pass-Q as for the prompt's chunks; then up to max_new_tokens
+    // tokens again.
+    std::vector<std::vector<int32_t>> next_turns;
   };
   // One chunk of a chunked prefill: prompt tokens [begin, end) over `cached` cached tokens.
   struct Chunk {
@@ -59,7 +65,8 @@ class Decoder {
     double prefill_seconds = 0;   // this rank's wall time
     double decode_seconds = 0;
     bool stopped = false;  // ended at a stop token
-    std::vector<Chunk> chunks;  // the prefill's chunks (one without prefill_chunk)
+    std::vector<Chunk> chunks;  // the prefill's chunks (one without prefill_chunk), then turns'
+    std::vector<int64_t> turn_tokens;  // tokens generated per turn (the prompt's first)
   };
   // Prefill `prompt` (B = 1) context parallel, then greedy steps with pass-Q.
   Output generate(const std::vector<int32_t>& prompt, const Options& opts, ParallelContext& ctx);
@@ -67,6 +74,20 @@ class Decoder {
   Output generate(const std::vector<int32_t>& prompt, int decode_steps, ParallelContext& ctx);
 
  private:
+  // One generate call's state: where every rank's cache and queries are, the tokens cached.
+  struct Turn {
+    ParallelContext& ctx;
+    const Options& opts;
+    Output& out;
+    KvPlacement place;
+    int64_t length = 0;  // tokens in the cache
+  };
+  // Context-parallel prefill of tokens [0, n): the last layer's output (1, n, d) on every rank.
+  Tensor prefill(std::span<const int32_t> tokens, Turn& turn);
+  // tokens appended after the cache in chunks: the last chunk's output (1, T, d).
+  Tensor extend(std::span<const int32_t> tokens, Turn& turn);
+  void take_logits(const Tensor& x, Turn& turn);  // the last row's greedy token
+  void decode(Turn& turn, double t1);  // until max_new_tokens of this turn or a stop token
   struct Layer {
     Tensor input_norm, post_norm;
     SelfAttention attn;
