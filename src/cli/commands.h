@@ -245,6 +245,7 @@ struct GenerateOptions : MeshFlags {
   std::string output;  // safetensors: tokens (I64 [N]), logits (F32 [N, vocab])
   int64_t prefill_chunk = 0;     // 0: the whole prompt at once
   std::string chunk_strategy;    // passkv | passq; empty: the rule on --hardware
+  std::vector<std::string> turn_ids;  // chat turns after the prompt's tokens: "4,5,6" each
   std::string hardware = "h100";  // profile whose rates the pass-KV / pass-Q rule uses
   bool json = false;
   bool quiet = false;

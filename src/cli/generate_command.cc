@@ -174,6 +174,7 @@ struct Prepared {
   LlamaCheckpoint ck;
   ParallelConfig mesh;
   std::vector<int32_t> prompt;
+  std::vector<std::vector<int32_t>> turns;  // --turn-ids
   std::optional<Strategy> chunk_strategy;
   double attention_flops = 0, network_bytes_per_s = 0;  // --hardware's, for the rule
 };
@@ -193,8 +194,21 @@ Prepared prepare(const GenerateOptions& o, int world) {
   names.tp = "--tp";
   names.allow_long_context = "--allow-long-context";
   p.prompt = check_llama_prompt(p.ck, ids, o.max_new_tokens, o.allow_long_context, names);
-  // Positions 0 .. P + N - 2 enter the model (the last new token is not fed back).
-  const int64_t last = static_cast<int64_t>(ids.size()) + o.max_new_tokens - 1;
+  // Positions 0 .. P + N - 2 enter the model (the last new token is not fed back); each chat
+  // turn adds its tokens and N more.
+  int64_t last = static_cast<int64_t>(ids.size()) + o.max_new_tokens - 1;
+  limits::check_range("--turn-ids (turns)", static_cast<int64_t>(o.turn_ids.size()), 0,
+                      limits::kMaxSteps);
+  for (const std::string& text : o.turn_ids) {
+    names.prompt = "--turn-ids";
+    p.turns.push_back(check_llama_prompt(p.ck, parse_id_text("--turn-ids", text),
+                                         o.max_new_tokens, true, names));
+    last += static_cast<int64_t>(p.turns.back().size()) + o.max_new_tokens;
+  }
+  SEQPAR_ARG_CHECK(p.turns.empty() || last <= m.max_positions || o.allow_long_context,
+                   "the prompt, ", p.turns.size(), " turns and their tokens need ", last,
+                   " positions, beyond max_position_embeddings ", m.max_positions, " of ", config,
+                   "; shorten them, or pass --allow-long-context");
   if (last > m.max_positions && reporting_rank())
     std::fprintf(stderr,
                  "seqpar: warning: %lld positions exceed max_position_embeddings %lld of %s "
@@ -236,6 +250,7 @@ Generated run_rank(Communicator& world, const GenerateOptions& o, const Prepared
   opts.chunk_strategy = p.chunk_strategy;
   opts.attention_flops = p.attention_flops;
   opts.network_bytes_per_s = p.network_bytes_per_s;
+  opts.next_turns = p.turns;
   const bool progress = world.rank() == 0 && !o.quiet && !o.json;
   double last_report = 0;
   if (progress)
@@ -330,6 +345,17 @@ int report(const GenerateOptions& o, const Prepared& p, const Generated& g,
                         {"reason", c.reason},
                         {"seconds", c.seconds}});
     j["prefill_chunks"] = chunks;
+    // Per turn (the prompt, then each --turn-ids): its prompt tokens and the tokens generated.
+    json turns = json::array();
+    for (size_t t = 0, at = 0; t < out.turn_tokens.size(); ++t) {
+      const size_t count = static_cast<size_t>(out.turn_tokens[t]);
+      turns.push_back(
+          {{"prompt_tokens", t == 0 ? p.prompt.size() : p.turns[t - 1].size()},
+           {"tokens", std::vector<int32_t>(out.tokens.begin() + at,
+                                           out.tokens.begin() + at + count)}});
+      at += count;
+    }
+    j["turns"] = turns;
     j["hardware"] = o.hardware;
     std::printf("%s\n", j.dump().c_str());
   } else {
@@ -407,6 +433,10 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
   g->add_option("--chunk-strategy,--chunk_strategy", o.chunk_strategy,
                 "passkv | passq for every chunk after the first (default: the rule on "
                 "--hardware's rates)");
+  g->add_option("--turn-ids,--turn_ids", o.turn_ids,
+                "a chat turn: token ids appended after the tokens generated so far, over the "
+                "cache (in chunks of --prefill-chunk); then --max-new-tokens more (repeatable)")
+      ->allow_extra_args(false);
   g->add_option("--hardware", o.hardware,
                 "profile whose attention rate and bandwidth the pass-KV / pass-Q rule uses");
   g->add_flag("--json", o.json, "print one JSON object");

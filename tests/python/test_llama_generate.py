@@ -134,6 +134,40 @@ def test_chunked_prefill(ckpts, tmp_path, mesh):
             assert c["reason"].startswith(c["strategy"] + ":"), c
 
 
+TURNS = [
+    {"ring-degree": 2, "chunk-strategy": "passq"},
+    {"ring-degree": 3, "layout": "zigzag", "prefill-chunk": 7, "chunk-strategy": "passkv"},
+    {"tp": 2, "ulysses-degree": 2},   # by the rule on the h100 profile
+]
+
+
+@pytest.mark.parametrize("mesh", TURNS, ids=lambda m: "-".join(f"{k}{v}" for k, v in m.items()))
+def test_chat_turns(ckpts, tmp_path, mesh):
+    """Two chat turns after the prompt, over the cache: each turn's tokens and logits are
+    transformers' on the whole conversation so far (prompt, tokens generated, turn)."""
+    path = ckpts["f32_tied_sharded_bias"]
+    prompt = L.prompt_of(37, L.TINY["vocab_size"], 3)
+    turns = [L.prompt_of(11, L.TINY["vocab_size"], 4), L.prompt_of(1, L.TINY["vocab_size"], 5)]
+    extra = [a for t in turns for a in ("--turn-ids", ",".join(map(str, t)))]
+    summary, tokens, logits = L.run_generate(path, prompt, NEW, tmp_path / "out.safetensors",
+                                             mesh, extra=extra)
+    assert [t["prompt_tokens"] for t in summary["turns"]] == [37, 11, 1]
+    conversation, at, err = list(prompt), 0, 0.0
+    for i, turn in enumerate(summary["turns"]):
+        want_tokens, want_logits = L.reference(path, conversation, NEW)
+        assert turn["tokens"] == want_tokens, (mesh, i, turn["tokens"], want_tokens)
+        assert tokens[at:at + NEW] == want_tokens
+        err = max(err, float(np.abs(logits[at:at + NEW] - want_logits).max()))
+        at += NEW
+        if i < len(turns):
+            conversation += want_tokens + turns[i]
+    print(f"chat turns {mesh}: max abs logit error {err:.3g}")
+    assert err <= TOL_F32, (mesh, err)
+    # The turns' chunks start where the cache ends: the prompt and NEW - 1 fed tokens before.
+    begins = [c["begin"] for c in summary["prefill_chunks"]]
+    assert 37 + NEW - 1 in begins and 37 + NEW + 11 + NEW - 1 in begins, begins
+
+
 def test_weight_shares(ckpts, tmp_path):
     """A rank of tp 2 reads half of every matrix (and all of the norm scales), in bf16."""
     one = check(ckpts, tmp_path, "bf16_untied_sharded", 45)
