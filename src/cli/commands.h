@@ -216,8 +216,16 @@ struct MeshFlags {
   std::string backend = "threads";
 };
 
+// How a decoder takes its prompt after the first chunk (seqpar model's llm presets, seqpar
+// generate; src/cli/mesh_run.h registers and applies them).
+struct ChunkFlags {
+  int64_t prefill_chunk = 0;      // 0: the whole prompt at once
+  std::string chunk_strategy;     // passkv | passq; empty: the rule on --hardware
+  std::string hardware = "h100";  // profile whose rates the pass-KV / pass-Q rule uses
+};
+
 // seqpar model: a dit or llm preset on a cfg x tp x ring x ulysses mesh.
-struct ModelOptions : MeshFlags {
+struct ModelOptions : MeshFlags, ChunkFlags {
   std::string preset = "tiny-dit";
   std::optional<std::string> weights;  // unset: seeded random weights
   std::string save_weights;
@@ -235,7 +243,7 @@ int model_command(const ModelOptions& opts);
 
 // seqpar generate: greedy decoding of a Hugging Face Llama directory on a tp x ring x ulysses
 // mesh.
-struct GenerateOptions : MeshFlags {
+struct GenerateOptions : MeshFlags, ChunkFlags {
   std::string model;            // the directory
   std::string prompt_ids;       // "1,2,3"
   std::string prompt_ids_file;  // text (whitespace or commas), .safetensors or .npy
@@ -243,10 +251,7 @@ struct GenerateOptions : MeshFlags {
   bool ignore_eos = false;
   bool allow_long_context = false;
   std::string output;  // safetensors: tokens (I64 [N]), logits (F32 [N, vocab])
-  int64_t prefill_chunk = 0;     // 0: the whole prompt at once
-  std::string chunk_strategy;    // passkv | passq; empty: the rule on --hardware
   std::vector<std::string> turn_ids;  // chat turns after the prompt's tokens: "4,5,6" each
-  std::string hardware = "h100";  // profile whose rates the pass-KV / pass-Q rule uses
   bool json = false;
   bool quiet = false;
 };

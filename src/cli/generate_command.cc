@@ -175,8 +175,7 @@ struct Prepared {
   ParallelConfig mesh;
   std::vector<int32_t> prompt;
   std::vector<std::vector<int32_t>> turns;  // --turn-ids
-  std::optional<Strategy> chunk_strategy;
-  double attention_flops = 0, network_bytes_per_s = 0;  // --hardware's, for the rule
+  Decoder::Options chunking;  // --prefill-chunk, --chunk-strategy, --hardware
 };
 
 Prepared prepare(const GenerateOptions& o, int world) {
@@ -216,15 +215,7 @@ Prepared prepare(const GenerateOptions& o, int world) {
                  static_cast<long long>(last), static_cast<long long>(m.max_positions),
                  config.c_str());
   check_llama_tp(p.ck, p.mesh.mesh.tp, names);
-  limits::check_range("--prefill-chunk", o.prefill_chunk, 0, limits::kMaxTokens);
-  if (!o.chunk_strategy.empty()) {
-    p.chunk_strategy = parse_strategy(o.chunk_strategy);
-    SEQPAR_ARG_CHECK(runs_over_cache(*p.chunk_strategy), "--chunk-strategy ", o.chunk_strategy,
-                     " is not one over a cache; valid: passkv, passq");
-  }
-  const HardwareProfile hw = load_profile_checked(o.hardware);
-  p.attention_flops = hw.attention_flops;
-  p.network_bytes_per_s = hw.inter_node_bw;
+  apply_chunk_flags(o, p.chunking);
   return p;
 }
 
@@ -243,13 +234,9 @@ Generated run_rank(Communicator& world, const GenerateOptions& o, const Prepared
   Decoder dec(p.ck.config, weights, ctx);
   const int64_t weight_bytes = weights.bytes_read();
   weights = WeightStore();  // the last rank to let go unmaps the files
-  Decoder::Options opts;
+  Decoder::Options opts = p.chunking;
   opts.max_new_tokens = o.max_new_tokens;
   if (!o.ignore_eos) opts.stop_tokens = p.ck.eos_token_ids;
-  opts.prefill_chunk = o.prefill_chunk;
-  opts.chunk_strategy = p.chunk_strategy;
-  opts.attention_flops = p.attention_flops;
-  opts.network_bytes_per_s = p.network_bytes_per_s;
   opts.next_turns = p.turns;
   const bool progress = world.rank() == 0 && !o.quiet && !o.json;
   double last_report = 0;
@@ -334,17 +321,7 @@ int report(const GenerateOptions& o, const Prepared& p, const Generated& g,
     j["resident_bytes_per_rank"] = list_json(g.resident_bytes);
     j["peak_resident_bytes_per_rank"] = list_json(g.peak_resident_bytes);
     if (!o.output.empty()) j["output"] = o.output;
-    // The prefill's chunks: the first context parallel, each next over the cache by passkv or
-    // passq (--prefill-chunk; one chunk without it).
-    json chunks = json::array();
-    for (const Decoder::Chunk& c : out.chunks)
-      chunks.push_back({{"begin", c.begin},
-                        {"end", c.end},
-                        {"cached", c.cached},
-                        {"strategy", strategy_name(c.strategy)},
-                        {"reason", c.reason},
-                        {"seconds", c.seconds}});
-    j["prefill_chunks"] = chunks;
+    j["prefill_chunks"] = chunks_json(out.chunks);
     // Per turn (the prompt, then each --turn-ids): its prompt tokens and the tokens generated.
     json turns = json::array();
     for (size_t t = 0, at = 0; t < out.turn_tokens.size(); ++t) {
@@ -427,18 +404,11 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
               "run past max_position_embeddings (with a warning)");
   g->add_option("--output", o.output,
                 "safetensors file: tokens (I64 [N]) and logits (F32 [N, vocab])");
-  g->add_option("--prefill-chunk,--prefill_chunk", o.prefill_chunk,
-                "prefill the prompt in chunks of this many tokens: the first context parallel, "
-                "each next over the cache by pass-KV or pass-Q (0: all at once)");
-  g->add_option("--chunk-strategy,--chunk_strategy", o.chunk_strategy,
-                "passkv | passq for every chunk after the first (default: the rule on "
-                "--hardware's rates)");
+  add_chunk_flags(g, o);
   g->add_option("--turn-ids,--turn_ids", o.turn_ids,
                 "a chat turn: token ids appended after the tokens generated so far, over the "
                 "cache (in chunks of --prefill-chunk); then --max-new-tokens more (repeatable)")
       ->allow_extra_args(false);
-  g->add_option("--hardware", o.hardware,
-                "profile whose attention rate and bandwidth the pass-KV / pass-Q rule uses");
   g->add_flag("--json", o.json, "print one JSON object");
   g->add_flag("--quiet", o.quiet, "no progress on stderr");
   guard_integer_options(g);

@@ -83,6 +83,43 @@ void add_mesh_json(nlohmann::json& j, const ParallelConfig& m, const std::string
   j["pad"] = m.pad;
 }
 
+void add_chunk_flags(CLI::App* cmd, ChunkFlags& f) {
+  cmd->add_option("--prefill-chunk,--prefill_chunk", f.prefill_chunk,
+                  "prefill the prompt in chunks of this many tokens: the first context parallel, "
+                  "each next over the cache by pass-KV or pass-Q (0: all at once)");
+  cmd->add_option("--chunk-strategy,--chunk_strategy", f.chunk_strategy,
+                  "passkv | passq for every chunk after the first (default: the rule on "
+                  "--hardware's rates)");
+  cmd->add_option("--hardware", f.hardware,
+                  "profile whose attention rate and bandwidth the pass-KV / pass-Q rule uses");
+}
+
+void apply_chunk_flags(const ChunkFlags& f, Decoder::Options& opts) {
+  limits::check_range("--prefill-chunk", f.prefill_chunk, 0, limits::kMaxTokens);
+  opts.prefill_chunk = f.prefill_chunk;
+  opts.chunk_strategy.reset();
+  if (!f.chunk_strategy.empty()) {
+    opts.chunk_strategy = parse_strategy(f.chunk_strategy);
+    SEQPAR_ARG_CHECK(runs_over_cache(*opts.chunk_strategy), "--chunk-strategy ",
+                     f.chunk_strategy, " is not one over a cache; valid: passkv, passq");
+  }
+  const HardwareProfile hw = load_profile_checked(f.hardware);
+  opts.attention_flops = hw.attention_flops;
+  opts.network_bytes_per_s = hw.inter_node_bw;
+}
+
+nlohmann::json chunks_json(const std::vector<Decoder::Chunk>& chunks) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const Decoder::Chunk& c : chunks)
+    out.push_back({{"begin", c.begin},
+                   {"end", c.end},
+                   {"cached", c.cached},
+                   {"strategy", strategy_name(c.strategy)},
+                   {"reason", c.reason},
+                   {"seconds", c.seconds}});
+  return out;
+}
+
 void run_on_threads(int n, const std::function<void(Communicator& world)>& body) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   ThreadWorld::run(n, [&](Communicator& world) {

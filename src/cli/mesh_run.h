@@ -11,6 +11,7 @@
 #include "commands.h"
 #include "seqpar/comm/communicator.h"
 #include "seqpar/model/context.h"
+#include "seqpar/model/decoder.h"
 #include "seqpar/model/model_run.h"
 #include "seqpar/parallel/mesh.h"
 
@@ -28,6 +29,13 @@ ParallelConfig resolve_mesh(const MeshFlags& f, int world);
 // The mesh a model command ran on, as its --json reports it: backend, ranks, (cfg,) tp,
 // ring_degree, ulysses_degree, strategy, layout, pad.
 void add_mesh_json(nlohmann::json& j, const ParallelConfig& m, const std::string& backend, bool with_cfg);
+
+// Registers --prefill-chunk, --chunk-strategy and --hardware on `cmd`.
+void add_chunk_flags(CLI::App* cmd, ChunkFlags& f);
+// The flags checked (limits, names, the profile) and set in a decoder's options.
+void apply_chunk_flags(const ChunkFlags& f, Decoder::Options& opts);
+// A decoder's chunks as the JSON's prefill_chunks: begin, end, cached, strategy, reason, seconds.
+nlohmann::json chunks_json(const std::vector<Decoder::Chunk>& chunks);
 
 // Runs body(world) on n rank threads, each with cores / n OpenMP threads.
 void run_on_threads(int n, const std::function<void(Communicator& world)>& body);

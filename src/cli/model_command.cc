@@ -26,6 +26,7 @@ using nlohmann::json;
 struct ModelResult {
   Tensor output;                // dit: the sample (or velocity); llm: all logits stacked
   std::vector<int32_t> tokens;  // llm
+  std::vector<Decoder::Chunk> chunks;  // llm
   double seconds = 0;
   int64_t seq = 0;
   CommStats comm;  // rank 0's traffic over all mesh groups
@@ -38,6 +39,7 @@ struct Resolved {
   Strategy strategy = Strategy::kRing;
   Layout layout = Layout::kContiguous;
   std::vector<WeightStore::Spec> specs;
+  Decoder::Options chunking;  // llm: max_new_tokens, --prefill-chunk, --chunk-strategy, --hardware
 };
 
 // Sizes against core/limits.h, before anything is sized by them.
@@ -96,6 +98,11 @@ Resolved resolve(const ModelOptions& o, int world) {
   SEQPAR_ARG_CHECK(r.preset.heads % r.shape.tp == 0, "--tp ", r.shape.tp, " does not divide the ",
                    r.preset.heads, " heads of ", r.preset.name,
                    "; valid: ", divisors_text(r.preset.heads));
+  SEQPAR_ARG_CHECK(r.preset.family == ModelFamily::kLlm || o.prefill_chunk == 0,
+                   "--prefill-chunk is for llm presets (tiny-llm, llama3-8b, ...), not ",
+                   r.preset.name);
+  apply_chunk_flags(o, r.chunking);
+  r.chunking.max_new_tokens = o.decode + 1;
   r.specs = r.preset.family == ModelFamily::kDiT ? DiT::parameters(r.preset)
                                                  : Decoder::parameters(r.preset);
   int64_t tokens = o.prompt_len + o.decode;
@@ -129,8 +136,12 @@ ModelResult run_model(Communicator& world, const Resolved& r, const ModelOptions
     std::vector<int32_t> prompt(o.prompt_len);
     for (auto& t : prompt) t = static_cast<int32_t>(rng() % r.preset.vocab);
     Decoder dec(r.preset, ws, ctx);
-    Decoder::Output out = dec.generate(prompt, o.decode, ctx);
+    // The single-rank reference (--verify) takes the prompt whole.
+    Decoder::Options opts = r.chunking;
+    if (shape.world() == 1 && r.shape.world() > 1) opts.prefill_chunk = 0;
+    Decoder::Output out = dec.generate(prompt, opts, ctx);
     res.tokens = out.tokens;
+    res.chunks = out.chunks;
     res.output = Tensor({static_cast<int64_t>(out.logits.size()), r.preset.vocab});
     for (size_t i = 0; i < out.logits.size(); ++i)
       std::copy_n(out.logits[i].data<float>(), r.preset.vocab,
@@ -172,6 +183,7 @@ int report(const ModelOptions& o, const Resolved& r, const ModelResult& got,
     if (r.preset.family == ModelFamily::kLlm) {
       j["tokens"] = got.tokens;
       j["tokens_match"] = single ? json(tokens_match) : json(nullptr);
+      j["prefill_chunks"] = chunks_json(got.chunks);
     } else {
       j["steps"] = o.steps;
     }
@@ -224,8 +236,10 @@ void add_model_command(CLI::App& app, ModelOptions& o) {
   m->add_option("--guidance", o.guidance, "dit: classifier-free guidance scale");
   m->add_option("--prompt-len,--prompt_len", o.prompt_len, "llm: prompt tokens (prefill)");
   m->add_option("--decode", o.decode, "llm: greedy decode steps");
+  add_chunk_flags(m, o);
   m->add_option("--seed", o.seed, "seed of weights and inputs");
-  m->add_flag("--verify", o.verify, "compare with the same model on one rank");
+  m->add_flag("--verify", o.verify,
+              "compare with the same model on one rank (llm: the prompt whole)");
   m->add_flag("--json", o.json, "print one JSON object");
   guard_integer_options(m);
 }

@@ -99,6 +99,12 @@ a=$("$bin" $dit --guidance 1); b=$("$bin" $dit --guidance 1); c=$("$bin" $dit --
 [ "$(json_get "$a" max_abs_err)" = "$(json_get "$b" max_abs_err)" ] && ok || bad "--guidance 1 twice differ"
 [ "$(json_get "$a" max_abs_err)" != "$(json_get "$c" max_abs_err)" ] && ok || bad "--guidance 1 and 6 gave the same output"
 expect_exit2 "diffusion" model --preset tiny-llm --cfg 2 --prompt-len 16 --decode 1
+expect_exit2 "--prefill-chunk is for llm presets" model --preset tiny-dit --prefill-chunk 4
+# An llm preset's prompt in chunks over the cache: the same tokens as the whole prompt on one rank.
+out=$("$bin" model --preset tiny-llm --ring-degree 2 --prompt-len 24 --decode 2 --prefill-chunk 8 \
+      --chunk-strategy passq --verify --json 2>&1)
+[ "$(json_get "$out" ok)" = True ] && [ "$(python3 -c 'import json,sys; print([c["strategy"] for c in json.loads(sys.argv[1])["prefill_chunks"]])' "$out")" = "['ring', 'passq', 'passq']" ] &&
+  ok || bad "model --prefill-chunk: $out"
 
 # The degree names of vLLM-Omni and xDiT: the long flags, sequence_parallel_size, and a
 # --parallel-config file (YAML as a stage config nests it, or JSON) whose values flags override.

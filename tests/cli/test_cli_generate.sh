@@ -136,6 +136,19 @@ rc=$?
 printf '%s' "$err" | grep -q "warning: 13 positions exceed max_position_embeddings 12" && ok ||
   bad "--allow-long-context does not warn: $err"
 
+# Chat turns (--turn-ids): each a prompt of ids in the vocabulary, the positions counted.
+out=$("$bin" $(gen --model "$tmp/good" --prompt-ids 1,2 --turn-ids 3 --turn-ids 4,5 --json) 2>&1)
+[ "$(json_get "$out" turns 2>/dev/null)" = \
+  '[{"prompt_tokens": 2, "tokens": [0, 0]}, {"prompt_tokens": 1, "tokens": [0, 0]}, {"prompt_tokens": 2, "tokens": [0, 0]}]' ] &&
+  ok || bad "generate --turn-ids: $out"
+expect_exit2 "prompt token 16 at position 0 is outside the vocabulary" \
+  $(gen --model "$tmp/good" --prompt-ids 1 --turn-ids 16)
+expect_exit2 "'x' is not a token id" $(gen --model "$tmp/good" --prompt-ids 1 --turn-ids 2,x)
+expect_exit2 "2 turns and their tokens need 13 positions, beyond max_position_embeddings 12" \
+  $(gen --model "$tmp/good" --prompt-ids 1,2,3 --turn-ids 4,5,6 --turn-ids 7,8)
+expect_exit2 "--chunk-strategy ring is not one over a cache; valid: passkv, passq" \
+  $(gen --model "$tmp/good" --prompt-ids 1 --prefill-chunk 2 --chunk-strategy ring)
+
 # Mesh and flags.
 expect_exit2 "--tp 3 must divide num_attention_heads 2" $(gen --model "$tmp/good" --prompt-ids 1 --tp 3)
 expect_exit2 "--max-new-tokens 0 is out of range" $(gen --model "$tmp/good" --prompt-ids 1 --max-new-tokens 0)
