@@ -51,11 +51,6 @@ int parse_command_line(CLI::App& app, int argc, const char* const* argv) {
 }
 
 std::string flag_words(std::string_view m) {
-  // A message about a parallel-config file names the file's keys, which stay as they are.
-  constexpr std::string_view kFile = "parallel_config ", kFlag = "--parallel-config ";
-  if (m.substr(0, kFile.size()) == kFile)
-    return std::string(kFlag) + std::string(m.substr(kFile.size()));
-  if (m.substr(0, kFlag.size()) == kFlag) return std::string(m);
   static constexpr std::pair<std::string_view, std::string_view> kSnake[] = {
       {"head_dim", "--head-dim"},
       {"kv_heads", "--kv-heads"},
@@ -69,7 +64,8 @@ std::string flag_words(std::string_view m) {
       {"causal", "--causal"},
       {"sequence_parallel_size", "--sequence-parallel-size"},
       {"tensor_parallel_size", "--tensor-parallel-size"},
-      {"cfg_parallel_size", "--cfg-parallel-size"}};
+      {"cfg_parallel_size", "--cfg-parallel-size"},
+      {"parallel_config", "--parallel-config"}};
   static constexpr std::string_view kWords[] = {
       "layout", "dtype",  "softmax", "hardware", "seq",   "ranks",  "heads",  "batch", "cfg",
       "tp",     "cached", "new",     "pad",      "model", "frames", "height", "width"};
@@ -103,6 +99,12 @@ std::string flag_words(std::string_view m) {
   return out;
 }
 
+std::string cli_message(const InvalidArgument& e) {
+  if (const auto* file = dynamic_cast<const FileContentError*>(&e))
+    return flag_words(file->parameter()) + " " + file->detail();
+  return flag_words(e.what());
+}
+
 int run_subcommand(const CLI::App& app, const Options& opts) {
   try {
     if (app.got_subcommand("run")) return run_command(opts.run);
@@ -115,7 +117,7 @@ int run_subcommand(const CLI::App& app, const Options& opts) {
     if (app.got_subcommand("calibrate")) return calibrate_command(opts.calibrate);
   } catch (const seqpar::InvalidArgument& e) {
     // Under mpirun every rank finds the same argument error; one line is enough.
-    if (reporting_rank()) std::fprintf(stderr, "seqpar: error: %s\n", flag_words(e.what()).c_str());
+    if (reporting_rank()) std::fprintf(stderr, "seqpar: error: %s\n", cli_message(e).c_str());
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "seqpar: error: %s\n", e.what());

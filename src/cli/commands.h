@@ -62,6 +62,9 @@ inline void print_json_error(const std::string& message, int exit_code) {
 // where they name a value: at the start of the message, before a number or a quoted value, or
 // alone in parentheses.
 std::string flag_words(std::string_view message);
+// The one line the command line prints for e: flag_words of its message, except that a
+// FileContentError's detail (the file's own keys) is kept as it is after its parameter's flag.
+std::string cli_message(const InvalidArgument& e);
 
 // Runs a command's body; with json, an escaping error is printed as the JSON error object (exit
 // code 2 for InvalidArgument, 1 otherwise) and rethrown for the one line on stderr.
@@ -70,9 +73,8 @@ int with_json_errors(bool json, Body&& body) {
   try {
     return body();
   } catch (const InvalidArgument& e) {
-    const InvalidArgument in_flags(flag_words(e.what()));
-    if (json) print_json_error(in_flags.what(), 2);
-    throw in_flags;
+    if (json) print_json_error(cli_message(e), 2);
+    throw;
   } catch (const std::exception& e) {
     if (json) print_json_error(e.what(), 1);
     throw;

@@ -138,7 +138,7 @@ int run_on_mpi(bool json, const std::function<void(int world_size)>& prepare,
   } catch (const InvalidArgument& e) {
     // Every rank finds the same argument error; rank 0 reports it before MPI_Finalize, since
     // once a rank has finalized and exits 2, mpiexec may stop the others before they print.
-    const std::string line = flag_words(e.what());
+    const std::string line = cli_message(e);
     if (world->rank() == 0) {
       if (json) print_json_error(line, 2);
       std::fprintf(stderr, "seqpar: error: %s\n", line.c_str());

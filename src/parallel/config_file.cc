@@ -202,8 +202,11 @@ DegreeSpec parse_parallel_config(std::string_view text, std::string_view source)
   return parse_yaml(text, source);
 }
 
-DegreeSpec read_parallel_config_file(const std::string& path) {
-  const std::string source = detail::concat("parallel_config ", quote_for_message(path));
+namespace {
+
+// The file at `path` read and parsed; messages name it by its path.
+DegreeSpec read_config_text(const std::string& path) {
+  const std::string source = quote_for_message(path);
   struct stat st {};
   SEQPAR_ARG_CHECK(::stat(path.c_str(), &st) == 0, source, ": cannot read it (",
                    std::strerror(errno), ")");
@@ -215,6 +218,16 @@ DegreeSpec read_parallel_config_file(const std::string& path) {
   std::ostringstream text;
   text << f.rdbuf();
   return parse_parallel_config(text.str(), source);
+}
+
+}  // namespace
+
+DegreeSpec read_parallel_config_file(const std::string& path) {
+  try {
+    return read_config_text(path);
+  } catch (const InvalidArgument& e) {
+    throw FileContentError("parallel_config", e.what());
+  }
 }
 
 MeshShape resolve_degrees(const DegreeSpec& d) {

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace seqpar {
 
@@ -23,6 +24,22 @@ class Error : public std::runtime_error {
 class InvalidArgument : public Error {
  public:
   explicit InvalidArgument(const std::string& msg) : Error(msg) {}
+};
+
+// An InvalidArgument about what a file holds: `parameter` is the API parameter that named the
+// file, `detail` names the file and what is wrong in it in the file's own words (its keys, as the
+// file spells them). what() is "parameter detail".
+class FileContentError : public InvalidArgument {
+ public:
+  FileContentError(std::string parameter, std::string detail)
+      : InvalidArgument(parameter + " " + detail),
+        parameter_(std::move(parameter)),
+        detail_(std::move(detail)) {}
+  const std::string& parameter() const { return parameter_; }
+  const std::string& detail() const { return detail_; }
+
+ private:
+  std::string parameter_, detail_;
 };
 
 // A communication failure: a timeout, a peer that failed or died, a mismatched collective.
