@@ -134,7 +134,7 @@ echo '{"parallel_config": {"ulysses_degree": 2, "pipeline_parallel_size": 2}}' >
 expect_exit2 "pipeline_parallel_size' is 2; seqpar runs no pipeline" model --preset tiny-dit --parallel-config "$tmp/bad.json"
 # A file's keys are named as the file spells them, not as the flags.
 printf 'ulysses_degree: two\n' > "$tmp/word.yaml"
-expect_exit2 "^--parallel-config $tmp/word.yaml: 'ulysses_degree' is 'two'; valid: an integer" model --preset tiny-dit --parallel-config "$tmp/word.yaml"
+expect_exit2 "error: --parallel-config $tmp/word.yaml: 'ulysses_degree' is 'two'; valid: an integer" model --preset tiny-dit --parallel-config "$tmp/word.yaml"
 expect_exit2 "--sequence-parallel-size 4 must equal --ulysses-degree x --ring-degree = 2 x 3" model --preset tiny-dit --sequence-parallel-size 4 --ulysses-degree 2 --ring-degree 3
 expect_exit2 "--parallel-config $tmp/none.yaml: cannot read it" model --preset tiny-dit --parallel-config "$tmp/none.yaml"
 
