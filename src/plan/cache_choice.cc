@@ -56,9 +56,9 @@ CacheStrategyChoice choose_cache_strategy(const ParallelConfig& c, const AttnSha
     return std::string(buf);
   };
   out.reason = cache_strategy_label(out.config) +
-               (best ? ": fastest replayed schedule" : ": one rank, Meta's rule") +
-               " (passkv " + ms(out.passkv_s) + ", passq ring " + ms(out.passq_ring_s) +
-               ", passq " + ms(out.passq_s) + "); Meta's rule: " + out.rule.reason;
+               (best ? ": fastest replayed schedule" : ": one rank, Meta's rule") + " (passkv " +
+               ms(out.passkv_s) + ", passq ring " + ms(out.passq_ring_s) + ", passq " +
+               ms(out.passq_s) + "); Meta's rule: " + out.rule.reason;
   return out;
 }
 

@@ -73,8 +73,6 @@ void enumerate(const PlanRequest& req, Visit&& visit, Reject&& reject_degrees) {
           // A pinned const-max leaves out the strategies without a ring, unless pinned too (then
           // the rejection says why).
           if (softmax == SoftmaxMode::kConstMax && !has_ring(s) && !req.strategy) continue;
-          for (ScheduleKind sched : {ScheduleKind::kDefault, ScheduleKind::kRing}) {
-          if (!schedule_applies(sched, s) || (req.schedule && *req.schedule != sched)) continue;
           for (UlyssesMode mode : {UlyssesMode::kUaa, UlyssesMode::kStrict}) {
             if (!uses_mode(s) && mode != UlyssesMode::kUaa) continue;
             if (req.ulysses_mode && uses_mode(s) && *req.ulysses_mode != mode) continue;
@@ -97,11 +95,15 @@ void enumerate(const PlanRequest& req, Visit&& visit, Reject&& reject_degrees) {
                 m.pad = pad;
                 m.layout = layout;
                 m.softmax = has_ring(s) || req.strategy ? softmax : SoftmaxMode::kOnline;
-                m.schedule = sched;
-                visit(m);
+                // Every schedule of the strategy (passq: all-gather and ring), or the pinned one.
+                for (ScheduleKind sched : {ScheduleKind::kDefault, ScheduleKind::kRing}) {
+                  if (!schedule_applies(sched, s) || (req.schedule && *req.schedule != sched))
+                    continue;
+                  m.schedule = sched;
+                  visit(m);
+                }
               }
             }
-          }
           }
         }
       }

@@ -165,8 +165,14 @@ TEST(PassQRingSchedule, SameTotalBytesAsAllGatherPassQ) {
     ParallelConfig c;
     c.strategy = Strategy::kPassQ;
     c.mesh.ring = 4;
-    const AttnShape shape{.batch = 1, .seq = 1000 + fresh, .heads = 8, .kv_heads = 2,
-                          .head_dim = 16, .causal = true, .cached = 1000, .fresh = fresh};
+    const AttnShape shape{.batch = 1,
+                          .seq = 1000 + fresh,
+                          .heads = 8,
+                          .kv_heads = 2,
+                          .head_dim = 16,
+                          .causal = true,
+                          .cached = 1000,
+                          .fresh = fresh};
     const Schedule gather = attention_schedule(c, shape);
     c.schedule = ScheduleKind::kRing;
     const Schedule ring = attention_schedule(c, shape);
@@ -186,8 +192,8 @@ TEST(PassQRingSchedule, OnlyWithPassQ) {
   c.strategy = Strategy::kPassKv;
   c.schedule = ScheduleKind::kRing;
   c.mesh.ring = 2;
-  const AttnShape shape{.batch = 1, .seq = 12, .heads = 2, .head_dim = 8, .causal = true,
-                        .cached = 10, .fresh = 2};
+  const AttnShape shape{
+      .batch = 1, .seq = 12, .heads = 2, .head_dim = 8, .causal = true, .cached = 10, .fresh = 2};
   EXPECT_THROW(attention_schedule(c, shape), InvalidArgument);
 }
 

@@ -54,8 +54,8 @@ TEST(CacheChoice, PassKvWhenNewTokensDominate) {
 TEST(CacheChoice, RingPassQForThousandsOfNewTokensOverALongCache) {
   // 4K new tokens over 256K cached, no GQA: the cache is far too big to move, and the queries'
   // transfers hide behind the attention of the Q blocks in the ring (all-gathered they do not).
-  const CacheStrategyChoice c = choose_cache_strategy(
-      group(4), cache_shape(262144, 4096, 32, 32), nodes(989e12, 50e9, 20e-6));
+  const CacheStrategyChoice c = choose_cache_strategy(group(4), cache_shape(262144, 4096, 32, 32),
+                                                      nodes(989e12, 50e9, 20e-6));
   EXPECT_EQ(c.config.strategy, Strategy::kPassQ) << c.reason;
   EXPECT_EQ(c.config.schedule, ScheduleKind::kRing) << c.reason;
   ASSERT_TRUE(c.passkv_s && c.passq_s && c.passq_ring_s);
@@ -67,8 +67,8 @@ TEST(CacheChoice, RingPassQForThousandsOfNewTokensOverALongCache) {
 TEST(CacheChoice, AllGatherPassQForOneNewToken) {
   // Decode of one token: the ring forwards its one Q block over N-1 hops in a row, the
   // all-gather in one collective.
-  const CacheStrategyChoice c = choose_cache_strategy(
-      group(4), cache_shape(65536, 1, 128, 8), nodes(989e12, 1e9, 20e-6));
+  const CacheStrategyChoice c =
+      choose_cache_strategy(group(4), cache_shape(65536, 1, 128, 8), nodes(989e12, 1e9, 20e-6));
   EXPECT_EQ(c.config.strategy, Strategy::kPassQ) << c.reason;
   EXPECT_EQ(c.config.schedule, ScheduleKind::kDefault) << c.reason;
   ASSERT_TRUE(c.passkv_s && c.passq_s && c.passq_ring_s);
