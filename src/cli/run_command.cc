@@ -245,8 +245,9 @@ int print_report(const Run& run, const Report& rep, const std::string& backend) 
                 label.c_str(), std::string(layout_name(job.config.layout)).c_str(), backend.c_str(),
                 job.ranks(), run.threads);
     if (job.over_cache()) {
-      std::printf("  K/V cache of %lld tokens + %lld new tokens\n", (long long)o.cached,
-                  (long long)o.fresh);
+      std::printf("  K/V cache of %lld tokens + %lld new tokens%s\n", (long long)o.cached,
+                  (long long)o.fresh,
+                  job.cp.schedule == ScheduleKind::kRing ? ", Q blocks passed around the ring" : "");
       if (run.choice)
         std::printf("  auto (%s profile): %s\n", o.hardware.c_str(), run.choice->reason.c_str());
     } else {
