@@ -25,6 +25,7 @@
 #include "seqpar/core/timer.h"
 #include "seqpar/core/trace.h"
 #include "seqpar/parallel/runner.h"
+#include "seqpar/plan/cache_choice.h"
 #include "seqpar/plan/hardware.h"
 
 namespace seqpar::cli {
@@ -38,7 +39,7 @@ struct Run {
   RunOptions opts;
   AttnJob job;
   int threads = 1;
-  std::optional<PassChoice> choice;  // --strategy auto
+  std::optional<CacheStrategyChoice> choice;  // --strategy auto
 };
 
 // What rank 0 reports.
@@ -93,9 +94,13 @@ Run make_run(const RunOptions& o, int ranks, int threads) {
     SEQPAR_ARG_CHECK(o.cached > 0 && o.fresh > 0, "--strategy auto runs over a K/V cache: give ",
                      "--cached P (tokens cached) and --new T (new tokens), both at least 1");
     const HardwareProfile hw = load_profile_checked(o.hardware);
-    run.choice = choose_pass(o.fresh, o.cached, ranks, o.heads, s.kv(), dtype_size(s.dtype),
-                             hw.attention_flops, hw.inter_node_bw);
-    c.strategy = run.choice->kind;
+    // The fastest of pass-KV, ring pass-Q and all-gather pass-Q by their replayed schedules.
+    ParallelConfig group = c;
+    group.mesh.ring = ranks;
+    group.mesh.ulysses = 1;
+    run.choice = choose_cache_strategy(group, s, hw);
+    c.strategy = run.choice->config.strategy;
+    c.schedule = run.choice->config.schedule;
   } else {
     c.strategy = parse_strategy(o.strategy);
     if (s.over_cache() && c.strategy == Strategy::kRing) c.strategy = Strategy::kPassKv;
@@ -222,9 +227,15 @@ int print_report(const Run& run, const Report& rep, const std::string& backend) 
       j["cached"] = o.cached;
       j["new"] = o.fresh;
       if (run.choice) {
-        j["choice"] = strategy_name(run.choice->kind);
-        j["threshold_tokens"] = run.choice->threshold_tokens;
+        j["choice"] = strategy_name(run.choice->config.strategy);
+        j["choice_schedule"] = schedule_kind_name(run.choice->config.schedule);
+        j["threshold_tokens"] = run.choice->rule.threshold_tokens;
+        j["rule_choice"] = strategy_name(run.choice->rule.kind);
         j["choice_reason"] = run.choice->reason;
+        auto predicted = [](const std::optional<double>& t) { return t ? json(*t) : json(nullptr); };
+        j["predicted_seconds"] = {{"passkv", predicted(run.choice->passkv_s)},
+                                  {"passq_ring", predicted(run.choice->passq_ring_s)},
+                                  {"passq", predicted(run.choice->passq_s)}};
         j["hardware"] = o.hardware;
       }
     }
@@ -234,8 +245,9 @@ int print_report(const Run& run, const Report& rep, const std::string& backend) 
                 label.c_str(), std::string(layout_name(job.config.layout)).c_str(), backend.c_str(),
                 job.ranks(), run.threads);
     if (job.over_cache()) {
-      std::printf("  K/V cache of %lld tokens + %lld new tokens\n", (long long)o.cached,
-                  (long long)o.fresh);
+      std::printf("  K/V cache of %lld tokens + %lld new tokens%s\n", (long long)o.cached,
+                  (long long)o.fresh,
+                  job.cp.schedule == ScheduleKind::kRing ? ", Q blocks passed around the ring" : "");
       if (run.choice)
         std::printf("  auto (%s profile): %s\n", o.hardware.c_str(), run.choice->reason.c_str());
     } else {

@@ -1,16 +1,211 @@
-// passq with schedule ring: see decode.h and docs/algorithms.md "ring pass-Q".
+// passq with schedule ring (docs/algorithms.md "ring pass-Q"): the K/V cache stays put, the
+// query blocks travel around the ring, the partial states return to their owners in one
+// all-to-all. On member r of N (T_i queries on member i, T = sum T_i), next = r+1, prev = r-1:
+//   step s (0 <= s < N), holding the Q block of member src = r - s (its own at s = 0):
+//     1. if s < N-1: post irecv(prev) of the block of member r-s-1 into the free buffer and
+//        isend(next) of the held block
+//     2. attend the held block (B, T_src, H, D) to the local K/V -> partial state of src's
+//        queries, packed into src's slot of the all-to-all send buffer as [B][T_src][H·D | H]
+//        fp32 (out rows, then lse); an empty block (T_src = 0) computes nothing
+//     3. wait for both transfers; the received block becomes the held one
+//   then: all_to_allv of the packed partials (member j gets the rows of its own queries from
+//   every member) and the merge of the N partials of each own query by LSE, in member order.
+// Buffers: two receive buffers used alternately (buffer s mod 2 refilled at step s, after its
+// send and its compute finished at step s-1); blocks are copied on every backend (a Q block is
+// small next to the K/V it meets). The K/V held is the own shard only.
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <limits>
+#include <vector>
+
 #include "schedule_build.h"
+#include "seqpar/core/timer.h"
+#include "seqpar/core/trace.h"
 #include "strategy_common.h"
 
 namespace seqpar {
 
-AttnState passq_ring_attention(Communicator&, const KvPlacement&, const Tensor&, const Tensor&,
-                               const Tensor&, const CpOptions&, CpStats*) {
-  throw InvalidArgument("schedule 'ring' of passq is not available yet");
+namespace {
+constexpr int kTagQ = 111;
+}  // namespace
+
+AttnState passq_ring_attention(Communicator& comm, const KvPlacement& place, const Tensor& q,
+                               const Tensor& k, const Tensor& v, const CpOptions& opts,
+                               CpStats* stats) {
+  const int n = comm.size(), r = comm.rank();
+  SEQPAR_ARG_CHECK(place.ranks() == n, "placement has ", place.ranks(), " ranks, the communicator ",
+                   n);
+  SEQPAR_ARG_CHECK(q.ndim() == 4 && k.ndim() == 4 && k.shape() == v.shape(),
+                   "q must be (B, T, H, D) and k, v (B, K, Hkv, D) alike");
+  SEQPAR_ARG_CHECK(q.dim(1) == static_cast<int64_t>(place.q_pos[r].size()) &&
+                       k.dim(1) == static_cast<int64_t>(place.kv_pos[r].size()),
+                   "rank ", r, " holds ", q.dim(1), " queries and ", k.dim(1),
+                   " keys; the placement says ", place.q_pos[r].size(), " and ",
+                   place.kv_pos[r].size());
+  SEQPAR_ARG_CHECK(q.dim(2) % k.dim(2) == 0, "heads ", q.dim(2), " not divisible by kv_heads ",
+                   k.dim(2));
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  const int64_t B = q.dim(0), H = q.dim(2), D = q.dim(3);
+  const int64_t w = H * (D + 1);  // one packed partial row: out, then lse
+  if (stats) *stats = CpStats{};
+
+  // Slot of member j's queries in the send buffer: [j][B][T_j][w].
+  std::vector<int64_t> counts(n), slot(n + 1, 0);
+  for (int j = 0; j < n; ++j) {
+    counts[j] = static_cast<int64_t>(place.q_pos[j].size());
+    slot[j + 1] = slot[j] + B * counts[j] * w;
+  }
+  std::vector<float> send(static_cast<size_t>(slot[n]));
+
+  std::array<Tensor, 2> buf;
+  const Tensor* held = &q;
+  int src = r;
+  double compute = 0, wait = 0;
+  int64_t work = 0;
+  for (int step = 0; step < n; ++step) {
+    std::array<Request, 2> reqs;
+    const int incoming = (r + n - step - 1) % n;
+    trace::Scope step_span(
+        trace::enabled() ? detail::concat("passq ring step ", step) : std::string(), "passq",
+        trace::Lane::kCompute);
+    step_span.arg("block_of", src);
+    step_span.arg("queries", counts[src]);
+    const double post_us = step_span.active() ? trace::now_us() : 0;
+    double arrived_us = 0;
+    if (step + 1 < n) {
+      Tensor& in = buf[step % 2];
+      in.resize({B, counts[incoming], H, D}, q.dtype());
+      reqs[0] = comm.irecv(in.raw(), in.nbytes(), prev, kTagQ);
+      reqs[1] = comm.isend(held->raw(), held->nbytes(), next, kTagQ);
+    }
+
+    const double t0 = now_seconds();
+    const auto q_pos = std::span<const int64_t>(place.q_pos[src]);
+    const auto k_pos = std::span<const int64_t>(place.kv_pos[r]);
+    float* dst = send.data() + slot[src];
+    if (fully_hidden(opts, q_pos, k_pos)) {
+      // No visible key: the empty state (out 0, lse -inf) for each row.
+      for (int64_t row = 0; row < B * counts[src]; ++row) {
+        std::fill(dst + row * w, dst + row * w + H * D, 0.f);
+        std::fill(dst + row * w + H * D, dst + (row + 1) * w,
+                  -std::numeric_limits<float>::infinity());
+      }
+    } else {
+      KernelCall call(opts, q_pos, k_pos, B);
+      AttnParams& params = call.params;
+      params.progress = [&reqs, &arrived_us] {
+        for (auto& rq : reqs) rq.test();
+        if (arrived_us == 0 && trace::enabled() && reqs[0].test()) arrived_us = trace::now_us();
+      };
+      const AttnState part = flash_attention(*held, k, v, params);
+      work += visible_score_elements(B, H, counts[src], k.dim(1), params.mask);
+      for (int64_t row = 0; row < B * counts[src]; ++row) {
+        std::memcpy(dst + row * w, part.out.data<float>() + row * H * D, H * D * sizeof(float));
+        std::memcpy(dst + row * w + H * D, part.lse.data<float>() + row * H, H * sizeof(float));
+      }
+    }
+    compute += now_seconds() - t0;
+
+    const double t1 = now_seconds();
+    wait_all(reqs);
+    wait += now_seconds() - t1;
+    if (step + 1 < n) {
+      if (trace::enabled()) {
+        trace::complete(detail::concat("passq ring step ", step, " transfer"), "comm",
+                        trace::Lane::kComm, post_us, arrived_us > 0 ? arrived_us : trace::now_us(),
+                        {{"bytes_sent", static_cast<int64_t>(held->nbytes())},
+                         {"bytes_recv", static_cast<int64_t>(buf[step % 2].nbytes())},
+                         {"to", next},
+                         {"from", prev}});
+      }
+      held = &buf[step % 2];
+      src = incoming;
+    }
+  }
+
+  // All-to-all: member j's slot goes to member j; from every member, the rows of our queries.
+  const double t2 = now_seconds();
+  std::vector<size_t> send_counts(n), recv_counts(n);
+  for (int j = 0; j < n; ++j) {
+    send_counts[j] = static_cast<size_t>(slot[j + 1] - slot[j]) * sizeof(float);
+    recv_counts[j] = static_cast<size_t>(B * counts[r] * w) * sizeof(float);
+  }
+  std::vector<float> recv(static_cast<size_t>(n * B * counts[r] * w));
+  {
+    trace::Scope span("passq ring all_to_allv", "comm", trace::Lane::kComm);
+    comm.all_to_allv(send.data(), send_counts, recv.data(), recv_counts);
+  }
+  const double t3 = now_seconds();
+  wait += t3 - t2;
+
+  // Merge, member by member.
+  AttnState acc = AttnState::empty(B, counts[r], H, D);
+  for (int i = 0; i < n; ++i) {
+    const float* part = recv.data() + static_cast<size_t>(i * B * counts[r] * w);
+    for (int64_t row = 0; row < B * counts[r]; ++row)
+      for (int64_t h = 0; h < H; ++h)
+        merge_row(acc.out.data<float>() + (row * H + h) * D, acc.lse.data<float>() + row * H + h,
+                  part + row * w + h * D, part[row * w + H * D + h], D);
+  }
+  if (stats) {
+    stats->peak_kv_bytes = static_cast<int64_t>(k.nbytes() + v.nbytes());
+    stats->measured_kv_bytes = stats->peak_kv_bytes;  // the own shard only
+    stats->work = work;
+    stats->wait_seconds = wait;
+    stats->compute_seconds = compute + (now_seconds() - t3);
+  }
+  return acc;
 }
 
-Schedule passq_ring_schedule(const ParallelConfig&, const AttnShape&) {
-  throw InvalidArgument("schedule 'ring' of passq is not available yet");
+// ---- schedule -------------------------------------------------------------------------------
+
+// Member r at step s (0 <= s < N) attends the Q block of member r - s to its K/V and, for
+// s < N-1, sends that block to member r+1 while receiving the block of member r-s-1 from member
+// r-1 (one send_recv of q, overlapped). Then one all_to_allv of the fp32 partial rows (out, lse)
+// with per-peer bytes, and the N merges of each own row.
+Schedule passq_ring_schedule(const ParallelConfig& cfg, const AttnShape& shape) {
+  const CallRuns c = cache_runs(cfg, shape);
+  Schedule s = empty_schedule(c);
+  const int n = c.n();
+  const GroupMembers members = consecutive_members(0, n);
+  const uint64_t q_token = c.B * c.H * c.D * c.e;
+  const uint64_t partial = c.B * c.H * (c.D + 1) * 4;  // fp32 out row and lse of one token
+  std::vector<int64_t> count(n);
+  for (int j = 0; j < n; ++j) count[j] = run_count(c.q[j]);
+  for (int r = 0; r < n; ++r) {
+    RankSchedule& rs = s.ranks[r];
+    for (int step = 0; step < n; ++step) {
+      const int src = ((r - step) % n + n) % n;
+      Step st;
+      if (!c.hidden(c.q[src], c.kv[r])) st.work = c.B * c.H * c.visible(c.q[src], c.kv[r]);
+      if (step + 1 < n) {
+        Transfer& t = st.comm.emplace();
+        t.op = OpKind::kSendRecv;
+        t.what = "q";
+        t.group = CommGroup::kSp;
+        t.members = members;
+        t.sent = q_token * count[src];
+        t.recv = q_token * count[((r - step - 1) % n + n) % n];
+        t.calls = 1;
+        t.overlaps_compute = true;
+      }
+      rs.steps.push_back(std::move(st));
+    }
+    Step back =
+        collective_step(OpKind::kAllToAll, true, "partial out, lse", CommGroup::kSp, members, 0, 0);
+    for (int j = 0; j < n; ++j) {
+      if (j == r) continue;
+      const PeerBytes p{j, partial * count[j], partial * count[r]};
+      back.comm->sent += p.sent;
+      back.comm->recv += p.recv;
+      back.comm->peers.push_back(p);
+    }
+    rs.steps.push_back(std::move(back));
+    rs.steps.push_back(compute_step(0, n * c.merge_bytes(count[r], c.H)));
+    rs.peak_kv_bytes = 2 * c.B * run_count(c.kv[r]) * c.Hkv * c.D * c.e;
+  }
+  return s;
 }
 
 }  // namespace seqpar

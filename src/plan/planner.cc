@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <tuple>
 
 #include "seqpar/core/error.h"
 #include "seqpar/core/limits.h"
@@ -94,7 +95,13 @@ void enumerate(const PlanRequest& req, Visit&& visit, Reject&& reject_degrees) {
                 m.pad = pad;
                 m.layout = layout;
                 m.softmax = has_ring(s) || req.strategy ? softmax : SoftmaxMode::kOnline;
-                visit(m);
+                // Every schedule of the strategy (passq: all-gather and ring), or the pinned one.
+                for (ScheduleKind sched : {ScheduleKind::kDefault, ScheduleKind::kRing}) {
+                  if (!schedule_applies(sched, s) || (req.schedule && *req.schedule != sched))
+                    continue;
+                  m.schedule = sched;
+                  visit(m);
+                }
               }
             }
           }
@@ -309,20 +316,30 @@ DecodeChoice decode_choice(const PlanRequest& req) {
                                   c.bytes_per_s);
   c.choice = c.all2all.kind;
   if (c.ranks > 1) {
-    for (Strategy s : {Strategy::kPassKv, Strategy::kPassQ}) {
+    // In order of preference on a tie (plan/cache_choice.h).
+    const std::tuple<Strategy, ScheduleKind, std::optional<double>*> candidates[] = {
+        {Strategy::kPassKv, ScheduleKind::kDefault, &c.passkv_step_s},
+        {Strategy::kPassQ, ScheduleKind::kDefault, &c.passq_step_s},
+        {Strategy::kPassQ, ScheduleKind::kRing, &c.passq_ring_step_s}};
+    std::optional<double> best;
+    for (const auto& [s, sched, out] : candidates) {
       ParallelConfig m;
       m.mesh.tp = tp;
       m.mesh.ring = c.ranks;
       m.strategy = s;
+      m.schedule = sched;
       m.layout = req.layout.value_or(Layout::kContiguous);
       try {
-        const double t = cost_mesh(w, m, req.hw, req.memory_limit).step_s;
-        (s == Strategy::kPassKv ? c.passkv_step_s : c.passq_step_s) = t;
+        *out = cost_mesh(w, m, req.hw, req.memory_limit).step_s;
       } catch (const InvalidArgument&) {
+        continue;
+      }
+      if (!best || **out < *best) {
+        best = **out;
+        c.fastest = s;
+        c.fastest_schedule = sched;
       }
     }
-    if (c.passkv_step_s && c.passq_step_s)
-      c.fastest = *c.passq_step_s < *c.passkv_step_s ? Strategy::kPassQ : Strategy::kPassKv;
   }
   return c;
 }

@@ -46,7 +46,9 @@ inline Measured measure(const Workload& w, const ParallelConfig& m) {
       Tensor v = random_rows(B, place.kv_pos[r].size(), Hkv, D, w.dtype, 200 + r);
       comm.barrier();
       comm.stats().reset();
-      if (m.strategy == Strategy::kPassQ)
+      if (m.strategy == Strategy::kPassQ && m.schedule == ScheduleKind::kRing)
+        passq_ring_attention(comm, place, q, k, v, opts, &out.cp[r]);
+      else if (m.strategy == Strategy::kPassQ)
         passq_attention(comm, place, q, k, v, opts, &out.cp[r]);
       else
         passkv_attention(comm, place, q, k, v, opts, &out.cp[r]);

@@ -165,6 +165,23 @@ TEST(CostModelBytes, DecodePassQAndPassKv) {
   }
 }
 
+TEST(CostModelBytes, DecodeRingPassQ) {
+  // passq with schedule ring: the Q blocks' ring and the partials' all-to-all, per kind.
+  for (auto [p, t] : {std::pair<int64_t, int64_t>{40, 3}, {37, 8}, {50, 1}, {30, 64}}) {
+    for (int n : {2, 3, 4}) {
+      for (Layout layout : {Layout::kContiguous, Layout::kZigzag}) {
+        Workload w = attention_workload(0, 8, 2, 16, 1, true, DType::kBF16, 0, p, t);
+        ParallelConfig m;
+        m.strategy = Strategy::kPassQ;
+        m.schedule = ScheduleKind::kRing;
+        m.mesh.ring = n;
+        m.layout = layout;
+        expect_matches(w, m);
+      }
+    }
+  }
+}
+
 TEST(CostModelBytes, ConstMaxKeyNorms) {
   // const-max adds the ring's all-reduce of the key norms (ring: over sp; usp: each ring group).
   for (int64_t seq : {64, 67}) {

@@ -30,6 +30,9 @@ struct PlanRequest {
   // Unset: online softmax only (const-max would double the ring and usp meshes); pinned
   // const-max: ring and usp with the const-max softmax (docs/algorithms.md "const-max ring").
   std::optional<SoftmaxMode> softmax;
+  // Unset: every schedule of each strategy (passq: all-gather and ring); pinned: only meshes
+  // whose strategy runs that schedule.
+  std::optional<ScheduleKind> schedule;
   // DiT / MMDiT inputs, for the nearest shapes that divide (0: not a DiT request).
   const ModelPreset* preset = nullptr;
   int64_t frames = 0, height = 0, width = 0;
@@ -72,11 +75,12 @@ struct DecodeChoice {
   PassChoice basic;
   PassChoice all2all;
   Strategy choice = Strategy::kPassKv;
-  // The cost model's step times at that size (seqpar's own passq all-gathers the queries and
-  // returns fp32 partials, so it can disagree with the rule, which assumes the paper's ring
-  // pass-Q), and the faster of the two.
-  std::optional<double> passkv_step_s, passq_step_s;
+  // The cost model's step times at that size: pass-KV, all-gather pass-Q (fp32 partials back in
+  // an all-to-all) and ring pass-Q (the paper's, Q blocks overlapped with compute; schedule
+  // ring), and the fastest of the three (it can disagree with the rule).
+  std::optional<double> passkv_step_s, passq_step_s, passq_ring_step_s;
   std::optional<Strategy> fastest;
+  ScheduleKind fastest_schedule = ScheduleKind::kDefault;
 };
 
 struct Plan {
