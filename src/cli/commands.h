@@ -286,6 +286,7 @@ struct PlanOptions {
   int64_t cfg = 0, tp = 0, ulysses_degree = 0, ring_degree = 0;  // 0: enumerate
   std::string strategy, layout, ulysses_mode;                    // empty: enumerate
   std::string softmax;                                           // empty: online
+  std::string schedule;                                          // empty: enumerate
   bool pad = false, no_pad = false;
   int64_t cached = 0, fresh = 0;  // decode / partial prefill
   bool json = false;

@@ -87,6 +87,7 @@ json mesh_json(const MeshCost& c, int rank, bool detailed) {
   j["layout"] = layout_name(c.config.layout);
   j["softmax"] = has_ring(c.config.strategy) ? json(softmax_mode_name(c.config.softmax))
                                               : json(nullptr);
+  j["schedule"] = schedule_kind_name(c.config.schedule);
   j["pad"] = c.config.pad;
   j["padded_seq"] = c.padded_seq;
   j["remainder"] = c.remainder;
@@ -227,6 +228,7 @@ ResolvedPlanSpec resolve_plan_spec(const PlanSpec& o, HardwareProfile hw) {
   if (!o.layout.empty()) req.layout = parse_layout(o.layout);
   if (!o.ulysses_mode.empty()) req.ulysses_mode = parse_ulysses_mode(o.ulysses_mode);
   if (!o.softmax.empty()) req.softmax = parse_softmax_mode(o.softmax);
+  if (!o.schedule.empty()) req.schedule = parse_schedule_kind(o.schedule);
   req.pad = o.pad;
   return r;
 }

@@ -94,7 +94,27 @@ void enumerate(const PlanRequest& req, Visit&& visit, Reject&& reject_degrees) {
                 m.pad = pad;
                 m.layout = layout;
                 m.softmax = has_ring(s) || req.strategy ? softmax : SoftmaxMode::kOnline;
-                visit(m);
+                // Ring's steal schedule: beside the plain ring where it balances causal work on
+                // contiguous shards; alone when pinned.
+                const bool steal = s == Strategy::kRing && layout == Layout::kContiguous &&
+                                   w.causal && m.softmax == SoftmaxMode::kOnline;
+                if (req.schedule == ScheduleKind::kSteal) {
+                  // Other strategies and layouts only where pinned (rejected with the reason).
+                  if (s != Strategy::kRing && !req.strategy) continue;
+                  if (layout != Layout::kContiguous && !req.layout) continue;
+                  m.schedule = ScheduleKind::kSteal;
+                  visit(m);
+                  continue;
+                }
+                if (!req.schedule || *req.schedule == ScheduleKind::kDefault) visit(m);
+                if (steal && !req.schedule) {
+                  m.schedule = ScheduleKind::kSteal;
+                  visit(m);
+                }
+                if (req.schedule && *req.schedule != ScheduleKind::kDefault) {
+                  m.schedule = *req.schedule;
+                  if (schedule_applies(m.schedule, s) || req.strategy) visit(m);
+                }
               }
             }
           }

@@ -1,5 +1,5 @@
 // The planner: every mesh (cfg, tp, ulysses, ring, strategy, Ulysses mode, layout, padding,
-// softmax when pinned) of a
+// softmax when pinned, ring's steal schedule) of a
 // world size, costed (cost_model.h) and ranked by predicted step time within the memory limit;
 // the ones that cannot run or do not fit, with the reason. Also what to do when the sequence does
 // not divide the sequence-parallel size, and for decode / partial prefill the pass-KV / pass-Q
@@ -30,6 +30,10 @@ struct PlanRequest {
   // Unset: online softmax only (const-max would double the ring and usp meshes); pinned
   // const-max: ring and usp with the const-max softmax (docs/algorithms.md "const-max ring").
   std::optional<SoftmaxMode> softmax;
+  // Unset: every strategy's own schedule, and ring with schedule steal too where it balances
+  // (causal, contiguous shards, online softmax); pinned: only meshes with that schedule (steal:
+  // ring over contiguous shards; a strategy pinned with it is rejected with the reason).
+  std::optional<ScheduleKind> schedule;
   // DiT / MMDiT inputs, for the nearest shapes that divide (0: not a DiT request).
   const ModelPreset* preset = nullptr;
   int64_t frames = 0, height = 0, width = 0;
