@@ -104,7 +104,8 @@ std::string strategy_cell(const ParallelConfig& m) {
   if (m.strategy == Strategy::kUlysses || m.strategy == Strategy::kUsp)
     s += detail::concat("(", ulysses_mode_name(m.ulysses_mode), ")");
   if (m.softmax == SoftmaxMode::kConstMax) s += " const-max";
-  if (m.schedule != ScheduleKind::kDefault) s += detail::concat(" ", schedule_kind_name(m.schedule));
+  if (m.schedule != ScheduleKind::kDefault)
+    s += detail::concat(" ", schedule_kind_name(m.schedule));
   return s;
 }
 

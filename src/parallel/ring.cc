@@ -140,9 +140,11 @@ AttnState ring_over_blocks(Communicator& comm, std::span<const std::span<const i
       work += visible_score_elements(B, H, q.dim(1), cur_k->dim(1), params.mask);
       compute += now_seconds() - t0;
     }
-    if (on_block) on_block(src, *cur_k, *cur_v, [&reqs] {
+    if (on_block) {  // more queries on the held block (schedule steal)
+      on_block(src, *cur_k, *cur_v, [&reqs] {
         for (auto& rq : reqs) rq.test();
       });
+    }
 
     double t1 = now_seconds();
     wait_all(reqs);  // zero copy: the receives only; the sends settle in the drain below

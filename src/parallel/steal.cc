@@ -10,14 +10,13 @@
 //      empty: the merge with the empty state).
 // Bytes besides the ring's: per piece of m rows, B·m·H·D·e of queries to the helper and
 // B·m·H·(D+1)·4 of state back. K/V memory: the ring's.
-#include "steal_plan.h"
-
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "schedule_build.h"
 #include "seqpar/core/timer.h"
+#include "steal_plan.h"
 #include "strategy_common.h"
 
 namespace seqpar {
@@ -130,8 +129,7 @@ StealPlan steal_plan(const Partition& part, bool causal, int64_t valid_len) {
 // ---- the run ---------------------------------------------------------------------------------
 
 AttnState steal_attention(Communicator& comm, const Partition& part, const Tensor& q,
-                          const Tensor& k, const Tensor& v, const CpOptions& opts,
-                          CpStats* stats) {
+                          const Tensor& k, const Tensor& v, const CpOptions& opts, CpStats* stats) {
   validate_local_shapes(comm, part, q, k, v);
   SEQPAR_ARG_CHECK(opts.softmax == SoftmaxMode::kOnline, "schedule 'steal' runs with softmax ",
                    "'online', not '", softmax_mode_name(opts.softmax), "'");
@@ -184,10 +182,10 @@ AttnState steal_attention(Communicator& comm, const Partition& part, const Tenso
     g.q = copy_rows(q, g.piece->begin, g.piece->end);
     g.back.out = Tensor({B, g.piece->rows(), H, D});
     g.back.lse = Tensor({B, g.piece->rows(), H});
-    g.recv_out = comm.irecv(g.back.out.raw(), g.back.out.nbytes(), g.piece->helper,
-                            tag_out(g.index));
-    g.recv_lse = comm.irecv(g.back.lse.raw(), g.back.lse.nbytes(), g.piece->helper,
-                            tag_lse(g.index));
+    g.recv_out =
+        comm.irecv(g.back.out.raw(), g.back.out.nbytes(), g.piece->helper, tag_out(g.index));
+    g.recv_lse =
+        comm.irecv(g.back.lse.raw(), g.back.lse.nbytes(), g.piece->helper, tag_lse(g.index));
     g.send_q = comm.isend(g.q.raw(), g.q.nbytes(), g.piece->helper, tag_q(g.index));
   }
 
@@ -282,7 +280,7 @@ Schedule steal_schedule_of(const CallRuns& c) {
     add_ring(s, c, members, c.kv, c.q, c.H, c.Hkv, CommGroup::kSp, SoftmaxMode::kOnline);
     return s;
   }
-  const uint64_t q_row = c.B * c.H * c.D * c.e;      // one query row, all heads
+  const uint64_t q_row = c.B * c.H * c.D * c.e;          // one query row, all heads
   const uint64_t state_row = c.B * c.H * (c.D + 1) * 4;  // its fp32 out and lse
   auto exchange = [&](int r, const char* what, uint64_t give_row, uint64_t help_row,
                       int64_t calls_per_piece) {

@@ -76,8 +76,8 @@ struct Case {
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
-  *os << "n" << c.ranks << "_s" << c.seq << "_b" << c.batch << "_h" << c.heads << "kv"
-      << c.kv_heads << "_" << dtype_name(c.dtype) << (c.causal ? "_causal" : "_full");
+  *os << "n" << c.ranks << "_s" << c.seq << "_b" << c.batch << "_h" << c.heads << "kv" << c.kv_heads
+      << "_" << dtype_name(c.dtype) << (c.causal ? "_causal" : "_full");
 }
 
 std::vector<Case> cases() {
@@ -117,13 +117,19 @@ TEST_P(Steal, ExactBalancedAndAsScheduled) {
   cfg.strategy = Strategy::kRing;
   cfg.schedule = ScheduleKind::kSteal;
   cfg.mesh.ring = c.ranks;
-  const AttnShape shape{.batch = c.batch, .seq = c.seq, .heads = c.heads,
-                        .kv_heads = c.kv_heads, .head_dim = 16, .causal = c.causal,
+  const AttnShape shape{.batch = c.batch,
+                        .seq = c.seq,
+                        .heads = c.heads,
+                        .kv_heads = c.kv_heads,
+                        .head_dim = 16,
+                        .causal = c.causal,
                         .dtype = c.dtype};
   expect_schedule_matches(attention_schedule(cfg, shape), run);
 
   expect_within_plan_bound(p, Partition(c.seq, c.ranks, Layout::kContiguous), run.cp, c.seq);
-  if (c.seq >= 64 * c.ranks) EXPECT_LE(imbalance(run.cp), 1.05);
+  if (c.seq >= 64 * c.ranks) {
+    EXPECT_LE(imbalance(run.cp), 1.05);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(All, Steal, ::testing::ValuesIn(cases()),
@@ -146,8 +152,8 @@ TEST(Steal, CustomUnevenCounts) {
       p.batch = 2;
       p.head_dim = 16;
       p.causal = causal;
-      SCOPED_TRACE(::testing::Message() << part.ranks() << " ranks, seq " << p.seq << " causal "
-                                        << causal);
+      SCOPED_TRACE(::testing::Message()
+                   << part.ranks() << " ranks, seq " << p.seq << " causal " << causal);
       auto run = run_cp(p, Strategy::kRing, part, steal_options());
       const auto& in = inputs_for(p);
       const ErrorBound tol = bound_for(p);
@@ -157,7 +163,9 @@ TEST(Steal, CustomUnevenCounts) {
       cr.causal = causal;
       expect_schedule_matches(steal_schedule_of(cr), run);
       expect_within_plan_bound(p, part, run.cp, p.seq);
-      if (p.seq >= 64 * part.ranks()) EXPECT_LE(imbalance(run.cp), 1.05);
+      if (p.seq >= 64 * part.ranks()) {
+        EXPECT_LE(imbalance(run.cp), 1.05);
+      }
     }
 }
 
@@ -193,8 +201,11 @@ TEST(Steal, Padded) {
     cfg.schedule = ScheduleKind::kSteal;
     cfg.mesh.ring = n;
     cfg.pad = true;
-    const AttnShape shape{.seq = valid, .heads = p.heads, .kv_heads = p.kv_heads,
-                          .head_dim = p.head_dim, .causal = true};
+    const AttnShape shape{.seq = valid,
+                          .heads = p.heads,
+                          .kv_heads = p.kv_heads,
+                          .head_dim = p.head_dim,
+                          .causal = true};
     expect_schedule_matches(attention_schedule(cfg, shape), run);
     EXPECT_LE(imbalance(run.cp), 1.05) << n << " ranks";
   }
@@ -205,14 +216,15 @@ TEST(Steal, Padded) {
 // below t + c_max, and at most 1.05 of the mean from S = 64·N up to a million tokens.
 TEST(StealPlan, EveryRowOnceAndBalanced) {
   for (int n = 1; n <= 8; ++n)
-    for (int64_t seq : {int64_t{n}, int64_t{64 * n}, int64_t{64 * n + 7}, int64_t{16384},
-                        int64_t{1} << 20})
+    for (int64_t seq :
+         {int64_t{n}, int64_t{64 * n}, int64_t{64 * n + 7}, int64_t{16384}, int64_t{1} << 20})
       for (bool causal : {true, false}) {
         SCOPED_TRACE(::testing::Message() << n << " ranks, seq " << seq << " causal " << causal);
         const Partition part(seq, n, Layout::kContiguous);
         const StealPlan plan = steal_plan(part, causal, 0);
         std::vector<int64_t> covered(n, 0);
-        int64_t total = 0, c_max = causal ? seq : seq;
+        int64_t total = 0;
+        const int64_t c_max = seq;  // the dearest row: every key
         for (int r = 0; r < n; ++r) {
           ASSERT_GE(plan.keep[r], 1);
           covered[r] += plan.keep[r];
@@ -228,7 +240,9 @@ TEST(StealPlan, EveryRowOnceAndBalanced) {
           } else {
             EXPECT_EQ(pc.begin, plan.keep[pc.owner]);
           }
-          if (causal) EXPECT_LT(pc.helper, pc.owner);
+          if (causal) {
+            EXPECT_LT(pc.helper, pc.owner);
+          }
           covered[pc.owner] += pc.rows();
           prev_end = pc.end;
           prev_owner = pc.owner;
@@ -238,9 +252,12 @@ TEST(StealPlan, EveryRowOnceAndBalanced) {
         EXPECT_EQ(total, want_total);
         const int64_t mx = *std::max_element(plan.cost.begin(), plan.cost.end());
         EXPECT_LT(static_cast<double>(mx), static_cast<double>(total) / n + c_max);
-        if (seq >= 64 * n)
+        if (seq >= 64 * n) {
           EXPECT_LE(static_cast<double>(mx) * n / static_cast<double>(total), 1.05);
-        if (!causal && seq % n == 0) EXPECT_TRUE(plan.pieces.empty());
+        }
+        if (!causal && seq % n == 0) {
+          EXPECT_TRUE(plan.pieces.empty());
+        }
       }
 }
 
