@@ -104,7 +104,8 @@ std::string strategy_cell(const ParallelConfig& m) {
   if (m.strategy == Strategy::kUlysses || m.strategy == Strategy::kUsp)
     s += detail::concat("(", ulysses_mode_name(m.ulysses_mode), ")");
   if (m.softmax == SoftmaxMode::kConstMax) s += " const-max";
-  if (m.schedule != ScheduleKind::kDefault) s += detail::concat(" ", schedule_kind_name(m.schedule));
+  if (m.schedule != ScheduleKind::kDefault)
+    s += detail::concat(" ", schedule_kind_name(m.schedule));
   return s;
 }
 
@@ -390,7 +391,9 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
   p->add_option("--ulysses-mode,--ulysses_mode", o.ulysses_mode, "pin: strict | uaa");
   p->add_option("--softmax", o.softmax,
                 "online (default) | const-max: plan ring and usp with the const-max softmax");
-  p->add_option("--schedule", o.schedule, "pin: default | ring (passq's ring of Q blocks)");
+  p->add_option("--schedule", o.schedule,
+                "pin: default | steal (ring, causal, contiguous: work stealing) | ring (passq's "
+                "ring of Q blocks); unset: every schedule that applies");
   p->add_flag("--pad", o.pad, "only padded meshes");
   p->add_flag("--no-pad,--no_pad", o.no_pad, "only unpadded meshes");
   p->add_option("--cached", o.cached, "llm decode / partial prefill: cached tokens P");

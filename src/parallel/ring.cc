@@ -41,7 +41,8 @@ constexpr int kTagV = 102;
 
 AttnState ring_over_blocks(Communicator& comm, std::span<const std::span<const int64_t>> block_pos,
                            std::span<const int64_t> q_pos, const Tensor& q, const Tensor& k,
-                           const Tensor& v, const CpOptions& opts, CpStats* stats) {
+                           const Tensor& v, const CpOptions& opts, CpStats* stats,
+                           const RingBlockHook& on_block) {
   const int n = comm.size(), r = comm.rank();
   const int next = (r + 1) % n, prev = (r + n - 1) % n;
   const int64_t B = q.dim(0), H = q.dim(2), D = q.dim(3), Hkv = k.dim(2);
@@ -138,6 +139,11 @@ AttnState ring_over_blocks(Communicator& comm, std::span<const std::span<const i
       }
       work += visible_score_elements(B, H, q.dim(1), cur_k->dim(1), params.mask);
       compute += now_seconds() - t0;
+    }
+    if (on_block) {  // more queries on the held block (schedule steal)
+      on_block(src, *cur_k, *cur_v, [&reqs] {
+        for (auto& rq : reqs) rq.test();
+      });
     }
 
     double t1 = now_seconds();

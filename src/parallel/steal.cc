@@ -1,16 +1,344 @@
-// ring with schedule steal: see strategies.h and docs/algorithms.md "steal".
+// ring with schedule steal (DistFlashAttn's balance, tokens left in place): see strategies.h,
+// steal_plan.h and docs/algorithms.md "steal". On member r of N, with the plan of the partition:
+//   1. post, for each piece r gives away: isend of its query rows to the helper, irecv of the
+//      helper's out and lse; for each piece r helps with: irecv of its query rows;
+//   2. the ring (ring_over_blocks) over the rows r keeps; at every step, after its own rows, r
+//      attends the rows it helps with to the block it holds (waiting for their queries the first
+//      time a block is visible to them), merging by LSE per piece;
+//   3. isend each helped piece's state (out fp32, lse fp32) to its owner; the owner waits for the
+//      states of its pieces and places them into its rows (the rows it gave away are otherwise
+//      empty: the merge with the empty state).
+// Bytes besides the ring's: per piece of m rows, B·m·H·D·e of queries to the helper and
+// B·m·H·(D+1)·4 of state back. K/V memory: the ring's.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
 #include "schedule_build.h"
+#include "seqpar/core/timer.h"
+#include "steal_plan.h"
 #include "strategy_common.h"
 
 namespace seqpar {
 
-AttnState steal_attention(Communicator&, const Partition&, const Tensor&, const Tensor&,
-                          const Tensor&, const CpOptions&, CpStats*) {
-  throw InvalidArgument("schedule 'steal' is not available yet");
+namespace {
+
+// Piece i's messages: its queries, then the returned out and lse.
+constexpr int kTagSteal = 300;
+int tag_q(size_t piece) { return kTagSteal + 3 * static_cast<int>(piece); }
+int tag_out(size_t piece) { return tag_q(piece) + 1; }
+int tag_lse(size_t piece) { return tag_q(piece) + 2; }
+
+int64_t row_cost(int64_t p, bool causal, int64_t keys) {
+  return causal ? std::min(p + 1, keys) : keys;
 }
 
-Schedule steal_schedule(const ParallelConfig&, const AttnShape&) {
-  throw InvalidArgument("schedule 'steal' is not available yet");
+// Bytes of one row (dimension 1) of x (B, n, ...).
+size_t row_bytes(const Tensor& x) {
+  size_t b = dtype_size(x.dtype());
+  for (int i = 2; i < x.ndim(); ++i) b *= static_cast<size_t>(x.dim(i));
+  return b;
+}
+
+// Rows [begin, end) of x (B, n, ...) -> (B, end - begin, ...).
+Tensor copy_rows(const Tensor& x, int64_t begin, int64_t end) {
+  std::vector<int64_t> shape = x.shape();
+  shape[1] = end - begin;
+  Tensor out(shape, x.dtype());
+  const size_t rb = row_bytes(x);
+  const auto* src = static_cast<const char*>(x.raw());
+  auto* dst = static_cast<char*>(out.raw());
+  for (int64_t b = 0; b < x.dim(0); ++b)
+    std::memcpy(dst + b * (end - begin) * rb, src + (b * x.dim(1) + begin) * rb,
+                (end - begin) * rb);
+  return out;
+}
+
+// dst rows [begin, begin + m) <- src (B, m, ...).
+void put_rows(Tensor& dst, int64_t begin, const Tensor& src) {
+  const size_t rb = row_bytes(dst);
+  SEQPAR_CHECK(row_bytes(src) == rb && src.dim(0) == dst.dim(0), "row shapes");
+  const int64_t m = src.dim(1);
+  const auto* s = static_cast<const char*>(src.raw());
+  auto* d = static_cast<char*>(dst.raw());
+  for (int64_t b = 0; b < dst.dim(0); ++b)
+    std::memcpy(d + (b * dst.dim(1) + begin) * rb, s + b * m * rb, m * rb);
+}
+
+}  // namespace
+
+// ---- the plan --------------------------------------------------------------------------------
+
+StealPlan steal_plan(std::span<const int64_t> first, std::span<const int64_t> count, bool causal,
+                     int64_t keys) {
+  const int n = static_cast<int>(count.size());
+  SEQPAR_CHECK(static_cast<int>(first.size()) == n && n >= 1 && keys >= 1, "steal plan inputs");
+  StealPlan plan;
+  plan.keep.assign(n, 0);
+  plan.cost.assign(n, 0);
+  std::vector<int64_t> load(n, 0);
+  int64_t total = 0;
+  for (int r = 0; r < n; ++r) {
+    for (int64_t i = 0; i < count[r]; ++i) load[r] += row_cost(first[r] + i, causal, keys);
+    total += load[r];
+  }
+  // Compared as n·x against total: x below the mean t = total / n.
+  auto below_mean = [&](int64_t x) { return static_cast<__int128>(x) * n < total; };
+  for (int r = 0; r < n; ++r) {
+    int64_t kept = 0, i = 0;
+    while (i < count[r] && below_mean(kept)) kept += row_cost(first[r] + i++, causal, keys);
+    plan.keep[r] = i;
+    plan.cost[r] = kept;
+  }
+  int helper = 0;
+  auto next_helper = [&] {
+    while (helper < n && (plan.keep[helper] < count[helper] || !below_mean(plan.cost[helper])))
+      ++helper;
+    SEQPAR_CHECK(helper < n, "steal plan: gifts beyond the helpers' room");
+  };
+  for (int r = 0; r < n; ++r) {
+    for (int64_t i = plan.keep[r]; i < count[r]; ++i) {
+      next_helper();
+      plan.cost[helper] += row_cost(first[r] + i, causal, keys);
+      StealPiece* last = plan.pieces.empty() ? nullptr : &plan.pieces.back();
+      if (last && last->owner == r && last->helper == helper && last->end == i) {
+        ++last->end;
+      } else {
+        plan.pieces.push_back({r, i, i + 1, helper});
+      }
+    }
+  }
+  return plan;
+}
+
+StealPlan steal_plan(const Partition& part, bool causal, int64_t valid_len) {
+  const int n = part.ranks();
+  std::vector<int64_t> first(n), count(n);
+  for (int r = 0; r < n; ++r) {
+    const auto pos = part.positions(r);
+    count[r] = static_cast<int64_t>(pos.size());
+    first[r] = pos.empty() ? 0 : pos.front();
+    SEQPAR_ARG_CHECK(pos.empty() || pos.back() - pos.front() + 1 == count[r],
+                     "schedule 'steal' needs contiguous shards; rank ", r, " of layout '",
+                     layout_name(part.layout()), "' holds positions ", pos.front(), "..",
+                     pos.back(), " with gaps");
+  }
+  return steal_plan(first, count, causal, valid_len > 0 ? valid_len : part.seq());
+}
+
+// ---- the run ---------------------------------------------------------------------------------
+
+AttnState steal_attention(Communicator& comm, const Partition& part, const Tensor& q,
+                          const Tensor& k, const Tensor& v, const CpOptions& opts, CpStats* stats) {
+  validate_local_shapes(comm, part, q, k, v);
+  SEQPAR_ARG_CHECK(opts.softmax == SoftmaxMode::kOnline, "schedule 'steal' runs with softmax ",
+                   "'online', not '", softmax_mode_name(opts.softmax), "'");
+  const StealPlan plan = steal_plan(part, opts.causal, opts.valid_len);
+  if (plan.pieces.empty()) return ring_attention(comm, part, q, k, v, opts, stats);
+  if (stats) *stats = CpStats{};
+
+  const int n = comm.size(), r = comm.rank();
+  const int64_t B = q.dim(0), rows = q.dim(1), H = q.dim(2), D = q.dim(3);
+  std::vector<std::span<const int64_t>> blocks(n);
+  for (int i = 0; i < n; ++i) blocks[i] = part.positions(i);
+  const int64_t keep = plan.keep[r];
+
+  // 1. Post the stolen queries' exchange and the receives of the states coming back.
+  struct Given {  // a piece of this rank's rows computed by a helper
+    size_t index;
+    const StealPiece* piece;
+    Tensor q;
+    AttnState back;
+    Request send_q, recv_out, recv_lse;
+  };
+  struct Helped {  // a piece of another rank's rows computed here
+    size_t index = 0;
+    const StealPiece* piece = nullptr;
+    std::span<const int64_t> q_pos;
+    Tensor q;
+    Request recv_q, send_out, send_lse;
+    bool arrived = false, attended = false;
+    AttnState acc;
+  };
+  std::vector<Given> given;
+  std::vector<Helped> helped;
+  for (size_t i = 0; i < plan.pieces.size(); ++i) {
+    const StealPiece& p = plan.pieces[i];
+    if (p.owner == r) given.push_back({i, &p, {}, {}, {}, {}, {}});
+    if (p.helper == r) {
+      Helped& h = helped.emplace_back();
+      h.index = i;
+      h.piece = &p;
+      h.q_pos = part.positions(p.owner).subspan(p.begin, p.rows());
+    }
+  }
+  double compute = 0, wait = 0;
+  int64_t work = 0;
+  for (Helped& h : helped) {
+    h.q = Tensor({B, h.piece->rows(), H, D}, q.dtype());
+    h.recv_q = comm.irecv(h.q.raw(), h.q.nbytes(), h.piece->owner, tag_q(h.index));
+  }
+  for (Given& g : given) {
+    g.q = copy_rows(q, g.piece->begin, g.piece->end);
+    g.back.out = Tensor({B, g.piece->rows(), H, D});
+    g.back.lse = Tensor({B, g.piece->rows(), H});
+    g.recv_out =
+        comm.irecv(g.back.out.raw(), g.back.out.nbytes(), g.piece->helper, tag_out(g.index));
+    g.recv_lse =
+        comm.irecv(g.back.lse.raw(), g.back.lse.nbytes(), g.piece->helper, tag_lse(g.index));
+    g.send_q = comm.isend(g.q.raw(), g.q.nbytes(), g.piece->helper, tag_q(g.index));
+  }
+
+  // 2. The ring over the kept rows; the helped rows attend each block after them.
+  auto on_block = [&](int src, const Tensor& bk, const Tensor& bv,
+                      const std::function<void()>& progress) {
+    for (Helped& h : helped) {
+      if (fully_hidden(opts, h.q_pos, blocks[src])) continue;
+      if (!h.arrived) {
+        const double t = now_seconds();
+        h.recv_q.wait();
+        wait += now_seconds() - t;
+        h.arrived = true;
+      }
+      const double t0 = now_seconds();
+      KernelCall call(opts, h.q_pos, blocks[src], B);
+      call.params.progress = progress;
+      AttnState part_state = flash_attention(h.q, bk, bv, call.params);
+      work += visible_score_elements(B, H, h.piece->rows(), bk.dim(1), call.params.mask);
+      if (h.attended) {
+        merge_into(h.acc, part_state);
+      } else {
+        h.acc = std::move(part_state);
+        h.attended = true;
+      }
+      compute += now_seconds() - t0;
+    }
+  };
+  const Tensor q_keep = keep == rows ? Tensor() : copy_rows(q, 0, keep);
+  AttnState own = ring_over_blocks(comm, blocks, part.positions(r).first(keep),
+                                   keep == rows ? q : q_keep, k, v, opts, stats, on_block);
+
+  // 3. States back to their owners; this rank's rows assembled.
+  double t = now_seconds();
+  for (Helped& h : helped) {
+    h.recv_q.wait();
+    if (!h.attended) h.acc = AttnState::empty(B, h.piece->rows(), H, D);
+    h.send_out = comm.isend(h.acc.out.raw(), h.acc.out.nbytes(), h.piece->owner, tag_out(h.index));
+    h.send_lse = comm.isend(h.acc.lse.raw(), h.acc.lse.nbytes(), h.piece->owner, tag_lse(h.index));
+  }
+  wait += now_seconds() - t;
+  AttnState result;
+  {
+    const double t0 = now_seconds();
+    result.out = Tensor({B, rows, H, D});
+    result.lse = Tensor({B, rows, H});
+    put_rows(result.out, 0, own.out);
+    put_rows(result.lse, 0, own.lse);
+    compute += now_seconds() - t0;
+  }
+  for (Given& g : given) {
+    t = now_seconds();
+    g.recv_out.wait();
+    g.recv_lse.wait();
+    g.send_q.wait();
+    wait += now_seconds() - t;
+    const double t0 = now_seconds();
+    put_rows(result.out, g.piece->begin, g.back.out);
+    put_rows(result.lse, g.piece->begin, g.back.lse);
+    compute += now_seconds() - t0;
+  }
+  t = now_seconds();
+  for (Helped& h : helped) {
+    h.send_out.wait();
+    h.send_lse.wait();
+  }
+  wait += now_seconds() - t;
+  if (stats) {
+    stats->work += work;
+    stats->compute_seconds += compute;
+    stats->wait_seconds += wait;
+  }
+  return result;
+}
+
+// ---- the schedule ----------------------------------------------------------------------------
+
+Schedule steal_schedule_of(const CallRuns& c) {
+  const int n = c.n();
+  std::vector<int64_t> first(n), count(n);
+  for (int r = 0; r < n; ++r) {
+    count[r] = run_count(c.q[r]);
+    first[r] = count[r] == 0 ? 0 : run_min(c.q[r]);
+    SEQPAR_ARG_CHECK(count[r] == 0 || run_max(c.q[r]) - first[r] + 1 == count[r],
+                     "schedule 'steal' needs contiguous shards; rank ", r, " holds positions ",
+                     first[r], "..", run_max(c.q[r]), " with gaps");
+  }
+  const StealPlan plan = steal_plan(first, count, c.causal, c.valid_len > 0 ? c.valid_len : c.seq);
+  Schedule s = empty_schedule(c);
+  const GroupMembers members = consecutive_members(0, n);
+  if (plan.pieces.empty()) {
+    add_ring(s, c, members, c.kv, c.q, c.H, c.Hkv, CommGroup::kSp, SoftmaxMode::kOnline);
+    return s;
+  }
+  const uint64_t q_row = c.B * c.H * c.D * c.e;          // one query row, all heads
+  const uint64_t state_row = c.B * c.H * (c.D + 1) * 4;  // its fp32 out and lse
+  auto exchange = [&](int r, const char* what, uint64_t give_row, uint64_t help_row,
+                      int64_t calls_per_piece) {
+    Step st = collective_step(OpKind::kSendRecv, false, what, CommGroup::kSp, members, 0, 0);
+    Transfer& t = *st.comm;
+    t.calls = 0;
+    for (const StealPiece& p : plan.pieces) {
+      if (p.owner == r) {
+        t.sent += give_row * p.rows();
+        t.recv += help_row * p.rows();
+        t.peers.push_back({p.helper, give_row * p.rows(), help_row * p.rows()});
+      } else if (p.helper == r) {
+        t.sent += help_row * p.rows();
+        t.recv += give_row * p.rows();
+        t.peers.push_back({p.owner, help_row * p.rows(), give_row * p.rows()});
+      } else {
+        continue;
+      }
+      t.calls += calls_per_piece;
+    }
+    return st;
+  };
+  std::vector<PositionRuns> kept(n);
+  for (int r = 0; r < n; ++r) {
+    kept[r] = range_runs(first[r], first[r] + plan.keep[r]);
+    // Before the ring: the stolen queries go to their helpers (the owner's out and lse receives
+    // are posted then too, but their bytes count when they arrive: the step after the ring).
+    s.ranks[r].steps.push_back(exchange(r, "stolen q", q_row, 0, 1));
+  }
+  add_ring(s, c, members, c.kv, kept, c.H, c.Hkv, CommGroup::kSp, SoftmaxMode::kOnline);
+  for (const StealPiece& p : plan.pieces) {
+    const PositionRuns q = range_runs(first[p.owner] + p.begin, first[p.owner] + p.end);
+    RankSchedule& rs = s.ranks[p.helper];
+    bool attended = false;
+    for (int step = 0; step < n; ++step) {
+      const int src = ((p.helper - step) % n + n) % n;
+      if (c.hidden(q, c.kv[src])) continue;
+      Step& st = rs.steps[1 + step];
+      st.work += c.B * c.H * c.visible(q, c.kv[src]);
+      if (attended) st.copy_bytes += c.merge_bytes(p.rows(), c.H);
+      attended = true;
+    }
+  }
+  for (int r = 0; r < n; ++r) {
+    RankSchedule& rs = s.ranks[r];
+    rs.steps.push_back(exchange(r, "stolen out, lse", 0, state_row, 2));
+    // The own rows and the returned pieces placed into the result: read and written once.
+    rs.steps.push_back(compute_step(0, 2.0 * state_row * rs.tokens));
+  }
+  return s;
+}
+
+Schedule steal_schedule(const ParallelConfig& cfg, const AttnShape& shape) {
+  SEQPAR_ARG_CHECK(cfg.softmax == SoftmaxMode::kOnline, "schedule 'steal' runs with softmax ",
+                   "'online', not '", softmax_mode_name(cfg.softmax), "'");
+  SEQPAR_ARG_CHECK(cfg.layout == Layout::kContiguous, "schedule 'steal' balances contiguous ",
+                   "shards; layout '", layout_name(cfg.layout), "' is not");
+  return steal_schedule_of(sequence_runs(cfg, shape));
 }
 
 }  // namespace seqpar

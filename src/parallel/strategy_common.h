@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -92,10 +93,18 @@ class ConstMaxAccumulator {
   bool started_ = false;
 };
 
+// More attention on the block a ring member holds (schedule steal: other members' queries):
+// called at every step with the member whose block it is and the block (valid for the call
+// only), after the step's own attention and before its transfers are waited for; progress()
+// tests those transfers (for AttnParams::progress).
+using RingBlockHook = std::function<void(int src, const Tensor& k, const Tensor& v,
+                                         const std::function<void()>& progress)>;
+
 // The ring core: member i of comm holds the K/V block of the tokens at block_pos[i] (any
 // order); this member's queries are at q_pos. Adds to *stats (does not reset it).
 AttnState ring_over_blocks(Communicator& comm, std::span<const std::span<const int64_t>> block_pos,
                            std::span<const int64_t> q_pos, const Tensor& q, const Tensor& k,
-                           const Tensor& v, const CpOptions& opts, CpStats* stats);
+                           const Tensor& v, const CpOptions& opts, CpStats* stats,
+                           const RingBlockHook& on_block = {});
 
 }  // namespace seqpar

@@ -95,10 +95,24 @@ void enumerate(const PlanRequest& req, Visit&& visit, Reject&& reject_degrees) {
                 m.pad = pad;
                 m.layout = layout;
                 m.softmax = has_ring(s) || req.strategy ? softmax : SoftmaxMode::kOnline;
-                // Every schedule of the strategy (passq: all-gather and ring), or the pinned one.
-                for (ScheduleKind sched : {ScheduleKind::kDefault, ScheduleKind::kRing}) {
-                  if (!schedule_applies(sched, s) || (req.schedule && *req.schedule != sched))
-                    continue;
+                // Every schedule of the strategy where it applies (passq: all-gather and ring;
+                // ring: steal where it balances causal work on contiguous shards), or the pinned
+                // one alone.
+                const bool steal = s == Strategy::kRing && layout == Layout::kContiguous &&
+                                   w.causal && m.softmax == SoftmaxMode::kOnline;
+                if (req.schedule == ScheduleKind::kSteal) {
+                  // Other strategies and layouts only where pinned (rejected with the reason).
+                  if (s != Strategy::kRing && !req.strategy) continue;
+                  if (layout != Layout::kContiguous && !req.layout) continue;
+                  m.schedule = ScheduleKind::kSteal;
+                  visit(m);
+                  continue;
+                }
+                for (ScheduleKind sched :
+                     {ScheduleKind::kDefault, ScheduleKind::kRing, ScheduleKind::kSteal}) {
+                  if (req.schedule && *req.schedule != sched) continue;
+                  if (sched == ScheduleKind::kSteal && !steal) continue;
+                  if (!schedule_applies(sched, s) && !(req.schedule && req.strategy)) continue;
                   m.schedule = sched;
                   visit(m);
                 }

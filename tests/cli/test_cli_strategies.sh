@@ -69,6 +69,16 @@ check_bad "--cached" run --ranks 4 --strategy passq --cached 2 --new 1 --heads 4
 check_bad "does not run over a K/V cache" run --ranks 2 --strategy ulysses --cached 100 --new 1 --heads 4
 check_bad "--hardware" run --ranks 2 --strategy auto --cached 100 --new 1 --heads 4 --hardware tpu
 
+# ring with schedule steal: verified, balanced on contiguous shards; only with ring, contiguous.
+expect_ok "ring steal" "$bin" run --strategy ring --schedule steal --ranks 4 --seq 517 --heads 4 --kv-heads 2 --causal $small
+expect_ok "ring steal pad" "$bin" run --strategy ring --schedule steal --pad --ranks 3 --seq 1000 --heads 2 --causal $small
+out=$("$bin" run --strategy ring --schedule steal --ranks 8 --seq 8192 --heads 1 --head-dim 8 --causal --json --repeat 1)
+python3 -c 'import json,sys; d=json.loads(sys.argv[1]); sys.exit(0 if d["work_imbalance"] <= 1.05 and d["ok"] else 1)' "$out" && ok || bad "steal imbalance: $out"
+check_bad "contiguous" run --ranks 4 --seq 64 --heads 4 --strategy ring --schedule steal --layout zigzag
+check_bad "schedule" run --ranks 4 --seq 64 --heads 4 --strategy ulysses --schedule steal
+out=$("$bin" plan --seq 65536 --heads 32 --kv-heads 8 --head-dim 128 --causal --ranks 8 --schedule steal --json)
+python3 -c 'import json,sys; d=json.loads(sys.argv[1]); m=d["meshes"]; sys.exit(0 if m and all(x["schedule"] == "steal" and x["strategy"] == "ring" for x in m) else 1)' "$out" && ok || bad "plan --schedule steal"
+
 # 3. seqpar model: verified against one rank.
 expect_ok "dit cfg2 tp2 ring2" "$bin" model --preset tiny-dit --cfg 2 --tp 2 --ring-degree 2 --verify --json
 expect_ok "dit usp zigzag pad" "$bin" model --preset tiny-dit --ulysses-degree 2 --ring-degree 2 --layout zigzag --pad --verify --json
@@ -96,6 +106,7 @@ if [ -n "$mpiexec" ]; then
   expect_ok "mpi usp" "${mpi[@]}" -n 4 "$bin" run --backend mpi --strategy usp --ulysses-degree 2 --seq 517 --heads 4 --causal $small
   expect_ok "mpi passq" "${mpi[@]}" -n 4 "$bin" run --backend mpi --strategy passq --cached 2000 --new 3 --heads 4 --causal $small
   expect_ok "mpi passq ring" "${mpi[@]}" -n 4 "$bin" run --backend mpi --strategy passq --schedule ring --cached 2000 --new 3 --heads 4 --causal $small
+  expect_ok "mpi ring steal" "${mpi[@]}" -n 4 "$bin" run --backend mpi --strategy ring --schedule steal --seq 517 --heads 4 --causal $small
   expect_ok "mpi joint" "${mpi[@]}" -n 2 "$bin" run --backend mpi --strategy ulysses --seq 100 --text-tokens 9 --heads 4 $small
   expect_ok "mpi model dit" "${mpi[@]}" -n 4 "$bin" model --backend mpi --preset tiny-dit --cfg 2 --ring-degree 2 --verify --json
   expect_ok "mpi model llm" "${mpi[@]}" -n 4 "$bin" model --backend mpi --preset tiny-llm --tp 2 --ulysses-degree 2 --prompt-len 300 --decode 8 --verify --json

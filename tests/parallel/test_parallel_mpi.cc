@@ -6,6 +6,7 @@
 
 #include "parallel/cp_check.h"
 #include "seqpar/comm/mpi.h"
+#include "seqpar/parallel/schedule.h"
 
 namespace seqpar {
 
@@ -89,5 +90,54 @@ INSTANTIATE_TEST_SUITE_P(All, MpiEveryStrategy, ::testing::ValuesIn(mpi_cases())
                          [](const ::testing::TestParamInfo<seqpar::testing::CheckCase>& info) {
                            return info.param.name();
                          });
+
+// ring with schedule steal over processes: each rank's rows equal the reference, and its bytes
+// (per kind of op), work and peak K/V equal the schedule (batch 2, GQA, bf16 and fp32).
+class MpiSteal : public ::testing::TestWithParam<std::tuple<int64_t, DType>> {};
+
+TEST_P(MpiSteal, MatchesReferenceAndSchedule) {
+  auto [seq, dtype] = GetParam();
+  auto comm = mpi_world();
+  const int n = comm->size(), r = comm->rank();
+  Problem p;
+  p.seq = seq;
+  p.batch = 2;
+  p.heads = 4;
+  p.kv_heads = 2;
+  p.head_dim = 32;
+  p.causal = true;
+  p.dtype = dtype;
+  const auto& in = inputs_for(p);
+  Partition part(seq, n, Layout::kContiguous);
+  Tensor q = shard(in.q, part, r), k = shard(in.k, part, r), v = shard(in.v, part, r);
+  CpOptions opts;
+  opts.causal = true;
+  opts.schedule = ScheduleKind::kSteal;
+  SpComms comms(*comm);
+  CpStats stats;
+  AttnState s = context_parallel_attention(Strategy::kRing, comms, part, q, k, v, opts, &stats);
+  const ErrorBound tol = seqpar::testing::bound_for(p);
+  EXPECT_LE(max_abs_diff(s.out, shard(in.ref.out, part, r)), tol.out) << "rank " << r;
+  Tensor lse4 = in.ref.lse;
+  lse4.resize({p.batch, p.seq, p.heads, 1});
+  Tensor want_lse = shard(lse4, part, r);
+  want_lse.resize({p.batch, part.count(r), p.heads});
+  EXPECT_LE(max_err_lse(s.lse, want_lse), tol.lse) << "rank " << r;
+  ParallelConfig cfg;
+  cfg.schedule = ScheduleKind::kSteal;
+  cfg.mesh.ring = n;
+  const Schedule sched = attention_schedule(
+      cfg, {.batch = p.batch, .seq = seq, .heads = p.heads, .kv_heads = p.kv_heads,
+            .head_dim = p.head_dim, .causal = true, .dtype = dtype});
+  const CommPrediction want = schedule_bytes(sched, r);
+  EXPECT_EQ(comms.stats().total_sent(), want.sent) << "rank " << r;
+  EXPECT_EQ(comms.stats().total_recv(), want.recv) << "rank " << r;
+  EXPECT_EQ(stats.work, schedule_work(sched, r)) << "rank " << r;
+  EXPECT_EQ(stats.peak_kv_bytes, sched.ranks[r].peak_kv_bytes) << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, MpiSteal,
+                         ::testing::Combine(::testing::Values(int64_t{64}, int64_t{517}),
+                                            ::testing::Values(DType::kF32, DType::kBF16)));
 
 }  // namespace seqpar

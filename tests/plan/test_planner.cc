@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <set>
 
+#include "seqpar/parallel/schedule.h"
 #include "seqpar/plan/planner.h"
 
 namespace seqpar {
@@ -217,18 +218,70 @@ TEST(Planner, LanguageModelDivisibilityAlternatives) {
   ASSERT_EQ(plan.divisibility.alternatives.size(), 2u);
   EXPECT_EQ(plan.divisibility.alternatives[0].value, 100000);
   EXPECT_EQ(plan.divisibility.alternatives[1].value, 100008);
-  // Causal: the balanced layouts beat contiguous ring (work imbalance ~(2N-1)/N).
+  // Causal: the balanced layouts and ring's steal schedule beat contiguous ring (work imbalance
+  // ~(2N-1)/N).
   const MeshCost* contiguous = nullptr;
   const MeshCost* zigzag = nullptr;
+  const MeshCost* steal = nullptr;
   for (const auto& c : plan.ranked)
     if (c.config.strategy == Strategy::kRing && c.config.mesh.tp == 1 && !c.config.pad) {
-      if (c.config.layout == Layout::kContiguous && !contiguous) contiguous = &c;
+      const bool plain = c.config.schedule == ScheduleKind::kDefault;
+      if (c.config.layout == Layout::kContiguous && plain && !contiguous) contiguous = &c;
+      if (c.config.layout == Layout::kContiguous && !plain && !steal) steal = &c;
       if (c.config.layout == Layout::kZigzag && !zigzag) zigzag = &c;
     }
-  ASSERT_TRUE(contiguous && zigzag);
+  ASSERT_TRUE(contiguous && zigzag && steal);
   EXPECT_GT(contiguous->work_imbalance, 1.8);
   EXPECT_LT(zigzag->work_imbalance, 1.01);
   EXPECT_LT(zigzag->step_s, contiguous->step_s);
+  EXPECT_EQ(steal->config.schedule, ScheduleKind::kSteal);
+  EXPECT_LT(steal->work_imbalance, 1.01);
+  EXPECT_LT(steal->step_s, contiguous->step_s);
+}
+
+// Ring's steal schedule: offered beside the plain ring for causal contiguous meshes only; pinned,
+// the only schedule planned (other strategies rejected with the reason); the cost model replays
+// its schedule (bytes, work and peak K/V per rank as attention_schedule gives them; those equal
+// the measured ones in tests/parallel/test_steal.cc).
+TEST(Planner, StealScheduleOfferedAndPinned) {
+  PlanRequest req;
+  req.work = attention_workload(8192, 8, 2, 128, 1, true, DType::kBF16);
+  req.hw = hardware_profile("h100");
+  req.world = 4;
+  int steal = 0;
+  for (const MeshCost& c : make_plan(req).ranked)
+    if (c.config.schedule == ScheduleKind::kSteal) {
+      ++steal;
+      EXPECT_EQ(c.config.strategy, Strategy::kRing);
+      EXPECT_EQ(c.config.layout, Layout::kContiguous);
+      EXPECT_LT(c.work_imbalance, 1.01);
+    }
+  EXPECT_GE(steal, 1);
+  req.schedule = ScheduleKind::kSteal;
+  const Plan pinned = make_plan(req);
+  ASSERT_FALSE(pinned.ranked.empty());
+  for (const MeshCost& c : pinned.ranked) {
+    EXPECT_EQ(c.config.schedule, ScheduleKind::kSteal) << config_label(c.config);
+    EXPECT_EQ(c.config.strategy, Strategy::kRing) << config_label(c.config);
+    const Schedule s = attention_schedule(c.config, {.batch = 1, .seq = 8192, .heads = 8,
+                                                     .kv_heads = 2, .head_dim = 128,
+                                                     .causal = true, .dtype = DType::kBF16});
+    for (int r = 0; r < s.sp(); ++r) {
+      EXPECT_EQ(c.ranks[r].sent, schedule_bytes(s, r).sent) << "rank " << r;
+      EXPECT_EQ(c.ranks[r].recv, schedule_bytes(s, r).recv) << "rank " << r;
+      EXPECT_EQ(c.ranks[r].work, schedule_work(s, r)) << "rank " << r;
+      EXPECT_EQ(c.ranks[r].peak_kv_bytes, s.ranks[r].peak_kv_bytes) << "rank " << r;
+    }
+  }
+  req.strategy = Strategy::kUlysses;
+  EXPECT_THROW((void)make_plan(req), InvalidArgument);
+  // Bidirectional: every mesh keeps its own schedule.
+  req = PlanRequest{};
+  req.work = attention_workload(8192, 8, 2, 128, 1, false, DType::kBF16);
+  req.hw = hardware_profile("h100");
+  req.world = 4;
+  for (const MeshCost& c : make_plan(req).ranked)
+    EXPECT_EQ(c.config.schedule, ScheduleKind::kDefault) << config_label(c.config);
 }
 
 // Hostile sizes: refused up front with InvalidArgument, never wrapped, never minutes of work.

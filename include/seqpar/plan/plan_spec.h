@@ -32,7 +32,7 @@ struct PlanSpec {
   int64_t cfg = 0, tp = 0, ulysses_degree = 0, ring_degree = 0;  // 0: enumerate
   std::string strategy, layout, ulysses_mode;                    // empty: enumerate
   std::string softmax;  // empty: online; "const-max": ring and usp with const-max
-  std::string schedule;  // empty: every schedule; "ring": passq's ring (parse_schedule_kind)
+  std::string schedule;  // empty: every schedule that applies; pinned: only it (parse_schedule_kind)
   std::optional<bool> pad;                                       // unset: both
   int64_t cached = 0, fresh = 0;  // decode / partial prefill: cached tokens P, new tokens T
 };

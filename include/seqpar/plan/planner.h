@@ -1,5 +1,5 @@
 // The planner: every mesh (cfg, tp, ulysses, ring, strategy, Ulysses mode, layout, padding,
-// softmax when pinned) of a
+// softmax when pinned, ring's steal schedule) of a
 // world size, costed (cost_model.h) and ranked by predicted step time within the memory limit;
 // the ones that cannot run or do not fit, with the reason. Also what to do when the sequence does
 // not divide the sequence-parallel size, and for decode / partial prefill the pass-KV / pass-Q
@@ -30,8 +30,9 @@ struct PlanRequest {
   // Unset: online softmax only (const-max would double the ring and usp meshes); pinned
   // const-max: ring and usp with the const-max softmax (docs/algorithms.md "const-max ring").
   std::optional<SoftmaxMode> softmax;
-  // Unset: every schedule of each strategy (passq: all-gather and ring); pinned: only meshes
-  // whose strategy runs that schedule.
+  // Unset: every schedule of each strategy (passq: all-gather and ring), and ring with schedule
+  // steal where it balances (causal, contiguous shards, online softmax); pinned: only meshes
+  // with that schedule (a strategy pinned with one it does not run is rejected with the reason).
   std::optional<ScheduleKind> schedule;
   // DiT / MMDiT inputs, for the nearest shapes that divide (0: not a DiT request).
   const ModelPreset* preset = nullptr;
