@@ -156,6 +156,12 @@ KernelCall::KernelCall(const CpOptions& opts, std::span<const int64_t> q_pos,
       params.mask.k_valid = k_valid_;
     }
   }
+  if (!opts.cu_seqlens.empty()) {
+    q_segment_ = document_ids(opts.cu_seqlens, q_pos);
+    k_segment_ = document_ids(opts.cu_seqlens, k_pos);
+    params.mask.q_segment = q_segment_;
+    params.mask.k_segment = k_segment_;
+  }
 }
 
 AttnState context_parallel_attention(Strategy strategy, SpComms& comms, const Partition& part,
