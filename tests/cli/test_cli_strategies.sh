@@ -47,6 +47,30 @@ check_bad "--cached" run --ranks 4 --strategy passq --cached 2 --new 1 --heads 4
 check_bad "does not run over a K/V cache" run --ranks 2 --strategy ulysses --cached 100 --new 1 --heads 4
 check_bad "--hardware" run --ranks 2 --strategy auto --cached 100 --new 1 --heads 4 --hardware tpu
 
+# 2b. packed documents (varlen): every strategy verified with the document mask; requests over a
+# cache; malformed lists exit 2 naming the flag.
+docs="--seq-lens 300,17,1,90,211,5"
+for layout in contiguous zigzag; do
+  for st in ring allgather ulysses usp; do
+    expect_ok "varlen $st $layout" "$bin" run --strategy $st --layout $layout --ranks 4 $docs --heads 4 --kv-heads 2 --causal $small
+  done
+  expect_ok "varlen ring const-max $layout" "$bin" run --strategy ring --softmax const-max --layout $layout --ranks 3 $docs --heads 4 --causal $small
+  expect_ok "varlen passq $layout" "$bin" run --strategy passq --layout $layout --ranks 3 --cached-lens 50,1,120,20 --new 1 --heads 4 --kv-heads 2 --causal $small
+  expect_ok "varlen passkv $layout" "$bin" run --strategy passkv --layout $layout --ranks 3 --cached-lens 50,1,120,20 --new-lens 3,1,9,1 --heads 4 --causal $small
+done
+expect_ok "varlen ulysses strict pad" "$bin" run --strategy ulysses --ulysses-mode strict --pad --ranks 4 $docs --heads 4 --causal $small
+out=$("$bin" run --strategy ring --layout zigzag --ranks 4 $docs --seq 624 --heads 2 --head-dim 8 --causal --json --repeat 1)
+[ "$(json_get "$out" seq_lens)" = "[300, 17, 1, 90, 211, 5]" ] && ok || bad "seq_lens in the JSON: $(json_get "$out" seq_lens)"
+check_bad "--seq-lens item 2 ''" $base --seq-lens 3,,61
+check_bad "--seq-lens item 2 '0'" $base --seq-lens 3,0,61
+check_bad "--seq-lens item 1 'x'" $base --seq-lens x,64
+check_bad "--seq-lens item 1 '1.5'" $base --seq-lens 1.5,62
+check_bad "--seq-lens sum to 60 but --seq is 64" $base --seq-lens 30,30
+check_bad "--text-tokens" run --ranks 2 --seq-lens 30,30 --text-tokens 4 --heads 4
+check_bad "--cached-lens item 2 '-3'" run --ranks 2 --strategy passq --cached-lens 5,-3 --new 1 --heads 4
+check_bad "--new-lens has 1 items" run --ranks 2 --strategy passq --cached-lens 5,3 --new-lens 1 --heads 4
+check_bad "--new-lens needs --cached-lens" run --ranks 2 --strategy passq --cached 8 --new-lens 1 --heads 4
+
 # 3. seqpar model: verified against one rank.
 expect_ok "dit cfg2 tp2 ring2" "$bin" model --preset tiny-dit --cfg 2 --tp 2 --ring-degree 2 --verify --json
 expect_ok "dit usp zigzag pad" "$bin" model --preset tiny-dit --ulysses-degree 2 --ring-degree 2 --layout zigzag --pad --verify --json
