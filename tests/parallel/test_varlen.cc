@@ -244,12 +244,14 @@ struct SeqCase {
   SoftmaxMode softmax = SoftmaxMode::kOnline;
   UlyssesMode mode = UlyssesMode::kUaa;
   int ulysses = 0;  // usp: ulysses degree (0: filled)
+  bool pad = false;  // padding after the last document
 };
 
 std::vector<SeqCase> seq_cases() {
   return {{"allgather", Strategy::kAllGather},
           {"ring", Strategy::kRing},
           {"ring_constmax", Strategy::kRing, SoftmaxMode::kConstMax},
+          {"ring_pad", Strategy::kRing, SoftmaxMode::kOnline, UlyssesMode::kUaa, 0, true},
           {"ulysses_uaa", Strategy::kUlysses},
           {"ulysses_strict_pad", Strategy::kUlysses, SoftmaxMode::kOnline, UlyssesMode::kStrict},
           {"usp", Strategy::kUsp},
@@ -277,7 +279,7 @@ TEST_P(VarlenSweep, MatchesReferenceAndSchedule) {
   c.layout = layout;
   c.softmax = sc.softmax;
   c.ulysses_mode = sc.mode;
-  c.pad = sc.mode == UlyssesMode::kStrict;
+  c.pad = sc.pad || sc.mode == UlyssesMode::kStrict;
   if (sc.strategy == Strategy::kUsp) c.mesh.ulysses = ranks % 2 == 0 ? 2 : 1;
   AttnShape s;
   s.seq = std::accumulate(docs.begin(), docs.end(), int64_t{0});
@@ -313,7 +315,7 @@ std::string sweep_name(const ::testing::TestParamInfo<VarlenSweep::ParamType>& i
 }
 
 INSTANTIATE_TEST_SUITE_P(Varlen, VarlenSweep,
-                         ::testing::Combine(::testing::Range(0, 7),
+                         ::testing::Combine(::testing::Range(0, 8),
                                             ::testing::Values(Layout::kContiguous,
                                                               Layout::kZigzag),
                                             ::testing::Range(1, 6), ::testing::Range(0, 4),
