@@ -109,7 +109,7 @@ int64_t sum_of(const std::vector<int64_t>& v) {
 // --new-lens or --new (new tokens per request).
 AttnShape shape_of(const RunOptions& o) {
   AttnShape s{o.batch,  o.seq,         o.heads,  o.kv_heads, o.head_dim,
-              o.causal, o.text_tokens, o.cached, o.fresh,    parse_dtype(o.dtype), {}, {}, {}};
+              o.causal, o.text_tokens, o.cached, o.fresh,    parse_dtype(o.dtype)};
   s.seq_lens = parse_lengths("--seq-lens", o.seq_lens);
   if (!s.seq_lens.empty()) {
     SEQPAR_ARG_CHECK(o.cached_lens.empty() && o.cached == 0, "--seq-lens describe a sequence; ",

@@ -97,6 +97,8 @@ if [ -n "$mpiexec" ]; then
   mpi=("$mpiexec" --allow-run-as-root --oversubscribe --mca btl_vader_single_copy_mechanism none)
   expect_ok "mpi usp" "${mpi[@]}" -n 4 "$bin" run --backend mpi --strategy usp --ulysses-degree 2 --seq 517 --heads 4 --causal $small
   expect_ok "mpi passq" "${mpi[@]}" -n 4 "$bin" run --backend mpi --strategy passq --cached 2000 --new 3 --heads 4 --causal $small
+  expect_ok "mpi varlen usp zigzag" "${mpi[@]}" -n 4 "$bin" run --backend mpi --strategy usp --ulysses-degree 2 --layout zigzag --seq-lens 300,17,1,90,211 --heads 4 --causal $small
+  expect_ok "mpi varlen passkv" "${mpi[@]}" -n 3 "$bin" run --backend mpi --strategy passkv --cached-lens 50,1,120 --new-lens 2,1,3 --heads 4 --causal $small
   expect_ok "mpi joint" "${mpi[@]}" -n 2 "$bin" run --backend mpi --strategy ulysses --seq 100 --text-tokens 9 --heads 4 $small
   expect_ok "mpi model dit" "${mpi[@]}" -n 4 "$bin" model --backend mpi --preset tiny-dit --cfg 2 --ring-degree 2 --verify --json
   expect_ok "mpi model llm" "${mpi[@]}" -n 4 "$bin" model --backend mpi --preset tiny-llm --tp 2 --ulysses-degree 2 --prompt-len 300 --decode 8 --verify --json

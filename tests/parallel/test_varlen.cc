@@ -432,7 +432,9 @@ TEST_P(VarlenCache, MatchesReferenceAndSchedule) {
     for (size_t i = 0; i < cc.cached.size(); ++i) {
       int64_t held = 0;
       for (int64_t p : job.kv_pos(r)) held += p >= cu[i] && p < cu[i] + cc.cached[i];
-      if (cc.cached[i] >= ranks) EXPECT_GE(held, 1) << "rank " << r << " request " << i;
+      if (cc.cached[i] >= ranks) {
+        EXPECT_GE(held, 1) << "rank " << r << " request " << i;
+      }
     }
   const Outcome o = run_and_check(job, docs);
   EXPECT_LE(o.max_out_err, o.bound.out);

@@ -108,8 +108,8 @@ struct AttnShape {
   int64_t text_tokens = 0;
   int64_t cached = 0, fresh = 0;  // over a K/V cache: P cached tokens and T new ones
   DType dtype = DType::kF32;
-  std::vector<int64_t> seq_lens;                // packed documents (varlen)
-  std::vector<int64_t> cached_lens, fresh_lens;  // packed requests over a cache
+  std::vector<int64_t> seq_lens{};                  // packed documents (varlen)
+  std::vector<int64_t> cached_lens{}, fresh_lens{};  // packed requests over a cache
   int64_t kv() const { return kv_heads == 0 ? heads : kv_heads; }
   bool over_cache() const { return cached > 0 || fresh > 0; }
   bool operator==(const AttnShape&) const = default;
