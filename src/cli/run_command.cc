@@ -85,7 +85,8 @@ std::vector<int64_t> parse_lengths(const char* flag, const std::string& text) {
   size_t at = 0;
   for (int item = 1;; ++item) {
     const size_t comma = text.find(',', at);
-    const std::string s = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    const std::string s =
+        text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
     bool digits = !s.empty() && s.size() <= 18;
     for (char ch : s) digits = digits && ch >= '0' && ch <= '9';
     const int64_t v = digits ? std::stoll(s) : 0;
@@ -381,7 +382,8 @@ void add_run_command(CLI::App& app, RunOptions& o) {
          "--ranks", [&o](int64_t v) { o.ranks = v; },
          "ranks (default 2 on threads; the MPI world size; at most 2^16)")
       ->default_str("2");
-  run->add_option("--seq", o.seq, "sequence length S (tokens); with --seq-lens their sum if omitted")
+  run->add_option("--seq", o.seq,
+                  "sequence length S (tokens); with --seq-lens their sum if omitted")
       ->each([&o](const std::string&) { o.seq_given = true; });
   run->add_option("--seq-lens,--seq_lens", o.seq_lens,
                   "packed documents (varlen, flash-attn's cu_seqlens): lengths L1,L2,... summing "

@@ -159,8 +159,7 @@ void check_lengths(const char* name, const std::vector<int64_t>& lens, int64_t t
     SEQPAR_ARG_CHECK(lens[i] >= 1 && lens[i] <= limits::kMaxTokens, name, "[", i, "] = ", lens[i],
                      " is invalid; every length must be 1 to ", limits::kMaxTokens);
     sum += lens[i];
-    SEQPAR_ARG_CHECK(sum <= limits::kMaxTokens, name, " sums past ", limits::kMaxTokens,
-                     " tokens");
+    SEQPAR_ARG_CHECK(sum <= limits::kMaxTokens, name, " sums past ", limits::kMaxTokens, " tokens");
   }
   SEQPAR_ARG_CHECK(sum == total, name, " sum to ", sum, " but ", total_name, " is ", total,
                    "; the lengths must add up to ", total_name);
@@ -271,8 +270,9 @@ void validate_config(const ParallelConfig& c, const AttnShape& s) {
     }
     return;
   }
-  SEQPAR_ARG_CHECK(s.cached_lens.empty() && s.fresh_lens.empty(), "cached_lens and fresh_lens ",
-                   "describe requests over a K/V cache (cached, new); over a sequence give seq_lens");
+  SEQPAR_ARG_CHECK(
+      s.cached_lens.empty() && s.fresh_lens.empty(), "cached_lens and fresh_lens ",
+      "describe requests over a K/V cache (cached, new); over a sequence give seq_lens");
   SEQPAR_ARG_CHECK(!runs_over_cache(st), "strategy ", strategy_name(st), " runs over a K/V ",
                    "cache: cached ", s.cached, " and new ", s.fresh, " must both be at least 1");
   check_range("seq", s.seq, 1, limits::kMaxTokens);

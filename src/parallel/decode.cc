@@ -14,7 +14,6 @@
 #include <cstring>
 
 #include "schedule_build.h"
-#include "strategy_common.h"
 #include "seqpar/core/timer.h"
 #include "strategy_common.h"
 
@@ -44,8 +43,8 @@ KvPlacement decode_placement(int64_t cached, int64_t fresh, int ranks, Layout la
 
 RequestRuns request_runs(std::span<const int64_t> cached_lens, std::span<const int64_t> fresh_lens,
                          int ranks, Layout layout) {
-  SEQPAR_ARG_CHECK(!cached_lens.empty() && cached_lens.size() == fresh_lens.size(),
-                   "cached_lens (", cached_lens.size(), ") and fresh_lens (", fresh_lens.size(),
+  SEQPAR_ARG_CHECK(!cached_lens.empty() && cached_lens.size() == fresh_lens.size(), "cached_lens (",
+                   cached_lens.size(), ") and fresh_lens (", fresh_lens.size(),
                    ") must give one length per request, at least one request");
   SEQPAR_ARG_CHECK(ranks >= 1, "ranks ", ranks, " is invalid; it must be at least 1");
   // Request i occupies [off_i, off_i + P_i + T_i): its cache split by `layout` (the caches as

@@ -1,10 +1,10 @@
 #include "seqpar/parallel/partition.h"
 
-#include "seqpar/parallel/position_runs.h"
-
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+
+#include "seqpar/parallel/position_runs.h"
 
 namespace seqpar {
 

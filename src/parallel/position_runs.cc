@@ -139,7 +139,8 @@ void split_by_document(const PositionRun& r, std::span<const int64_t> cu,
     const int64_t p = r.start + i * r.stride;
     const int64_t d = document_of(cu, p);
     const int64_t end = d < docs ? cu[d + 1] : INT64_MAX;  // the document's positions are < end
-    const int64_t stop = end == INT64_MAX ? r.count : std::min(r.count, (end - 1 - r.start) / r.stride + 1);
+    const int64_t stop =
+        end == INT64_MAX ? r.count : std::min(r.count, (end - 1 - r.start) / r.stride + 1);
     out.push_back({d, {p, stop - i, r.stride}});
     i = stop;
   }
@@ -147,8 +148,8 @@ void split_by_document(const PositionRun& r, std::span<const int64_t> cu,
 
 }  // namespace
 
-int64_t visible_pairs(const PositionRuns& q, const PositionRuns& k, bool causal,
-                      int64_t valid_len, std::span<const int64_t> cu_seqlens) {
+int64_t visible_pairs(const PositionRuns& q, const PositionRuns& k, bool causal, int64_t valid_len,
+                      std::span<const int64_t> cu_seqlens) {
   auto pairs_of = [causal](const PositionRun& qr, const PositionRun& kv) {
     return causal ? causal_pairs(qr, kv) : qr.count * kv.count;
   };
@@ -188,8 +189,8 @@ int64_t visible_pairs(const PositionRuns& q, const PositionRuns& k, bool causal,
 std::vector<PositionRuns> piece_layout_runs(std::span<const int64_t> starts,
                                             std::span<const int64_t> lens, int ranks,
                                             Layout layout) {
-  SEQPAR_ARG_CHECK(starts.size() == lens.size() && ranks >= 1, "piece_layout_runs: ",
-                   starts.size(), " starts, ", lens.size(), " lengths, ranks ", ranks);
+  SEQPAR_ARG_CHECK(starts.size() == lens.size() && ranks >= 1, "piece_layout_runs: ", starts.size(),
+                   " starts, ", lens.size(), " lengths, ranks ", ranks);
   SEQPAR_ARG_CHECK(layout != Layout::kCustom, "piece_layout_runs: a custom layout has no rule");
   const int64_t n = ranks;
   std::vector<PositionRuns> out(ranks);

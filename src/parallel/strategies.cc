@@ -115,8 +115,12 @@ void check_strategy_shape(Strategy strategy, const Partition& part, int64_t head
       SEQPAR_ARG_CHECK(part.count(r) == part.count(first), "ulysses_mode 'strict' needs equal ",
                        "shards in a Ulysses group, but rank ", first, " holds ", part.count(first),
                        " tokens and rank ", r, " holds ", part.count(r), " (seq ", part.seq(),
-                       " on ", n, " ranks, remainder ", part.seq() % n, "); pad to ",
-                       (part.seq() + n - 1) / n * n, " tokens (pad), or use ulysses_mode 'uaa'");
+                       " on ", n, " ranks, remainder ", part.seq() % n, "); ",
+                       part.seq() % n != 0 || part.layout() == Layout::kCustom
+                           ? detail::concat("pad to ", (part.seq() + n - 1) / n * n,
+                                            " tokens (pad), or use ulysses_mode 'uaa'")
+                           : std::string("packed documents (seq_lens) split per document: "
+                                         "use layout 'contiguous', or ulysses_mode 'uaa'"));
     }
   }
   if (strategy == Strategy::kUsp && opts.ulysses_mode == UlyssesMode::kStrict) {

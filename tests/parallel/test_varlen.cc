@@ -147,7 +147,8 @@ TEST(VarlenDocuments, VisiblePairsMatchBruteForce) {
     const std::vector<int32_t> ids = brute_ids(lens);
     const int64_t real = cu.back(), seq = real + rng() % 4;
     const int ranks = 1 + static_cast<int>(rng() % std::min<int64_t>(5, seq));
-    const Layout layout = std::array{Layout::kContiguous, Layout::kStriped, Layout::kZigzag}[trial % 3];
+    const Layout layout =
+        std::array{Layout::kContiguous, Layout::kStriped, Layout::kZigzag}[trial % 3];
     const bool causal = trial % 2 == 0;
     const int64_t valid = seq > real ? real : 0;
     Partition part = seq > real || layout == Layout::kContiguous
@@ -243,7 +244,7 @@ struct SeqCase {
   Strategy strategy;
   SoftmaxMode softmax = SoftmaxMode::kOnline;
   UlyssesMode mode = UlyssesMode::kUaa;
-  int ulysses = 0;  // usp: ulysses degree (0: filled)
+  int ulysses = 0;   // usp: ulysses degree (0: filled)
   bool pad = false;  // padding after the last document
 };
 
@@ -266,8 +267,7 @@ const std::vector<std::vector<int64_t>>& doc_sets() {
   return sets;
 }
 
-class VarlenSweep
-    : public ::testing::TestWithParam<std::tuple<int, Layout, int, int, bool>> {};
+class VarlenSweep : public ::testing::TestWithParam<std::tuple<int, Layout, int, int, bool>> {};
 
 TEST_P(VarlenSweep, MatchesReferenceAndSchedule) {
   const auto [ci, layout, ranks, di, causal] = GetParam();
@@ -316,8 +316,7 @@ std::string sweep_name(const ::testing::TestParamInfo<VarlenSweep::ParamType>& i
 
 INSTANTIATE_TEST_SUITE_P(Varlen, VarlenSweep,
                          ::testing::Combine(::testing::Range(0, 8),
-                                            ::testing::Values(Layout::kContiguous,
-                                                              Layout::kZigzag),
+                                            ::testing::Values(Layout::kContiguous, Layout::kZigzag),
                                             ::testing::Range(1, 6), ::testing::Range(0, 4),
                                             ::testing::Bool()),
                          sweep_name);
@@ -402,15 +401,15 @@ struct CacheCase {
   std::vector<int64_t> cached, fresh;
 };
 
-class VarlenCache
-    : public ::testing::TestWithParam<std::tuple<Strategy, Layout, int, int, bool>> {};
+class VarlenCache : public ::testing::TestWithParam<std::tuple<Strategy, Layout, int, int, bool>> {
+};
 
 TEST_P(VarlenCache, MatchesReferenceAndSchedule) {
   const auto [st, layout, ranks, ci, causal] = GetParam();
   static const std::vector<CacheCase> cases = {
-      {{5, 1, 12, 3}, {1, 1, 1, 1}},   // decode (T = 1), a cache of 1 token
-      {{9, 2, 30}, {4, 1, 7}},         // partial prefill, one cache shorter than the ranks
-      {{40}, {3}},                      // one request
+      {{5, 1, 12, 3}, {1, 1, 1, 1}},  // decode (T = 1), a cache of 1 token
+      {{9, 2, 30}, {4, 1, 7}},        // partial prefill, one cache shorter than the ranks
+      {{40}, {3}},                    // one request
       {{7, 7, 7, 7, 7}, {2, 1, 3, 1, 2}}};
   const CacheCase& cc = cases[ci];
   ParallelConfig c;
@@ -443,8 +442,7 @@ TEST_P(VarlenCache, MatchesReferenceAndSchedule) {
 
 INSTANTIATE_TEST_SUITE_P(Varlen, VarlenCache,
                          ::testing::Combine(::testing::Values(Strategy::kPassQ, Strategy::kPassKv),
-                                            ::testing::Values(Layout::kContiguous,
-                                                              Layout::kZigzag),
+                                            ::testing::Values(Layout::kContiguous, Layout::kZigzag),
                                             ::testing::Range(1, 6), ::testing::Range(0, 4),
                                             ::testing::Bool()));
 
@@ -461,8 +459,8 @@ TEST(VarlenCacheRules, RequestsValidated) {
   s.fresh = 3;
   EXPECT_NO_THROW(resolve_job(c, s, 2));
   // Decode over the requests: the new tokens of each request on the last ranks.
-  const KvPlacement p = decode_placement(std::vector<int64_t>{4, 6}, std::vector<int64_t>{1, 1},
-                                         2, Layout::kContiguous);
+  const KvPlacement p = decode_placement(std::vector<int64_t>{4, 6}, std::vector<int64_t>{1, 1}, 2,
+                                         Layout::kContiguous);
   EXPECT_EQ(p.q_pos[0], std::vector<int64_t>{});
   EXPECT_EQ(p.q_pos[1], (std::vector<int64_t>{4, 11}));
   EXPECT_EQ(p.kv_pos[0], (std::vector<int64_t>{0, 1, 5, 6, 7}));
