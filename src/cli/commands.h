@@ -179,6 +179,9 @@ struct RunOptions {
   std::string schedule = "default";  // default | steal (ring) | ring (passq)
   std::string trace;                // --trace FILE: Chrome/Perfetto trace of the run (empty: off)
   int64_t warmup = 1;               // untimed runs before the --repeat timed ones
+  // Packed sequences (varlen): comma-separated lengths (empty: off); seq_given: --seq was given.
+  std::string seq_lens, cached_lens, new_lens;
+  bool seq_given = false;
 };
 
 void add_run_command(CLI::App& app, RunOptions& opts);

@@ -6,6 +6,8 @@
 //             optionally padded (--pad) and with replicated text tokens (--text-tokens);
 //   cache:    --cached P --new T: a distributed K/V cache and T new queries (passq, passkv,
 //             auto choosing between them).
+// Packed sequences (varlen): --seq-lens (documents of the sequence), --cached-lens with --new-lens
+// or --new (a batch of requests over the cache).
 #include <omp.h>
 
 #include <algorithm>
@@ -76,6 +78,73 @@ void validate(const RunOptions& o) {
   (void)load_profile_checked(o.hardware);  // a bad name is refused even when not used
 }
 
+// A comma-separated list of token counts ("3000,17,9000"): each item an integer 1 to
+// kMaxTokens; empty text: no list.
+std::vector<int64_t> parse_lengths(const char* flag, const std::string& text) {
+  std::vector<int64_t> out;
+  if (text.empty()) return out;
+  size_t at = 0;
+  for (int item = 1;; ++item) {
+    const size_t comma = text.find(',', at);
+    const std::string s =
+        text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    bool digits = !s.empty() && s.size() <= 18;
+    for (char ch : s) digits = digits && ch >= '0' && ch <= '9';
+    const int64_t v = digits ? std::stoll(s) : 0;
+    SEQPAR_ARG_CHECK(digits && v >= 1 && v <= limits::kMaxTokens, flag, " item ", item, " '", s,
+                     "' is invalid; valid: comma-separated token counts, each 1 to ",
+                     limits::kMaxTokens, " (e.g. 3000,17,9000)");
+    out.push_back(v);
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return out;
+}
+
+int64_t sum_of(const std::vector<int64_t>& v) {
+  int64_t s = 0;
+  for (int64_t x : v) s += x;
+  return s;
+}
+
+// The shape of the flags: --seq-lens (seq their sum when --seq is not given), --cached-lens with
+// --new-lens or --new (new tokens per request).
+AttnShape shape_of(const RunOptions& o) {
+  AttnShape s{o.batch,  o.seq,         o.heads,  o.kv_heads, o.head_dim,
+              o.causal, o.text_tokens, o.cached, o.fresh,    parse_dtype(o.dtype)};
+  s.seq_lens = parse_lengths("--seq-lens", o.seq_lens);
+  if (!s.seq_lens.empty()) {
+    SEQPAR_ARG_CHECK(o.cached_lens.empty() && o.cached == 0, "--seq-lens describe a sequence; ",
+                     "over a K/V cache give --cached-lens with --new-lens");
+    const int64_t sum = sum_of(s.seq_lens);
+    SEQPAR_ARG_CHECK(!o.seq_given || o.seq == sum, "--seq-lens sum to ", sum, " but --seq is ",
+                     o.seq, "; omit --seq or make the lengths add up to it");
+    s.seq = sum;
+  }
+  s.cached_lens = parse_lengths("--cached-lens", o.cached_lens);
+  s.fresh_lens = parse_lengths("--new-lens", o.new_lens);
+  SEQPAR_ARG_CHECK(!s.cached_lens.empty() || s.fresh_lens.empty(),
+                   "--new-lens needs --cached-lens (one cached length per request)");
+  if (!s.cached_lens.empty()) {
+    const size_t m = s.cached_lens.size();
+    SEQPAR_ARG_CHECK(s.fresh_lens.empty() || o.fresh == 0, "give --new-lens (per request) or ",
+                     "--new (every request), not both");
+    if (s.fresh_lens.empty()) {
+      SEQPAR_ARG_CHECK(o.fresh >= 1, "--cached-lens needs --new-lens (one per request) or --new ",
+                       "(new tokens of every request)");
+      s.fresh_lens.assign(m, o.fresh);
+    }
+    SEQPAR_ARG_CHECK(s.fresh_lens.size() == m, "--new-lens has ", s.fresh_lens.size(),
+                     " items but --cached-lens ", m, "; valid: one per request");
+    const int64_t sum = sum_of(s.cached_lens);
+    SEQPAR_ARG_CHECK(o.cached == 0 || o.cached == sum, "--cached-lens sum to ", sum,
+                     " but --cached is ", o.cached, "; omit --cached or make them agree");
+    s.cached = sum;
+    s.fresh = sum_of(s.fresh_lens);
+  }
+  return s;
+}
+
 // Builds the run for `ranks` ranks; every argument error surfaces here, before ranks start.
 Run make_run(const RunOptions& o, int ranks, int threads) {
   validate(o);
@@ -88,10 +157,9 @@ Run make_run(const RunOptions& o, int ranks, int threads) {
   c.softmax = parse_softmax_mode(o.softmax);
   c.schedule = parse_schedule_kind(o.schedule);
   c.pad = o.pad;
-  const AttnShape s{o.batch,  o.seq,         o.heads,  o.kv_heads, o.head_dim,
-                    o.causal, o.text_tokens, o.cached, o.fresh,    parse_dtype(o.dtype)};
+  const AttnShape s = shape_of(o);
   if (o.strategy == "auto") {
-    SEQPAR_ARG_CHECK(o.cached > 0 && o.fresh > 0, "--strategy auto runs over a K/V cache: give ",
+    SEQPAR_ARG_CHECK(s.cached > 0 && s.fresh > 0, "--strategy auto runs over a K/V cache: give ",
                      "--cached P (tokens cached) and --new T (new tokens), both at least 1");
     const HardwareProfile hw = load_profile_checked(o.hardware);
     // The fastest of pass-KV, ring pass-Q and all-gather pass-Q by their replayed schedules.
@@ -105,8 +173,8 @@ Run make_run(const RunOptions& o, int ranks, int threads) {
     c.strategy = parse_strategy(o.strategy);
     if (s.over_cache() && c.strategy == Strategy::kRing) c.strategy = Strategy::kPassKv;
   }
-  SEQPAR_ARG_CHECK(s.over_cache() || o.seq < 1 || ranks <= o.seq, "--ranks ", ranks,
-                   " exceeds --seq ", o.seq, "; every rank needs a token: use at most ", o.seq,
+  SEQPAR_ARG_CHECK(s.over_cache() || s.seq < 1 || ranks <= s.seq, "--ranks ", ranks,
+                   " exceeds --seq ", s.seq, "; every rank needs a token: use at most ", s.seq,
                    " ranks");
   run.job = resolve_job(c, s, ranks, o.verify);
   return run;
@@ -223,9 +291,12 @@ int print_report(const Run& run, const Report& rep, const std::string& backend) 
       j["ulysses_mode"] = ulysses_mode_name(job.cp.ulysses_mode);
       j["padded_seq"] = job.padded_seq;
       j["text_tokens"] = o.text_tokens;
+      j["seq_lens"] = job.shape.seq_lens;
     } else {
-      j["cached"] = o.cached;
-      j["new"] = o.fresh;
+      j["cached"] = job.shape.cached;
+      j["new"] = job.shape.fresh;
+      j["cached_lens"] = job.shape.cached_lens;
+      j["new_lens"] = job.shape.fresh_lens;
       if (run.choice) {
         j["choice"] = strategy_name(run.choice->config.strategy);
         j["choice_schedule"] = schedule_kind_name(run.choice->config.schedule);
@@ -245,9 +316,12 @@ int print_report(const Run& run, const Report& rep, const std::string& backend) 
                 label.c_str(), std::string(layout_name(job.config.layout)).c_str(), backend.c_str(),
                 job.ranks(), run.threads);
     if (job.over_cache()) {
-      std::printf("  K/V cache of %lld tokens + %lld new tokens%s\n", (long long)o.cached,
-                  (long long)o.fresh,
-                  job.cp.schedule == ScheduleKind::kRing ? ", Q blocks passed around the ring" : "");
+      std::printf("  K/V cache of %lld tokens + %lld new tokens", (long long)job.shape.cached,
+                  (long long)job.shape.fresh);
+      if (!job.shape.cached_lens.empty())
+        std::printf(" in %zu requests", job.shape.cached_lens.size());
+      if (job.cp.schedule == ScheduleKind::kRing) std::printf(", Q blocks passed around the ring");
+      std::printf("\n");
       if (run.choice)
         std::printf("  auto (%s profile): %s\n", o.hardware.c_str(), run.choice->reason.c_str());
     } else {
@@ -258,6 +332,9 @@ int print_report(const Run& run, const Report& rep, const std::string& backend) 
       if (job.padded_seq != job.shape.seq)
         std::printf("  padded to %lld tokens (%lld padding, masked)\n", (long long)job.padded_seq,
                     (long long)(job.padded_seq - job.shape.seq));
+      if (!job.shape.seq_lens.empty())
+        std::printf("  %zu packed documents (seq_lens), attention within each\n",
+                    job.shape.seq_lens.size());
       if (o.text_tokens > 0)
         std::printf("  joint attention with %lld replicated text tokens\n",
                     (long long)o.text_tokens);
@@ -319,7 +396,12 @@ void add_run_command(CLI::App& app, RunOptions& o) {
          "--ranks", [&o](int64_t v) { o.ranks = v; },
          "ranks (default 2 on threads; the MPI world size; at most 2^16)")
       ->default_str("2");
-  run->add_option("--seq", o.seq, "sequence length S (tokens)");
+  run->add_option("--seq", o.seq,
+                  "sequence length S (tokens); with --seq-lens their sum if omitted")
+      ->each([&o](const std::string&) { o.seq_given = true; });
+  run->add_option("--seq-lens,--seq_lens", o.seq_lens,
+                  "packed documents (varlen, flash-attn's cu_seqlens): lengths L1,L2,... summing "
+                  "to --seq; tokens attend only their own document; zigzag splits each document");
   run->add_option("--heads", o.heads, "query heads H");
   run->add_option("--kv-heads,--kv_heads", o.kv_heads, "key/value heads (divides H; default H)");
   run->add_option("--head-dim,--head_dim", o.head_dim, "head dimension D");
@@ -329,7 +411,13 @@ void add_run_command(CLI::App& app, RunOptions& o) {
   run->add_option("--text-tokens,--text_tokens", o.text_tokens,
                   "joint attention: T text tokens replicated on every rank");
   run->add_option("--cached", o.cached, "tokens in the distributed K/V cache (decode)");
-  run->add_option("--new", o.fresh, "new tokens attending the cache (decode)");
+  run->add_option("--new", o.fresh,
+                  "new tokens attending the cache (decode); with --cached-lens: per request");
+  run->add_option("--cached-lens,--cached_lens", o.cached_lens,
+                  "a batch of requests over the cache: cached tokens P1,P2,... per request, each "
+                  "request's cache split over the ranks by --layout; with --new-lens or --new");
+  run->add_option("--new-lens,--new_lens", o.new_lens,
+                  "new tokens T1,T2,... per request (with --cached-lens)");
   run->add_option("--hardware", o.hardware,
                   "profile for --strategy auto: h100 | h200 | "
                   "cpu-ethernet | local");

@@ -164,6 +164,41 @@ int64_t sharded_seq(const ParallelConfig& c, const AttnShape& s) {
   return c.pad && !s.over_cache() ? padded_seq(s.seq, c.sp(), c.layout) : s.seq;
 }
 
+std::vector<int64_t> shape_cu_seqlens(const AttnShape& s) {
+  if (s.over_cache()) {
+    if (s.cached_lens.empty()) return {};
+    std::vector<int64_t> lens(s.cached_lens.size());
+    for (size_t i = 0; i < lens.size(); ++i)
+      lens[i] = s.cached_lens[i] + (i < s.fresh_lens.size() ? s.fresh_lens[i] : 0);
+    return cu_seqlens(lens);
+  }
+  return s.seq_lens.empty() ? std::vector<int64_t>{} : cu_seqlens(s.seq_lens);
+}
+
+Partition sequence_partition(const ParallelConfig& c, const AttnShape& s) {
+  const int64_t n = sharded_seq(c, s);
+  if (s.seq_lens.empty() || c.layout == Layout::kContiguous) return Partition(n, c.sp(), c.layout);
+  return Partition::documents(s.seq_lens, n, c.sp(), c.layout);
+}
+
+namespace {
+
+// A list of lengths: each >= 1 (within kMaxTokens), their sum `total` (named `total_name`).
+void check_lengths(const char* name, const std::vector<int64_t>& lens, int64_t total,
+                   const char* total_name) {
+  int64_t sum = 0;
+  for (size_t i = 0; i < lens.size(); ++i) {
+    SEQPAR_ARG_CHECK(lens[i] >= 1 && lens[i] <= limits::kMaxTokens, name, "[", i, "] = ", lens[i],
+                     " is invalid; every length must be 1 to ", limits::kMaxTokens);
+    sum += lens[i];
+    SEQPAR_ARG_CHECK(sum <= limits::kMaxTokens, name, " sums past ", limits::kMaxTokens, " tokens");
+  }
+  SEQPAR_ARG_CHECK(sum == total, name, " sum to ", sum, " but ", total_name, " is ", total,
+                   "; the lengths must add up to ", total_name);
+}
+
+}  // namespace
+
 Strategy strategy_for_degrees(int ulysses, int ring, Strategy ring_axis) {
   if (ulysses > 1) return ring > 1 ? Strategy::kUsp : Strategy::kUlysses;
   SEQPAR_ARG_CHECK(ring_axis == Strategy::kRing || ring_axis == Strategy::kAllGather, "strategy ",
@@ -262,20 +297,40 @@ void validate_config(const ParallelConfig& c, const AttnShape& s) {
                      " sequence-parallel ranks needs at least one cached token");
     SEQPAR_ARG_CHECK(!c.pad && s.text_tokens == 0, "a K/V cache (cached, new) takes no pad ",
                      "and no text_tokens");
+    SEQPAR_ARG_CHECK(s.seq_lens.empty(), "seq_lens describe a sequence; over a K/V cache give ",
+                     "cached_lens and fresh_lens (one per request)");
+    SEQPAR_ARG_CHECK(s.cached_lens.size() == s.fresh_lens.size(), "cached_lens (",
+                     s.cached_lens.size(), " requests) and fresh_lens (", s.fresh_lens.size(),
+                     " requests) must have one length per request");
+    if (!s.cached_lens.empty()) {
+      check_lengths("cached_lens", s.cached_lens, s.cached, "cached");
+      check_lengths("fresh_lens", s.fresh_lens, s.fresh, "new");
+    }
     return;
   }
+  SEQPAR_ARG_CHECK(
+      s.cached_lens.empty() && s.fresh_lens.empty(), "cached_lens and fresh_lens ",
+      "describe requests over a K/V cache (cached, new); over a sequence give seq_lens");
   SEQPAR_ARG_CHECK(!runs_over_cache(st), "strategy ", strategy_name(st), " runs over a K/V ",
                    "cache: cached ", s.cached, " and new ", s.fresh, " must both be at least 1");
   check_range("seq", s.seq, 1, limits::kMaxTokens);
-  const int64_t n = sharded_seq(c, s);
   SEQPAR_ARG_CHECK(sp <= s.seq, sp, " sequence-parallel ranks exceed seq ", s.seq,
                    "; every rank needs a real token: at most ", s.seq, " ranks");
+  if (!s.seq_lens.empty()) {
+    check_lengths("seq_lens", s.seq_lens, s.seq, "seq");
+    SEQPAR_ARG_CHECK(c.schedule != ScheduleKind::kSteal, "schedule 'steal' balances one ",
+                     "causal sequence; with seq_lens (packed documents) use layout 'zigzag', ",
+                     "which is balanced per document");
+    SEQPAR_ARG_CHECK(s.text_tokens == 0, "text_tokens (joint attention) with seq_lens (packed ",
+                     "documents) is not supported; give one or the other");
+    (void)sequence_partition(c, s);  // every rank holds a token
+  }
   if (st == Strategy::kUlysses || st == Strategy::kUsp) {
     CpOptions opts;
     opts.ulysses_mode = c.ulysses_mode;
     opts.softmax = c.softmax;
     opts.schedule = c.schedule;
-    check_strategy_shape(st, Partition(n, sp, c.layout), s.heads / m.tp,
+    check_strategy_shape(st, sequence_partition(c, s), s.heads / m.tp,
                          std::max<int64_t>(1, s.kv() / m.tp), m.ulysses, opts);
   }
 }

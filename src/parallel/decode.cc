@@ -8,12 +8,12 @@
 // passkv: ring_over_blocks with the K/V shards as blocks and the queries staying.
 #include "seqpar/parallel/decode.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 
 #include "schedule_build.h"
-#include "strategy_common.h"
 #include "seqpar/core/timer.h"
 #include "strategy_common.h"
 
@@ -37,6 +37,68 @@ KvPlacement decode_placement(int64_t cached, int64_t fresh, int ranks, Layout la
     auto c = cache.positions(r);
     p.kv_pos[r].assign(c.begin(), c.end());
     p.kv_pos[r].insert(p.kv_pos[r].end(), p.q_pos[r].begin(), p.q_pos[r].end());
+  }
+  return p;
+}
+
+RequestRuns request_runs(std::span<const int64_t> cached_lens, std::span<const int64_t> fresh_lens,
+                         int ranks, Layout layout) {
+  SEQPAR_ARG_CHECK(!cached_lens.empty() && cached_lens.size() == fresh_lens.size(), "cached_lens (",
+                   cached_lens.size(), ") and fresh_lens (", fresh_lens.size(),
+                   ") must give one length per request, at least one request");
+  SEQPAR_ARG_CHECK(ranks >= 1, "ranks ", ranks, " is invalid; it must be at least 1");
+  // Request i occupies [off_i, off_i + P_i + T_i): its cache split by `layout` (the caches as
+  // pieces of piece_layout_runs), its new tokens split as decode_placement splits them.
+  const size_t m = cached_lens.size();
+  std::vector<int64_t> starts(m), offsets(m + 1, 0);
+  for (size_t i = 0; i < m; ++i) {
+    SEQPAR_ARG_CHECK(cached_lens[i] >= 1 && fresh_lens[i] >= 1, "request ", i, ": cached_lens ",
+                     cached_lens[i], " and fresh_lens ", fresh_lens[i], " must both be at least 1");
+    starts[i] = offsets[i];
+    offsets[i + 1] = offsets[i] + cached_lens[i] + fresh_lens[i];
+  }
+  const std::vector<PositionRuns> cache = piece_layout_runs(starts, cached_lens, ranks, layout);
+  RequestRuns out;
+  out.q.resize(ranks);
+  out.kv.resize(ranks);
+  std::vector<size_t> next_piece(ranks, 0);  // cache runs of each rank, in request order
+  for (size_t i = 0; i < m; ++i) {
+    const int64_t t = fresh_lens[i];
+    int64_t next = offsets[i] + cached_lens[i];
+    for (int r = 0; r < ranks; ++r) {
+      const std::vector<PositionRun>& own = cache[r];
+      while (next_piece[r] < own.size() && own[next_piece[r]].start < offsets[i + 1])
+        out.kv[r].push_back(own[next_piece[r]++]);
+      const int64_t share = t / ranks + (r >= ranks - t % ranks ? 1 : 0);
+      if (share > 0) {
+        const PositionRun fresh{next, share, 1};
+        out.q[r].push_back(fresh);
+        out.kv[r].push_back(fresh);
+      }
+      next += share;
+    }
+  }
+  for (int r = 0; r < ranks; ++r)
+    SEQPAR_ARG_CHECK(!out.kv[r].empty(), "rank ", r, " of ", ranks, " would hold no K/V token of ",
+                     "the ", m, " requests (cached_lens, fresh_lens); use fewer ranks or longer ",
+                     "caches");
+  return out;
+}
+
+KvPlacement decode_placement(std::span<const int64_t> cached_lens,
+                             std::span<const int64_t> fresh_lens, int ranks, Layout layout) {
+  const RequestRuns rr = request_runs(cached_lens, fresh_lens, ranks, layout);
+  KvPlacement p;
+  p.kv_pos.resize(ranks);
+  p.q_pos.resize(ranks);
+  auto expand = [](const PositionRuns& runs, std::vector<int64_t>& pos) {
+    for (const PositionRun& run : runs)
+      for (int64_t i = 0; i < run.count; ++i) pos.push_back(run.start + i * run.stride);
+    std::sort(pos.begin(), pos.end());
+  };
+  for (int r = 0; r < ranks; ++r) {
+    expand(rr.q[r], p.q_pos[r]);
+    expand(rr.kv[r], p.kv_pos[r]);
   }
   return p;
 }

@@ -22,6 +22,8 @@ JointState joint_attention(Strategy strategy, SpComms& comms, const Partition& p
   Communicator& comm = comms.sp();
   SEQPAR_ARG_CHECK(!opts.causal,
                    "joint attention (text tokens) is bidirectional; causal must be false");
+  SEQPAR_ARG_CHECK(opts.cu_seqlens.empty(), "joint attention (text tokens) with packed ",
+                   "documents (cu_seqlens) is not supported; give one or the other");
   SEQPAR_ARG_CHECK(text_q.ndim() == 4 && text_k.ndim() == 4 && text_k.shape() == text_v.shape() &&
                        text_q.dim(1) == text_k.dim(1) && text_q.dim(2) == q.dim(2) &&
                        text_k.dim(2) == k.dim(2) && text_q.dim(3) == q.dim(3) &&

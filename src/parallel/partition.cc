@@ -4,6 +4,8 @@
 #include <cstring>
 #include <numeric>
 
+#include "seqpar/parallel/position_runs.h"
+
 namespace seqpar {
 
 std::string_view layout_name(Layout layout) {
@@ -89,6 +91,56 @@ Partition Partition::from_positions(std::vector<std::vector<int64_t>> positions)
   part.layout_ = Layout::kCustom;
   part.positions_ = std::move(positions);
   return part;
+}
+
+Partition Partition::documents(std::span<const int64_t> seq_lens, int64_t seq, int ranks,
+                               Layout layout) {
+  const std::vector<int64_t> cu = cu_seqlens(seq_lens);
+  SEQPAR_ARG_CHECK(ranks >= 1, "ranks ", ranks, " is invalid; it must be at least 1");
+  SEQPAR_ARG_CHECK(seq >= cu.back(), "seq ", seq, " is shorter than the ", cu.back(),
+                   " tokens of seq_lens");
+  std::vector<int64_t> starts(cu.begin(), cu.end() - 1), lens(seq_lens.begin(), seq_lens.end());
+  if (seq > cu.back()) {  // padding: one more piece after the last document
+    starts.push_back(cu.back());
+    lens.push_back(seq - cu.back());
+  }
+  const std::vector<PositionRuns> runs = piece_layout_runs(starts, lens, ranks, layout);
+  std::vector<std::vector<int64_t>> pos(ranks);
+  for (int r = 0; r < ranks; ++r) {
+    for (const PositionRun& run : runs[r])
+      for (int64_t i = 0; i < run.count; ++i) pos[r].push_back(run.start + i * run.stride);
+    std::sort(pos[r].begin(), pos[r].end());
+    SEQPAR_ARG_CHECK(!pos[r].empty(), "rank ", r, " of ", ranks, " would hold no token of the ",
+                     seq_lens.size(), " documents in seq_lens split by layout ",
+                     layout_name(layout), " per document; use fewer ranks or longer documents");
+  }
+  Partition part = from_positions(std::move(pos));
+  part.layout_ = layout;
+  return part;
+}
+
+std::vector<int64_t> cu_seqlens(std::span<const int64_t> seq_lens) {
+  std::vector<int64_t> cu(1, 0);
+  cu.reserve(seq_lens.size() + 1);
+  for (size_t i = 0; i < seq_lens.size(); ++i) {
+    SEQPAR_ARG_CHECK(seq_lens[i] >= 1, "seq_lens[", i, "] = ", seq_lens[i],
+                     " is invalid; every document length must be at least 1");
+    SEQPAR_ARG_CHECK(cu.back() <= INT64_MAX - seq_lens[i], "seq_lens sum overflows");
+    cu.push_back(cu.back() + seq_lens[i]);
+  }
+  return cu;
+}
+
+int32_t document_of(std::span<const int64_t> cu, int64_t pos) {
+  if (cu.size() < 2) return 0;
+  return static_cast<int32_t>(std::upper_bound(cu.begin() + 1, cu.end() - 1, pos) - cu.begin() -
+                              (pos < cu.back() ? 1 : 0));
+}
+
+std::vector<int32_t> document_ids(std::span<const int64_t> cu, std::span<const int64_t> positions) {
+  std::vector<int32_t> ids(positions.size());
+  for (size_t i = 0; i < positions.size(); ++i) ids[i] = document_of(cu, positions[i]);
+  return ids;
 }
 
 int64_t Partition::max_count() const {

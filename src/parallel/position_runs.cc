@@ -1,8 +1,11 @@
 #include "seqpar/parallel/position_runs.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <utility>
 
 #include "seqpar/core/error.h"
+#include "seqpar/parallel/partition.h"
 
 namespace seqpar {
 
@@ -125,15 +128,104 @@ PositionRuns runs_of(std::span<const int64_t> positions) {
   return runs;
 }
 
-int64_t visible_pairs(const PositionRuns& q, const PositionRuns& k, bool causal,
-                      int64_t valid_len) {
-  int64_t pairs = 0;
+namespace {
+
+// The pieces of run r inside each document (document_of: positions past the last document form
+// one more), appended to out as (document, piece).
+void split_by_document(const PositionRun& r, std::span<const int64_t> cu,
+                       std::vector<std::pair<int64_t, PositionRun>>& out) {
+  const int64_t docs = static_cast<int64_t>(cu.size()) - 1;
+  for (int64_t i = 0; i < r.count;) {
+    const int64_t p = r.start + i * r.stride;
+    const int64_t d = document_of(cu, p);
+    const int64_t end = d < docs ? cu[d + 1] : INT64_MAX;  // the document's positions are < end
+    const int64_t stop =
+        end == INT64_MAX ? r.count : std::min(r.count, (end - 1 - r.start) / r.stride + 1);
+    out.push_back({d, {p, stop - i, r.stride}});
+    i = stop;
+  }
+}
+
+}  // namespace
+
+int64_t visible_pairs(const PositionRuns& q, const PositionRuns& k, bool causal, int64_t valid_len,
+                      std::span<const int64_t> cu_seqlens) {
+  auto pairs_of = [causal](const PositionRun& qr, const PositionRun& kv) {
+    return causal ? causal_pairs(qr, kv) : qr.count * kv.count;
+  };
+  if (cu_seqlens.empty()) {
+    int64_t pairs = 0;
+    for (const auto& kr : k) {
+      const PositionRun kv = valid_len > 0 ? clip_below(kr, valid_len) : kr;
+      if (kv.count == 0) continue;
+      for (const auto& qr : q) pairs += pairs_of(qr, kv);
+    }
+    return pairs;
+  }
+  // Documents: both sides cut into per-document pieces, and pieces of one document paired.
+  std::vector<std::pair<int64_t, PositionRun>> qp, kp;
+  for (const auto& qr : q) split_by_document(qr, cu_seqlens, qp);
   for (const auto& kr : k) {
     const PositionRun kv = valid_len > 0 ? clip_below(kr, valid_len) : kr;
-    if (kv.count == 0) continue;
-    for (const auto& qr : q) pairs += causal ? causal_pairs(qr, kv) : qr.count * kv.count;
+    if (kv.count > 0) split_by_document(kv, cu_seqlens, kp);
+  }
+  auto by_doc = [](const auto& a, const auto& b) { return a.first < b.first; };
+  std::stable_sort(qp.begin(), qp.end(), by_doc);
+  std::stable_sort(kp.begin(), kp.end(), by_doc);
+  int64_t pairs = 0;
+  size_t j = 0;
+  for (size_t i = 0; i < qp.size();) {
+    const int64_t d = qp[i].first;
+    size_t i_end = i;
+    while (i_end < qp.size() && qp[i_end].first == d) ++i_end;
+    while (j < kp.size() && kp[j].first < d) ++j;
+    for (size_t jj = j; jj < kp.size() && kp[jj].first == d; ++jj)
+      for (size_t ii = i; ii < i_end; ++ii) pairs += pairs_of(qp[ii].second, kp[jj].second);
+    i = i_end;
   }
   return pairs;
+}
+
+std::vector<PositionRuns> piece_layout_runs(std::span<const int64_t> starts,
+                                            std::span<const int64_t> lens, int ranks,
+                                            Layout layout) {
+  SEQPAR_ARG_CHECK(starts.size() == lens.size() && ranks >= 1, "piece_layout_runs: ", starts.size(),
+                   " starts, ", lens.size(), " lengths, ranks ", ranks);
+  SEQPAR_ARG_CHECK(layout != Layout::kCustom, "piece_layout_runs: a custom layout has no rule");
+  const int64_t n = ranks;
+  std::vector<PositionRuns> out(ranks);
+  int64_t o = 0;  // the rank the next piece's first extra token goes to
+  for (size_t i = 0; i < starts.size(); ++i) {
+    const int64_t start = starts[i], len = lens[i];
+    if (len <= 0) continue;
+    if (layout == Layout::kStriped) {
+      for (int64_t r = 0; r < n; ++r) {
+        const int64_t first = ((r - o) % n + n) % n;  // the first j with (o + j) mod N == r
+        if (first < len) out[r].push_back({start + first, (len - first + n - 1) / n, n});
+      }
+      o = (o + len) % n;
+      continue;
+    }
+    const bool zigzag = layout == Layout::kZigzag;
+    const int64_t chunks = zigzag ? 2 * n : n, base = len / chunks, extra = len % chunks;
+    std::vector<int64_t> chunk(chunks, base);
+    for (int64_t x = 0; x < extra; ++x) {
+      if (x < n) {
+        ++chunk[(o + x) % n];  // rank (o + x)'s first chunk
+      } else {
+        const int64_t r = ((o - 1 - (x - n)) % n + n) % n;  // ranks o-1, o-2, ...: second chunk
+        ++chunk[2 * n - 1 - r];
+      }
+    }
+    if (extra < n) o = (o + extra) % n;
+    int64_t next = start;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t r = c < n ? c : 2 * n - 1 - c;
+      if (chunk[c] > 0) out[r].push_back({next, chunk[c], 1});
+      next += chunk[c];
+    }
+  }
+  return out;
 }
 
 }  // namespace seqpar

@@ -134,14 +134,17 @@ AttnJob resolve_job(ParallelConfig config, const AttnShape& shape, int ranks, bo
   job.cp.ulysses_mode = config.ulysses_mode;
   job.cp.softmax = config.softmax;
   job.cp.schedule = config.schedule;
+  job.cp.cu_seqlens = shape_cu_seqlens(job.shape);
   if (job.over_cache()) {
     job.padded_seq = job.shape.seq;
-    job.place = decode_placement(shape.cached, shape.fresh, ranks, config.layout);
+    job.place = shape.cached_lens.empty()
+                    ? decode_placement(shape.cached, shape.fresh, ranks, config.layout)
+                    : decode_placement(shape.cached_lens, shape.fresh_lens, ranks, config.layout);
     return job;
   }
   job.padded_seq = sharded_seq(config, shape);
   if (job.padded_seq != shape.seq) job.cp.valid_len = shape.seq;
-  job.part = Partition(job.padded_seq, ranks, config.layout);
+  job.part = sequence_partition(config, job.shape);
   return job;
 }
 
@@ -325,6 +328,14 @@ Verification verify_call(Communicator& comm, const AttnJob& job, uint64_t seed,
     params.mask.causal = s.causal;
     params.mask.k_pos = key_pos;
     params.mask.q_pos = order;
+    // Packed documents: the same segments (document_of) as the strategies' kernels.
+    std::vector<int32_t> q_doc, k_doc;
+    if (!job.cp.cu_seqlens.empty()) {
+      q_doc = document_ids(job.cp.cu_seqlens, order);
+      k_doc = document_ids(job.cp.cu_seqlens, key_pos);
+      params.mask.q_segment = q_doc;
+      params.mask.k_segment = k_doc;
+    }
     Tensor qs = synthetic_rows(seed, SyntheticTensor::kQ, B, order, H, D, s.dtype);
     AttnState ref = reference_attention(qs, kf, vf, params);
     for (int64_t j = 0; j < ns; ++j)

@@ -46,7 +46,9 @@ int64_t schedule_work(const Schedule& s, int rank) {
 bool CallRuns::hidden(const PositionRuns& qr, const PositionRuns& kr) const {
   if (run_count(qr) == 0 || run_count(kr) == 0) return true;
   if (valid_len > 0 && run_min(kr) >= valid_len) return true;
-  return causal && run_min(kr) > run_max(qr);
+  if (causal && run_min(kr) > run_max(qr)) return true;
+  return !cu.empty() && (document_of(cu, run_max(kr)) < document_of(cu, run_min(qr)) ||
+                         document_of(cu, run_min(kr)) > document_of(cu, run_max(qr)));
 }
 
 namespace {
@@ -60,6 +62,7 @@ CallRuns sizes(const AttnShape& s) {
   c.e = dtype_size(s.dtype);
   c.causal = s.causal;
   c.text_tokens = s.text_tokens;
+  c.cu = shape_cu_seqlens(s);
   return c;
 }
 
@@ -80,6 +83,17 @@ CallRuns sequence_runs(const ParallelConfig& cfg, const AttnShape& s) {
   const int n = cfg.sp();
   c.seq = sharded_seq(cfg, s);
   if (c.seq != s.seq) c.valid_len = s.seq;
+  if (!s.seq_lens.empty() && cfg.layout != Layout::kContiguous) {
+    // Partition::documents' rule: every document (and the padding after them) on its own.
+    std::vector<int64_t> starts(c.cu.begin(), c.cu.end() - 1), lens(s.seq_lens);
+    if (c.seq > s.seq) {
+      starts.push_back(s.seq);
+      lens.push_back(c.seq - s.seq);
+    }
+    c.q = piece_layout_runs(starts, lens, n, cfg.layout);
+    c.kv = c.q;
+    return c;
+  }
   for (int r = 0; r < n; ++r) {
     c.q.push_back(layout_runs(c.seq, n, cfg.layout, r));
     c.kv.push_back(c.q.back());
@@ -90,6 +104,13 @@ CallRuns sequence_runs(const ParallelConfig& cfg, const AttnShape& s) {
 CallRuns cache_runs(const ParallelConfig& cfg, const AttnShape& s) {
   CallRuns c = sizes(s);
   const int n = cfg.sp();
+  c.seq = s.cached + s.fresh;
+  if (!s.cached_lens.empty()) {
+    RequestRuns rr = request_runs(s.cached_lens, s.fresh_lens, n, cfg.layout);
+    c.q = std::move(rr.q);
+    c.kv = std::move(rr.kv);
+    return c;
+  }
   // decode_placement's rule on runs: the first ranks get floor(T/N) new tokens, the last T mod N
   // one more.
   int64_t next = s.cached;

@@ -20,13 +20,14 @@ struct CallRuns {
   int64_t valid_len = 0;  // keys at positions >= valid_len are padding (0: none)
   int64_t text_tokens = 0;
   int64_t seq = 0;  // sharded tokens (padding included; over a cache: K/V tokens)
+  std::vector<int64_t> cu;  // packed documents (CpOptions::cu_seqlens); empty: one
   std::vector<PositionRuns> q, kv;
   int n() const { return static_cast<int>(q.size()); }
   int64_t visible(const PositionRuns& qr, const PositionRuns& kr) const {
-    return visible_pairs(qr, kr, causal, valid_len);
+    return visible_pairs(qr, kr, causal, valid_len, cu);
   }
-  // fully_hidden (strategy_common.h) on runs: no queries or keys, all padding, or causal with
-  // every key after every query.
+  // fully_hidden (strategy_common.h) on runs: no queries or keys, all padding, causal with
+  // every key after every query, or documents that do not meet.
   bool hidden(const PositionRuns& qr, const PositionRuns& kr) const;
   // Bytes of a merge of `rows` query rows of `heads` heads into an accumulator: read both
   // states, write one (fp32 out and lse).
@@ -39,6 +40,13 @@ struct CallRuns {
 CallRuns sequence_runs(const ParallelConfig& c, const AttnShape& s);
 // Over a K/V cache: decode_placement's positions (cache in c's layout, new tokens appended).
 CallRuns cache_runs(const ParallelConfig& c, const AttnShape& s);
+// decode_placement's per-request rule as runs (decode.cc): per rank, its new tokens (queries) and
+// its K/V (every request's cache share, then its new tokens, request by request).
+struct RequestRuns {
+  std::vector<PositionRuns> q, kv;
+};
+RequestRuns request_runs(std::span<const int64_t> cached_lens, std::span<const int64_t> fresh_lens,
+                         int ranks, Layout layout);
 // From explicit positions (any Partition; KvPlacement).
 CallRuns partition_runs(const Partition& part, int64_t batch, int64_t heads, int64_t kv_heads,
                         int64_t head_dim, size_t elem_bytes);

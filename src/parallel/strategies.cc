@@ -115,8 +115,12 @@ void check_strategy_shape(Strategy strategy, const Partition& part, int64_t head
       SEQPAR_ARG_CHECK(part.count(r) == part.count(first), "ulysses_mode 'strict' needs equal ",
                        "shards in a Ulysses group, but rank ", first, " holds ", part.count(first),
                        " tokens and rank ", r, " holds ", part.count(r), " (seq ", part.seq(),
-                       " on ", n, " ranks, remainder ", part.seq() % n, "); pad to ",
-                       (part.seq() + n - 1) / n * n, " tokens (pad), or use ulysses_mode 'uaa'");
+                       " on ", n, " ranks, remainder ", part.seq() % n, "); ",
+                       part.seq() % n != 0 || part.layout() == Layout::kCustom
+                           ? detail::concat("pad to ", (part.seq() + n - 1) / n * n,
+                                            " tokens (pad), or use ulysses_mode 'uaa'")
+                           : std::string("packed documents (seq_lens) split per document: "
+                                         "use layout 'contiguous', or ulysses_mode 'uaa'"));
     }
   }
   if (strategy == Strategy::kUsp && opts.ulysses_mode == UlyssesMode::kStrict) {
@@ -155,6 +159,12 @@ KernelCall::KernelCall(const CpOptions& opts, std::span<const int64_t> q_pos,
         std::copy(k_valid_.begin(), k_valid_.begin() + sk, k_valid_.begin() + b * sk);
       params.mask.k_valid = k_valid_;
     }
+  }
+  if (!opts.cu_seqlens.empty()) {
+    q_segment_ = document_ids(opts.cu_seqlens, q_pos);
+    k_segment_ = document_ids(opts.cu_seqlens, k_pos);
+    params.mask.q_segment = q_segment_;
+    params.mask.k_segment = k_segment_;
   }
 }
 

@@ -21,7 +21,8 @@ void validate_local_shapes(const Communicator& comm, const Partition& part, cons
 bool standard_gqa(IndexRange q, IndexRange kv, int64_t group);
 
 // Kernel parameters for queries at q_pos attending keys at k_pos under opts, with the padding
-// mask (keys at positions >= opts.valid_len) for `batch` rows when padding is on. Holds the mask
+// mask (keys at positions >= opts.valid_len) for `batch` rows when padding is on, and the
+// document ids (q_segment, k_segment: document_of) with opts.cu_seqlens. Holds the mask
 // storage, so it is neither copied nor moved; `params` refers into it.
 class KernelCall {
  public:
@@ -33,16 +34,22 @@ class KernelCall {
 
  private:
   std::vector<uint8_t> k_valid_;
+  std::vector<int32_t> q_segment_, k_segment_;
 };
 
-// True if the mask hides every (query, key) pair: every key is padding, or causal and every key
-// comes after every query.
+// True if the mask hides every (query, key) pair: every key is padding, causal and every key
+// comes after every query, or (documents) the queries' documents and the keys' documents span
+// ranges that do not meet.
 inline bool fully_hidden(const CpOptions& opts, std::span<const int64_t> q_pos,
                          std::span<const int64_t> k_pos) {
   if (q_pos.empty() || k_pos.empty()) return true;
-  const int64_t k_min = *std::min_element(k_pos.begin(), k_pos.end());
-  if (opts.valid_len > 0 && k_min >= opts.valid_len) return true;
-  return opts.causal && k_min > *std::max_element(q_pos.begin(), q_pos.end());
+  const auto [k_min, k_max] = std::minmax_element(k_pos.begin(), k_pos.end());
+  const auto [q_min, q_max] = std::minmax_element(q_pos.begin(), q_pos.end());
+  if (opts.valid_len > 0 && *k_min >= opts.valid_len) return true;
+  if (opts.causal && *k_min > *q_max) return true;
+  const auto& cu = opts.cu_seqlens;
+  return !cu.empty() && (document_of(cu, *k_max) < document_of(cu, *q_min) ||
+                         document_of(cu, *k_min) > document_of(cu, *q_max));
 }
 
 // ---- const-max softmax (src/parallel/const_max.cc; docs/algorithms.md "const-max ring") ----

@@ -78,6 +78,29 @@ check_bad "contiguous" run --ranks 4 --seq 64 --heads 4 --strategy ring --schedu
 check_bad "schedule" run --ranks 4 --seq 64 --heads 4 --strategy ulysses --schedule steal
 out=$("$bin" plan --seq 65536 --heads 32 --kv-heads 8 --head-dim 128 --causal --ranks 8 --schedule steal --json)
 python3 -c 'import json,sys; d=json.loads(sys.argv[1]); m=d["meshes"]; sys.exit(0 if m and all(x["schedule"] == "steal" and x["strategy"] == "ring" for x in m) else 1)' "$out" && ok || bad "plan --schedule steal"
+# 2b. packed documents (varlen): every strategy verified with the document mask; requests over a
+# cache; malformed lists exit 2 naming the flag.
+docs="--seq-lens 300,17,1,90,211,5"
+for layout in contiguous zigzag; do
+  for st in ring allgather ulysses usp; do
+    expect_ok "varlen $st $layout" "$bin" run --strategy $st --layout $layout --ranks 4 $docs --heads 4 --kv-heads 2 --causal $small
+  done
+  expect_ok "varlen ring const-max $layout" "$bin" run --strategy ring --softmax const-max --layout $layout --ranks 3 $docs --heads 4 --causal $small
+  expect_ok "varlen passq $layout" "$bin" run --strategy passq --layout $layout --ranks 3 --cached-lens 50,1,120,20 --new 1 --heads 4 --kv-heads 2 --causal $small
+  expect_ok "varlen passkv $layout" "$bin" run --strategy passkv --layout $layout --ranks 3 --cached-lens 50,1,120,20 --new-lens 3,1,9,1 --heads 4 --causal $small
+done
+expect_ok "varlen ulysses strict pad" "$bin" run --strategy ulysses --ulysses-mode strict --pad --ranks 4 $docs --heads 4 --causal $small
+out=$("$bin" run --strategy ring --layout zigzag --ranks 4 $docs --seq 624 --heads 2 --head-dim 8 --causal --json --repeat 1)
+[ "$(json_get "$out" seq_lens)" = "[300, 17, 1, 90, 211, 5]" ] && ok || bad "seq_lens in the JSON: $(json_get "$out" seq_lens)"
+check_bad "--seq-lens item 2 ''" $base --seq-lens 3,,61
+check_bad "--seq-lens item 2 '0'" $base --seq-lens 3,0,61
+check_bad "--seq-lens item 1 'x'" $base --seq-lens x,64
+check_bad "--seq-lens item 1 '1.5'" $base --seq-lens 1.5,62
+check_bad "--seq-lens sum to 60 but --seq is 64" $base --seq-lens 30,30
+check_bad "--text-tokens" run --ranks 2 --seq-lens 30,30 --text-tokens 4 --heads 4
+check_bad "--cached-lens item 2 '-3'" run --ranks 2 --strategy passq --cached-lens 5,-3 --new 1 --heads 4
+check_bad "--new-lens has 1 items" run --ranks 2 --strategy passq --cached-lens 5,3 --new-lens 1 --heads 4
+check_bad "--new-lens needs --cached-lens" run --ranks 2 --strategy passq --cached 8 --new-lens 1 --heads 4
 
 # 3. seqpar model: verified against one rank.
 expect_ok "dit cfg2 tp2 ring2" "$bin" model --preset tiny-dit --cfg 2 --tp 2 --ring-degree 2 --verify --json
@@ -107,6 +130,8 @@ if [ -n "$mpiexec" ]; then
   expect_ok "mpi passq" "${mpi[@]}" -n 4 "$bin" run --backend mpi --strategy passq --cached 2000 --new 3 --heads 4 --causal $small
   expect_ok "mpi passq ring" "${mpi[@]}" -n 4 "$bin" run --backend mpi --strategy passq --schedule ring --cached 2000 --new 3 --heads 4 --causal $small
   expect_ok "mpi ring steal" "${mpi[@]}" -n 4 "$bin" run --backend mpi --strategy ring --schedule steal --seq 517 --heads 4 --causal $small
+  expect_ok "mpi varlen usp zigzag" "${mpi[@]}" -n 4 "$bin" run --backend mpi --strategy usp --ulysses-degree 2 --layout zigzag --seq-lens 300,17,1,90,211 --heads 4 --causal $small
+  expect_ok "mpi varlen passkv" "${mpi[@]}" -n 3 "$bin" run --backend mpi --strategy passkv --cached-lens 50,1,120 --new-lens 2,1,3 --heads 4 --causal $small
   expect_ok "mpi joint" "${mpi[@]}" -n 2 "$bin" run --backend mpi --strategy ulysses --seq 100 --text-tokens 9 --heads 4 $small
   expect_ok "mpi model dit" "${mpi[@]}" -n 4 "$bin" model --backend mpi --preset tiny-dit --cfg 2 --ring-degree 2 --verify --json
   expect_ok "mpi model llm" "${mpi[@]}" -n 4 "$bin" model --backend mpi --preset tiny-llm --tp 2 --ulysses-degree 2 --prompt-len 300 --decode 8 --verify --json

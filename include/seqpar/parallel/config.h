@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "seqpar/core/dtype.h"
 #include "seqpar/parallel/partition.h"
@@ -111,6 +112,11 @@ std::string config_label(const ParallelConfig& c);
 // One attention call: B sequences of `seq` sharded tokens (over a cache: seq = cached + fresh),
 // H query heads and Hkv key/value heads of D dimensions (kv_heads 0: heads), and T replicated text
 // tokens of joint attention.
+// Packed sequences (varlen): seq_lens, the lengths of the documents packed into the sequence in
+// order (sum = seq; empty: one document); a token attends only keys of its own document (and
+// causal on global positions). Over a cache, a batch of requests packed one after another:
+// request i is cached_lens[i] cached tokens then fresh_lens[i] new ones, a document each
+// (cached = sum cached_lens, fresh = sum fresh_lens; empty: one request).
 struct AttnShape {
   int64_t batch = 1;
   int64_t seq = 0;
@@ -119,10 +125,16 @@ struct AttnShape {
   int64_t text_tokens = 0;
   int64_t cached = 0, fresh = 0;  // over a K/V cache: P cached tokens and T new ones
   DType dtype = DType::kF32;
+  std::vector<int64_t> seq_lens{};                  // packed documents (varlen)
+  std::vector<int64_t> cached_lens{}, fresh_lens{};  // packed requests over a cache
   int64_t kv() const { return kv_heads == 0 ? heads : kv_heads; }
   bool over_cache() const { return cached > 0 || fresh > 0; }
   bool operator==(const AttnShape&) const = default;
 };
+
+// The documents of s as cu_seqlens (partition.h): seq_lens' prefix sums over a sequence, each
+// request's cached + new tokens over a cache; empty when s has one document.
+std::vector<int64_t> shape_cu_seqlens(const AttnShape& s);
 
 // The padding rule: with pad, a sequence of `seq` tokens over `sp` ranks is padded to the next
 // multiple of sp (of 2·sp for zigzag, whose 2·sp chunks are then equal); the padding keys are
@@ -131,6 +143,12 @@ int64_t pad_multiple(int sp, Layout layout);
 int64_t padded_seq(int64_t seq, int sp, Layout layout);
 // The sharded length config c runs shape s at: padded_seq when c.pad, else s.seq.
 int64_t sharded_seq(const ParallelConfig& c, const AttnShape& s);
+
+// The partition config c runs the sequence of shape s with: Partition(sharded_seq, sp, layout),
+// or with seq_lens and a zigzag or striped layout Partition::documents (each document split on
+// its own; the padding after the last document). Contiguous stays contiguous over the packed
+// sequence.
+Partition sequence_partition(const ParallelConfig& c, const AttnShape& s);
 
 // The strategy that degrees imply on a model's mesh: usp when ulysses and ring are both above 1,
 // ulysses when only ulysses is, else `ring_axis` (ring or allgather; InvalidArgument otherwise).
@@ -147,7 +165,9 @@ void fill_sp_degrees(ParallelConfig& c, int n, int64_t heads);
 // the kind of call (sequence or cache), the options against the strategy (const-max needs a
 // ring, text tokens are bidirectional and not over a cache, a cache is not padded), the shape
 // (heads divisible by kv_heads and tp, kv_heads splittable by tp, every sequence-parallel rank
-// holds a token, strict Ulysses shapes). InvalidArgument with one line naming what was wrong and
+// holds a token, strict Ulysses shapes), the documents (seq_lens summing to seq, each >= 1; over a
+// cache cached_lens and fresh_lens of one length summing to cached and new; no text_tokens with
+// documents). InvalidArgument with one line naming what was wrong and
 // what would be valid.
 void validate_config(const ParallelConfig& c, const AttnShape& s);
 

@@ -32,6 +32,14 @@ struct KvPlacement {
 // contiguously (floor or ceil of T/N each; with T < N the last T ranks get one each, as decode
 // appends the newest token to the last rank).
 KvPlacement decode_placement(int64_t cached, int64_t fresh, int ranks, Layout layout);
+// A batch of requests packed one after another (varlen): request i is cached_lens[i] cached
+// tokens then fresh_lens[i] new ones, a document of its own (AttnShape::cached_lens,
+// fresh_lens; CpOptions::cu_seqlens = shape_cu_seqlens). Every request's cache is split over the
+// ranks by `layout` on its own (position_runs.h piece_layout_runs: a cache shorter than the ranks
+// leaves some ranks none of it), its new tokens as above. InvalidArgument if a rank would hold no
+// K/V token.
+KvPlacement decode_placement(std::span<const int64_t> cached_lens,
+                             std::span<const int64_t> fresh_lens, int ranks, Layout layout);
 
 
 // Attention of this rank's queries q (B, Tq_r, H, D) over every rank's K/V (B, Kv_r, Hkv, D).

@@ -4,6 +4,9 @@
 //   striped:    token i on rank i mod N.
 //   zigzag:     2N chunks (lengths differ by at most one); rank r holds chunks r and 2N-1-r,
 //               which balances causal work.
+// Packed sequences (varlen): documents of seq_lens tokens one after another. cu_seqlens and
+// document_of are the one place positions map to documents; Partition::documents splits every
+// document on its own (zigzag per document, as ring-flash-attention's varlen zigzag does).
 // Thread-safety: immutable value once built.
 #pragma once
 
@@ -21,6 +24,16 @@ enum class Layout { kContiguous, kStriped, kZigzag, kCustom };  // kCustom: from
 std::string_view layout_name(Layout layout);
 Layout parse_layout(std::string_view name);  // throws InvalidArgument listing valid names
 
+// Packed documents: cu_seqlens(seq_lens) = {0, l0, l0+l1, ..., sum} (flash-attn's cu_seqlens;
+// lengths >= 1, else InvalidArgument naming seq_lens). document_of(cu, p): the document holding
+// position p, the i with cu[i] <= p < cu[i+1]; positions >= cu.back() (padding after the last
+// document) are document cu.size() - 1, one past the last. cu empty: one document, 0.
+std::vector<int64_t> cu_seqlens(std::span<const int64_t> seq_lens);
+int32_t document_of(std::span<const int64_t> cu_seqlens, int64_t pos);
+// Segment ids (MaskSpec::q_segment / k_segment) of positions: document_of each.
+std::vector<int32_t> document_ids(std::span<const int64_t> cu_seqlens,
+                                  std::span<const int64_t> positions);
+
 class Partition {
  public:
   Partition() = default;
@@ -30,6 +43,13 @@ class Partition {
   static Partition from_counts(std::span<const int64_t> counts);
   // Explicit positions per rank: each ascending, together every token of [0, S) exactly once.
   static Partition from_positions(std::vector<std::vector<int64_t>> positions);
+  // Packed documents of seq_lens tokens followed by seq - sum(seq_lens) padding tokens, each
+  // document (and the padding) split by `layout` on its own (position_runs.h piece_layout_runs):
+  // zigzag per document (layout() reports zigzag), contiguous or striped per document. Contiguous
+  // over the whole packed sequence is Partition(seq, ranks, kContiguous). InvalidArgument if a
+  // rank would hold no token.
+  static Partition documents(std::span<const int64_t> seq_lens, int64_t seq, int ranks,
+                             Layout layout);
 
   int64_t seq() const { return seq_; }
   int ranks() const { return static_cast<int>(positions_.size()); }

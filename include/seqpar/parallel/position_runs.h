@@ -39,7 +39,23 @@ int64_t run_max(const PositionRuns& runs);    // largest position (runs non-empt
 // Positions (ascending or not) as runs: consecutive positions with one stride form one run.
 PositionRuns runs_of(std::span<const int64_t> positions);
 
+// cu_seqlens (packed documents, partition.h) non-empty: only pairs of one document.
 int64_t visible_pairs(const PositionRuns& q, const PositionRuns& k, bool causal,
-                      int64_t valid_len = 0);
+                      int64_t valid_len = 0, std::span<const int64_t> cu_seqlens = {});
+
+// Packed pieces (varlen): piece i holds the positions [starts[i], starts[i] + lens[i]), and each
+// piece is split over `ranks` by `layout` on its own:
+//   contiguous: N chunks, rank r holds chunk r;
+//   zigzag:     2N chunks, rank r holds chunks r and 2N-1-r;
+//   striped:    the piece's j-th token on rank (o + j) mod N.
+// A piece of L tokens gives every chunk floor(L/C) tokens (C chunks) and its L mod C extra ones to
+// the ranks o, o+1, ... (mod N) in turn, a rank's first chunk first (zigzag: then the ranks o-1,
+// o-2, ... their second chunk); o starts at 0 and moves past the ranks served, so the extras of
+// short pieces spread over the ranks instead of piling on rank 0. One piece at o = 0 splits as
+// layout_runs does. Pieces shorter than the ranks leave some ranks none of them.
+// Returns every rank's runs, pieces in the given order.
+std::vector<PositionRuns> piece_layout_runs(std::span<const int64_t> starts,
+                                            std::span<const int64_t> lens, int ranks,
+                                            Layout layout);
 
 }  // namespace seqpar

@@ -12,6 +12,8 @@
 //              2·B·(S-n_r)·Hkv·D·e. K/V memory: own shard plus two blocks in flight.
 //   ulysses:   all-to-all of q, k, v (sequence -> heads), attention, all-to-all of out and lse
 //              (fp32) back; see docs/algorithms.md for the bytes.
+// Packed documents (CpOptions::cu_seqlens): every strategy masks pairs across documents in the
+// kernel and skips blocks whose documents do not meet; the bytes are those above.
 // Each strategy's steps, bytes, work and K/V memory as data: schedule.h.
 // Thread-safety: one call per rank thread; ranks run the same call concurrently.
 #pragma once
@@ -41,6 +43,9 @@ struct CpOptions {
   int64_t valid_len = 0;
   SoftmaxMode softmax = SoftmaxMode::kOnline;
   ScheduleKind schedule = ScheduleKind::kDefault;  // ring: steal; passq: ring
+  // Packed documents (varlen): cu_seqlens (partition.h) of the documents on global positions; a
+  // query attends only keys of its own document. Empty = one document.
+  std::vector<int64_t> cu_seqlens;
 };
 
 // The communicators a strategy runs on: the sequence-parallel group (N ranks) and, for usp, its
