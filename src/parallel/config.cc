@@ -318,8 +318,8 @@ void validate_config(const ParallelConfig& c, const AttnShape& s) {
                    "; every rank needs a real token: at most ", s.seq, " ranks");
   if (!s.seq_lens.empty()) {
     check_lengths("seq_lens", s.seq_lens, s.seq, "seq");
-    SEQPAR_ARG_CHECK(c.schedule != ScheduleKind::kSteal, "schedule 'steal' balances one ",
-                     "causal sequence; with seq_lens (packed documents) use layout 'zigzag', ",
+    SEQPAR_ARG_CHECK(c.schedule != ScheduleKind::kSteal, "schedule 'steal' balances a single ",
+                     "sequence; with seq_lens (packed documents) use layout 'zigzag', ",
                      "which is balanced per document");
     SEQPAR_ARG_CHECK(s.text_tokens == 0, "text_tokens (joint attention) with seq_lens (packed ",
                      "documents) is not supported; give one or the other");
