@@ -68,6 +68,7 @@ ResolvedPlanSpec resolve(const PlanOptions& o) {
   spec.dtype = o.dtype;
   spec.cfg = o.cfg;
   spec.tp = o.tp;
+  spec.sequence_parallel_size = o.sequence_parallel_size;
   spec.ulysses_degree = o.ulysses_degree;
   spec.ring_degree = o.ring_degree;
   spec.strategy = o.strategy;
@@ -383,6 +384,8 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
   p->add_option("--dtype", o.dtype, "fp32 | bf16 | fp16 (default: the profile's)");
   p->add_option("--cfg,--cfg-parallel-size,--cfg_parallel_size", o.cfg, "pin the cfg degree (1 or 2)");
   p->add_option("--tp,--tensor-parallel-size,--tensor_parallel_size", o.tp, "pin the tensor-parallel degree");
+  p->add_option("--sequence-parallel-size,--sequence_parallel_size", o.sequence_parallel_size,
+                "pin ulysses_degree x ring_degree (any split)");
   p->add_option("--ulysses-degree,--ulysses_degree", o.ulysses_degree, "pin the ulysses degree");
   p->add_option("--ring-degree,--ring_degree", o.ring_degree, "pin the ring degree");
   p->add_option("--strategy", o.strategy,

@@ -241,7 +241,7 @@ Tensor Decoder::extend(std::span<const int32_t> tokens, Turn& turn) {
     int64_t next = begin;
     for (int r = 0; r < n; ++r) {
       place.q_pos[r].clear();
-      const int64_t share = T / n + (r >= n - T % n ? 1 : 0);
+      const int64_t share = new_token_share(T, n, r);
       for (int64_t i = 0; i < share; ++i) place.q_pos[r].push_back(next++);
       place.kv_pos[r].insert(place.kv_pos[r].end(), place.q_pos[r].begin(), place.q_pos[r].end());
     }

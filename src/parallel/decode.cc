@@ -20,6 +20,10 @@
 namespace seqpar {
 
 
+int64_t new_token_share(int64_t fresh, int ranks, int rank) {
+  return fresh / ranks + (rank >= ranks - fresh % ranks ? 1 : 0);
+}
+
 KvPlacement decode_placement(int64_t cached, int64_t fresh, int ranks, Layout layout) {
   SEQPAR_ARG_CHECK(cached >= ranks, "cached ", cached, " is too small: each of the ", ranks,
                    " ranks needs at least one cached token");
@@ -32,7 +36,7 @@ KvPlacement decode_placement(int64_t cached, int64_t fresh, int ranks, Layout la
   // newest tokens sit on the last ranks.
   int64_t next = cached;
   for (int r = 0; r < ranks; ++r) {
-    const int64_t share = fresh / ranks + (r >= ranks - fresh % ranks ? 1 : 0);
+    const int64_t share = new_token_share(fresh, ranks, r);
     for (int64_t i = 0; i < share; ++i) p.q_pos[r].push_back(next++);
     auto c = cache.positions(r);
     p.kv_pos[r].assign(c.begin(), c.end());
@@ -69,7 +73,7 @@ RequestRuns request_runs(std::span<const int64_t> cached_lens, std::span<const i
       const std::vector<PositionRun>& own = cache[r];
       while (next_piece[r] < own.size() && own[next_piece[r]].start < offsets[i + 1])
         out.kv[r].push_back(own[next_piece[r]++]);
-      const int64_t share = t / ranks + (r >= ranks - t % ranks ? 1 : 0);
+      const int64_t share = new_token_share(t, ranks, r);
       if (share > 0) {
         const PositionRun fresh{next, share, 1};
         out.q[r].push_back(fresh);

@@ -115,7 +115,7 @@ CallRuns cache_runs(const ParallelConfig& cfg, const AttnShape& s) {
   // one more.
   int64_t next = s.cached;
   for (int r = 0; r < n; ++r) {
-    const int64_t share = s.fresh / n + (r >= n - s.fresh % n ? 1 : 0);
+    const int64_t share = new_token_share(s.fresh, n, r);
     PositionRuns kv = layout_runs(s.cached, n, cfg.layout, r);
     PositionRuns q = range_runs(next, next + share);
     kv.insert(kv.end(), q.begin(), q.end());

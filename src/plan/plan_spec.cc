@@ -55,7 +55,8 @@ void validate(const PlanSpec& o) {
   if (o.ranks_per_node) check_range("ranks_per_node", *o.ranks_per_node, 0, limits::kMaxRanks);
   for (auto [name, v] :
        {std::pair{"cfg", o.cfg}, std::pair{"tp", o.tp}, std::pair{"ulysses_degree", o.ulysses_degree},
-        std::pair{"ring_degree", o.ring_degree}})
+        std::pair{"ring_degree", o.ring_degree},
+        std::pair{"sequence_parallel_size", o.sequence_parallel_size}})
     check_range(name, v, 0, limits::kMaxRanks);
   SEQPAR_ARG_CHECK(
       std::isfinite(o.memory_limit_gb) && o.memory_limit_gb >= 0 && o.memory_limit_gb <= 1e9,
@@ -220,6 +221,7 @@ ResolvedPlanSpec resolve_plan_spec(const PlanSpec& o, HardwareProfile hw) {
   req.tp = static_cast<int>(o.tp);
   req.ulysses = static_cast<int>(o.ulysses_degree);
   req.ring = static_cast<int>(o.ring_degree);
+  req.sp = static_cast<int>(o.sequence_parallel_size);
   (void)limits::checked_product(
       {std::max<int64_t>(o.cfg, 1), std::max<int64_t>(o.tp, 1),
        std::max<int64_t>(o.ulysses_degree, 1), std::max<int64_t>(o.ring_degree, 1)},

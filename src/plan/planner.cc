@@ -64,6 +64,7 @@ void enumerate(const PlanRequest& req, Visit&& visit, Reject&& reject_degrees) {
         continue;
       }
       const int sp = world / cfg / tp;
+      if (req.sp != 0 && req.sp != sp) continue;
       for (int u : divisors(sp)) {
         const int r = sp / u;
         if ((req.ulysses != 0 && req.ulysses != u) || (req.ring != 0 && req.ring != r)) continue;
@@ -187,7 +188,7 @@ int nearest_fitting_world(const PlanRequest& req, MeshCost* best) {
     ++tries;
     PlanRequest r2 = req;
     r2.world = w2;
-    r2.cfg = r2.tp = r2.ulysses = r2.ring = 0;  // pins were for the old world size
+    r2.cfg = r2.tp = r2.ulysses = r2.ring = r2.sp = 0;  // pins were for the old world size
     Enumerated e = enumerate_and_cost(r2, true);
     if (!e.fit.empty()) {
       if (best) *best = e.fit.front();
@@ -382,6 +383,13 @@ int64_t plan_work(const PlanRequest& req, int world) {
 Plan make_plan(const PlanRequest& req) {
   SEQPAR_ARG_CHECK(req.world >= 1 && req.world <= limits::kMaxRanks, "ranks ", req.world,
                    " is invalid; valid: 1 to ", limits::max_text(limits::kMaxRanks));
+  SEQPAR_ARG_CHECK(req.sp >= 0 && (req.sp == 0 || (req.ulysses == 0 || req.sp % req.ulysses == 0)),
+                   "sequence_parallel_size ", req.sp, " is not a multiple of ulysses_degree ",
+                   req.ulysses);
+  SEQPAR_ARG_CHECK(req.sp == 0 || req.ulysses == 0 || req.ring == 0 ||
+                       req.sp == req.ulysses * req.ring,
+                   "sequence_parallel_size ", req.sp, " must equal ulysses_degree ", req.ulysses,
+                   " x ring_degree ", req.ring);
   SEQPAR_ARG_CHECK(req.cfg >= 0 && req.tp >= 0 && req.ulysses >= 0 && req.ring >= 0 &&
                        limits::checked_product({std::max(req.cfg, 1), std::max(req.tp, 1),
                                                 std::max(req.ulysses, 1), std::max(req.ring, 1)},

@@ -141,6 +141,10 @@ expect_exit2 "--parallel-config $tmp/none.yaml: cannot read it" model --preset t
 # plan takes the long names of its cfg and tp pins.
 out=$("$bin" plan --seq 4096 --heads 8 --ranks 4 --tensor-parallel-size 1 --cfg-parallel-size 1 --json)
 python3 -c 'import json,sys; m=json.loads(sys.argv[1])["meshes"]; sys.exit(0 if m and all(x["tp"] == 1 and x["cfg"] == 1 for x in m) else 1)' "$out" && ok || bad "plan --tensor-parallel-size 1 --cfg-parallel-size 1: not pinned"
+# plan --sequence-parallel-size pins ulysses x ring (any split), so tp x cfg takes the rest.
+out=$("$bin" plan --model wan2.1-t2v-14b --height 240 --width 432 --frames 33 --ranks 8 --sequence-parallel-size 4 --json)
+python3 -c 'import json,sys; m=json.loads(sys.argv[1])["meshes"]; sys.exit(0 if m and all(x["ulysses_degree"] * x["ring_degree"] == 4 for x in m) and len({x["ulysses_degree"] for x in m}) > 1 else 1)' "$out" && ok || bad "plan --sequence-parallel-size 4: $out"
+expect_exit2 "--sequence-parallel-size 4 must equal --ulysses-degree 2 x --ring-degree 1" plan --seq 4096 --heads 8 --ranks 4 --sequence-parallel-size 4 --ulysses-degree 2 --ring-degree 1
 
 # plan --top N prints N ranked rows (and --json details N meshes' collectives).
 wan="plan --model wan2.1-t2v-14b --height 240 --width 432 --frames 33 --ranks 8"

@@ -32,6 +32,9 @@ struct KvPlacement {
 // contiguously (floor or ceil of T/N each; with T < N the last T ranks get one each, as decode
 // appends the newest token to the last rank).
 KvPlacement decode_placement(int64_t cached, int64_t fresh, int ranks, Layout layout);
+// The new tokens rank r of `ranks` owns when `fresh` new tokens are split: floor(T/N), one more
+// on the last T mod N ranks (so that with T < N the newest tokens sit on the last ranks).
+int64_t new_token_share(int64_t fresh, int ranks, int rank);
 // A batch of requests packed one after another (varlen): request i is cached_lens[i] cached
 // tokens then fresh_lens[i] new ones, a document of its own (AttnShape::cached_lens,
 // fresh_lens; CpOptions::cu_seqlens = shape_cu_seqlens). Every request's cache is split over the

@@ -30,6 +30,7 @@ struct PlanSpec {
   double memory_limit_gb = 0;             // 0: the profile's
   std::string dtype;                      // empty: the profile's
   int64_t cfg = 0, tp = 0, ulysses_degree = 0, ring_degree = 0;  // 0: enumerate
+  int64_t sequence_parallel_size = 0;  // ulysses_degree x ring_degree (0: enumerate)
   std::string strategy, layout, ulysses_mode;                    // empty: enumerate
   std::string softmax;  // empty: online; "const-max": ring and usp with const-max
   std::string schedule;  // empty: every schedule that applies; pinned: only it (parse_schedule_kind)

@@ -23,6 +23,7 @@ struct PlanRequest {
   double memory_limit = 0;  // bytes per rank; 0: the profile's
   // Pins: 0 / empty enumerates every value.
   int cfg = 0, tp = 0, ulysses = 0, ring = 0;
+  int sp = 0;  // sequence_parallel_size: ulysses x ring (0: any)
   std::optional<Strategy> strategy;
   std::optional<Layout> layout;
   std::optional<UlyssesMode> ulysses_mode;
