@@ -107,6 +107,28 @@ KvPlacement decode_placement(std::span<const int64_t> cached_lens,
   return p;
 }
 
+void pack_partial_rows(const AttnState& s, int64_t first, int64_t rows, float* dst) {
+  const int64_t H = s.lse.dim(2), D = s.out.dim(3), w = packed_row_floats(H, D);
+  for (int64_t i = 0; i < rows; ++i) {
+    std::memcpy(dst + i * w, s.out.data<float>() + (first + i) * H * D, H * D * sizeof(float));
+    std::memcpy(dst + i * w + H * D, s.lse.data<float>() + (first + i) * H, H * sizeof(float));
+  }
+}
+
+AttnState merge_packed_partials(const float* packed, int members, int64_t batch, int64_t tokens,
+                                int64_t heads, int64_t head_dim) {
+  const int64_t H = heads, D = head_dim, w = packed_row_floats(H, D), rows = batch * tokens;
+  AttnState acc = AttnState::empty(batch, tokens, H, D);
+  for (int i = 0; i < members; ++i) {
+    const float* src = packed + static_cast<size_t>(i * rows * w);
+    for (int64_t row = 0; row < rows; ++row)
+      for (int64_t h = 0; h < H; ++h)
+        merge_row(acc.out.data<float>() + (row * H + h) * D, acc.lse.data<float>() + row * H + h,
+                  src + row * w + h * D, src[row * w + H * D + h], D);
+  }
+  return acc;
+}
+
 namespace {
 
 void validate_placement(const Communicator& comm, const KvPlacement& place, const Tensor& q,
@@ -181,7 +203,7 @@ AttnState passq_attention(Communicator& comm, const KvPlacement& place, const Te
 
   // step 2: rows of rank j's queries go to rank j; packed per destination as [B][T_j][H][D+1]
   // (out row then lse), fp32.
-  const int64_t w = H * (D + 1);
+  const int64_t w = packed_row_floats(H, D);
   std::vector<size_t> send_counts(n), recv_counts(n);
   for (int j = 0; j < n; ++j) {
     send_counts[j] = static_cast<size_t>(B * counts[j] * w) * sizeof(float);
@@ -193,11 +215,9 @@ AttnState passq_attention(Communicator& comm, const KvPlacement& place, const Te
     int64_t off = 0;
     for (int j = 0; j < n; ++j) {
       for (int64_t b = 0; b < B; ++b)
-        for (int64_t t = 0; t < counts[j]; ++t) {
-          const int64_t row = b * total + off + t;
-          std::memcpy(dst, partial.out.data<float>() + row * H * D, H * D * sizeof(float));
-          std::memcpy(dst + H * D, partial.lse.data<float>() + row * H, H * sizeof(float));
-          dst += w;
+        {
+          pack_partial_rows(partial, b * total + off, counts[j], dst);
+          dst += counts[j] * w;
         }
       off += counts[j];
     }
@@ -207,14 +227,7 @@ AttnState passq_attention(Communicator& comm, const KvPlacement& place, const Te
   double t3 = now_seconds();
 
   // step 3: merge, rank by rank.
-  AttnState acc = AttnState::empty(B, counts[r], H, D);
-  for (int i = 0; i < n; ++i) {
-    const float* src = recv.data() + static_cast<size_t>(i * B * counts[r] * w);
-    for (int64_t row = 0; row < B * counts[r]; ++row)
-      for (int64_t h = 0; h < H; ++h)
-        merge_row(acc.out.data<float>() + (row * H + h) * D, acc.lse.data<float>() + row * H + h,
-                  src + row * w + h * D, src[row * w + H * D + h], D);
-  }
+  AttnState acc = merge_packed_partials(recv.data(), n, B, counts[r], H, D);
   if (stats) {
     stats->peak_kv_bytes = static_cast<int64_t>(k.nbytes() + v.nbytes());
     stats->measured_kv_bytes = stats->peak_kv_bytes;  // the own shard only

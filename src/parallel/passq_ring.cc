@@ -47,7 +47,7 @@ AttnState passq_ring_attention(Communicator& comm, const KvPlacement& place, con
                    k.dim(2));
   const int next = (r + 1) % n, prev = (r + n - 1) % n;
   const int64_t B = q.dim(0), H = q.dim(2), D = q.dim(3);
-  const int64_t w = H * (D + 1);  // one packed partial row: out, then lse
+  const int64_t w = packed_row_floats(H, D);  // one packed partial row: out, then lse
   if (stats) *stats = CpStats{};
 
   // Slot of member j's queries in the send buffer: [j][B][T_j][w].
@@ -100,10 +100,7 @@ AttnState passq_ring_attention(Communicator& comm, const KvPlacement& place, con
       };
       const AttnState part = flash_attention(*held, k, v, params);
       work += visible_score_elements(B, H, counts[src], k.dim(1), params.mask);
-      for (int64_t row = 0; row < B * counts[src]; ++row) {
-        std::memcpy(dst + row * w, part.out.data<float>() + row * H * D, H * D * sizeof(float));
-        std::memcpy(dst + row * w + H * D, part.lse.data<float>() + row * H, H * sizeof(float));
-      }
+      pack_partial_rows(part, 0, B * counts[src], dst);
     }
     compute += now_seconds() - t0;
 
@@ -140,14 +137,7 @@ AttnState passq_ring_attention(Communicator& comm, const KvPlacement& place, con
   wait += t3 - t2;
 
   // Merge, member by member.
-  AttnState acc = AttnState::empty(B, counts[r], H, D);
-  for (int i = 0; i < n; ++i) {
-    const float* part = recv.data() + static_cast<size_t>(i * B * counts[r] * w);
-    for (int64_t row = 0; row < B * counts[r]; ++row)
-      for (int64_t h = 0; h < H; ++h)
-        merge_row(acc.out.data<float>() + (row * H + h) * D, acc.lse.data<float>() + row * H + h,
-                  part + row * w + h * D, part[row * w + H * D + h], D);
-  }
+  AttnState acc = merge_packed_partials(recv.data(), n, B, counts[r], H, D);
   if (stats) {
     stats->peak_kv_bytes = static_cast<int64_t>(k.nbytes() + v.nbytes());
     stats->measured_kv_bytes = stats->peak_kv_bytes;  // the own shard only

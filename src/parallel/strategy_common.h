@@ -52,6 +52,16 @@ inline bool fully_hidden(const CpOptions& opts, std::span<const int64_t> q_pos,
                          document_of(cu, *k_min) > document_of(cu, *q_max));
 }
 
+// ---- partial states in flight (pass-Q and ring pass-Q's all-to-all; decode.cc) ----
+// One query row of a partial state packed as H·D out values then H lse values (fp32):
+// kPackedRow(H, D) floats. pack_partial_rows copies `rows` rows of s (rows of (B·T) order, from
+// `first`) to dst; merge_packed_partials merges `members` consecutive blocks of `rows` packed
+// rows each (one per member, in member order) by LSE into one state of B x T rows.
+inline int64_t packed_row_floats(int64_t heads, int64_t head_dim) { return heads * (head_dim + 1); }
+void pack_partial_rows(const AttnState& s, int64_t first, int64_t rows, float* dst);
+AttnState merge_packed_partials(const float* packed, int members, int64_t batch, int64_t tokens,
+                                int64_t heads, int64_t head_dim);
+
 // ---- const-max softmax (src/parallel/const_max.cc; docs/algorithms.md "const-max ring") ----
 
 // Collective over comm: each query row's bound on its scaled logits,
