@@ -129,8 +129,6 @@ AttnState merge_packed_partials(const float* packed, int members, int64_t batch,
   return acc;
 }
 
-namespace {
-
 void validate_placement(const Communicator& comm, const KvPlacement& place, const Tensor& q,
                         const Tensor& k, const Tensor& v) {
   const int r = comm.rank();
@@ -146,8 +144,6 @@ void validate_placement(const Communicator& comm, const KvPlacement& place, cons
   SEQPAR_ARG_CHECK(q.dim(2) % k.dim(2) == 0, "heads ", q.dim(2), " not divisible by kv_heads ",
                    k.dim(2));
 }
-
-}  // namespace
 
 AttnState passq_attention(Communicator& comm, const KvPlacement& place, const Tensor& q,
                           const Tensor& k, const Tensor& v, const CpOptions& opts,

@@ -34,17 +34,7 @@ AttnState passq_ring_attention(Communicator& comm, const KvPlacement& place, con
                                const Tensor& k, const Tensor& v, const CpOptions& opts,
                                CpStats* stats) {
   const int n = comm.size(), r = comm.rank();
-  SEQPAR_ARG_CHECK(place.ranks() == n, "placement has ", place.ranks(), " ranks, the communicator ",
-                   n);
-  SEQPAR_ARG_CHECK(q.ndim() == 4 && k.ndim() == 4 && k.shape() == v.shape(),
-                   "q must be (B, T, H, D) and k, v (B, K, Hkv, D) alike");
-  SEQPAR_ARG_CHECK(q.dim(1) == static_cast<int64_t>(place.q_pos[r].size()) &&
-                       k.dim(1) == static_cast<int64_t>(place.kv_pos[r].size()),
-                   "rank ", r, " holds ", q.dim(1), " queries and ", k.dim(1),
-                   " keys; the placement says ", place.q_pos[r].size(), " and ",
-                   place.kv_pos[r].size());
-  SEQPAR_ARG_CHECK(q.dim(2) % k.dim(2) == 0, "heads ", q.dim(2), " not divisible by kv_heads ",
-                   k.dim(2));
+  validate_placement(comm, place, q, k, v);
   const int next = (r + 1) % n, prev = (r + n - 1) % n;
   const int64_t B = q.dim(0), H = q.dim(2), D = q.dim(3);
   const int64_t w = packed_row_floats(H, D);  // one packed partial row: out, then lse

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "seqpar/parallel/decode.h"
 #include "seqpar/parallel/strategies.h"
 
 namespace seqpar {
@@ -51,6 +52,10 @@ inline bool fully_hidden(const CpOptions& opts, std::span<const int64_t> q_pos,
   return !cu.empty() && (document_of(cu, *k_max) < document_of(cu, *q_min) ||
                          document_of(cu, *k_min) > document_of(cu, *q_max));
 }
+
+// Throws InvalidArgument if the local q/k/v do not fit this rank's share of a cache placement.
+void validate_placement(const Communicator& comm, const KvPlacement& place, const Tensor& q,
+                        const Tensor& k, const Tensor& v);
 
 // ---- partial states in flight (pass-Q and ring pass-Q's all-to-all; decode.cc) ----
 // One query row of a partial state packed as H·D out values then H lse values (fp32):
