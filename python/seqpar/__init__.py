@@ -152,7 +152,8 @@ def attention(q, k, v, *, comm: Comm, strategy: str = "ring", layout: str = "con
               causal: bool = False, ulysses_degree: Optional[int] = None,
               ring_degree: Optional[int] = None, ulysses_mode: str = "uaa", pad: bool = False,
               seq_len: Optional[int] = None, text_tokens: int = 0, softmax: str = "online",
-              softmax_scale: Optional[float] = None, return_lse: bool = False):
+              softmax_scale: Optional[float] = None, schedule: str = "default",
+              seq_lens: Optional[Sequence[int]] = None, return_lse: bool = False):
     """Attention of this rank's queries over the whole sharded sequence.
 
     q: (B, S_local, H, D); k, v: (B, S_local, Hkv, D), Hkv dividing H (GQA). This rank's tokens
@@ -165,7 +166,11 @@ def attention(q, k, v, *, comm: Comm, strategy: str = "ring", layout: str = "con
     hold a sequence padded past seq_len real tokens; keys at positions >= seq_len are masked.
     text_tokens=T: the last T rows of q, k, v are text tokens replicated on every rank (MMDiT
     joint attention, bidirectional); the output's last T rows are theirs. softmax: "online" or
-    "const-max" (rings only). softmax_scale: default 1/sqrt(D).
+    "const-max" (rings only). softmax_scale: default 1/sqrt(D). schedule: "default" or "steal"
+    (ring, contiguous shards: the ranks holding late tokens hand query rows to the others).
+    seq_lens: packed documents (varlen, flash-attn's cu_seqlens as lengths), summing to S: a
+    query attends only keys of its own document; with layout "zigzag" or "striped" each document
+    is split over the ranks on its own (``Partition(S, n, layout, seq_lens=...)`` shards it).
 
     Returns the output (B, S_local, H, D) in q's kind and dtype; with return_lse also the
     log-sum-exp (B, S_local, H), fp32, natural log. The GIL is released while seqpar computes.
@@ -184,6 +189,8 @@ def attention(q, k, v, *, comm: Comm, strategy: str = "ring", layout: str = "con
         raise ValueError("attention: pad=True needs seq_len, the number of real tokens (at "
                          "least 1)")
     a.scale = 0.0 if softmax_scale is None else float(softmax_scale)
+    a.schedule = schedule
+    a.seq_lens = [] if seq_lens is None else [int(x) for x in seq_lens]
     qa, ka, va = args
     out, lse = _result(qa, qa.shape, lambda out_buf: _core._attention(
         comm, qa.buffer(), ka.buffer(), va.buffer(), out_buf, a))
@@ -209,7 +216,8 @@ def decode_attention(q, k_cache, v_cache, *, comm: Comm, pass_: str = "auto", ca
     the sequence; the ranks' queries in rank order are its newest tokens (their keys and values
     are in the cache), so with causal=True each query sees the keys up to its own position.
 
-    pass_: "q" (queries travel, partial states merge back by LSE), "kv" (the cache rotates
+    pass_: "q" (queries all-gathered, partial states merge back by LSE), "q-ring" (Q blocks
+    around the ring, overlapped with attention, partial states back in one all-to-all), "kv" (the cache rotates
     around the ring) or "auto" (Meta's rule on the `hardware` profile's compute and network
     rates). ``comm.last_stats`` holds what the call did; ``comm.last_pass`` which pass ran.
     """
@@ -307,13 +315,16 @@ class Partition:
 
     layout: "contiguous" (rank r holds one run; the first S mod N ranks one token more),
     "striped" (token i on rank i mod N), "zigzag" (2N chunks, rank r holds chunks r and
-    2N-1-r; balances causal work).
+    2N-1-r; balances causal work). seq_lens: packed documents summing to seq; zigzag and striped
+    then split each document on its own (contiguous stays one run per rank).
     """
 
-    def __init__(self, seq: int, ranks: int, layout: str = "contiguous"):
+    def __init__(self, seq: int, ranks: int, layout: str = "contiguous",
+                 seq_lens: Optional[Sequence[int]] = None):
         self.seq, self.ranks, self.layout = int(seq), int(ranks), layout
+        lens = [] if seq_lens is None else [int(x) for x in seq_lens]
         self._positions = [np.asarray(p) for p in
-                           _core._partition_positions(self.seq, self.ranks, layout)]
+                           _core._partition_positions(self.seq, self.ranks, layout, lens)]
 
     def positions(self, rank: int) -> np.ndarray:
         """Ascending global positions of rank's tokens (int64)."""

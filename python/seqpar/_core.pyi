@@ -36,6 +36,8 @@ class _AttentionArgs:
     layout: str
     ulysses_mode: str
     softmax: str
+    schedule: str
+    seq_lens: List[int]
     dtype: str
     causal: bool
     pad: bool
@@ -54,7 +56,8 @@ def _decode_attention(comm: Comm, q: _Buffer, k: _Buffer, v: _Buffer, out: _Buff
 def _run_threads(n: int, fn: Callable[[Comm], object], timeout_s: float,
                  threads: int) -> list: ...
 def _mpi_comm(mpi4py_comm: object) -> Comm: ...
-def _partition_positions(seq: int, ranks: int, layout: str) -> List[_HostBuffer]: ...
+def _partition_positions(seq: int, ranks: int, layout: str,
+                         seq_lens: List[int]) -> List[_HostBuffer]: ...
 def _mesh_rows_json(cfg: int, tp: int, ring: int, ulysses: int, ranks: int, heads: int,
                     seq: int) -> str: ...
 class _PlanSpec:

@@ -184,7 +184,17 @@ int64_t options_hash(const std::string& s) {
 // The partition of a call: every rank's token count all-gathered; the layout's own partition of
 // their sum when the counts are the layout's, else (contiguous layout) contiguous runs of the
 // given lengths. Also checks that the ranks agree on everything else.
-Partition gather_partition(Communicator& comm, Layout layout, int64_t local, const Agreement& mine) {
+// "3000,17,9000": the documents in the options' hash.
+std::string seq_lens_text(const std::vector<int64_t>& seq_lens) {
+  std::string s;
+  for (int64_t l : seq_lens) s += detail::concat(s.empty() ? "" : ",", l);
+  return s;
+}
+
+// The partition of the ranks' rows: `layout` over their sum (or contiguous runs of any lengths);
+// with seq_lens, which must sum to it, each document split by a zigzag or striped layout.
+Partition gather_partition(Communicator& comm, Layout layout, int64_t local, const Agreement& mine,
+                           const std::vector<int64_t>& seq_lens) {
   const int n = comm.size();
   std::array<int64_t, 8> row = {local,          mine.batch,       mine.heads,
                                 mine.kv_heads,  mine.head_dim,    mine.dtype,
@@ -207,7 +217,15 @@ Partition gather_partition(Communicator& comm, Layout layout, int64_t local, con
   for (int r = 0; r < n; ++r)
     SEQPAR_ARG_CHECK(counts[r] >= 1, "attention: rank ", r,
                      " holds no tokens; every rank needs at least one");
-  Partition part(seq, n, layout);
+  if (!seq_lens.empty()) {
+    int64_t sum = 0;
+    for (int64_t l : seq_lens) sum += l;
+    SEQPAR_ARG_CHECK(sum == seq, "attention: seq_lens sum to ", sum, " but the ranks hold ", seq,
+                     " tokens together; the documents must fill the sequence");
+  }
+  Partition part = seq_lens.empty() || layout == Layout::kContiguous
+                       ? Partition(seq, n, layout)
+                       : Partition::documents(seq_lens, seq, n, layout);
   bool same = true;
   for (int r = 0; r < n; ++r) same = same && part.count(r) == counts[r];
   if (same) return part;
@@ -245,7 +263,8 @@ void record(Comm& c, const CommStats& s, const CpStats& cps, double seconds,
 
 struct AttentionArgs {
   std::string strategy = "ring", layout = "contiguous", ulysses_mode = "uaa",
-              softmax = "online", dtype = "fp32";
+              softmax = "online", dtype = "fp32", schedule = "default";
+  std::vector<int64_t> seq_lens;  // packed documents (varlen); empty: one sequence
   bool causal = false, pad = false;
   int ulysses_degree = 0, ring_degree = 0;
   int64_t text_tokens = 0, seq_len = 0;
@@ -267,6 +286,10 @@ py::tuple attention(Comm& c, const Buffer& q, const Buffer& k, const Buffer& v, 
   opts.ulysses_mode = parse_ulysses_mode(a.ulysses_mode);
   opts.softmax = parse_softmax_mode(a.softmax);
   check_softmax_mode(strategy, opts);
+  opts.schedule = parse_schedule_kind(a.schedule);
+  SEQPAR_ARG_CHECK(opts.schedule != ScheduleKind::kRing && schedule_applies(opts.schedule, strategy),
+                   "attention: schedule '", a.schedule, "' does not apply to strategy '",
+                   a.strategy, "'; valid: 'steal' with ring, 'default'");
   SEQPAR_ARG_CHECK(q.shape.size() == 4 && k.shape.size() == 4 && v.shape.size() == 4,
                    "attention: q, k and v are (batch, tokens, heads, head_dim); got ",
                    q.shape.size(), ", ", k.shape.size(), " and ", v.shape.size(), " dimensions");
@@ -282,6 +305,10 @@ py::tuple attention(Comm& c, const Buffer& q, const Buffer& k, const Buffer& v, 
                    " must be at least 0 and fewer than the ", rows, " rows of q");
   SEQPAR_ARG_CHECK(T == 0 || !a.causal, "attention: text_tokens (joint attention) is bidirectional; ",
                    "pass causal=False");
+  SEQPAR_ARG_CHECK(a.seq_lens.empty() || (!a.pad && T == 0 &&
+                                           opts.schedule == ScheduleKind::kDefault),
+                   "attention: seq_lens (packed documents) takes no pad, text_tokens or schedule "
+                   "'steal'");
   SEQPAR_ARG_CHECK(a.pad == (a.seq_len > 0), a.pad ? "attention: pad=True needs seq_len, the number "
                    "of real tokens (keys at positions >= seq_len are masked)"
                    : "attention: seq_len is for pad=True");
@@ -297,9 +324,11 @@ py::tuple attention(Comm& c, const Buffer& q, const Buffer& k, const Buffer& v, 
   const Agreement agree{B, H, Hkv, D, static_cast<int64_t>(dtype), T,
                         options_hash(detail::concat(a.strategy, '|', a.layout, '|', a.causal, '|',
                                                     a.ulysses_mode, '|', a.softmax, '|', u, '|',
-                                                    a.pad, '|', a.seq_len, '|', a.scale))};
+                                                    a.pad, '|', a.seq_len, '|', a.scale, '|',
+                                                    a.schedule, '|', seq_lens_text(a.seq_lens)))};
   py::gil_scoped_release release;
-  const Partition part = gather_partition(comm, layout, rows - T, agree);
+  const Partition part = gather_partition(comm, layout, rows - T, agree, a.seq_lens);
+  if (!a.seq_lens.empty()) opts.cu_seqlens = cu_seqlens(a.seq_lens);
   if (a.pad) {
     SEQPAR_ARG_CHECK(a.seq_len <= part.seq(), "attention: seq_len ", a.seq_len,
                      " exceeds the ", part.seq(), " tokens of the ranks together");
@@ -361,8 +390,8 @@ py::tuple decode_attention(Comm& c, const Buffer& q, const Buffer& k, const Buff
   const DType dtype = parse_dtype(dtype_name);
   SEQPAR_ARG_CHECK(q.shape.size() == 4 && k.shape.size() == 4 && v.shape.size() == 4,
                    "decode_attention: q, k_cache and v_cache are (batch, tokens, heads, head_dim)");
-  SEQPAR_ARG_CHECK(pass == "auto" || pass == "q" || pass == "kv", "decode_attention: pass_ '", pass,
-                   "' is unknown; valid: auto, q, kv");
+  SEQPAR_ARG_CHECK(pass == "auto" || pass == "q" || pass == "q-ring" || pass == "kv",
+                   "decode_attention: pass_ '", pass, "' is unknown; valid: auto, q, q-ring, kv");
   const int64_t B = q.shape[0], Tq = q.shape[1], H = q.shape[2], D = q.shape[3], Hkv = k.shape[2];
   SEQPAR_ARG_CHECK(k.shape == v.shape && k.shape[0] == B && k.shape[3] == D,
                    "decode_attention: k_cache and v_cache must both be (", B, ", tokens, kv_heads, ",
@@ -393,7 +422,7 @@ py::tuple decode_attention(Comm& c, const Buffer& q, const Buffer& k, const Buff
     for (int64_t i = 0; i < all[6 * r + 1]; ++i) place.kv_pos[r].push_back(kp++);
     for (int64_t i = 0; i < all[6 * r]; ++i) place.q_pos[r].push_back(qp++);
   }
-  Strategy kind = pass == "q" ? Strategy::kPassQ : Strategy::kPassKv;
+  Strategy kind = pass == "q" || pass == "q-ring" ? Strategy::kPassQ : Strategy::kPassKv;
   if (pass == "auto") {
     const HardwareProfile hw = load_hardware_profile(hardware);
     kind = choose_pass(T, P - T, n, H, Hkv, dtype_size(dtype), hw.attention_flops,
@@ -407,9 +436,10 @@ py::tuple decode_attention(Comm& c, const Buffer& q, const Buffer& k, const Buff
   CpStats cps;
   comm.stats().reset();
   const double t0 = now_seconds();
-  AttnState s = kind == Strategy::kPassQ ? passq_attention(comm, place, qi, ki, vi, opts, &cps)
-                                         : passkv_attention(comm, place, qi, ki, vi, opts, &cps);
-  c.last_pass = kind == Strategy::kPassQ ? "q" : "kv";
+  AttnState s = kind == Strategy::kPassKv ? passkv_attention(comm, place, qi, ki, vi, opts, &cps)
+                : pass == "q-ring" ? passq_ring_attention(comm, place, qi, ki, vi, opts, &cps)
+                                   : passq_attention(comm, place, qi, ki, vi, opts, &cps);
+  c.last_pass = kind == Strategy::kPassKv ? "kv" : pass == "q-ring" ? "q-ring" : "q";
   record(c, comm.stats(), cps, now_seconds() - t0,
          {reinterpret_cast<uintptr_t>(qi.raw()), reinterpret_cast<uintptr_t>(ki.raw()),
           reinterpret_cast<uintptr_t>(vi.raw())});
@@ -540,6 +570,8 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("layout", &AttentionArgs::layout)
       .def_readwrite("ulysses_mode", &AttentionArgs::ulysses_mode)
       .def_readwrite("softmax", &AttentionArgs::softmax)
+      .def_readwrite("schedule", &AttentionArgs::schedule)
+      .def_readwrite("seq_lens", &AttentionArgs::seq_lens)
       .def_readwrite("dtype", &AttentionArgs::dtype)
       .def_readwrite("causal", &AttentionArgs::causal)
       .def_readwrite("pad", &AttentionArgs::pad)
@@ -586,8 +618,12 @@ PYBIND11_MODULE(_core, m) {
   m.def("_run_threads", &run_threads);
   m.def("_mpi_comm", &mpi_comm);
 
-  m.def("_partition_positions", [](int64_t seq, int ranks, const std::string& layout) {
-    const Partition part(seq, ranks, parse_layout(layout));
+  m.def("_partition_positions", [](int64_t seq, int ranks, const std::string& layout,
+                                   const std::vector<int64_t>& seq_lens) {
+    const Layout l = parse_layout(layout);
+    const Partition part = seq_lens.empty() || l == Layout::kContiguous
+                               ? Partition(seq, ranks, l)
+                               : Partition::documents(seq_lens, seq, ranks, l);
     py::list out;
     for (int r = 0; r < ranks; ++r) {
       auto positions = std::make_shared<std::vector<int64_t>>(part.positions(r).begin(),

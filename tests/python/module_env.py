@@ -25,10 +25,11 @@ TOL_BF16 = 8e-3
 TOL_F16 = 1e-3
 
 
-def reference(q, k, v, causal=False, scale=None, q_pos=None, k_valid=None):
+def reference(q, k, v, causal=False, scale=None, q_pos=None, k_valid=None, seq_lens=None):
     """softmax(q kᵀ · scale) v and its log-sum-exp over the full (unsharded) tensors, computed by
     PyTorch in float64. q (B, S, H, D), k, v (B, S, Hkv, D); q_pos: global positions of q's rows
-    (default 0..S-1, keys are 0..Sk-1); k_valid: number of real keys (the rest masked)."""
+    (default 0..S-1, keys are 0..Sk-1); k_valid: number of real keys (the rest masked); seq_lens:
+    packed documents (a query sees only keys of its own document)."""
     q, k, v = (t.to(torch.float64) for t in (q, k, v))
     H, Hkv, D = q.shape[2], k.shape[2], q.shape[3]
     k = k.repeat_interleave(H // Hkv, dim=2)
@@ -43,6 +44,9 @@ def reference(q, k, v, causal=False, scale=None, q_pos=None, k_valid=None):
         mask &= kp[None, :] <= qp[:, None]
     if k_valid is not None:
         mask &= kp[None, :] < k_valid
+    if seq_lens is not None:
+        doc = torch.repeat_interleave(torch.arange(len(seq_lens)), torch.tensor(seq_lens))
+        mask &= doc[qp][:, None] == doc[kp][None, :]
     s = s.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)  # (B, H, Sq)
     out = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, dim=-1), v)

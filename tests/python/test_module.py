@@ -52,6 +52,43 @@ def test_every_strategy_matches_pytorch(strategy, n, extra, layout, causal):
     assert (out.double() - want).abs().max().item() < TOL_F32
 
 
+DOCS = [300, 17, 1, 90, 211, 5]  # lengths 1 and 5, none dividing the ranks, 300 over every rank
+
+
+@pytest.mark.parametrize("strategy,n,extra", STRATEGIES)
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_packed_documents_match_pytorch(strategy, n, extra, layout):
+    """seq_lens (varlen): every strategy against PyTorch's attention with the document mask."""
+    seq = sum(DOCS)
+    q, k, v = qkv(1, seq, H, HKV, D, seed=3)
+    part = seqpar.Partition(seq, n, layout, seq_lens=DOCS)
+
+    def rank(comm):
+        shards = [part.shard(t, comm.rank) for t in (q, k, v)]
+        return seqpar.attention(*shards, comm=comm, strategy=strategy, layout=layout, causal=True,
+                                seq_lens=DOCS, **extra)
+
+    out = part.unshard(seqpar.ThreadWorld(n, threads=1).run(rank))
+    want, _ = reference(q, k, v, causal=True, seq_lens=DOCS)
+    assert (out.double() - want).abs().max().item() < TOL_F32
+
+
+def test_steal_schedule_and_ring_pass_q():
+    """schedule="steal" on contiguous shards and pass_="q-ring" over a cache, against PyTorch."""
+    q, k, v = qkv(B, S, H, HKV, D, seed=4)
+    out, _ = run_sharded(4, "contiguous", lambda comm, *t: seqpar.attention(
+        *t, comm=comm, causal=True, schedule="steal"), (q, k, v))
+    want, _ = reference(q, k, v, causal=True)
+    assert (out.double() - want).abs().max().item() < TOL_F32
+    with pytest.raises(ValueError, match="schedule 'steal' does not apply to strategy 'ulysses'"):
+        seqpar.ThreadWorld(2).run(lambda comm: seqpar.attention(
+            *[t[:, :S // 2] for t in (q, k, v)], comm=comm, strategy="ulysses",
+            schedule="steal"))
+    with pytest.raises(ValueError, match="seq_lens sum to 10 but the ranks hold"):
+        seqpar.ThreadWorld(2).run(lambda comm: seqpar.attention(
+            *[t[:, :S // 2] for t in (q, k, v)], comm=comm, seq_lens=[4, 6]))
+
+
 def test_lse_and_const_max_softmax():
     q, k, v = qkv(1, 64, 4, 4, 16, seed=1)
 
@@ -127,7 +164,7 @@ def test_joint_attention_with_replicated_text():
         assert (o[:, -T:].double() - want[:, 32:]).abs().max().item() < TOL_F32
 
 
-@pytest.mark.parametrize("pass_", ["q", "kv", "auto"])
+@pytest.mark.parametrize("pass_", ["q", "q-ring", "kv", "auto"])
 def test_decode_attention(pass_):
     P, T = 40, 3  # cache of 40 tokens (the last 3 are the new ones), 3 queries
     q_all, _, _ = qkv(1, T, 4, 2, 8, seed=7)
