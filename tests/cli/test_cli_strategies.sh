@@ -87,6 +87,7 @@ for layout in contiguous zigzag; do
   done
   expect_ok "varlen ring const-max $layout" "$bin" run --strategy ring --softmax const-max --layout $layout --ranks 3 $docs --heads 4 --causal $small
   expect_ok "varlen passq $layout" "$bin" run --strategy passq --layout $layout --ranks 3 --cached-lens 50,1,120,20 --new 1 --heads 4 --kv-heads 2 --causal $small
+  expect_ok "varlen passq ring $layout" "$bin" run --strategy passq --schedule ring --layout $layout --ranks 3 --cached-lens 50,1,120,20 --new-lens 3,1,9,1 --heads 4 --kv-heads 2 --causal $small
   expect_ok "varlen passkv $layout" "$bin" run --strategy passkv --layout $layout --ranks 3 --cached-lens 50,1,120,20 --new-lens 3,1,9,1 --heads 4 --causal $small
 done
 expect_ok "varlen ulysses strict pad" "$bin" run --strategy ulysses --ulysses-mode strict --pad --ranks 4 $docs --heads 4 --causal $small

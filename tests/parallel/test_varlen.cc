@@ -401,11 +401,16 @@ struct CacheCase {
   std::vector<int64_t> cached, fresh;
 };
 
-class VarlenCache : public ::testing::TestWithParam<std::tuple<Strategy, Layout, int, int, bool>> {
+// The ways over a cache: pass-Q (all-gathered queries), ring pass-Q, pass-KV.
+struct CacheWay {
+  Strategy strategy;
+  ScheduleKind schedule;
+};
+class VarlenCache : public ::testing::TestWithParam<std::tuple<CacheWay, Layout, int, int, bool>> {
 };
 
 TEST_P(VarlenCache, MatchesReferenceAndSchedule) {
-  const auto [st, layout, ranks, ci, causal] = GetParam();
+  const auto [way, layout, ranks, ci, causal] = GetParam();
   static const std::vector<CacheCase> cases = {
       {{5, 1, 12, 3}, {1, 1, 1, 1}},  // decode (T = 1), a cache of 1 token
       {{9, 2, 30}, {4, 1, 7}},        // partial prefill, one cache shorter than the ranks
@@ -414,7 +419,8 @@ TEST_P(VarlenCache, MatchesReferenceAndSchedule) {
   const CacheCase& cc = cases[ci];
   ParallelConfig c;
   c.mesh.ring = c.mesh.ulysses = 0;  // filled by resolve_job
-  c.strategy = st;
+  c.strategy = way.strategy;
+  c.schedule = way.schedule;
   c.layout = layout;
   AttnShape s{.heads = 4, .kv_heads = 2, .head_dim = 16, .causal = causal};
   s.batch = ci == 3 ? 2 : 1;
@@ -441,7 +447,10 @@ TEST_P(VarlenCache, MatchesReferenceAndSchedule) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Varlen, VarlenCache,
-                         ::testing::Combine(::testing::Values(Strategy::kPassQ, Strategy::kPassKv),
+                         ::testing::Combine(::testing::Values(
+                                                CacheWay{Strategy::kPassQ, ScheduleKind::kDefault},
+                                                CacheWay{Strategy::kPassQ, ScheduleKind::kRing},
+                                                CacheWay{Strategy::kPassKv, ScheduleKind::kDefault}),
                                             ::testing::Values(Layout::kContiguous, Layout::kZigzag),
                                             ::testing::Range(1, 6), ::testing::Range(0, 4),
                                             ::testing::Bool()));
