@@ -155,6 +155,25 @@ TEST(Llama, CheckpointDecoderOnMeshesEqualsOneRank) {
   std::filesystem::remove_all(dir);
 }
 
+// Rank 0's output of generate(prompt, opts) for a seeded model on a mesh of `shape`.
+Decoder::Output generate_on(const ModelPreset& m, const WeightStore& ws, MeshShape shape,
+                            Layout layout, const std::vector<int32_t>& prompt,
+                            const Decoder::Options& opts) {
+  Decoder::Output out;
+  ThreadWorld::run(shape.world(), [&](Communicator& world) {
+    MeshComms mc(world, shape);
+    ParallelConfig config;
+    config.mesh = shape;
+    config.strategy = strategy_for_degrees(shape.ulysses, shape.ring, Strategy::kRing);
+    config.layout = layout;
+    ParallelContext ctx = model_context(mc, config);
+    Decoder dec(m, ws, ctx);
+    Decoder::Output o = dec.generate(prompt, opts, ctx);
+    if (world.rank() == 0) out = std::move(o);
+  });
+  return out;
+}
+
 // Chunked prefill: each chunk after the first attends the cache by pass-KV or pass-Q; the tokens
 // and logits equal the whole prompt's prefill on one rank.
 TEST(Llama, ChunkedPrefillEqualsTheWholePrompt) {
@@ -163,19 +182,7 @@ TEST(Llama, ChunkedPrefillEqualsTheWholePrompt) {
   std::vector<int32_t> prompt(61);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 53 + 11) % 250);
   auto run = [&](MeshShape shape, Layout layout, const Decoder::Options& opts) {
-    Decoder::Output out;
-    ThreadWorld::run(shape.world(), [&](Communicator& world) {
-      MeshComms mc(world, shape);
-      ParallelConfig config;
-      config.mesh = shape;
-      config.strategy = strategy_for_degrees(shape.ulysses, shape.ring, Strategy::kRing);
-      config.layout = layout;
-      ParallelContext ctx = model_context(mc, config);
-      Decoder dec(m, ws, ctx);
-      Decoder::Output o = dec.generate(prompt, opts, ctx);
-      if (world.rank() == 0) out = std::move(o);
-    });
-    return out;
+    return generate_on(m, ws, shape, layout, prompt, opts);
   };
   Decoder::Options whole;
   whole.max_new_tokens = 4;
@@ -232,22 +239,17 @@ TEST(Llama, ChatTurnEqualsTheConcatenatedPrompt) {
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 53 + 11) % 250);
   for (size_t i = 0; i < turn.size(); ++i) turn[i] = static_cast<int32_t>((i * 31 + 7) % 250);
   auto run = [&](MeshShape shape, const std::vector<int32_t>& ids, const Decoder::Options& opts) {
-    Decoder::Output out;
-    ThreadWorld::run(shape.world(), [&](Communicator& world) {
-      MeshComms mc(world, shape);
-      ParallelConfig config;
-      config.mesh = shape;
-      config.strategy = strategy_for_degrees(shape.ulysses, shape.ring, Strategy::kRing);
-      ParallelContext ctx = model_context(mc, config);
-      Decoder dec(m, ws, ctx);
-      Decoder::Output o = dec.generate(ids, opts, ctx);
-      if (world.rank() == 0) out = std::move(o);
-    });
-    return out;
+    return generate_on(m, ws, shape, Layout::kContiguous, ids, opts);
   };
   Decoder::Options opts;
   opts.max_new_tokens = 3;
   opts.chunk_strategy = Strategy::kPassQ;
+  // The reference: the first turn alone, then the whole conversation, on one rank.
+  const Decoder::Output first = run({1, 1, 1, 1}, prompt, opts);
+  std::vector<int32_t> whole = prompt;
+  whole.insert(whole.end(), first.tokens.begin(), first.tokens.end());
+  whole.insert(whole.end(), turn.begin(), turn.end());
+  const Decoder::Output second = run({1, 1, 1, 1}, whole, opts);
   for (MeshShape shape : {MeshShape{1, 1, 1, 1}, MeshShape{1, 1, 3, 1}, MeshShape{1, 2, 2, 1},
                           MeshShape{1, 1, 2, 2}}) {
     for (int64_t chunk : {0, 5}) {
@@ -260,12 +262,6 @@ TEST(Llama, ChatTurnEqualsTheConcatenatedPrompt) {
         const std::string what = mesh_shape_text(shape) + " chunk " + std::to_string(chunk) +
                                  " " + std::string(strategy_name(pass));
         ASSERT_EQ(got.turn_tokens, (std::vector<int64_t>{3, 3})) << what;
-        // The reference: the first turn alone, then the whole conversation on one rank.
-        std::vector<int32_t> whole = prompt;
-        whole.insert(whole.end(), got.tokens.begin(), got.tokens.begin() + 3);
-        whole.insert(whole.end(), turn.begin(), turn.end());
-        const Decoder::Output first = run({1, 1, 1, 1}, prompt, opts);
-        const Decoder::Output second = run({1, 1, 1, 1}, whole, opts);
         EXPECT_EQ(std::vector<int32_t>(got.tokens.begin(), got.tokens.begin() + 3), first.tokens)
             << what;
         EXPECT_EQ(std::vector<int32_t>(got.tokens.begin() + 3, got.tokens.end()), second.tokens)
