@@ -3,6 +3,8 @@
 // (parallel/runner.h: run_attention_call) and gathers the result.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -16,6 +18,7 @@
 #include "seqpar/comm/threads.h"
 #include "seqpar/parallel/partition.h"
 #include "seqpar/parallel/runner.h"
+#include "seqpar/parallel/schedule.h"
 #include "seqpar/parallel/strategies.h"
 
 namespace seqpar::testing {
@@ -63,6 +66,24 @@ struct CpRun {
   std::vector<CommStats> comm;       // per rank
   std::vector<CpStats> cp;           // per rank
 };
+
+// The schedule equals what the run measured on every rank: bytes sent and received per kind of
+// op, work and peak K/V.
+inline void expect_schedule_matches(const Schedule& s, const CpRun& run) {
+  ASSERT_EQ(s.sp(), static_cast<int>(run.cp.size()));
+  for (int r = 0; r < s.sp(); ++r) {
+    std::array<uint64_t, static_cast<size_t>(OpKind::kCount)> sent{}, recv{};
+    for (const Step& step : s.ranks[r].steps)
+      if (step.comm) {
+        sent[static_cast<size_t>(step.comm->op)] += step.comm->sent;
+        recv[static_cast<size_t>(step.comm->op)] += step.comm->recv;
+      }
+    EXPECT_EQ(run.comm[r].bytes_sent, sent) << "rank " << r;
+    EXPECT_EQ(run.comm[r].bytes_recv, recv) << "rank " << r;
+    EXPECT_EQ(run.cp[r].work, schedule_work(s, r)) << "rank " << r;
+    EXPECT_EQ(run.cp[r].peak_kv_bytes, s.ranks[r].peak_kv_bytes) << "rank " << r;
+  }
+}
 
 // The runner's job for `strategy` over the tests' own partition and options (not resolve_job:
 // the tests choose partitions, padding and kernel options it would not).

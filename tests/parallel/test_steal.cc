@@ -38,22 +38,6 @@ double imbalance(const std::vector<CpStats>& cp) {
   return sum == 0 ? 1.0 : static_cast<double>(mx) * cp.size() / static_cast<double>(sum);
 }
 
-// The schedule of the partition's runs equals what the run measured, per rank.
-void expect_schedule_matches(const Schedule& s, const seqpar::testing::CpRun& run) {
-  ASSERT_EQ(s.sp(), static_cast<int>(run.cp.size()));
-  for (int r = 0; r < s.sp(); ++r) {
-    std::array<uint64_t, static_cast<size_t>(OpKind::kCount)> sent{}, recv{};
-    for (const Step& step : s.ranks[r].steps)
-      if (step.comm) {
-        sent[static_cast<size_t>(step.comm->op)] += step.comm->sent;
-        recv[static_cast<size_t>(step.comm->op)] += step.comm->recv;
-      }
-    EXPECT_EQ(run.comm[r].bytes_sent, sent) << "rank " << r;
-    EXPECT_EQ(run.comm[r].bytes_recv, recv) << "rank " << r;
-    EXPECT_EQ(run.cp[r].work, schedule_work(s, r)) << "rank " << r;
-    EXPECT_EQ(run.cp[r].peak_kv_bytes, s.ranks[r].peak_kv_bytes) << "rank " << r;
-  }
-}
 
 // The plan's bound on the work of a rank: below t + c_max (one batch, one head).
 void expect_within_plan_bound(const Problem& p, const Partition& part,
@@ -124,7 +108,7 @@ TEST_P(Steal, ExactBalancedAndAsScheduled) {
                         .head_dim = 16,
                         .causal = c.causal,
                         .dtype = c.dtype};
-  expect_schedule_matches(attention_schedule(cfg, shape), run);
+  seqpar::testing::expect_schedule_matches(attention_schedule(cfg, shape), run);
 
   expect_within_plan_bound(p, Partition(c.seq, c.ranks, Layout::kContiguous), run.cp, c.seq);
   if (c.seq >= 64 * c.ranks) {
@@ -161,7 +145,7 @@ TEST(Steal, CustomUnevenCounts) {
       EXPECT_LE(max_err_lse(run.state.lse, in.ref.lse), tol.lse);
       CallRuns cr = partition_runs(part, p.batch, p.heads, p.kv_heads, p.head_dim, 4);
       cr.causal = causal;
-      expect_schedule_matches(steal_schedule_of(cr), run);
+      seqpar::testing::expect_schedule_matches(steal_schedule_of(cr), run);
       expect_within_plan_bound(p, part, run.cp, p.seq);
       if (p.seq >= 64 * part.ranks()) {
         EXPECT_LE(imbalance(run.cp), 1.05);
@@ -206,7 +190,7 @@ TEST(Steal, Padded) {
                           .kv_heads = p.kv_heads,
                           .head_dim = p.head_dim,
                           .causal = true};
-    expect_schedule_matches(attention_schedule(cfg, shape), run);
+    seqpar::testing::expect_schedule_matches(attention_schedule(cfg, shape), run);
     EXPECT_LE(imbalance(run.cp), 1.05) << n << " ranks";
   }
 }
