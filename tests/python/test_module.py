@@ -177,7 +177,7 @@ def test_decode_attention(pass_):
         return seqpar.decode_attention(q_all[:, qlo:qlo + q_counts[comm.rank]],
                                        k[:, lo:lo + kv_counts[comm.rank]],
                                        v[:, lo:lo + kv_counts[comm.rank]], comm=comm,
-                                       pass_=pass_), comm.last_pass
+                                       pass_=pass_), comm.last_pass, comm.last_stats.bytes_by_op
 
     results = seqpar.ThreadWorld(3).run(rank)
     out = torch.cat([r[0] for r in results], dim=1)
@@ -185,6 +185,9 @@ def test_decode_attention(pass_):
     assert (out.double() - want).abs().max().item() < TOL_F32
     if pass_ != "auto":
         assert {r[1] for r in results} == {pass_}
+    # The ring of Q blocks moves them by send_recv; all-gathered queries by all_gatherv.
+    ring = pass_ == "q-ring"
+    assert all(("send_recv" in r[2]) == (ring or r[1] == "kv") for r in results), results
 
 
 def test_contiguous_inputs_are_not_copied():
