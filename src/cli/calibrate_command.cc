@@ -37,18 +37,20 @@ void add_calibrate_command(CLI::App& app, CalibrateOptions& o) {
 namespace {
 
 int calibrate(const CalibrateOptions& o) {
-  std::string path = o.out;
-  if (path.empty()) {
+  std::string path;
+  if (o.out) {
+    path = *o.out;  // its folder must exist; an empty path is refused by OutputFile
+  } else {
     const std::string dir = user_profile_dir();
     SEQPAR_ARG_CHECK(!dir.empty(),
                      "no place for the profile: set SEQPAR_PROFILE_DIR or HOME, "
                      "or give --out FILE");
+    // The default folder is seqpar's own: made when missing.
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
     path = dir + "/local.json";
   }
-  // The profile file opens before the measurements (its folder is made first).
-  std::error_code ec;
-  const std::filesystem::path fp(path);
-  if (fp.has_parent_path()) std::filesystem::create_directories(fp.parent_path(), ec);
+  // Checked before the measurements; the profile appears when written.
   OutputFile out("--out", path);
   const MachineMeasurements m = measure_machine(o.quick);
   const HardwareProfile p = calibrated_profile(m, today());

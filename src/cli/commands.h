@@ -16,6 +16,7 @@
 #include <string_view>
 
 #include "seqpar/core/error.h"
+#include "seqpar/core/files.h"
 #include "seqpar/core/limits.h"
 #include "seqpar/plan/hardware.h"
 
@@ -89,38 +90,25 @@ inline int finish_output(int code) {
   return code;
 }
 
-// An output file named by `flag`, opened (truncated) before the work so a path that cannot be
-// opened fails up front (Error, exit 1) instead of after it; write() writes the whole text, checks
-// the write, the flush and the close, and throws Error (exit 1) if any fails.
+// An output file named by `flag`, prepared before the work so that a path that is an input of
+// the run (InvalidArgument, exit 2) or whose folder cannot take a file (Error, exit 1) fails up
+// front; nothing appears under its name until write() (or commit()) succeeds, and a run that fails
+// or is killed before leaves nothing behind (core/files.h).
 class OutputFile {
  public:
-  OutputFile(std::string flag, std::string path) : flag_(std::move(flag)), path_(std::move(path)) {
-    f_ = std::fopen(path_.c_str(), "wb");
-    if (f_ == nullptr)
-      throw Error(detail::concat(flag_, " '", path_, "': cannot open the file for writing (",
-                                 std::strerror(errno), ")"));
-  }
-  OutputFile(const OutputFile&) = delete;
-  OutputFile& operator=(const OutputFile&) = delete;
-  ~OutputFile() {
-    if (f_ != nullptr) std::fclose(f_);
-  }
-  const std::string& path() const { return path_; }
+  OutputFile(std::string flag, const std::string& path) : out_(std::move(flag), path) {}
+  const std::string& path() const { return out_.path(); }
+  // The whole text, committed.
   void write(const std::string& text) {
-    SEQPAR_CHECK(f_ != nullptr, flag_, " '", path_, "' was already written");
-    const bool wrote = std::fwrite(text.data(), 1, text.size(), f_) == text.size();
-    const bool flushed = std::fflush(f_) == 0 && !std::ferror(f_);
-    const int err = errno;
-    const bool closed = std::fclose(f_) == 0;
-    f_ = nullptr;
-    if (!wrote || !flushed || !closed)
-      throw Error(detail::concat(flag_, " '", path_, "': cannot write the file (",
-                                 std::strerror(err), ")"));
+    out_.write(text);
+    out_.commit();
   }
+  // For writers that append (write_safetensors); commit() when they are done.
+  files::AtomicOutput& file() { return out_; }
+  void commit() { out_.commit(); }
 
  private:
-  std::string flag_, path_;
-  std::FILE* f_ = nullptr;
+  files::AtomicOutput out_;
 };
 
 // A file read whole (a hardware profile, a config) must be a regular file of at most
@@ -177,8 +165,8 @@ struct RunOptions {
   std::string hardware = "h100";    // profile for --strategy auto
   std::string softmax = "online";   // online | const-max (ring, usp)
   std::string schedule = "default";  // default | steal (ring) | ring (passq)
-  std::string trace;                // --trace FILE: Chrome/Perfetto trace of the run (empty: off)
-  int64_t warmup = 1;               // untimed runs before the --repeat timed ones
+  std::string trace;                 // --trace FILE: Chrome/Perfetto trace of the run (empty: off)
+  int64_t warmup = 1;                // untimed runs before the --repeat timed ones
   // Packed sequences (varlen): comma-separated lengths (empty: off); seq_given: --seq was given.
   std::string seq_lens, cached_lens, new_lens;
   bool seq_given = false;
@@ -255,7 +243,7 @@ struct GenerateOptions : MeshFlags, ChunkFlags {
   int64_t max_new_tokens = 16;
   bool ignore_eos = false;
   bool allow_long_context = false;
-  std::string output;  // safetensors: tokens (I64 [N]), logits (F32 [N, vocab])
+  std::string output;                 // safetensors: tokens (I64 [N]), logits (F32 [N, vocab])
   std::vector<std::string> turn_ids;  // chat turns after the prompt's tokens: "4,5,6" each
   bool json = false;
   bool quiet = false;
@@ -312,7 +300,7 @@ int plan_command(const PlanOptions& opts);
 
 // seqpar calibrate: measures this machine and writes the `local` hardware profile.
 struct CalibrateOptions {
-  std::string out;  // empty: user_profile_dir()/local.json
+  std::optional<std::string> out;  // unset: user_profile_dir()/local.json
   bool json = false;
   bool quick = false;
 };

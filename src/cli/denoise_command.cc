@@ -113,8 +113,8 @@ Plan resolve(const DenoiseOptions& o, int world) {
   p.model = open_wan_model(o.model);
   const ModelPreset& m = p.model.experts[0].preset;
   p.mesh = resolve_mesh(o, world);
-  SEQPAR_ARG_CHECK(m.heads % p.mesh.mesh.tp == 0, "--tp ", p.mesh.mesh.tp, " does not divide the ", m.heads,
-                   " heads of ", o.model, "; valid: ", divisors_text(m.heads));
+  SEQPAR_ARG_CHECK(m.heads % p.mesh.mesh.tp == 0, "--tp ", p.mesh.mesh.tp, " does not divide the ",
+                   m.heads, " heads of ", o.model, "; valid: ", divisors_text(m.heads));
   if (p.model.experts.size() == 2)
     p.boundary = o.boundary_ratio.value_or(*p.model.boundary_ratio) * 1000.0;
   if (o.steps > 0) {
@@ -201,9 +201,10 @@ RankResult run_rank(Communicator& world, const Plan& p, const Inputs& in, const 
 }
 
 int report(const DenoiseOptions& o, const Plan& p, const Inputs& in, const RankResult& r,
-           const std::string& backend) {
+           const std::string& backend, OutputFile& output) {
   const std::string out_name = o.steps == 0 ? "noise_pred" : "latents";
-  write_safetensors(o.output, {{out_name, r.output}}, {{"format", "pt"}});
+  write_safetensors(output.file(), {{out_name, r.output}}, {{"format", "pt"}});
+  output.commit();
   double total = 0;
   for (double s : r.step_seconds) total += s;
   const ModelPreset& m = p.model.experts[0].preset;
@@ -258,8 +259,9 @@ int run_threads(const DenoiseOptions& o) {
   Plan p = resolve(o, 0);
   const Inputs in = read_inputs(o, p.model.experts[0].preset);
   check_cfg(o, p, in);
-  // Both files open before the work, so a path that cannot be written fails up front.
-  OutputFile("--output", o.output);
+  // Both outputs are checked before the work (neither may be an input; their folders must take
+  // a file); they appear when written.
+  OutputFile output("--output", o.output);
   std::optional<OutputFile> trace_out;
   if (!o.trace.empty()) trace_out.emplace("--trace", o.trace);
   RankResult got;
@@ -272,7 +274,7 @@ int run_threads(const DenoiseOptions& o) {
       write_trace(world, world.rank() == 0 ? &*trace_out : nullptr, &trace_error);
     if (world.rank() == 0) got = std::move(r);
   });
-  const int code = report(o, p, in, got, "threads");
+  const int code = report(o, p, in, got, "threads", output);
   if (!trace_error.empty()) {
     std::fprintf(stderr, "seqpar: error: %s\n", trace_error.c_str());
     return finish_output(1);
@@ -283,7 +285,7 @@ int run_threads(const DenoiseOptions& o) {
 int run_mpi(const DenoiseOptions& o) {
   Plan p;
   Inputs in;
-  std::optional<OutputFile> trace_out;
+  std::optional<OutputFile> output, trace_out;
   return run_on_mpi(
       o.json,
       [&](int world_size) {
@@ -293,7 +295,7 @@ int run_mpi(const DenoiseOptions& o) {
       },
       [&](Communicator& world) {
         if (world.rank() == 0) {
-          OutputFile("--output", o.output);
+          output.emplace("--output", o.output);
           if (!o.trace.empty()) trace_out.emplace("--trace", o.trace);
         }
         if (!o.trace.empty()) {
@@ -304,7 +306,7 @@ int run_mpi(const DenoiseOptions& o) {
         std::string trace_error;
         if (!o.trace.empty()) write_trace(world, trace_out ? &*trace_out : nullptr, &trace_error);
         if (world.rank() != 0) return 0;
-        int code = report(o, p, in, r, "mpi");
+        int code = report(o, p, in, r, "mpi", *output);
         if (!trace_error.empty()) {
           std::fprintf(stderr, "seqpar: error: %s\n", trace_error.c_str());
           code = 1;

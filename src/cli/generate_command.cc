@@ -39,16 +39,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 constexpr int64_t kMaxPromptFileBytes = int64_t{1} << 30;
 
 std::string read_file(const std::string& flag, const std::string& path) {
-  struct stat st {};
-  SEQPAR_ARG_CHECK(::stat(path.c_str(), &st) == 0, flag, " ", path, ": cannot read the file (",
-                   std::strerror(errno), ")");
-  SEQPAR_ARG_CHECK(S_ISREG(st.st_mode), flag, " ", path, ": not a regular file");
-  SEQPAR_ARG_CHECK(st.st_size <= kMaxPromptFileBytes, flag, " ", path, ": ", st.st_size,
-                   " bytes; at most ", limits::max_text(kMaxPromptFileBytes));
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return files::read_input(flag, path, "a file of token ids", kMaxPromptFileBytes);
 }
 
 // "1, 2 3\n4": integers separated by commas and/or whitespace.
@@ -175,7 +166,7 @@ struct Prepared {
   ParallelConfig mesh;
   std::vector<int32_t> prompt;
   std::vector<std::vector<int32_t>> turns;  // --turn-ids
-  Decoder::Options chunking;  // --prefill-chunk, --chunk-strategy, --hardware
+  Decoder::Options chunking;                // --prefill-chunk, --chunk-strategy, --hardware
 };
 
 Prepared prepare(const GenerateOptions& o, int world) {
@@ -200,8 +191,8 @@ Prepared prepare(const GenerateOptions& o, int world) {
                       limits::kMaxSteps);
   for (const std::string& text : o.turn_ids) {
     names.prompt = "--turn-ids";
-    p.turns.push_back(check_llama_prompt(p.ck, parse_id_text("--turn-ids", text),
-                                         o.max_new_tokens, true, names));
+    p.turns.push_back(
+        check_llama_prompt(p.ck, parse_id_text("--turn-ids", text), o.max_new_tokens, true, names));
     last += static_cast<int64_t>(p.turns.back().size()) + o.max_new_tokens;
   }
   SEQPAR_ARG_CHECK(p.turns.empty() || last <= m.max_positions || o.allow_long_context,
@@ -326,10 +317,9 @@ int report(const GenerateOptions& o, const Prepared& p, const Generated& g,
     json turns = json::array();
     for (size_t t = 0, at = 0; t < out.turn_tokens.size(); ++t) {
       const size_t count = static_cast<size_t>(out.turn_tokens[t]);
-      turns.push_back(
-          {{"prompt_tokens", t == 0 ? p.prompt.size() : p.turns[t - 1].size()},
-           {"tokens", std::vector<int32_t>(out.tokens.begin() + at,
-                                           out.tokens.begin() + at + count)}});
+      turns.push_back({{"prompt_tokens", t == 0 ? p.prompt.size() : p.turns[t - 1].size()},
+                       {"tokens", std::vector<int32_t>(out.tokens.begin() + at,
+                                                       out.tokens.begin() + at + count)}});
       at += count;
     }
     j["turns"] = turns;

@@ -24,8 +24,8 @@ using nlohmann::json;
 
 // What a run produced on rank 0 (for comparison and the report).
 struct ModelResult {
-  Tensor output;                // dit: the sample (or velocity); llm: all logits stacked
-  std::vector<int32_t> tokens;  // llm
+  Tensor output;                       // dit: the sample (or velocity); llm: all logits stacked
+  std::vector<int32_t> tokens;         // llm
   std::vector<Decoder::Chunk> chunks;  // llm
   double seconds = 0;
   int64_t seq = 0;
@@ -160,6 +160,14 @@ json error_json(double err) {
   return json(std::isnan(err) ? "nan" : err > 0 ? "inf" : "-inf");
 }
 
+// The root mean square of the output's elements (a fingerprint of the result in the JSON).
+double rms(const Tensor& t) {
+  const Tensor f = t.dtype() == DType::kF32 ? t : t.to(DType::kF32);
+  double sum = 0;
+  for (int64_t i = 0; i < f.numel(); ++i) sum += double(f.data<float>()[i]) * f.data<float>()[i];
+  return f.numel() > 0 ? std::sqrt(sum / static_cast<double>(f.numel())) : 0.0;
+}
+
 int report(const ModelOptions& o, const Resolved& r, const ModelResult& got,
            const ModelResult* single, const std::string& backend) {
   double err = NAN;
@@ -179,6 +187,7 @@ int report(const ModelOptions& o, const Resolved& r, const ModelResult& got,
     j["seconds"] = got.seconds;
     j["bytes_sent_rank0"] = got.comm.total_sent();
     j["max_abs_err"] = single ? error_json(err) : json(nullptr);
+    j["output_rms"] = error_json(rms(got.output));
     j["ok"] = ok;
     if (r.preset.family == ModelFamily::kLlm) {
       j["tokens"] = got.tokens;
@@ -250,10 +259,12 @@ int run_model_command(const ModelOptions& o) {
   if (o.backend != "mpi") {
     Resolved r = resolve(o, 0);
     const int n = r.shape.world();
-    // The file opens before the work; write_safetensors writes it at the end.
-    if (!o.save_weights.empty()) OutputFile("--save-weights", o.save_weights);
     WeightStore ws = load_weights(o, r);
-    if (!o.save_weights.empty()) write_safetensors(o.save_weights, ws.all(), {});
+    if (!o.save_weights.empty()) {
+      OutputFile saved("--save-weights", o.save_weights);
+      write_safetensors(saved.file(), ws.all());
+      saved.commit();
+    }
     ModelResult got, single;
     run_on_threads(n, [&](Communicator& world) {
       ModelResult res = run_model(world, r, o, ws, r.shape);

@@ -22,13 +22,13 @@
 
 #include "commands.h"
 #include "mesh_run.h"
-#include "trace_file.h"
 #include "seqpar/comm/threads.h"
 #include "seqpar/core/timer.h"
 #include "seqpar/core/trace.h"
 #include "seqpar/parallel/runner.h"
 #include "seqpar/plan/cache_choice.h"
 #include "seqpar/plan/hardware.h"
+#include "trace_file.h"
 
 namespace seqpar::cli {
 
@@ -303,7 +303,9 @@ int print_report(const Run& run, const Report& rep, const std::string& backend) 
         j["threshold_tokens"] = run.choice->rule.threshold_tokens;
         j["rule_choice"] = strategy_name(run.choice->rule.kind);
         j["choice_reason"] = run.choice->reason;
-        auto predicted = [](const std::optional<double>& t) { return t ? json(*t) : json(nullptr); };
+        auto predicted = [](const std::optional<double>& t) {
+          return t ? json(*t) : json(nullptr);
+        };
         j["predicted_seconds"] = {{"passkv", predicted(run.choice->passkv_s)},
                                   {"passq_ring", predicted(run.choice->passq_ring_s)},
                                   {"passq", predicted(run.choice->passq_s)}};
@@ -498,19 +500,23 @@ int run_mpi(const RunOptions& opts, std::chrono::milliseconds timeout) {
     // Rank 0 opens the trace file before the work; every rank learns whether it could.
     std::optional<OutputFile> trace_out;
     std::string open_error;
+    int32_t open_failed = 0;  // the exit code: 2 for a path that is an input, 1 otherwise
     if (!opts.trace.empty() && comm.rank() == 0) {
       try {
         trace_out.emplace("--trace", opts.trace);
+      } catch (const InvalidArgument& e) {
+        open_error = cli_message(e);
+        open_failed = 2;
       } catch (const Error& e) {
         open_error = e.what();
+        open_failed = 1;
       }
     }
-    int32_t open_failed = open_error.empty() ? 0 : 1;
     comm.broadcast(&open_failed, sizeof(open_failed), 0);
     if (open_failed) {
-      if (opts.json && comm.rank() == 0) print_json_error(open_error, 1);
+      if (opts.json && comm.rank() == 0) print_json_error(open_error, open_failed);
       if (comm.rank() == 0) std::fprintf(stderr, "seqpar: error: %s\n", open_error.c_str());
-      return 1;
+      return open_failed;
     }
     Report report;
     if (!opts.trace.empty()) trace::start();

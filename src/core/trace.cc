@@ -4,11 +4,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <limits>
 #include <mutex>
 
 #include "seqpar/core/error.h"
+#include "seqpar/core/files.h"
 
 namespace seqpar::trace {
 
@@ -176,15 +176,7 @@ std::string to_json(const std::string& fragments, int ranks) {
 }
 
 void write_json(const std::string& path, const std::string& fragments, int ranks) {
-  const std::string out = to_json(fragments, ranks);
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) throw Error(detail::concat("cannot open the trace file '", path, "' for writing"));
-  f.write(out.data(), static_cast<std::streamsize>(out.size()));
-  f.flush();
-  const bool written = f.good();
-  f.close();
-  if (!written) throw Error(detail::concat("cannot write the trace file '", path, "'"));
-  if (!f) throw Error(detail::concat("cannot write the trace file '", path, "'"));
+  files::write_atomically("trace", path, to_json(fragments, ranks));
 }
 
 void write_json(const std::string& path, const std::vector<Event>& events, int ranks) {

@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "seqpar/core/files.h"
 #include "seqpar/core/json_limits.h"
 #include "seqpar/core/limits.h"
 #include "seqpar/model/decoder.h"
@@ -27,23 +28,9 @@ constexpr const char* kConfig = "config.json";
 constexpr const char* kSingleFile = "model.safetensors";
 constexpr const char* kIndex = "model.safetensors.index.json";
 
-bool is_file(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
 // A JSON file's text, read whole: a regular file of at most limits::kMaxFileBytes.
 std::string read_text_file(const std::string& path) {
-  struct stat st {};
-  SEQPAR_ARG_CHECK(::stat(path.c_str(), &st) == 0, path, ": cannot read the file");
-  SEQPAR_ARG_CHECK(S_ISREG(st.st_mode), path, ": not a regular file");
-  SEQPAR_ARG_CHECK(st.st_size <= limits::kMaxFileBytes, path, ": ", st.st_size, " bytes; at most ",
-                   limits::max_text(limits::kMaxFileBytes));
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  SEQPAR_ARG_CHECK(in.good() || in.eof(), path, ": cannot read the file");
-  return ss.str();
+  return files::read_input("", path, "a JSON file", limits::kMaxFileBytes);
 }
 
 // A JSON file read whole, within JsonLimits.
@@ -237,7 +224,7 @@ LlamaCheckpoint open_llama_checkpoint(const std::string& dir) {
                    ": not a directory; give a Hugging Face model directory (config.json and "
                    "model.safetensors or model.safetensors.index.json)");
   const std::string config_path = dir + "/" + kConfig;
-  SEQPAR_ARG_CHECK(is_file(config_path), config_path,
+  SEQPAR_ARG_CHECK(files::is_regular_file(config_path), config_path,
                    ": missing; a Hugging Face Llama directory holds config.json");
   LlamaCheckpoint ck;
   ck.dir = dir;
@@ -247,7 +234,7 @@ LlamaCheckpoint open_llama_checkpoint(const std::string& dir) {
   // Which file holds each stored tensor.
   std::map<std::string, std::shared_ptr<const SafetensorsFile>> where;
   const std::string index_path = dir + "/" + kIndex;
-  if (is_file(index_path)) {
+  if (files::is_regular_file(index_path)) {
     const json index = read_json_file(index_path);
     SEQPAR_ARG_CHECK(
         index.is_object() && index.contains("weight_map") && index.at("weight_map").is_object(),
@@ -263,7 +250,7 @@ LlamaCheckpoint open_llama_checkpoint(const std::string& dir) {
       auto it = shards.find(shard);
       if (it == shards.end()) {
         const std::string shard_path = dir + "/" + shard;
-        SEQPAR_ARG_CHECK(is_file(shard_path), index_path, ": names shard '",
+        SEQPAR_ARG_CHECK(files::is_regular_file(shard_path), index_path, ": names shard '",
                          quote_for_message(shard), "' (for '", quote_for_message(name),
                          "'), which is missing from ", dir);
         it = shards.emplace(shard, std::make_shared<const SafetensorsFile>(shard_path)).first;
@@ -274,8 +261,8 @@ LlamaCheckpoint open_llama_checkpoint(const std::string& dir) {
     }
   } else {
     const std::string single = dir + "/" + kSingleFile;
-    SEQPAR_ARG_CHECK(is_file(single), dir, ": neither ", kSingleFile, " nor ", kIndex,
-                     " is there; expected the weights of a Hugging Face Llama directory");
+    SEQPAR_ARG_CHECK(files::is_regular_file(single), dir, ": neither ", kSingleFile, " nor ",
+                     kIndex, " is there; expected the weights of a Hugging Face Llama directory");
     auto file = std::make_shared<const SafetensorsFile>(single);
     for (const std::string& name : file->names()) where[name] = file;
   }
@@ -348,11 +335,7 @@ void write_llama_checkpoint(const std::string& dir, const ModelPreset& m,
         {"original_max_position_embeddings", m.rope_scaling.original_max_positions}};
   if (eos_token_ids.size() == 1) config["eos_token_id"] = eos_token_ids[0];
   if (eos_token_ids.size() > 1) config["eos_token_id"] = eos_token_ids;
-  {
-    std::ofstream out(dir + "/" + kConfig);
-    out << config.dump(2) << "\n";
-    SEQPAR_CHECK(out.good(), dir, "/", kConfig, ": cannot write the file");
-  }
+  files::write_atomically("dir", dir + "/" + kConfig, config.dump(2) + "\n");
   // Shards in parameter order, each up to max_shard_bytes (a larger tensor gets its own).
   std::vector<std::map<std::string, Tensor>> shards(1);
   int64_t bytes = 0;
@@ -379,9 +362,7 @@ void write_llama_checkpoint(const std::string& dir, const ModelPreset& m,
     write_safetensors(dir + "/" + name, shards[k], meta);
     for (const auto& [stored, t] : shards[k]) index["weight_map"][stored] = name;
   }
-  std::ofstream out(dir + "/" + kIndex);
-  out << index.dump(2) << "\n";
-  SEQPAR_CHECK(out.good(), dir, "/", kIndex, ": cannot write the file");
+  files::write_atomically("dir", dir + "/" + kIndex, index.dump(2) + "\n");
 }
 
 std::vector<float> llama_rope_inv_freq(const ModelPreset& m) {

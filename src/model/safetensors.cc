@@ -16,6 +16,7 @@
 #include <string_view>
 
 #include "seqpar/core/error.h"
+#include "seqpar/core/files.h"
 #include "seqpar/core/json_limits.h"
 
 namespace seqpar {
@@ -275,13 +276,9 @@ SafetensorsHeader parse_safetensors(std::span<const std::byte> file, const std::
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, "cannot open: ", std::strerror(errno));
+  const int fd = files::open_input("", path, "a safetensors file");
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail(path, "not a regular file");
-  }
+  ::fstat(fd, &st);
   const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
   if (file_bytes < 8) {
     ::close(fd);
@@ -407,12 +404,12 @@ Tensor SafetensorsFile::tensor(const std::string& name, DType to) const {
   return t.dtype() == to ? t : t.to(to);
 }
 
-void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
+void write_safetensors(files::AtomicOutput& out, const std::map<std::string, Tensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   json header = json::object();
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
-    SEQPAR_ARG_CHECK(name != "__metadata__", path,
+    SEQPAR_ARG_CHECK(name != "__metadata__", out.path(),
                      ": '__metadata__' is reserved and cannot name a tensor");
     header[name] = {{"dtype", std::string(safetensors_dtype_name(t.dtype()))},
                     {"shape", t.shape()},
@@ -423,18 +420,19 @@ void write_safetensors(const std::string& path, const std::map<std::string, Tens
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // data section starts 8-byte aligned
   const uint64_t header_bytes = text.size();
-
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw Error(detail::concat(path, ": cannot open for writing: ", std::strerror(errno)));
   char size_le[8];
   std::memcpy(size_le, &header_bytes, 8);
   out.write(size_le, 8);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  out.write(text);
   for (const auto& [name, t] : tensors)
-    if (t.nbytes() > 0)
-      out.write(static_cast<const char*>(t.raw()), static_cast<std::streamsize>(t.nbytes()));
-  out.close();
-  if (!out) throw Error(detail::concat(path, ": write failed: ", std::strerror(errno)));
+    if (t.nbytes() > 0) out.write(t.raw(), t.nbytes());
+}
+
+void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  files::AtomicOutput out("output", path);
+  write_safetensors(out, tensors, metadata);
+  out.commit();
 }
 
 Tensor load_checked(const SafetensorsFile& file, const std::string& name,

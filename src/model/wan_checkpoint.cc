@@ -1,12 +1,11 @@
 #include <sys/stat.h>
 
 #include <cmath>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 
+#include "seqpar/core/files.h"
 #include "seqpar/core/json_limits.h"
 #include "seqpar/core/limits.h"
 #include "seqpar/model/dit.h"
@@ -23,10 +22,6 @@ namespace {
 
 using nlohmann::json;
 
-bool is_file(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
 bool is_dir(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
@@ -39,11 +34,7 @@ std::string shape_text(const std::vector<int64_t>& s) {
 }
 
 json read_json(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  SEQPAR_ARG_CHECK(in.good(), path, ": cannot be read");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
+  const std::string text = files::read_input("", path, "a JSON file", limits::kMaxFileBytes);
   check_json_limits(text, path, JsonLimits{static_cast<size_t>(limits::kMaxFileBytes), 64});
   json j = json::parse(text, nullptr, false);
   SEQPAR_ARG_CHECK(!j.is_discarded() && j.is_object(), path, ": is not a JSON object");
@@ -176,12 +167,12 @@ ModelPreset original_preset(const json& c, const std::string& path) {
 void open_weights(WanExpert& e) {
   const std::string single = e.dir + "/diffusion_pytorch_model.safetensors";
   const std::string index = single + ".index.json";
-  if (is_file(single)) {
+  if (files::is_regular_file(single)) {
     auto f = std::make_shared<const SafetensorsFile>(single);
     for (const std::string& n : f->names()) e.tensors.emplace_back(n, f);
     return;
   }
-  SEQPAR_ARG_CHECK(is_file(index), e.dir,
+  SEQPAR_ARG_CHECK(files::is_regular_file(index), e.dir,
                    ": holds no weights; expected diffusion_pytorch_model.safetensors or "
                    "diffusion_pytorch_model.safetensors.index.json");
   const json j = read_json(index);
@@ -282,12 +273,13 @@ std::string wan_stored_name(const std::string& name, WanLayout layout) {
 WanModel open_wan_model(const std::string& dir) {
   SEQPAR_ARG_CHECK(is_dir(dir), "--model ", dir, ": is not a directory");
   WanModel w;
-  if (is_file(dir + "/model_index.json") || is_file(dir + "/transformer/config.json")) {
+  if (files::is_regular_file(dir + "/model_index.json") ||
+      files::is_regular_file(dir + "/transformer/config.json")) {
     w.experts.push_back(open_expert(dir + "/transformer", WanLayout::kDiffusers));
-    if (is_file(dir + "/transformer_2/config.json")) {
+    if (files::is_regular_file(dir + "/transformer_2/config.json")) {
       w.experts.push_back(open_expert(dir + "/transformer_2", WanLayout::kDiffusers));
       const std::string index = dir + "/model_index.json";
-      SEQPAR_ARG_CHECK(is_file(index), dir,
+      SEQPAR_ARG_CHECK(files::is_regular_file(index), dir,
                        ": has transformer_2 but no model_index.json; "
                        "expected one with key 'boundary_ratio'");
       w.boundary_ratio = float_key(read_json(index), index, "boundary_ratio", 0);
@@ -295,12 +287,12 @@ WanModel open_wan_model(const std::string& dir) {
                        ": key 'boundary_ratio' is missing; expected a number in (0, 1) for the "
                        "two experts");
     }
-  } else if (is_file(dir + "/high_noise_model/config.json")) {
+  } else if (files::is_regular_file(dir + "/high_noise_model/config.json")) {
     // Wan 2.2 A14B as published: the experts switch at t = 875 for text-to-video.
     w.experts.push_back(open_expert(dir + "/high_noise_model", WanLayout::kOriginal));
     w.experts.push_back(open_expert(dir + "/low_noise_model", WanLayout::kOriginal));
     w.boundary_ratio = 0.875;
-  } else if (is_file(dir + "/config.json")) {
+  } else if (files::is_regular_file(dir + "/config.json")) {
     const json c = read_json(dir + "/config.json");
     const bool diffusers = c.value("_class_name", std::string()) == "WanTransformer3DModel";
     SEQPAR_ARG_CHECK(diffusers || c.contains("dim"), dir,

@@ -1,15 +1,13 @@
 #include "seqpar/parallel/config_file.h"
 
-#include <sys/stat.h>
-
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <vector>
 
 #include "seqpar/core/error.h"
+#include "seqpar/core/files.h"
 #include "seqpar/core/json_limits.h"
 #include "seqpar/core/limits.h"
 
@@ -36,12 +34,11 @@ void set_key(DegreeSpec& d, const std::string& key, const std::string& value, bo
                                  : key == "sequence_parallel_size" ? &d.sp
                                                                    : nullptr;
   const bool fixed_one = key == "pipeline_parallel_size" || key == "data_parallel_size";
-  SEQPAR_ARG_CHECK(slot != nullptr || fixed_one, what, " is not a parallel-config key; valid: ",
-                   kKeys);
+  SEQPAR_ARG_CHECK(slot != nullptr || fixed_one, what,
+                   " is not a parallel-config key; valid: ", kKeys);
   const std::optional<int64_t> v = is_int ? limits::parse_int64(value) : std::nullopt;
-  SEQPAR_ARG_CHECK(v && *v >= 1 && *v <= limits::kMaxRanks, what, " is '",
-                   quote_for_message(value), "'; valid: an integer from 1 to ",
-                   limits::max_text(limits::kMaxRanks));
+  SEQPAR_ARG_CHECK(v && *v >= 1 && *v <= limits::kMaxRanks, what, " is '", quote_for_message(value),
+                   "'; valid: an integer from 1 to ", limits::max_text(limits::kMaxRanks));
   if (fixed_one) {
     SEQPAR_ARG_CHECK(*v == 1, what, " is ", *v, "; seqpar runs no pipeline or data parallelism ",
                      "(valid: 1)");
@@ -92,7 +89,7 @@ DegreeSpec parse_json(std::string_view text, std::string_view source) {
 // ---- YAML (block mappings, lists of mappings, scalars) ----
 
 struct YamlLine {
-  int indent = 0;  // columns before the key (a "- " list marker counts as indentation)
+  int indent = 0;          // columns before the key (a "- " list marker counts as indentation)
   std::string key, value;  // value empty: a mapping or list follows
   int number = 0;
 };
@@ -207,17 +204,9 @@ namespace {
 // The file at `path` read and parsed; messages name it by its path.
 DegreeSpec read_config_text(const std::string& path) {
   const std::string source = quote_for_message(path);
-  struct stat st {};
-  SEQPAR_ARG_CHECK(::stat(path.c_str(), &st) == 0, source, ": cannot read it (",
-                   std::strerror(errno), ")");
-  SEQPAR_ARG_CHECK(S_ISREG(st.st_mode), source, " is not a regular file; give a JSON or YAML file");
-  SEQPAR_ARG_CHECK(st.st_size <= limits::kMaxFileBytes, source, " is ", st.st_size,
-                   " bytes; a parallel config is at most ", limits::max_text(limits::kMaxFileBytes));
-  std::ifstream f(path, std::ios::binary);
-  SEQPAR_ARG_CHECK(f.good(), source, ": cannot open it");
-  std::ostringstream text;
-  text << f.rdbuf();
-  return parse_parallel_config(text.str(), source);
+  const std::string text =
+      files::read_input("", path, "a JSON or YAML file", limits::kMaxFileBytes);
+  return parse_parallel_config(text, source);
 }
 
 }  // namespace
@@ -251,11 +240,11 @@ MeshShape resolve_degrees(const DegreeSpec& d) {
     SEQPAR_ARG_CHECK(int64_t{m.ring} * m.ulysses == sp, "sequence_parallel_size ", sp,
                      " must equal ulysses_degree x ring_degree = ", m.ulysses, " x ", m.ring);
   } else if (d.ulysses || d.ring) {
-    const int given = narrow(d.ulysses ? "ulysses_degree" : "ring_degree",
-                             d.ulysses ? d.ulysses : d.ring, 1);
+    const int given =
+        narrow(d.ulysses ? "ulysses_degree" : "ring_degree", d.ulysses ? d.ulysses : d.ring, 1);
     SEQPAR_ARG_CHECK(sp % given == 0, d.ulysses ? "ulysses_degree " : "ring_degree ", given,
-                     " does not divide sequence_parallel_size ", sp, "; valid: ",
-                     divisors_text(sp));
+                     " does not divide sequence_parallel_size ", sp,
+                     "; valid: ", divisors_text(sp));
     (d.ulysses ? m.ulysses : m.ring) = given;
     (d.ulysses ? m.ring : m.ulysses) = sp / given;
   } else {

@@ -1,15 +1,17 @@
 #include "seqpar/plan/hardware.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <thread>
 #include <utility>
 
 #include "seqpar/core/error.h"
+#include "seqpar/core/files.h"
 #include "seqpar/core/json_limits.h"
+#include "seqpar/core/limits.h"
 
 namespace seqpar {
 
@@ -49,19 +51,15 @@ std::string names_text() {
   return valid;
 }
 
-bool file_exists(const std::string& path) {
-  std::ifstream f(path);
-  return f.good();
-}
+bool file_exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
 
+// Never blocks (a FIFO is refused, not opened for reading).
 HardwareProfile read_profile_file(const std::string& path) {
-  std::ifstream f(path);
-  SEQPAR_ARG_CHECK(f.good(), "hardware '", path, "'",
+  SEQPAR_ARG_CHECK(file_exists(path), "hardware '", path, "'",
                    ": cannot read the file; valid names: ", names_text(),
                    ", or a path to a profile JSON file");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return hardware_profile_from_json(ss.str(), path);
+  return hardware_profile_from_json(
+      files::read_input("hardware", path, "a profile JSON file", limits::kMaxFileBytes), path);
 }
 
 // The JSON fields, in the order they are written.

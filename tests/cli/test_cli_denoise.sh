@@ -123,6 +123,29 @@ expect_exit2 "--cfg 2 runs the two guidance branches side by side" \
   denoise $m --inputs "$tmp/in.safetensors" --cfg 2 --guidance 1
 expect_exit2 "--model is required" denoise --inputs "$tmp/in.safetensors" --output "$tmp/o"
 
+# Outputs never destroy inputs (core/files.h): --output or --trace naming a file the run reads is
+# refused before the work (exit 2, one line naming both); the inputs stay byte for byte.
+inputs_before=$(cat "$tmp"/wan/* "$tmp/in.safetensors" | sha256sum)
+printf '{"ulysses_degree": 1}\n' >"$tmp/pc.json"
+for out in "$tmp/wan/diffusion_pytorch_model.safetensors" "$tmp/wan/config.json" \
+           "$tmp/in.safetensors" "$tmp/wan/../in.safetensors"; do
+  for flag in --output --trace; do
+    expect_exit2 "$flag '$out' is the input '.*' of this run" \
+      denoise --model "$tmp/wan" --inputs "$tmp/in.safetensors" --output "$tmp/o2.safetensors" \
+      $flag "$out"
+  done
+done
+expect_exit2 "--output '$tmp/pc.json' is the input" denoise --model "$tmp/wan" \
+  --inputs "$tmp/in.safetensors" --parallel-config "$tmp/pc.json" --output "$tmp/pc.json"
+expect_exit2 "--trace '$tmp/o3' is also the file of --output" denoise --model "$tmp/wan" \
+  --inputs "$tmp/in.safetensors" --output "$tmp/o3" --trace "$tmp/o3"
+[ "$(cat "$tmp"/wan/* "$tmp/in.safetensors" | sha256sum)" = "$inputs_before" ] && ok ||
+  bad "an input changed under a refused --output"
+[ ! -e "$tmp/o2.safetensors" ] && [ ! -e "$tmp/o3" ] && ok || bad "a refused run left an output"
+mkfifo "$tmp/fifo"
+expect_exit2 "$tmp/fifo: is a FIFO, not a regular file; give a safetensors file" \
+  denoise $m --inputs "$tmp/fifo"
+
 if [ -n "$mpiexec" ]; then
   run_mpi() { "$mpiexec" --allow-run-as-root --oversubscribe \
                 --mca btl_vader_single_copy_mechanism none "$@"; }

@@ -123,7 +123,7 @@ expect_exit2 "'x' is not a token id" $(gen --model "$tmp/good" --prompt-ids 1,x)
 expect_exit2 "give the prompt as one of --prompt-ids" $(gen --model "$tmp/good")
 expect_exit2 "give the prompt as one of --prompt-ids" \
   $(gen --model "$tmp/good" --prompt-ids 1 --prompt-ids-file "$tmp/good/config.json")
-expect_exit2 "--prompt-ids-file $tmp/nofile.npy: cannot read the file" \
+expect_exit2 "--prompt-ids-file '$tmp/nofile.npy': cannot open the file" \
   $(gen --model "$tmp/good" --prompt-ids-file "$tmp/nofile.npy")
 printf 'not numpy' >"$tmp/bad.npy"
 expect_exit2 "not a .npy file" $(gen --model "$tmp/good" --prompt-ids-file "$tmp/bad.npy")
@@ -154,6 +154,53 @@ expect_exit2 "--tp 3 must divide num_attention_heads 2" $(gen --model "$tmp/good
 expect_exit2 "--max-new-tokens 0 is out of range" $(gen --model "$tmp/good" --prompt-ids 1 --max-new-tokens 0)
 out=$("$bin" $(gen --model "$tmp/empty2" --prompt-ids 1 --json) 2>/dev/null); rc=$?
 [ $rc -eq 2 ] && [ "$(json_get "$out" exit_code)" = 2 ] && ok || bad "--json error object: $rc $out"
+
+# Outputs never destroy inputs (core/files.h): an --output that is, by any path, a file the run
+# reads is refused (exit 2, one line naming both) before anything is written; the inputs stay
+# byte for byte; a refused or killed run leaves no file under the output's name, nor a temporary.
+digest() { cat "$@" | sha256sum; }
+inputs_before=$(digest "$tmp"/good/* "$tmp"/sharded/*)
+printf '1,2,3\n' >"$tmp/prompt.txt"
+printf '{"ring_degree": 1}\n' >"$tmp/pc.json"
+ln -sf "$tmp/good/model.safetensors" "$tmp/link.safetensors"
+ln -f "$tmp/good/model.safetensors" "$tmp/hard.safetensors"
+for out in "$tmp/good/model.safetensors" "$tmp/good/../good/./model.safetensors" \
+           "$tmp/link.safetensors" "$tmp/hard.safetensors" "$tmp/good/config.json"; do
+  expect_exit2 "--output '$out' is the input '.*' of this run; write the output to another file" \
+    $(gen --model "$tmp/good" --prompt-ids 1,2,3 --output "$out")
+done
+for out in "$tmp/sharded/model-00002-of-00003.safetensors" \
+           "$tmp/sharded/model.safetensors.index.json"; do
+  expect_exit2 "is the input" $(gen --model "$tmp/sharded" --prompt-ids 1,2,3 --output "$out")
+done
+expect_exit2 "--output '$tmp/prompt.txt' is the input" \
+  $(gen --model "$tmp/good" --prompt-ids-file "$tmp/prompt.txt" --output "$tmp/prompt.txt")
+expect_exit2 "--output '$tmp/pc.json' is the input" \
+  $(gen --model "$tmp/good" --prompt-ids 1 --parallel-config "$tmp/pc.json" --output "$tmp/pc.json")
+[ "$(digest "$tmp"/good/* "$tmp"/sharded/*)" = "$inputs_before" ] && ok ||
+  bad "an input changed under a refused --output"
+[ "$(cat "$tmp/prompt.txt")" = "1,2,3" ] && [ "$(cat "$tmp/pc.json")" = '{"ring_degree": 1}' ] &&
+  ok || bad "the prompt or config file changed"
+# A refused run leaves nothing; an existing output is untouched by a refused run, replaced by a
+# good one; a folder that does not exist is refused before the work (exit 1).
+expect_exit2 "no tensor" $(gen --model "$tmp/layer" --prompt-ids 1 --output "$tmp/refused.out")
+[ ! -e "$tmp/refused.out" ] && ok || bad "a refused run left $tmp/refused.out"
+printf 'keep' >"$tmp/old.out"
+expect_exit2 "no tensor" $(gen --model "$tmp/layer" --prompt-ids 1 --output "$tmp/old.out")
+[ "$(cat "$tmp/old.out")" = keep ] && ok || bad "a refused run changed an existing output"
+"$bin" $(gen --model "$tmp/good" --prompt-ids 1 --output "$tmp/old.out") >/dev/null 2>&1 &&
+  [ "$(head -c 8 "$tmp/old.out" | od -An -tx1)" != "$(printf keep | od -An -tx1)" ] && ok ||
+  bad "a good run did not replace the output"
+err=$("$bin" $(gen --model "$tmp/good" --prompt-ids 1 --output "$tmp/nodir/x.out") 2>&1); rc=$?
+[ $rc -eq 1 ] && printf '%s' "$err" | grep -q "the folder '$tmp/nodir' does not exist" && ok ||
+  bad "--output in a missing folder: exit $rc: $err"
+mkdir -p "$tmp/killed"
+"$bin" $(gen --model "$tmp/good" --prompt-ids 1 --max-new-tokens 1000000 --allow-long-context \
+         --output "$tmp/killed/out.safetensors") >/dev/null 2>&1 &
+pid=$!
+sleep 1
+kill -KILL $pid 2>/dev/null; wait $pid 2>/dev/null
+[ -z "$(ls -A "$tmp/killed")" ] && ok || bad "a killed run left: $(ls -A "$tmp/killed")"
 
 # Under MPI every rank meets the error; one line is printed.
 if [ -n "$mpiexec" ]; then

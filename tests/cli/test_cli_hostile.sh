@@ -84,8 +84,9 @@ done <<'TABLE'
 2|--threads 100000 is out of range|run --threads 100000
 TABLE
 
-# 4. Outputs opened before the work; every write and close checked.
-expect 1 - "cannot open the file for writing" run $small --trace "$tmp/no/such/dir/t.json"
+# 4. Outputs checked before the work, written whole or not at all (core/files.h); every write,
+# flush and close checked; an output that is an input of the run refused before it runs.
+expect 1 - "the folder '$tmp/no/such/dir' does not exist" run $small --trace "$tmp/no/such/dir/t.json"
 expect 1 - "--trace '/dev/full': cannot write" run $small --trace /dev/full
 out=$(timeout "$limit" "$bin" run $small --json --trace /dev/full 2>/dev/null)
 [ "$(json_get "$out" ok)" = "True" ] && ok || bad "--trace /dev/full lost the report: $out"
@@ -95,10 +96,28 @@ expect 1 /dev/full "cannot write the output to stdout" mesh --heads 8 --seq 64 -
 expect 1 /dev/full "cannot write the output to stdout" plan --seq 1024 --heads 8 --json
 expect 1 /dev/full "cannot write the output to stdout" info --json
 expect 1 - "--svg '/dev/full': cannot write" plan --seq 1024 --heads 8 --simulate --svg /dev/full
-expect 1 - "cannot open the file for writing" plan --seq 1024 --heads 8 --simulate --svg "$tmp/no/x.svg"
+expect 1 - "the folder '$tmp/no' does not exist" plan --seq 1024 --heads 8 --simulate --svg "$tmp/no/x.svg"
 expect 1 - "--out '/dev/full': cannot write" calibrate --quick --out /dev/full
-expect 1 - "cannot open the file for writing" model --preset tiny-llm --save-weights "$tmp/no/w.safetensors"
-expect 1 - "/dev/full: write failed" model --preset tiny-llm --save-weights /dev/full --decode 1
+expect 1 - "the folder '$tmp/no' does not exist" calibrate --quick --out "$tmp/no/x.json"
+[ ! -e "$tmp/no" ] && ok || bad "calibrate --out made the folder $tmp/no"
+expect 2 - "--out is empty; give a file path" calibrate --quick --out ''
+expect 1 - "the folder '$tmp/no' does not exist" model --preset tiny-llm --save-weights "$tmp/no/w.safetensors"
+expect 1 - "--save-weights '/dev/full': cannot write the file" model --preset tiny-llm --save-weights /dev/full --decode 1
+"$bin" model --preset tiny-llm --decode 1 --prompt-len 8 --save-weights "$tmp/w.safetensors" >/dev/null 2>&1
+before=$(sha256sum <"$tmp/w.safetensors")
+expect 2 - "--save-weights '$tmp/w.safetensors' is the input '$tmp/w.safetensors' of this run" \
+  model --preset tiny-llm --decode 1 --prompt-len 8 --weights "$tmp/w.safetensors" --save-weights "$tmp/w.safetensors"
+[ "$(sha256sum <"$tmp/w.safetensors")" = "$before" ] && ok || bad "--save-weights changed its input"
+cp "$(dirname "${BASH_SOURCE[0]}")/../../profiles/h100.json" "$tmp/h.json"
+profile_before=$(sha256sum <"$tmp/h.json")
+expect 2 - "--trace '$tmp/h.json' is the input" run $small --hardware "$tmp/h.json" --trace "$tmp/h.json"
+expect 2 - "--svg '$tmp/h.json' is the input" plan --seq 1024 --heads 8 --hardware "$tmp/h.json" --simulate --svg "$tmp/h.json"
+[ "$(sha256sum <"$tmp/h.json")" = "$profile_before" ] && ok || bad "an input profile changed"
+mkfifo "$tmp/fifo"
+expect 2 - "is a FIFO, not a regular file" model --preset tiny-llm --weights "$tmp/fifo"
+expect 2 - "is not a regular file" run $small --strategy auto --cached 64 --new 4 --hardware "$tmp/fifo"
+expect 2 - "is a FIFO, not a regular file" model --preset tiny-llm --parallel-config "$tmp/fifo"
+expect 2 - "is a FIFO, not a regular file" generate --model "$tmp" --prompt-ids-file "$tmp/fifo"
 
 # 5. Messages: what was wrong, with the valid values.
 while IFS='|' read -r code text args; do

@@ -73,6 +73,7 @@ py "$tmp/att.json" 'len(d["meshes"]) == 1 and d["meshes"][0]["strategy"] == "rin
   || bad "plan --hardware local after calibrate failed"
 py "$tmp/loc.json" 'd["hardware"]["source"].endswith("local.json") and "calibrate" in d["hardware"]["description"]' \
   && ok || bad "plan did not read the calibrated profile"
+mkdir -p "$tmp/other"  # --out writes into a folder that exists
 "$bin" calibrate --quick --json --out "$tmp/other/mine.json" >"$tmp/cal.json" && ok || bad "calibrate --out failed"
 "$bin" plan --seq 4096 --heads 8 --ranks 2 --hardware "$tmp/other/mine.json" --json >/dev/null \
   && ok || bad "plan --hardware PATH failed"

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "seqpar/core/dtype.h"
+#include "seqpar/core/files.h"
 #include "seqpar/core/tensor.h"
 
 namespace seqpar {
@@ -115,7 +116,11 @@ class SafetensorsFile {
 
 // Writes `tensors` (each in its own dtype, F32/BF16/F16) and `metadata` as a safetensors file:
 // the header padded with spaces to a multiple of 8 bytes, tensors laid out in name order.
-// Throws InvalidArgument for the reserved name "__metadata__", Error if the file cannot be written.
+// Throws InvalidArgument for the reserved name "__metadata__" and for a path that is an input of
+// this process, Error if the file cannot be written. The file appears whole or not at all
+// (core/files.h); the first form writes into `out` without committing it.
+void write_safetensors(files::AtomicOutput& out, const std::map<std::string, Tensor>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
 void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
