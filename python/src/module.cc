@@ -22,6 +22,8 @@
 #include <thread>
 #include <vector>
 
+#include "seqpar/parallel/cp_attention.h"
+#include "seqpar/parallel/strategy_table.h"
 #include "seqpar/comm/mpi.h"
 #include "seqpar/comm/threads.h"
 #include "seqpar/core/limits.h"
@@ -275,7 +277,7 @@ struct AttentionArgs {
 // being the replicated text tokens (joint attention) when text_tokens = T > 0. Writes the output
 // into `out` (same shape as q, the input dtype) when out.address != 0, else returns it as an fp32
 // array; returns the lse (B, n + T, H) fp32.
-py::tuple attention(Comm& c, const Buffer& q, const Buffer& k, const Buffer& v, const Buffer& out,
+py::tuple sharded_attention(Comm& c, const Buffer& q, const Buffer& k, const Buffer& v, const Buffer& out,
                     const AttentionArgs& a) {
   const DType dtype = parse_dtype(a.dtype);
   const Strategy strategy = parse_strategy(a.strategy);
@@ -342,16 +344,25 @@ py::tuple attention(Comm& c, const Buffer& q, const Buffer& k, const Buffer& v, 
   CpStats cps;
   comms.reset_stats();
   const double t0 = now_seconds();
-  AttnState image, text;
-  if (T > 0) {
-    const Tensor tq = rows_of(q, dtype, rows - T, T), tk = rows_of(k, dtype, rows - T, T),
-                 tv = rows_of(v, dtype, rows - T, T);
-    JointState js = joint_attention(strategy, comms, part, qi, ki, vi, tq, tk, tv, opts, &cps);
-    image = std::move(js.image);
-    text = std::move(js.text);
-  } else {
-    image = context_parallel_attention(strategy, comms, part, qi, ki, vi, opts, &cps);
-  }
+  config.layout = layout;
+  config.ulysses_mode = opts.ulysses_mode;
+  config.softmax = opts.softmax;
+  config.schedule = opts.schedule;
+  config.pad = opts.valid_len > 0;
+  AttnShape shape{B, opts.valid_len > 0 ? opts.valid_len : part.seq(), H, Hkv, D, a.causal, T, 0, 0,
+                  dtype};
+  shape.seq_lens = a.seq_lens;
+  Placement place;
+  place.part = part;
+  const Tensor tq = T > 0 ? rows_of(q, dtype, rows - T, T) : Tensor(),
+               tk = T > 0 ? rows_of(k, dtype, rows - T, T) : Tensor(),
+               tv = T > 0 ? rows_of(v, dtype, rows - T, T) : Tensor();
+  AttnOutputs res;
+  attention(config, shape, comms, place,
+            {qi, ki, vi, T > 0 ? &tq : nullptr, T > 0 ? &tk : nullptr, T > 0 ? &tv : nullptr}, res,
+            &cps, {opts.scale, 0, 0});
+  AttnState image{std::move(res.out), std::move(res.lse)}, text{std::move(res.text_out),
+                                                                 std::move(res.text_lse)};
   const double seconds = now_seconds() - t0;
   record(c, comms.stats(), cps, seconds,
          {reinterpret_cast<uintptr_t>(qi.raw()), reinterpret_cast<uintptr_t>(ki.raw()),
@@ -613,7 +624,7 @@ PYBIND11_MODULE(_core, m) {
       .def("close", &Comm::close,
            "Releases the communicator (an MpiComm's MPI duplicates); later use raises.");
 
-  m.def("_attention", &attention);
+  m.def("_attention", &sharded_attention);
   m.def("_decode_attention", &decode_attention);
   m.def("_run_threads", &run_threads);
   m.def("_mpi_comm", &mpi_comm);

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <thread>
 
+#include "seqpar/parallel/strategy_table.h"
 #include "seqpar/comm/mpi.h"
 #include "seqpar/comm/threads.h"
 #include "seqpar/parallel/config_file.h"

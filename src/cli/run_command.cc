@@ -22,6 +22,7 @@
 
 #include "commands.h"
 #include "mesh_run.h"
+#include "seqpar/parallel/strategy_table.h"
 #include "seqpar/comm/threads.h"
 #include "seqpar/core/timer.h"
 #include "seqpar/core/trace.h"
@@ -282,13 +283,13 @@ int print_report(const Run& run, const Report& rep, const std::string& backend) 
     j["tensor_bytes_per_rank"] = st.tensor_bytes;
     j["warmup"] = o.warmup;
     if (!o.trace.empty()) j["trace"] = o.trace;
-    j["softmax"] = softmax_mode_name(job.cp.softmax);
-    j["schedule"] = schedule_kind_name(job.cp.schedule);
+    j["softmax"] = softmax_mode_name(job.config.softmax);
+    j["schedule"] = schedule_kind_name(job.config.schedule);
     j["fallback_rows"] = st.fallback_rows;
     if (!job.over_cache()) {
       j["ulysses_degree"] = job.config.mesh.ulysses;
       j["ring_degree"] = job.config.mesh.ring;
-      j["ulysses_mode"] = ulysses_mode_name(job.cp.ulysses_mode);
+      j["ulysses_mode"] = ulysses_mode_name(job.config.ulysses_mode);
       j["padded_seq"] = job.padded_seq;
       j["text_tokens"] = o.text_tokens;
       j["seq_lens"] = job.shape.seq_lens;
@@ -322,7 +323,7 @@ int print_report(const Run& run, const Report& rep, const std::string& backend) 
                   (long long)job.shape.fresh);
       if (!job.shape.cached_lens.empty())
         std::printf(" in %zu requests", job.shape.cached_lens.size());
-      if (job.cp.schedule == ScheduleKind::kRing) std::printf(", Q blocks passed around the ring");
+      if (job.config.schedule == ScheduleKind::kRing) std::printf(", Q blocks passed around the ring");
       std::printf("\n");
       if (run.choice)
         std::printf("  auto (%s profile): %s\n", o.hardware.c_str(), run.choice->reason.c_str());
@@ -330,7 +331,7 @@ int print_report(const Run& run, const Report& rep, const std::string& backend) 
       if (job.config.strategy == Strategy::kUsp || job.config.strategy == Strategy::kUlysses)
         std::printf("  ulysses degree %d x ring degree %d, ulysses mode %s\n",
                     job.config.mesh.ulysses, job.config.mesh.ring,
-                    std::string(ulysses_mode_name(job.cp.ulysses_mode)).c_str());
+                    std::string(ulysses_mode_name(job.config.ulysses_mode)).c_str());
       if (job.padded_seq != job.shape.seq)
         std::printf("  padded to %lld tokens (%lld padding, masked)\n", (long long)job.padded_seq,
                     (long long)(job.padded_seq - job.shape.seq));
@@ -340,7 +341,7 @@ int print_report(const Run& run, const Report& rep, const std::string& backend) 
       if (o.text_tokens > 0)
         std::printf("  joint attention with %lld replicated text tokens\n",
                     (long long)o.text_tokens);
-      if (job.cp.softmax == SoftmaxMode::kConstMax)
+      if (job.config.softmax == SoftmaxMode::kConstMax)
         std::printf("  softmax const-max: %lld query rows fell back to online softmax\n",
                     (long long)st.fallback_rows);
     }

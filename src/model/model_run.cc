@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "seqpar/core/limits.h"
+#include "seqpar/parallel/strategy_table.h"
 
 namespace seqpar {
 

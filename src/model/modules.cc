@@ -6,6 +6,7 @@
 
 #include "seqpar/attention/attention.h"
 #include "seqpar/model/ops.h"
+#include "seqpar/parallel/cp_attention.h"
 
 namespace seqpar {
 
@@ -227,8 +228,22 @@ Tensor SelfAttention::forward(const Tensor& x, const Tensor& rope, ParallelConte
   }
   AttnState s;
   if (sp.sharded()) {
-    s = context_parallel_attention(ctx.config.strategy, *ctx.sp, sp.partition(), qh, kh, vh,
-                                   sp.cp_options(causal));
+    // The sequence-parallel group's view: its degrees, this tp rank's heads.
+    ParallelConfig group = ctx.config;
+    group.mesh = {1, 1, ctx.sp->ring_degree(), ctx.sp->ulysses_degree()};
+    AttnShape shape;
+    shape.batch = B;
+    shape.seq = sp.seq();
+    shape.heads = h1 - h0;
+    shape.kv_heads = kv1 - kv0;
+    shape.head_dim = d;
+    shape.causal = causal;
+    Placement place;
+    place.part = sp.partition();
+    AttnOutputs out;
+    attention(group, shape, *ctx.sp, place, {qh, kh, vh}, out, nullptr,
+              {ctx.cp.scale, ctx.cp.block_q, ctx.cp.block_k});
+    s = {std::move(out.out), std::move(out.lse)};
   } else {
     AttnParams params;
     params.mask.causal = causal;
@@ -263,14 +278,31 @@ Tensor SelfAttention::decode(const Tensor& x, const Tensor& rope, ParallelContex
   cache.append(pick(kh, mine), pick(vh, mine), mine);
   SEQPAR_CHECK(cache.positions == place.kv_pos[r], "decode: rank ", r,
                "'s cache does not hold the positions the placement says");
-  CpOptions opts = ctx.cp;
-  opts.causal = true;
-  opts.valid_len = 0;
-  SEQPAR_ARG_CHECK(runs_over_cache(pass), "decode over a cache: strategy ", strategy_name(pass),
-                   " is not one over a cache; valid: passkv, passq");
-  AttnState s = pass == Strategy::kPassKv
-                    ? passkv_attention(sp, place, pick(qh, mine), cache.k, cache.v, opts)
-                    : passq_attention(sp, place, pick(qh, mine), cache.k, cache.v, opts);
+  // The group's view of the new tokens over every rank's cache.
+  ParallelConfig group = ctx.config;
+  group.mesh = {1, 1, sp.size(), 1};
+  group.strategy = pass;
+  group.schedule = ScheduleKind::kDefault;
+  group.pad = false;
+  group.softmax = SoftmaxMode::kOnline;
+  AttnShape shape;
+  shape.batch = B;
+  shape.heads = h1 - h0;
+  shape.kv_heads = kv1 - kv0;
+  shape.head_dim = d;
+  shape.causal = true;
+  shape.fresh = T;
+  for (const auto& kv : place.kv_pos) shape.cached += static_cast<int64_t>(kv.size());
+  shape.cached -= T;
+  shape.seq = shape.cached + shape.fresh;
+  Placement where;
+  where.over_cache = true;
+  where.cache = place;
+  AttnOutputs res;
+  const Tensor q_mine = pick(qh, mine);
+  attention(group, shape, *ctx.sp, where, {q_mine, cache.k, cache.v}, res, nullptr,
+            {ctx.cp.scale, ctx.cp.block_q, ctx.cp.block_k});
+  AttnState s{std::move(res.out), std::move(res.lse)};
   // Every rank needs every new token's output: each owner broadcasts its rows.
   Tensor out({B, T, h1 - h0, d});
   for (int owner = 0; owner < sp.size(); ++owner) {

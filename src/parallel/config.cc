@@ -4,8 +4,6 @@
 
 #include "seqpar/core/error.h"
 #include "seqpar/core/limits.h"
-#include "seqpar/parallel/mesh.h"
-#include "seqpar/parallel/strategies.h"
 
 namespace seqpar {
 
@@ -72,10 +70,6 @@ Strategy parse_strategy(std::string_view name) {
 
 std::span<const Strategy> all_strategies() { return kStrategies; }
 
-bool runs_over_cache(Strategy s) { return s == Strategy::kPassKv || s == Strategy::kPassQ; }
-
-bool has_ring(Strategy s) { return s == Strategy::kRing || s == Strategy::kUsp; }
-
 std::string_view ulysses_mode_name(UlyssesMode m) {
   return m == UlyssesMode::kStrict ? "strict" : "uaa";
 }
@@ -110,18 +104,6 @@ ScheduleKind parse_schedule_kind(std::string_view name) {
   return parse_named("schedule", name,
                      std::array{ScheduleKind::kDefault, ScheduleKind::kSteal, ScheduleKind::kRing},
                      schedule_kind_name);
-}
-
-bool schedule_applies(ScheduleKind k, Strategy s) {
-  switch (k) {
-    case ScheduleKind::kDefault:
-      return true;
-    case ScheduleKind::kSteal:
-      return s == Strategy::kRing;
-    case ScheduleKind::kRing:
-      return s == Strategy::kPassQ;
-  }
-  return false;
 }
 
 Layout parse_layout(std::string_view name) {
@@ -199,49 +181,7 @@ void check_lengths(const char* name, const std::vector<int64_t>& lens, int64_t t
 
 }  // namespace
 
-Strategy strategy_for_degrees(int ulysses, int ring, Strategy ring_axis) {
-  if (ulysses > 1) return ring > 1 ? Strategy::kUsp : Strategy::kUlysses;
-  SEQPAR_ARG_CHECK(ring_axis == Strategy::kRing || ring_axis == Strategy::kAllGather, "strategy ",
-                   strategy_name(ring_axis), " needs ulysses_degree > 1; with only ring_degree ",
-                   "valid: ring, allgather");
-  return ring_axis;
-}
-
-void fill_sp_degrees(ParallelConfig& c, int n, int64_t heads) {
-  int u = c.mesh.ulysses, r = c.mesh.ring;
-  SEQPAR_ARG_CHECK(u >= 0 && r >= 0, "ulysses_degree and ring_degree must be positive");
-  switch (c.strategy) {
-    case Strategy::kUsp:
-      if (u == 0 && r == 0) {
-        u = 1;  // the largest divisor of the ranks that divides the heads
-        for (int64_t d : limits::divisors(n))
-          if (heads % d == 0) u = static_cast<int>(d);
-      }
-      if (u == 0) u = r > 0 && n % r == 0 ? n / r : 0;
-      if (r == 0) r = u > 0 && n % u == 0 ? n / u : 0;
-      SEQPAR_ARG_CHECK(u > 0 && r > 0 && int64_t{u} * r == n, "ulysses_degree ", c.mesh.ulysses,
-                       " x ring_degree ", c.mesh.ring, " must equal the ", n,
-                       " ranks; valid ulysses degrees: ", divisors_text(n));
-      break;
-    case Strategy::kUlysses:
-      SEQPAR_ARG_CHECK((u == 0 || u == n) && (r == 0 || r == 1), "strategy ulysses uses all ", n,
-                       " ranks as one Ulysses group; for ulysses_degree ", u, " ring_degree ", r,
-                       " use strategy usp");
-      u = n;
-      r = 1;
-      break;
-    default:
-      SEQPAR_ARG_CHECK((u == 0 || u == 1) && (r == 0 || r == n), "strategy ",
-                       strategy_name(c.strategy), " takes no ulysses_degree or ring_degree; ",
-                       "use strategy usp to combine them");
-      u = 1;
-      r = n;
-  }
-  c.mesh.ulysses = u;
-  c.mesh.ring = r;
-}
-
-void validate_config(const ParallelConfig& c, const AttnShape& s) {
+void check_config_fields(const ParallelConfig& c, const AttnShape& s) {
   using limits::check_range;
   // Degrees.
   const MeshShape& m = c.mesh;
@@ -265,32 +205,10 @@ void validate_config(const ParallelConfig& c, const AttnShape& s) {
                    " heads; valid tp: ", divisors_text(s.heads));
   SEQPAR_ARG_CHECK(s.kv() % m.tp == 0 || m.tp % s.kv() == 0, "tp ", m.tp,
                    " neither divides nor is a multiple of the ", s.kv(), " kv_heads");
-  // The strategy against the degrees.
-  const Strategy st = c.strategy;
-  const int sp = m.sp();
-  SEQPAR_ARG_CHECK(st != Strategy::kLocal || sp == 1, "strategy local needs one ",
-                   "sequence-parallel rank, not ", sp);
-  SEQPAR_ARG_CHECK(st == Strategy::kUlysses || st == Strategy::kUsp || m.ulysses == 1,
-                   "strategy ", strategy_name(st), " takes no ulysses_degree (", m.ulysses,
-                   "); use strategy usp to combine ulysses_degree and ring_degree");
-  SEQPAR_ARG_CHECK(st != Strategy::kUlysses || m.ring == 1, "strategy ulysses uses the whole ",
-                   "sequence-parallel group; ring_degree ", m.ring, " needs strategy usp");
-  // The options against the strategy and the kind of call.
-  SEQPAR_ARG_CHECK(c.softmax == SoftmaxMode::kOnline || has_ring(st), "softmax 'const-max' ",
-                   "needs a ring: valid with strategy 'ring' or 'usp' (its ring part), not '",
-                   strategy_name(st), "'");
-  SEQPAR_ARG_CHECK(schedule_applies(c.schedule, st), "schedule '",
-                   schedule_kind_name(c.schedule), "' does not apply to strategy '",
-                   strategy_name(st), "'; valid: 'steal' with ring, 'ring' with passq, 'default'");
-  SEQPAR_ARG_CHECK(c.schedule != ScheduleKind::kSteal || c.layout == Layout::kContiguous,
-                   "schedule 'steal' balances contiguous shards; layout '", layout_name(c.layout),
-                   "' is not: use layout 'contiguous' (or zigzag without steal)");
   SEQPAR_ARG_CHECK(s.text_tokens == 0 || !s.causal, "text_tokens (joint attention) are ",
                    "bidirectional; drop causal");
+  const int sp = m.sp();
   if (s.over_cache()) {
-    SEQPAR_ARG_CHECK(runs_over_cache(st) || st == Strategy::kLocal, "strategy ",
-                     strategy_name(st), " does not run over a K/V cache (cached, new); valid: ",
-                     "passkv, passq");
     check_range("cached", s.cached, 1, limits::kMaxTokens);
     check_range("new", s.fresh, 1, limits::kMaxTokens);
     SEQPAR_ARG_CHECK(s.cached >= sp, "cached ", s.cached, " is too small: each of the ", sp,
@@ -311,27 +229,14 @@ void validate_config(const ParallelConfig& c, const AttnShape& s) {
   SEQPAR_ARG_CHECK(
       s.cached_lens.empty() && s.fresh_lens.empty(), "cached_lens and fresh_lens ",
       "describe requests over a K/V cache (cached, new); over a sequence give seq_lens");
-  SEQPAR_ARG_CHECK(!runs_over_cache(st), "strategy ", strategy_name(st), " runs over a K/V ",
-                   "cache: cached ", s.cached, " and new ", s.fresh, " must both be at least 1");
   check_range("seq", s.seq, 1, limits::kMaxTokens);
   SEQPAR_ARG_CHECK(sp <= s.seq, sp, " sequence-parallel ranks exceed seq ", s.seq,
                    "; every rank needs a real token: at most ", s.seq, " ranks");
   if (!s.seq_lens.empty()) {
     check_lengths("seq_lens", s.seq_lens, s.seq, "seq");
-    SEQPAR_ARG_CHECK(c.schedule != ScheduleKind::kSteal, "schedule 'steal' balances a single ",
-                     "sequence; with seq_lens (packed documents) use layout 'zigzag', ",
-                     "which is balanced per document");
     SEQPAR_ARG_CHECK(s.text_tokens == 0, "text_tokens (joint attention) with seq_lens (packed ",
                      "documents) is not supported; give one or the other");
     (void)sequence_partition(c, s);  // every rank holds a token
-  }
-  if (st == Strategy::kUlysses || st == Strategy::kUsp) {
-    CpOptions opts;
-    opts.ulysses_mode = c.ulysses_mode;
-    opts.softmax = c.softmax;
-    opts.schedule = c.schedule;
-    check_strategy_shape(st, sequence_partition(c, s), s.heads / m.tp,
-                         std::max<int64_t>(1, s.kv() / m.tp), m.ulysses, opts);
   }
 }
 

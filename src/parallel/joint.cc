@@ -11,6 +11,7 @@
 #include "schedule_build.h"
 #include "strategy_common.h"
 #include "seqpar/core/timer.h"
+#include "seqpar/parallel/strategy_table.h"
 #include "strategy_common.h"
 
 namespace seqpar {
@@ -41,7 +42,9 @@ JointState joint_attention(Strategy strategy, SpComms& comms, const Partition& p
 
   JointState js;
   // step 0 and 1
-  js.image = context_parallel_attention(strategy, comms, part, q, k, v, opts, stats);
+  Placement place;
+  place.part = part;
+  js.image = schedule_row(strategy, opts.schedule).run({comms, place, q, k, v, opts, stats});
   double t0 = now_seconds();
   {
     KernelCall call(text_keys, image_pos, text_pos, B);

@@ -12,6 +12,7 @@
 #include "seqpar/core/process_memory.h"
 #include "seqpar/core/timer.h"
 #include "seqpar/core/trace.h"
+#include "seqpar/parallel/strategy_table.h"
 #include "seqpar/parallel/synthetic.h"
 
 namespace seqpar {
@@ -40,7 +41,7 @@ void check_job_memory(const ParallelConfig& c, const AttnShape& s, int ranks, bo
   const int64_t q_bytes = checked_product({s.batch, all, s.heads, s.head_dim, e}, "Q bytes");
   const int64_t out_bytes =
       checked_product({s.batch, all, s.heads, s.head_dim + 1, 4}, "output bytes");
-  const bool gathers = c.strategy == Strategy::kAllGather || c.strategy == Strategy::kUlysses;
+  const bool gathers = strategy_row(c.strategy).gathers_kv;
   const double held = static_cast<double>(kv_bytes) * (gathers ? ranks + 1 : 3) +
                       static_cast<double>(q_bytes) + static_cast<double>(out_bytes) +
                       (verify ? 2.0 * kv_bytes * 4 / e : 0) + 24.0 * all;
@@ -108,14 +109,6 @@ Tensor with_text(uint64_t seed, const AttnShape& s, SyntheticTensor image, Synth
 
 }  // namespace
 
-std::span<const int64_t> AttnJob::q_pos(int r) const {
-  return over_cache() ? std::span<const int64_t>(place.q_pos[r]) : part.positions(r);
-}
-
-std::span<const int64_t> AttnJob::kv_pos(int r) const {
-  return over_cache() ? std::span<const int64_t>(place.kv_pos[r]) : part.positions(r);
-}
-
 AttnJob resolve_job(ParallelConfig config, const AttnShape& shape, int ranks, bool verify) {
   SEQPAR_ARG_CHECK(ranks >= 1 && ranks <= limits::kMaxRanks, "ranks ", ranks,
                    " is out of range; valid: 1 to ", limits::kMaxRanks);
@@ -130,21 +123,8 @@ AttnJob resolve_job(ParallelConfig config, const AttnShape& shape, int ranks, bo
   validate_config(config, job.shape);
   check_job_memory(config, job.shape, ranks, verify);
   job.config = config;
-  job.cp.causal = shape.causal;
-  job.cp.ulysses_mode = config.ulysses_mode;
-  job.cp.softmax = config.softmax;
-  job.cp.schedule = config.schedule;
-  job.cp.cu_seqlens = shape_cu_seqlens(job.shape);
-  if (job.over_cache()) {
-    job.padded_seq = job.shape.seq;
-    job.place = shape.cached_lens.empty()
-                    ? decode_placement(shape.cached, shape.fresh, ranks, config.layout)
-                    : decode_placement(shape.cached_lens, shape.fresh_lens, ranks, config.layout);
-    return job;
-  }
-  job.padded_seq = sharded_seq(config, shape);
-  if (job.padded_seq != shape.seq) job.cp.valid_len = shape.seq;
-  job.part = sequence_partition(config, job.shape);
+  job.padded_seq = job.over_cache() ? job.shape.seq : sharded_seq(config, shape);
+  job.place = place_call(config, job.shape);
   return job;
 }
 
@@ -178,43 +158,25 @@ RankInputs synthetic_inputs(const AttnJob& job, int rank, uint64_t seed) {
   return in;
 }
 
-JobComms::JobComms(Communicator& comm, const AttnJob& job) : comm_(comm) {
-  if (!job.over_cache()) sp_.emplace(comm, job.config.mesh.ulysses);
-}
-
-CommStats JobComms::stats() const { return sp_ ? sp_->stats() : comm_.stats(); }
-
-void JobComms::reset_stats() {
-  if (sp_)
-    sp_->reset_stats();
-  else
-    comm_.stats().reset();
-}
+JobComms::JobComms(Communicator& comm, const AttnJob& job)
+    : comm_(comm), sp_(comm, job.config.mesh.ulysses) {}
 
 RankCall run_attention_call(JobComms& comms, const AttnJob& job, const RankInputs& in) {
-  const Strategy st = job.config.strategy;
   RankCall call;
   comms.comm().barrier();
   comms.reset_stats();
   const double t0 = now_seconds();
-  if (job.over_cache()) {
-    SEQPAR_ARG_CHECK(runs_over_cache(st), "strategy ", strategy_name(st),
-                     " does not run over a K/V cache (cached, new); valid: passkv, passq");
-    call.state =
-        st == Strategy::kPassKv
-            ? passkv_attention(comms.comm(), job.place, in.q, in.k, in.v, job.cp, &call.cp)
-        : job.cp.schedule == ScheduleKind::kRing
-            ? passq_ring_attention(comms.comm(), job.place, in.q, in.k, in.v, job.cp, &call.cp)
-            : passq_attention(comms.comm(), job.place, in.q, in.k, in.v, job.cp, &call.cp);
-  } else if (job.shape.text_tokens > 0) {
-    JointState js = joint_attention(st, *comms.sp(), job.part, in.q, in.k, in.v, in.text_q,
-                                    in.text_k, in.text_v, job.cp, &call.cp);
-    call.state = std::move(js.image);
-    call.text = std::move(js.text);
-  } else {
-    call.state =
-        context_parallel_attention(st, *comms.sp(), job.part, in.q, in.k, in.v, job.cp, &call.cp);
-  }
+  const bool text = job.shape.text_tokens > 0;
+  const AttnInputs inputs{in.q,
+                          in.k,
+                          in.v,
+                          text ? &in.text_q : nullptr,
+                          text ? &in.text_k : nullptr,
+                          text ? &in.text_v : nullptr};
+  AttnOutputs out;
+  attention(job.config, job.shape, comms.sp(), job.place, inputs, out, &call.cp, job.kernel);
+  call.state = {std::move(out.out), std::move(out.lse)};
+  call.text = {std::move(out.text_out), std::move(out.text_lse)};
   call.seconds = now_seconds() - t0;
   call.comm = comms.stats();
   return call;
@@ -330,9 +292,9 @@ Verification verify_call(Communicator& comm, const AttnJob& job, uint64_t seed,
     params.mask.q_pos = order;
     // Packed documents: the same segments (document_of) as the strategies' kernels.
     std::vector<int32_t> q_doc, k_doc;
-    if (!job.cp.cu_seqlens.empty()) {
-      q_doc = document_ids(job.cp.cu_seqlens, order);
-      k_doc = document_ids(job.cp.cu_seqlens, key_pos);
+    if (const std::vector<int64_t> cu = shape_cu_seqlens(job.shape); !cu.empty()) {
+      q_doc = document_ids(cu, order);
+      k_doc = document_ids(cu, key_pos);
       params.mask.q_segment = q_doc;
       params.mask.k_segment = k_doc;
     }

@@ -4,6 +4,7 @@
 
 #include "schedule_build.h"
 #include "seqpar/core/error.h"
+#include "seqpar/parallel/strategy_table.h"
 
 namespace seqpar {
 
@@ -200,31 +201,7 @@ Schedule attention_schedule(const ParallelConfig& c, const AttnShape& s) {
   ParallelConfig sp = c;  // s is the sequence-parallel group's view: tp and cfg are applied
   sp.mesh.cfg = sp.mesh.tp = 1;
   validate_config(sp, s);
-  Schedule out;
-  switch (c.strategy) {
-    case Strategy::kLocal:
-      out = local_schedule(sp, s);
-      break;
-    case Strategy::kAllGather:
-      out = allgather_schedule(sp, s);
-      break;
-    case Strategy::kRing:
-      out = c.schedule == ScheduleKind::kSteal ? steal_schedule(sp, s) : ring_schedule(sp, s);
-      break;
-    case Strategy::kUlysses:
-      out = ulysses_schedule(sp, s);
-      break;
-    case Strategy::kUsp:
-      out = usp_schedule(sp, s);
-      break;
-    case Strategy::kPassKv:
-      out = passkv_schedule(sp, s);
-      break;
-    case Strategy::kPassQ:
-      out = c.schedule == ScheduleKind::kRing ? passq_ring_schedule(sp, s)
-                                              : passq_schedule(sp, s);
-      break;
-  }
+  Schedule out = schedule_row(c.strategy, c.schedule).schedule(sp, s);
   if (s.text_tokens > 0) add_joint_text_schedule(out, sp, s);
   return out;
 }

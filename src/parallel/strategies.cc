@@ -3,13 +3,13 @@
 #include <numeric>
 
 #include "schedule_build.h"
+#include "seqpar/parallel/strategy_table.h"
 #include "strategy_common.h"
 
 namespace seqpar {
 
 void check_softmax_mode(Strategy strategy, const CpOptions& opts) {
-  SEQPAR_ARG_CHECK(opts.softmax == SoftmaxMode::kOnline || strategy == Strategy::kRing ||
-                       strategy == Strategy::kUsp,
+  SEQPAR_ARG_CHECK(opts.softmax == SoftmaxMode::kOnline || has_ring(strategy),
                    "softmax 'const-max' needs a ring: valid with strategy 'ring' or 'usp' (its "
                    "ring part), not '",
                    strategy_name(strategy), "'");
@@ -92,7 +92,7 @@ void check_strategy_shape(Strategy strategy, const Partition& part, int64_t head
                           int ulysses_degree, const CpOptions& opts) {
   const int n = part.ranks();
   check_softmax_mode(strategy, opts);
-  if (strategy != Strategy::kUlysses && strategy != Strategy::kUsp) return;
+  if (!uses_ulysses(strategy)) return;
   const int u = strategy == Strategy::kUlysses ? n : (ulysses_degree == 0 ? n : ulysses_degree);
   SEQPAR_ARG_CHECK(u >= 1 && n % u == 0, "ulysses_degree ", u, " does not divide the ", n,
                    " ranks; valid: ", divisors_text(n));
@@ -166,34 +166,6 @@ KernelCall::KernelCall(const CpOptions& opts, std::span<const int64_t> q_pos,
     params.mask.q_segment = q_segment_;
     params.mask.k_segment = k_segment_;
   }
-}
-
-AttnState context_parallel_attention(Strategy strategy, SpComms& comms, const Partition& part,
-                                     const Tensor& q, const Tensor& k, const Tensor& v,
-                                     const CpOptions& opts, CpStats* stats) {
-  check_softmax_mode(strategy, opts);
-  switch (strategy) {
-    case Strategy::kAllGather:
-      return allgather_attention(comms.sp(), part, q, k, v, opts, stats);
-    case Strategy::kRing:
-      if (opts.schedule == ScheduleKind::kSteal)
-        return steal_attention(comms.sp(), part, q, k, v, opts, stats);
-      return ring_attention(comms.sp(), part, q, k, v, opts, stats);
-    case Strategy::kUlysses:
-      return ulysses_attention(comms.sp(), part, q, k, v, opts, stats);
-    case Strategy::kUsp:
-      return usp_attention(comms, part, q, k, v, opts, stats);
-    case Strategy::kLocal:
-      SEQPAR_ARG_CHECK(comms.sp().size() == 1, "strategy local needs one sequence-parallel ",
-                       "rank, not ", comms.sp().size());
-      return ring_attention(comms.sp(), part, q, k, v, opts, stats);
-    case Strategy::kPassKv:
-    case Strategy::kPassQ:
-      break;
-  }
-  throw InvalidArgument(detail::concat("strategy ", strategy_name(strategy),
-                                       " runs over a K/V cache (passkv_attention, ",
-                                       "passq_attention), not over a sharded sequence"));
 }
 
 // ---- predicted bytes --------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 // The planning question resolved into a PlanRequest, and the plan as JSON
 // (include/seqpar/plan/plan_spec.h).
+#include "seqpar/parallel/strategy_table.h"
 #include "seqpar/plan/plan_spec.h"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+#include "seqpar/parallel/strategy_table.h"
 #include "seqpar/plan/planner.h"
 
 #include <algorithm>

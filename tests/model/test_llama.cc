@@ -14,6 +14,7 @@
 #include "seqpar/model/model_run.h"
 #include "seqpar/model/ops.h"
 #include "seqpar/parallel/mesh.h"
+#include "seqpar/parallel/strategy_table.h"
 
 namespace seqpar {
 namespace {

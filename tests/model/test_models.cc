@@ -16,6 +16,7 @@
 #include "seqpar/model/ops.h"
 #include "seqpar/model/safetensors.h"
 #include "seqpar/parallel/mesh.h"
+#include "seqpar/parallel/strategy_table.h"
 
 namespace seqpar {
 namespace {

@@ -296,14 +296,17 @@ inline RankErrors check_on_rank(Communicator& comm, const CheckCase& c, const Ca
       job.config.strategy = c.op == Op::kPassQ ? Strategy::kPassQ : Strategy::kPassKv;
       job.shape = case_shape(c);
       job.padded_seq = job.shape.seq;
-      job.place = decode_placement(c.seq, c.extra, n, c.layout);
-      job.cp = opts;
-      in.q = rows_at(data.q, job.place.q_pos[r]);
-      in.k = rows_at(data.k, job.place.kv_pos[r]);
-      in.v = rows_at(data.v, job.place.kv_pos[r]);
+      job.config.mesh = {1, 1, n, 1};
+      job.config.layout = c.layout;
+      job.config.schedule = opts.schedule;
+      job.place.over_cache = true;
+      job.place.cache = decode_placement(c.seq, c.extra, n, c.layout);
+      job.kernel = {opts.scale, opts.block_q, opts.block_k};
+      in.q = rows_at(data.q, job.q_pos(r));
+      in.k = rows_at(data.k, job.kv_pos(r));
+      in.v = rows_at(data.v, job.kv_pos(r));
       JobComms comms(comm, job);
-      accumulate_errors(run_attention_call(comms, job, in).state, data, job.place.q_pos[r], c.seq,
-                        e);
+      accumulate_errors(run_attention_call(comms, job, in).state, data, job.q_pos(r), c.seq, e);
       break;
     }
   }

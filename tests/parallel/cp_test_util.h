@@ -15,6 +15,7 @@
 
 #include "seqpar/attention/attention.h"
 #include "seqpar/attention/error_bound.h"
+#include "seqpar/parallel/strategy_table.h"
 #include "seqpar/comm/threads.h"
 #include "seqpar/parallel/partition.h"
 #include "seqpar/parallel/runner.h"
@@ -86,17 +87,45 @@ inline void expect_schedule_matches(const Schedule& s, const CpRun& run) {
 }
 
 // The runner's job for `strategy` over the tests' own partition and options (not resolve_job:
-// the tests choose partitions, padding and kernel options it would not).
-inline AttnJob job_for(Strategy strategy, const AttnShape& shape, const Partition& part,
+// the tests choose partitions, padding and kernel options it would not). The options say what
+// the configuration and shape say to the one entry point: opts.valid_len > 0 is a sequence of
+// valid_len real tokens padded to part.seq(), opts.cu_seqlens its documents.
+inline AttnJob job_for(Strategy strategy, AttnShape shape, const Partition& part,
                        const CpOptions& opts, int ulysses_degree) {
   AttnJob job;
+  const int n = part.ranks();
   job.config.strategy = strategy;
-  job.config.mesh.ulysses = ulysses_degree;  // 0: no split (all ranks one Ulysses group)
+  const int u = !uses_ulysses(strategy) ? 1 : ulysses_degree == 0 ? n : ulysses_degree;
+  job.config.mesh = {1, 1, n / u, u};  // ulysses_degree 0: all ranks one Ulysses group
+  job.config.layout = part.layout() == Layout::kCustom ? Layout::kContiguous : part.layout();
+  job.config.ulysses_mode = opts.ulysses_mode;
+  job.config.softmax = opts.softmax;
+  job.config.schedule = opts.schedule;
+  if (opts.valid_len > 0) shape.seq = opts.valid_len;
+  job.config.pad = part.seq() > shape.seq;
+  shape.causal = opts.causal;
+  if (!opts.cu_seqlens.empty())
+    for (size_t i = 0; i + 1 < opts.cu_seqlens.size(); ++i)
+      shape.seq_lens.push_back(opts.cu_seqlens[i + 1] - opts.cu_seqlens[i]);
   job.shape = shape;
   job.padded_seq = part.seq();
-  job.part = part;
-  job.cp = opts;
+  job.place.part = part;
+  job.kernel = {opts.scale, opts.block_q, opts.block_k};
   return job;
+}
+
+// One rank's call of `strategy` through the one entry point (cp_attention.h), over the tests' own
+// partition and options (job_for), on communicators of the group: q (B, n_r, H, D), k and v
+// (B, n_r, Hkv, D) of this rank.
+inline AttnState cp_call(Strategy strategy, SpComms& comms, const Partition& part, const Tensor& q,
+                         const Tensor& k, const Tensor& v, const CpOptions& opts,
+                         CpStats* stats = nullptr) {
+  const AttnShape shape{q.dim(0), part.seq(), q.dim(2), k.dim(2), q.dim(3), opts.causal,
+                        0,        0,          0,        q.dtype()};
+  const AttnJob job = job_for(strategy, shape, part, opts, comms.ulysses_degree());
+  AttnOutputs out;
+  attention(job.config, job.shape, comms, job.place, {q, k, v}, out, stats, job.kernel);
+  return {std::move(out.out), std::move(out.lse)};
 }
 
 inline AttnShape shape_of(const Problem& p) {

@@ -10,6 +10,7 @@
 #include "seqpar/core/error.h"
 #include "seqpar/core/limits.h"
 #include "seqpar/parallel/config.h"
+#include "seqpar/parallel/strategy_table.h"
 #include "seqpar/parallel/config_file.h"
 
 namespace seqpar {

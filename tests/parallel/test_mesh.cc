@@ -269,7 +269,7 @@ TEST(MeshComms, UspOverTheSpGroupOfEachTpRank) {
     CpOptions opts;
     opts.causal = true;
     AttnState st =
-        context_parallel_attention(Strategy::kUsp, mc.sp_comms(), part, shard(q, part, c.cp_rank),
+        testing::cp_call(Strategy::kUsp, mc.sp_comms(), part, shard(q, part, c.cp_rank),
                                    shard(k, part, c.cp_rank), shard(v, part, c.cp_rank), opts);
     const Tensor want = shard(slice_heads(in.ref.out, qh), part, c.cp_rank);
     EXPECT_LT(max_abs_diff(st.out, want), 1e-4) << "rank " << c.rank;

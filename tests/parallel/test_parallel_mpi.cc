@@ -33,7 +33,7 @@ TEST_P(MpiStrategies, MatchReferenceAndFormula) {
   opts.causal = causal;
   SpComms comms(*comm);
   CpStats stats;
-  AttnState s = context_parallel_attention(strategy, comms, part, q, k, v, opts, &stats);
+  AttnState s = testing::cp_call(strategy, comms, part, q, k, v, opts, &stats);
   Tensor want_out = shard(in.ref.out, part, r);
   const ErrorBound tol = seqpar::testing::bound_for(p);
   EXPECT_LE(max_abs_diff(s.out, want_out), tol.out) << "rank " << r;
@@ -115,7 +115,7 @@ TEST_P(MpiSteal, MatchesReferenceAndSchedule) {
   opts.schedule = ScheduleKind::kSteal;
   SpComms comms(*comm);
   CpStats stats;
-  AttnState s = context_parallel_attention(Strategy::kRing, comms, part, q, k, v, opts, &stats);
+  AttnState s = testing::cp_call(Strategy::kRing, comms, part, q, k, v, opts, &stats);
   const ErrorBound tol = seqpar::testing::bound_for(p);
   EXPECT_LE(max_abs_diff(s.out, shard(in.ref.out, part, r)), tol.out) << "rank " << r;
   Tensor lse4 = in.ref.lse;

@@ -72,13 +72,13 @@ TEST(Runner, ResolveFillsDegreesPadsAndPartitions) {
   EXPECT_EQ(job.config.mesh.ulysses * job.config.mesh.ring, 4);
   EXPECT_EQ(job.config.mesh.ulysses, 4);  // the largest divisor of the ranks dividing the heads
   EXPECT_EQ(job.padded_seq, padded_seq(37, 4, Layout::kZigzag));
-  EXPECT_EQ(job.part.seq(), job.padded_seq);
-  EXPECT_EQ(job.cp.valid_len, 37);
+  EXPECT_EQ(job.place.part.seq(), job.padded_seq);
+  EXPECT_EQ(job.cp().valid_len, 37);
   EXPECT_EQ(job.ranks(), 4);
   // Without padding the sequence is sharded as it is.
   const AttnJob plain = resolve_job(config_of(Strategy::kRing), small_shape(37), 4);
   EXPECT_EQ(plain.padded_seq, 37);
-  EXPECT_EQ(plain.cp.valid_len, 0);
+  EXPECT_EQ(plain.cp().valid_len, 0);
   EXPECT_EQ(plain.config.mesh.ring, 4);
 }
 
@@ -195,7 +195,7 @@ TEST(Runner, GathersEveryRanksFigures) {
     EXPECT_EQ(st.recv[r], static_cast<int64_t>(got.calls[r].comm.total_recv()));
     EXPECT_EQ(st.work[r], got.calls[r].cp.work);
     EXPECT_EQ(st.peak_kv[r], got.calls[r].cp.peak_kv_bytes);
-    EXPECT_EQ(st.tokens[r], job.part.count(r));
+    EXPECT_EQ(st.tokens[r], job.place.part.count(r));
     EXPECT_GT(st.peak_rss[r], 0);
     EXPECT_GT(st.tensor_bytes[r], 0);
     EXPECT_GT(st.sent[r], 0);

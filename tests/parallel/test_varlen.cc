@@ -18,6 +18,7 @@
 #include "seqpar/comm/threads.h"
 #include "seqpar/parallel/position_runs.h"
 #include "seqpar/parallel/runner.h"
+#include "seqpar/parallel/strategy_table.h"
 #include "seqpar/parallel/schedule.h"
 #include "seqpar/parallel/synthetic.h"
 
@@ -299,7 +300,7 @@ TEST_P(VarlenSweep, MatchesReferenceAndSchedule) {
     EXPECT_NE(std::string(e.what()).find("ulysses_mode"), std::string::npos) << e.what();
     GTEST_SKIP() << e.what();
   }
-  EXPECT_EQ(job.cp.cu_seqlens, cu_seqlens(docs));
+  EXPECT_EQ(job.cp().cu_seqlens, cu_seqlens(docs));
   const Outcome o = run_and_check(job, docs);
   EXPECT_LE(o.max_out_err, o.bound.out) << sc.name;
   EXPECT_LE(o.max_lse_err, o.bound.lse) << sc.name;
@@ -359,7 +360,7 @@ TEST(VarlenWide, VerifyCallUsesDocuments) {
   EXPECT_EQ(checks[0].rows, 50);
   // Without the documents the same outputs are far from the reference.
   AttnJob plain = job;
-  plain.cp.cu_seqlens.clear();
+  plain.shape.seq_lens.clear();
   ThreadWorld::run(3, [&](Communicator& comm) {
     const RankInputs in = synthetic_inputs(job, comm.rank(), kSeed);
     JobComms comms(comm, job);

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "seqpar/parallel/schedule.h"
+#include "seqpar/parallel/strategy_table.h"
 #include "seqpar/plan/planner.h"
 
 namespace seqpar {

@@ -33,10 +33,8 @@ enum class Strategy { kLocal, kAllGather, kRing, kUlysses, kUsp, kPassKv, kPassQ
 std::string_view strategy_name(Strategy s);      // the canonical names above
 Strategy parse_strategy(std::string_view name);  // canonical or alias; InvalidArgument lists names
 std::span<const Strategy> all_strategies();
-// passkv and passq run over a K/V cache (AttnShape::cached, fresh); the others over a sequence.
-bool runs_over_cache(Strategy s);
-// The strategies with a ring of K/V blocks over a sequence (const-max softmax applies).
-bool has_ring(Strategy s);
+// What each strategy accepts and does (over a cache or a sequence, its ring, its degrees, its
+// schedules): strategy_table.h.
 
 // strict: sequence and heads must divide the Ulysses degree; uaa: any length (variable
 // all-to-all) and any head count (heads padded to the next multiple of the degree; padded head
@@ -68,8 +66,6 @@ SoftmaxMode parse_softmax_mode(std::string_view name);  // InvalidArgument lists
 enum class ScheduleKind { kDefault, kSteal, kRing };
 std::string_view schedule_kind_name(ScheduleKind k);      // "default", "steal", "ring"
 ScheduleKind parse_schedule_kind(std::string_view name);  // InvalidArgument lists names
-// The strategies a schedule kind applies to (default: all).
-bool schedule_applies(ScheduleKind k, Strategy s);
 
 // The names a value may be given by besides its canonical one (what peers and users type), for
 // help texts: "strategy", "layout", "ulysses_mode", "softmax" -> (alias, canonical) pairs.
@@ -150,25 +146,14 @@ int64_t sharded_seq(const ParallelConfig& c, const AttnShape& s);
 // sequence.
 Partition sequence_partition(const ParallelConfig& c, const AttnShape& s);
 
-// The strategy that degrees imply on a model's mesh: usp when ulysses and ring are both above 1,
-// ulysses when only ulysses is, else `ring_axis` (ring or allgather; InvalidArgument otherwise).
-Strategy strategy_for_degrees(int ulysses, int ring, Strategy ring_axis);
-
-// The degrees of a sequence-parallel group of n ranks running c.strategy, those left 0 in c.mesh
-// filled: usp: ulysses x ring = n (both 0: ulysses the largest divisor of n that divides heads);
-// ulysses: ulysses n, ring 1; the others: ring n, ulysses 1. InvalidArgument (naming
-// ulysses_degree and ring_degree and what would fit) when the given degrees do not.
-void fill_sp_degrees(ParallelConfig& c, int n, int64_t heads);
-
-// Everything about c and s that can be checked before a rank starts, in one place: degrees in
-// range (each >= 1, the world within limits::kMaxRanks), the strategy against the degrees and
-// the kind of call (sequence or cache), the options against the strategy (const-max needs a
-// ring, text tokens are bidirectional and not over a cache, a cache is not padded), the shape
-// (heads divisible by kv_heads and tp, kv_heads splittable by tp, every sequence-parallel rank
-// holds a token, strict Ulysses shapes), the documents (seq_lens summing to seq, each >= 1; over a
-// cache cached_lens and fresh_lens of one length summing to cached and new; no text_tokens with
-// documents). InvalidArgument with one line naming what was wrong and
-// what would be valid.
-void validate_config(const ParallelConfig& c, const AttnShape& s);
+// The checks of c and s that hold whatever the strategy: degrees in range (each >= 1, the world
+// within limits::kMaxRanks), the shape (sizes in range, heads divisible by kv_heads and tp,
+// kv_heads splittable by tp, text tokens bidirectional), over a cache the cache (every
+// sequence-parallel rank holds a cached token, no pad or text_tokens, cached_lens and fresh_lens
+// of one length summing to cached and new), over a sequence the tokens (every sequence-parallel
+// rank holds a real token, seq_lens summing to seq, each >= 1, no text_tokens with documents).
+// InvalidArgument with one line naming what was wrong and what would be valid. validate_config
+// (strategy_table.h) adds the strategy's checks.
+void check_config_fields(const ParallelConfig& c, const AttnShape& s);
 
 }  // namespace seqpar

@@ -20,14 +20,6 @@
 
 namespace seqpar {
 
-// Where the tokens of a partial prefill / decode live: per rank, ascending global positions of
-// its K/V (cache and own new tokens) and of its queries (own new tokens, possibly none).
-struct KvPlacement {
-  std::vector<std::vector<int64_t>> kv_pos;
-  std::vector<std::vector<int64_t>> q_pos;
-  int ranks() const { return static_cast<int>(kv_pos.size()); }
-};
-
 // cached tokens [0, P) split by `layout` over the ranks (P >= ranks); new tokens [P, P+T) split
 // contiguously (floor or ceil of T/N each; with T < N the last T ranks get one each, as decode
 // appends the newest token to the last rank).

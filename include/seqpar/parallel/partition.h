@@ -66,6 +66,32 @@ class Partition {
   std::vector<std::vector<int64_t>> positions_;
 };
 
+// Where the tokens of a partial prefill / decode live: per rank, ascending global positions of
+// its K/V (cache and own new tokens) and of its queries (own new tokens, possibly none).
+// decode_placement (decode.h) makes one.
+struct KvPlacement {
+  std::vector<std::vector<int64_t>> kv_pos;
+  std::vector<std::vector<int64_t>> q_pos;
+  int ranks() const { return static_cast<int>(kv_pos.size()); }
+};
+
+// Where one attention call's tokens live on the sequence-parallel ranks: over a sequence, the
+// Partition of its (padded) tokens, a rank's queries and keys alike; over a K/V cache, each
+// rank's K/V and query positions.
+struct Placement {
+  bool over_cache = false;
+  Partition part;     // over a sequence
+  KvPlacement cache;  // over a cache
+  int ranks() const { return over_cache ? cache.ranks() : part.ranks(); }
+  // Global positions of rank r's queries and of its keys and values (ascending).
+  std::span<const int64_t> q_pos(int r) const {
+    return over_cache ? std::span<const int64_t>(cache.q_pos[r]) : part.positions(r);
+  }
+  std::span<const int64_t> kv_pos(int r) const {
+    return over_cache ? std::span<const int64_t>(cache.kv_pos[r]) : part.positions(r);
+  }
+};
+
 // full (B, S, H, D) -> this rank's rows (B, count(rank), H, D), in its position order.
 Tensor shard(const Tensor& full, const Partition& part, int rank);
 // Inverse of shard: shards[r] (B, count(r), H, D) -> (B, S, H, D).

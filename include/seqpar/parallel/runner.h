@@ -25,29 +25,32 @@
 #include "seqpar/attention/error_bound.h"
 #include "seqpar/comm/communicator.h"
 #include "seqpar/parallel/config.h"
+#include "seqpar/parallel/cp_attention.h"
 #include "seqpar/parallel/decode.h"
 #include "seqpar/parallel/partition.h"
 #include "seqpar/parallel/strategies.h"
 
 namespace seqpar {
 
-// One attention call over config.sp() ranks, resolved before any rank starts. Over a sequence,
-// the part.seq() tokens (padded_seq) are sharded by `part`; over a cache (shape.over_cache()),
-// `place` holds each rank's K/V and queries. A caller may also fill it directly (the tests do,
-// with partitions and options of their own); run_attention_call runs what it holds.
+// One attention call over config.sp() ranks, resolved before any rank starts: what the one entry
+// point (cp_attention.h) takes, besides the tensors. Over a sequence the place.part.seq() tokens
+// (padded_seq) are sharded by place.part; over a cache (shape.over_cache()) place.cache holds each
+// rank's K/V and queries. A caller may also fill it directly (the tests do, with partitions and
+// kernel options of their own); run_attention_call runs what it holds.
 struct AttnJob {
   ParallelConfig config;   // the degrees filled: ulysses x ring = the ranks
   AttnShape shape;         // over a cache: seq = cached + fresh
   int64_t padded_seq = 0;  // sharded_seq(config, shape): the tokens after padding
-  Partition part;          // over a sequence
-  KvPlacement place;       // over a cache
-  CpOptions cp;            // causal, ulysses mode, softmax, valid_len (padding) from the above
+  Placement place;
+  KernelOptions kernel;  // scale and block sizes (0: the kernel's choice)
 
-  int ranks() const { return over_cache() ? place.ranks() : part.ranks(); }
+  int ranks() const { return place.ranks(); }
   bool over_cache() const { return shape.over_cache(); }
   // Global positions of rank r's queries and of its keys and values (ascending).
-  std::span<const int64_t> q_pos(int r) const;
-  std::span<const int64_t> kv_pos(int r) const;
+  std::span<const int64_t> q_pos(int r) const { return place.q_pos(r); }
+  std::span<const int64_t> kv_pos(int r) const { return place.kv_pos(r); }
+  // The options the strategies run with (cp_options).
+  CpOptions cp() const { return cp_options(config, shape, place, kernel); }
 };
 
 // The job of `shape` under `config` on `ranks` ranks: the degrees left 0 in config.mesh filled
@@ -68,19 +71,19 @@ struct RankInputs {
 // rows (positions >= shape.seq) zeroed.
 RankInputs synthetic_inputs(const AttnJob& job, int rank, uint64_t seed);
 
-// The communicators of one rank for a job's calls: over a sequence, the Ulysses and ring groups
-// of config.mesh.ulysses (SpComms; making them is a collective); over a cache, `comm` itself.
+// The communicators of one rank for a job's calls: the Ulysses and ring groups of
+// config.mesh.ulysses (SpComms; making them is a collective).
 class JobComms {
  public:
   JobComms(Communicator& comm, const AttnJob& job);
   Communicator& comm() { return comm_; }
-  SpComms* sp() { return sp_ ? &*sp_ : nullptr; }  // null over a cache
-  CommStats stats() const;                         // of every communicator the calls use
-  void reset_stats();
+  SpComms& sp() { return sp_; }
+  CommStats stats() const { return sp_.stats(); }  // of every communicator the calls use
+  void reset_stats() { sp_.reset_stats(); }
 
  private:
   Communicator& comm_;
-  std::optional<SpComms> sp_;
+  SpComms sp_;
 };
 
 // What one call did on one rank.
@@ -92,10 +95,9 @@ struct RankCall {
   double seconds = 0;  // this rank's wall time of the call
 };
 
-// One call of the job on this rank: a barrier (the ranks start together), the statistics reset,
-// the strategy (config.strategy over job.part, joint attention with text tokens, pass-KV or
-// pass-Q over job.place), timed. Errors of the strategy propagate (InvalidArgument for a shape it
-// cannot run).
+// One call of the job on this rank through the one entry point (cp_attention.h attention): a
+// barrier (the ranks start together), the statistics reset, the call, timed. Errors of the
+// strategy propagate (InvalidArgument for a shape it cannot run).
 RankCall run_attention_call(JobComms& comms, const AttnJob& job, const RankInputs& in);
 
 // One rank's times over a job's timed calls.

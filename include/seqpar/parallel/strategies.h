@@ -14,7 +14,8 @@
 //              (fp32) back; see docs/algorithms.md for the bytes.
 // Packed documents (CpOptions::cu_seqlens): every strategy masks pairs across documents in the
 // kernel and skips blocks whose documents do not meet; the bytes are those above.
-// Each strategy's steps, bytes, work and K/V memory as data: schedule.h.
+// Each strategy's steps, bytes, work and K/V memory as data: schedule.h. The one entry point that
+// dispatches on the configuration: cp_attention.h (through strategy_table.h).
 // Thread-safety: one call per rank thread; ranks run the same call concurrently.
 #pragma once
 
@@ -150,11 +151,6 @@ JointState joint_attention(Strategy strategy, SpComms& comms, const Partition& p
 // the ranks, strict usp ring groups of different lengths.
 void check_strategy_shape(Strategy strategy, const Partition& part, int64_t heads,
                           int64_t kv_heads, int ulysses_degree, const CpOptions& opts);
-
-// Dispatches on strategy. Validates shapes against the partition (InvalidArgument).
-AttnState context_parallel_attention(Strategy strategy, SpComms& comms, const Partition& part,
-                                     const Tensor& q, const Tensor& k, const Tensor& v,
-                                     const CpOptions& opts, CpStats* stats = nullptr);
 
 // Bytes this rank is predicted to send and receive in one call, for checking CommStats exactly:
 // the sum over the strategy's schedule (schedule.h) for any partition.

@@ -1,0 +1,68 @@
+// The one entry point of context-parallel attention: one call takes the vocabulary (a
+// ParallelConfig and an AttnShape), the rank's communicators, where the tokens live (a Placement)
+// and this rank's tensors; it validates, derives the strategies' options once, dispatches through
+// the strategy table (strategy and schedule; joint text+image attention when the shape has text
+// tokens) and writes into the caller's outputs. The runner (`seqpar run`), the models (prefill,
+// decode and chunked prefill), the Python module and the planner's measurements all call it.
+//
+//   place_call(config, shape)         -> the Placement the configuration gives the shape
+//   attention(config, shape, comms, place, in, out)
+//
+// Shapes on sequence-parallel rank r (H, Hkv: the heads the group sees, after tensor parallelism):
+//   in.q (B, |q_pos(r)|, H, D), in.k / in.v (B, |kv_pos(r)|, Hkv, D), q, k, v of one dtype;
+//   joint attention (shape.text_tokens = T): in.text_q (B, T, H, D), in.text_k / text_v
+//   (B, T, Hkv, D), the same on every rank;
+//   out.out (B, |q_pos(r)|, H, D) fp32 and out.lse (B, |q_pos(r)|, H) fp32 (natural log);
+//   with text, out.text_out (B, T, H, D) and out.text_lse (B, T, H), the same on every rank.
+// Outputs the caller leaves empty are allocated; those it gives must have these shapes and fp32.
+// Thread-safety: one call per rank thread; the ranks of the group make the same call together.
+#pragma once
+
+#include <cstdint>
+
+#include "seqpar/core/tensor.h"
+#include "seqpar/parallel/config.h"
+#include "seqpar/parallel/partition.h"
+#include "seqpar/parallel/strategies.h"
+
+namespace seqpar {
+
+// The placement config c (degrees filled) gives shape s: over a sequence sequence_partition (the
+// padded sequence when c.pad), over a cache decode_placement (one request, or cached_lens and
+// fresh_lens).
+Placement place_call(const ParallelConfig& c, const AttnShape& s);
+
+// The strategies' options for c and s on place: causal, the Ulysses mode, the softmax, the
+// schedule, the padding mask (valid_len = s.seq when the placement's sequence is longer) and the
+// documents (cu_seqlens); scale and block sizes from `kernel`.
+struct KernelOptions {
+  float scale = 0.f;  // 0: 1/sqrt(head_dim)
+  int block_q = 0;    // the kernel's tiles, 0: its choice
+  int block_k = 0;
+};
+CpOptions cp_options(const ParallelConfig& c, const AttnShape& s, const Placement& place,
+                     const KernelOptions& kernel = {});
+
+// The caller's tensors, borrowed for the call.
+struct AttnInputs {
+  const Tensor& q;
+  const Tensor& k;
+  const Tensor& v;
+  const Tensor* text_q = nullptr;  // joint attention only
+  const Tensor* text_k = nullptr;
+  const Tensor* text_v = nullptr;
+};
+struct AttnOutputs {
+  Tensor out, lse;
+  Tensor text_out, text_lse;  // joint attention only
+};
+
+// Attention of this rank's queries over the whole sequence (or cache) as config c runs shape s.
+// c's degrees must be filled (fill_sp_degrees) and match comms (ulysses_degree, the group's
+// size); s is the group's view (heads after tp). InvalidArgument (one line) for a configuration,
+// shape, placement or tensor that does not fit; communication errors propagate as CommError.
+void attention(const ParallelConfig& c, const AttnShape& s, SpComms& comms, const Placement& place,
+               const AttnInputs& in, AttnOutputs& out, CpStats* stats = nullptr,
+               const KernelOptions& kernel = {});
+
+}  // namespace seqpar

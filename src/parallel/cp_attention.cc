@@ -1,0 +1,131 @@
+// The one entry point (cp_attention.h): validate, derive the options, dispatch through the
+// strategy table, write the caller's outputs.
+#include "seqpar/parallel/cp_attention.h"
+
+#include <cstring>
+
+#include "seqpar/core/error.h"
+#include "seqpar/parallel/decode.h"
+#include "seqpar/parallel/strategy_table.h"
+
+namespace seqpar {
+
+namespace {
+
+// The placement against the configuration, the shape and the communicators.
+void check_placement(const ParallelConfig& c, const AttnShape& s, SpComms& comms,
+                     const Placement& place) {
+  const int n = comms.sp().size();
+  SEQPAR_ARG_CHECK(c.sp() == n, "ulysses_degree ", c.mesh.ulysses, " x ring_degree ", c.mesh.ring,
+                   " must equal the ", n, " ranks of the sequence-parallel group");
+  SEQPAR_ARG_CHECK(!uses_ulysses(c.strategy) || comms.ulysses_degree() == c.mesh.ulysses,
+                   "the communicators' Ulysses groups have ", comms.ulysses_degree(),
+                   " ranks but ulysses_degree is ", c.mesh.ulysses);
+  SEQPAR_ARG_CHECK(place.over_cache == s.over_cache(), "the placement is over a ",
+                   place.over_cache ? "K/V cache" : "sequence", " but the shape is over a ",
+                   s.over_cache() ? "K/V cache (cached, new)" : "sequence");
+  SEQPAR_ARG_CHECK(place.ranks() == n, "the placement has ", place.ranks(), " ranks but the ",
+                   "sequence-parallel group has ", n);
+  if (place.over_cache) {
+    int64_t kv = 0, q = 0;
+    for (int r = 0; r < n; ++r) {
+      kv += static_cast<int64_t>(place.cache.kv_pos[r].size());
+      q += static_cast<int64_t>(place.cache.q_pos[r].size());
+    }
+    SEQPAR_ARG_CHECK(kv == s.cached + s.fresh && q == s.fresh, "the placement holds ", kv,
+                     " K/V tokens and ", q, " queries; cached ", s.cached, " and new ", s.fresh,
+                     " need ", s.cached + s.fresh, " and ", s.fresh);
+  } else {
+    SEQPAR_ARG_CHECK(place.part.seq() >= s.seq, "the placement's sequence holds ",
+                     place.part.seq(), " tokens, fewer than seq ", s.seq);
+  }
+}
+
+// A tensor the caller gave: its shape; one left empty: allocated.
+void check_input(const char* name, const Tensor& t, std::initializer_list<int64_t> shape,
+                 DType dtype) {
+  const std::vector<int64_t> want(shape);
+  SEQPAR_ARG_CHECK(t.shape() == want, name, " is ", t.shape_str(), "; expected ",
+                   Tensor(want, DType::kF32).shape_str(), " on this rank");
+  SEQPAR_ARG_CHECK(t.dtype() == dtype, name, " is ", dtype_name(t.dtype()), "; q, k and v ",
+                   "(and the text's) must have one dtype, ", dtype_name(dtype));
+}
+
+// Moves `from` into the caller's `to` (allocated: taken; given: checked and copied).
+void write_output(const char* name, Tensor& to, Tensor&& from) {
+  if (to.empty() && to.ndim() == 0) {
+    to = std::move(from);
+    return;
+  }
+  SEQPAR_ARG_CHECK(to.shape() == from.shape() && to.dtype() == DType::kF32, name, " is ",
+                   to.shape_str(), " ", dtype_name(to.dtype()), "; expected ", from.shape_str(),
+                   " fp32");
+  if (from.nbytes() > 0) std::memcpy(to.raw(), from.raw(), from.nbytes());
+}
+
+}  // namespace
+
+Placement place_call(const ParallelConfig& c, const AttnShape& s) {
+  Placement p;
+  p.over_cache = s.over_cache();
+  if (!p.over_cache) {
+    p.part = sequence_partition(c, s);
+  } else if (s.cached_lens.empty()) {
+    p.cache = decode_placement(s.cached, s.fresh, c.sp(), c.layout);
+  } else {
+    p.cache = decode_placement(s.cached_lens, s.fresh_lens, c.sp(), c.layout);
+  }
+  return p;
+}
+
+CpOptions cp_options(const ParallelConfig& c, const AttnShape& s, const Placement& place,
+                     const KernelOptions& kernel) {
+  CpOptions o;
+  o.causal = s.causal;
+  o.scale = kernel.scale;
+  o.block_q = kernel.block_q;
+  o.block_k = kernel.block_k;
+  o.ulysses_mode = c.ulysses_mode;
+  o.softmax = c.softmax;
+  o.schedule = c.schedule;
+  if (!place.over_cache && place.part.seq() > s.seq) o.valid_len = s.seq;
+  o.cu_seqlens = shape_cu_seqlens(s);
+  return o;
+}
+
+void attention(const ParallelConfig& c, const AttnShape& s, SpComms& comms, const Placement& place,
+               const AttnInputs& in, AttnOutputs& out, CpStats* stats,
+               const KernelOptions& kernel) {
+  validate_config(c, s);
+  check_placement(c, s, comms, place);
+  const int r = comms.sp().rank();
+  const int64_t B = s.batch, H = s.heads, Hkv = s.kv(), D = s.head_dim;
+  const int64_t nq = static_cast<int64_t>(place.q_pos(r).size());
+  const int64_t nkv = static_cast<int64_t>(place.kv_pos(r).size());
+  const DType dtype = in.q.dtype();
+  check_input("q", in.q, {B, nq, H, D}, dtype);
+  check_input("k", in.k, {B, nkv, Hkv, D}, dtype);
+  check_input("v", in.v, {B, nkv, Hkv, D}, dtype);
+  const CpOptions opts = cp_options(c, s, place, kernel);
+  const int64_t T = s.text_tokens;
+  if (T == 0) {
+    const StrategyArgs args{comms, place, in.q, in.k, in.v, opts, stats};
+    AttnState state = schedule_row(c.strategy, c.schedule).run(args);
+    write_output("out", out.out, std::move(state.out));
+    write_output("lse", out.lse, std::move(state.lse));
+    return;
+  }
+  SEQPAR_ARG_CHECK(in.text_q && in.text_k && in.text_v, "text_tokens ", T,
+                   " (joint attention) needs text_q, text_k and text_v");
+  check_input("text_q", *in.text_q, {B, T, H, D}, dtype);
+  check_input("text_k", *in.text_k, {B, T, Hkv, D}, dtype);
+  check_input("text_v", *in.text_v, {B, T, Hkv, D}, dtype);
+  JointState js = joint_attention(c.strategy, comms, place.part, in.q, in.k, in.v, *in.text_q,
+                                  *in.text_k, *in.text_v, opts, stats);
+  write_output("out", out.out, std::move(js.image.out));
+  write_output("lse", out.lse, std::move(js.image.lse));
+  write_output("text_out", out.text_out, std::move(js.text.out));
+  write_output("text_lse", out.text_lse, std::move(js.text.lse));
+}
+
+}  // namespace seqpar
