@@ -148,64 +148,96 @@ def _result(a: _Arg, out_shape, core_call):
 # ---- attention -------------------------------------------------------------------------------
 
 
+def _call(name, q, k, v, comm, options, return_lse):
+    """One call of the library's entry point on this rank's tensors (k, v may differ in length
+    from q over a cache); options by the vocabulary's names."""
+    args = [_Arg("q", q), _Arg("k" if name == "attention" else "k_cache", k),
+            _Arg("v" if name == "attention" else "v_cache", v)]
+    _same_kind(args)
+    qa, ka, va = args
+    a = _core._AttentionArgs()
+    a.dtype = qa.dtype
+    for key, value in options.items():
+        setattr(a, key, value)
+    out, lse = _result(qa, qa.shape, lambda out_buf: _core._attention(
+        comm, qa.buffer(), ka.buffer(), va.buffer(), out_buf, a))
+    return (out, _wrap(qa, lse)) if return_lse else out
+
+
+def _int(name: str, value: Optional[int], low: int = 0) -> int:
+    """An integer keyword (None: 0, chosen by the library); bools and floats are refused."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} {value!r} is not an integer")
+    if int(value) < low:
+        raise ValueError(f"{name} {value} is invalid; it must be at least {max(low, 1)}")
+    return int(value)
+
+
+def _scale(softmax_scale: Optional[float]) -> float:
+    if softmax_scale is None:
+        return 0.0
+    scale = float(softmax_scale)
+    if not np.isfinite(scale) or scale <= 0:
+        raise ValueError(f"softmax_scale {softmax_scale!r} is invalid; give a positive finite "
+                         "number (None: 1/sqrt(head_dim))")
+    return scale
+
+
 def attention(q, k, v, *, comm: Comm, strategy: str = "ring", layout: str = "contiguous",
               causal: bool = False, ulysses_degree: Optional[int] = None,
-              ring_degree: Optional[int] = None, ulysses_mode: str = "uaa", pad: bool = False,
-              seq_len: Optional[int] = None, text_tokens: int = 0, softmax: str = "online",
+              ring_degree: Optional[int] = None, sequence_parallel_size: Optional[int] = None,
+              ulysses_mode: str = "uaa", pad: bool = False, seq_len: Optional[int] = None,
+              text_tokens: int = 0, softmax: str = "online",
               softmax_scale: Optional[float] = None, schedule: str = "default",
-              seq_lens: Optional[Sequence[int]] = None, return_lse: bool = False):
+              seq_lens: Optional[Sequence[int]] = None, hardware: str = "cpu-ethernet",
+              return_lse: bool = False):
     """Attention of this rank's queries over the whole sharded sequence.
 
     q: (B, S_local, H, D); k, v: (B, S_local, Hkv, D), Hkv dividing H (GQA). This rank's tokens
     are those ``Partition(S, comm.size, layout)`` gives it, S being the ranks' S_local summed;
     with layout "contiguous" the ranks may hold runs of any lengths (rank order).
 
+    The keywords are the library's vocabulary, as ``seqpar run`` names its flags:
     strategy: "ring" (pass-KV, overlapped), "allgather", "ulysses", "usp" (ulysses_degree x
-    ring_degree = ranks). layout: "contiguous", "striped", "zigzag" (balanced causal).
-    ulysses_mode: "uaa" (any length and head count) or "strict". pad=True with seq_len: the ranks
-    hold a sequence padded past seq_len real tokens; keys at positions >= seq_len are masked.
-    text_tokens=T: the last T rows of q, k, v are text tokens replicated on every rank (MMDiT
-    joint attention, bidirectional); the output's last T rows are theirs. softmax: "online" or
-    "const-max" (rings only). softmax_scale: default 1/sqrt(D). schedule: "default" or "steal"
-    (ring, contiguous shards: the ranks holding late tokens hand query rows to the others).
-    seq_lens: packed documents (varlen, flash-attn's cu_seqlens as lengths), summing to S: a
-    query attends only keys of its own document; with layout "zigzag" or "striped" each document
-    is split over the ranks on its own (``Partition(S, n, layout, seq_lens=...)`` shards it).
+    ring_degree = sequence_parallel_size = the ranks), or "auto": the planner's fastest for this
+    call on the `hardware` profile (``comm.last_choice`` says what it chose and why).
+    layout: "contiguous", "striped", "zigzag" (balanced causal). ulysses_mode: "uaa" (any length
+    and head count) or "strict". pad=True with seq_len: the ranks hold a sequence padded past
+    seq_len real tokens; keys at positions >= seq_len are masked. text_tokens=T: the last T rows
+    of q, k, v are text tokens replicated on every rank (MMDiT joint attention, bidirectional);
+    the output's last T rows are theirs. softmax: "online" or "const-max" (rings only).
+    softmax_scale: default 1/sqrt(D). schedule: "default" or "steal" (ring, contiguous shards:
+    the ranks holding late tokens hand query rows to the others). seq_lens: packed documents
+    (varlen, flash-attn's cu_seqlens as lengths), summing to S: a query attends only keys of its
+    own document; with layout "zigzag" or "striped" each document is split over the ranks on its
+    own (``Partition(S, n, layout, seq_lens=...)`` shards it).
 
     Returns the output (B, S_local, H, D) in q's kind and dtype; with return_lse also the
     log-sum-exp (B, S_local, H), fp32, natural log. The GIL is released while seqpar computes.
-    ``comm.last_stats`` then holds what the call did.
+    ``comm.last_stats`` then holds what the call did, ``comm.last_strategy`` what ran.
     """
-    args = [_Arg("q", q), _Arg("k", k), _Arg("v", v)]
-    _same_kind(args)
-    a = _core._AttentionArgs()
-    a.strategy, a.layout, a.ulysses_mode, a.softmax = strategy, layout, ulysses_mode, softmax
-    a.dtype, a.causal, a.pad = args[0].dtype, bool(causal), bool(pad)
-    a.ulysses_degree = _degree("ulysses_degree", ulysses_degree)
-    a.ring_degree = _degree("ring_degree", ring_degree)
-    a.text_tokens = int(text_tokens)
-    a.seq_len = 0 if seq_len is None else int(seq_len)
-    if pad and a.seq_len < 1:
-        raise ValueError("attention: pad=True needs seq_len, the number of real tokens (at "
-                         "least 1)")
-    a.scale = 0.0 if softmax_scale is None else float(softmax_scale)
-    a.schedule = schedule
-    a.seq_lens = [] if seq_lens is None else [int(x) for x in seq_lens]
-    qa, ka, va = args
-    out, lse = _result(qa, qa.shape, lambda out_buf: _core._attention(
-        comm, qa.buffer(), ka.buffer(), va.buffer(), out_buf, a))
-    return (out, _wrap(qa, lse)) if return_lse else out
+    if pad and (seq_len is None or _int("seq_len", seq_len) < 1):
+        raise ValueError("pad=True needs seq_len, the number of real tokens (at least 1)")
+    options = dict(
+        strategy=str(strategy), layout=str(layout), causal=bool(causal),
+        ulysses_degree=_int("ulysses_degree", ulysses_degree, 1),
+        ring_degree=_int("ring_degree", ring_degree, 1),
+        sequence_parallel_size=_int("sequence_parallel_size", sequence_parallel_size, 1),
+        ulysses_mode=str(ulysses_mode), pad=bool(pad), seq_len=_int("seq_len", seq_len),
+        text_tokens=_int("text_tokens", text_tokens), softmax=str(softmax),
+        scale=_scale(softmax_scale), schedule=str(schedule), hardware=str(hardware),
+        seq_lens=[] if seq_lens is None else [_int("seq_lens[i]", x, 1) for x in seq_lens])
+    return _call("attention", q, k, v, comm, options, return_lse)
 
 
-def _degree(name: str, value: Optional[int]) -> int:
-    if value is None:
-        return 0
-    if int(value) < 1:
-        raise ValueError(f"attention: {name} {value} is invalid; it must be at least 1")
-    return int(value)
+_PASSES = {"q": ("passq", "default"), "q-ring": ("passq", "ring"), "kv": ("passkv", "default"),
+           "auto": ("auto", "default")}
 
 
-def decode_attention(q, k_cache, v_cache, *, comm: Comm, pass_: str = "auto", causal: bool = True,
+def decode_attention(q, k_cache, v_cache, *, comm: Comm, strategy: Optional[str] = None,
+                     schedule: str = "default", pass_: Optional[str] = None, causal: bool = True,
                      softmax_scale: Optional[float] = None, hardware: str = "cpu-ethernet",
                      return_lse: bool = False):
     """Attention of new queries over a K/V cache sharded across the ranks (decode, partial
@@ -216,19 +248,23 @@ def decode_attention(q, k_cache, v_cache, *, comm: Comm, pass_: str = "auto", ca
     the sequence; the ranks' queries in rank order are its newest tokens (their keys and values
     are in the cache), so with causal=True each query sees the keys up to its own position.
 
-    pass_: "q" (queries all-gathered, partial states merge back by LSE), "q-ring" (Q blocks
-    around the ring, overlapped with attention, partial states back in one all-to-all), "kv" (the cache rotates
-    around the ring) or "auto" (Meta's rule on the `hardware` profile's compute and network
-    rates). ``comm.last_stats`` holds what the call did; ``comm.last_pass`` which pass ran.
+    strategy: "passq" (queries all-gathered, partial states merge back by LSE; schedule "ring":
+    Q blocks around the ring, overlapped with attention, partial states back in one all-to-all),
+    "passkv" (the cache rotates around the ring) or "auto" (default): the planner's fastest on the
+    `hardware` profile, Meta's rule beside it in ``comm.last_choice``. pass_ is the older
+    spelling: "q", "q-ring", "kv", "auto". ``comm.last_stats`` holds what the call did;
+    ``comm.last_strategy`` and ``comm.last_pass`` which pass ran.
     """
-    args = [_Arg("q", q), _Arg("k_cache", k_cache), _Arg("v_cache", v_cache)]
-    _same_kind(args)
-    qa, ka, va = args
-    scale = 0.0 if softmax_scale is None else float(softmax_scale)
-    out, lse = _result(qa, qa.shape, lambda out_buf: _core._decode_attention(
-        comm, qa.buffer(), ka.buffer(), va.buffer(), out_buf, pass_, qa.dtype, bool(causal),
-        scale, hardware))
-    return (out, _wrap(qa, lse)) if return_lse else out
+    if pass_ is not None:
+        if strategy is not None:
+            raise ValueError("give strategy (and schedule) or its older spelling pass_, not both")
+        if pass_ not in _PASSES:
+            raise ValueError(f"pass_ {pass_!r} is unknown; valid: auto, q, q-ring, kv")
+        strategy, schedule = _PASSES[pass_]
+    options = dict(strategy="auto" if strategy is None else str(strategy), schedule=str(schedule),
+                   causal=bool(causal), scale=_scale(softmax_scale), hardware=str(hardware),
+                   over_cache=True)
+    return _call("decode_attention", q, k_cache, v_cache, comm, options, return_lse)
 
 
 # ---- communicators ---------------------------------------------------------------------------
@@ -390,10 +426,12 @@ def plan(*, ranks: int = 8, model: Optional[str] = None, seq: int = 0, heads: in
          frames: int = 0, height: int = 0, width: int = 0, text_tokens: Optional[int] = None,
          guidance: bool = True, hardware: str = "h100", ranks_per_node: Optional[int] = None,
          memory_limit_gb: float = 0.0, dtype: Optional[str] = None, cfg: int = 0, tp: int = 0,
-         ulysses_degree: int = 0, ring_degree: int = 0, strategy: Optional[str] = None,
-         layout: Optional[str] = None, ulysses_mode: Optional[str] = None,
-         softmax: Optional[str] = None, pad: Optional[bool] = None, cached: int = 0, new: int = 0,
-         top: int = 15) -> dict:
+         ulysses_degree: int = 0, ring_degree: int = 0, sequence_parallel_size: int = 0,
+         strategy: Optional[str] = None, layout: Optional[str] = None,
+         ulysses_mode: Optional[str] = None, softmax: Optional[str] = None,
+         schedule: Optional[str] = None, pad: Optional[bool] = None, cached: int = 0,
+         new: int = 0, top: int = 15, cfg_parallel_size: Optional[int] = None,
+         tensor_parallel_size: Optional[int] = None) -> dict:
     """Which parallel layout to use, before anything runs: the ``seqpar plan --json`` object.
 
     A model preset (``model="wan2.1-t2v-14b", frames=33, height=240, width=432``, or
@@ -401,7 +439,8 @@ def plan(*, ranks: int = 8, model: Optional[str] = None, seq: int = 0, heads: in
     ``heads``, ``kv_heads``, ``head_dim``, ``causal``) on ``ranks`` ranks of the ``hardware``
     profile (h100, h200, cpu-ethernet, local, or a JSON file). Degrees left 0 and options left
     None are enumerated (softmax None: online; ``softmax="const-max"`` plans ring and usp with
-    the const-max softmax). ``top``: meshes with per-rank detail (0: all). Keys: seq_len, remainder,
+    the const-max softmax; schedule None: every schedule; sequence_parallel_size: ulysses_degree
+    x ring_degree; cfg_parallel_size and tensor_parallel_size are cfg's and tp's other names). ``top``: meshes with per-rank detail (0: all). Keys: seq_len, remainder,
     divisibility, meshes (fastest first), over_memory, rejected, and for decode the pass choice.
     """
     s = _core._PlanSpec()
@@ -412,7 +451,12 @@ def plan(*, ranks: int = 8, model: Optional[str] = None, seq: int = 0, heads: in
     s.ranks, s.ranks_per_node, s.memory_limit_gb = int(ranks), ranks_per_node, float(memory_limit_gb)
     s.dtype, s.strategy, s.layout = dtype or "", strategy or "", layout or ""
     s.ulysses_mode, s.softmax, s.pad = ulysses_mode or "", softmax or "", pad
+    if cfg_parallel_size is not None:  # the vocabulary's names of cfg and tp
+        cfg = cfg_parallel_size
+    if tensor_parallel_size is not None:
+        tp = tensor_parallel_size
     s.cfg, s.tp, s.ulysses_degree, s.ring_degree = int(cfg), int(tp), int(ulysses_degree), int(ring_degree)
+    s.sequence_parallel_size, s.schedule = int(sequence_parallel_size), schedule or ""
     s.cached, s.new = int(cached), int(new)
     return json.loads(_core._plan_json(s, hardware, int(top)))
 

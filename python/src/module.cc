@@ -33,6 +33,7 @@
 #include "seqpar/parallel/partition.h"
 #include "seqpar/parallel/strategies.h"
 #include "seqpar/plan/hardware.h"
+#include "seqpar/plan/selection.h"
 #include "seqpar/version.h"
 
 namespace py = pybind11;
@@ -96,7 +97,8 @@ class Comm {
     owned_.reset();
   }
   CallStats last;
-  std::string last_pass;  // decode_attention: "q" or "kv", the pass the last call ran
+  std::string last_strategy;  // candidate_label of what the last call ran ("ring", "passq_ring")
+  std::string last_choice;    // strategy "auto": the choice and its reason; else empty
 
  private:
   std::unique_ptr<Communicator> owned_;
@@ -173,73 +175,15 @@ Tensor rows_of(const Buffer& b, DType dtype, int64_t row0, int64_t n) {
   return t;
 }
 
-// Everything the ranks must agree on, checked across ranks before any strategy runs (a mismatch
-// would otherwise surface as a hang or a confusing size error inside a collective).
-struct Agreement {
-  int64_t batch, heads, kv_heads, head_dim, dtype, text_tokens, option_hash;
-};
-
 int64_t options_hash(const std::string& s) {
   return static_cast<int64_t>(std::hash<std::string>{}(s) & 0x7fffffffffffffff);
 }
 
-// The partition of a call: every rank's token count all-gathered; the layout's own partition of
-// their sum when the counts are the layout's, else (contiguous layout) contiguous runs of the
-// given lengths. Also checks that the ranks agree on everything else.
 // "3000,17,9000": the documents in the options' hash.
 std::string seq_lens_text(const std::vector<int64_t>& seq_lens) {
   std::string s;
   for (int64_t l : seq_lens) s += detail::concat(s.empty() ? "" : ",", l);
   return s;
-}
-
-// The partition of the ranks' rows: `layout` over their sum (or contiguous runs of any lengths);
-// with seq_lens, which must sum to it, each document split by a zigzag or striped layout.
-Partition gather_partition(Communicator& comm, Layout layout, int64_t local, const Agreement& mine,
-                           const std::vector<int64_t>& seq_lens) {
-  const int n = comm.size();
-  std::array<int64_t, 8> row = {local,          mine.batch,       mine.heads,
-                                mine.kv_heads,  mine.head_dim,    mine.dtype,
-                                mine.text_tokens, mine.option_hash};
-  std::vector<int64_t> all(8 * static_cast<size_t>(n));
-  comm.all_gather(row.data(), sizeof(row), all.data());
-  std::vector<int64_t> counts(n);
-  int64_t seq = 0;
-  for (int r = 0; r < n; ++r) {
-    counts[r] = all[8 * r];
-    seq += counts[r];
-    for (int f = 1; f < 8; ++f) {
-      static const char* kNames[] = {"", "batch", "heads", "kv heads", "head_dim", "dtype",
-                                     "text_tokens", "options"};
-      SEQPAR_ARG_CHECK(all[8 * r + f] == row[f], "attention: rank ", r, " and rank ", comm.rank(),
-                       " called with different ", kNames[f],
-                       "; every rank passes the same shapes (but its own tokens) and options");
-    }
-  }
-  for (int r = 0; r < n; ++r)
-    SEQPAR_ARG_CHECK(counts[r] >= 1, "attention: rank ", r,
-                     " holds no tokens; every rank needs at least one");
-  if (!seq_lens.empty()) {
-    int64_t sum = 0;
-    for (int64_t l : seq_lens) sum += l;
-    SEQPAR_ARG_CHECK(sum == seq, "attention: seq_lens sum to ", sum, " but the ranks hold ", seq,
-                     " tokens together; the documents must fill the sequence");
-  }
-  Partition part = seq_lens.empty() || layout == Layout::kContiguous
-                       ? Partition(seq, n, layout)
-                       : Partition::documents(seq_lens, seq, n, layout);
-  bool same = true;
-  for (int r = 0; r < n; ++r) same = same && part.count(r) == counts[r];
-  if (same) return part;
-  SEQPAR_ARG_CHECK(layout == Layout::kContiguous, "attention: the ranks hold ", [&] {
-    std::string s;
-    for (int r = 0; r < n; ++r) s += detail::concat(r ? ", " : "", counts[r]);
-    return s;
-  }(), " tokens, but layout ", layout_name(layout), " of ", seq, " tokens over ", n,
-                   " ranks gives rank ", comm.rank(), " ", part.count(comm.rank()),
-                   "; shard with seqpar.Partition(", seq, ", ", n, ", \"", layout_name(layout),
-                   "\") or use layout \"contiguous\" for uneven runs");
-  return Partition::from_counts(counts);
 }
 
 void record(Comm& c, const CommStats& s, const CpStats& cps, double seconds,
@@ -263,205 +207,208 @@ void record(Comm& c, const CommStats& s, const CpStats& cps, double seconds,
   st.input_addresses = addresses;
 }
 
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "(";
+  for (size_t i = 0; i < shape.size(); ++i) s += detail::concat(i ? ", " : "", shape[i]);
+  return s + ")";
+}
+
+// One attention call's options, by the vocabulary's names (parallel/config.h): the Python side
+// passes what the caller typed; the library parses, validates and reports in its own words.
 struct AttentionArgs {
-  std::string strategy = "ring", layout = "contiguous", ulysses_mode = "uaa",
-              softmax = "online", dtype = "fp32", schedule = "default";
+  std::string strategy = "ring";  // a strategy's name or alias, or "auto" (plan/selection.h)
+  std::string layout = "contiguous", ulysses_mode = "uaa", softmax = "online",
+              schedule = "default", dtype = "fp32", hardware = "cpu-ethernet";
   std::vector<int64_t> seq_lens;  // packed documents (varlen); empty: one sequence
   bool causal = false, pad = false;
-  int ulysses_degree = 0, ring_degree = 0;
+  bool over_cache = false;  // decode_attention: new queries over a K/V cache
+  int ulysses_degree = 0, ring_degree = 0, sequence_parallel_size = 0;  // 0: chosen
   int64_t text_tokens = 0, seq_len = 0;
   double scale = 0;
 };
 
-// attention over this rank's shard q (B, n + T, H, D), k, v (B, n + T, Hkv, D), the last T rows
-// being the replicated text tokens (joint attention) when text_tokens = T > 0. Writes the output
-// into `out` (same shape as q, the input dtype) when out.address != 0, else returns it as an fp32
-// array; returns the lse (B, n + T, H) fp32.
-py::tuple sharded_attention(Comm& c, const Buffer& q, const Buffer& k, const Buffer& v, const Buffer& out,
-                    const AttentionArgs& a) {
+// Where every rank's tokens are, from what each rank holds. Over a sequence: the layout's own
+// partition of the ranks' rows when their counts are the layout's, else (contiguous layout)
+// contiguous runs of the given lengths; with seq_lens each document split on its own. Over a
+// cache: the ranks' cache rows in rank order are the sequence, the ranks' queries in rank order
+// its newest tokens. Also checks that the ranks agree on everything else (a mismatch would
+// otherwise surface as a hang or a size error inside a collective).
+Placement gather_placement(Communicator& comm, const AttentionArgs& a, Layout layout, int64_t q_rows,
+                           int64_t kv_rows, std::array<int64_t, 6> agree) {
+  const int n = comm.size();
+  constexpr int kFields = 8;
+  std::array<int64_t, kFields> row = {q_rows, kv_rows, agree[0], agree[1],
+                                      agree[2], agree[3], agree[4], agree[5]};
+  std::vector<int64_t> all(kFields * static_cast<size_t>(n));
+  comm.all_gather(row.data(), sizeof(row), all.data());
+  static const char* kNames[] = {"", "", "batch", "heads", "kv_heads", "head_dim", "dtype",
+                                 "options"};
+  for (int r = 0; r < n; ++r)
+    for (int f = 2; f < kFields; ++f)
+      SEQPAR_ARG_CHECK(all[kFields * r + f] == row[f], "rank ", r, " and rank ", comm.rank(),
+                       " called with different ", kNames[f],
+                       "; every rank passes the same shapes (but its own tokens) and options");
+  Placement place;
+  if (a.over_cache) {
+    place.over_cache = true;
+    place.cache.kv_pos.resize(n);
+    place.cache.q_pos.resize(n);
+    int64_t P = 0, T = 0;
+    for (int r = 0; r < n; ++r) {
+      T += all[kFields * r];
+      P += all[kFields * r + 1];
+    }
+    SEQPAR_ARG_CHECK(T <= P, T, " queries but only ", P,
+                     " cached tokens; the queries are the newest tokens of the cache");
+    int64_t kp = 0, qp = P - T;
+    for (int r = 0; r < n; ++r) {
+      for (int64_t i = 0; i < all[kFields * r + 1]; ++i) place.cache.kv_pos[r].push_back(kp++);
+      for (int64_t i = 0; i < all[kFields * r]; ++i) place.cache.q_pos[r].push_back(qp++);
+    }
+    return place;
+  }
+  std::vector<int64_t> counts(n);
+  int64_t seq = 0;
+  for (int r = 0; r < n; ++r) {
+    counts[r] = all[kFields * r];
+    seq += counts[r];
+    SEQPAR_ARG_CHECK(counts[r] >= 1, "rank ", r, " holds no tokens; every rank needs at least one");
+  }
+  if (!a.seq_lens.empty()) {
+    int64_t sum = 0;
+    for (int64_t l : a.seq_lens) sum += l;
+    SEQPAR_ARG_CHECK(sum == seq, "seq_lens sum to ", sum, " but the ranks hold ", seq,
+                     " tokens together; the documents must fill the sequence");
+  }
+  place.part = a.seq_lens.empty() || layout == Layout::kContiguous
+                   ? Partition(seq, n, layout)
+                   : Partition::documents(a.seq_lens, seq, n, layout);
+  bool same = true;
+  for (int r = 0; r < n; ++r) same = same && place.part.count(r) == counts[r];
+  if (same) return place;
+  SEQPAR_ARG_CHECK(layout == Layout::kContiguous, "the ranks hold ", [&] {
+    std::string s;
+    for (int r = 0; r < n; ++r) s += detail::concat(r ? ", " : "", counts[r]);
+    return s;
+  }(), " tokens, but layout ", layout_name(layout), " of ", seq, " tokens over ", n,
+                   " ranks gives rank ", comm.rank(), " ", place.part.count(comm.rank()),
+                   "; shard with seqpar.Partition(", seq, ", ", n, ", \"", layout_name(layout),
+                   "\") or use layout \"contiguous\" for uneven runs");
+  place.part = Partition::from_counts(counts);
+  return place;
+}
+
+// One attention call on this rank through the library's one entry point (cp_attention.h):
+// q (B, Tq + T, H, D), k, v (B, Tkv + T, Hkv, D), the last T rows being joint attention's text
+// tokens (text_tokens = T). Over a sequence Tq = Tkv, this rank's tokens; over a cache
+// (decode_attention) Tq new queries over Tkv cached rows. Writes the output into `out` (q's shape,
+// the input dtype) when out.address != 0, else returns it as an fp32 array; returns the lse
+// (B, Tq + T, H) fp32.
+py::tuple call_attention(Comm& c, const Buffer& q, const Buffer& k, const Buffer& v,
+                         const Buffer& out, const AttentionArgs& a) {
   const DType dtype = parse_dtype(a.dtype);
-  const Strategy strategy = parse_strategy(a.strategy);
-  const Layout layout = parse_layout(a.layout);
-  CpOptions opts;
-  opts.causal = a.causal;
-  opts.scale = static_cast<float>(a.scale);
-  opts.ulysses_mode = parse_ulysses_mode(a.ulysses_mode);
-  opts.softmax = parse_softmax_mode(a.softmax);
-  check_softmax_mode(strategy, opts);
-  opts.schedule = parse_schedule_kind(a.schedule);
-  SEQPAR_ARG_CHECK(opts.schedule != ScheduleKind::kRing && schedule_applies(opts.schedule, strategy),
-                   "attention: schedule '", a.schedule, "' does not apply to strategy '",
-                   a.strategy, "'; valid: 'steal' with ring, 'default'");
-  SEQPAR_ARG_CHECK(q.shape.size() == 4 && k.shape.size() == 4 && v.shape.size() == 4,
-                   "attention: q, k and v are (batch, tokens, heads, head_dim); got ",
-                   q.shape.size(), ", ", k.shape.size(), " and ", v.shape.size(), " dimensions");
+  ParallelConfig config;
+  const bool automatic = a.strategy == "auto";
+  if (!automatic) config.strategy = parse_strategy(a.strategy);
+  config.layout = parse_layout(a.layout);
+  config.ulysses_mode = parse_ulysses_mode(a.ulysses_mode);
+  config.softmax = parse_softmax_mode(a.softmax);
+  config.schedule = parse_schedule_kind(a.schedule);
+  config.pad = a.pad;
   const int64_t B = q.shape[0], rows = q.shape[1], H = q.shape[2], D = q.shape[3];
-  const int64_t Hkv = k.shape[2], T = a.text_tokens;
-  SEQPAR_ARG_CHECK(k.shape == v.shape, "attention: k and v differ in shape");
-  SEQPAR_ARG_CHECK(k.shape[0] == B && k.shape[1] == rows && k.shape[3] == D,
-                   "attention: k and v must be (", B, ", ", rows, ", kv_heads, ", D,
-                   ") like q's batch, tokens and head_dim");
-  SEQPAR_ARG_CHECK(H >= 1 && Hkv >= 1 && H % Hkv == 0, "attention: heads ", H,
-                   " is not divisible by kv heads ", Hkv, "; valid kv heads: ", divisors_text(std::max<int64_t>(H, 1)));
-  SEQPAR_ARG_CHECK(T >= 0 && T < rows, "attention: text_tokens ", T,
+  const int64_t Hkv = k.shape[2], T = a.text_tokens, kv_rows = k.shape[1];
+  SEQPAR_ARG_CHECK(T >= 0 && (T == 0 || (T < rows && T < kv_rows)), "text_tokens ", T,
                    " must be at least 0 and fewer than the ", rows, " rows of q");
-  SEQPAR_ARG_CHECK(T == 0 || !a.causal, "attention: text_tokens (joint attention) is bidirectional; ",
-                   "pass causal=False");
-  SEQPAR_ARG_CHECK(a.seq_lens.empty() || (!a.pad && T == 0 &&
-                                           opts.schedule == ScheduleKind::kDefault),
-                   "attention: seq_lens (packed documents) takes no pad, text_tokens or schedule "
-                   "'steal'");
-  SEQPAR_ARG_CHECK(a.pad == (a.seq_len > 0), a.pad ? "attention: pad=True needs seq_len, the number "
-                   "of real tokens (keys at positions >= seq_len are masked)"
-                   : "attention: seq_len is for pad=True");
+  SEQPAR_ARG_CHECK(k.shape == v.shape, "k ", shape_text(k.shape), " and v ", shape_text(v.shape),
+                   " must have one shape");
+  SEQPAR_ARG_CHECK(a.pad == (a.seq_len > 0),
+                   a.pad ? "pad=True needs seq_len, the number of real tokens (keys at "
+                           "positions >= seq_len are masked)"
+                         : "seq_len is for pad=True");
 
   Communicator& comm = c.get();
   const int n = comm.size();
-  ParallelConfig config;
-  config.strategy = strategy;
-  config.mesh.ulysses = a.ulysses_degree;
-  config.mesh.ring = a.ring_degree;
-  fill_sp_degrees(config, n, H);
-  const int u = config.mesh.ulysses;
-  const Agreement agree{B, H, Hkv, D, static_cast<int64_t>(dtype), T,
-                        options_hash(detail::concat(a.strategy, '|', a.layout, '|', a.causal, '|',
-                                                    a.ulysses_mode, '|', a.softmax, '|', u, '|',
-                                                    a.pad, '|', a.seq_len, '|', a.scale, '|',
-                                                    a.schedule, '|', seq_lens_text(a.seq_lens)))};
+  SEQPAR_ARG_CHECK(a.sequence_parallel_size == 0 || a.sequence_parallel_size == n,
+                   "sequence_parallel_size ", a.sequence_parallel_size, " must equal the ", n,
+                   " ranks of the communicator");
+  config.mesh = {1, 1, a.ring_degree, a.ulysses_degree};
+  const std::array<int64_t, 6> agree = {
+      B, H, Hkv, D, static_cast<int64_t>(dtype),
+      options_hash(detail::concat(a.strategy, '|', a.layout, '|', a.causal, '|', a.ulysses_mode,
+                                  '|', a.softmax, '|', a.ulysses_degree, '|', a.ring_degree, '|',
+                                  a.pad, '|', a.seq_len, '|', a.scale, '|', a.schedule, '|',
+                                  a.hardware, '|', T, '|', seq_lens_text(a.seq_lens)))};
   py::gil_scoped_release release;
-  const Partition part = gather_partition(comm, layout, rows - T, agree, a.seq_lens);
-  if (!a.seq_lens.empty()) opts.cu_seqlens = cu_seqlens(a.seq_lens);
-  if (a.pad) {
-    SEQPAR_ARG_CHECK(a.seq_len <= part.seq(), "attention: seq_len ", a.seq_len,
-                     " exceeds the ", part.seq(), " tokens of the ranks together");
-    if (a.seq_len < part.seq()) opts.valid_len = a.seq_len;
+  const Placement place = gather_placement(comm, a, config.layout, rows - T, kv_rows - T, agree);
+  AttnShape shape;
+  shape.batch = B;
+  shape.heads = H;
+  shape.kv_heads = Hkv;
+  shape.head_dim = D;
+  shape.causal = a.causal;
+  shape.dtype = dtype;
+  shape.text_tokens = T;
+  if (place.over_cache) {
+    shape.fresh = 0;
+    for (const auto& qp : place.cache.q_pos) shape.fresh += static_cast<int64_t>(qp.size());
+    for (const auto& kp : place.cache.kv_pos) shape.seq += static_cast<int64_t>(kp.size());
+    shape.cached = shape.seq - shape.fresh;
+  } else {
+    shape.seq = a.pad ? a.seq_len : place.part.seq();
+    SEQPAR_ARG_CHECK(shape.seq <= place.part.seq(), "seq_len ", a.seq_len, " exceeds the ",
+                     place.part.seq(), " tokens of the ranks together");
+    shape.seq_lens = a.seq_lens;
   }
-  check_strategy_shape(strategy, part, H, Hkv, u, opts);
-  SpComms& comms = c.sp_comms(u);
+  if (automatic) {
+    const AttnChoice choice = choose_attention(config, n, shape, load_hardware_profile(a.hardware));
+    config = choice.config;
+    c.last_choice = candidate_label(config) + ": " + choice.reason;
+  } else {
+    fill_sp_degrees(config, n, H);
+    c.last_choice.clear();
+  }
+  SpComms& comms = c.sp_comms(config.mesh.ulysses);
 
-  const Tensor qi = rows_of(q, dtype, 0, rows - T), ki = rows_of(k, dtype, 0, rows - T),
-               vi = rows_of(v, dtype, 0, rows - T);
+  const Tensor qi = rows_of(q, dtype, 0, rows - T), ki = rows_of(k, dtype, 0, kv_rows - T),
+               vi = rows_of(v, dtype, 0, kv_rows - T);
+  const Tensor tq = T > 0 ? rows_of(q, dtype, rows - T, T) : Tensor(),
+               tk = T > 0 ? rows_of(k, dtype, kv_rows - T, T) : Tensor(),
+               tv = T > 0 ? rows_of(v, dtype, kv_rows - T, T) : Tensor();
   CpStats cps;
   comms.reset_stats();
   const double t0 = now_seconds();
-  config.layout = layout;
-  config.ulysses_mode = opts.ulysses_mode;
-  config.softmax = opts.softmax;
-  config.schedule = opts.schedule;
-  config.pad = opts.valid_len > 0;
-  AttnShape shape{B, opts.valid_len > 0 ? opts.valid_len : part.seq(), H, Hkv, D, a.causal, T, 0, 0,
-                  dtype};
-  shape.seq_lens = a.seq_lens;
-  Placement place;
-  place.part = part;
-  const Tensor tq = T > 0 ? rows_of(q, dtype, rows - T, T) : Tensor(),
-               tk = T > 0 ? rows_of(k, dtype, rows - T, T) : Tensor(),
-               tv = T > 0 ? rows_of(v, dtype, rows - T, T) : Tensor();
   AttnOutputs res;
   attention(config, shape, comms, place,
             {qi, ki, vi, T > 0 ? &tq : nullptr, T > 0 ? &tk : nullptr, T > 0 ? &tv : nullptr}, res,
-            &cps, {opts.scale, 0, 0});
-  AttnState image{std::move(res.out), std::move(res.lse)}, text{std::move(res.text_out),
-                                                                 std::move(res.text_lse)};
-  const double seconds = now_seconds() - t0;
-  record(c, comms.stats(), cps, seconds,
+            &cps, {static_cast<float>(a.scale), 0, 0});
+  record(c, comms.stats(), cps, now_seconds() - t0,
          {reinterpret_cast<uintptr_t>(qi.raw()), reinterpret_cast<uintptr_t>(ki.raw()),
           reinterpret_cast<uintptr_t>(vi.raw())});
+  c.last_strategy = candidate_label(config);
 
-  Tensor lse = std::move(image.lse);
-  if (T > 0) {  // image rows, then text rows
-    Tensor all({B, rows, H}, DType::kF32);
-    write_rows(lse, rows, 0, DType::kF32, reinterpret_cast<uintptr_t>(all.raw()));
-    write_rows(text.lse, rows, rows - T, DType::kF32, reinterpret_cast<uintptr_t>(all.raw()));
-    lse = std::move(all);
+  const int64_t q_rows = rows - T;
+  Tensor lse = std::move(res.lse);
+  if (T > 0) {  // this rank's rows, then the text rows
+    Tensor both({B, rows, H}, DType::kF32);
+    write_rows(lse, rows, 0, DType::kF32, reinterpret_cast<uintptr_t>(both.raw()));
+    write_rows(res.text_lse, rows, q_rows, DType::kF32, reinterpret_cast<uintptr_t>(both.raw()));
+    lse = std::move(both);
   }
   std::optional<Tensor> result;
   if (out.address != 0) {
-    write_rows(image.out, rows, 0, dtype, out.address);
-    if (T > 0) write_rows(text.out, rows, rows - T, dtype, out.address);
+    write_rows(res.out, rows, 0, dtype, out.address);
+    if (T > 0) write_rows(res.text_out, rows, q_rows, dtype, out.address);
   } else if (T > 0) {
     result.emplace(std::vector<int64_t>{B, rows, H, D}, DType::kF32);
-    write_rows(image.out, rows, 0, DType::kF32, reinterpret_cast<uintptr_t>(result->raw()));
-    write_rows(text.out, rows, rows - T, DType::kF32, reinterpret_cast<uintptr_t>(result->raw()));
+    write_rows(res.out, rows, 0, DType::kF32, reinterpret_cast<uintptr_t>(result->raw()));
+    write_rows(res.text_out, rows, q_rows, DType::kF32,
+               reinterpret_cast<uintptr_t>(result->raw()));
   } else {
-    result.emplace(std::move(image.out));
+    result.emplace(std::move(res.out));
   }
   py::gil_scoped_acquire acquire;
   py::object o = result ? py::cast(to_host(std::move(*result))) : py::object(py::none());
   return py::make_tuple(o, to_host(std::move(lse)));
-}
-
-// decode_attention: this rank's queries q (B, Tq, H, D) over every rank's K/V cache shard
-// (B, Kv, Hkv, D). The ranks' K/V rows, in rank order, are the sequence (positions 0..P-1); the
-// ranks' queries, in rank order, are its last T tokens (positions P-T..P-1), so with causal each
-// query sees the keys up to its own position.
-py::tuple decode_attention(Comm& c, const Buffer& q, const Buffer& k, const Buffer& v,
-                           const Buffer& out, const std::string& pass, const std::string& dtype_name,
-                           bool causal, double scale, const std::string& hardware) {
-  const DType dtype = parse_dtype(dtype_name);
-  SEQPAR_ARG_CHECK(q.shape.size() == 4 && k.shape.size() == 4 && v.shape.size() == 4,
-                   "decode_attention: q, k_cache and v_cache are (batch, tokens, heads, head_dim)");
-  SEQPAR_ARG_CHECK(pass == "auto" || pass == "q" || pass == "q-ring" || pass == "kv",
-                   "decode_attention: pass_ '", pass, "' is unknown; valid: auto, q, q-ring, kv");
-  const int64_t B = q.shape[0], Tq = q.shape[1], H = q.shape[2], D = q.shape[3], Hkv = k.shape[2];
-  SEQPAR_ARG_CHECK(k.shape == v.shape && k.shape[0] == B && k.shape[3] == D,
-                   "decode_attention: k_cache and v_cache must both be (", B, ", tokens, kv_heads, ",
-                   D, ")");
-  SEQPAR_ARG_CHECK(H % Hkv == 0, "decode_attention: heads ", H, " is not divisible by kv heads ",
-                   Hkv);
-  Communicator& comm = c.get();
-  const int n = comm.size();
-  py::gil_scoped_release release;
-  std::array<int64_t, 6> row = {Tq, k.shape[1], B, H, Hkv, static_cast<int64_t>(dtype)};
-  std::vector<int64_t> all(6 * static_cast<size_t>(n));
-  comm.all_gather(row.data(), sizeof(row), all.data());
-  KvPlacement place;
-  place.kv_pos.resize(n);
-  place.q_pos.resize(n);
-  int64_t P = 0, T = 0;
-  for (int r = 0; r < n; ++r) {
-    for (int f = 2; f < 6; ++f)
-      SEQPAR_ARG_CHECK(all[6 * r + f] == row[f], "decode_attention: rank ", r,
-                       " passed a different batch, heads, kv heads or dtype");
-    P += all[6 * r + 1];
-    T += all[6 * r];
-  }
-  SEQPAR_ARG_CHECK(T <= P, "decode_attention: ", T, " queries but only ", P,
-                   " cached tokens; the queries are the newest tokens of the cache");
-  int64_t kp = 0, qp = P - T;
-  for (int r = 0; r < n; ++r) {
-    for (int64_t i = 0; i < all[6 * r + 1]; ++i) place.kv_pos[r].push_back(kp++);
-    for (int64_t i = 0; i < all[6 * r]; ++i) place.q_pos[r].push_back(qp++);
-  }
-  Strategy kind = pass == "q" || pass == "q-ring" ? Strategy::kPassQ : Strategy::kPassKv;
-  if (pass == "auto") {
-    const HardwareProfile hw = load_hardware_profile(hardware);
-    kind = choose_pass(T, P - T, n, H, Hkv, dtype_size(dtype), hw.attention_flops,
-                       hw.inter_node_bw)
-               .kind;
-  }
-  CpOptions opts;
-  opts.causal = causal;
-  opts.scale = static_cast<float>(scale);
-  const Tensor qi = view(q, dtype), ki = view(k, dtype), vi = view(v, dtype);
-  CpStats cps;
-  comm.stats().reset();
-  const double t0 = now_seconds();
-  AttnState s = kind == Strategy::kPassKv ? passkv_attention(comm, place, qi, ki, vi, opts, &cps)
-                : pass == "q-ring" ? passq_ring_attention(comm, place, qi, ki, vi, opts, &cps)
-                                   : passq_attention(comm, place, qi, ki, vi, opts, &cps);
-  c.last_pass = kind == Strategy::kPassKv ? "kv" : pass == "q-ring" ? "q-ring" : "q";
-  record(c, comm.stats(), cps, now_seconds() - t0,
-         {reinterpret_cast<uintptr_t>(qi.raw()), reinterpret_cast<uintptr_t>(ki.raw()),
-          reinterpret_cast<uintptr_t>(vi.raw())});
-  std::optional<Tensor> result;
-  if (out.address != 0)
-    write_rows(s.out, Tq, 0, dtype, out.address);
-  else
-    result.emplace(std::move(s.out));
-  py::gil_scoped_acquire acquire;
-  py::object o = result ? py::cast(to_host(std::move(*result))) : py::object(py::none());
-  return py::make_tuple(o, to_host(std::move(s.lse)));
 }
 
 // ThreadWorld(n).run(fn): fn(comm) on n threads, one per rank, each holding the GIL only while
@@ -590,7 +537,10 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("ring_degree", &AttentionArgs::ring_degree)
       .def_readwrite("text_tokens", &AttentionArgs::text_tokens)
       .def_readwrite("seq_len", &AttentionArgs::seq_len)
-      .def_readwrite("scale", &AttentionArgs::scale);
+      .def_readwrite("scale", &AttentionArgs::scale)
+      .def_readwrite("hardware", &AttentionArgs::hardware)
+      .def_readwrite("over_cache", &AttentionArgs::over_cache)
+      .def_readwrite("sequence_parallel_size", &AttentionArgs::sequence_parallel_size);
 
   py::class_<Comm, std::shared_ptr<Comm>>(
       m, "Comm",
@@ -612,11 +562,28 @@ PYBIND11_MODULE(_core, m) {
           "Waits until every rank has called barrier() (bounded by the deadline).")
       .def("_last_stats", [](Comm& c) { return stats_dict(c.last); })
       .def_property_readonly(
+          "last_strategy",
+          [](Comm& c) -> py::object {
+            return c.last_strategy.empty() ? py::object(py::none()) : py::str(c.last_strategy);
+          },
+          "What this rank's last call ran: \"ring\", \"ring_steal\", \"usp_u2_r2\", "
+          "\"passkv\", \"passq\", \"passq_ring\", ...")
+      .def_property_readonly(
           "last_pass",
           [](Comm& c) -> py::object {
-            return c.last_pass.empty() ? py::object(py::none()) : py::str(c.last_pass);
+            const std::string& s = c.last_strategy;
+            if (s == "passkv") return py::str("kv");
+            if (s == "passq") return py::str("q");
+            if (s == "passq_ring") return py::str("q-ring");
+            return py::none();
           },
-          "decode_attention: \"q\" or \"kv\", the pass of this rank's last call")
+          "decode_attention: \"q\", \"q-ring\" or \"kv\", the pass of this rank's last call")
+      .def_property_readonly(
+          "last_choice",
+          [](Comm& c) -> py::object {
+            return c.last_choice.empty() ? py::object(py::none()) : py::str(c.last_choice);
+          },
+          "strategy \"auto\": what it chose and why (the planner's replayed schedules)")
       .def("_set_timeout",
            [](Comm& c, double s) {
              c.get().set_timeout(std::chrono::milliseconds(std::llround(s * 1000)));
@@ -624,8 +591,7 @@ PYBIND11_MODULE(_core, m) {
       .def("close", &Comm::close,
            "Releases the communicator (an MpiComm's MPI duplicates); later use raises.");
 
-  m.def("_attention", &sharded_attention);
-  m.def("_decode_attention", &decode_attention);
+  m.def("_attention", &call_attention);
   m.def("_run_threads", &run_threads);
   m.def("_mpi_comm", &mpi_comm);
 

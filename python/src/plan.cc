@@ -34,6 +34,8 @@ void bind_plan(py::module_& m) {
       .def_readwrite("tp", &PlanSpec::tp)
       .def_readwrite("ulysses_degree", &PlanSpec::ulysses_degree)
       .def_readwrite("ring_degree", &PlanSpec::ring_degree)
+      .def_readwrite("sequence_parallel_size", &PlanSpec::sequence_parallel_size)
+      .def_readwrite("schedule", &PlanSpec::schedule)
       .def_readwrite("strategy", &PlanSpec::strategy)
       .def_readwrite("layout", &PlanSpec::layout)
       .def_readwrite("ulysses_mode", &PlanSpec::ulysses_mode)

@@ -27,7 +27,7 @@
 #include "seqpar/core/timer.h"
 #include "seqpar/core/trace.h"
 #include "seqpar/parallel/runner.h"
-#include "seqpar/plan/cache_choice.h"
+#include "seqpar/plan/selection.h"
 #include "seqpar/plan/hardware.h"
 #include "trace_file.h"
 
@@ -42,7 +42,7 @@ struct Run {
   RunOptions opts;
   AttnJob job;
   int threads = 1;
-  std::optional<CacheStrategyChoice> choice;  // --strategy auto
+  std::optional<AttnChoice> choice;  // --strategy auto
 };
 
 // What rank 0 reports.
@@ -53,8 +53,16 @@ struct Report {
   std::string trace_error;  // --trace could not be written (the report still prints)
 };
 
-// The strategies `seqpar run` takes: over a sharded sequence, then over a K/V cache.
-constexpr const char* kRunStrategies = "ring, allgather, ulysses, usp, passq, passkv, auto";
+// The strategies `seqpar run` takes: the table's rows over a sharded sequence, then over a K/V
+// cache (strategy_table.h), and auto.
+std::string run_strategies() {
+  std::string names;
+  for (bool cache : {false, true})
+    for (const StrategyRow& row : strategy_table())
+      if (row.over_cache == cache && row.degrees != SpDegrees::kOne)
+        names += std::string(strategy_name(row.strategy)) + ", ";
+  return names + "auto";
+}
 
 // The command's own flags against core/limits.h; the shape and the layout are validated by
 // resolve_job.
@@ -73,7 +81,7 @@ void validate(const RunOptions& o) {
     known = known || parse_strategy(o.strategy) != Strategy::kLocal;
   } catch (const InvalidArgument&) {
   }
-  SEQPAR_ARG_CHECK(known, "--strategy '", o.strategy, "' is unknown; valid: ", kRunStrategies);
+  SEQPAR_ARG_CHECK(known, "--strategy '", o.strategy, "' is unknown; valid: ", run_strategies());
   SEQPAR_ARG_CHECK(o.backend == "threads" || o.backend == "mpi", "--backend '", o.backend,
                    "' is unknown; valid: threads, mpi");
   (void)load_profile_checked(o.hardware);  // a bad name is refused even when not used
@@ -160,16 +168,9 @@ Run make_run(const RunOptions& o, int ranks, int threads) {
   c.pad = o.pad;
   const AttnShape s = shape_of(o);
   if (o.strategy == "auto") {
-    SEQPAR_ARG_CHECK(s.cached > 0 && s.fresh > 0, "--strategy auto runs over a K/V cache: give ",
-                     "--cached P (tokens cached) and --new T (new tokens), both at least 1");
-    const HardwareProfile hw = load_profile_checked(o.hardware);
-    // The fastest of pass-KV, ring pass-Q and all-gather pass-Q by their replayed schedules.
-    ParallelConfig group = c;
-    group.mesh.ring = ranks;
-    group.mesh.ulysses = 1;
-    run.choice = choose_cache_strategy(group, s, hw);
-    c.strategy = run.choice->config.strategy;
-    c.schedule = run.choice->config.schedule;
+    // The planner's fastest strategy and schedule for this call (plan/selection.h).
+    run.choice = choose_attention(c, ranks, s, load_profile_checked(o.hardware));
+    c = run.choice->config;
   } else {
     c.strategy = parse_strategy(o.strategy);
     if (s.over_cache() && c.strategy == Strategy::kRing) c.strategy = Strategy::kPassKv;
@@ -298,26 +299,28 @@ int print_report(const Run& run, const Report& rep, const std::string& backend) 
       j["new"] = job.shape.fresh;
       j["cached_lens"] = job.shape.cached_lens;
       j["new_lens"] = job.shape.fresh_lens;
-      if (run.choice) {
-        j["choice"] = strategy_name(run.choice->config.strategy);
-        j["choice_schedule"] = schedule_kind_name(run.choice->config.schedule);
-        j["threshold_tokens"] = run.choice->rule.threshold_tokens;
-        j["rule_choice"] = strategy_name(run.choice->rule.kind);
-        j["choice_reason"] = run.choice->reason;
-        auto predicted = [](const std::optional<double>& t) {
-          return t ? json(*t) : json(nullptr);
-        };
-        j["predicted_seconds"] = {{"passkv", predicted(run.choice->passkv_s)},
-                                  {"passq_ring", predicted(run.choice->passq_ring_s)},
-                                  {"passq", predicted(run.choice->passq_s)}};
-        j["hardware"] = o.hardware;
+    }
+    if (run.choice) {
+      j["choice"] = strategy_name(run.choice->config.strategy);
+      j["choice_schedule"] = schedule_kind_name(run.choice->config.schedule);
+      j["choice_label"] = candidate_label(run.choice->config);
+      j["choice_reason"] = run.choice->reason;
+      j["predicted_seconds"] = json::object();
+      for (const auto& [label, seconds] : run.choice->candidates)
+        j["predicted_seconds"][label] = seconds;
+      if (run.choice->rule) {
+        j["threshold_tokens"] = run.choice->rule->threshold_tokens;
+        j["rule_choice"] = strategy_name(run.choice->rule->kind);
       }
+      j["hardware"] = o.hardware;
     }
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("seqpar run: %s attention, %s layout, %s backend, %d ranks x %d threads\n",
                 label.c_str(), std::string(layout_name(job.config.layout)).c_str(), backend.c_str(),
                 job.ranks(), run.threads);
+    if (run.choice)
+      std::printf("  auto (%s profile): %s\n", o.hardware.c_str(), run.choice->reason.c_str());
     if (job.over_cache()) {
       std::printf("  K/V cache of %lld tokens + %lld new tokens", (long long)job.shape.cached,
                   (long long)job.shape.fresh);
@@ -325,8 +328,6 @@ int print_report(const Run& run, const Report& rep, const std::string& backend) 
         std::printf(" in %zu requests", job.shape.cached_lens.size());
       if (job.config.schedule == ScheduleKind::kRing) std::printf(", Q blocks passed around the ring");
       std::printf("\n");
-      if (run.choice)
-        std::printf("  auto (%s profile): %s\n", o.hardware.c_str(), run.choice->reason.c_str());
     } else {
       if (job.config.strategy == Strategy::kUsp || job.config.strategy == Strategy::kUlysses)
         std::printf("  ulysses degree %d x ring degree %d, ulysses mode %s\n",
@@ -387,7 +388,7 @@ void add_run_command(CLI::App& app, RunOptions& o) {
   CLI::App* run = app.add_subcommand(
       "run", "Run one distributed attention on seeded inputs, optionally verify it, report it");
   run->add_option("--strategy", o.strategy,
-                  "ring | allgather | ulysses | usp; over a K/V cache: passq | passkv | auto");
+                  run_strategies() + " (auto: the planner's fastest on --hardware)");
   run->add_option("--layout", o.layout, "contiguous | striped | zigzag");
   run->add_option("--ulysses-degree,--ulysses_degree", o.ulysses_degree,
                   "usp: ranks per Ulysses group (default: ranks / ring degree)");

@@ -338,6 +338,30 @@ def test_plan_is_the_cli_json():
         seqpar.plan(model="wan2.1-14b", height=240, width=432, frames=33)
 
 
+def test_plan_takes_the_flags_of_seqpar_plan():
+    """Every flag of `seqpar plan` is a keyword of seqpar.plan, by its underscore name; the
+    negated flags are the keywords' False (guidance, pad); the outputs (json, svg) and the
+    simulation are the CLI's."""
+    import inspect
+    import re
+    help_text = subprocess.run([os.environ["SEQPAR_BIN"], "plan", "--help"], capture_output=True,
+                               text=True, check=True).stdout
+    flags = set()
+    for names in re.findall(r"^  (-[-\w,]+)", help_text, re.M):
+        flags.update(n.lstrip("-").replace("-", "_") for n in names.split(","))
+    flags -= {"h", "help", "json", "svg", "simulate", "sim_ranks", "no_guidance", "no_pad"}
+    flags.add("guidance")
+    keywords = set(inspect.signature(seqpar.plan).parameters)
+    keywords.discard("memory_limit_gb")
+    flags.discard("memory_limit")
+    assert flags <= keywords, flags - keywords
+    pinned = seqpar.plan(seq=16384, heads=8, ranks=8, causal=True, sequence_parallel_size=8,
+                         tensor_parallel_size=1, cfg_parallel_size=1, schedule="steal",
+                         hardware="cpu-ethernet")
+    assert pinned["meshes"] and all(m["schedule"] == "steal" and m["sequence_parallel_size"] == 8
+                                    for m in pinned["meshes"])
+
+
 def test_gil_is_released_while_computing():
     """Another Python thread runs while a rank computes: it ticks through the call."""
     q, k, v = qkv(1, 2048, 4, 4, 64, seed=12)
@@ -362,3 +386,72 @@ def test_gil_is_released_while_computing():
 
     during, seconds = seqpar.ThreadWorld(1).run(rank)[0]
     assert seconds > 0.02 and during >= 5, (during, seconds)  # holding the GIL: 0 or 1
+
+
+def _mesh_label(m):
+    """A planner mesh's name as seqpar's choice labels spell it (plan/selection.h)."""
+    label = m["strategy"]
+    if m["schedule"] != "default":
+        label += "_" + m["schedule"]
+    if m["strategy"] == "usp":
+        label += f"_u{m['ulysses_degree']}_r{m['ring_degree']}"
+    return label
+
+
+# "auto" is one selection: seqpar.attention(strategy="auto") and decode_attention run what
+# `seqpar run --strategy auto` chooses and what `seqpar plan` (the same request, the group's
+# settings pinned) ranks first, on a grid of requests over a sequence and over a cache, and the
+# result is PyTorch's.
+@pytest.mark.parametrize("hardware", ["cpu-ethernet", "h100"])
+@pytest.mark.parametrize("ranks,seq,heads,kv_heads,causal,cache", [
+    (2, 96, 4, 4, True, 0), (3, 100, 6, 2, False, 0), (4, 128, 8, 8, True, 0),
+    (4, 120, 4, 1, False, 0), (2, 48, 4, 2, True, 5), (4, 64, 8, 8, True, 60)])
+def test_auto_is_one_choice(hardware, ranks, seq, heads, kv_heads, causal, cache):
+    D = 16
+    q, k, v = qkv(1, seq, heads, kv_heads, D, seed=ranks + seq)
+    if cache:  # the last `cache` tokens are new, their queries split over the ranks
+        P, T = seq, cache
+        kv_counts = [len(x) for x in np.array_split(np.arange(P), ranks)]
+        q_counts = [len(x) for x in np.array_split(np.arange(T), ranks)]
+
+        def rank(comm):
+            lo, qlo = sum(kv_counts[:comm.rank]), sum(q_counts[:comm.rank])
+            out = seqpar.decode_attention(
+                q[:, P - T + qlo:P - T + qlo + q_counts[comm.rank]],
+                k[:, lo:lo + kv_counts[comm.rank]], v[:, lo:lo + kv_counts[comm.rank]],
+                comm=comm, strategy="auto", hardware=hardware)
+            return out, comm.last_strategy
+
+        results = seqpar.ThreadWorld(ranks).run(rank)
+        got = torch.cat([r[0] for r in results], dim=1)
+        want, _ = reference(q[:, P - T:], k, v, causal=True, q_pos=range(P - T, P))
+        cli = ["--cached", str(P - T), "--new", str(T), "--causal"]
+        plan = seqpar.plan(ranks=ranks, heads=heads, kv_heads=kv_heads, head_dim=D, causal=True,
+                           cached=P - T, new=T, hardware=hardware, tp=1, cfg=1,
+                           layout="contiguous", dtype="fp32", memory_limit_gb=1e9)
+    else:
+        part = seqpar.Partition(seq, ranks)
+
+        def rank(comm):
+            x = [part.shard(t, comm.rank) for t in (q, k, v)]
+            out = seqpar.attention(*x, comm=comm, strategy="auto", causal=causal,
+                                   hardware=hardware)
+            return out, comm.last_strategy
+
+        results = seqpar.ThreadWorld(ranks).run(rank)
+        got = part.unshard([r[0] for r in results])
+        want, _ = reference(q, k, v, causal=causal)
+        cli = ["--seq", str(seq)] + (["--causal"] if causal else [])
+        plan = seqpar.plan(ranks=ranks, seq=seq, heads=heads, kv_heads=kv_heads, head_dim=D,
+                           causal=causal, hardware=hardware, tp=1, cfg=1, layout="contiguous",
+                           ulysses_mode="uaa", pad=False, dtype="fp32", memory_limit_gb=1e9)
+    assert (got.double() - want).abs().max().item() < TOL_F32
+    ran = {r[1] for r in results}
+    assert len(ran) == 1, ran
+    run = json.loads(subprocess.run(
+        [os.environ["SEQPAR_BIN"], "run", "--strategy", "auto", "--ranks", str(ranks), "--heads",
+         str(heads), "--kv-heads", str(kv_heads), "--head-dim", str(D), "--hardware", hardware,
+         "--repeat", "1", "--warmup", "0", "--json"] + cli,
+        check=True, capture_output=True, text=True).stdout)
+    assert ran == {run["choice_label"]} == {_mesh_label(plan["meshes"][0])}, (
+        ran, run["choice_reason"], plan["meshes"][0])
