@@ -303,9 +303,19 @@ Comm.last_stats = property(lambda self: Stats(**self._last_stats()),
                            doc="Stats of the last attention call on this rank.")
 
 
+def _seconds(name: str, value) -> float:
+    """A positive, finite number of seconds (bools and strings refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name} {value!r} is not a number of seconds")
+    seconds = float(value)
+    if not np.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"{name} {value!r} is out of range; valid: 0.001 to 604800 seconds")
+    return seconds
+
+
 def _set_timeout(self, seconds: float) -> None:
     """Sets the deadline of every communication wait of this rank, in seconds."""
-    self._set_timeout(float(seconds))
+    self._set_timeout(_seconds("timeout", seconds))
 
 
 Comm.set_timeout = _set_timeout
@@ -324,9 +334,10 @@ class ThreadWorld:
     """
 
     def __init__(self, n: int, *, timeout: Optional[float] = None, threads: Optional[int] = None):
-        self.n = int(n)
-        self.timeout = 0.0 if timeout is None else float(timeout)
-        self.threads = 0 if threads is None else int(threads)
+        self.n = _int("ranks", n, 1)
+        self.timeout = 0.0 if timeout is None else _seconds("timeout", timeout)
+        self.threads = _int("threads", threads, 1)
+        _core._check_threads(self.n, self.threads)  # the command line's bounds, at once
 
     def run(self, fn: Callable[..., Any], *args, **kwargs) -> List[Any]:
         return _core._run_threads(self.n, lambda comm: fn(comm, *args, **kwargs), self.timeout,

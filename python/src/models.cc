@@ -6,6 +6,8 @@
 // Thread-safety: a model belongs to its rank (the thread holding its Comm); every call releases
 // the GIL while the library computes.
 #include <pybind11/pybind11.h>
+
+#include "gil.h"
 #include <pybind11/stl.h>
 
 #include <cmath>
@@ -43,9 +45,10 @@ struct RankMesh {
     Communicator& world = communicator_of(comm);
     SEQPAR_ARG_CHECK(world.size() == mesh.mesh.world(), "the mesh ", mesh_shape_text(mesh.mesh),
                      " needs ", mesh.mesh.world(), " ranks but comm has ", world.size());
-    py::gil_scoped_release release;
-    comms = std::make_unique<MeshComms>(world, mesh.mesh);
-    ctx = model_context(*comms, mesh);
+    without_gil([&] {
+      comms = std::make_unique<MeshComms>(world, mesh.mesh);
+      ctx = model_context(*comms, mesh);
+    });
   }
   void check_open() const { (void)communicator_of(comm); }
 };
@@ -63,11 +66,12 @@ class LlamaRank {
       : rank_(std::move(comm), mesh_of(mesh)) {
     SEQPAR_ARG_CHECK(rank_.mesh.mesh.cfg == 1, "Llama: cfg ", rank_.mesh.mesh.cfg,
                      " is invalid; valid: 1 (guidance branches are for diffusion models)");
-    py::gil_scoped_release release;
-    ck_ = open_llama_checkpoint(dir);
-    check_llama_tp(ck_, rank_.mesh.mesh.tp);
-    decoder_ = std::make_unique<Decoder>(ck_.config, ck_.weights, rank_.ctx);
-    ck_.weights = WeightStore();  // the decoder holds its slices
+    without_gil([&] {
+      ck_ = open_llama_checkpoint(dir);
+      check_llama_tp(ck_, rank_.mesh.mesh.tp);
+      decoder_ = std::make_unique<Decoder>(ck_.config, ck_.weights, rank_.ctx);
+      ck_.weights = WeightStore();  // the decoder holds its slices
+    });
   }
 
   // (tokens [N] int64, logits [N, vocab] fp32 as bytes, stopped)
@@ -79,11 +83,7 @@ class LlamaRank {
     Decoder::Options opts;
     opts.max_new_tokens = max_new_tokens;
     if (!ignore_eos) opts.stop_tokens = ck_.eos_token_ids;
-    Decoder::Output out;
-    {
-      py::gil_scoped_release release;
-      out = decoder_->generate(prompt, opts, rank_.ctx);
-    }
+    Decoder::Output out = without_gil([&] { return decoder_->generate(prompt, opts, rank_.ctx); });
     const int64_t vocab = ck_.config.vocab;
     std::string logits(out.logits.size() * vocab * sizeof(float), '\0');
     for (size_t i = 0; i < out.logits.size(); ++i)
@@ -114,22 +114,20 @@ class WanTransformerRank {
   WanTransformerRank(py::object comm, const std::string& dir, const py::dict& mesh,
                      py::object boundary_ratio)
       : rank_(std::move(comm), mesh_of(mesh)) {
-    py::gil_scoped_release release;
-    model_ = open_wan_model(dir);
-    const ModelPreset& m = model_.experts[0].preset;
-    SEQPAR_ARG_CHECK(m.heads % rank_.mesh.mesh.tp == 0, "tp ", rank_.mesh.mesh.tp,
-                     " does not divide the ", m.heads, " heads of ", dir,
-                     "; valid: ", divisors_text(m.heads));
-    {
-      py::gil_scoped_acquire acquire;
-      if (!boundary_ratio.is_none()) {
-        const double r = boundary_ratio.cast<double>();
-        SEQPAR_ARG_CHECK(r > 0 && r < 1, "boundary_ratio ", r, " is invalid; valid: (0, 1)");
-        ratio_ = r;
-      }
+    if (!boundary_ratio.is_none()) {
+      const double r = boundary_ratio.cast<double>();
+      SEQPAR_ARG_CHECK(r > 0 && r < 1, "boundary_ratio ", r, " is invalid; valid: (0, 1)");
+      ratio_ = r;
     }
-    if (model_.experts.size() == 2 && !ratio_) ratio_ = *model_.boundary_ratio;
-    wan_ = std::make_unique<WanRank>(model_, rank_.ctx);
+    without_gil([&] {
+      model_ = open_wan_model(dir);
+      const ModelPreset& m = model_.experts[0].preset;
+      SEQPAR_ARG_CHECK(m.heads % rank_.mesh.mesh.tp == 0, "tp ", rank_.mesh.mesh.tp,
+                       " does not divide the ", m.heads, " heads of ", dir,
+                       "; valid: ", divisors_text(m.heads));
+      if (model_.experts.size() == 2 && !ratio_) ratio_ = *model_.boundary_ratio;
+      wan_ = std::make_unique<WanRank>(model_, rank_.ctx);
+    });
   }
 
   // Velocity as bytes (B, C_out, F, H, W) fp32 and its shape.
@@ -155,9 +153,7 @@ class WanTransformerRank {
                      rank_.mesh.mesh.cfg,
                      " runs the two guidance branches side by side; it needs "
                      "negative_encoder_hidden_states and guidance_scale > 1");
-    Tensor v;
-    {
-      py::gil_scoped_release release;
+    const Tensor v = without_gil([&] {
       check_wan_inputs(m, x, t, n, "WanTransformer.forward");
       SEQPAR_ARG_CHECK(static_cast<int64_t>(timesteps.size()) == x.dim(0),
                        "WanTransformer.forward: timestep has ", timesteps.size(),
@@ -165,8 +161,8 @@ class WanTransformerRank {
       for (float tb : timesteps)
         SEQPAR_ARG_CHECK(std::isfinite(tb) && tb >= 0 && tb <= 1000,
                          "WanTransformer.forward: timestep ", tb, " is invalid; valid: 0..1000");
-      v = wan_->velocity(x, timesteps, t, n, g, rank_.ctx);
-    }
+      return wan_->velocity(x, timesteps, t, n, g, rank_.ctx);
+    });
     return py::make_tuple(py::bytes(static_cast<const char*>(v.raw()), v.nbytes()), v.shape());
   }
 

@@ -6,9 +6,12 @@
 //
 // Thread-safety: a Comm belongs to its rank (one Python thread under ThreadWorld, the main thread
 // under MPI), like the Communicator it wraps.
+#include <cxxabi.h>
 #include <omp.h>
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
+
+#include "gil.h"
 #include <pybind11/stl.h>
 
 #include <algorithm>
@@ -338,7 +341,11 @@ py::tuple call_attention(Comm& c, const Buffer& q, const Buffer& k, const Buffer
                                   '|', a.softmax, '|', a.ulysses_degree, '|', a.ring_degree, '|',
                                   a.pad, '|', a.seq_len, '|', a.scale, '|', a.schedule, '|',
                                   a.hardware, '|', T, '|', seq_lens_text(a.seq_lens)))};
-  py::gil_scoped_release release;
+  struct Done {
+    std::optional<Tensor> result;
+    Tensor lse;
+  };
+  Done done = without_gil([&]() -> Done {
   const Placement place = gather_placement(comm, a, config.layout, rows - T, kv_rows - T, agree);
   AttnShape shape;
   shape.batch = B;
@@ -406,26 +413,45 @@ py::tuple call_attention(Comm& c, const Buffer& q, const Buffer& k, const Buffer
   } else {
     result.emplace(std::move(res.out));
   }
-  py::gil_scoped_acquire acquire;
-  py::object o = result ? py::cast(to_host(std::move(*result))) : py::object(py::none());
-  return py::make_tuple(o, to_host(std::move(lse)));
+  return {std::move(result), std::move(lse)};
+  });
+  py::object o = done.result ? py::cast(to_host(std::move(*done.result))) : py::object(py::none());
+  return py::make_tuple(o, to_host(std::move(done.lse)));
 }
 
 // ThreadWorld(n).run(fn): fn(comm) on n threads, one per rank, each holding the GIL only while
 // it runs Python; the results in rank order. A rank's exception (Python or seqpar) aborts the
 // others' communication and is raised here.
 py::list run_threads(int n, const py::function& fn, double timeout_s, int threads) {
-  SEQPAR_ARG_CHECK(n >= 1 && n <= limits::kMaxRanks, "ThreadWorld: ranks ", n,
-                   " is invalid; valid: 1 to ", limits::kMaxRanks);
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int per_rank = threads > 0 ? threads : std::max(1, cores / n);
+  const int per_rank = threads > 0 ? threads : std::max(1, cores / std::max(1, n));
+  limits::check_threads(n, per_rank);  // the command line's bounds
+  SEQPAR_ARG_CHECK(std::isfinite(timeout_s) && timeout_s >= 0 &&
+                       (timeout_s == 0 || (timeout_s >= limits::kMinTimeoutSeconds &&
+                                           timeout_s <= limits::kMaxTimeoutSeconds)),
+                   "timeout ", timeout_s, " is out of range; valid: ", limits::kMinTimeoutSeconds,
+                   " to ", limits::kMaxTimeoutSeconds, " seconds");
   const auto timeout = timeout_s > 0
                            ? std::chrono::milliseconds(std::llround(timeout_s * 1000))
                            : Communicator::default_timeout();
   std::vector<py::object> results(static_cast<size_t>(n));
-  {
-    py::gil_scoped_release release;
-    ThreadWorld::run(
+  // A rank's Python exception stays a Python object, owned here and touched with the GIL only;
+  // what crosses the rank threads is a RaisedInRank naming the rank.
+  std::vector<py::object> raised(static_cast<size_t>(n));
+  struct RaisedInRank : Error {
+    int rank;
+    RaisedInRank(int r, const std::string& what) : Error(what), rank(r) {}
+  };
+  // Ctrl-C reaches Python on the main thread only: there the ranks are stopped when it does.
+  const py::module_ threading = py::module_::import("threading");
+  const bool main_thread = threading.attr("current_thread")().is(threading.attr("main_thread")());
+  const std::function<bool()> interrupted = [] {
+    py::gil_scoped_acquire gil;
+    return PyErr_CheckSignals() != 0;  // the KeyboardInterrupt stays pending for the caller
+  };
+  try {
+    without_gil([&] {
+      ThreadWorld::run(
         n,
         [&](Communicator& comm) {
           omp_set_num_threads(per_rank);
@@ -435,9 +461,26 @@ py::list run_threads(int n, const py::function& fn, double timeout_s, int thread
             std::shared_ptr<Comm> c;
             ~Closer() { c->close(); }
           } closer{handle};
-          results[comm.rank()] = fn(handle);
+          try {
+            results[comm.rank()] = fn(handle);
+          } catch (abi::__forced_unwind&) {
+            // The interpreter is exiting and ends this thread where it waits for the GIL: the
+            // thread holds no GIL and no thread state may be released for it.
+            acquire.disarm();
+            throw;
+          } catch (py::error_already_set& e) {
+            raised[comm.rank()] = e.value();
+            throw RaisedInRank(comm.rank(), e.what());
+          }
         },
-        timeout);
+        timeout, main_thread ? interrupted : nullptr);
+    });
+  } catch (const Interrupted&) {
+    throw py::error_already_set();  // the pending KeyboardInterrupt
+  } catch (const RaisedInRank& e) {
+    const py::object& value = raised[e.rank];
+    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(value.ptr())), value.ptr());
+    throw py::error_already_set();
   }
   py::list out;
   for (auto& r : results) out.append(r);
@@ -450,11 +493,7 @@ std::shared_ptr<Comm> mpi_comm(py::object mpi4py_comm) {
   if (mpi4py_comm.is_none()) mpi4py_comm = MPI.attr("COMM_WORLD");
   const auto handle = MPI.attr("_handleof")(mpi4py_comm).cast<uintptr_t>();
   mpi_init(nullptr, nullptr);  // adopts mpi4py's MPI
-  std::unique_ptr<Communicator> comm;
-  {
-    py::gil_scoped_release release;
-    comm = mpi_communicator(handle);
-  }
+  std::unique_ptr<Communicator> comm = without_gil([&] { return mpi_communicator(handle); });
   return std::make_shared<Comm>(std::move(comm));
 }
 
@@ -556,8 +595,7 @@ PYBIND11_MODULE(_core, m) {
           "barrier",
           [](Comm& c) {
             Communicator& comm = c.get();
-            py::gil_scoped_release release;
-            comm.barrier();
+            without_gil([&] { comm.barrier(); });
           },
           "Waits until every rank has called barrier() (bounded by the deadline).")
       .def("_last_stats", [](Comm& c) { return stats_dict(c.last); })
@@ -586,6 +624,8 @@ PYBIND11_MODULE(_core, m) {
           "strategy \"auto\": what it chose and why (the planner's replayed schedules)")
       .def("_set_timeout",
            [](Comm& c, double s) {
+             limits::check_range("timeout", s, limits::kMinTimeoutSeconds,
+                                 limits::kMaxTimeoutSeconds);
              c.get().set_timeout(std::chrono::milliseconds(std::llround(s * 1000)));
            })
       .def("close", &Comm::close,
@@ -593,6 +633,10 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("_attention", &call_attention);
   m.def("_run_threads", &run_threads);
+  m.def("_check_threads", [](int64_t ranks, int64_t threads) {
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    limits::check_threads(ranks, threads > 0 ? threads : std::max<int64_t>(1, cores / std::max<int64_t>(1, ranks)));
+  });
   m.def("_mpi_comm", &mpi_comm);
 
   m.def("_partition_positions", [](int64_t seq, int ranks, const std::string& layout,

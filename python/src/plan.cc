@@ -1,6 +1,8 @@
 // seqpar._core's planning part: PlanSpec and the `seqpar plan --json` object
 // (seqpar/plan/plan_spec.h), for seqpar.plan().
 #include <pybind11/pybind11.h>
+
+#include "gil.h"
 #include <pybind11/stl.h>
 
 #include <string>
@@ -44,9 +46,10 @@ void bind_plan(py::module_& m) {
       .def_readwrite("cached", &PlanSpec::cached)
       .def_readwrite("new", &PlanSpec::fresh);
   m.def("_plan_json", [](const PlanSpec& spec, const std::string& hardware, int top) {
-    py::gil_scoped_release release;
-    const ResolvedPlanSpec r = resolve_plan_spec(spec, load_hardware_profile(hardware));
-    return plan_json(r, make_plan(r.req), nullptr, top);
+    return without_gil([&] {
+      const ResolvedPlanSpec r = resolve_plan_spec(spec, load_hardware_profile(hardware));
+      return plan_json(r, make_plan(r.req), nullptr, top);
+    });
   });
 }
 

@@ -451,14 +451,6 @@ void add_run_command(CLI::App& app, RunOptions& o) {
 namespace {
 
 // Threads of one process: ranks x threads per rank, within what the machine lets it start.
-void check_threads(int64_t ranks, int64_t threads) {
-  const int64_t max = limits::max_threads();
-  SEQPAR_ARG_CHECK(
-      ranks * threads <= max, "--ranks ", ranks, " x --threads ", threads, " = ", ranks * threads,
-      " threads in one process exceeds the maximum ", max,
-      " (core/limits.h and RLIMIT_NPROC); use fewer ranks or threads, or --backend mpi");
-}
-
 // The report printed; a lost trace makes the exit code 1 (the report stands).
 int finish_report(const Run& run, const Report& report, const std::string& backend) {
   const int code = print_report(run, report, backend);
@@ -472,7 +464,7 @@ int run_threads(const RunOptions& opts, std::chrono::milliseconds timeout) {
   const int ranks = static_cast<int>(opts.ranks.value_or(2));
   const int threads =
       opts.threads > 0 ? static_cast<int>(opts.threads) : std::max(1, cores / std::max(1, ranks));
-  check_threads(ranks, threads);
+  limits::check_threads(ranks, threads);
   const Run run = make_run(opts, ranks, threads);  // argument errors before any thread starts
   std::optional<OutputFile> trace_out;
   if (!opts.trace.empty()) trace_out.emplace("--trace", opts.trace);

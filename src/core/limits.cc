@@ -203,5 +203,15 @@ int64_t max_threads() {
   return std::min<int64_t>(kMaxThreads, static_cast<int64_t>(rl.rlim_cur));
 }
 
+void check_threads(int64_t ranks, int64_t threads) {
+  check_range("ranks", ranks, 1, kMaxRanks);
+  check_range("threads", threads, 1, kMaxThreads);
+  const int64_t max = max_threads();
+  SEQPAR_ARG_CHECK(ranks * threads <= max, "ranks ", ranks, " x threads ", threads, " = ",
+                   ranks * threads, " threads in one process exceeds the maximum ", max,
+                   " (core/limits.h and RLIMIT_NPROC); use fewer ranks or threads, or the mpi ",
+                   "backend");
+}
+
 }  // namespace limits
 }  // namespace seqpar

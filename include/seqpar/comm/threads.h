@@ -32,6 +32,12 @@ class ThreadWorld {
   // cause; the process does not terminate.
   static void run(int size, const std::function<void(Communicator&)>& fn,
                   std::chrono::milliseconds timeout = Communicator::default_timeout());
+  // The same, asking `interrupted` every 100 ms while the ranks run (on the calling thread).
+  // When it says true, every rank's communication fails at once (its pending and next waits:
+  // "rank -1 failed: interrupted"), the threads are joined, and Interrupted is thrown; a rank
+  // inside a long computation stops at its next communication.
+  static void run(int size, const std::function<void(Communicator&)>& fn,
+                  std::chrono::milliseconds timeout, const std::function<bool()>& interrupted);
 
   // Test hook: called with each rank before its thread starts; a throw stands for a failed
   // thread start. Empty by default; set it before run() from one thread.

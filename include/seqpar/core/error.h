@@ -55,6 +55,12 @@ class CommTimeout : public CommError {
   explicit CommTimeout(const std::string& msg) : CommError(msg) {}
 };
 
+// The caller stopped a run from outside (Ctrl-C in Python: ThreadWorld::run's `interrupted`).
+class Interrupted : public Error {
+ public:
+  explicit Interrupted(const std::string& msg) : Error(msg) {}
+};
+
 // "1, 2, 4, 8": the divisors of x (x >= 1), for messages that list the valid degrees or counts.
 // Any int64 takes microseconds (core/limits.h); beyond 32 divisors the middle ones are elided.
 std::string divisors_text(int64_t x);

@@ -78,4 +78,8 @@ void check_fits_memory(std::string_view what, double need_bytes);
 // turns that into an Error).
 int64_t max_threads();
 
+// Throws InvalidArgument unless `ranks` rank threads of `threads` kernel threads each fit one
+// process (max_threads()): "ranks R x threads T = N threads in one process exceeds the maximum M".
+void check_threads(int64_t ranks, int64_t threads);
+
 }  // namespace seqpar::limits

@@ -2,7 +2,10 @@
 // isend/irecv is posted second copies straight from the sender's buffer into the receiver's);
 // collectives publish their buffers, meet at a rendezvous of their group, copy what they need
 // from peers' buffers in place, and meet again before returning. No staging copies.
+#include <cxxabi.h>
+
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
 #include <exception>
 #include <thread>
@@ -676,6 +679,11 @@ std::function<void(int rank)>& ThreadWorld::thread_start_hook() {
 
 void ThreadWorld::run(int size, const std::function<void(Communicator&)>& fn,
                       std::chrono::milliseconds timeout) {
+  run(size, fn, timeout, nullptr);
+}
+
+void ThreadWorld::run(int size, const std::function<void(Communicator&)>& fn,
+                      std::chrono::milliseconds timeout, const std::function<bool()>& interrupted) {
   ThreadWorld world(size, timeout);
   std::vector<std::unique_ptr<Communicator>> comms;
   for (int r = 0; r < size; ++r) comms.push_back(world.communicator(r));
@@ -683,9 +691,28 @@ void ThreadWorld::run(int size, const std::function<void(Communicator&)>& fn,
   std::mutex mu;
   std::vector<std::exception_ptr> errors(static_cast<size_t>(size));
   std::vector<int> order;  // ranks in the order their exceptions were caught
+  int running = size;        // rank threads not yet done (under mu)
+  std::condition_variable done;
+  struct Done {  // counts the rank out however its thread ends
+    std::mutex& mu;
+    int& running;
+    std::condition_variable& done;
+    ~Done() {
+      std::lock_guard<std::mutex> lk(mu);
+      --running;
+      done.notify_all();
+    }
+  };
   auto body = [&](int r) {
+    Done counted{mu, running, done};
     try {
       fn(*comms[r]);
+    } catch (abi::__forced_unwind&) {
+      // The thread is being ended (pthread_exit or cancellation: Python ends the threads that
+      // still run seqpar when the interpreter exits). The unwinding must go on; the other ranks
+      // learn that this one is gone.
+      world.state_->abort(r, "the rank's thread was ended");
+      throw;
     } catch (...) {
       std::exception_ptr e = std::current_exception();
       {
@@ -715,8 +742,22 @@ void ThreadWorld::run(int size, const std::function<void(Communicator&)>& fn,
                                " (too many threads for this process or user; use fewer ranks "
                                "or threads, or the mpi backend)"));
   }
+  bool stopped = false;
+  if (interrupted) {
+    std::unique_lock<std::mutex> lk(mu);
+    while (running > 0) {
+      if (done.wait_for(lk, std::chrono::milliseconds(100), [&] { return running == 0; })) break;
+      lk.unlock();
+      if (!stopped && interrupted()) {
+        stopped = true;
+        world.state_->abort(-1, "interrupted");
+      }
+      lk.lock();
+    }
+  }
   for (auto& t : threads) t.join();
   comms.clear();
+  if (stopped) throw Interrupted("interrupted: the ranks were stopped");
 
   if (order.empty()) return;
   // The rank that aborted the world first holds the original error (a rank that timed out

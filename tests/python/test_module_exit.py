@@ -1,0 +1,114 @@
+"""The module at the edges of a Python process: exit with a model still open, a failed
+from_pretrained caught and then exit, Ctrl-C while ranks run (honoured, the ranks stopped, the next
+ThreadWorld works), and ThreadWorld's arguments checked as the command line checks them. Each
+scenario runs in a fresh interpreter; a crash shows as its exit status, a hang as its timeout."""
+
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from module_env import SEQPAR_PYTHONPATH  # noqa: F401  (puts the built module on sys.path)
+
+import seqpar
+
+
+def tiny_llama(d):
+    """A Llama of hidden 8, 2 heads over 1 kv head, vocab 16: config.json and zero weights."""
+    os.makedirs(d, exist_ok=True)
+    cfg = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=8,
+               intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+               num_key_value_heads=1, vocab_size=16, max_position_embeddings=64,
+               rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True)
+    json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+    p = "model.layers.0."
+    shapes = {"model.embed_tokens.weight": [16, 8], "model.norm.weight": [8],
+              p + "input_layernorm.weight": [8], p + "post_attention_layernorm.weight": [8],
+              p + "self_attn.q_proj.weight": [8, 8], p + "self_attn.k_proj.weight": [4, 8],
+              p + "self_attn.v_proj.weight": [4, 8], p + "self_attn.o_proj.weight": [8, 8],
+              p + "mlp.gate_proj.weight": [16, 8], p + "mlp.up_proj.weight": [16, 8],
+              p + "mlp.down_proj.weight": [8, 16]}
+    header, off = {}, 0
+    for name in sorted(shapes):
+        size = 4
+        for x in shapes[name]:
+            size *= x
+        header[name] = {"dtype": "F32", "shape": shapes[name], "data_offsets": [off, off + size]}
+        off += size
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(os.path.join(d, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + bytes(off))
+    return d
+
+
+def run_script(code, timeout=120):
+    env = dict(os.environ, PYTHONPATH=SEQPAR_PYTHONPATH)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_exit_with_a_model_still_open(tmp_path, tp):
+    d = tiny_llama(str(tmp_path / "llama"))
+    r = run_script(f"import seqpar\nm = seqpar.Llama.from_pretrained({d!r}, tp={tp})\n"
+                   "print(m.generate([1, 2, 3], max_new_tokens=2))")
+    assert r.returncode == 0, r.stderr
+
+
+def test_exit_after_a_failed_load_is_clean(tmp_path):
+    # The ranks are still unwinding their failure while the interpreter exits: five times over.
+    code = ("import seqpar\ntry:\n    seqpar.Llama.from_pretrained('/nonexistent', tp=2)\n"
+            "except ValueError as e:\n    print('refused')\n")
+    for _ in range(5):
+        r = run_script(code)
+        assert r.returncode == 0 and "refused" in r.stdout, r.stderr
+
+
+def test_exit_while_a_daemon_thread_runs_ranks():
+    code = ("import threading, torch, seqpar\n"
+            "def rank(comm):\n"
+            "    q = torch.randn(1, 64, 2, 16)\n"
+            "    while True:\n"
+            "        seqpar.attention(q, q, q, comm=comm)\n"
+            "threading.Thread(target=lambda: seqpar.ThreadWorld(2).run(rank), daemon=True).start()\n"
+            "import time; time.sleep(0.5); print('leaving')\n")
+    r = run_script(code)
+    assert r.returncode == 0 and "leaving" in r.stdout, r.stderr
+
+
+def test_ctrl_c_stops_the_ranks():
+    # The ranks would run forever; SIGINT after half a second must end the run with
+    # KeyboardInterrupt, and a new ThreadWorld must then work.
+    code = ("import os, signal, threading, torch, seqpar\n"
+            "def rank(comm):\n"
+            "    q = torch.randn(1, 128, 2, 32)\n"
+            "    while True:\n"
+            "        seqpar.attention(q, q, q, comm=comm)\n"
+            "threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()\n"
+            "try:\n"
+            "    seqpar.ThreadWorld(2).run(rank)\n"
+            "except KeyboardInterrupt:\n"
+            "    print('interrupted')\n"
+            "print(seqpar.ThreadWorld(2).run(lambda comm: comm.rank))\n")
+    r = run_script(code, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["interrupted", "[0,", "1]"], r.stdout
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: seqpar.ThreadWorld(2.5), "ranks 2.5 is not an integer"),
+    (lambda: seqpar.ThreadWorld(True), "ranks True is not an integer"),
+    (lambda: seqpar.ThreadWorld(0), "ranks 0 is invalid"),
+    (lambda: seqpar.ThreadWorld(2, timeout=0), "timeout 0 is out of range"),
+    (lambda: seqpar.ThreadWorld(2, timeout=-1), "timeout -1 is out of range"),
+    (lambda: seqpar.ThreadWorld(2, timeout=float("nan")), "timeout nan is out of range"),
+    (lambda: seqpar.ThreadWorld(2, threads=100000), "threads 100000 is out of range"),
+    (lambda: seqpar.ThreadWorld(65536, threads=1), "threads in one process exceeds the maximum"),
+])
+def test_thread_world_arguments(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
