@@ -398,7 +398,8 @@ void add_run_command(CLI::App& app, RunOptions& o) {
                   "strict (divisible shapes) | uaa (any length and head count)");
   run->add_option_function<int64_t>(
          "--ranks", [&o](int64_t v) { o.ranks = v; },
-         "ranks (default 2 on threads; the MPI world size; at most 2^16)")
+         "ranks (default on threads: --ulysses-degree x --ring-degree when given, else 2; "
+         "the MPI world size; at most 2^16)")
       ->default_str("2");
   run->add_option("--seq", o.seq,
                   "sequence length S (tokens); with --seq-lens their sum if omitted")
@@ -461,7 +462,13 @@ int finish_report(const Run& run, const Report& report, const std::string& backe
 
 int run_threads(const RunOptions& opts, std::chrono::milliseconds timeout) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int ranks = static_cast<int>(opts.ranks.value_or(2));
+  // Unset: the degrees given make the group (ulysses x ring, either alone), else 2.
+  const int64_t from_degrees = std::max<int64_t>(1, opts.ulysses_degree) *
+                               std::max<int64_t>(1, opts.ring_degree);
+  const int64_t given = opts.ranks.value_or(
+      opts.ulysses_degree > 0 || opts.ring_degree > 0 ? from_degrees : 2);
+  limits::check_range("--ranks", given, 1, limits::kMaxRanks);
+  const int ranks = static_cast<int>(given);
   const int threads =
       opts.threads > 0 ? static_cast<int>(opts.threads) : std::max(1, cores / std::max(1, ranks));
   limits::check_threads(ranks, threads);

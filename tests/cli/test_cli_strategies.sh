@@ -21,6 +21,10 @@ expect_ok "strict + pad" "$bin" run --strategy ulysses --ulysses-mode strict --p
 expect_ok "ring pad zigzag" "$bin" run --strategy ring --pad --layout zigzag --ranks 4 --seq 1001 --heads 2 --causal $small
 expect_ok "joint ring" "$bin" run --strategy ring --ranks 3 --seq 200 --text-tokens 17 --heads 4 $small
 expect_ok "joint usp" "$bin" run --strategy usp --ranks 4 --seq 200 --text-tokens 17 --heads 4 $small
+# The ranks follow from the degrees when --ranks is not given (the README's usp line).
+expect_ok "usp 2 x 2 without --ranks" "$bin" run --strategy usp --ulysses-degree 2 --ring-degree 2 --seq 256 --heads 8 --causal $small
+out=$("$bin" run --strategy ulysses --ulysses-degree 3 --seq 99 --heads 6 --head-dim 8 --json --repeat 1)
+[ "$(json_get "$out" ranks)" = 3 ] && ok || bad "--ulysses-degree 3 alone: ranks $(json_get "$out" ranks)"
 expect_ok "passq" "$bin" run --strategy passq --ranks 4 --cached 4096 --new 5 --heads 4 --kv-heads 2 --causal $small
 expect_ok "passkv" "$bin" run --strategy passkv --ranks 3 --cached 1000 --new 64 --heads 4 --causal $small
 expect_ok "bf16 usp" "$bin" run --strategy usp --ranks 4 --seq 256 --heads 4 --dtype bf16 --causal $small
