@@ -277,7 +277,7 @@ std::string wan_stored_name(const std::string& name, WanLayout layout) {
 }
 
 WanModel open_wan_model(const std::string& dir) {
-  SEQPAR_ARG_CHECK(is_dir(dir), "--model ", dir, ": is not a directory");
+  SEQPAR_ARG_CHECK(is_dir(dir), "model ", dir, ": is not a directory");
   WanModel w;
   if (files::is_regular_file(dir + "/model_index.json") ||
       files::is_regular_file(dir + "/transformer/config.json")) {
@@ -308,7 +308,7 @@ WanModel open_wan_model(const std::string& dir) {
     w.experts.push_back(open_expert(dir, diffusers ? WanLayout::kDiffusers : WanLayout::kOriginal));
   } else {
     throw InvalidArgument(detail::concat(
-        "--model ", dir,
+        "model ", dir,
         ": neither a diffusers Wan checkpoint (model_index.json or transformer/config.json) nor "
         "an original one (config.json, or high_noise_model/ and low_noise_model/)"));
   }
