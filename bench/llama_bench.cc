@@ -18,9 +18,10 @@
 
 #include "bench_util.h"
 #include "seqpar/comm/threads.h"
+#include "seqpar/model/causal_lm.h"
 #include "seqpar/model/decoder.h"
-#include "seqpar/model/model_run.h"
 #include "seqpar/model/llama.h"
+#include "seqpar/model/model_run.h"
 #include "seqpar/parallel/mesh.h"
 
 namespace {
@@ -32,7 +33,7 @@ struct Result {
   double prefill_s = 0, decode_s_per_token = 0;
 };
 
-Result run_mesh(const LlamaCheckpoint& ck, MeshShape shape, Strategy strategy,
+Result run_mesh(const CausalLmCheckpoint& ck, MeshShape shape, Strategy strategy,
                 const std::vector<int32_t>& prompt, int decode) {
   const int n = shape.world();
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -90,14 +91,14 @@ int main(int argc, char** argv) {
     }
   }
   if (!std::filesystem::exists(dir + "/config.json")) {
-    const ModelPreset& m = model_preset("llama3.2-1b");
+    const DecoderConfig& m = decoder_preset("llama3.2-1b");
     std::fprintf(stderr, "llama_bench: writing %s (%s, seeded, bf16)\n", dir.c_str(),
                  m.name.c_str());
     write_llama_checkpoint(dir, m, WeightStore::random(Decoder::parameters(m), 1), DType::kBF16,
                            int64_t{1} << 30);
   }
-  const LlamaCheckpoint ck = open_llama_checkpoint(dir);
-  const ModelPreset& m = ck.config;
+  const CausalLmCheckpoint ck = open_causal_lm(dir);
+  const DecoderConfig& m = ck.config;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 
   // The machine's rates, on every core: fp32 GEMM at the FFN's prefill shape, streaming read.

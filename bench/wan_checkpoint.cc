@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
   if (out.empty()) usage("--out is required");
   if (layers < 1 || layers > 30) usage("--layers must be 1..30");
   try {
-    ModelPreset m = model_preset("wan2.1-t2v-1.3b");
+    DiTConfig m = dit_preset("wan2.1-t2v-1.3b");
     m.layers = layers;
     const LatentShape s = latent_shape(m, frames, height, width);
     const std::string dir = out + "/wan";

@@ -17,8 +17,9 @@ bf16 (torch only) or fp16); the result has the input's kind and dtype. ``[S, B, 
 (Megatron's layout) are passed as ``x.transpose(0, 1)``, which seqpar copies to make contiguous,
 or better made ``[B, S, H, D]`` once upstream.
 
-The models run on a mesh the same way: ``seqpar.Llama.from_pretrained(path, tp=2,
-ring_degree=2).generate(ids, 16)`` and ``seqpar.WanTransformer.from_pretrained(path)(latents, t,
+The models run on a mesh the same way: ``seqpar.CausalLM.from_pretrained(path, tp=2,
+ring_degree=2).generate(ids, 16)`` (a Llama, Qwen2 or Qwen3 directory; ``seqpar.Llama`` is the
+same class) and ``seqpar.WanTransformer.from_pretrained(path)(latents, t,
 prompt_embeds)`` (seqpar/models.py).
 
 Errors: bad arguments raise ValueError with the library's one-line message; communication
@@ -50,6 +51,7 @@ __all__ = [
     "plan",
     "version",
     "ModelMesh",
+    "CausalLM",
     "Llama",
     "WanTransformer",
 ]
@@ -472,4 +474,4 @@ def plan(*, ranks: int = 8, model: Optional[str] = None, seq: int = 0, heads: in
     return json.loads(_core._plan_json(s, hardware, int(top)))
 
 
-from .models import Llama, ModelMesh, WanTransformer  # noqa: E402
+from .models import CausalLM, Llama, ModelMesh, WanTransformer  # noqa: E402

@@ -94,10 +94,12 @@ def _plan_json(spec: _PlanSpec, hardware: str, top: int) -> str: ...
 def version() -> str: ...
 
 # The models (src/models.cc); the package's seqpar.models wraps them.
-class _LlamaRank:
+class _CausalLMRank:
     vocab_size: int
     eos_token_ids: List[int]
     max_position_embeddings: int
+    family: str
+    architecture: str
     def __init__(self, comm: Comm, path: str, mesh: Dict[str, Any]) -> None: ...
     def generate(self, prompt: List[int], max_new_tokens: int, ignore_eos: bool,
                  allow_long_context: bool) -> Tuple[List[int], bytes, bool]: ...

@@ -1,10 +1,11 @@
-"""The models on a mesh: ``Llama`` (greedy generation of a Hugging Face Llama directory) and
-``WanTransformer`` (the Wan 2.1 / 2.2 text-to-video transformer of a diffusers or original
-checkpoint), as ``seqpar generate`` and ``seqpar denoise`` run them.
+"""The models on a mesh: ``CausalLM`` (greedy generation of a Hugging Face Llama, Qwen2 / Qwen2.5
+or Qwen3 directory; ``Llama`` is the same class) and ``WanTransformer`` (the Wan 2.1 / 2.2
+text-to-video transformer of a diffusers or original checkpoint), as ``seqpar generate`` and
+``seqpar denoise`` run them.
 
 Two ways to run a mesh of ``ModelMesh.ranks`` ranks:
 
-* threads (no ``comm``): ``Llama.from_pretrained(path, tp=2, ring_degree=2)`` starts the ranks as
+* threads (no ``comm``): ``CausalLM.from_pretrained(path, tp=2, ring_degree=2)`` starts the ranks as
   threads of this process; they load their shares once and serve every later call, until
   ``close()`` (or the object is collected, or ``with`` ends).
 * a rank's model (``comm=``): every rank of ``comm`` calls ``from_pretrained(path, comm=comm,
@@ -157,7 +158,8 @@ class _ThreadRanks:
 
 
 class _Model:
-    """What Llama and WanTransformer share: a rank's model on comm, or the whole mesh on threads."""
+    """What CausalLM and WanTransformer share: a rank's model on comm, or the whole mesh on
+    threads."""
 
     def _start(self, make: Callable, comm, mesh: ModelMesh, threads, timeout):
         self.mesh = mesh
@@ -211,14 +213,17 @@ def _numpy(name: str, x, dtype) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(x), dtype=dtype)
 
 
-class Llama(_Model):
-    """A Hugging Face Llama directory (config.json, safetensors) on a mesh: greedy decoding as
-    ``seqpar generate`` (prefill context parallel, decode pass-Q over the sharded KV cache)."""
+class CausalLM(_Model):
+    """A Hugging Face causal LM directory (config.json, safetensors) of a family seqpar runs
+    (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM: config.json's ``architectures`` or
+    ``model_type`` says which) on a mesh: greedy decoding as ``seqpar generate`` (prefill context
+    parallel, decode pass-Q over the sharded KV cache). ``family`` ("llama", "qwen2", "qwen3")
+    and ``architecture`` say what was loaded."""
 
     @classmethod
     def from_pretrained(cls, path: str, *, mesh: Optional[ModelMesh] = None, comm=None,
                         threads: Optional[int] = None, timeout: Optional[float] = None,
-                        **mesh_kwargs) -> "Llama":
+                        **mesh_kwargs) -> "CausalLM":
         """Loads `path` on the mesh (``mesh=ModelMesh(...)`` or its fields as keywords: tp,
         ring_degree, ulysses_degree, strategy, layout, ulysses_mode, pad). Without comm the ranks
         are threads of this process (threads: kernel threads per rank, timeout: seconds a
@@ -228,9 +233,11 @@ class Llama(_Model):
         mesh = _mesh_of(mesh, mesh_kwargs)
         spec = _mesh_dict(mesh)
         self.path = where = str(path)  # the ranks' closures hold no reference to self
-        self._start(lambda c: _core._LlamaRank(c, where, spec), comm, mesh, threads, timeout)
-        info = self._call(lambda m: (m.vocab_size, m.eos_token_ids, m.max_position_embeddings))
-        self.vocab_size, self.eos_token_ids, self.max_position_embeddings = info
+        self._start(lambda c: _core._CausalLMRank(c, where, spec), comm, mesh, threads, timeout)
+        info = self._call(lambda m: (m.vocab_size, m.eos_token_ids, m.max_position_embeddings,
+                                     m.family, m.architecture))
+        (self.vocab_size, self.eos_token_ids, self.max_position_embeddings, self.family,
+         self.architecture) = info
         return self
 
     def generate(self, input_ids, max_new_tokens: int = 16, *, return_logits: bool = False,
@@ -263,6 +270,10 @@ class Llama(_Model):
         return (tokens, logits) if return_logits else tokens
 
 
+# The name the class had when it ran Llama directories only; it loads every family alike.
+Llama = CausalLM
+
+
 class WanTransformer(_Model):
     """A Wan 2.1 / 2.2 text-to-video transformer (diffusers' WanTransformer3DModel directory, a
     WanPipeline directory with transformer/ and transformer_2/, or Wan's original layout) on a
@@ -274,7 +285,7 @@ class WanTransformer(_Model):
                         timeout: Optional[float] = None, **mesh_kwargs) -> "WanTransformer":
         """Loads `path` on the mesh (``mesh=ModelMesh(...)`` or its fields as keywords, cfg
         included). Two-expert models switch at boundary_ratio x 1000 (default: the
-        checkpoint's). Threads or comm as in Llama.from_pretrained."""
+        checkpoint's). Threads or comm as in CausalLM.from_pretrained."""
         self = cls.__new__(cls)
         mesh = _mesh_of(mesh, mesh_kwargs)
         spec = _mesh_dict(mesh)

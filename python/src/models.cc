@@ -1,7 +1,7 @@
-// seqpar._core's models: a rank's Llama (greedy generation) and a rank's Wan transformer (noise
-// prediction), each on its rank's Comm, built from the library's model_run.h as the CLI's
-// generate and denoise are. The package (python/seqpar/models.py) runs them on ThreadWorld
-// ranks or under MPI.
+// seqpar._core's models: a rank's causal LM (greedy generation of a Llama, Qwen2 or Qwen3
+// directory) and a rank's Wan transformer (noise prediction), each on its rank's Comm, built from
+// the library's model_run.h as the CLI's generate and denoise are. The package
+// (python/seqpar/models.py) runs them on ThreadWorld ranks or under MPI.
 //
 // Thread-safety: a model belongs to its rank (the thread holding its Comm); every call releases
 // the GIL while the library computes.
@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "seqpar/core/limits.h"
+#include "seqpar/model/causal_lm.h"
 #include "seqpar/model/decoder.h"
-#include "seqpar/model/llama.h"
 #include "seqpar/model/model_run.h"
 #include "seqpar/model/wan.h"
 
@@ -60,15 +60,15 @@ ParallelConfig mesh_of(const py::dict& d) {
                     d["pad"].cast<bool>());
 }
 
-class LlamaRank {
+class CausalLmRank {
  public:
-  LlamaRank(py::object comm, const std::string& dir, const py::dict& mesh)
+  CausalLmRank(py::object comm, const std::string& dir, const py::dict& mesh)
       : rank_(std::move(comm), mesh_of(mesh)) {
-    SEQPAR_ARG_CHECK(rank_.mesh.mesh.cfg == 1, "Llama: cfg ", rank_.mesh.mesh.cfg,
+    SEQPAR_ARG_CHECK(rank_.mesh.mesh.cfg == 1, "CausalLM: cfg ", rank_.mesh.mesh.cfg,
                      " is invalid; valid: 1 (guidance branches are for diffusion models)");
     without_gil([&] {
-      ck_ = open_llama_checkpoint(dir);
-      check_llama_tp(ck_, rank_.mesh.mesh.tp);
+      ck_ = open_causal_lm(dir);
+      check_causal_lm_tp(ck_, rank_.mesh.mesh.tp);
       decoder_ = std::make_unique<Decoder>(ck_.config, ck_.weights, rank_.ctx);
       ck_.weights = WeightStore();  // the decoder holds its slices
     });
@@ -79,7 +79,7 @@ class LlamaRank {
                      bool allow_long_context) {
     rank_.check_open();
     const std::vector<int32_t> prompt =
-        check_llama_prompt(ck_, ids, max_new_tokens, allow_long_context);
+        check_causal_lm_prompt(ck_, ids, max_new_tokens, allow_long_context);
     Decoder::Options opts;
     opts.max_new_tokens = max_new_tokens;
     if (!ignore_eos) opts.stop_tokens = ck_.eos_token_ids;
@@ -96,10 +96,12 @@ class LlamaRank {
   int64_t vocab() const { return ck_.config.vocab; }
   std::vector<int64_t> eos_token_ids() const { return ck_.eos_token_ids; }
   int64_t max_positions() const { return ck_.config.max_positions; }
+  std::string family() const { return std::string(ck_.family->name); }
+  std::string architecture() const { return std::string(ck_.family->architecture); }
 
  private:
   RankMesh rank_;
-  LlamaCheckpoint ck_;
+  CausalLmCheckpoint ck_;
   std::unique_ptr<Decoder> decoder_;
 };
 
@@ -121,7 +123,7 @@ class WanTransformerRank {
     }
     without_gil([&] {
       model_ = open_wan_model(dir);
-      const ModelPreset& m = model_.experts[0].preset;
+      const DiTConfig& m = model_.experts[0].preset;
       SEQPAR_ARG_CHECK(m.heads % rank_.mesh.mesh.tp == 0, "tp ", rank_.mesh.mesh.tp,
                        " does not divide the ", m.heads, " heads of ", dir,
                        "; valid: ", divisors_text(m.heads));
@@ -137,7 +139,7 @@ class WanTransformerRank {
                     const std::vector<int64_t>& negative_shape, double guidance,
                     py::object guidance_2) {
     rank_.check_open();
-    const ModelPreset& m = model_.experts[0].preset;
+    const DiTConfig& m = model_.experts[0].preset;
     const Tensor x = f32_view(latents, latents_shape), t = f32_view(text, text_shape),
                  n = f32_view(negative, negative_shape);
     WanGuidance g;
@@ -167,7 +169,7 @@ class WanTransformerRank {
   }
 
   py::dict config() const {
-    const ModelPreset& m = model_.experts[0].preset;
+    const DiTConfig& m = model_.experts[0].preset;
     py::dict d;
     d["in_channels"] = m.in_channels;
     d["out_channels"] = m.out_channels;
@@ -190,12 +192,14 @@ class WanTransformerRank {
 }  // namespace
 
 void bind_models(py::module_& m) {
-  py::class_<LlamaRank>(m, "_LlamaRank")
+  py::class_<CausalLmRank>(m, "_CausalLMRank")
       .def(py::init<py::object, const std::string&, const py::dict&>())
-      .def("generate", &LlamaRank::generate)
-      .def_property_readonly("vocab_size", &LlamaRank::vocab)
-      .def_property_readonly("eos_token_ids", &LlamaRank::eos_token_ids)
-      .def_property_readonly("max_position_embeddings", &LlamaRank::max_positions);
+      .def("generate", &CausalLmRank::generate)
+      .def_property_readonly("vocab_size", &CausalLmRank::vocab)
+      .def_property_readonly("eos_token_ids", &CausalLmRank::eos_token_ids)
+      .def_property_readonly("max_position_embeddings", &CausalLmRank::max_positions)
+      .def_property_readonly("family", &CausalLmRank::family)
+      .def_property_readonly("architecture", &CausalLmRank::architecture);
   py::class_<WanTransformerRank>(m, "_WanTransformerRank")
       .def(py::init<py::object, const std::string&, const py::dict&, py::object>())
       .def("forward", &WanTransformerRank::forward)

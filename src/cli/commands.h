@@ -234,8 +234,8 @@ struct ModelOptions : MeshFlags, ChunkFlags {
 void add_model_command(CLI::App& app, ModelOptions& opts);
 int model_command(const ModelOptions& opts);
 
-// seqpar generate: greedy decoding of a Hugging Face Llama directory on a tp x ring x ulysses
-// mesh.
+// seqpar generate: greedy decoding of a Hugging Face causal LM directory (Llama, Qwen2, Qwen3) on
+// a tp x ring x ulysses mesh.
 struct GenerateOptions : MeshFlags, ChunkFlags {
   std::string model;            // the directory
   std::string prompt_ids;       // "1,2,3"

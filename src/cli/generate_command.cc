@@ -1,4 +1,5 @@
-// seqpar generate: greedy decoding of a Hugging Face Llama directory on a tp x ring x ulysses mesh.
+// seqpar generate: greedy decoding of a Hugging Face causal LM directory (Llama, Qwen2, Qwen3) on a
+// tp x ring x ulysses mesh.
 // Prompt token ids in (a list, or a text / .npy / .safetensors file), tokens and logits out.
 #include <sys/stat.h>
 
@@ -18,8 +19,8 @@
 #include "seqpar/core/json_limits.h"
 #include "seqpar/core/process_memory.h"
 #include "seqpar/core/timer.h"
+#include "seqpar/model/causal_lm.h"
 #include "seqpar/model/decoder.h"
-#include "seqpar/model/llama.h"
 #include "seqpar/model/model_run.h"
 #include "seqpar/model/safetensors.h"
 
@@ -162,7 +163,7 @@ std::vector<int64_t> prompt_ids(const GenerateOptions& o) {
 
 // Everything checked before a rank starts.
 struct Prepared {
-  LlamaCheckpoint ck;
+  CausalLmCheckpoint ck;
   ParallelConfig mesh;
   std::vector<int32_t> prompt;
   std::vector<std::vector<int32_t>> turns;  // --turn-ids
@@ -172,18 +173,18 @@ struct Prepared {
 Prepared prepare(const GenerateOptions& o, int world) {
   Prepared p;
   limits::check_range("--max-new-tokens", o.max_new_tokens, 1, limits::kMaxSteps);
-  SEQPAR_ARG_CHECK(!o.model.empty(), "--model is required: a Hugging Face Llama directory");
+  SEQPAR_ARG_CHECK(!o.model.empty(), "--model is required: a Hugging Face model directory");
   p.mesh = resolve_mesh(o, world);
   const std::vector<int64_t> ids = prompt_ids(o);
-  p.ck = open_llama_checkpoint(o.model);
-  const ModelPreset& m = p.ck.config;
+  p.ck = open_causal_lm(o.model);
+  const DecoderConfig& m = p.ck.config;
   const std::string config = o.model + "/config.json";
-  LlamaRunNames names;
+  CausalLmRunNames names;
   names.prompt = o.prompt_ids.empty() ? "--prompt-ids-file" : "--prompt-ids";
   names.max_new_tokens = "--max-new-tokens";
   names.tp = "--tp";
   names.allow_long_context = "--allow-long-context";
-  p.prompt = check_llama_prompt(p.ck, ids, o.max_new_tokens, o.allow_long_context, names);
+  p.prompt = check_causal_lm_prompt(p.ck, ids, o.max_new_tokens, o.allow_long_context, names);
   // Positions 0 .. P + N - 2 enter the model (the last new token is not fed back); each chat
   // turn adds its tokens and N more.
   int64_t last = static_cast<int64_t>(ids.size()) + o.max_new_tokens - 1;
@@ -191,8 +192,8 @@ Prepared prepare(const GenerateOptions& o, int world) {
                       limits::kMaxSteps);
   for (const std::string& text : o.turn_ids) {
     names.prompt = "--turn-ids";
-    p.turns.push_back(
-        check_llama_prompt(p.ck, parse_id_text("--turn-ids", text), o.max_new_tokens, true, names));
+    p.turns.push_back(check_causal_lm_prompt(p.ck, parse_id_text("--turn-ids", text),
+                                             o.max_new_tokens, true, names));
     last += static_cast<int64_t>(p.turns.back().size()) + o.max_new_tokens;
   }
   SEQPAR_ARG_CHECK(p.turns.empty() || last <= m.max_positions || o.allow_long_context,
@@ -205,7 +206,7 @@ Prepared prepare(const GenerateOptions& o, int world) {
                  "(--allow-long-context); the model was not trained for them\n",
                  static_cast<long long>(last), static_cast<long long>(m.max_positions),
                  config.c_str());
-  check_llama_tp(p.ck, p.mesh.mesh.tp, names);
+  check_causal_lm_tp(p.ck, p.mesh.mesh.tp, names);
   apply_chunk_flags(o, p.chunking);
   return p;
 }
@@ -296,6 +297,7 @@ int report(const GenerateOptions& o, const Prepared& p, const Generated& g,
     json j;
     j["tokens"] = out.tokens;
     j["model"] = o.model;
+    j["family"] = p.ck.family->name;
     j["prompt_tokens"] = P;
     j["new_tokens"] = n;
     j["stopped_at_eos"] = out.stopped;
@@ -382,8 +384,9 @@ int run_generate(const GenerateOptions& o) {
 void add_generate_command(CLI::App& app, GenerateOptions& o) {
   CLI::App* g = app.add_subcommand(
       "generate",
-      "Greedy decoding of a Hugging Face Llama directory on a tp x ring x ulysses mesh");
-  g->add_option("--model", o.model, "Hugging Face Llama directory (config.json, safetensors)");
+      "Greedy decoding of a Hugging Face causal LM directory (Llama, Qwen2, Qwen3) on a tp x "
+      "ring x ulysses mesh");
+  g->add_option("--model", o.model, "Hugging Face model directory (config.json, safetensors)");
   g->add_option("--prompt-ids,--prompt_ids", o.prompt_ids, "prompt token ids: 1,2,3");
   g->add_option("--prompt-ids-file,--prompt_ids_file", o.prompt_ids_file,
                 "prompt token ids: text (commas or whitespace), .npy or .safetensors integers");

@@ -103,8 +103,9 @@ Resolved resolve(const ModelOptions& o, int world) {
                    r.preset.name);
   apply_chunk_flags(o, r.chunking);
   r.chunking.max_new_tokens = o.decode + 1;
-  r.specs = r.preset.family == ModelFamily::kDiT ? DiT::parameters(r.preset)
-                                                 : Decoder::parameters(r.preset);
+  r.specs = r.preset.family == ModelFamily::kDiT
+                ? DiT::parameters(dit_preset(r.preset.name))
+                : Decoder::parameters(decoder_preset(r.preset.name));
   int64_t tokens = o.prompt_len + o.decode;
   if (r.preset.family == ModelFamily::kDiT)
     tokens = latent_shape(r.preset, o.frames, o.height, o.width).tokens;
@@ -122,7 +123,7 @@ ModelResult run_model(Communicator& world, const Resolved& r, const ModelOptions
   mc.reset_stats();
   const double t0 = now_seconds();
   if (r.preset.family == ModelFamily::kDiT) {
-    const ModelPreset& m = r.preset;
+    const DiTConfig& m = dit_preset(r.preset.name);
     LatentShape s = latent_shape(m, o.frames, o.height, o.width);
     Tensor latent = random_normal(
         {1, m.in_channels, s.latent_frames, s.latent_height, s.latent_width}, o.seed + 1);
@@ -135,7 +136,7 @@ ModelResult run_model(Communicator& world, const Resolved& r, const ModelOptions
     std::mt19937_64 rng(o.seed + 3);
     std::vector<int32_t> prompt(o.prompt_len);
     for (auto& t : prompt) t = static_cast<int32_t>(rng() % r.preset.vocab);
-    Decoder dec(r.preset, ws, ctx);
+    Decoder dec(decoder_preset(r.preset.name), ws, ctx);
     // The single-rank reference (--verify) takes the prompt whole.
     Decoder::Options opts = r.chunking;
     if (shape.world() == 1 && r.shape.world() > 1) opts.prefill_chunk = 0;

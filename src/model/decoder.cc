@@ -2,41 +2,46 @@
 
 #include <cmath>
 #include <cstring>
+#include <iterator>
 
 #include "seqpar/core/timer.h"
-#include "seqpar/model/llama.h"
 #include "seqpar/model/ops.h"
 
 namespace seqpar {
 
-std::vector<WeightStore::Spec> Decoder::parameters(const ModelPreset& m) {
-  const int64_t d = m.hidden, q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim;
+AttentionSpec DecoderConfig::attention() const {
+  AttentionSpec a;
+  a.hidden = hidden;
+  a.heads = heads;
+  a.kv_heads = kv_heads;
+  a.head_dim = head_dim;
+  a.qkv_bias = qkv_bias;
+  a.o_bias = o_bias;
+  a.qk_norm = qk_norm;
+  a.qk_norm_eps = static_cast<float>(rms_norm_eps);
+  a.rope_pairs = RopePairs::kHalves;  // Hugging Face's q_proj/k_proj row layout
+  a.proj = {"q_proj", "k_proj", "v_proj", "o_proj"};
+  a.norm = {"q_norm", "k_norm"};
+  return a;
+}
+
+std::vector<WeightStore::Spec> Decoder::parameters(const DecoderConfig& m) {
+  const int64_t d = m.hidden;
   // Seeded q/k weights of std 2/sqrt(d) give logits q·k/sqrt(D) of std about 4, so that seeded
   // models attend far from uniformly (with 0.02 every position would look alike).
   const float qk_std = 2.0f / std::sqrt(static_cast<float>(d));
+  const AttentionSpec attention = m.attention();
   std::vector<WeightStore::Spec> p = {{"embed_tokens.weight", {m.vocab, d}, 1.0f}};
+  auto append = [&](std::vector<WeightStore::Spec> more) {
+    p.insert(p.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
+  };
   for (int64_t i = 0; i < m.layers; ++i) {
     const std::string l = "layers." + std::to_string(i) + ".";
     p.push_back({l + "input_layernorm.weight", {d}, -1});
-    p.push_back({l + "self_attn.q_proj.weight", {q, d}, qk_std});
-    p.push_back({l + "self_attn.k_proj.weight", {kv, d}, qk_std});
-    p.push_back({l + "self_attn.v_proj.weight", {kv, d}});
-    p.push_back({l + "self_attn.o_proj.weight", {d, q}});
-    if (m.attention_bias) {
-      p.push_back({l + "self_attn.q_proj.bias", {q}});
-      p.push_back({l + "self_attn.k_proj.bias", {kv}});
-      p.push_back({l + "self_attn.v_proj.bias", {kv}});
-      p.push_back({l + "self_attn.o_proj.bias", {d}});
-    }
+    append(attention.parameters(l + "self_attn", qk_std, 0.02f));
     p.push_back({l + "post_attention_layernorm.weight", {d}, -1});
-    p.push_back({l + "mlp.gate_proj.weight", {m.ffn_dim, d}});
-    p.push_back({l + "mlp.up_proj.weight", {m.ffn_dim, d}});
-    p.push_back({l + "mlp.down_proj.weight", {d, m.ffn_dim}});
-    if (m.mlp_bias) {
-      p.push_back({l + "mlp.gate_proj.bias", {m.ffn_dim}});
-      p.push_back({l + "mlp.up_proj.bias", {m.ffn_dim}});
-      p.push_back({l + "mlp.down_proj.bias", {d}});
-    }
+    append(FeedForward::parameters(l + "mlp", FeedForward::Kind::kSwiGlu, d, m.ffn_dim, m.mlp_bias,
+                                   0.02f));
   }
   p.push_back({"norm.weight", {d}, -1});
   if (!m.tie_embeddings) p.push_back({"lm_head.weight", {m.vocab, d}});
@@ -58,15 +63,15 @@ IndexRange vocab_share(int64_t vocab, int r, int n) {
 }
 }  // namespace
 
-Decoder::Decoder(const ModelPreset& m, const WeightStore& ws, const ParallelContext& ctx)
-    : m_(m), inv_freq_(llama_rope_inv_freq(m)) {
+Decoder::Decoder(const DecoderConfig& m, const WeightStore& ws, const ParallelContext& ctx)
+    : m_(m), inv_freq_(rope_inv_freq(m.head_dim, m.rope_theta, m.rope_scaling)) {
   SEQPAR_ARG_CHECK(m.family == ModelFamily::kLlm, "model ", m.name, " is not a decoder");
   const int tp = ctx.tp_size();
-  SEQPAR_ARG_CHECK(m.heads % tp == 0 && (m.kv_heads % tp == 0 || tp % m.kv_heads == 0), "--tp ", tp,
+  SEQPAR_ARG_CHECK(m.heads % tp == 0 && (m.kv_heads % tp == 0 || tp % m.kv_heads == 0), "tp ", tp,
                    " must divide the ", m.heads, " heads, and divide or be a multiple of the ",
                    m.kv_heads, " kv heads of ", m.name);
-  SEQPAR_ARG_CHECK(m.ffn_dim % tp == 0, "--tp ", tp, " must divide the intermediate size ",
-                   m.ffn_dim, " of ", m.name);
+  SEQPAR_ARG_CHECK(m.ffn_dim % tp == 0, "tp ", tp, " must divide the intermediate size ", m.ffn_dim,
+                   " of ", m.name);
   auto [v0, v1] = vocab_share(m.vocab, ctx.tp_rank(), tp);
   v0_ = v0;
   v1_ = v1;
@@ -74,22 +79,29 @@ Decoder::Decoder(const ModelPreset& m, const WeightStore& ws, const ParallelCont
     auto [a, b] = vocab_share(m.vocab, r, tp);
     vocab_bytes_.push_back(static_cast<size_t>(b - a) * sizeof(float));
   }
+  const float eps = static_cast<float>(m.rms_norm_eps);
   embed_w = ws.rows("embed_tokens.weight", v0_, v1_);
   if (!m.tie_embeddings) lm_head_w = ws.rows("lm_head.weight", v0_, v1_);
-  norm_w = ws.get("norm.weight");
+  norm_ = RmsNorm::load(ws, "norm", eps);
+  const AttentionSpec attention = m.attention();
   for (int64_t i = 0; i < m.layers; ++i) {
     const std::string l = "layers." + std::to_string(i) + ".";
     Layer layer;
-    layer.input_norm = ws.get(l + "input_layernorm.weight");
-    layer.post_norm = ws.get(l + "post_attention_layernorm.weight");
-    layer.attn = SelfAttention::load(ws, l + "self_attn", m.hidden, m.heads, m.kv_heads, ctx,
-                                     m.attention_bias, false,
-                                     {"q_proj", "k_proj", "v_proj", "o_proj"}, m.head_dim);
-    layer.attn.rope_pairs = RopePairs::kHalves;  // Hugging Face's q_proj/k_proj row layout
+    layer.input_norm = RmsNorm::load(ws, l + "input_layernorm", eps);
+    layer.post_norm = RmsNorm::load(ws, l + "post_attention_layernorm", eps);
+    layer.attn = SelfAttention::load(ws, l + "self_attn", attention, ctx);
     layer.mlp =
-        FeedForward::load(ws, l + "mlp", m.ffn_dim, FeedForward::Kind::kSwiGlu, ctx, m.mlp_bias);
+        FeedForward::load(ws, l + "mlp", FeedForward::Kind::kSwiGlu, m.ffn_dim, m.mlp_bias, ctx);
     layers_.push_back(std::move(layer));
   }
+}
+
+void Decoder::layer_forward(Layer& layer, Tensor& x, const Tensor& rope, ParallelContext& ctx,
+                            const SpRuntime* sp, const KvPlacement* place, Strategy pass) {
+  const Tensor h = layer.input_norm.forward(x);
+  add_(x, place ? layer.attn.decode(h, rope, ctx, layer.cache, *place, pass)
+                : layer.attn.forward(h, rope, ctx, *sp, true, &layer.cache));
+  add_(x, layer.mlp.forward(layer.post_norm.forward(x), *ctx.tp));
 }
 
 Tensor Decoder::embed(std::span<const int32_t> tokens, Communicator& tp) const {
@@ -109,8 +121,7 @@ Tensor Decoder::embed(std::span<const int32_t> tokens, Communicator& tp) const {
 
 Tensor Decoder::logits_of(const Tensor& h_last, Communicator& tp) const {
   const Tensor& head = m_.tie_embeddings ? embed_w : lm_head_w;
-  Tensor mine = linear(rms_norm(h_last, norm_w, static_cast<float>(m_.rms_norm_eps)), head,
-                       Tensor());  // (v1 - v0)
+  Tensor mine = linear(norm_.forward(h_last), head, Tensor());  // (v1 - v0)
   if (tp.size() == 1) return mine;
   Tensor all({m_.vocab});
   tp.all_gatherv(mine.raw(), all.raw(), vocab_bytes_);
@@ -132,7 +143,7 @@ int32_t argmax(const Tensor& logits) {
 
 Decoder::Output Decoder::generate(const std::vector<int32_t>& prompt, int decode_steps,
                                   ParallelContext& ctx) {
-  SEQPAR_ARG_CHECK(decode_steps >= 0, "--decode ", decode_steps, " is invalid");
+  SEQPAR_ARG_CHECK(decode_steps >= 0, "decode_steps ", decode_steps, " is invalid");
   Options opts;
   opts.max_new_tokens = int64_t{decode_steps} + 1;
   return generate(prompt, opts, ctx);
@@ -182,7 +193,6 @@ Decoder::Output Decoder::generate(const std::vector<int32_t>& prompt, const Opti
 Tensor Decoder::prefill(std::span<const int32_t> tokens, Turn& turn) {
   ParallelContext& ctx = turn.ctx;
   const int64_t first = static_cast<int64_t>(tokens.size()), hd = m_.head_dim;
-  const float eps = static_cast<float>(m_.rms_norm_eps);
   const double t0 = now_seconds();
   SpRuntime sp(sp_plan(), ctx, first);
   std::vector<int64_t> all_pos(first);
@@ -190,12 +200,7 @@ Tensor Decoder::prefill(std::span<const int32_t> tokens, Turn& turn) {
   Tensor x = sp.at("layers.0", "hidden", embed(tokens, *ctx.tp));
   Tensor table = sp.at("layers.0", "rope", reshape(rope(all_pos), {1, first, hd}));
   table = reshape(std::move(table), {x.dim(1), hd / 2, 2});
-  for (Layer& layer : layers_) {
-    Tensor h =
-        layer.attn.forward(rms_norm(x, layer.input_norm, eps), table, ctx, sp, true, &layer.cache);
-    add_(x, h);
-    add_(x, layer.mlp.forward(rms_norm(x, layer.post_norm, eps), *ctx.tp));
-  }
+  for (Layer& layer : layers_) layer_forward(layer, x, table, ctx, &sp, nullptr, Strategy::kRing);
   x = sp.at("norm", "hidden", std::move(x));  // (1, first, d) on every rank
   turn.out.chunks.push_back({0, first, 0, ctx.config.strategy, "context-parallel prefill",
                              now_seconds() - t0});
@@ -214,7 +219,6 @@ Tensor Decoder::prefill(std::span<const int32_t> tokens, Turn& turn) {
 Tensor Decoder::extend(std::span<const int32_t> tokens, Turn& turn) {
   ParallelContext& ctx = turn.ctx;
   const Options& opts = turn.opts;
-  const float eps = static_cast<float>(m_.rms_norm_eps);
   const int n = ctx.sp_size();
   const int64_t total = static_cast<int64_t>(tokens.size());
   const int64_t size = opts.prefill_chunk > 0 ? opts.prefill_chunk : total;
@@ -249,11 +253,7 @@ Tensor Decoder::extend(std::span<const int32_t> tokens, Turn& turn) {
     for (int64_t i = 0; i < T; ++i) positions[i] = begin + i;
     Tensor rc = rope(positions);
     x = embed(tokens.subspan(c0, T), *ctx.tp);  // (1, T, d), replicated
-    for (Layer& layer : layers_) {
-      add_(x, layer.attn.decode(rms_norm(x, layer.input_norm, eps), rc, ctx, layer.cache, place,
-                                chunk.strategy));
-      add_(x, layer.mlp.forward(rms_norm(x, layer.post_norm, eps), *ctx.tp));
-    }
+    for (Layer& layer : layers_) layer_forward(layer, x, rc, ctx, nullptr, &place, chunk.strategy);
     turn.length += T;
     chunk.seconds = now_seconds() - tc;
     turn.out.chunks.push_back(std::move(chunk));
@@ -277,7 +277,6 @@ void Decoder::decode(Turn& turn, double t1) {
   // owned by sequence-parallel rank (position mod N).
   ParallelContext& ctx = turn.ctx;
   Output& out = turn.out;
-  const float eps = static_cast<float>(m_.rms_norm_eps);
   const int n = ctx.sp_size();
   const double before = out.decode_seconds;
   for (int64_t step = 1; step < turn.opts.max_new_tokens && !out.stopped; ++step) {
@@ -289,11 +288,8 @@ void Decoder::decode(Turn& turn, double t1) {
     const int64_t position[1] = {pos};
     Tensor r1 = rope(position);
     Tensor h = embed(std::span<const int32_t>(&out.tokens.back(), 1), *ctx.tp);
-    for (Layer& layer : layers_) {
-      add_(h, layer.attn.decode(rms_norm(h, layer.input_norm, eps), r1, ctx, layer.cache,
-                                turn.place));
-      add_(h, layer.mlp.forward(rms_norm(h, layer.post_norm, eps), *ctx.tp));
-    }
+    for (Layer& layer : layers_)
+      layer_forward(layer, h, r1, ctx, nullptr, &turn.place, Strategy::kPassQ);
     take_logits(reshape(std::move(h), {1, 1, m_.hidden}), turn);
     out.decode_seconds = before + now_seconds() - t1;
     if (turn.opts.on_token)

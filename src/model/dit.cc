@@ -1,6 +1,7 @@
 #include "seqpar/model/dit.h"
 
 #include <cstring>
+#include <iterator>
 #include <string>
 
 #include "seqpar/model/ops.h"
@@ -9,18 +10,23 @@ namespace seqpar {
 
 namespace {
 constexpr double kRopeTheta = 10000.0;
-// A replicated linear weight, whole, in its stored dtype (linear() converts bf16/fp16 per block).
-Tensor stored_weight(const WeightStore& ws, const std::string& name) {
-  return ws.rows(name, 0, ws.shape(name).at(0));
-}
-int64_t out_channels(const ModelPreset& m) {
-  return m.out_channels ? m.out_channels : m.in_channels;
-}
 }  // namespace
 
-std::vector<WeightStore::Spec> DiT::parameters(const ModelPreset& m) {
+AttentionSpec DiTConfig::attention() const {
+  AttentionSpec a;
+  a.hidden = hidden;
+  a.heads = a.kv_heads = heads;
+  a.head_dim = head_dim;
+  a.qkv_bias = a.o_bias = true;
+  a.qk_norm = QkNorm::kAcrossHeads;
+  a.qk_norm_eps = static_cast<float>(eps);
+  a.rope_pairs = RopePairs::kInterleaved;
+  return a;  // names q, k, v, o, norm_q, norm_k
+}
+
+std::vector<WeightStore::Spec> DiT::parameters(const DiTConfig& m) {
   const int64_t d = m.hidden, P = m.patch[0] * m.patch[1] * m.patch[2], pv = m.in_channels * P,
-                pout = out_channels(m) * P;
+                pout = m.predicted_channels() * P;
   std::vector<WeightStore::Spec> p = {
       {"patch_embedding.weight", {d, pv}},     {"patch_embedding.bias", {d}, 0},
       {"text_embedding.0.weight", {d, m.text_dim}}, {"text_embedding.0.bias", {d}, 0},
@@ -29,25 +35,20 @@ std::vector<WeightStore::Spec> DiT::parameters(const ModelPreset& m) {
       {"time_embedding.2.weight", {d, d}},     {"time_embedding.2.bias", {d}, 0},
       {"time_projection.1.weight", {6 * d, d}}, {"time_projection.1.bias", {6 * d}, 0},
   };
+  auto append = [&](std::vector<WeightStore::Spec> more) {
+    p.insert(p.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
+  };
+  const AttentionSpec attention = m.attention();
   for (int64_t i = 0; i < m.layers; ++i) {
     const std::string b = "blocks." + std::to_string(i) + ".";
     p.push_back({b + "modulation", {6, d}});
-    for (const char* attn : {"self_attn", "cross_attn"}) {
-      for (const char* w : {"q", "k", "v", "o"}) {
-        p.push_back({b + attn + "." + w + ".weight", {d, d}});
-        p.push_back({b + attn + "." + w + ".bias", {d}, 0});
-      }
-      p.push_back({b + attn + ".norm_q.weight", {d}, -1});
-      p.push_back({b + attn + ".norm_k.weight", {d}, -1});
-    }
+    append(attention.parameters(b + "self_attn", 0.02f, 0));
+    append(attention.parameters(b + "cross_attn", 0.02f, 0));
     if (m.cross_attn_norm) {
       p.push_back({b + "norm3.weight", {d}, -1});
       p.push_back({b + "norm3.bias", {d}, 0});
     }
-    p.push_back({b + "ffn.0.weight", {m.ffn_dim, d}});
-    p.push_back({b + "ffn.0.bias", {m.ffn_dim}, 0});
-    p.push_back({b + "ffn.2.weight", {d, m.ffn_dim}});
-    p.push_back({b + "ffn.2.bias", {d}, 0});
+    append(FeedForward::parameters(b + "ffn", FeedForward::Kind::kGeluTanh, d, m.ffn_dim, true, 0));
   }
   p.push_back({"head.modulation", {2, d}});
   p.push_back({"head.head.weight", {pout, d}});
@@ -64,90 +65,33 @@ const SpPlan& DiT::sp_plan() {
   return plan;
 }
 
-DiT::DiT(const ModelPreset& m, const WeightStore& ws, const ParallelContext& ctx) : m_(m) {
+DiT::DiT(const DiTConfig& m, const WeightStore& ws, const ParallelContext& ctx) : m_(m) {
   SEQPAR_ARG_CHECK(m.family == ModelFamily::kDiT, "model ", m.name, " is not a DiT");
-  SEQPAR_ARG_CHECK(m.heads % ctx.tp_size() == 0, "--tp ", ctx.tp_size(), " does not divide the ",
+  SEQPAR_ARG_CHECK(m.heads % ctx.tp_size() == 0, "tp ", ctx.tp_size(), " does not divide the ",
                    m.heads, " heads of ", m.name);
-  patch_w = stored_weight(ws, "patch_embedding.weight");
-  patch_b = ws.get("patch_embedding.bias");
-  for (int i : {0, 2}) {
-    text_w.push_back(stored_weight(ws, "text_embedding." + std::to_string(i) + ".weight"));
-    text_b.push_back(ws.get("text_embedding." + std::to_string(i) + ".bias"));
-    time_w.push_back(stored_weight(ws, "time_embedding." + std::to_string(i) + ".weight"));
-    time_b.push_back(ws.get("time_embedding." + std::to_string(i) + ".bias"));
-  }
-  proj_w = stored_weight(ws, "time_projection.1.weight");
-  proj_b = ws.get("time_projection.1.bias");
+  const float eps = static_cast<float>(m.eps);
+  patch_embedding_ = PatchEmbedding::load(ws, "patch_embedding", m.patch);
+  text_in_ = Linear::load(ws, "text_embedding.0", true);
+  text_out_ = Linear::load(ws, "text_embedding.2", true);
+  time_embedding_ = TimestepEmbedding::load(ws, "time_embedding.0", "time_embedding.2", m.freq_dim);
+  time_projection_ = Linear::load(ws, "time_projection.1", true);
+  const AttentionSpec attention = m.attention();
   for (int64_t i = 0; i < m.layers; ++i) {
     const std::string b = "blocks." + std::to_string(i) + ".";
     Block blk;
-    blk.modulation = ws.get(b + "modulation");
-    blk.self_attn = SelfAttention::load(ws, b + "self_attn", m.hidden, m.heads, m.heads, ctx,
-                                        true, true, {"q", "k", "v", "o"});
-    blk.cross_attn = CrossAttention::load(ws, b + "cross_attn", m.hidden, m.heads, ctx);
-    for (DistRmsNorm* n : {&blk.self_attn.norm_q, &blk.self_attn.norm_k, &blk.cross_attn.norm_q,
-                           &blk.cross_attn.norm_k})
-      n->eps = static_cast<float>(m.eps);
-    if (m.cross_attn_norm) {
-      blk.norm3_w = ws.get(b + "norm3.weight");
-      blk.norm3_b = ws.get(b + "norm3.bias");
-    }
-    blk.ffn = FeedForward::load(ws, b + "ffn", m.ffn_dim, FeedForward::Kind::kGeluTanh, ctx);
+    blk.modulation = Modulation::load(ws, b + "modulation", 6, m.hidden);
+    blk.self_attn = SelfAttention::load(ws, b + "self_attn", attention, ctx);
+    blk.cross_attn = CrossAttention::load(ws, b + "cross_attn", attention, ctx);
+    blk.norm3 = m.cross_attn_norm ? LayerNorm::load(ws, b + "norm3", eps) : LayerNorm::plain(eps);
+    blk.ffn = FeedForward::load(ws, b + "ffn", FeedForward::Kind::kGeluTanh, m.ffn_dim, true, ctx);
     blocks_.push_back(std::move(blk));
   }
-  head_mod = ws.get("head.modulation");
-  head_w = stored_weight(ws, "head.head.weight");
-  head_b = ws.get("head.head.bias");
-}
-
-Tensor patchify(const Tensor& latent, std::array<int64_t, 3> patch) {
-  const int64_t B = latent.dim(0), C = latent.dim(1), F = latent.dim(2), H = latent.dim(3),
-                W = latent.dim(4);
-  const int64_t gf = F / patch[0], gh = H / patch[1], gw = W / patch[2];
-  const int64_t pv = C * patch[0] * patch[1] * patch[2];
-  Tensor t({B, gf * gh * gw, pv});
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t f = 0; f < gf; ++f)
-      for (int64_t y = 0; y < gh; ++y)
-        for (int64_t x = 0; x < gw; ++x) {
-          float* dst = t.data<float>() + ((b * gf + f) * gh * gw + y * gw + x) * pv;
-          int64_t j = 0;
-          for (int64_t c = 0; c < C; ++c)
-            for (int64_t df = 0; df < patch[0]; ++df)
-              for (int64_t dy = 0; dy < patch[1]; ++dy)
-                for (int64_t dx = 0; dx < patch[2]; ++dx, ++j)
-                  dst[j] = latent.data<float>()[(((b * C + c) * F + f * patch[0] + df) * H +
-                                                 y * patch[1] + dy) * W + x * patch[2] + dx];
-        }
-  return t;
-}
-
-Tensor unpatchify(const Tensor& tokens, int64_t C, std::array<int64_t, 3> grid,
-                  std::array<int64_t, 3> patch) {
-  const int64_t B = tokens.dim(0), F = grid[0] * patch[0], H = grid[1] * patch[1],
-                W = grid[2] * patch[2];
-  const int64_t pv = C * patch[0] * patch[1] * patch[2];
-  Tensor latent({B, C, F, H, W});
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t f = 0; f < grid[0]; ++f)
-      for (int64_t y = 0; y < grid[1]; ++y)
-        for (int64_t x = 0; x < grid[2]; ++x) {
-          const float* src =
-              tokens.data<float>() + ((b * grid[0] + f) * grid[1] * grid[2] + y * grid[2] + x) * pv;
-          int64_t j = 0;
-          for (int64_t c = 0; c < C; ++c)
-            for (int64_t df = 0; df < patch[0]; ++df)
-              for (int64_t dy = 0; dy < patch[1]; ++dy)
-                for (int64_t dx = 0; dx < patch[2]; ++dx, ++j)
-                  latent.data<float>()[(((b * C + c) * F + f * patch[0] + df) * H + y * patch[1] +
-                                        dy) * W + x * patch[2] + dx] = src[j];
-        }
-  return latent;
+  head_modulation_ = Modulation::load(ws, "head.modulation", 2, m.hidden);
+  head_ = Linear::load(ws, "head.head", true);
 }
 
 Tensor DiT::forward(const Tensor& latent, float t, const Tensor& text, ParallelContext& ctx) const {
   const int64_t d = m_.hidden;
-  const float eps = static_cast<float>(m_.eps);
   SEQPAR_ARG_CHECK(latent.ndim() == 5 && latent.dim(1) == m_.in_channels,
                    "latent must be (B, ", m_.in_channels, ", F, H, W); got ", latent.shape_str());
   SEQPAR_ARG_CHECK(latent.dim(2) % m_.patch[0] == 0 && latent.dim(3) % m_.patch[1] == 0 &&
@@ -160,16 +104,14 @@ Tensor DiT::forward(const Tensor& latent, float t, const Tensor& text, ParallelC
   SpRuntime sp(sp_plan(), ctx, S);
 
   // Replicated on every rank: patch embedding, timestep and text embeddings, the RoPE table.
-  Tensor x = linear(patchify(latent, m_.patch), patch_w, patch_b);  // (B, S, d)
-  Tensor e = linear(timestep_embedding(t, m_.freq_dim), time_w[0], time_b[0]);
-  silu_(e);
-  e = linear(e, time_w[1], time_b[1]);  // (d)
+  Tensor x = patch_embedding_.forward(latent);  // (B, S, d)
+  const Tensor e = time_embedding_.forward(t);  // (d)
   Tensor e_act = e;
   silu_(e_act);
-  Tensor e6 = linear(e_act, proj_w, proj_b);  // (6d): shift, scale, gate for attn and ffn
-  Tensor context = linear(text, text_w[0], text_b[0]);
+  const Tensor e6 = time_projection_.forward(e_act);  // (6d): shift, scale, gate for attn and ffn
+  Tensor context = text_in_.forward(text);
   gelu_tanh_(context);
-  context = sp.at("text_embedding", "context", linear(context, text_w[1], text_b[1]));
+  context = sp.at("text_embedding", "context", text_out_.forward(context));
   std::vector<int64_t> all_pos(S);
   for (int64_t i = 0; i < S; ++i) all_pos[i] = i;
   Tensor rope = reshape(rope_3d(all_pos, grid, m_.head_dim, kRopeTheta), {1, S, m_.head_dim});
@@ -179,28 +121,26 @@ Tensor DiT::forward(const Tensor& latent, float t, const Tensor& text, ParallelC
   const int64_t n = x.dim(1);
   rope = reshape(std::move(rope), {n, m_.head_dim / 2, 2});
 
+  const LayerNorm plain = LayerNorm::plain(static_cast<float>(m_.eps));
   for (const Block& blk : blocks_) {
-    std::vector<float> mod(6 * d);
-    for (int64_t i = 0; i < 6 * d; ++i) mod[i] = blk.modulation.data<float>()[i] + e6.data<float>()[i];
+    const std::vector<float> mod = blk.modulation.rows(e6);
     const float *shift_msa = &mod[0], *scale_msa = &mod[d], *gate_msa = &mod[2 * d],
                 *shift_mlp = &mod[3 * d], *scale_mlp = &mod[4 * d], *gate_mlp = &mod[5 * d];
-    Tensor y = layer_norm(x, Tensor(), Tensor(), eps);
+    Tensor y = plain.forward(x);
     modulate_(y, shift_msa, scale_msa);
     gated_add_(x, gate_msa, blk.self_attn.forward(y, rope, ctx, sp, false, nullptr));
-    y = layer_norm(x, blk.norm3_w, blk.norm3_b, eps);
-    add_(x, blk.cross_attn.forward(y, context, ctx));
-    y = layer_norm(x, Tensor(), Tensor(), eps);
+    add_(x, blk.cross_attn.forward(blk.norm3.forward(x), context, ctx));
+    y = plain.forward(x);
     modulate_(y, shift_mlp, scale_mlp);
     gated_add_(x, gate_mlp, blk.ffn.forward(y, *ctx.tp));
   }
 
-  std::vector<float> hmod(2 * d);
-  for (int64_t i = 0; i < 2 * d; ++i) hmod[i] = head_mod.data<float>()[i] + e.data<float>()[i % d];
-  Tensor y = layer_norm(x, Tensor(), Tensor(), eps);
+  const std::vector<float> hmod = head_modulation_.rows(e);  // shift, scale
+  Tensor y = plain.forward(x);
   modulate_(y, &hmod[0], &hmod[d]);
-  y = linear(y, head_w, head_b);  // (B, n, C·pt·ph·pw)
+  y = head_.forward(y);  // (B, n, C·pt·ph·pw)
   y = sp.at("proj_out", "hidden", std::move(y));
-  return unpatchify(y, out_channels(m_), grid, m_.patch);
+  return unpatchify(y, m_.predicted_channels(), grid, m_.patch);
 }
 
 Tensor DiT::guided(const Tensor& latent, float t, const Tensor& text, const Tensor& null_text,

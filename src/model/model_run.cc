@@ -39,8 +39,8 @@ ParallelContext model_context(MeshComms& mc, const ParallelConfig& c) {
   return ctx;
 }
 
-void check_llama_tp(const LlamaCheckpoint& ck, int64_t tp, const LlamaRunNames& names) {
-  const ModelPreset& m = ck.config;
+void check_causal_lm_tp(const CausalLmCheckpoint& ck, int64_t tp, const CausalLmRunNames& names) {
+  const DecoderConfig& m = ck.config;
   SEQPAR_ARG_CHECK(
       m.heads % tp == 0 && (m.kv_heads % tp == 0 || tp % m.kv_heads == 0) && m.ffn_dim % tp == 0,
       names.tp, " ", tp, " must divide num_attention_heads ", m.heads, " and intermediate_size ",
@@ -48,10 +48,11 @@ void check_llama_tp(const LlamaCheckpoint& ck, int64_t tp, const LlamaRunNames& 
       "/config.json)");
 }
 
-std::vector<int32_t> check_llama_prompt(const LlamaCheckpoint& ck, const std::vector<int64_t>& ids,
-                                        int64_t max_new_tokens, bool allow_long_context,
-                                        const LlamaRunNames& names) {
-  const ModelPreset& m = ck.config;
+std::vector<int32_t> check_causal_lm_prompt(const CausalLmCheckpoint& ck,
+                                            const std::vector<int64_t>& ids, int64_t max_new_tokens,
+                                            bool allow_long_context,
+                                            const CausalLmRunNames& names) {
+  const DecoderConfig& m = ck.config;
   const std::string config = ck.dir + "/config.json";
   limits::check_range(names.max_new_tokens, max_new_tokens, 1, limits::kMaxSteps);
   SEQPAR_ARG_CHECK(!ids.empty(), names.prompt, ": the prompt is empty; give at least one token id");

@@ -2,6 +2,8 @@
 
 #include "seqpar/core/error.h"
 #include "seqpar/core/limits.h"
+#include "seqpar/model/decoder.h"
+#include "seqpar/model/dit.h"
 
 namespace seqpar {
 
@@ -16,9 +18,9 @@ std::string_view model_family_name(ModelFamily f) {
 
 namespace {
 
-ModelPreset dit(std::string name, std::string desc, int64_t hidden, int64_t heads, int64_t layers,
-                int64_t ffn, int64_t in_ch, std::array<int64_t, 3> vae, int64_t params) {
-  ModelPreset m;
+DiTConfig dit(std::string name, std::string desc, int64_t hidden, int64_t heads, int64_t layers,
+              int64_t ffn, int64_t in_ch, std::array<int64_t, 3> vae, int64_t params) {
+  DiTConfig m;
   m.name = std::move(name);
   m.description = std::move(desc);
   m.family = ModelFamily::kDiT;
@@ -58,10 +60,10 @@ ModelPreset mmdit(std::string name, std::string desc, int64_t layers, int64_t te
   return m;
 }
 
-ModelPreset llm(std::string name, std::string desc, int64_t hidden, int64_t heads,
-                int64_t kv_heads, int64_t layers, int64_t ffn, int64_t vocab, double theta,
-                int64_t params) {
-  ModelPreset m;
+DecoderConfig llm(std::string name, std::string desc, int64_t hidden, int64_t heads,
+                  int64_t kv_heads, int64_t layers, int64_t ffn, int64_t vocab, double theta,
+                  int64_t params) {
+  DecoderConfig m;
   m.name = std::move(name);
   m.description = std::move(desc);
   m.family = ModelFamily::kLlm;
@@ -77,9 +79,19 @@ ModelPreset llm(std::string name, std::string desc, int64_t hidden, int64_t head
   return m;
 }
 
-const std::vector<ModelPreset>& presets() {
-  static const std::vector<ModelPreset> all = [] {
-    std::vector<ModelPreset> v;
+// Every preset, in the order model_preset_names() lists them: the dit ones (runnable DiTs), the
+// mmdit ones (shapes for the planner only), the llm ones (runnable Llama decoders).
+struct Presets {
+  std::vector<DiTConfig> dits;
+  std::vector<ModelPreset> mmdits;
+  std::vector<DecoderConfig> llms;
+  std::vector<const ModelPreset*> all;
+};
+
+const Presets& presets() {
+  static const Presets all = [] {
+    Presets p;
+    auto& v = p.dits;
     v.push_back(dit("wan2.1-t2v-1.3b", "Wan 2.1 text-to-video 1.3B", 1536, 12, 30, 8960, 16,
                     {4, 8, 8}, 1'300'000'000));
     v.push_back(dit("wan2.1-t2v-14b", "Wan 2.1 text-to-video 14B", 5120, 40, 40, 13824, 16,
@@ -88,49 +100,81 @@ const std::vector<ModelPreset>& presets() {
                     5120, 40, 40, 13824, 16, {4, 8, 8}, 14'000'000'000));
     v.push_back(dit("wan2.2-ti2v-5b", "Wan 2.2 text/image-to-video 5B (16x16 VAE)", 3072, 24, 30,
                     14336, 48, {4, 16, 16}, 5'000'000'000));
-    ModelPreset tiny = dit("tiny-dit", "small Wan-style DiT for tests (Wan's 4x8x8 VAE, 1x2x2 patches)",
-                           64, 4, 2, 128, 4, {4, 8, 8}, 0);
+    DiTConfig tiny =
+        dit("tiny-dit", "small Wan-style DiT for tests (Wan's 4x8x8 VAE, 1x2x2 patches)", 64, 4, 2,
+            128, 4, {4, 8, 8}, 0);
     tiny.text_dim = 32;
     tiny.text_len = 16;
     tiny.freq_dim = 32;
     v.push_back(tiny);
-    v.push_back(mmdit("flux.1-dev", "FLUX.1 [dev] 12B (19 dual + 38 single stream blocks)", 57,
-                      4096, 512, 12288, 16, 12'000'000'000));
-    v.push_back(mmdit("qwen-image", "Qwen-Image 20B MMDiT", 60, 3584, 512, 12288, 16,
-                      20'000'000'000));
-    v.push_back(llm("llama3-8b", "Llama 3 8B", 4096, 32, 8, 32, 14336, 128256, 500000.0,
-                    8'000'000'000));
-    v.push_back(llm("llama3-70b", "Llama 3 70B", 8192, 64, 8, 80, 28672, 128256, 500000.0,
-                    70'000'000'000));
-    v.push_back(llm("llama3-405b", "Llama 3.1 405B", 16384, 128, 8, 126, 53248, 128256, 500000.0,
+    p.mmdits.push_back(mmdit("flux.1-dev", "FLUX.1 [dev] 12B (19 dual + 38 single stream blocks)",
+                             57, 4096, 512, 12288, 16, 12'000'000'000));
+    p.mmdits.push_back(
+        mmdit("qwen-image", "Qwen-Image 20B MMDiT", 60, 3584, 512, 12288, 16, 20'000'000'000));
+    auto& l = p.llms;
+    l.push_back(
+        llm("llama3-8b", "Llama 3 8B", 4096, 32, 8, 32, 14336, 128256, 500000.0, 8'000'000'000));
+    l.push_back(
+        llm("llama3-70b", "Llama 3 70B", 8192, 64, 8, 80, 28672, 128256, 500000.0, 70'000'000'000));
+    l.push_back(llm("llama3-405b", "Llama 3.1 405B", 16384, 128, 8, 126, 53248, 128256, 500000.0,
                     405'000'000'000));
-    ModelPreset l1b = llm("llama3.2-1b", "Llama 3.2 1B (tied embeddings, llama3 RoPE scaling)",
-                          2048, 32, 8, 16, 8192, 128256, 500000.0, 1'235'814'400);
+    DecoderConfig l1b = llm("llama3.2-1b", "Llama 3.2 1B (tied embeddings, llama3 RoPE scaling)",
+                            2048, 32, 8, 16, 8192, 128256, 500000.0, 1'235'814'400);
     l1b.max_positions = 131072;
     l1b.rope_scaling = {32.0, 1.0, 4.0, 8192};
     l1b.tie_embeddings = true;
-    v.push_back(l1b);
-    v.push_back(llm("tiny-llm", "small Llama-style decoder for tests", 64, 4, 2, 2, 128, 256,
-                    10000.0, 0));
-    return v;
+    l.push_back(l1b);
+    l.push_back(
+        llm("tiny-llm", "small Llama-style decoder for tests", 64, 4, 2, 2, 128, 256, 10000.0, 0));
+    for (const auto& m : p.dits) p.all.push_back(&m);
+    for (const auto& m : p.mmdits) p.all.push_back(&m);
+    for (const auto& m : p.llms) p.all.push_back(&m);
+    return p;
   }();
   return all;
+}
+
+std::string names_text(const std::vector<std::string>& names) {
+  std::string valid;
+  for (const auto& n : names) valid += (valid.empty() ? "" : ", ") + n;
+  return valid;
+}
+
+// The preset named `name` of `list`, or InvalidArgument naming the valid ones.
+template <typename Config>
+const Config& find_preset(const std::vector<Config>& list, std::string_view name,
+                          std::string_view kind) {
+  std::vector<std::string> names;
+  for (const auto& m : list) {
+    if (m.name == name) return m;
+    names.push_back(m.name);
+  }
+  (void)model_preset(name);  // an unknown name: the message lists every preset
+  throw InvalidArgument(
+      detail::concat("model '", name, "' is not a ", kind, " preset; valid: ", names_text(names)));
 }
 
 }  // namespace
 
 std::vector<std::string> model_preset_names() {
   std::vector<std::string> names;
-  for (const auto& m : presets()) names.push_back(m.name);
+  for (const ModelPreset* m : presets().all) names.push_back(m->name);
   return names;
 }
 
 const ModelPreset& model_preset(std::string_view name) {
-  for (const auto& m : presets())
-    if (m.name == name) return m;
-  std::string valid;
-  for (const auto& n : model_preset_names()) valid += (valid.empty() ? "" : ", ") + n;
-  throw InvalidArgument(detail::concat("model '", name, "' is unknown; valid: ", valid));
+  for (const ModelPreset* m : presets().all)
+    if (m->name == name) return *m;
+  throw InvalidArgument(
+      detail::concat("model '", name, "' is unknown; valid: ", names_text(model_preset_names())));
+}
+
+const DecoderConfig& decoder_preset(std::string_view name) {
+  return find_preset(presets().llms, name, "language model (llm)");
+}
+
+const DiTConfig& dit_preset(std::string_view name) {
+  return find_preset(presets().dits, name, "dit");
 }
 
 LatentShape latent_shape(const ModelPreset& m, int64_t frames, int64_t height, int64_t width) {

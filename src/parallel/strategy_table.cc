@@ -94,19 +94,19 @@ constexpr ScheduleRow kPassQSchedules[] = {
 const StrategyRow kTable[] = {
     {Strategy::kLocal, "one sequence-parallel rank, no communication", false, false, false,
      SpDegrees::kOne, kLocalSchedules, nullptr},
-    {Strategy::kAllGather, "K and V all-gathered, local attention over the whole sequence",
-     false, false, true, SpDegrees::kRing, kAllGatherSchedules, nullptr},
     {Strategy::kRing, "K/V blocks passed around the ring (pass-KV over a sequence)", false, true,
      false, SpDegrees::kRing, kRingSchedules, nullptr},
+    {Strategy::kAllGather, "K and V all-gathered, local attention over the whole sequence",
+     false, false, true, SpDegrees::kRing, kAllGatherSchedules, nullptr},
     {Strategy::kUlysses,
      "all-to-all sequence -> heads, full-sequence attention on a share of the heads", false,
      false, true, SpDegrees::kUlysses, kUlyssesSchedules, check_ulysses},
     {Strategy::kUsp, "ulysses inside groups, ring across them", false, true, false,
      SpDegrees::kUlyssesRing, kUspSchedules, check_ulysses},
-    {Strategy::kPassKv, "new tokens over a K/V cache: the K/V shards passed around the ring",
-     true, false, false, SpDegrees::kRing, kPassKvSchedules, nullptr},
     {Strategy::kPassQ, "new tokens over a K/V cache: the queries passed to the K/V", true, false,
      false, SpDegrees::kRing, kPassQSchedules, nullptr},
+    {Strategy::kPassKv, "new tokens over a K/V cache: the K/V shards passed around the ring",
+     true, false, false, SpDegrees::kRing, kPassKvSchedules, nullptr},
 };
 
 // "passkv, passq": the strategies over a cache (or over a sequence).

@@ -107,7 +107,7 @@ make_ckpt "$tmp/yarn" 1 1 '{"rope_scaling": {"rope_type": "yarn", "factor": 4.0}
 expect_exit2 "config.json: rope_scaling.rope_type \"yarn\" is not supported; valid: llama3, default" \
   $(gen --model "$tmp/yarn" --prompt-ids 1)
 make_ckpt "$tmp/arch" 1 1 '{"architectures": ["MistralForCausalLM"]}'
-expect_exit2 "architectures .* is not supported; valid: \[\"LlamaForCausalLM\"\]" \
+expect_exit2 "architectures .* is not supported; valid: \[\"LlamaForCausalLM\", \"Qwen2ForCausalLM\", \"Qwen3ForCausalLM\"\]" \
   $(gen --model "$tmp/arch" --prompt-ids 1)
 make_ckpt "$tmp/l3" 1 1 '{"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}'
 expect_exit2 "rope_scaling.low_freq_factor is missing" $(gen --model "$tmp/l3" --prompt-ids 1)

@@ -9,6 +9,7 @@
 #include <numbers>
 
 #include "seqpar/comm/threads.h"
+#include "seqpar/model/causal_lm.h"
 #include "seqpar/model/decoder.h"
 #include "seqpar/model/llama.h"
 #include "seqpar/model/model_run.h"
@@ -19,14 +20,14 @@
 namespace seqpar {
 namespace {
 
-ModelPreset tiny_llama(bool tied) {
-  ModelPreset m = model_preset("tiny-llm");
+DecoderConfig tiny_llama(bool tied) {
+  DecoderConfig m = decoder_preset("tiny-llm");
   m.vocab = 250;  // not divisible by the tp sizes below
   m.max_positions = 256;
   m.rope_theta = 500000.0;
   m.rope_scaling = {8.0, 1.0, 4.0, 16};
   m.tie_embeddings = tied;
-  m.attention_bias = !tied;
+  m.qkv_bias = m.o_bias = !tied;
   m.mlp_bias = !tied;
   return m;
 }
@@ -41,12 +42,12 @@ std::string temp_dir(const std::string& name) {
 TEST(Llama, CheckpointRoundTripKeepsDtypeAndNames) {
   for (bool tied : {false, true})
     for (int64_t shard : {int64_t{0}, int64_t{20000}}) {
-      const ModelPreset m = tiny_llama(tied);
+      const DecoderConfig m = tiny_llama(tied);
       const WeightStore ws = WeightStore::random(Decoder::parameters(m), 3);
       const std::string dir = temp_dir("rt");
       write_llama_checkpoint(dir, m, ws, DType::kBF16, shard, {7, 9});
       EXPECT_EQ(std::filesystem::exists(dir + "/model.safetensors.index.json"), shard > 0);
-      LlamaCheckpoint ck = open_llama_checkpoint(dir);
+      CausalLmCheckpoint ck = open_causal_lm(dir);
       EXPECT_EQ(ck.config.hidden, m.hidden);
       EXPECT_EQ(ck.config.kv_heads, m.kv_heads);
       EXPECT_EQ(ck.config.tie_embeddings, tied);
@@ -66,9 +67,9 @@ TEST(Llama, Llama3FrequenciesFollowTransformers) {
   // Values of transformers' _compute_llama3_parameters for head_dim 16, theta 500000, factor 8,
   // low 1, high 4, original context 16: pair 0 (wavelength 6.28, between 4 and 16) is
   // interpolated, the others (wavelengths > 16) are divided by 8.
-  ModelPreset m = tiny_llama(false);
+  DecoderConfig m = tiny_llama(false);
   m.head_dim = 16;
-  const std::vector<float> f = llama_rope_inv_freq(m);
+  const std::vector<float> f = rope_inv_freq(m.head_dim, m.rope_theta, m.rope_scaling);
   ASSERT_EQ(f.size(), 8u);
   const double wavelen = 2 * std::numbers::pi, smooth = (16 / wavelen - 1) / 3;
   EXPECT_NEAR(f[0], (1 - smooth) / 8 + smooth, 1e-6);
@@ -77,7 +78,8 @@ TEST(Llama, Llama3FrequenciesFollowTransformers) {
     EXPECT_NEAR(f[j], want, 1e-7 * want);  // fp32
   }
   m.rope_scaling.factor = 0;
-  EXPECT_NEAR(llama_rope_inv_freq(m)[1], std::pow(500000.0, -2.0 / 16), 1e-7);
+  EXPECT_NEAR(rope_inv_freq(m.head_dim, m.rope_theta, m.rope_scaling)[1],
+              std::pow(500000.0, -2.0 / 16), 1e-7);
 }
 
 TEST(Llama, RotateHalfPairsFeatureJWithJPlusHalf) {
@@ -107,11 +109,11 @@ TEST(Llama, DecodeRowsTimesBf16WeightEqualFp32) {
 }
 
 TEST(Llama, CheckpointDecoderOnMeshesEqualsOneRank) {
-  const ModelPreset m = tiny_llama(false);
+  const DecoderConfig m = tiny_llama(false);
   const std::string dir = temp_dir("mesh");
   write_llama_checkpoint(dir, m, WeightStore::random(Decoder::parameters(m), 5), DType::kBF16,
                          30000);
-  const LlamaCheckpoint ck = open_llama_checkpoint(dir);
+  const CausalLmCheckpoint ck = open_causal_lm(dir);
   std::vector<int32_t> prompt(77);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 37 + 5) % 250);
   auto run = [&](MeshShape shape, Strategy s, Layout layout) {
@@ -157,7 +159,7 @@ TEST(Llama, CheckpointDecoderOnMeshesEqualsOneRank) {
 }
 
 // Rank 0's output of generate(prompt, opts) for a seeded model on a mesh of `shape`.
-Decoder::Output generate_on(const ModelPreset& m, const WeightStore& ws, MeshShape shape,
+Decoder::Output generate_on(const DecoderConfig& m, const WeightStore& ws, MeshShape shape,
                             Layout layout, const std::vector<int32_t>& prompt,
                             const Decoder::Options& opts) {
   Decoder::Output out;
@@ -178,7 +180,7 @@ Decoder::Output generate_on(const ModelPreset& m, const WeightStore& ws, MeshSha
 // Chunked prefill: each chunk after the first attends the cache by pass-KV or pass-Q; the tokens
 // and logits equal the whole prompt's prefill on one rank.
 TEST(Llama, ChunkedPrefillEqualsTheWholePrompt) {
-  const ModelPreset m = tiny_llama(false);
+  const DecoderConfig m = tiny_llama(false);
   WeightStore ws = WeightStore::random(Decoder::parameters(m), 9);
   std::vector<int32_t> prompt(61);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 53 + 11) % 250);
@@ -234,7 +236,7 @@ TEST(Llama, ChunkedPrefillEqualsTheWholePrompt) {
 // A chat turn (a second prompt after the first one's tokens) continues over the cache: its
 // tokens equal one rank's whole run of the concatenation (prompt, tokens generated, turn).
 TEST(Llama, ChatTurnEqualsTheConcatenatedPrompt) {
-  const ModelPreset m = tiny_llama(false);
+  const DecoderConfig m = tiny_llama(false);
   WeightStore ws = WeightStore::random(Decoder::parameters(m), 9);
   std::vector<int32_t> prompt(23), turn(17);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 53 + 11) % 250);

@@ -89,7 +89,7 @@ std::vector<MeshCase> dit_meshes() {
 class TinyDit : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    preset_ = new ModelPreset(model_preset("tiny-dit"));
+    preset_ = new DiTConfig(dit_preset("tiny-dit"));
     weights_ = new WeightStore(WeightStore::random(DiT::parameters(*preset_), 5));
     // 9 frames of 80x112: latent 3 x 10 x 14, tokens 3 x 5 x 7 = 105 (uneven on most meshes).
     shape_ = latent_shape(*preset_, 9, 80, 112);
@@ -108,7 +108,7 @@ class TinyDit : public ::testing::Test {
       EXPECT_LE(max_abs_diff(results[r], results[0]), 1e-6) << name_of(c) << ": rank " << r;
     return results[0];
   }
-  static inline ModelPreset* preset_ = nullptr;
+  static inline DiTConfig* preset_ = nullptr;
   static inline WeightStore* weights_ = nullptr;
   static inline LatentShape shape_;
   static inline Tensor *latent_ = nullptr, *text_ = nullptr, *null_text_ = nullptr;
@@ -185,7 +185,7 @@ TEST_F(TinyDit, WanSeedSequenceOnEightRanks) {
 class TinyLlm : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    preset_ = new ModelPreset(model_preset("tiny-llm"));
+    preset_ = new DecoderConfig(decoder_preset("tiny-llm"));
     weights_ = new WeightStore(WeightStore::random(Decoder::parameters(*preset_), 9));
     std::mt19937 rng(4);
     prompt_ = new std::vector<int32_t>(1003);
@@ -200,7 +200,7 @@ class TinyLlm : public ::testing::Test {
       EXPECT_EQ(results[r].tokens, results[0].tokens) << name_of(c) << ": rank " << r;
     return results[0];
   }
-  static inline ModelPreset* preset_ = nullptr;
+  static inline DecoderConfig* preset_ = nullptr;
   static inline WeightStore* weights_ = nullptr;
   static inline std::vector<int32_t>* prompt_ = nullptr;
 };

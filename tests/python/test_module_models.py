@@ -1,5 +1,5 @@
-"""seqpar.Llama and seqpar.WanTransformer from Python against transformers' LlamaForCausalLM and
-diffusers' WanTransformer3DModel, with the checkpoints and tolerances of test_llama_generate.py
+"""seqpar.Llama (seqpar.CausalLM) and seqpar.WanTransformer from Python against transformers'
+LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and diffusers' WanTransformer3DModel, with the checkpoints and tolerances of test_llama_generate.py
 and test_wan.py: identical greedy tokens and logits within 1e-3 (float32 weights), noise_pred
 within 1e-4 relative, on one rank and on meshes of threads (the whole mesh in one object, and a
 rank's model on its comm inside ThreadWorld.run), and a Llama under mpirun -np 2."""
@@ -16,6 +16,7 @@ import seqpar  # noqa: E402
 import torch  # noqa: E402
 
 import llama_ref as L  # noqa: E402
+import qwen_ref as Q  # noqa: E402
 from test_wan import (GRID_LATENT, NEG_LEN, TEXT_DIM, TEXT_LEN, make_model,  # noqa: E402
                       reference_loop, rel_err, save_diffusers)
 
@@ -91,6 +92,76 @@ def test_llama_mpi(llama, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     for rank in range(2):
         assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == llama["tokens"]
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    root = tmp_path_factory.mktemp("qwen_module")
+    out = {}
+    for family, kw in (("qwen2", dict(tied=True)), ("qwen3", dict(tied=False,
+                                                                 attention_bias=True))):
+        path = Q.make_checkpoint(str(root / family), family, dtype=torch.float32, sharded=False,
+                                 seed=21, **kw)
+        prompt = L.prompt_of(13, Q.VOCAB, 5)
+        tokens, logits = Q.reference(path, prompt, NEW)
+        out[family] = {"path": path, "prompt": prompt, "tokens": tokens, "logits": logits}
+    return out
+
+
+@pytest.mark.parametrize("family,cls,mesh", [
+    ("qwen2", "CausalLM", {"tp": 2, "ring_degree": 2}),
+    ("qwen3", "CausalLM", {"ulysses_degree": 2, "layout": "zigzag"}),
+    ("qwen3", "Llama", {"tp": 4}),
+], ids=["qwen2-causallm-tp2-ring2", "qwen3-causallm-ulysses2", "qwen3-llama-name-tp4"])
+def test_qwen_threads(qwen, family, cls, mesh):
+    """seqpar.CausalLM (and its other name seqpar.Llama) loads Qwen2 and Qwen3 directories."""
+    ref = qwen[family]
+    with getattr(seqpar, cls).from_pretrained(ref["path"], **mesh) as model:
+        assert model.family == family
+        assert model.architecture == {"qwen2": "Qwen2ForCausalLM",
+                                      "qwen3": "Qwen3ForCausalLM"}[family]
+        tokens, logits = model.generate(torch.tensor([ref["prompt"]]), NEW, return_logits=True)
+        err = float(np.abs(logits.numpy() - ref["logits"]).max())
+        print(f"{family} {cls} {mesh}: max abs logit error {err:.3g}")
+        assert tokens.tolist() == ref["tokens"]
+        assert err <= TOL_LOGITS
+
+
+def test_qwen_rank_models_on_a_comm_and_mpi(qwen, tmp_path):
+    ref = qwen["qwen3"]
+
+    def rank(comm):
+        model = seqpar.CausalLM.from_pretrained(ref["path"], comm=comm, ring_degree=2)
+        return model.generate(ref["prompt"], NEW).tolist()
+
+    assert seqpar.ThreadWorld(2).run(rank) == [ref["tokens"]] * 2
+    script = tmp_path / "qwen_mpi.py"
+    script.write_text(
+        "import json, sys\nsys.path.insert(0, sys.argv[1])\nimport seqpar\n"
+        "comm = seqpar.MpiComm()\n"
+        "model = seqpar.CausalLM.from_pretrained(sys.argv[2], comm=comm, tp=2)\n"
+        "tokens = model.generate([int(t) for t in sys.argv[3].split(',')], int(sys.argv[4]))\n"
+        "open(f'{sys.argv[5]}/rank{comm.rank}.json', 'w').write(json.dumps(tokens.tolist()))\n")
+    r = mpirun(2, str(script), SEQPAR_PYTHONPATH, ref["path"], ",".join(map(str, ref["prompt"])),
+               str(NEW), str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    for k in range(2):
+        assert json.loads((tmp_path / f"rank{k}.json").read_text()) == ref["tokens"]
+
+
+def test_qwen_bad_arguments(qwen, tmp_path):
+    with pytest.raises(ValueError, match=r"^tp 3 must divide num_attention_heads 8"):
+        seqpar.CausalLM.from_pretrained(qwen["qwen2"]["path"], tp=3)
+    import shutil
+    path = str(tmp_path / "sliding")
+    shutil.copytree(qwen["qwen2"]["path"], path)
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    cfg["use_sliding_window"] = True
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    with pytest.raises(ValueError, match=r"config.json: use_sliding_window is true"):
+        seqpar.CausalLM.from_pretrained(path)
 
 
 @pytest.fixture(scope="module")

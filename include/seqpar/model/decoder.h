@@ -1,9 +1,12 @@
-// Decoder: a Llama language model as Hugging Face's LlamaForCausalLM computes it (RMSNorm, GQA
-// self-attention with rotate-half RoPE and optional llama3 frequency scaling, causal, SwiGLU FFN,
-// lm_head or tied embeddings, optional attention and MLP biases). Prefill runs context parallel
-// (the prompt sharded by the SpPlan: shard the input of layers.0, gather the output of norm);
-// each layer keeps its K/V shard where prefill left it, and greedy decode runs pass-Q over that
-// distributed cache (new token i is owned by sequence-parallel rank (prompt_len + i) mod N).
+// Decoder: the block graph of the causal language models (Llama, Qwen2, Qwen3: causal_lm.h),
+// computed as transformers' *ForCausalLM computes it:
+//   embed_tokens -> N x [x += self_attn(input_layernorm(x)); x += mlp(post_attention_layernorm(x))]
+//   -> norm -> lm_head (or the embeddings, tied)
+// with RMSNorms, GQA self-attention (rotate-half 1-D RoPE, optional llama3 frequency scaling, the
+// biases and QK-norm the family's config chooses), causal, and a SwiGLU FFN. Prefill runs context
+// parallel (the prompt sharded by the SpPlan: shard the input of layers.0, gather the output of
+// norm); each layer keeps its K/V shard where prefill left it, and greedy decode runs pass-Q over
+// that distributed cache (new token i is owned by sequence-parallel rank (prompt_len + i) mod N).
 // The embedding and lm_head are split over the tensor-parallel group by vocabulary rows (a
 // lookup is all-reduced, the logits all-gathered); every weight stays in its stored dtype.
 // Thread-safety: one Decoder per rank thread.
@@ -13,23 +16,54 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "seqpar/model/blocks/attention.h"
+#include "seqpar/model/blocks/ffn.h"
+#include "seqpar/model/blocks/norm.h"
+#include "seqpar/model/blocks/rope.h"
 #include "seqpar/model/context.h"
-#include "seqpar/model/modules.h"
 #include "seqpar/model/presets.h"
 #include "seqpar/model/sp_plan.h"
 
 namespace seqpar {
 
+// A causal language model's config on the Decoder's blocks: the shared shapes (ModelPreset:
+// hidden, heads, kv_heads, head_dim, layers, ffn_dim, vocab, rope_theta) and the variants of the
+// blocks its family's config reader chose (causal_lm.h).
+struct DecoderConfig : ModelPreset {
+  DecoderConfig() { family = ModelFamily::kLlm; }
+  std::string family_name = "llama";  // the family that read it: llama, qwen2, qwen3
+  double rms_norm_eps = 1e-5;         // every RMSNorm, the per-head QK-norm too
+  RopeScaling rope_scaling;           // with rope_theta
+  int64_t max_positions = 0;          // max_position_embeddings (0: no limit)
+  bool tie_embeddings = false;        // lm_head is embed_tokens
+  bool qkv_bias = false;              // q_proj, k_proj, v_proj biases
+  bool o_bias = false;                // o_proj bias
+  QkNorm qk_norm = QkNorm::kNone;     // kPerHead: self_attn.q_norm, k_norm (Qwen3)
+  bool mlp_bias = false;              // gate_proj, up_proj, down_proj biases
+  // The config keys that decided the optional tensors, for messages ("tie_word_embeddings
+  // true, attention_bias false").
+  std::string tensor_keys;
+
+  // The layers' attention: these shapes and variants, under Hugging Face's names (q_proj, ...,
+  // q_norm, k_norm), rotate-half RoPE.
+  AttentionSpec attention() const;
+};
+
+// A runnable llm preset (tiny-llm, llama3-8b, ..., llama3.2-1b) as a Llama config; InvalidArgument
+// naming the valid ones.
+const DecoderConfig& decoder_preset(std::string_view name);
+
 class Decoder {
  public:
   // Names as in a Hugging Face checkpoint without its "model." prefix; lm_head.weight only when
   // the embeddings are not tied.
-  static std::vector<WeightStore::Spec> parameters(const ModelPreset& m);
+  static std::vector<WeightStore::Spec> parameters(const DecoderConfig& m);
   static const SpPlan& sp_plan();
 
-  Decoder(const ModelPreset& m, const WeightStore& ws, const ParallelContext& ctx);
+  Decoder(const DecoderConfig& m, const WeightStore& ws, const ParallelContext& ctx);
 
   struct Options {
     int64_t max_new_tokens = 1;        // >= 1: prefill gives the first
@@ -89,7 +123,7 @@ class Decoder {
   void take_logits(const Tensor& x, Turn& turn);  // the last row's greedy token
   void decode(Turn& turn, double t1);  // until max_new_tokens of this turn or a stop token
   struct Layer {
-    Tensor input_norm, post_norm;
+    RmsNorm input_norm, post_norm;
     SelfAttention attn;
     FeedForward mlp;
     KvCache cache;
@@ -97,11 +131,16 @@ class Decoder {
   Tensor embed(std::span<const int32_t> tokens, Communicator& tp) const;  // (1, n, hidden)
   Tensor logits_of(const Tensor& h_last, Communicator& tp) const;         // (hidden) -> (vocab)
   Tensor rope(std::span<const int64_t> positions) const;                  // (n, head_dim/2, 2)
-  ModelPreset m_;
+  // One layer on x (1, n, hidden), its attention over the sequence (prefill) or, with `place`,
+  // over the caches by `pass` (chunks and decode).
+  void layer_forward(Layer& layer, Tensor& x, const Tensor& rope, ParallelContext& ctx,
+                     const SpRuntime* sp, const KvPlacement* place, Strategy pass);
+  DecoderConfig m_;
   std::vector<float> inv_freq_;
-  int64_t v0_ = 0, v1_ = 0;           // this tp rank's vocabulary rows of embed and lm_head
-  std::vector<size_t> vocab_bytes_;   // every tp rank's logits bytes
-  Tensor embed_w, norm_w, lm_head_w;  // stored dtype; lm_head_w empty when tied
+  int64_t v0_ = 0, v1_ = 0;          // this tp rank's vocabulary rows of embed and lm_head
+  std::vector<size_t> vocab_bytes_;  // every tp rank's logits bytes
+  Tensor embed_w, lm_head_w;         // stored dtype; lm_head_w empty when tied
+  RmsNorm norm_;
   std::vector<Layer> layers_;
 };
 

@@ -1,9 +1,12 @@
-// DiT: the Wan 2.1 / 2.2 text-to-video diffusion transformer (presets, and checkpoints through
-// wan.h, which maps them onto these parameter names).
-//   latent (B, C, F, H, W) -> 3-D patches (1x2x2) -> patch embedding -> N blocks
-//   (adaLN-modulated self-attention with QK-norm and 3-D RoPE, cross-attention to the text,
-//   GELU-tanh FFN) -> adaLN head -> unpatchify -> velocity (B, C_out, F, H, W)
-// The preset sets the shapes, out_channels, the norms' eps and whether norm3 is affine.
+// DiT: the block graph of the Wan 2.1 / 2.2 text-to-video diffusion transformer (presets, and
+// checkpoints through wan.h, which maps them onto these parameter names), composed of the shared
+// blocks:
+//   latent (B, C, F, H, W) -> PatchEmbedding (1x2x2) -> N blocks of
+//     x += gate_msa · SelfAttention(modulate(LayerNorm(x)))   QK-norm across heads, 3-D RoPE
+//     x += CrossAttention(LayerNorm_affine(x), text)           QK-norm across heads
+//     x += gate_mlp · FeedForward(modulate(LayerNorm(x)))      GELU-tanh
+//   with adaLN Modulation of the TimestepEmbedding -> adaLN head -> unpatchify -> velocity
+//   (B, C_out, F, H, W)
 // Sequence parallel by its SpPlan (shard the input of blocks.0 and the RoPE table, gather the
 // output of proj_out; the text stream is replicated), tensor parallel over heads and FFN
 // columns, classifier-free guidance over the cfg group.
@@ -11,23 +14,46 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
+#include "seqpar/model/blocks/attention.h"
+#include "seqpar/model/blocks/ffn.h"
+#include "seqpar/model/blocks/linear.h"
+#include "seqpar/model/blocks/modulation.h"
+#include "seqpar/model/blocks/norm.h"
+#include "seqpar/model/blocks/patch.h"
 #include "seqpar/model/context.h"
-#include "seqpar/model/modules.h"
 #include "seqpar/model/presets.h"
 #include "seqpar/model/sp_plan.h"
 
 namespace seqpar {
 
+// Wan's config on the DiT's blocks: the shared shapes (ModelPreset: hidden, heads, layers,
+// ffn_dim, in_channels, patch, text_dim, freq_dim) and what a Wan checkpoint's config sets
+// beside them.
+struct DiTConfig : ModelPreset {
+  int64_t out_channels = 0;     // predicted channels; 0: in_channels
+  double eps = 1e-6;            // LayerNorm and QK-norm epsilon
+  bool cross_attn_norm = true;  // affine LayerNorm (norm3) before the cross-attention
+
+  int64_t predicted_channels() const { return out_channels ? out_channels : in_channels; }
+  // The self- and cross-attention: heads of hidden / heads, biases, QK-norm across heads.
+  AttentionSpec attention() const;
+};
+
+// A runnable dit preset (tiny-dit, wan2.1-t2v-1.3b, ...) as a DiT config; InvalidArgument naming
+// the valid ones.
+const DiTConfig& dit_preset(std::string_view name);
+
 class DiT {
  public:
-  // Parameter names and shapes of the preset (Wan's original naming; head.head rows in
+  // Parameter names and shapes of the config (Wan's original naming; head.head rows in
   // unpatchify's channel-major order).
-  static std::vector<WeightStore::Spec> parameters(const ModelPreset& m);
+  static std::vector<WeightStore::Spec> parameters(const DiTConfig& m);
   static const SpPlan& sp_plan();
 
-  DiT(const ModelPreset& m, const WeightStore& ws, const ParallelContext& ctx);
+  DiT(const DiTConfig& m, const WeightStore& ws, const ParallelContext& ctx);
 
   // One forward: velocity for latent (B, C, F, Hl, Wl) at timestep t (0..1000) given the text
   // states (B, L, text_dim). Every rank of the mesh returns the full velocity.
@@ -42,28 +68,24 @@ class DiT {
   Tensor sample(Tensor latent, int steps, const Tensor& text, const Tensor& null_text,
                 float guidance, ParallelContext& ctx) const;
 
-  const ModelPreset& preset() const { return m_; }
+  const DiTConfig& preset() const { return m_; }
 
  private:
   struct Block {
-    Tensor modulation;  // (6, hidden)
+    Modulation modulation;  // (6, hidden): shift, scale, gate of the attention and of the FFN
     SelfAttention self_attn;
     CrossAttention cross_attn;
-    Tensor norm3_w, norm3_b;
+    LayerNorm norm3;  // before the cross-attention, affine or not
     FeedForward ffn;
   };
-  ModelPreset m_;
-  Tensor patch_w, patch_b;
-  std::vector<Tensor> text_w, text_b;  // text_embedding.0, .2
-  std::vector<Tensor> time_w, time_b;  // time_embedding.0, .2
-  Tensor proj_w, proj_b;               // time_projection.1
+  DiTConfig m_;
+  PatchEmbedding patch_embedding_;
+  Linear text_in_, text_out_;  // text_embedding.0, .2 (GELU-tanh between)
+  TimestepEmbedding time_embedding_;
+  Linear time_projection_;  // silu(e) -> (6·hidden)
   std::vector<Block> blocks_;
-  Tensor head_mod, head_w, head_b;
+  Modulation head_modulation_;  // (2, hidden): shift, scale of the head
+  Linear head_;
 };
-
-// Latent (B, C, F, H, W) <-> patch tokens (B, S, C·pt·ph·pw) in (frame, row, column) order.
-Tensor patchify(const Tensor& latent, std::array<int64_t, 3> patch);
-Tensor unpatchify(const Tensor& tokens, int64_t channels, std::array<int64_t, 3> grid,
-                  std::array<int64_t, 3> patch);
 
 }  // namespace seqpar

@@ -1,6 +1,6 @@
 // What every caller that runs a model on a mesh shares (the CLI's generate and denoise, and the
 // Python module): the mesh a model runs on, a rank's ParallelContext over it, the checks of a
-// Llama generation against its checkpoint, and a rank's Wan transformer (one or two experts,
+// causal LM generation against its checkpoint, and a rank's Wan transformer (one or two experts,
 // classifier-free guidance, per-row timesteps) as WanPipeline calls it.
 // Messages name the parameters as the API calls them ("tp", "max_new_tokens"); the CLI passes
 // its flag names where it has its own.
@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "seqpar/model/causal_lm.h"
 #include "seqpar/model/dit.h"
-#include "seqpar/model/llama.h"
 #include "seqpar/model/wan.h"
 #include "seqpar/parallel/mesh.h"
 #include "seqpar/parallel/partition.h"
@@ -34,14 +34,16 @@ ParallelContext model_context(MeshComms& mc, const ParallelConfig& m);
 // the checkpoint: ids in the vocabulary, positions within max_position_embeddings (unless
 // allow_long_context), tp dividing the heads and FFN. `names` are the words for the prompt,
 // max_new_tokens and tp in messages.
-struct LlamaRunNames {
+struct CausalLmRunNames {
   std::string prompt = "prompt", max_new_tokens = "max_new_tokens", tp = "tp",
               allow_long_context = "allow_long_context=True";
 };
-void check_llama_tp(const LlamaCheckpoint& ck, int64_t tp, const LlamaRunNames& names = {});
-std::vector<int32_t> check_llama_prompt(const LlamaCheckpoint& ck,
-                                        const std::vector<int64_t>& prompt, int64_t max_new_tokens,
-                                        bool allow_long_context, const LlamaRunNames& names = {});
+void check_causal_lm_tp(const CausalLmCheckpoint& ck, int64_t tp,
+                        const CausalLmRunNames& names = {});
+std::vector<int32_t> check_causal_lm_prompt(const CausalLmCheckpoint& ck,
+                                            const std::vector<int64_t>& prompt,
+                                            int64_t max_new_tokens, bool allow_long_context,
+                                            const CausalLmRunNames& names = {});
 
 // How a WanRank combines its experts and guidance: the high-noise expert (or the only one) at
 // t >= boundary with `guidance`, the low-noise one below with `guidance_2`; guidance applies

@@ -1,5 +1,8 @@
 // Architectures of real models and small test ones: the shapes the runnable models (model/)
-// and the planner (plan/) share.
+// and the planner (plan/) share. What only a family's blocks need (norm epsilons, biases, RoPE
+// scaling, ...) is in its config beside these shapes: DecoderConfig (decoder.h) for causal
+// language models, DiTConfig (dit.h) for Wan; decoder_preset() and dit_preset() give the
+// runnable presets as those configs.
 //   dit:   Wan-style text-to-video transformer (3-D patches of a VAE latent, text
 //          cross-attention, adaLN modulation);
 //   mmdit: FLUX / Qwen-Image-style dual-stream transformer (image and text tokens in one joint
@@ -18,16 +21,6 @@ namespace seqpar {
 
 enum class ModelFamily { kDiT, kMMDiT, kLlm };
 
-// Llama 3.1's RoPE frequency scaling (rope_scaling {"rope_type": "llama3", ...} in config.json):
-// wavelengths longer than original_max_positions / low_freq_factor are divided by factor,
-// shorter than original_max_positions / high_freq_factor kept, and those between interpolated.
-// factor == 0: no scaling.
-struct LlamaRopeScaling {
-  double factor = 0;
-  double low_freq_factor = 1;
-  double high_freq_factor = 4;
-  int64_t original_max_positions = 8192;
-};
 std::string_view model_family_name(ModelFamily f);
 
 struct ModelPreset {
@@ -51,18 +44,7 @@ struct ModelPreset {
   // llm
   int64_t vocab = 0;
   double rope_theta = 10000.0;
-  int64_t params = 0;     // parameter count, for memory estimates
-  // dit (appended): what a Wan checkpoint's config sets
-  int64_t out_channels = 0;     // predicted channels; 0: in_channels
-  double eps = 1e-6;            // LayerNorm and QK-norm epsilon
-  bool cross_attn_norm = true;  // affine LayerNorm (norm3) before the cross-attention
-  // llm, as Hugging Face's LlamaConfig names them (config.json)
-  double rms_norm_eps = 1e-5;
-  int64_t max_positions = 0;  // max_position_embeddings (0: no limit)
-  LlamaRopeScaling rope_scaling;
-  bool tie_embeddings = false;  // tie_word_embeddings: lm_head is embed_tokens
-  bool attention_bias = false;  // q/k/v/o biases
-  bool mlp_bias = false;        // gate/up/down biases
+  int64_t params = 0;  // parameter count, for memory estimates
 };
 
 // Throws InvalidArgument listing the known names.

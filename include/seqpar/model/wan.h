@@ -1,4 +1,5 @@
-// Wan checkpoints (Wan 2.1 / 2.2 text-to-video transformers) as published, in two layouts:
+// The Wan family: Wan 2.1 / 2.2 text-to-video checkpoints as published, in two layouts, each
+// with its config reader and weight-name map onto the DiT's blocks (dit.h):
 //   diffusers: DIR/model_index.json + DIR/transformer[/_2]/config.json (_class_name
 //              WanTransformer3DModel), or a transformer directory itself; weights
 //              diffusion_pytorch_model.safetensors or its sharded .index.json;
@@ -23,7 +24,7 @@
 #include <vector>
 
 #include "seqpar/model/context.h"
-#include "seqpar/model/presets.h"
+#include "seqpar/model/dit.h"
 #include "seqpar/model/safetensors.h"
 
 namespace seqpar {
@@ -35,7 +36,7 @@ std::string_view wan_layout_name(WanLayout layout);
 struct WanExpert {
   std::string dir;  // the directory of its config and weights
   WanLayout layout = WanLayout::kDiffusers;
-  ModelPreset preset;  // family kDiT, with the config's shapes
+  DiTConfig preset;  // the config's shapes, out_channels, eps, cross_attn_norm
   // Stored tensor name -> the file holding it (one file, or the shards of an index).
   std::vector<std::pair<std::string, std::shared_ptr<const SafetensorsFile>>> tensors;
 };

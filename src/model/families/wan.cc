@@ -1,3 +1,8 @@
+// The Wan family (Wan 2.1 / 2.2 text-to-video transformers) on the DiT's blocks: a config reader
+// and a weight-name map for each of its two checkpoint layouts (diffusers', Wan's original), the
+// layout detected from the directory, and diffusers' flow-matching schedule.
+#include "seqpar/model/wan.h"
+
 #include <sys/stat.h>
 
 #include <cmath>
@@ -10,7 +15,6 @@
 #include "seqpar/core/limits.h"
 #include "seqpar/model/dit.h"
 #include "seqpar/model/ops.h"
-#include "seqpar/model/wan.h"
 
 namespace seqpar {
 
@@ -90,15 +94,15 @@ std::array<int64_t, 3> patch_key(const json& c, const std::string& path) {
   return v;
 }
 
-ModelPreset dit_preset(const std::string& name) {
-  ModelPreset m;
+DiTConfig new_dit_config(const std::string& name) {
+  DiTConfig m;
   m.name = name;
   m.family = ModelFamily::kDiT;
   m.video = true;
   return m;
 }
 
-void finish_preset(ModelPreset& m, const std::string& path) {
+void finish_config(DiTConfig& m, const std::string& path) {
   m.kv_heads = m.heads;
   m.hidden = m.heads * m.head_dim;
   SEQPAR_ARG_CHECK(m.head_dim % 2 == 0, path, ": the head dimension ", m.head_dim,
@@ -106,8 +110,9 @@ void finish_preset(ModelPreset& m, const std::string& path) {
   if (m.out_channels == 0) m.out_channels = m.in_channels;
 }
 
-// diffusers' transformer/config.json.
-ModelPreset diffusers_preset(const json& c, const std::string& path) {
+// ---- config readers: diffusers' transformer/config.json, Wan's own config.json ----------------
+
+DiTConfig diffusers_config(const json& c, const std::string& path) {
   SEQPAR_ARG_CHECK(c.value("_class_name", std::string()) == "WanTransformer3DModel", path,
                    ": key '_class_name' is ", json_excerpt(c.value("_class_name", json())),
                    "; expected \"WanTransformer3DModel\"");
@@ -118,7 +123,7 @@ ModelPreset diffusers_preset(const json& c, const std::string& path) {
   const std::string qk = c.value("qk_norm", std::string("rms_norm_across_heads"));
   SEQPAR_ARG_CHECK(qk == "rms_norm_across_heads", path, ": key 'qk_norm' is \"",
                    quote_for_message(qk), "\"; expected \"rms_norm_across_heads\"");
-  ModelPreset m = dit_preset(path);
+  DiTConfig m = new_dit_config(path);
   m.heads = int_key(c, path, "num_attention_heads", 1, 1024, 40);
   m.head_dim = int_key(c, path, "attention_head_dim", 2, 1024, 128);
   m.in_channels = int_key(c, path, "in_channels", 1, 4096, 16);
@@ -131,17 +136,16 @@ ModelPreset diffusers_preset(const json& c, const std::string& path) {
   m.cross_attn_norm = bool_key(c, path, "cross_attn_norm", true);
   m.patch = patch_key(c, path);
   m.text_len = 512;
-  finish_preset(m, path);
+  finish_config(m, path);
   return m;
 }
 
-// Wan's own config.json.
-ModelPreset original_preset(const json& c, const std::string& path) {
+DiTConfig original_config(const json& c, const std::string& path) {
   const std::string type = c.value("model_type", std::string("t2v"));
   SEQPAR_ARG_CHECK(type == "t2v" || type == "ti2v", path, ": key 'model_type' is \"",
                    quote_for_message(type),
                    "\"; supported: \"t2v\", \"ti2v\" (image conditioning is not)");
-  ModelPreset m = dit_preset(path);
+  DiTConfig m = new_dit_config(path);
   const int64_t dim = int_key(c, path, "dim", 2, 1 << 16);
   m.heads = int_key(c, path, "num_heads", 1, 1024);
   SEQPAR_ARG_CHECK(dim % m.heads == 0, path, ": key 'dim' ", dim,
@@ -159,7 +163,7 @@ ModelPreset original_preset(const json& c, const std::string& path) {
   SEQPAR_ARG_CHECK(bool_key(c, path, "qk_norm", true), path,
                    ": key 'qk_norm' is false; expected true (Wan's RMS QK-norm)");
   m.patch = patch_key(c, path);
-  finish_preset(m, path);
+  finish_config(m, path);
   return m;
 }
 
@@ -198,12 +202,12 @@ WanExpert open_expert(const std::string& dir, WanLayout layout) {
   const std::string config = dir + "/config.json";
   const json c = read_json(config);
   e.preset =
-      layout == WanLayout::kDiffusers ? diffusers_preset(c, config) : original_preset(c, config);
+      layout == WanLayout::kDiffusers ? diffusers_config(c, config) : original_config(c, config);
   open_weights(e);
   // Every parameter present with its shape, and nothing DiT does not run (img_emb, k_img, ...).
   std::map<std::string, std::vector<int64_t>> stored_shape;
   for (const auto& [n, f] : e.tensors) stored_shape[n] = f->entry(n).shape;
-  const ModelPreset& m = e.preset;
+  const DiTConfig& m = e.preset;
   const int64_t d = m.hidden;
   std::set<std::string> expected;
   for (const WeightStore::Spec& s : DiT::parameters(m)) {
@@ -230,6 +234,8 @@ WanExpert open_expert(const std::string& dir, WanLayout layout) {
 }
 
 }  // namespace
+
+// ---- the weight-name maps --------------------------------------------------------------------
 
 std::string wan_stored_name(const std::string& name, WanLayout layout) {
   if (layout == WanLayout::kOriginal) return name;
@@ -271,7 +277,7 @@ std::string wan_stored_name(const std::string& name, WanLayout layout) {
 }
 
 WanModel open_wan_model(const std::string& dir) {
-  SEQPAR_ARG_CHECK(is_dir(dir), "--model ", dir, ": is not a directory");
+  SEQPAR_ARG_CHECK(is_dir(dir), "model ", dir, ": is not a directory");
   WanModel w;
   if (files::is_regular_file(dir + "/model_index.json") ||
       files::is_regular_file(dir + "/transformer/config.json")) {
@@ -302,12 +308,12 @@ WanModel open_wan_model(const std::string& dir) {
     w.experts.push_back(open_expert(dir, diffusers ? WanLayout::kDiffusers : WanLayout::kOriginal));
   } else {
     throw InvalidArgument(detail::concat(
-        "--model ", dir,
+        "model ", dir,
         ": neither a diffusers Wan checkpoint (model_index.json or transformer/config.json) nor "
         "an original one (config.json, or high_noise_model/ and low_noise_model/)"));
   }
   if (w.experts.size() == 2) {
-    const ModelPreset &a = w.experts[0].preset, &b = w.experts[1].preset;
+    const DiTConfig &a = w.experts[0].preset, &b = w.experts[1].preset;
     SEQPAR_ARG_CHECK(a.in_channels == b.in_channels && a.out_channels == b.out_channels &&
                          a.text_dim == b.text_dim && a.patch == b.patch,
                      dir, ": the two experts differ in channels, text width or patch size");
@@ -316,7 +322,7 @@ WanModel open_wan_model(const std::string& dir) {
 }
 
 WeightStore wan_weights(const WanExpert& e) {
-  const ModelPreset& m = e.preset;
+  const DiTConfig& m = e.preset;
   std::map<std::string, std::shared_ptr<const SafetensorsFile>> file_of(e.tensors.begin(),
                                                                         e.tensors.end());
   WeightStore ws;

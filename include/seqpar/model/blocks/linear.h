@@ -1,0 +1,44 @@
+// Linear layers of the blocks: whole on every rank (embeddings and heads of a DiT), or split over
+// the tensor-parallel group by output rows (column-parallel: q/k/v, FFN up) or by input columns
+// (row-parallel: o, FFN down). Weights stay in the checkpoint's dtype; ops' linear converts.
+// Shapes are per rank.
+// Thread-safety: a layer is used by one rank thread; load() reads the store only.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "seqpar/core/index_range.h"
+#include "seqpar/model/context.h"
+
+namespace seqpar {
+
+// The contiguous share of `count` items of tp rank r of n (count divisible by n).
+IndexRange tp_share(int64_t count, int rank, int n);
+
+// y = x·Wᵀ + b with W (out, in), the same on every rank.
+// Weights: <name>.weight (+ .bias).
+struct Linear {
+  Tensor w, b;
+  static Linear load(const WeightStore& ws, const std::string& name, bool bias);
+  Tensor forward(const Tensor& x) const;  // (.., in) -> (.., out)
+};
+
+// y = x·Wᵀ + b with W (out, in): this rank holds output rows [begin, end) (column-parallel).
+struct ColumnLinear {
+  Tensor w, b;
+  static ColumnLinear load(const WeightStore& ws, const std::string& name, int64_t begin,
+                           int64_t end, bool bias);
+  Tensor forward(const Tensor& x) const;  // (.., in) -> (.., end-begin)
+};
+
+// y = all_reduce_tp(x_t·W_tᵀ) + b with W (out, in): this rank holds input columns [begin, end)
+// (row-parallel); the bias is added once, after the reduction.
+struct RowLinear {
+  Tensor w, b;
+  static RowLinear load(const WeightStore& ws, const std::string& name, int64_t begin, int64_t end,
+                        bool bias);
+  Tensor forward(const Tensor& x, Communicator& tp) const;  // (.., end-begin) -> (.., out)
+};
+
+}  // namespace seqpar

@@ -1,0 +1,284 @@
+#include "seqpar/model/blocks/attention.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "seqpar/attention/attention.h"
+#include "seqpar/model/ops.h"
+#include "seqpar/parallel/cp_attention.h"
+
+namespace seqpar {
+
+// ---- parameters ------------------------------------------------------------------------------
+
+std::vector<WeightStore::Spec> AttentionSpec::parameters(const std::string& prefix, float qk_std,
+                                                         float bias_std) const {
+  const int64_t q = heads * head_dim, kv = kv_heads * head_dim;
+  const std::string p = prefix + ".";
+  std::vector<WeightStore::Spec> s = {{p + proj[0] + ".weight", {q, hidden}, qk_std},
+                                      {p + proj[1] + ".weight", {kv, hidden}, qk_std},
+                                      {p + proj[2] + ".weight", {kv, hidden}},
+                                      {p + proj[3] + ".weight", {hidden, q}}};
+  if (qkv_bias) {
+    s.push_back({p + proj[0] + ".bias", {q}, bias_std});
+    s.push_back({p + proj[1] + ".bias", {kv}, bias_std});
+    s.push_back({p + proj[2] + ".bias", {kv}, bias_std});
+  }
+  if (o_bias) s.push_back({p + proj[3] + ".bias", {hidden}, bias_std});
+  if (qk_norm == QkNorm::kAcrossHeads) {
+    s.push_back({p + norm[0] + ".weight", {q}, -1});
+    s.push_back({p + norm[1] + ".weight", {kv}, -1});
+  } else if (qk_norm == QkNorm::kPerHead) {
+    s.push_back({p + norm[0] + ".weight", {head_dim}, -1});
+    s.push_back({p + norm[1] + ".weight", {head_dim}, -1});
+  }
+  return s;
+}
+
+// ---- QK-norm ---------------------------------------------------------------------------------
+
+QkNormBlock QkNormBlock::load(const WeightStore& ws, const std::string& name, QkNorm kind,
+                              int64_t h0, int64_t h1, int64_t heads, int64_t head_dim, float eps) {
+  QkNormBlock n;
+  n.kind = kind;
+  if (kind == QkNorm::kAcrossHeads)
+    n.across_heads =
+        DistRmsNorm::load(ws, name, h0 * head_dim, h1 * head_dim, heads * head_dim, eps);
+  if (kind == QkNorm::kPerHead) n.per_head = HeadRmsNorm::load(ws, name, eps);
+  return n;
+}
+
+Tensor QkNormBlock::forward(Tensor x, Communicator& tp) const {
+  switch (kind) {
+    case QkNorm::kNone:
+      return x;
+    case QkNorm::kAcrossHeads:
+      return across_heads.forward(x, tp);
+    case QkNorm::kPerHead: {
+      const std::vector<int64_t> shape = x.shape();
+      const int64_t d = per_head.weight.numel(), rows = x.numel() / d;
+      return reshape(per_head.forward(reshape(std::move(x), {rows, d})), shape);
+    }
+  }
+  return x;
+}
+
+// ---- attention over a sequence or a cache ------------------------------------------------------
+
+AttnState attend(const Tensor& q, const Tensor& k, const Tensor& v, ParallelContext& ctx,
+                 const AttendOver& over) {
+  const bool sharded = over.kind == AttendOver::Kind::kSequence && over.sp->sharded();
+  if (over.kind == AttendOver::Kind::kLocal || (over.kind == AttendOver::Kind::kSequence &&
+                                                !sharded)) {
+    AttnParams params;
+    params.mask.causal = over.causal;
+    return flash_attention(q, k, v, params);
+  }
+  // The sequence-parallel group's view of the call (this tp rank's heads) through the one entry
+  // point (parallel/cp_attention.h).
+  ParallelConfig group = ctx.config;
+  AttnShape shape;
+  shape.batch = q.dim(0);
+  shape.heads = q.dim(2);
+  shape.kv_heads = k.dim(2);
+  shape.head_dim = q.dim(3);
+  shape.causal = over.causal;
+  shape.dtype = q.dtype();
+  Placement place;
+  if (sharded) {
+    group.mesh = {1, 1, ctx.sp->ring_degree(), ctx.sp->ulysses_degree()};
+    shape.seq = over.sp->seq();
+    place.part = over.sp->partition();
+  } else {  // kCache: the new tokens over every rank's cache
+    group.mesh = {1, 1, ctx.sp->sp().size(), 1};
+    group.strategy = over.pass;
+    group.schedule = over.schedule;
+    group.pad = false;
+    group.softmax = SoftmaxMode::kOnline;
+    place.over_cache = true;
+    place.cache = *over.place;
+    for (const auto& kv : place.cache.kv_pos) shape.seq += static_cast<int64_t>(kv.size());
+    for (const auto& qp : place.cache.q_pos) shape.fresh += static_cast<int64_t>(qp.size());
+    shape.cached = shape.seq - shape.fresh;
+  }
+  AttnOutputs out;
+  attention(group, shape, *ctx.sp, place, {q, k, v}, out, nullptr,
+            {ctx.cp.scale, ctx.cp.block_q, ctx.cp.block_k});
+  return {std::move(out.out), std::move(out.lse)};
+}
+
+// ---- caches --------------------------------------------------------------------------------
+
+namespace {
+// Concatenates a (B, n, H, D) and b (B, m, H, D) along tokens.
+Tensor concat_tokens(const Tensor& a, const Tensor& b) {
+  if (a.empty() && a.ndim() != 4) return b;
+  const int64_t B = b.dim(0), n = a.dim(1), m = b.dim(1), row = b.dim(2) * b.dim(3);
+  Tensor c({B, n + m, b.dim(2), b.dim(3)});
+  for (int64_t bb = 0; bb < B; ++bb) {
+    std::memcpy(c.data<float>() + bb * (n + m) * row, a.data<float>() + bb * n * row,
+                n * row * sizeof(float));
+    std::memcpy(c.data<float>() + (bb * (n + m) + n) * row, b.data<float>() + bb * m * row,
+                m * row * sizeof(float));
+  }
+  return c;
+}
+}  // namespace
+
+void KvCache::append(const Tensor& k_new, const Tensor& v_new, std::span<const int64_t> pos) {
+  k = concat_tokens(k, k_new);
+  v = concat_tokens(v, v_new);
+  positions.insert(positions.end(), pos.begin(), pos.end());
+}
+
+// ---- self-attention --------------------------------------------------------------------------
+
+SelfAttention SelfAttention::load(const WeightStore& ws, const std::string& prefix,
+                                  const AttentionSpec& spec, const ParallelContext& ctx) {
+  const int t = ctx.tp_rank(), n = ctx.tp_size();
+  SEQPAR_ARG_CHECK(spec.heads % n == 0 && (spec.kv_heads % n == 0 || n % spec.kv_heads == 0), "tp ",
+                   n, " must divide the ", spec.heads,
+                   " attention heads, and divide or be a multiple of the ", spec.kv_heads,
+                   " kv heads");
+  SEQPAR_ARG_CHECK(spec.qk_norm != QkNorm::kAcrossHeads || spec.kv_heads % n == 0,
+                   "a QK-norm across heads needs the ", spec.kv_heads, " kv heads divisible by tp ",
+                   n);
+  SelfAttention a;
+  a.spec = spec;
+  auto [h0, h1] = tp_share(spec.heads, t, n);
+  a.h0 = h0;
+  a.h1 = h1;
+  // kv heads the local query heads read (a contiguous range; replicated when tp > kv_heads).
+  const int64_t group = spec.heads / spec.kv_heads;
+  a.kv0 = h0 / group;
+  a.kv1 = (h1 - 1) / group + 1;
+  const int64_t d = spec.head_dim;
+  const std::string p = prefix + ".";
+  a.q = ColumnLinear::load(ws, p + spec.proj[0], h0 * d, h1 * d, spec.qkv_bias);
+  a.k = ColumnLinear::load(ws, p + spec.proj[1], a.kv0 * d, a.kv1 * d, spec.qkv_bias);
+  a.v = ColumnLinear::load(ws, p + spec.proj[2], a.kv0 * d, a.kv1 * d, spec.qkv_bias);
+  a.o = RowLinear::load(ws, p + spec.proj[3], h0 * d, h1 * d, spec.o_bias);
+  a.norm_q = QkNormBlock::load(ws, p + spec.norm[0], spec.qk_norm, h0, h1, spec.heads, d,
+                               spec.qk_norm_eps);
+  a.norm_k = QkNormBlock::load(ws, p + spec.norm[1], spec.qk_norm, a.kv0, a.kv1, spec.kv_heads, d,
+                               spec.qk_norm_eps);
+  return a;
+}
+
+SelfAttention::Qkv SelfAttention::project(const Tensor& x, const Tensor& rope,
+                                          ParallelContext& ctx) const {
+  const int64_t B = x.dim(0), n = x.dim(1), d = spec.head_dim;
+  Tensor qx = norm_q.forward(q.forward(x), *ctx.tp);
+  Tensor kx = norm_k.forward(k.forward(x), *ctx.tp);
+  Qkv h{reshape(std::move(qx), {B, n, h1 - h0, d}), reshape(std::move(kx), {B, n, kv1 - kv0, d}),
+        reshape(v.forward(x), {B, n, kv1 - kv0, d})};
+  apply_rope_(h.q, rope, spec.rope_pairs);
+  apply_rope_(h.k, rope, spec.rope_pairs);
+  return h;
+}
+
+Tensor SelfAttention::forward(const Tensor& x, const Tensor& rope, ParallelContext& ctx,
+                              const SpRuntime& sp, bool causal, KvCache* cache) const {
+  const int64_t B = x.dim(0), n = x.dim(1), d = spec.head_dim;
+  auto [qh, kh, vh] = project(x, rope, ctx);
+  if (cache) {  // this rank's real tokens (padding is never cached)
+    auto pos = sp.local_positions();
+    std::vector<int64_t> keep;
+    for (int64_t p : pos)
+      if (p < sp.seq()) keep.push_back(p);
+    const int64_t m = static_cast<int64_t>(keep.size()), row = (kv1 - kv0) * d;
+    cache->k = Tensor({B, m, kv1 - kv0, d});
+    cache->v = Tensor({B, m, kv1 - kv0, d});
+    for (int64_t b = 0; b < B; ++b) {  // real tokens come first: padding sits at the end
+      std::memcpy(cache->k.data<float>() + b * m * row, kh.data<float>() + b * n * row,
+                  m * row * sizeof(float));
+      std::memcpy(cache->v.data<float>() + b * m * row, vh.data<float>() + b * n * row,
+                  m * row * sizeof(float));
+    }
+    cache->positions = std::move(keep);
+  }
+  AttnState s = attend(qh, kh, vh, ctx, AttendOver::sequence(sp, causal));
+  return o.forward(reshape(std::move(s.out), {B, n, (h1 - h0) * d}), *ctx.tp);
+}
+
+Tensor SelfAttention::decode(const Tensor& x, const Tensor& rope, ParallelContext& ctx,
+                             KvCache& cache, const KvPlacement& place, Strategy pass) const {
+  const int64_t B = x.dim(0), T = x.dim(1), d = spec.head_dim;
+  Communicator& sp = ctx.sp->sp();
+  const int r = sp.rank();
+  auto [qh, kh, vh] = project(x, rope, ctx);
+  // Rows of the new tokens by position: each rank keeps its own tokens' q, k, v.
+  std::vector<int64_t> all_new;
+  for (const auto& qp : place.q_pos) all_new.insert(all_new.end(), qp.begin(), qp.end());
+  std::sort(all_new.begin(), all_new.end());
+  auto pick = [&](const Tensor& t, std::span<const int64_t> pos) {
+    const int64_t h = t.dim(2);
+    Tensor y({B, static_cast<int64_t>(pos.size()), h, d});
+    for (int64_t b = 0; b < B; ++b)
+      for (size_t i = 0; i < pos.size(); ++i) {
+        const int64_t row =
+            std::lower_bound(all_new.begin(), all_new.end(), pos[i]) - all_new.begin();
+        std::memcpy(y.data<float>() + ((b * pos.size() + i) * h) * d,
+                    t.data<float>() + ((b * T + row) * h) * d, h * d * sizeof(float));
+      }
+    return y;
+  };
+  const auto& mine = place.q_pos[r];
+  cache.append(pick(kh, mine), pick(vh, mine), mine);
+  SEQPAR_CHECK(cache.positions == place.kv_pos[r], "decode: rank ", r,
+               "'s cache does not hold the positions the placement says");
+  AttnState s = attend(pick(qh, mine), cache.k, cache.v, ctx, AttendOver::cache(place, pass));
+  // Every rank needs every new token's output: each owner broadcasts its rows.
+  Tensor out({B, T, h1 - h0, d});
+  for (int owner = 0; owner < sp.size(); ++owner) {
+    const auto& pos = place.q_pos[owner];
+    if (pos.empty()) continue;
+    Tensor rows =
+        owner == r ? std::move(s.out) : Tensor({B, static_cast<int64_t>(pos.size()), h1 - h0, d});
+    sp.broadcast(rows.raw(), rows.nbytes(), owner);
+    for (int64_t b = 0; b < B; ++b)
+      for (size_t i = 0; i < pos.size(); ++i) {
+        const int64_t row =
+            std::lower_bound(all_new.begin(), all_new.end(), pos[i]) - all_new.begin();
+        std::memcpy(out.data<float>() + ((b * T + row) * (h1 - h0)) * d,
+                    rows.data<float>() + ((b * pos.size() + i) * (h1 - h0)) * d,
+                    (h1 - h0) * d * sizeof(float));
+      }
+  }
+  return o.forward(reshape(std::move(out), {B, T, (h1 - h0) * d}), *ctx.tp);
+}
+
+// ---- cross-attention -------------------------------------------------------------------------
+
+CrossAttention CrossAttention::load(const WeightStore& ws, const std::string& prefix,
+                                    const AttentionSpec& spec, const ParallelContext& ctx) {
+  SEQPAR_ARG_CHECK(spec.heads % ctx.tp_size() == 0 && spec.kv_heads == spec.heads, "tp ",
+                   ctx.tp_size(), " must divide the ", spec.heads, " heads of a cross-attention");
+  CrossAttention a;
+  a.spec = spec;
+  auto [h0, h1] = tp_share(spec.heads, ctx.tp_rank(), ctx.tp_size());
+  a.h0 = h0;
+  a.h1 = h1;
+  const int64_t d = spec.head_dim;
+  const std::string p = prefix + ".";
+  a.q = ColumnLinear::load(ws, p + spec.proj[0], h0 * d, h1 * d, spec.qkv_bias);
+  a.k = ColumnLinear::load(ws, p + spec.proj[1], h0 * d, h1 * d, spec.qkv_bias);
+  a.v = ColumnLinear::load(ws, p + spec.proj[2], h0 * d, h1 * d, spec.qkv_bias);
+  a.o = RowLinear::load(ws, p + spec.proj[3], h0 * d, h1 * d, spec.o_bias);
+  a.norm_q = QkNormBlock::load(ws, p + spec.norm[0], spec.qk_norm, h0, h1, spec.heads, d,
+                               spec.qk_norm_eps);
+  a.norm_k = QkNormBlock::load(ws, p + spec.norm[1], spec.qk_norm, h0, h1, spec.heads, d,
+                               spec.qk_norm_eps);
+  return a;
+}
+
+Tensor CrossAttention::forward(const Tensor& x, const Tensor& context, ParallelContext& ctx) const {
+  const int64_t B = x.dim(0), n = x.dim(1), L = context.dim(1), d = spec.head_dim, h = h1 - h0;
+  Tensor qh = reshape(norm_q.forward(q.forward(x), *ctx.tp), {B, n, h, d});
+  Tensor kh = reshape(norm_k.forward(k.forward(context), *ctx.tp), {B, L, h, d});
+  Tensor vh = reshape(v.forward(context), {B, L, h, d});
+  AttnState s = attend(qh, kh, vh, ctx, AttendOver::local(false));
+  return o.forward(reshape(std::move(s.out), {B, n, h * d}), *ctx.tp);
+}
+
+}  // namespace seqpar

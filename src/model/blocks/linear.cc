@@ -1,0 +1,51 @@
+#include "seqpar/model/blocks/linear.h"
+
+#include "seqpar/model/ops.h"
+
+namespace seqpar {
+
+IndexRange tp_share(int64_t count, int rank, int n) {
+  SEQPAR_CHECK(count % n == 0, count, " is not divisible by the tensor-parallel size ", n);
+  return {count / n * rank, count / n * (rank + 1)};
+}
+
+Linear Linear::load(const WeightStore& ws, const std::string& name, bool bias) {
+  Linear l;
+  const std::string w = name + ".weight";
+  l.w = ws.rows(w, 0, ws.shape(w).at(0));
+  if (bias) l.b = ws.get(name + ".bias");
+  return l;
+}
+
+Tensor Linear::forward(const Tensor& x) const { return linear(x, w, b); }
+
+ColumnLinear ColumnLinear::load(const WeightStore& ws, const std::string& name, int64_t begin,
+                                int64_t end, bool bias) {
+  ColumnLinear l;
+  l.w = ws.rows(name + ".weight", begin, end);
+  if (bias) l.b = ws.rows(name + ".bias", begin, end).to(DType::kF32);
+  return l;
+}
+
+Tensor ColumnLinear::forward(const Tensor& x) const { return linear(x, w, b); }
+
+RowLinear RowLinear::load(const WeightStore& ws, const std::string& name, int64_t begin,
+                          int64_t end, bool bias) {
+  RowLinear l;
+  l.w = ws.cols(name + ".weight", begin, end);
+  if (bias) l.b = ws.get(name + ".bias");
+  return l;
+}
+
+Tensor RowLinear::forward(const Tensor& x, Communicator& tp) const {
+  Tensor y = linear(x, w, Tensor());
+  if (tp.size() > 1) tp.all_reduce(std::span<float>(y.data<float>(), y.numel()), ReduceOp::kSum);
+  if (!b.empty()) {
+    const int64_t n = b.numel(), rows = y.numel() / n;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < n; ++i) y.data<float>()[r * n + i] += b.data<float>()[i];
+  }
+  return y;
+}
+
+}  // namespace seqpar

@@ -1,0 +1,88 @@
+#include "seqpar/model/blocks/rope.h"
+
+#include <cmath>
+
+#include "seqpar/core/error.h"
+
+namespace seqpar {
+
+std::vector<float> rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& s) {
+  const int64_t pairs = head_dim / 2;
+  std::vector<float> f(pairs);
+  for (int64_t j = 0; j < pairs; ++j)
+    f[j] = static_cast<float>(1.0 / std::pow(theta, 2.0 * j / head_dim));
+  if (s.factor <= 0) return f;
+  // transformers' _compute_llama3_parameters, elementwise.
+  const double old_len = static_cast<double>(s.original_max_positions);
+  const double low_wavelen = old_len / s.low_freq_factor,
+               high_wavelen = old_len / s.high_freq_factor;
+  for (float& x : f) {
+    const double wavelen = 2 * M_PI / x;
+    if (wavelen > low_wavelen) {
+      x = static_cast<float>(x / s.factor);
+    } else if (wavelen >= high_wavelen) {
+      const double smooth =
+          (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      x = static_cast<float>((1 - smooth) * x / s.factor + smooth * x);
+    }
+  }
+  return f;
+}
+
+Tensor rope_1d(std::span<const int64_t> positions, std::span<const float> inv_freq) {
+  const int64_t n = static_cast<int64_t>(positions.size()),
+                pairs = static_cast<int64_t>(inv_freq.size());
+  Tensor t({n, pairs, 2});
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < pairs; ++j) {
+      const float angle = static_cast<float>(positions[i]) * inv_freq[j];
+      t.data<float>()[(i * pairs + j) * 2] = std::cos(angle);
+      t.data<float>()[(i * pairs + j) * 2 + 1] = std::sin(angle);
+    }
+  return t;
+}
+
+Tensor rope_3d(std::span<const int64_t> positions, std::array<int64_t, 3> grid, int64_t head_dim,
+               double theta) {
+  const int64_t n = static_cast<int64_t>(positions.size()), pairs = head_dim / 2;
+  const int64_t ph = pairs / 3, pw = pairs / 3, pf = pairs - ph - pw;
+  Tensor t({n, pairs, 2});
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t p = positions[i];
+    const int64_t coord[3] = {p / (grid[1] * grid[2]), p / grid[2] % grid[1], p % grid[2]};
+    const int64_t width[3] = {pf, ph, pw};
+    int64_t j = 0;
+    for (int axis = 0; axis < 3; ++axis)
+      for (int64_t k = 0; k < width[axis]; ++k, ++j) {
+        const double angle = coord[axis] * std::pow(theta, -2.0 * k / (2 * width[axis]));
+        t.data<float>()[(i * pairs + j) * 2] = static_cast<float>(std::cos(angle));
+        t.data<float>()[(i * pairs + j) * 2 + 1] = static_cast<float>(std::sin(angle));
+      }
+  }
+  return t;
+}
+
+void apply_rope_(Tensor& x, const Tensor& table, RopePairs pairs_of) {
+  const int64_t B = x.dim(0), n = x.dim(1), H = x.dim(2), D = x.dim(3), pairs = D / 2;
+  SEQPAR_CHECK(table.dim(0) == n && table.dim(1) == pairs, "rope table ", table.shape_str(),
+               " for x ", x.shape_str());
+  // Pair j is features (first + j·step, second + j·step).
+  const bool halves = pairs_of == RopePairs::kHalves;
+  const int64_t step = halves ? 1 : 2, second = halves ? pairs : 1;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < n; ++i) {
+      const float* cs = table.data<float>() + i * pairs * 2;
+      for (int64_t h = 0; h < H; ++h) {
+        float* row = x.data<float>() + ((b * n + i) * H + h) * D;
+        for (int64_t j = 0; j < pairs; ++j) {
+          float& a = row[j * step];
+          float& c = row[j * step + second];
+          const float a0 = a, c0 = c;
+          a = a0 * cs[2 * j] - c0 * cs[2 * j + 1];
+          c = a0 * cs[2 * j + 1] + c0 * cs[2 * j];
+        }
+      }
+    }
+}
+
+}  // namespace seqpar

@@ -1,0 +1,89 @@
+#include "config_json.h"
+
+#include <cmath>
+
+#include "seqpar/core/error.h"
+#include "seqpar/core/files.h"
+#include "seqpar/core/json_limits.h"
+#include "seqpar/core/limits.h"
+
+namespace seqpar {
+
+using nlohmann::json;
+
+std::string read_json_text(const std::string& path) {
+  return files::read_input("", path, "a JSON file", limits::kMaxFileBytes);
+}
+
+json read_json_file(const std::string& path) {
+  const std::string text = read_json_text(path);
+  check_json_limits(text, path, {.max_bytes = static_cast<size_t>(limits::kMaxFileBytes)});
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    throw InvalidArgument(detail::concat(path, ": not valid JSON (", e.what(), ")"));
+  }
+}
+
+ConfigJson ConfigJson::parse(const std::string& text, const std::string& path) {
+  check_json_limits(text, path, {.max_bytes = static_cast<size_t>(limits::kMaxFileBytes)});
+  try {
+    return ConfigJson(json::parse(text), path);
+  } catch (const json::exception& e) {
+    throw InvalidArgument(detail::concat(path, ": not valid JSON (", e.what(), ")"));
+  }
+}
+
+ConfigJson::ConfigJson(json j, std::string path) : j_(std::move(j)), path_(std::move(path)) {
+  SEQPAR_ARG_CHECK(j_.is_object(), path_, ": not a JSON object");
+}
+
+bool ConfigJson::has(const char* key) const { return j_.contains(key) && !j_.at(key).is_null(); }
+
+int64_t ConfigJson::integer(const char* key, int64_t lo, int64_t hi) const {
+  SEQPAR_ARG_CHECK(has(key), path_, ": key '", key, "' is missing; expected an integer");
+  return integer_of(j_.at(key), key, lo, hi);
+}
+
+int64_t ConfigJson::integer(const char* key, int64_t lo, int64_t hi, int64_t fallback) const {
+  return has(key) ? integer_of(j_.at(key), key, lo, hi) : fallback;
+}
+
+double ConfigJson::real(const char* key, double lo, double hi, double fallback) const {
+  return has(key) ? real_of(j_.at(key), key, lo, hi) : fallback;
+}
+
+bool ConfigJson::boolean(const char* key, bool fallback) const {
+  if (!has(key)) return fallback;
+  SEQPAR_ARG_CHECK(j_.at(key).is_boolean(), path_, ": ", key, " is ", json_excerpt(j_.at(key)),
+                   "; expected true or false");
+  return j_.at(key).get<bool>();
+}
+
+std::string ConfigJson::string(const char* key) const {
+  if (!has(key)) return "";
+  SEQPAR_ARG_CHECK(j_.at(key).is_string(), path_, ": ", key, " is ", json_excerpt(j_.at(key)),
+                   "; expected a string");
+  return j_.at(key).get<std::string>();
+}
+
+int64_t ConfigJson::integer_of(const json& v, const std::string& key, int64_t lo,
+                               int64_t hi) const {
+  SEQPAR_ARG_CHECK(v.is_number_integer(), path_, ": ", key, " is ", json_excerpt(v),
+                   "; expected an integer");
+  const int64_t x =
+      v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX ? INT64_MAX : v.get<int64_t>();
+  SEQPAR_ARG_CHECK(lo <= x && x <= hi, path_, ": ", key, " ", x, " is out of range; valid: ", lo,
+                   " to ", hi);
+  return x;
+}
+
+double ConfigJson::real_of(const json& v, const std::string& key, double lo, double hi) const {
+  SEQPAR_ARG_CHECK(v.is_number(), path_, ": ", key, " is ", json_excerpt(v), "; expected a number");
+  const double x = v.get<double>();
+  SEQPAR_ARG_CHECK(std::isfinite(x) && lo <= x && x <= hi, path_, ": ", key, " ", x,
+                   " is out of range; valid: ", lo, " to ", hi);
+  return x;
+}
+
+}  // namespace seqpar
