@@ -205,6 +205,8 @@ struct MeshFlags {
   std::string parallel_config;              // --parallel-config FILE (JSON or YAML)
   std::string strategy = "ring";
   std::string layout = "contiguous";
+  std::string schedule = "default";  // ring's steal (the prefill's attention)
+  std::string softmax = "online";    // const-max: the rings' fixed maximum
   bool pad = false;
   std::string backend = "threads";
 };
@@ -213,8 +215,9 @@ struct MeshFlags {
 // generate; src/cli/mesh_run.h registers and applies them).
 struct ChunkFlags {
   int64_t prefill_chunk = 0;      // 0: the whole prompt at once
-  std::string chunk_strategy;     // passkv | passq; empty: the rule on --hardware
-  std::string hardware = "h100";  // profile whose rates the pass-KV / pass-Q rule uses
+  std::string chunk_strategy = "auto";      // passkv | passq | auto (the planner's on --hardware)
+  std::string chunk_schedule = "default";   // passq: default | ring
+  std::string hardware = "h100";  // profile auto replays the chunks' schedules on
 };
 
 // seqpar model: a dit or llm preset on a cfg x tp x ring x ulysses mesh.

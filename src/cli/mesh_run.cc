@@ -12,6 +12,7 @@
 #include "seqpar/comm/mpi.h"
 #include "seqpar/comm/threads.h"
 #include "seqpar/parallel/config_file.h"
+#include "seqpar/plan/selection.h"
 
 namespace seqpar::cli {
 
@@ -35,6 +36,10 @@ void add_mesh_flags(CLI::App* cmd, MeshFlags& f, bool with_cfg) {
       "--ulysses-mode,--ulysses_mode", [&f](const std::string& v) { f.ulysses_mode = v; },
       "strict | uaa (alias advanced_uaa)");
   cmd->add_option("--strategy", f.strategy, "ring | allgather (meshes without Ulysses)");
+  cmd->add_option("--schedule", f.schedule,
+                  "default | steal (ring, contiguous shards: late ranks hand query rows to early "
+                  "ones)");
+  cmd->add_option("--softmax", f.softmax, "online | const-max (the rings: ring, usp)");
   cmd->add_option("--layout", f.layout, "contiguous | striped | zigzag");
   cmd->add_flag("--pad", f.pad, "pad the sequence to a multiple of the sequence-parallel size");
   cmd->add_option("--backend", f.backend, "threads | mpi");
@@ -59,8 +64,20 @@ ParallelConfig resolve_mesh(const MeshFlags& f, int world) {
   SEQPAR_ARG_CHECK(f.backend == "threads" || f.backend == "mpi", "--backend '", f.backend,
                    "' is unknown; valid: threads, mpi");
   const MeshShape m = resolve_degrees(d);
-  const ParallelConfig c = model_mesh(m.cfg, m.tp, m.ring, m.ulysses, f.strategy, f.layout,
-                                      d.ulysses_mode.value_or("uaa"), f.pad);
+  ParallelConfig c = model_mesh(m.cfg, m.tp, m.ring, m.ulysses, f.strategy, f.layout,
+                                d.ulysses_mode.value_or("uaa"), f.pad);
+  c.schedule = parse_schedule_kind(f.schedule);
+  c.softmax = parse_softmax_mode(f.softmax);
+  // The options against the strategy the degrees imply (one rank runs locally and takes none).
+  if (c.sp() > 1) {
+    SEQPAR_ARG_CHECK(schedule_applies(c.schedule, c.strategy), "--schedule ", f.schedule,
+                     " does not apply to strategy ", strategy_name(c.strategy), " (ulysses_degree ",
+                     c.mesh.ulysses, ", ring_degree ", c.mesh.ring,
+                     "); valid: steal with ring, default");
+    SEQPAR_ARG_CHECK(c.softmax == SoftmaxMode::kOnline || has_ring(c.strategy), "--softmax ",
+                     f.softmax, " needs a ring: strategy ring or usp, not ",
+                     strategy_name(c.strategy));
+  }
   SEQPAR_ARG_CHECK(world == 0 || c.world() == world, "the mesh ", mesh_shape_text(c.mesh),
                    " needs ", c.world(), " ranks but the MPI world has ", world,
                    "; launch mpirun -np ", c.world());
@@ -81,6 +98,8 @@ void add_mesh_json(nlohmann::json& j, const ParallelConfig& m, const std::string
   j["ulysses_degree"] = m.mesh.ulysses;
   j["strategy"] = strategy_name(m.strategy);
   j["layout"] = layout_name(m.layout);
+  j["schedule"] = schedule_kind_name(m.schedule);
+  j["softmax"] = softmax_mode_name(m.softmax);
   j["pad"] = m.pad;
 }
 
@@ -89,24 +108,37 @@ void add_chunk_flags(CLI::App* cmd, ChunkFlags& f) {
                   "prefill the prompt in chunks of this many tokens: the first context parallel, "
                   "each next over the cache by pass-KV or pass-Q (0: all at once)");
   cmd->add_option("--chunk-strategy,--chunk_strategy", f.chunk_strategy,
-                  "passkv | passq for every chunk after the first (default: the rule on "
-                  "--hardware's rates)");
+                  "passkv | passq | auto for every chunk after the first (auto: the planner's "
+                  "fastest on --hardware)");
+  cmd->add_option("--chunk-schedule,--chunk_schedule", f.chunk_schedule,
+                  "default | ring (passq: Q blocks around the ring)");
   cmd->add_option("--hardware", f.hardware,
-                  "profile whose attention rate and bandwidth the pass-KV / pass-Q rule uses");
+                  "profile on which --chunk-strategy auto replays the chunks' schedules");
 }
 
 void apply_chunk_flags(const ChunkFlags& f, Decoder::Options& opts) {
   limits::check_range("--prefill-chunk", f.prefill_chunk, 0, limits::kMaxTokens);
   opts.prefill_chunk = f.prefill_chunk;
   opts.chunk_strategy.reset();
-  if (!f.chunk_strategy.empty()) {
-    opts.chunk_strategy = parse_strategy(f.chunk_strategy);
-    SEQPAR_ARG_CHECK(runs_over_cache(*opts.chunk_strategy), "--chunk-strategy ",
-                     f.chunk_strategy, " is not one over a cache; valid: passkv, passq");
-  }
+  opts.chunk_schedule = parse_schedule_kind(f.chunk_schedule);
   const HardwareProfile hw = load_profile_checked(f.hardware);
-  opts.attention_flops = hw.attention_flops;
-  opts.network_bytes_per_s = hw.inter_node_bw;
+  if (f.chunk_strategy == "auto") {
+    SEQPAR_ARG_CHECK(opts.chunk_schedule == ScheduleKind::kDefault, "--chunk-schedule ",
+                     f.chunk_schedule, " pins a schedule; give it with --chunk-strategy passq");
+    opts.choose_chunk = [hw](const AttnShape& call, int ranks) {
+      ParallelConfig request;  // the group's settings: degrees chosen, a cache's placement
+      request.mesh.ulysses = request.mesh.ring = 0;
+      const AttnChoice c = choose_attention(request, ranks, call, hw);
+      return std::pair{c.config, c.reason};
+    };
+    return;
+  }
+  opts.chunk_strategy = parse_strategy(f.chunk_strategy);
+  SEQPAR_ARG_CHECK(runs_over_cache(*opts.chunk_strategy), "--chunk-strategy ", f.chunk_strategy,
+                   " is not one over a cache; valid: passkv, passq, auto");
+  SEQPAR_ARG_CHECK(schedule_applies(opts.chunk_schedule, *opts.chunk_strategy),
+                   "--chunk-schedule ", f.chunk_schedule, " does not apply to --chunk-strategy ",
+                   f.chunk_strategy, "; valid: ring with passq, default");
 }
 
 nlohmann::json chunks_json(const std::vector<Decoder::Chunk>& chunks) {
@@ -116,6 +148,7 @@ nlohmann::json chunks_json(const std::vector<Decoder::Chunk>& chunks) {
                    {"end", c.end},
                    {"cached", c.cached},
                    {"strategy", strategy_name(c.strategy)},
+                   {"schedule", schedule_kind_name(c.schedule)},
                    {"reason", c.reason},
                    {"seconds", c.seconds}});
   return out;

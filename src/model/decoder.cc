@@ -97,9 +97,11 @@ Decoder::Decoder(const DecoderConfig& m, const WeightStore& ws, const ParallelCo
 }
 
 void Decoder::layer_forward(Layer& layer, Tensor& x, const Tensor& rope, ParallelContext& ctx,
-                            const SpRuntime* sp, const KvPlacement* place, Strategy pass) {
+                            const SpRuntime* sp, const KvPlacement* place,
+                            const ParallelConfig& pass) {
   const Tensor h = layer.input_norm.forward(x);
-  add_(x, place ? layer.attn.decode(h, rope, ctx, layer.cache, *place, pass)
+  add_(x, place ? layer.attn.decode(h, rope, ctx, layer.cache, *place, pass.strategy,
+                                    pass.schedule)
                 : layer.attn.forward(h, rope, ctx, *sp, true, &layer.cache));
   add_(x, layer.mlp.forward(layer.post_norm.forward(x), *ctx.tp));
 }
@@ -200,9 +202,10 @@ Tensor Decoder::prefill(std::span<const int32_t> tokens, Turn& turn) {
   Tensor x = sp.at("layers.0", "hidden", embed(tokens, *ctx.tp));
   Tensor table = sp.at("layers.0", "rope", reshape(rope(all_pos), {1, first, hd}));
   table = reshape(std::move(table), {x.dim(1), hd / 2, 2});
-  for (Layer& layer : layers_) layer_forward(layer, x, table, ctx, &sp, nullptr, Strategy::kRing);
+  for (Layer& layer : layers_) layer_forward(layer, x, table, ctx, &sp, nullptr, ctx.config);
   x = sp.at("norm", "hidden", std::move(x));  // (1, first, d) on every rank
-  turn.out.chunks.push_back({0, first, 0, ctx.config.strategy, "context-parallel prefill",
+  turn.out.chunks.push_back({0, first, 0, ctx.config.strategy, ctx.config.schedule,
+                             "context-parallel prefill",
                              now_seconds() - t0});
   // The caches prefill left: each rank's real tokens of the partition.
   const int n = ctx.sp_size();
@@ -228,18 +231,26 @@ Tensor Decoder::extend(std::span<const int32_t> tokens, Turn& turn) {
   for (int64_t c0 = 0; c0 < total; c0 += size) {
     const double tc = now_seconds();
     const int64_t T = std::min(size, total - c0), begin = turn.length;
-    Chunk chunk{begin, begin + T, begin, Strategy::kPassQ, "pinned", 0};
+    Chunk chunk{begin, begin + T, begin, Strategy::kPassQ, ScheduleKind::kDefault, "pinned", 0};
     if (opts.chunk_strategy) {
       chunk.strategy = *opts.chunk_strategy;
+      chunk.schedule = opts.chunk_schedule;
     } else {
-      SEQPAR_ARG_CHECK(opts.attention_flops > 0 && opts.network_bytes_per_s > 0,
-                       "prefill_chunk and chat turns need attention_flops and "
-                       "network_bytes_per_s (a hardware profile) to choose pass-KV or pass-Q, "
-                       "or a pinned chunk_strategy");
-      const PassChoice c = choose_pass(T, begin, n, m_.heads, m_.kv_heads, sizeof(float),
-                                       opts.attention_flops, opts.network_bytes_per_s);
-      chunk.strategy = c.kind;
-      chunk.reason = c.reason;
+      SEQPAR_ARG_CHECK(opts.choose_chunk != nullptr, "prefill_chunk and chat turns need a ",
+                       "chunk_strategy (passkv, passq) or a chooser (auto on a hardware profile)");
+      const int tp = ctx.tp_size();
+      AttnShape call;
+      call.heads = m_.heads / tp;
+      call.kv_heads = std::max<int64_t>(1, m_.kv_heads / tp);
+      call.head_dim = m_.head_dim;
+      call.causal = true;
+      call.cached = begin;
+      call.fresh = T;
+      call.seq = begin + T;
+      const auto [chosen, why] = opts.choose_chunk(call, n);
+      chunk.strategy = chosen.strategy;
+      chunk.schedule = chosen.schedule;
+      chunk.reason = why;
     }
     KvPlacement& place = turn.place;
     int64_t next = begin;
@@ -253,7 +264,10 @@ Tensor Decoder::extend(std::span<const int32_t> tokens, Turn& turn) {
     for (int64_t i = 0; i < T; ++i) positions[i] = begin + i;
     Tensor rc = rope(positions);
     x = embed(tokens.subspan(c0, T), *ctx.tp);  // (1, T, d), replicated
-    for (Layer& layer : layers_) layer_forward(layer, x, rc, ctx, nullptr, &place, chunk.strategy);
+    ParallelConfig pass = ctx.config;
+    pass.strategy = chunk.strategy;
+    pass.schedule = chunk.schedule;
+    for (Layer& layer : layers_) layer_forward(layer, x, rc, ctx, nullptr, &place, pass);
     turn.length += T;
     chunk.seconds = now_seconds() - tc;
     turn.out.chunks.push_back(std::move(chunk));
@@ -288,8 +302,10 @@ void Decoder::decode(Turn& turn, double t1) {
     const int64_t position[1] = {pos};
     Tensor r1 = rope(position);
     Tensor h = embed(std::span<const int32_t>(&out.tokens.back(), 1), *ctx.tp);
-    for (Layer& layer : layers_)
-      layer_forward(layer, h, r1, ctx, nullptr, &turn.place, Strategy::kPassQ);
+    ParallelConfig pass = ctx.config;  // one new token: pass-Q, its queries all-gathered
+    pass.strategy = Strategy::kPassQ;
+    pass.schedule = ScheduleKind::kDefault;
+    for (Layer& layer : layers_) layer_forward(layer, h, r1, ctx, nullptr, &turn.place, pass);
     take_logits(reshape(std::move(h), {1, 1, m_.hidden}), turn);
     out.decode_seconds = before + now_seconds() - t1;
     if (turn.opts.on_token)

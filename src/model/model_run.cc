@@ -35,7 +35,11 @@ ParallelContext model_context(MeshComms& mc, const ParallelConfig& c) {
   ctx.sp = &mc.sp_comms();
   ctx.cfg = &mc.cfg();
   ctx.config = c;
-  if (mc.sp_comms().sp().size() == 1) ctx.config.strategy = Strategy::kLocal;
+  if (mc.sp_comms().sp().size() == 1) {  // one rank attends locally: no schedule, no ring
+    ctx.config.strategy = Strategy::kLocal;
+    ctx.config.schedule = ScheduleKind::kDefault;
+    ctx.config.softmax = SoftmaxMode::kOnline;
+  }
   return ctx;
 }
 

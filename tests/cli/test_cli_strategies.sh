@@ -121,6 +121,18 @@ head -c 500 "$tmp/w.safetensors" > "$tmp/trunc.safetensors"
 check_bad "trunc.safetensors" model --preset tiny-llm --weights "$tmp/trunc.safetensors"
 check_bad "no tensor" model --preset tiny-dit --weights "$tmp/w.safetensors"
 rm -rf "$tmp"
+# Every schedule and softmax inside the models (through the one entry point): verified against
+# one rank; the chunks over the cache pinned to ring pass-Q, or chosen by auto.
+expect_ok "llm ring steal" "$bin" model --preset tiny-llm --ring-degree 4 --schedule steal --prompt-len 203 --decode 3 --verify --json
+expect_ok "llm const-max" "$bin" model --preset tiny-llm --ring-degree 2 --ulysses-degree 2 --softmax const-max --prompt-len 203 --decode 3 --verify --json
+expect_ok "dit const-max" "$bin" model --preset tiny-dit --ring-degree 4 --softmax const-max --verify --json
+expect_ok "llm chunks passq ring" "$bin" model --preset tiny-llm --ring-degree 3 --prompt-len 100 --decode 3 --prefill-chunk 16 --chunk-strategy passq --chunk-schedule ring --verify --json
+out=$("$bin" model --preset tiny-llm --ring-degree 4 --prompt-len 100 --decode 2 --prefill-chunk 30 --hardware cpu-ethernet --verify --json)
+python3 -c 'import json,sys; d=json.loads(sys.argv[1]); c=d["prefill_chunks"][1:]; sys.exit(0 if d["ok"] and c and all("fastest replayed schedule" in x["reason"] and "schedule" in x for x in c) else 1)' "$out" \
+  && ok || bad "llm chunks by auto: $out"
+check_bad "--schedule steal does not apply to --strategy usp (--ulysses-degree 2, --ring-degree 2)" model --preset tiny-dit --ring-degree 2 --ulysses-degree 2 --schedule steal
+check_bad "--softmax const-max needs a ring: --strategy ring or usp, not allgather" model --preset tiny-dit --ring-degree 2 --strategy allgather --softmax const-max
+check_bad "--chunk-schedule ring does not apply to --chunk-strategy passkv" model --preset tiny-llm --ring-degree 2 --prefill-chunk 8 --chunk-strategy passkv --chunk-schedule ring
 check_bad "does not divide the 4 heads" model --preset tiny-dit --tp 3
 check_bad "4k+1" model --preset tiny-dit --frames 8
 check_bad "multiple of 16" model --preset tiny-dit --height 100

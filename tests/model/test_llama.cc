@@ -4,6 +4,8 @@
 // tests/python/test_llama_generate.py.
 #include <gtest/gtest.h>
 
+#include <mutex>
+
 #include <cmath>
 #include <filesystem>
 #include <numbers>
@@ -196,18 +198,36 @@ TEST(Llama, ChunkedPrefillEqualsTheWholePrompt) {
     Layout layout;
     int64_t chunk;
     std::optional<Strategy> pinned;
+    ScheduleKind schedule = ScheduleKind::kDefault;
   };
   for (const Case& c : {Case{{1, 1, 2, 1}, Layout::kContiguous, 20, Strategy::kPassKv},
                         Case{{1, 1, 3, 1}, Layout::kZigzag, 7, Strategy::kPassQ},
+                        Case{{1, 1, 3, 1}, Layout::kZigzag, 7, Strategy::kPassQ,
+                             ScheduleKind::kRing},
                         Case{{1, 2, 2, 1}, Layout::kZigzag, 1, Strategy::kPassQ},
+                        Case{{1, 2, 2, 1}, Layout::kContiguous, 9, Strategy::kPassQ,
+                             ScheduleKind::kRing},
                         Case{{1, 1, 2, 2}, Layout::kStriped, 16, Strategy::kPassKv},
                         Case{{1, 1, 4, 1}, Layout::kContiguous, 25, std::nullopt},
                         Case{{1, 1, 1, 1}, Layout::kContiguous, 30, Strategy::kPassKv}}) {
     Decoder::Options opts = whole;
     opts.prefill_chunk = c.chunk;
     opts.chunk_strategy = c.pinned;
-    opts.attention_flops = 1e12;  // the rule: T >= N·C·Hkv·e/(2·H·BW) = N·2e12/(2·4·1e9)
-    opts.network_bytes_per_s = 1e9;
+    opts.chunk_schedule = c.schedule;
+    // Unpinned: the caller's chooser answers (here the three ways in turn), with the chunk's
+    // call as the group sees it.
+    std::vector<AttnShape> asked;
+    std::mutex asked_mu;
+    opts.choose_chunk = [&](const AttnShape& call, int ranks) {
+      std::lock_guard<std::mutex> lock(asked_mu);
+      asked.push_back(call);
+      EXPECT_EQ(ranks, c.shape.sp());
+      ParallelConfig way;
+      const int pick = static_cast<int>(call.cached % 3);
+      way.strategy = pick == 0 ? Strategy::kPassKv : Strategy::kPassQ;
+      way.schedule = pick == 2 ? ScheduleKind::kRing : ScheduleKind::kDefault;
+      return std::pair{way, std::string("chosen")};
+    };
     const Decoder::Output got = run(c.shape, c.layout, opts);
     const std::string what = mesh_shape_text(c.shape) + " chunk " + std::to_string(c.chunk);
     EXPECT_EQ(got.tokens, one.tokens) << what;
@@ -222,14 +242,25 @@ TEST(Llama, ChunkedPrefillEqualsTheWholePrompt) {
       EXPECT_EQ(k.begin, got.chunks[i - 1].end) << what;
       if (c.pinned) {
         EXPECT_EQ(k.strategy, *c.pinned) << what;
-      } else {  // by the rule on these rates: a 4-rank threshold of 1000 tokens, miss rate
-        const PassChoice want = choose_pass(k.end - k.begin, k.cached, 4, m.heads, m.kv_heads,
-                                            4, 1e12, 1e9);
-        EXPECT_EQ(k.strategy, want.kind) << what;
-        EXPECT_EQ(k.reason, want.reason) << what;
+        EXPECT_EQ(k.schedule, c.schedule) << what;
+      } else {  // what the chooser said for this chunk's call
+        const int pick = static_cast<int>(k.cached % 3);
+        EXPECT_EQ(k.strategy, pick == 0 ? Strategy::kPassKv : Strategy::kPassQ) << what;
+        EXPECT_EQ(k.schedule, pick == 2 ? ScheduleKind::kRing : ScheduleKind::kDefault) << what;
+        EXPECT_EQ(k.reason, "chosen") << what;
       }
     }
     EXPECT_EQ(got.chunks.back().end, 61) << what;
+    if (!c.pinned) {  // every rank asked for every chunk, with the chunk's call
+      ASSERT_EQ(asked.size(), (got.chunks.size() - 1) * c.shape.world()) << what;
+      for (const AttnShape& call : asked) {
+        EXPECT_EQ(call.heads, m.heads / c.shape.tp);
+        EXPECT_EQ(call.seq, call.cached + call.fresh);
+        EXPECT_TRUE(call.causal);
+      }
+    } else {
+      EXPECT_TRUE(asked.empty()) << what;
+    }
   }
 }
 

@@ -86,7 +86,8 @@ def reference(path, prompt, new_tokens, eos=()):
 def mesh_args(mesh):
     args = []
     for key in ("tp", "ring-degree", "ulysses-degree", "strategy", "layout", "ulysses-mode",
-                "prefill-chunk", "chunk-strategy"):
+                "schedule", "softmax", "prefill-chunk", "chunk-strategy", "chunk-schedule",
+                "hardware"):
         if key in mesh:
             args += [f"--{key}", str(mesh[key])]
     if mesh.get("pad"):

@@ -76,6 +76,11 @@ MESHES = [
     {"ring-degree": 4, "strategy": "allgather", "pad": True},
     {"tp": 4, "ring-degree": 2, "layout": "zigzag"},                # tp > kv heads
     {"tp": 2, "ring-degree": 2, "ulysses-degree": 2, "layout": "zigzag"},  # 8 ranks
+    # Every schedule and softmax of the prefill's attention (the one entry point's table):
+    {"ring-degree": 4, "schedule": "steal"},                        # work stealing, causal
+    {"ring-degree": 3, "schedule": "steal", "pad": True},
+    {"ring-degree": 4, "layout": "zigzag", "softmax": "const-max"},  # the rings' fixed maximum
+    {"ring-degree": 2, "ulysses-degree": 2, "softmax": "const-max"},
 ]
 
 
@@ -110,7 +115,10 @@ def test_mpi(ckpts, tmp_path, mesh):
 CHUNKED = [
     {"ring-degree": 2, "layout": "zigzag", "prefill-chunk": 16, "chunk-strategy": "passkv"},
     {"ring-degree": 3, "prefill-chunk": 9, "chunk-strategy": "passq"},
-    {"tp": 2, "ulysses-degree": 2, "prefill-chunk": 20},   # by the rule on the h100 profile
+    {"ring-degree": 3, "layout": "zigzag", "prefill-chunk": 11, "chunk-strategy": "passq",
+     "chunk-schedule": "ring"},                            # ring pass-Q over the cache
+    {"tp": 2, "ulysses-degree": 2, "prefill-chunk": 20},   # auto: the planner's on h100
+    {"ring-degree": 4, "prefill-chunk": 13, "hardware": "cpu-ethernet"},  # auto on another
     {"ring-degree": 4, "prefill-chunk": 1, "chunk-strategy": "passkv"},
 ]
 
@@ -130,14 +138,17 @@ def test_chunked_prefill(ckpts, tmp_path, mesh):
         assert c["strategy"] in ("passkv", "passq"), c
         if want:
             assert c["strategy"] == want, c
-        else:  # the rule's reason names the test it passed
-            assert c["reason"].startswith(c["strategy"] + ":"), c
+            assert c["schedule"] == mesh.get("chunk-schedule", "default"), c
+        else:  # auto: the planner's first for the chunk's call, Meta's rule beside it
+            label = c["strategy"] + ("_ring" if c["schedule"] == "ring" else "")
+            assert c["reason"].startswith(label + ": fastest replayed schedule"), c
+            assert "Meta's rule" in c["reason"], c
 
 
 TURNS = [
     {"ring-degree": 2, "chunk-strategy": "passq"},
     {"ring-degree": 3, "layout": "zigzag", "prefill-chunk": 7, "chunk-strategy": "passkv"},
-    {"tp": 2, "ulysses-degree": 2},   # by the rule on the h100 profile
+    {"tp": 2, "ulysses-degree": 2},   # auto on the h100 profile
 ]
 
 

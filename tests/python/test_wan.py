@@ -174,6 +174,10 @@ MESHES = [
     ["--tp", "2", "--ulysses-degree", "2", "--ring-degree", "2"],
     ["--ulysses-degree", "4", "--ring-degree", "2", "--layout", "striped", "--pad",
      "--ulysses-mode", "strict"],
+    # The rings' const-max softmax, and ring's steal schedule (bidirectional: the plain ring).
+    ["--ring-degree", "4", "--softmax", "const-max"],
+    ["--ulysses-degree", "2", "--ring-degree", "2", "--softmax", "const-max", "--pad"],
+    ["--ring-degree", "3", "--schedule", "steal"],
 ]
 
 

@@ -74,11 +74,17 @@ class Decoder {
     // sequence-parallel rank) prefill context parallel,
     // each next chunk of at most prefill_chunk tokens attends the cache the earlier ones left
     // (its tokens split over the ranks as decode_placement splits new tokens), by pass-KV or
-    // pass-Q as choose_pass says for a rank's attention rate and network bandwidth below, or
-    // as chunk_strategy pins it. 0: the whole prompt at once.
+    // pass-Q (schedule default or ring) as chunk_strategy and chunk_schedule pin it, else as
+    // choose_chunk answers for the chunk's call (the group's view: cached, new, the heads after
+    // tp). 0: the whole prompt at once.
     int64_t prefill_chunk = 0;
     std::optional<Strategy> chunk_strategy;
-    double attention_flops = 0, network_bytes_per_s = 0;  // > 0 when prefill_chunk > 0, unpinned
+    ScheduleKind chunk_schedule = ScheduleKind::kDefault;
+    // The caller's "auto" (plan/selection.h choose_attention on a hardware profile: the model
+    // layer does not link the planner): the strategy and schedule for a chunk's call over `ranks`
+    // ranks, and why.
+    std::function<std::pair<ParallelConfig, std::string>(const AttnShape& call, int ranks)>
+        choose_chunk;
     // Chat turns: when the prompt's tokens are generated (max_new_tokens, or a stop token),
     // each next turn's prompt is appended after them: the last token generated, then the
     // turn's tokens attend the cache as chunks of prefill_chunk (the whole turn as one chunk
@@ -90,7 +96,8 @@ class Decoder {
   struct Chunk {
     int64_t begin = 0, end = 0, cached = 0;
     Strategy strategy = Strategy::kRing;  // the first chunk: the context's; then passkv / passq
-    std::string reason;                   // why (choose_pass), or "pinned"
+    ScheduleKind schedule = ScheduleKind::kDefault;
+    std::string reason;  // why (choose_chunk), or "pinned"
     double seconds = 0;                   // this rank's wall time
   };
   struct Output {
@@ -133,8 +140,9 @@ class Decoder {
   Tensor rope(std::span<const int64_t> positions) const;                  // (n, head_dim/2, 2)
   // One layer on x (1, n, hidden), its attention over the sequence (prefill) or, with `place`,
   // over the caches by `pass` (chunks and decode).
+  // Over a cache (place given) the new tokens attend by pass.strategy and pass.schedule.
   void layer_forward(Layer& layer, Tensor& x, const Tensor& rope, ParallelContext& ctx,
-                     const SpRuntime* sp, const KvPlacement* place, Strategy pass);
+                     const SpRuntime* sp, const KvPlacement* place, const ParallelConfig& pass);
   DecoderConfig m_;
   std::vector<float> inv_freq_;
   int64_t v0_ = 0, v1_ = 0;          // this tp rank's vocabulary rows of embed and lm_head

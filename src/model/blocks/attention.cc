@@ -202,7 +202,8 @@ Tensor SelfAttention::forward(const Tensor& x, const Tensor& rope, ParallelConte
 }
 
 Tensor SelfAttention::decode(const Tensor& x, const Tensor& rope, ParallelContext& ctx,
-                             KvCache& cache, const KvPlacement& place, Strategy pass) const {
+                             KvCache& cache, const KvPlacement& place, Strategy pass,
+                             ScheduleKind schedule) const {
   const int64_t B = x.dim(0), T = x.dim(1), d = spec.head_dim;
   Communicator& sp = ctx.sp->sp();
   const int r = sp.rank();
@@ -227,7 +228,7 @@ Tensor SelfAttention::decode(const Tensor& x, const Tensor& rope, ParallelContex
   cache.append(pick(kh, mine), pick(vh, mine), mine);
   SEQPAR_CHECK(cache.positions == place.kv_pos[r], "decode: rank ", r,
                "'s cache does not hold the positions the placement says");
-  AttnState s = attend(pick(qh, mine), cache.k, cache.v, ctx, AttendOver::cache(place, pass));
+  AttnState s = attend(pick(qh, mine), cache.k, cache.v, ctx, AttendOver::cache(place, pass, schedule));
   // Every rank needs every new token's output: each owner broadcasts its rows.
   Tensor out({B, T, h1 - h0, d});
   for (int owner = 0; owner < sp.size(); ++owner) {

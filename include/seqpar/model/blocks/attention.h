@@ -125,11 +125,13 @@ struct SelfAttention {
                  bool causal, KvCache* cache) const;
   // Decode or a chunk of a prefill: x (B, T, hidden), the T new tokens (replicated on every rank
   // of the sp group) at positions place.q_pos of their owners. Each owner appends their K/V to
-  // its cache; with pass kPassQ the queries travel to every rank's cache, with kPassKv the
-  // caches travel around the ring to the queries; the owners' outputs are broadcast back to the
-  // group. place.kv_pos: every rank's cache positions after the append.
+  // its cache; with pass kPassQ the queries travel to every rank's cache (schedule kRing: Q
+  // blocks around the ring), with kPassKv the caches travel around the ring to the queries; the
+  // owners' outputs are broadcast back to the group. place.kv_pos: every rank's cache positions
+  // after the append.
   Tensor decode(const Tensor& x, const Tensor& rope, ParallelContext& ctx, KvCache& cache,
-                const KvPlacement& place, Strategy pass = Strategy::kPassQ) const;
+                const KvPlacement& place, Strategy pass = Strategy::kPassQ,
+                ScheduleKind schedule = ScheduleKind::kDefault) const;
 
  private:
   // q, k, v of x (B, n, hidden) as (B, n, local heads, D): projected, QK-normed, RoPE'd.
