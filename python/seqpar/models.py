@@ -36,6 +36,10 @@ class ModelMesh:
     strategy: "ring" or "allgather", used when ulysses_degree is 1 (ulysses_degree > 1 runs
     Ulysses, with ring_degree > 1 too USP). layout: "contiguous", "striped", "zigzag".
     cfg: 2 runs the two guidance branches of a diffusion model side by side (Wan only).
+    schedule: "default" or "steal" (ring, contiguous shards); softmax: "online" or "const-max"
+    (the rings). The keywords also take the vocabulary's longer names: cfg_parallel_size,
+    tensor_parallel_size, sequence_parallel_size (ulysses_degree x ring_degree; alone: the
+    ring degree).
     """
 
     tp: int = 1
@@ -46,6 +50,8 @@ class ModelMesh:
     layout: str = "contiguous"
     ulysses_mode: str = "uaa"
     pad: bool = False
+    schedule: str = "default"
+    softmax: str = "online"
 
     @property
     def ranks(self) -> int:
@@ -57,11 +63,29 @@ def _mesh_of(mesh: Optional[ModelMesh], kwargs: dict) -> ModelMesh:
         raise ValueError(f"give the mesh as mesh=ModelMesh(...) or as keywords, not both "
                          f"(got {', '.join(sorted(kwargs))})")
     if mesh is None:
+        kwargs = dict(kwargs)
+        for long, short in (("cfg_parallel_size", "cfg"), ("tensor_parallel_size", "tp")):
+            if long in kwargs:
+                if short in kwargs:
+                    raise ValueError(f"give {short} or {long}, not both")
+                kwargs[short] = kwargs.pop(long)
+        if "sequence_parallel_size" in kwargs:
+            sp = kwargs.pop("sequence_parallel_size")
+            u = kwargs.get("ulysses_degree", 1)
+            if not isinstance(sp, (int, np.integer)) or isinstance(sp, bool) or sp < 1 or \
+                    not isinstance(u, (int, np.integer)) or u < 1 or sp % u:
+                raise ValueError(f"sequence_parallel_size {sp!r} must be a multiple of "
+                                 f"ulysses_degree {u!r}")
+            if "ring_degree" in kwargs and kwargs["ring_degree"] * u != sp:
+                raise ValueError(f"sequence_parallel_size {sp} is not ulysses_degree {u} x "
+                                 f"ring_degree {kwargs['ring_degree']}")
+            kwargs["ring_degree"] = int(sp) // int(u)
         try:
             mesh = ModelMesh(**kwargs)
         except TypeError as e:
-            raise ValueError(f"{e}; valid: tp, ring_degree, ulysses_degree, cfg, strategy, "
-                             "layout, ulysses_mode, pad") from None
+            raise ValueError(f"{e}; valid: tp (tensor_parallel_size), ring_degree, "
+                             "ulysses_degree, sequence_parallel_size, cfg (cfg_parallel_size), "
+                             "strategy, layout, ulysses_mode, pad, schedule, softmax") from None
     if not isinstance(mesh, ModelMesh):
         raise ValueError(f"mesh: expected a seqpar.ModelMesh, got {type(mesh).__name__}")
     return mesh

@@ -21,6 +21,7 @@
 #include "seqpar/model/causal_lm.h"
 #include "seqpar/model/decoder.h"
 #include "seqpar/model/model_run.h"
+#include "seqpar/parallel/strategy_table.h"
 #include "seqpar/model/wan.h"
 
 namespace py = pybind11;
@@ -54,10 +55,22 @@ struct RankMesh {
 };
 
 ParallelConfig mesh_of(const py::dict& d) {
-  return model_mesh(d["cfg"].cast<int>(), d["tp"].cast<int>(), d["ring_degree"].cast<int>(),
-                    d["ulysses_degree"].cast<int>(), d["strategy"].cast<std::string>(),
-                    d["layout"].cast<std::string>(), d["ulysses_mode"].cast<std::string>(),
-                    d["pad"].cast<bool>());
+  ParallelConfig c =
+      model_mesh(d["cfg"].cast<int>(), d["tp"].cast<int>(), d["ring_degree"].cast<int>(),
+                 d["ulysses_degree"].cast<int>(), d["strategy"].cast<std::string>(),
+                 d["layout"].cast<std::string>(), d["ulysses_mode"].cast<std::string>(),
+                 d["pad"].cast<bool>());
+  c.schedule = parse_schedule_kind(d["schedule"].cast<std::string>());
+  c.softmax = parse_softmax_mode(d["softmax"].cast<std::string>());
+  if (c.sp() > 1) {  // one rank runs locally and takes neither
+    SEQPAR_ARG_CHECK(schedule_applies(c.schedule, c.strategy), "schedule '",
+                     schedule_kind_name(c.schedule), "' does not apply to strategy ",
+                     strategy_name(c.strategy), "; valid: 'steal' with ring, 'default'");
+    SEQPAR_ARG_CHECK(c.softmax == SoftmaxMode::kOnline || has_ring(c.strategy), "softmax '",
+                     softmax_mode_name(c.softmax), "' needs a ring: strategy ring or usp, not ",
+                     strategy_name(c.strategy));
+  }
+  return c;
 }
 
 class CausalLmRank {

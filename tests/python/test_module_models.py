@@ -37,11 +37,19 @@ def llama(tmp_path_factory):
 
 
 @pytest.mark.parametrize("mesh", [{}, {"tp": 2, "ring_degree": 2},
-                                  {"ulysses_degree": 2, "layout": "zigzag"}],
-                         ids=["1rank", "tp2_ring2", "ulysses2_zigzag"])
+                                  {"ulysses_degree": 2, "layout": "zigzag"},
+                                  {"tensor_parallel_size": 2, "sequence_parallel_size": 2,
+                                   "schedule": "steal"},
+                                  {"ulysses_degree": 2, "sequence_parallel_size": 4,
+                                   "softmax": "const-max"}],
+                         ids=["1rank", "tp2_ring2", "ulysses2_zigzag", "tp2_sp2_steal",
+                              "usp_const_max"])
 def test_llama_threads(llama, mesh):
     with seqpar.Llama.from_pretrained(llama["path"], **mesh) as model:
-        assert model.mesh.ranks == L.ranks_of({k.replace("_", "-"): v for k, v in mesh.items()})
+        want_ranks = mesh.get("tp", mesh.get("tensor_parallel_size", 1)) * \
+            mesh.get("sequence_parallel_size", mesh.get("ring_degree", 1) *
+                     mesh.get("ulysses_degree", 1))
+        assert model.mesh.ranks == want_ranks
         tokens, logits = model.generate(torch.tensor([llama["prompt"]]), NEW, return_logits=True)
         assert tokens.dtype == torch.int64 and logits.shape == (NEW, L.TINY["vocab_size"])
         err = float(np.abs(logits.numpy() - llama["logits"]).max())
@@ -182,8 +190,11 @@ def wan(tmp_path_factory):
 
 
 @pytest.mark.parametrize("mesh,guided", [({}, False), ({"tp": 2, "ring_degree": 2}, False),
-                                         ({"cfg": 2, "ulysses_degree": 2}, True)],
-                         ids=["1rank", "tp2_ring2", "cfg2_ulysses2_guided"])
+                                         ({"cfg": 2, "ulysses_degree": 2}, True),
+                                         ({"cfg_parallel_size": 2, "sequence_parallel_size": 2,
+                                           "softmax": "const-max"}, True)],
+                         ids=["1rank", "tp2_ring2", "cfg2_ulysses2_guided",
+                              "cfg2_sp2_const_max_guided"])
 def test_wan_forward(wan, mesh, guided):
     with seqpar.WanTransformer.from_pretrained(wan["path"], **mesh) as model:
         assert model.config["in_channels"] == 4 and model.config["layout"] == "diffusers"
