@@ -19,6 +19,7 @@
 #include <limits>
 #include <vector>
 
+#include "ring_driver.h"
 #include "schedule_build.h"
 #include "seqpar/core/timer.h"
 #include "seqpar/core/trace.h"
@@ -27,7 +28,19 @@
 namespace seqpar {
 
 namespace {
+
 constexpr int kTagQ = 111;
+constexpr RingTraceNames kTraceNames{"passq ring", "passq", "queries"};
+
+// Rows (B·T) of the empty state (out 0, lse -inf), packed as pack_partial_rows packs them.
+void pack_empty_rows(int64_t rows, int64_t H, int64_t D, float* dst) {
+  const int64_t w = packed_row_floats(H, D);
+  for (int64_t row = 0; row < rows; ++row) {
+    std::fill(dst + row * w, dst + row * w + H * D, 0.f);
+    std::fill(dst + row * w + H * D, dst + (row + 1) * w, -std::numeric_limits<float>::infinity());
+  }
+}
+
 }  // namespace
 
 AttnState passq_ring_attention(Communicator& comm, const KvPlacement& place, const Tensor& q,
@@ -35,12 +48,11 @@ AttnState passq_ring_attention(Communicator& comm, const KvPlacement& place, con
                                CpStats* stats) {
   const int n = comm.size(), r = comm.rank();
   validate_placement(comm, place, q, k, v);
-  const int next = (r + 1) % n, prev = (r + n - 1) % n;
   const int64_t B = q.dim(0), H = q.dim(2), D = q.dim(3);
   const int64_t w = packed_row_floats(H, D);  // one packed partial row: out, then lse
   if (stats) *stats = CpStats{};
 
-  // Slot of member j's queries in the send buffer: [j][B][T_j][w].
+  // Slot of member j's queries in the all-to-all send buffer: [j][B][T_j][w].
   std::vector<int64_t> counts(n), slot(n + 1, 0);
   for (int j = 0; j < n; ++j) {
     counts[j] = static_cast<int64_t>(place.q_pos[j].size());
@@ -48,70 +60,31 @@ AttnState passq_ring_attention(Communicator& comm, const KvPlacement& place, con
   }
   std::vector<float> send(static_cast<size_t>(slot[n]));
 
-  std::array<Tensor, 2> buf;
-  const Tensor* held = &q;
-  int src = r;
-  double compute = 0, wait = 0;
+  // 1. The ring of Q blocks; each step attends the held block (B, T_src, H, D) to the local K/V
+  // and packs the partial state into src's slot.
+  double compute = 0;
   int64_t work = 0;
-  for (int step = 0; step < n; ++step) {
-    std::array<Request, 2> reqs;
-    const int incoming = (r + n - step - 1) % n;
-    trace::Scope step_span(
-        trace::enabled() ? detail::concat("passq ring step ", step) : std::string(), "passq",
-        trace::Lane::kCompute);
-    step_span.arg("block_of", src);
-    step_span.arg("queries", counts[src]);
-    const double post_us = step_span.active() ? trace::now_us() : 0;
-    double arrived_us = 0;
-    if (step + 1 < n) {
-      Tensor& in = buf[step % 2];
-      in.resize({B, counts[incoming], H, D}, q.dtype());
-      reqs[0] = comm.irecv(in.raw(), in.nbytes(), prev, kTagQ);
-      reqs[1] = comm.isend(held->raw(), held->nbytes(), next, kTagQ);
-    }
-
+  const auto k_pos = std::span<const int64_t>(place.kv_pos[r]);
+  auto attend_block = [&](const RingBlock& block, const std::function<void()>& progress) {
     const double t0 = now_seconds();
+    const int src = block.owner;
     const auto q_pos = std::span<const int64_t>(place.q_pos[src]);
-    const auto k_pos = std::span<const int64_t>(place.kv_pos[r]);
     float* dst = send.data() + slot[src];
-    if (fully_hidden(opts, q_pos, k_pos)) {
-      // No visible key: the empty state (out 0, lse -inf) for each row.
-      for (int64_t row = 0; row < B * counts[src]; ++row) {
-        std::fill(dst + row * w, dst + row * w + H * D, 0.f);
-        std::fill(dst + row * w + H * D, dst + (row + 1) * w,
-                  -std::numeric_limits<float>::infinity());
-      }
+    if (fully_hidden(opts, q_pos, k_pos)) {  // no visible key (or no query)
+      pack_empty_rows(B * counts[src], H, D, dst);
     } else {
       KernelCall call(opts, q_pos, k_pos, B);
-      AttnParams& params = call.params;
-      params.progress = [&reqs, &arrived_us] {
-        for (auto& rq : reqs) rq.test();
-        if (arrived_us == 0 && trace::enabled() && reqs[0].test()) arrived_us = trace::now_us();
-      };
-      const AttnState part = flash_attention(*held, k, v, params);
-      work += visible_score_elements(B, H, counts[src], k.dim(1), params.mask);
+      call.params.progress = progress;
+      const AttnState part = flash_attention(block[0], k, v, call.params);
+      work += visible_score_elements(B, H, counts[src], k.dim(1), call.params.mask);
       pack_partial_rows(part, 0, B * counts[src], dst);
     }
     compute += now_seconds() - t0;
+  };
+  const RingPayload payload{{&q}, {kTagQ}, counts, /*zero_copy=*/false};
+  const RingTotals ring = ring_pass(comm, payload, kTraceNames, attend_block);
 
-    const double t1 = now_seconds();
-    wait_all(reqs);
-    wait += now_seconds() - t1;
-    if (step + 1 < n) {
-      if (trace::enabled()) {
-        trace::complete(detail::concat("passq ring step ", step, " transfer"), "comm",
-                        trace::Lane::kComm, post_us, arrived_us > 0 ? arrived_us : trace::now_us(),
-                        {{"bytes_sent", static_cast<int64_t>(held->nbytes())},
-                         {"bytes_recv", static_cast<int64_t>(buf[step % 2].nbytes())},
-                         {"to", next},
-                         {"from", prev}});
-      }
-      held = &buf[step % 2];
-      src = incoming;
-    }
-  }
-
-  // All-to-all: member j's slot goes to member j; from every member, the rows of our queries.
+  // 2. All-to-all: member j's slot goes to member j; from every member, the rows of our queries.
   const double t2 = now_seconds();
   std::vector<size_t> send_counts(n), recv_counts(n);
   for (int j = 0; j < n; ++j) {
@@ -124,15 +97,14 @@ AttnState passq_ring_attention(Communicator& comm, const KvPlacement& place, con
     comm.all_to_allv(send.data(), send_counts, recv.data(), recv_counts);
   }
   const double t3 = now_seconds();
-  wait += t3 - t2;
 
-  // Merge, member by member.
+  // 3. Merge, member by member.
   AttnState acc = merge_packed_partials(recv.data(), n, B, counts[r], H, D);
   if (stats) {
     stats->peak_kv_bytes = static_cast<int64_t>(k.nbytes() + v.nbytes());
     stats->measured_kv_bytes = stats->peak_kv_bytes;  // the own shard only
     stats->work = work;
-    stats->wait_seconds = wait;
+    stats->wait_seconds = ring.wait_seconds + (t3 - t2);
     stats->compute_seconds = compute + (now_seconds() - t3);
   }
   return acc;
