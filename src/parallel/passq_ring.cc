@@ -1,18 +1,39 @@
-// passq with schedule ring (docs/algorithms.md "ring pass-Q"): the K/V cache stays put, the
-// query blocks travel around the ring, the partial states return to their owners in one
-// all-to-all. On member r of N (T_i queries on member i, T = sum T_i), next = r+1, prev = r-1:
-//   step s (0 <= s < N), holding the Q block of member src = r - s (its own at s = 0):
-//     1. if s < N-1: post irecv(prev) of the block of member r-s-1 into the free buffer and
-//        isend(next) of the held block
-//     2. attend the held block (B, T_src, H, D) to the local K/V -> partial state of src's
-//        queries, packed into src's slot of the all-to-all send buffer as [B][T_src][H·D | H]
-//        fp32 (out rows, then lse); an empty block (T_src = 0) computes nothing
-//     3. wait for both transfers; the received block becomes the held one
-//   then: all_to_allv of the packed partials (member j gets the rows of its own queries from
-//   every member) and the merge of the N partials of each own query by LSE, in member order.
-// Buffers: two receive buffers used alternately (buffer s mod 2 refilled at step s, after its
-// send and its compute finished at step s-1); blocks are copied on every backend (a Q block is
-// small next to the K/V it meets). The K/V held is the own shard only.
+// ring pass-Q (passq with schedule ring; docs/algorithms.md "ring pass-Q"): the K/V cache stays
+// put, the query blocks travel around the ring (the ring driver, ring_driver.h), each member
+// attends every block to its K/V shard, and the partial states return to their owners in one
+// all-to-all, where they merge by LSE.
+//
+// Accepts: a KvPlacement: member i holds the K/V of its cache share and new tokens (kv_pos[i];
+//   k, v (B, K_i, Hkv, D)) and the queries of its new tokens (q_pos[i]; q (B, T_i, H, D),
+//   T_i possibly 0), fp32, bf16 or fp16; CpOptions: causal, documents (packed requests).
+// Returns: the state of the own new tokens over the whole cache, out (B, T_r, H, D) and
+//   lse (B, T_r, H), fp32; *stats reset.
+// Steps on member r of N (next = r+1, prev = r-1; T = Σ T_i); at step s it holds the Q block of
+// member src = r-s (its own at s = 0):
+//   1. if s < N-1: irecv(prev) of the block of member r-s-1, isend(next) of the held block
+//   2. attend the held block (B, T_src, H, D) to the local K/V; its partial state goes into
+//      src's slot of the all-to-all send buffer as [B][T_src][H·D | H] fp32 (out rows, then
+//      lse); an empty block (T_src = 0) passes and computes nothing
+//   3. wait; the received block becomes the held one
+//   then all_to_allv of the partials (member j gets the rows of its queries from every member)
+//   and the merge of each own query's N partials by LSE, in member order.
+// Q blocks held (member i holds the block of member i-s), N = 4:
+//   step   member 0   member 1   member 2   member 3
+//   0      q0         q1         q2         q3
+//   1      q3         q0         q1         q2
+//   2      q2         q3         q0         q1
+//   3      q1         q2         q3         q0
+//   then   partials of q0 from members 0..3 on member 0, of q1 on member 1, ...
+// Bytes per member (e: the input element size):
+//   sent     B·(T - T_{r+1})·H·D·e (N-1 send_recv, overlapped) + B·(T - T_r)·H·(D+1)·4
+//   received B·(T - T_r)·H·D·e + B·T_r·H·(D+1)·4·(N-1)
+//   summed over the members, the bytes of all-gather pass-Q.
+// Memory: the own K/V shard (CpStats::peak_kv_bytes); two Q receive slots (the largest blocks);
+//   the fp32 partials of all T queries (B·T·H·(D+1)·4) and the N received ones of the own
+//   queries (N·B·T_r·H·(D+1)·4). Blocks are copied on every backend (a Q block is small next to
+//   the K/V it meets).
+// Limitations: online softmax only; for T = 1 the one Q block crosses N-1 hops in series, which
+//   all-gather pass-Q does in one collective (choose_cache_strategy replays both).
 #include <algorithm>
 #include <array>
 #include <cstring>

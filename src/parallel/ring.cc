@@ -1,26 +1,39 @@
-// ring (pass-KV): K/V blocks travel around the ring while each rank computes on the block it
-// holds; partial states merge by LSE. On member r of N, with next = r+1 and prev = r-1 (mod N):
-//   step s (0 <= s < N), holding the block of member src = r - s:
-//     1. if s < N-1: post irecv(prev) into the free buffer, isend(next) of the held block
-//     2. attend q to the held block unless causal masking hides all of it; merge into acc
-//     3. wait for both transfers; the received block (of member r-s-1) becomes the held block
-// Buffers: the own block plus two receive buffers used alternately, so a buffer is refilled only
-// after its send and its compute finished (the step before).
-// Zero copy (comm.borrows(): ranks share memory, threads backend): every block the ring carries
-// is some member's own k/v, which no member modifies during the call, so nothing is copied at
-// all: step 1 receives with irecv_borrow (the address of the sender's block, and a lease on it)
-// and step 1 of the next step forwards that address. Sends are not waited per step (a send
-// completes when its receiver drops the lease); at the end each member drops the lease of the
-// block it held last (never forwarded), then, from the last send back to the first, waits for
-// the send and drops the lease of the block it sent (which completes its sender's send). Every chain of borrows ends
-// at a member that releases without waiting, so this drain cannot deadlock, and no member
-// returns while another still reads its k/v. CommStats count the same logical bytes.
+// ring (pass-KV; docs/algorithms.md "ring (pass-KV)"): K/V blocks travel around the ring while
+// each member attends its queries to the block it holds; the partial states merge by LSE.
+// ring_over_blocks is the core of ring_attention, passkv (decode.cc), schedule steal (steal.cc,
+// more queries on each held block) and usp's ring part (ulysses.cc); the rotation, its double
+// buffering and the zero-copy borrowing are the ring driver's (ring_driver.h).
 //
-// softmax const-max (docs/algorithms.md "const-max ring"): before step 0, all-reduce (max) the
-// largest key norm of every (batch, kv head) and bound every query row's logits by
-// scale·|q|·max|k|. The first block attended runs with the online softmax and decides per row:
-// fixed max (bound within 30 of its lse) or fallback. Every later step runs the kernel with the
-// fixed max for the fixed rows, whose sums then add without rescaling (ConstMaxAccumulator).
+// Accepts: member i of the ring holds the K/V of the tokens at block_pos[i] (any order, any
+//   lengths: every layout, uneven and padded shards, documents); this member's q (B, Sq, H, D)
+//   at q_pos and k, v (B, n_r, Hkv, D) at block_pos[r], fp32, bf16 or fp16, H a multiple of Hkv;
+//   CpOptions: causal, padding (valid_len), documents (cu_seqlens), softmax online or const-max.
+// Returns: the state of q over every member's keys, out (B, Sq, H, D) and lse (B, Sq, H), fp32;
+//   adds to *stats (ring_attention resets it first).
+// Steps on member r of N (next = r+1, prev = r-1 mod N); at step s it holds the block of r-s:
+//   (const-max: all_reduce(max) of the largest key norm per (batch, kv head), const_max.cc)
+//   1. if s < N-1: irecv(prev) of the block of member r-s-1, isend(next) of the held block
+//   2. attend q to the held block unless the mask hides all of it; merge into the accumulator
+//      (const-max: the first block attended decides each row fixed or fallback; later blocks
+//      add the fixed rows' sums without rescaling)
+//   3. wait; the received block becomes the held one
+// Blocks held (member i holds the block of member i-s), N = 4:
+//   step   member 0   member 1   member 2   member 3
+//   0      0          1          2          3
+//   1      3          0          1          2
+//   2      2          3          0          1
+//   3      1          2          3          0
+// Bytes per member (t = 2·B·Hkv·D·e, a token's K and V; n_i tokens of member i, S = Σ n_i):
+//   sent t·(S - n_{r+1}), received t·(S - n_r), in N-1 messages of K and N-1 of V, each
+//   overlapped with a step's attention; even shards 2·S·Hkv·D·e·B·(N-1)/N each way. const-max
+//   adds 4·B·Hkv·(N-1) each way.
+// Memory: the own shard plus two receive slots, each as large as the largest block it received
+//   (CpStats::peak_kv_bytes). Zero copy (threads backend): no slot is allocated, peers' blocks
+//   are read in place (measured_kv_bytes: the own shard).
+// Limitations: causal masking skips compute, not bytes (every block travels: members further on
+//   need it); contiguous causal shards leave rank r about (2r+1)/N of the mean work (use zigzag,
+//   striped or schedule steal); the N-1 transfers are in series, so a step too short to hide
+//   its transfer exposes it.
 #include <array>
 #include <memory>
 #include <optional>
