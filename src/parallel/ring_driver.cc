@@ -77,28 +77,31 @@ class BlockRing {
   }
 
   // Step 1: irecv(prev) of the block of member `incoming` into the free slot, isend(next) of the
-  // held block.
+  // held block (every part's receive, then every part's send).
   void post(int step, int incoming, Transfer& t) {
     const int slot = step % 2;
     t.parts = parts_;
     for (int j = 0; j < parts_; ++j) {
-      const Tensor& out = held_[j];
       const int tag = payload_.tags[j];
       const size_t in_bytes = bytes(j, incoming);
       if (borrow_) {
         // A borrowed block occupies a receive slot as a copied one would (RingTotals::slot_bytes).
         borrowed_[slot][j] = std::max(borrowed_[slot][j], slot_capacity(in_bytes));
         t.reqs[j] = comm_.irecv_borrow(nullptr, in_bytes, prev_, tag, &t.in[j], &leases_[step][j]);
-        sends_[step][j] = comm_.isend(out.raw(), out.nbytes(), next_, tag);
       } else {
         Tensor& in = slots_[slot][j];
         in.resize(shape(j, incoming), payload_.own[j]->dtype());
         t.in[j] = in.raw();
         t.reqs[j] = comm_.irecv(in.raw(), in.nbytes(), prev_, tag);
-        t.reqs[parts_ + j] = comm_.isend(out.raw(), out.nbytes(), next_, tag);
       }
-      t.sent += out.nbytes();
       t.recv += in_bytes;
+    }
+    for (int j = 0; j < parts_; ++j) {
+      const Tensor& out = held_[j];
+      // Zero copy: the send completes when the receiver drops its lease (drain()).
+      Request& send = borrow_ ? sends_[step][j] : t.reqs[parts_ + j];
+      send = comm_.isend(out.raw(), out.nbytes(), next_, payload_.tags[j]);
+      t.sent += out.nbytes();
     }
   }
 
