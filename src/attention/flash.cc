@@ -4,20 +4,24 @@
 // query heads that read each of those kv heads; several kv heads, stacked query heads and
 // few-row FMA loops instead of oneDNN only for decode shapes, see docs/kernel.md):
 //   0. pack each (query block, head) "tile" of Q into a contiguous (rows, D) buffer; O = 0,
-//      running max m = -inf, running sum l = 0 per row.
+//      running max m = -inf, running sum l = 0 per row (item_tiles, pack_q_tiles,
+//      reset_accumulators).
 //   1. for each key block kb (Bk keys), for each kv head hk of the item:
 //        classify (query block, kb) from the mask: skip (fully masked: never computed), full,
 //        range (each row sees one contiguous run of keys: causal with sorted positions,
-//        sorted segments) or general (per-element mask);
+//        sorted segments) or general (per-element mask) (classify_query_blocks, mask_rows);
 //        pack K and V of kb for the item's kv heads once (converted to the matmul dtype) and
-//        reuse them for every tile;
+//        reuse them for every tile (load_key_block);
 //        for each tile that is not skipped:
-//          S = Q·Kᵀ                         oneDNN matmul (rows × nk, K = D)
-//          mask S, then per row the online softmax update with a stale running max
-//          (simd.h: exp2 with scale·log2(e) and the max folded into one FMA), P in place
-//          O += P·V                         oneDNN matmul with a sum post-op (rows × D, K = nk)
+//          tile_scores:      S = Q·Kᵀ, oneDNN matmul (rows × nk, K = D)
+//          tile_softmax:     mask S, then per row the online softmax update with a stale
+//                            running max (simd.h: exp2 with scale·log2(e) and the max folded
+//                            into one FMA), P in place
+//          tile_pv:          O += P·V, oneDNN matmul with a sum post-op (rows × D, K = nk)
+//          poison_tile_rows: rows that meet a non-finite input (docs/kernel.md "Numerics")
 //        call params.progress() (from the calling thread only).
-//   2. out = O / l, lse = (m + log2 l)·ln 2; rows that saw no key stay out = 0, lse = -inf.
+//   2. out = O / l, lse = (m + log2 l)·ln 2; rows that saw no key stay out = 0, lse = -inf
+//      (write_rows).
 // Fixed row maximum (params.row_max, const-max softmax): a row with a finite bound starts with
 // m = bound·log2(e) instead of -inf. The row update is unchanged: with m preset it rescales
 // only if a block's max exceeds m by more than the stale-max slack (the bound was wrong; the row
@@ -440,267 +444,387 @@ char* writable(const void* block, size_t bytes, void* buf) {
 
 // The work item: batch b, kv heads [hk0, hk1), query blocks [qb0, qb1), query heads
 // hk·group + [g0, g1) of each kv head hk, key blocks [kb0, kb1). Writes its rows of the state
-// (out, lse) over those keys (tiles: see run_item). Items of several kv heads (few query rows:
+// (out, lse) over those keys (tiles: see ItemTiles). Items of several kv heads (few query rows:
 // decode) read each key block's rows of all heads together, so K/V stream from memory in order
 // rather than one head's slice of every row at a time.
 struct Item {
   int64_t b, hk0, hk1, qb0, qb1, g0, g1, kb0, kb1;
 };
 
-// With p.row_max, also writes row_sum and row_flags (kRowMaxExceeded only) of its fixed rows.
-void run_item(const Problem& p, const Item& it, float* out, float* lse, float* row_sum,
-              uint8_t* row_flags, Workspace& ws, bool calling_thread) {
-  const int64_t b = it.b, qb0 = it.qb0, qb1 = it.qb1, g0 = it.g0, g1 = it.g1;
-  const int64_t d = p.d, bq = p.bq, bk = p.bk, ld_s = p.ld_s;
-  const int64_t ng = g1 - g0, nhk = it.hk1 - it.hk0, nqt = qb1 - qb0;
-  // Query heads per tile: with p.stack_heads the ng heads of a kv head share one tile, their
-  // rows stacked token by token (row r: token r / gs, head r % gs), so each K/V block feeds one
-  // matmul of gs times the rows instead of gs small ones.
-  const int64_t gs = p.stack_heads ? ng : 1, ngt = ng / gs, tr = bq * gs;  // tr: rows per tile
-  const int64_t tiles = nqt * nhk * ngt;
-  const size_t esz = p.bf16_mm ? 2 : 4;  // bytes per packed element
-  char* qbuf = ws.q.get<char>(tiles * tr * d * esz);
-  float* obuf = ws.o.get<float>(tiles * tr * d);
-  float* mbuf = ws.m.get<float>(tiles * tr);
-  double* lbuf = ws.l.get<double>(tiles * tr);
-  // K/V of one key block: nhk blocks (nk, d), one per kv head of the item.
-  char* kbuf = ws.k.get<char>(nhk * bk * d * esz);
-  char* vbuf = ws.v.get<char>(nhk * bk * d * esz);
-  float* sbuf = ws.s.get<float>(tr * ld_s);
-  uint16_t* p16 = p.bf16_mm ? ws.p16.get<uint16_t>(tr * ld_s) : nullptr;
-  int64_t* lo = ws.lo.get<int64_t>(bq);
-  int64_t* hi = ws.hi.get<int64_t>(bq);
-  uint8_t* emask = ws.emask.get<uint8_t>(bq * bk);
-  int64_t* invalid = ws.invalid.get<int64_t>(bk);
-  int64_t* kpos = ws.kpos.get<int64_t>(bk);
-  int64_t* kseg = ws.kseg.get<int64_t>(bk);
-  uint8_t* kvalid = ws.kvalid.get<uint8_t>(bk);
-  int64_t* badk = ws.badk.get<int64_t>(nhk * bk);  // per kv head: block keys with Inf/NaN
-  int64_t* nbadk = ws.nbadk.get<int64_t>(nhk);
+// The tiles of a work item and their accumulators, in per-thread buffers. A tile is
+// (query block, kv head, head chunk): tile t has query block qb0 + t / (nhk·ngt), kv head
+// hk0 + t / ngt % nhk and head chunk t % ngt; its row r is the state row (token i0(t) + r / gs,
+// query head head(t) + r % gs). With p.stack_heads the ng query heads of a kv head share one
+// tile (gs = ng), their rows stacked token by token, so each K/V block feeds one matmul of gs
+// times the rows instead of gs small ones; else gs = 1.
+struct ItemTiles {
+  int64_t b, qb0, nqt, hk0, nhk, g0;
+  int64_t gs;       // query heads per tile
+  int64_t ngt;      // tiles per (query block, kv head): ng / gs
+  int64_t tr;       // rows per tile, at most: bq·gs
+  int64_t count;    // tiles: nqt·nhk·ngt
+  int64_t rp;       // rows of a tile's Qᵀ (few-row matmuls): tr rounded up to small_row_align()
+  size_t esz;       // bytes per packed element: 2 (bf16 matmul) or 4
+  char* qbuf;       // (count, tr, d) packed Q storage
+  const void** q;   // per tile: its Q block (rows, d), in qbuf or the input itself
+  float* qt;        // (count, d, rp) Qᵀ per tile (few-row matmuls only, else nullptr)
+  uint8_t* qbad;    // (count, tr): the query row holds an Inf or NaN
+  uint8_t* poison;  // (count, tr): the row's result is NaN
+  float* o;         // (count, tr, d): O, unnormalized
+  float* m;         // (count, tr): running max, log2 units
+  double* l;        // (count, tr): running sum
+  int64_t bq, sq, nh, group;  // the call's (Problem)
+
+  int64_t index(int64_t qt, int64_t h, int64_t gt) const { return (qt * nhk + h) * ngt + gt; }
+  int64_t i0(int64_t t) const { return (qb0 + t / (nhk * ngt)) * bq; }
+  int64_t head(int64_t t) const { return (hk0 + t / ngt % nhk) * group + g0 + t % ngt * gs; }
+  int64_t tokens(int64_t t) const { return std::min(bq, sq - i0(t)); }
+  int64_t rows(int64_t t) const { return tokens(t) * gs; }
+  int64_t state_row(int64_t t, int64_t r) const {
+    return (b * sq + i0(t) + r / gs) * nh + head(t) + r % gs;
+  }
+};
+
+// Step 0: the item's tiles over the thread's buffers (contents unset).
+ItemTiles item_tiles(const Problem& p, const Item& it, Workspace& ws) {
+  ItemTiles t{};
+  t.bq = p.bq;
+  t.sq = p.sq;
+  t.nh = p.nh;
+  t.group = p.group;
+  t.b = it.b;
+  t.qb0 = it.qb0;
+  t.nqt = it.qb1 - it.qb0;
+  t.hk0 = it.hk0;
+  t.nhk = it.hk1 - it.hk0;
+  t.g0 = it.g0;
+  const int64_t ng = it.g1 - it.g0;
+  t.gs = p.stack_heads ? ng : 1;
+  t.ngt = ng / t.gs;
+  t.tr = p.bq * t.gs;
+  t.count = t.nqt * t.nhk * t.ngt;
+  const int64_t align = simd::small_row_align();
+  t.rp = (t.tr + align - 1) / align * align;
+  t.esz = p.bf16_mm ? 2 : 4;
+  t.qbuf = ws.q.get<char>(t.count * t.tr * p.d * t.esz);
+  t.q = ws.qtile.get<const void*>(t.count);
+  t.qt = p.small_mm ? ws.qt.get<float>(t.count * p.d * t.rp) : nullptr;
+  t.qbad = ws.qbad.get<uint8_t>(t.count * t.tr);
+  t.poison = ws.poison.get<uint8_t>(t.count * t.tr);
+  t.o = ws.o.get<float>(t.count * t.tr * p.d);
+  t.m = ws.m.get<float>(t.count * t.tr);
+  t.l = ws.l.get<double>(t.count * t.tr);
+  return t;
+}
+
+// Step 0: every tile's Q as a contiguous (rows, d) block of the matmul type (a token's gs heads
+// are adjacent in q (B, Sq, H, D)); query rows with an Inf or NaN flagged in qbad (NaN at the
+// end if they see any key) and zeroed; no row poisoned yet.
+void pack_q_tiles(const Problem& p, ItemTiles& t) {
+  const int64_t d = p.d;
   const size_t in_esz = dtype_size(p.in_type);
   const char* qsrc = static_cast<const char*>(p.q->raw());
-  const char* ksrc = static_cast<const char*>(p.k->raw());
-  const char* vsrc = static_cast<const char*>(p.v->raw());
-
-  // Tile t = (query block, kv head, head chunk): its first token, its first query head, its
-  // tokens; its row r is the state row (token i0 + r / gs, head h0 + r % gs).
-  auto tile_i0 = [&](int64_t t) { return (qb0 + t / (nhk * ngt)) * bq; };
-  auto tile_head = [&](int64_t t) {
-    return (it.hk0 + t / ngt % nhk) * p.group + g0 + t % ngt * gs;
-  };
-  auto tile_tokens = [&](int64_t t) { return std::min(bq, p.sq - tile_i0(t)); };
-  auto state_row = [&](int64_t t, int64_t r) {
-    return (b * p.sq + tile_i0(t) + r / gs) * p.nh + tile_head(t) + r % gs;
-  };
-  // Step 0: pack Q tiles (a token's gs heads are adjacent in q); reset the accumulators.
-  const void** qtile = ws.qtile.get<const void*>(tiles);
-  for (int64_t t = 0; t < tiles; ++t) {
-    const char* src = qsrc + state_row(t, 0) * d * in_esz;
-    qtile[t] = pack_rows(p, src, p.nh * d, tile_tokens(t), qbuf + t * tr * d * esz, gs * d);
+  for (int64_t x = 0; x < t.count; ++x) {
+    const char* src = qsrc + t.state_row(x, 0) * d * in_esz;
+    t.q[x] = pack_rows(p, src, p.nh * d, t.tokens(x), t.qbuf + x * t.tr * d * t.esz, t.gs * d);
   }
-  // Query rows with a non-finite element: flagged (NaN at the end if they see any key) and zeroed.
-  uint8_t* qbad = ws.qbad.get<uint8_t>(tiles * tr);
-  uint8_t* poison = ws.poison.get<uint8_t>(tiles * tr);  // 1: the row's result is NaN
-  std::fill_n(poison, tiles * tr, uint8_t{0});
-  for (int64_t t = 0; t < tiles; ++t) {
-    const int64_t rows = tile_tokens(t) * gs;
+  std::fill_n(t.poison, t.count * t.tr, uint8_t{0});
+  for (int64_t x = 0; x < t.count; ++x) {
+    const int64_t rows = t.rows(x);
+    uint8_t* bad = t.qbad + x * t.tr;
     bool any = false;
     for (int64_t r = 0; r < rows; ++r) {
-      qbad[t * tr + r] = any_nonfinite(p, static_cast<const char*>(qtile[t]) + r * d * esz, d);
-      any = any || qbad[t * tr + r];
+      bad[r] = any_nonfinite(p, static_cast<const char*>(t.q[x]) + r * d * t.esz, d);
+      any = any || bad[r];
     }
     if (!any) continue;
-    char* qw = writable(qtile[t], rows * d * esz, qbuf + t * tr * d * esz);
+    char* qw = writable(t.q[x], rows * d * t.esz, t.qbuf + x * t.tr * d * t.esz);
     for (int64_t r = 0; r < rows; ++r) {
-      if (qbad[t * tr + r]) std::memset(qw + r * d * esz, 0, d * esz);
+      if (bad[r]) std::memset(qw + r * d * t.esz, 0, d * t.esz);
     }
-    qtile[t] = qw;
+    t.q[x] = qw;
   }
-  // Few-row matmuls take Qᵀ (d × rp, rows zero-padded to rp) per tile.
-  const int64_t rp =
-      (tr + simd::small_row_align() - 1) / simd::small_row_align() * simd::small_row_align();
-  float* qtbuf = p.small_mm ? ws.qt.get<float>(tiles * d * rp) : nullptr;
+}
+
+// Step 0 (few-row matmuls): Qᵀ (d, rp) of every tile, rows past the tile's zero.
+void transpose_q_tiles(const Problem& p, ItemTiles& t) {
+  const int64_t d = p.d;
+  for (int64_t x = 0; x < t.count; ++x) {
+    const float* qs = static_cast<const float*>(t.q[x]);
+    float* qt = t.qt + x * d * t.rp;
+    const int64_t rows = t.rows(x);
+    for (int64_t c = 0; c < d; ++c) {
+      for (int64_t r = 0; r < rows; ++r) qt[c * t.rp + r] = qs[r * d + c];
+      std::fill(qt + c * t.rp + rows, qt + (c + 1) * t.rp, 0.f);
+    }
+  }
+}
+
+// Step 0: O = 0, l = 0, m = -inf; fixed rows (p.row_max) start at their bound and normally stay
+// there.
+void reset_accumulators(const Problem& p, ItemTiles& t) {
+  std::fill_n(t.o, t.count * t.tr * p.d, 0.f);
+  std::fill_n(t.m, t.count * t.tr, kNegInf);
+  std::fill_n(t.l, t.count * t.tr, 0.0);
+  if (p.row_max == nullptr) return;
+  for (int64_t x = 0; x < t.count; ++x) {
+    for (int64_t r = 0; r < t.rows(x); ++r)
+      t.m[x * t.tr + r] = fixed_max_log2(p.row_max[t.state_row(x, r)]);
+  }
+}
+
+// Step 1: the kind of (query block qb0 + qt, key block kb) for each of the item's query blocks;
+// false if every one is skipped (the key block is then never touched).
+bool classify_query_blocks(const Problem& p, const ItemTiles& t, int64_t kb,
+                           std::vector<BlockKind>& kinds) {
+  bool any = false;
+  for (int64_t qt = 0; qt < t.nqt; ++qt) {
+    kinds[qt] = p.plan->classify(t.b, t.qb0 + qt, kb);
+    any = any || kinds[qt] != BlockKind::kSkip;
+  }
+  return any;
+}
+
+// One key block as the item's tiles read it: K and V of its nk keys for the item's nhk kv heads,
+// packed, with what the masks need of its keys.
+struct KeyBlock {
+  int64_t k0, nk;          // first key, keys
+  const char* k;           // nhk blocks (nk, d) of the matmul type, kv head after kv head
+  const char* v;           // the same for V
+  const int64_t* invalid;  // padding keys (block offsets), n_invalid of them
+  int64_t n_invalid;
+  const int64_t* bad;  // per kv head h: bad[h·bk + x], x < nbad[h], keys with an Inf or NaN
+  const int64_t* nbad;
+  const int64_t* pos;  // (general mask) position, segment and validity of each key
+  const int64_t* seg;
+  const uint8_t* valid;
+
+  const void* k_head(int64_t h, int64_t d, size_t esz) const { return k + h * nk * d * esz; }
+  const void* v_head(int64_t h, int64_t d, size_t esz) const { return v + h * nk * d * esz; }
+};
+
+// The padding keys of the block (offsets into it, for rows whose run comes from positions and
+// segments).
+void list_padding_keys(const Problem& p, const ItemTiles& t, int64_t kb, KeyBlock& blk,
+                       Workspace& ws) {
+  int64_t* invalid = ws.invalid.get<int64_t>(p.bk);
+  if (!p.plan->keys_all_valid(t.b, kb)) {
+    for (int64_t j = 0; j < blk.nk; ++j) {
+      if (!p.plan->key_valid(t.b, blk.k0 + j)) invalid[blk.n_invalid++] = j;
+    }
+  }
+  blk.invalid = invalid;
+}
+
+// K and V of the block, (B, Sk, Hkv, D) -> nhk blocks (nk, d) of the matmul type, packed once for
+// all the item's kv heads, reading the rows in memory order.
+void pack_kv(const Problem& p, const ItemTiles& t, KeyBlock& blk, Workspace& ws) {
+  const int64_t d = p.d, size = t.nhk * p.bk * d * static_cast<int64_t>(t.esz);
+  const size_t in_esz = dtype_size(p.in_type);
+  const int64_t kv_off = ((t.b * p.sk + blk.k0) * p.nkv + t.hk0) * d;
+  const char* ksrc = static_cast<const char*>(p.k->raw()) + kv_off * in_esz;
+  const char* vsrc = static_cast<const char*>(p.v->raw()) + kv_off * in_esz;
+  blk.k =
+      static_cast<const char*>(pack_heads(p, ksrc, p.nkv * d, blk.nk, t.nhk, ws.k.get<char>(size)));
+  blk.v =
+      static_cast<const char*>(pack_heads(p, vsrc, p.nkv * d, blk.nk, t.nhk, ws.v.get<char>(size)));
+}
+
+// Keys with a non-finite K or V element, listed per kv head and zeroed in the packed blocks.
+void zero_nonfinite_keys(const Problem& p, const ItemTiles& t, KeyBlock& blk, Workspace& ws) {
+  const int64_t d = p.d, bk = p.bk, nhk = t.nhk, nk = blk.nk;
+  const size_t esz = t.esz;
+  int64_t* badk = ws.badk.get<int64_t>(nhk * bk);
+  int64_t* nbadk = ws.nbadk.get<int64_t>(nhk);
+  bool any_bad_key = false;
+  for (int64_t h = 0; h < nhk; ++h) {
+    int64_t n = 0;
+    for (int64_t j = 0; j < nk; ++j) {
+      const int64_t off = (h * nk + j) * d * esz;
+      if (any_nonfinite(p, blk.k + off, d) || any_nonfinite(p, blk.v + off, d)) {
+        badk[h * bk + n++] = j;
+      }
+    }
+    nbadk[h] = n;
+    any_bad_key = any_bad_key || n > 0;
+  }
+  blk.bad = badk;
+  blk.nbad = nbadk;
+  if (!any_bad_key) return;
+  char* kw = writable(blk.k, nhk * nk * d * esz, ws.k.get<char>(nhk * bk * d * esz));
+  char* vw = writable(blk.v, nhk * nk * d * esz, ws.v.get<char>(nhk * bk * d * esz));
+  for (int64_t h = 0; h < nhk; ++h) {
+    for (int64_t x = 0; x < nbadk[h]; ++x) {
+      const int64_t off = (h * nk + badk[h * bk + x]) * d * esz;
+      std::memset(kw + off, 0, d * esz);
+      std::memset(vw + off, 0, d * esz);
+    }
+  }
+  blk.k = kw;
+  blk.v = vw;
+}
+
+// For general masks: the block's keys' positions, segments and validity, gathered once for the
+// branch-free mask rows.
+void gather_mask_keys(const Problem& p, const ItemTiles& t, KeyBlock& blk, Workspace& ws) {
+  int64_t* kpos = ws.kpos.get<int64_t>(p.bk);
+  int64_t* kseg = ws.kseg.get<int64_t>(p.bk);
+  uint8_t* kvalid = ws.kvalid.get<uint8_t>(p.bk);
+  for (int64_t j = 0; j < blk.nk; ++j) {
+    kpos[j] = p.plan->kpos(blk.k0 + j);
+    kseg[j] = p.plan->kseg(blk.k0 + j);
+    kvalid[j] = p.plan->key_valid(t.b, blk.k0 + j);
+  }
+  blk.pos = kpos;
+  blk.seg = kseg;
+  blk.valid = kvalid;
+}
+
+// Step 1: key block kb as the item's tiles read it (any_general: some tile needs the element
+// mask).
+KeyBlock load_key_block(const Problem& p, const ItemTiles& t, int64_t kb, bool any_general,
+                        Workspace& ws) {
+  KeyBlock blk{};
+  blk.k0 = kb * p.bk;
+  blk.nk = p.plan->block_keys(kb);
+  list_padding_keys(p, t, kb, blk, ws);
+  pack_kv(p, t, blk, ws);
+  zero_nonfinite_keys(p, t, blk, ws);
+  if (any_general) gather_mask_keys(p, t, blk, ws);
+  return blk;
+}
+
+// Which keys of a key block each token of a query block sees, shared by all heads of the item:
+// per token (row r < rows of the query block) the run [lo[r], hi[r]) of block keys (full and
+// range blocks, padding keys apart) or, for a general block, its row of the element mask
+// emask (rows, bk), 1 = visible ([lo, hi) then the whole block).
+struct RowMask {
+  BlockKind kind;
+  int64_t* lo;
+  int64_t* hi;
+  uint8_t* emask;
+
+  bool sees(const Problem& p, int64_t b, const KeyBlock& blk, int64_t tok, int64_t j) const {
+    return kind == BlockKind::kGeneral
+               ? emask[tok * p.bk + j] != 0
+               : j >= lo[tok] && j < hi[tok] && p.plan->key_valid(b, blk.k0 + j);
+  }
+};
+
+// Step 1: the mask of (query block starting at token i0, `rows` tokens; key block kb) of `kind`.
+void mask_rows(const Problem& p, const KeyBlock& blk, int64_t kb, int64_t i0, int64_t rows,
+               RowMask& mask) {
+  const int64_t nk = blk.nk;
+  if (mask.kind == BlockKind::kGeneral) {
+    const bool causal = p.plan->causal();
+    for (int64_t r = 0; r < rows; ++r) {
+      mask.lo[r] = 0;
+      mask.hi[r] = nk;
+      const int64_t qp = p.plan->qpos(i0 + r), qs = p.plan->qseg(i0 + r);
+      uint8_t* em = mask.emask + r * p.bk;
+      for (int64_t j = 0; j < nk; ++j) {
+        em[j] =
+            static_cast<uint8_t>((!causal || blk.pos[j] <= qp) & (blk.seg[j] == qs) & blk.valid[j]);
+      }
+    }
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    if (mask.kind == BlockKind::kFull) {
+      mask.lo[r] = 0;
+      mask.hi[r] = nk;
+    } else {
+      p.plan->row_run(i0 + r, kb, &mask.lo[r], &mask.hi[r]);
+    }
+  }
+}
+
+// Step 1, per tile: S = Q·Kᵀ, (rows, d) · (nk, d)ᵀ -> s (rows, nk), row stride ld_s.
+void tile_scores(const Problem& p, const ItemTiles& t, int64_t x, int64_t rows, const void* kblk,
+                 int64_t nk, float* s) {
   if (p.small_mm) {
-    for (int64_t t = 0; t < tiles; ++t) {
-      const float* qs = static_cast<const float*>(qtile[t]);
-      float* qt = qtbuf + t * d * rp;
-      const int64_t rows = tile_tokens(t) * gs;
-      for (int64_t c = 0; c < d; ++c) {
-        for (int64_t r = 0; r < rows; ++r) qt[c * rp + r] = qs[r * d + c];
-        std::fill(qt + c * rp + rows, qt + (c + 1) * rp, 0.f);
-      }
-    }
+    p.kern->small_qk(t.qt + x * p.d * t.rp, t.rp, rows, static_cast<const float*>(kblk), p.d, nk,
+                     p.d, s, p.ld_s);
+    return;
   }
-  std::fill_n(obuf, tiles * tr * d, 0.f);
-  std::fill_n(mbuf, tiles * tr, kNegInf);
-  std::fill_n(lbuf, tiles * tr, 0.0);
-  if (p.row_max != nullptr) {  // fixed rows start at their bound and normally stay there
-    for (int64_t t = 0; t < tiles; ++t) {
-      for (int64_t r = 0; r < tile_tokens(t) * gs; ++r)
-        mbuf[t * tr + r] = fixed_max_log2(p.row_max[state_row(t, r)]);
-    }
-  }
+  MatmulShape qk{rows, nk, p.d, p.d, 1, p.d, p.ld_s, p.mm_type, false};
+  thread_matmul_cache().run(qk, t.q[x], kblk, s);
+}
 
-  std::vector<BlockKind> kinds(static_cast<size_t>(nqt));
-  // Step 1: walk the key blocks.
-  for (int64_t kb = it.kb0; kb < it.kb1; ++kb) {
-    bool any = false;
-    for (int64_t qt = 0; qt < nqt; ++qt) {
-      kinds[qt] = p.plan->classify(b, qb0 + qt, kb);
-      any = any || kinds[qt] != BlockKind::kSkip;
+// Step 1, per tile: the mask applied to S (rows, nk) (masked scores -inf), then per row the
+// online softmax update of m, l and O with a stale running max; P written over S (fp32) or to
+// p16 (rows, ld_s) (bf16 matmul).
+void tile_softmax(const Problem& p, ItemTiles& t, int64_t x, int64_t rows, const KeyBlock& blk,
+                  const RowMask& mask, float* s, uint16_t* p16) {
+  const int64_t nk = blk.nk, d = p.d;
+  float* o = t.o + x * t.tr * d;
+  float* m = t.m + x * t.tr;
+  double* l = t.l + x * t.tr;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t tok = r / t.gs;  // the row's token within the query block
+    float* srow = s + r * p.ld_s;
+    if (mask.kind == BlockKind::kGeneral) {
+      const uint8_t* em = mask.emask + tok * p.bk;
+      for (int64_t j = 0; j < nk; ++j) srow[j] = em[j] ? srow[j] : kNegInf;
+    } else {
+      for (int64_t i = 0; i < blk.n_invalid; ++i) srow[blk.invalid[i]] = kNegInf;
     }
-    if (!any) continue;  // fully masked for every tile: never touched
-    const int64_t k0 = kb * bk, nk = p.plan->block_keys(kb);
-    // Padding keys of this block (for rows whose run is computed from positions/segments).
-    int64_t n_invalid = 0;
-    if (!p.plan->keys_all_valid(b, kb)) {
-      for (int64_t j = 0; j < nk; ++j) {
-        if (!p.plan->key_valid(b, k0 + j)) invalid[n_invalid++] = j;
-      }
+    if (p.bf16_mm) {
+      p.kern->row_update_bf16_deg3(srow, p16 + r * p.ld_s, mask.lo[tok], mask.hi[tok], nk, p.c,
+                                   m + r, l + r, o + r * d, d);
+    } else {
+      p.row_update(srow, mask.lo[tok], mask.hi[tok], nk, p.c, m + r, l + r, o + r * d, d);
     }
-    bool general_keys_ready = false;
-    // Packed once per key block for all the item's kv heads, reading K/V in memory order: head
-    // hk's (nk, d) block is the (hk - hk0)-th.
-    const int64_t kv_off = ((b * p.sk + k0) * p.nkv + it.hk0) * d;
-    const char* kall =
-        static_cast<const char*>(pack_heads(p, ksrc + kv_off * in_esz, p.nkv * d, nk, nhk, kbuf));
-    const char* vall =
-        static_cast<const char*>(pack_heads(p, vsrc + kv_off * in_esz, p.nkv * d, nk, nhk, vbuf));
-    // Keys with a non-finite K or V element, per kv head: listed and zeroed.
-    bool any_bad_key = false;
-    for (int64_t h = 0; h < nhk; ++h) {
-      int64_t n = 0;
-      for (int64_t j = 0; j < nk; ++j) {
-        const int64_t off = (h * nk + j) * d * esz;
-        if (any_nonfinite(p, kall + off, d) || any_nonfinite(p, vall + off, d)) {
-          badk[h * bk + n++] = j;
-        }
-      }
-      nbadk[h] = n;
-      any_bad_key = any_bad_key || n > 0;
-    }
-    if (any_bad_key) {
-      char* kw = writable(kall, nhk * nk * d * esz, kbuf);
-      char* vw = writable(vall, nhk * nk * d * esz, vbuf);
-      for (int64_t h = 0; h < nhk; ++h) {
-        for (int64_t x = 0; x < nbadk[h]; ++x) {
-          const int64_t off = (h * nk + badk[h * bk + x]) * d * esz;
-          std::memset(kw + off, 0, d * esz);
-          std::memset(vw + off, 0, d * esz);
-        }
-      }
-      kall = kw;
-      vall = vw;
-    }
-    const MatmulShape qk{0, nk, d, d, 1, d, ld_s, p.mm_type, false};
-    const MatmulShape pv{0, d, nk, ld_s, d, 1, d, p.mm_type, true};
-    for (int64_t qt = 0; qt < nqt; ++qt) {
-      const BlockKind kind = kinds[qt];
-      if (kind == BlockKind::kSkip) continue;
-      const int64_t i0 = (qb0 + qt) * bq, rows = std::min(bq, p.sq - i0);
-      // The mask of this (query block, key block) per token, shared by all heads of the item.
-      if (kind == BlockKind::kGeneral) {
-        if (!general_keys_ready) {  // the block's keys, gathered once for branch-free rows
-          for (int64_t j = 0; j < nk; ++j) {
-            kpos[j] = p.plan->kpos(k0 + j);
-            kseg[j] = p.plan->kseg(k0 + j);
-            kvalid[j] = p.plan->key_valid(b, k0 + j);
-          }
-          general_keys_ready = true;
-        }
-        const bool causal = p.plan->causal();
-        for (int64_t r = 0; r < rows; ++r) {
-          lo[r] = 0;
-          hi[r] = nk;
-          const int64_t qp = p.plan->qpos(i0 + r), qs = p.plan->qseg(i0 + r);
-          uint8_t* em = emask + r * bk;
-          for (int64_t j = 0; j < nk; ++j) {
-            em[j] = static_cast<uint8_t>((!causal || kpos[j] <= qp) & (kseg[j] == qs) & kvalid[j]);
-          }
-        }
-      } else {
-        for (int64_t r = 0; r < rows; ++r) {
-          if (kind == BlockKind::kFull) {
-            lo[r] = 0;
-            hi[r] = nk;
-          } else {
-            p.plan->row_run(i0 + r, kb, &lo[r], &hi[r]);
-          }
-        }
-      }
-      for (int64_t hk = it.hk0; hk < it.hk1; ++hk) {
-        const void* kblk = kall + (hk - it.hk0) * nk * d * esz;
-        const void* vblk = vall + (hk - it.hk0) * nk * d * esz;
-        for (int64_t gt = 0; gt < ngt; ++gt) {
-          const int64_t t = (qt * nhk + (hk - it.hk0)) * ngt + gt;
-          float* o = obuf + t * tr * d;
-          float* m = mbuf + t * tr;
-          double* l = lbuf + t * tr;
-          if (p.small_mm) {
-            p.kern->small_qk(qtbuf + t * d * rp, rp, rows * gs, static_cast<const float*>(kblk), d,
-                             nk, d, sbuf, ld_s);
-          } else {
-            MatmulShape s_qk = qk;
-            s_qk.m = rows * gs;
-            thread_matmul_cache().run(s_qk, qtile[t], kblk, sbuf);
-          }
-          for (int64_t r = 0; r < rows * gs; ++r) {
-            const int64_t tok = r / gs;  // the row's token within the block
-            float* srow = sbuf + r * ld_s;
-            if (kind == BlockKind::kGeneral) {
-              const uint8_t* em = emask + tok * bk;
-              for (int64_t j = 0; j < nk; ++j) srow[j] = em[j] ? srow[j] : kNegInf;
-            } else {
-              for (int64_t x = 0; x < n_invalid; ++x) srow[invalid[x]] = kNegInf;
-            }
-            if (p.bf16_mm) {
-              p.kern->row_update_bf16_deg3(srow, p16 + r * ld_s, lo[tok], hi[tok], nk, p.c, m + r,
-                                           l + r, o + r * d, d);
-            } else {
-              p.row_update(srow, lo[tok], hi[tok], nk, p.c, m + r, l + r, o + r * d, d);
-            }
-          }
-          if (p.small_mm) {
-            p.kern->small_pv(sbuf, ld_s, rows * gs, static_cast<const float*>(vblk), d, nk, d, o);
-          } else {
-            MatmulShape s_pv = pv;
-            s_pv.m = rows * gs;
-            thread_matmul_cache().run(s_pv, p.bf16_mm ? static_cast<void*>(p16) : sbuf, vblk, o);
-          }
-          // Rows that see a non-finite key, or have a non-finite query and see any key.
-          const int64_t nbad = nbadk[hk - it.hk0];
-          const int64_t* bad = badk + (hk - it.hk0) * bk;
-          for (int64_t r = 0; r < rows * gs; ++r) {
-            uint8_t& pr = poison[t * tr + r];
-            if (pr || (nbad == 0 && !qbad[t * tr + r])) continue;
-            const int64_t tok = r / gs;
-            auto sees = [&](int64_t j) {
-              return kind == BlockKind::kGeneral
-                         ? emask[tok * bk + j] != 0
-                         : j >= lo[tok] && j < hi[tok] && p.plan->key_valid(b, k0 + j);
-            };
-            if (qbad[t * tr + r]) {
-              for (int64_t j = 0; j < nk && !pr; ++j) pr = sees(j);
-            } else {
-              for (int64_t x = 0; x < nbad && !pr; ++x) pr = sees(bad[x]);
-            }
-          }
-        }
-      }
-    }
-    if (calling_thread && *p.progress) (*p.progress)();
   }
+}
 
-  // Step 2: normalize and write out (B, Sq, H, D) and lse (B, Sq, H).
+// Step 1, per tile: O += P·V, (rows, nk) · (nk, d) -> O (rows, d); P is s (fp32) or p16 (bf16).
+void tile_pv(const Problem& p, ItemTiles& t, int64_t x, int64_t rows, const void* vblk, int64_t nk,
+             const float* s, const uint16_t* p16) {
+  float* o = t.o + x * t.tr * p.d;
+  if (p.small_mm) {
+    p.kern->small_pv(s, p.ld_s, rows, static_cast<const float*>(vblk), p.d, nk, p.d, o);
+    return;
+  }
+  MatmulShape pv{rows, p.d, nk, p.ld_s, p.d, 1, p.d, p.mm_type, true};
+  thread_matmul_cache().run(pv, p.bf16_mm ? static_cast<const void*>(p16) : s, vblk, o);
+}
+
+// Step 1, per tile: rows that see a key with a non-finite K or V (of kv head h of the item), or
+// have a non-finite query and see any key, are poisoned (NaN at the end).
+void poison_tile_rows(const Problem& p, ItemTiles& t, int64_t x, int64_t rows, int64_t h,
+                      const KeyBlock& blk, const RowMask& mask) {
+  const int64_t nbad = blk.nbad[h];
+  const int64_t* bad = blk.bad + h * p.bk;
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t& pr = t.poison[x * t.tr + r];
+    const bool bad_q = t.qbad[x * t.tr + r];
+    if (pr || (nbad == 0 && !bad_q)) continue;
+    const int64_t tok = r / t.gs;
+    if (bad_q) {
+      for (int64_t j = 0; j < blk.nk && !pr; ++j) pr = mask.sees(p, t.b, blk, tok, j);
+    } else {
+      for (int64_t i = 0; i < nbad && !pr; ++i) pr = mask.sees(p, t.b, blk, tok, bad[i]);
+    }
+  }
+}
+
+// Step 2: out (B, Sq, H, D) = O / l and lse (B, Sq, H) = (m + log2 l)·ln 2 for the item's rows;
+// rows that saw no key stay empty (out 0, lse -inf), poisoned rows and rows whose running max
+// is +inf or NaN are NaN. Fixed rows: row_sum (l relative to the bound) and row_flags.
+void write_rows(const Problem& p, const ItemTiles& t, float* out, float* lse, float* row_sum,
+                uint8_t* row_flags) {
   constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-  for (int64_t t = 0; t < tiles; ++t) {
-    for (int64_t r = 0; r < tile_tokens(t) * gs; ++r) {
-      const double l = lbuf[t * tr + r];
-      const int64_t row = state_row(t, r);
+  const int64_t d = p.d;
+  for (int64_t x = 0; x < t.count; ++x) {
+    for (int64_t r = 0; r < t.rows(x); ++r) {
+      const double l = t.l[x * t.tr + r];
+      const int64_t row = t.state_row(x, r);
       // NaN for a row that saw a non-finite input, or whose running max is +inf or NaN (logits
       // of finite inputs that overflow fp32: 2^(inf - inf), as IEEE arithmetic would have it).
-      const float mr = mbuf[t * tr + r];
-      if (poison[t * tr + r] || std::isnan(mr) || mr == std::numeric_limits<float>::infinity()) {
+      const float mr = t.m[x * t.tr + r];
+      if (t.poison[x * t.tr + r] || std::isnan(mr) ||
+          mr == std::numeric_limits<float>::infinity()) {
         std::fill_n(out + row * d, d, kNaN);
         lse[row] = kNaN;
         if (p.row_max != nullptr && fixed_max_log2(p.row_max[row]) != kNegInf) {
@@ -713,17 +837,65 @@ void run_item(const Problem& p, const Item& it, float* out, float* lse, float* r
       if (p.row_max != nullptr) {
         const float m0 = fixed_max_log2(p.row_max[row]);
         if (m0 != kNegInf) {
-          const float m = mbuf[t * tr + r];
           if (row_sum != nullptr)
-            row_sum[row] = static_cast<float>(m == m0 ? l : l * std::exp2(double(m) - m0));
-          if (row_flags != nullptr && m != m0) row_flags[row] |= AttnParams::kRowMaxExceeded;
+            row_sum[row] = static_cast<float>(mr == m0 ? l : l * std::exp2(double(mr) - m0));
+          if (row_flags != nullptr && mr != m0) row_flags[row] |= AttnParams::kRowMaxExceeded;
         }
       }
       if (!(l > 0)) continue;  // saw no key: stays empty (out 0, lse -inf)
-      p.kern->scale_copy(obuf + (t * tr + r) * d, static_cast<float>(1.0 / l), out + row * d, d);
-      lse[row] = static_cast<float>(mbuf[t * tr + r] * kLn2 + std::log(l));
+      p.kern->scale_copy(t.o + (x * t.tr + r) * d, static_cast<float>(1.0 / l), out + row * d, d);
+      lse[row] = static_cast<float>(mr * kLn2 + std::log(l));
     }
   }
+}
+
+// The item's rows of the state over its key blocks (the steps at the top of this file). With
+// p.row_max, also writes row_sum and row_flags (kRowMaxExceeded only) of its fixed rows.
+void run_item(const Problem& p, const Item& it, float* out, float* lse, float* row_sum,
+              uint8_t* row_flags, Workspace& ws, bool calling_thread) {
+  // Step 0: the tiles' Q packed, the accumulators reset.
+  ItemTiles tiles = item_tiles(p, it, ws);
+  pack_q_tiles(p, tiles);
+  if (p.small_mm) transpose_q_tiles(p, tiles);
+  reset_accumulators(p, tiles);
+
+  // Per-thread scratch of one (tile, key block): S (tr, ld_s), P as bf16 (tr, ld_s), each
+  // token's run of keys and element mask (bq, bk).
+  float* s = ws.s.get<float>(tiles.tr * p.ld_s);
+  uint16_t* p16 = p.bf16_mm ? ws.p16.get<uint16_t>(tiles.tr * p.ld_s) : nullptr;
+  RowMask mask{BlockKind::kSkip, ws.lo.get<int64_t>(p.bq), ws.hi.get<int64_t>(p.bq),
+               ws.emask.get<uint8_t>(p.bq * p.bk)};
+  std::vector<BlockKind> kinds(static_cast<size_t>(tiles.nqt));
+
+  // Step 1: walk the key blocks.
+  for (int64_t kb = it.kb0; kb < it.kb1; ++kb) {
+    if (!classify_query_blocks(p, tiles, kb, kinds)) continue;  // every tile skips it
+    const bool any_general =
+        std::find(kinds.begin(), kinds.end(), BlockKind::kGeneral) != kinds.end();
+    const KeyBlock blk = load_key_block(p, tiles, kb, any_general, ws);
+    for (int64_t qt = 0; qt < tiles.nqt; ++qt) {
+      mask.kind = kinds[qt];
+      if (mask.kind == BlockKind::kSkip) continue;
+      const int64_t i0 = (tiles.qb0 + qt) * p.bq, tokens = std::min(p.bq, p.sq - i0);
+      mask_rows(p, blk, kb, i0, tokens, mask);
+      const int64_t rows = tokens * tiles.gs;
+      for (int64_t h = 0; h < tiles.nhk; ++h) {
+        const void* kblk = blk.k_head(h, p.d, tiles.esz);
+        const void* vblk = blk.v_head(h, p.d, tiles.esz);
+        for (int64_t gt = 0; gt < tiles.ngt; ++gt) {
+          const int64_t x = tiles.index(qt, h, gt);
+          tile_scores(p, tiles, x, rows, kblk, blk.nk, s);     // S = Q·Kᵀ
+          tile_softmax(p, tiles, x, rows, blk, mask, s, p16);  // mask, online softmax: P
+          tile_pv(p, tiles, x, rows, vblk, blk.nk, s, p16);    // O += P·V
+          poison_tile_rows(p, tiles, x, rows, h, blk, mask);   // non-finite inputs
+        }
+      }
+    }
+    if (calling_thread && *p.progress) (*p.progress)();
+  }
+
+  // Step 2: normalize and write out (B, Sq, H, D) and lse (B, Sq, H).
+  write_rows(p, tiles, out, lse, row_sum, row_flags);
 }
 
 Workspace& thread_workspace() {

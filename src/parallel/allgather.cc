@@ -1,12 +1,29 @@
-// allgather: every rank gathers the whole K and V, then attends its queries to all of it.
-//   step 0: all_gatherv K, then V ([B, n_r, Hkv, D] from each rank, in rank order)
+// allgather (docs/algorithms.md "allgather"): every rank gathers the whole K and V, then
+// attends its queries to all of it. The always-correct fallback: no ordering, no overlap.
+//
+// Accepts: a Partition (any layout, uneven and padded shards, documents); this rank's
+//   q (B, n_r, H, D) and k, v (B, n_r, Hkv, D), fp32, bf16 or fp16, H a multiple of Hkv;
+//   CpOptions: causal, padding (valid_len), documents (cu_seqlens).
+// Returns: the state of the own queries over the whole sequence, out (B, n_r, H, D) and
+//   lse (B, n_r, H), fp32; *stats set.
+// Steps on rank r of N:
+//   step 0: all_gatherv K, then V ([B, n_i, Hkv, D] from each rank, in rank order)
 //   step 1: (B > 1 only) regroup [rank][B][n_i] -> [B][rank, n_i]
-//   step 2: flash_attention(q, K, V) with the gathered key positions.
+//   step 2: flash_attention(q, K, V) with the gathered key positions (the ranks' positions
+//           concatenated), so masks follow global positions for every layout.
+// K/V blocks held (block i: the K/V of rank i), N = 4:
+//   step     rank 0     rank 1     rank 2     rank 3
+//   start    0          1          2          3
+//   0        0 1 2 3    0 1 2 3    0 1 2 3    0 1 2 3
+// Bytes per rank (t = 2·B·Hkv·D·e, a token's K and V; S = Σ n_i): sent t·n_r·(N-1), received
+//   t·(S - n_r); even shards 2·S·Hkv·D·e·B·(N-1)/N each way, in two collectives.
+// Memory: the whole sequence's K/V, t·S (CpStats::peak_kv_bytes); with B > 1 each gather also
+//   stages the tensor it gathers before the regroup (up to t·S/2 more while V is gathered).
+// Limitations: K/V memory grows with S on every rank; the gather is not overlapped with compute.
 #include <cstring>
 #include <vector>
 
 #include "schedule_build.h"
-#include "strategy_common.h"
 #include "seqpar/core/timer.h"
 #include "strategy_common.h"
 

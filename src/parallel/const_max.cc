@@ -1,5 +1,36 @@
 // const-max softmax for the ring (docs/algorithms.md "const-max ring"): per-row bounds from
 // all-reduced key norms, and the accumulator that adds the ring steps' sums without rescaling.
+// Used by ring_over_blocks (ring.cc), so by ring and usp's ring part.
+//
+// Accepts: const_max_row_bounds: the ring's communicator, this member's q (B, Sq, H, D) and its
+//   own block k (B, Sk, Hkv, D) at k_pos; CpOptions (scale, valid_len: padding keys left out).
+//   ConstMaxAccumulator: those bounds, then the state of each block as the kernel returns it.
+// Returns: the bounds M (B, Sq, H), natural log; finish(): the state of the rows over every
+//   block added, out (B, Sq, H, D) and lse (B, Sq, H), fp32, and fallback_rows().
+// Steps on member r of N (the ring's steps, ring.cc):
+//   step 0 (before the ring): per (batch, kv head) the largest norm of a key of the own block;
+//     all_reduce(max) of these B·Hkv fp32 values gives K(b, hk); M = scale·|q|·K(b, h / (H/Hkv))
+//   first block attended (online softmax): a row is fixed if |M - lse_0| <= 30, then continues
+//     with l = exp(lse_0 - M), O = out_0·l; else it falls back and keeps (out_0, lse_0)
+//   every later block: the kernel runs fixed rows with the max M (and fallback rows online in
+//     the same call); fixed rows add O += out·l_s, l += l_s, fallback rows merge by LSE; a fixed
+//     row the kernel flags exceeded is normalized and falls back from then on
+//   finish: fixed rows out = O / l, lse = M + ln l
+// Blocks met by member 1, N = 4 (the ring's order; any order gives the same sums up to fp32
+// rounding):
+//   step   block   fixed rows                   fallback rows
+//   0      1       decided: O = out_0·l, l      (out_0, lse_0)
+//   1      0       O += out·l_s, l += l_s       merge by LSE
+//   2      3       the same                     the same
+//   3      2       the same                     the same
+// Bytes per member: the ring's, plus 4·B·Hkv·(N-1) each way (the all-reduce; nothing with one
+//   member).
+// Memory: per query row (b, i, h) 29 bytes besides the state: M, the kernel's max and the last
+//   block's row sum (fp32), M as the kernel applies it and l (fp64), the row flags (1 byte).
+// Limitations: a row whose first block holds only small logits falls back even if later blocks
+//   would bring its lse within 30 of M (the count is conservative); one key with a huge norm
+//   loosens the bound of its whole (batch, kv head); not with schedule steal, pass-Q, pass-KV,
+//   allgather or plain ulysses.
 //
 // Numbers per query row (b, i, h), natural-log units of the scaled logits s = scale·q·k:
 //   M            the bound: scale·|q|·max|k| >= every s of the row (Cauchy–Schwarz)

@@ -1,11 +1,41 @@
-// passq and passkv over a distributed K/V cache.
+// passq and passkv over a distributed K/V cache (docs/algorithms.md "passq and passkv"), with
+// what they share: the cache's placement (decode_placement, request_runs), the partial rows
+// packed for the all-to-all (also ring pass-Q's, passq_ring.cc) and Meta's pass-KV / pass-Q rule
+// (pass_choice).
 //
-// passq on rank r of N (T_i queries on rank i, T = sum T_i):
+// Accepts: a KvPlacement: rank i holds the K/V of its share of the P cached tokens and of its
+//   new tokens (kv_pos[i]; k, v (B, K_i, Hkv, D)) and the queries of its new tokens (q_pos[i];
+//   q (B, T_i, H, D), T_i possibly 0), fp32, bf16 or fp16; CpOptions: causal, documents
+//   (cu_seqlens: packed requests).
+// Returns: the state of the own new tokens over the whole cache, out (B, T_r, H, D) and
+//   lse (B, T_r, H), fp32; *stats reset.
+//
+// passq on rank r of N (T = Σ T_i):
 //   step 0: all_gatherv the queries: (B, T_i, H, D) from each rank -> (B, T, H, D)
 //   step 1: attend all T queries to the local K/V shard -> partial state (B, T, H, D) + lse
-//   step 2: all_to_allv the partials: rank i gets the rows of its own queries from every rank
+//   step 2: all_to_allv the partials (fp32): rank i gets the rows of its own queries from every
+//           rank
 //   step 3: merge the N partials of each own query by LSE (in rank order)
-// passkv: ring_over_blocks with the K/V shards as blocks and the queries staying.
+//   Q blocks held (q_i: the queries of rank i), N = 4:
+//     step     rank 0             rank 1             rank 2             rank 3
+//     start    q0                 q1                 q2                 q3
+//     0        q0 q1 q2 q3        q0 q1 q2 q3        q0 q1 q2 q3        q0 q1 q2 q3
+//     2        q0 x ranks 0..3    q1 x ranks 0..3    q2 x ranks 0..3    q3 x ranks 0..3
+//   bytes: sent B·T_r·H·D·e·(N-1) + B·(T - T_r)·H·(D+1)·4,
+//          received B·(T - T_r)·H·D·e + B·T_r·H·(D+1)·4·(N-1)
+//   memory: the own K/V shard (CpStats::peak_kv_bytes); the gathered queries, staged then
+//   regrouped (2·B·T·H·D·e); the partial state of all T queries and its packed copy
+//   (2·B·T·H·(D+1)·4); the N received partials of the own queries (N·B·T_r·H·(D+1)·4).
+//
+// passkv: ring_over_blocks (ring.cc) with the K/V shards as blocks and the queries staying: at
+//   step s rank r holds the K/V of rank r-s (ring.cc's table); bytes sent t·(K - K_{r+1}),
+//   received t·(K - K_r), with t = 2·B·Hkv·D·e, K_i the K/V tokens of rank i and K = P + T;
+//   memory: the ring's (own shard plus two receive slots, none with zero copy).
+//
+// Limitations: online softmax only. passq moves every query before any attention starts (an
+//   exposed transfer; ring pass-Q overlaps it); passkv moves the whole cache, which hides behind
+//   the attention only for enough new tokens (pass_choice's rule; choose_cache_strategy replays
+//   the schedules).
 #include "seqpar/parallel/decode.h"
 
 #include <algorithm>

@@ -1,15 +1,36 @@
-// Joint attention (MMDiT dual stream) on rank r of N:
+// Joint attention (MMDiT dual stream; docs/algorithms.md "joint attention"): image tokens
+// sharded, text tokens replicated on every rank, one bidirectional sequence with the text after
+// the image; every text key and value enters exactly once.
+//
+// Accepts: a strategy and its communicators (SpComms), a Partition of the image tokens; this
+//   rank's image q (B, n_r, H, D), k, v (B, n_r, Hkv, D) and the whole text text_q (B, T, H, D),
+//   text_k, text_v (B, T, Hkv, D); CpOptions: padding of the image keys (valid_len). Not causal,
+//   no documents.
+// Returns: JointState: the own image rows' state (B, n_r, H, D) + (B, n_r, H) and the text
+//   rows' state (B, T, H, D) + (B, T, H), the same on every rank; fp32. Adds the text part to
+//   *stats after the strategy set it.
+// Steps on rank r of N:
 //   step 0: image queries over all image keys through the chosen strategy
 //   step 1: image queries over the text keys (local: text is replicated); merge
 //   step 2: text queries over the local image shard -> partial state
 //   step 3: all_gather the text partials (B, T, H, D+1 fp32 each), merge them in rank order
 //   step 4: text queries over the text keys (local); merge
-// Every text key and value enters exactly once (steps 1 and 4 are local, never gathered).
+// What each rank attends (I_i: the image shard of rank i, T the text), N = 4:
+//   step   rank 0             rank 1             rank 2             rank 3
+//   0      I_0 x I_0..I_3     I_1 x I_0..I_3     I_2 x I_0..I_3     I_3 x I_0..I_3
+//   1      I_0 x T            I_1 x T            I_2 x T            I_3 x T
+//   2      T x I_0            T x I_1            T x I_2            T x I_3
+//   3      T's partials over I_0..I_3, on every rank
+//   4      T x T              T x T              T x T              T x T
+// Bytes per rank: the strategy's, plus B·T·H·(D+1)·4·(N-1) each way (the text partials).
+// Memory: the strategy's, plus the text's q, k, v (replicated) and the gathered text partials
+//   (N·B·T·H·(D+1)·4).
+// Limitations: bidirectional only (causal refused), no documents (cu_seqlens); text over text is
+//   computed on every rank (counted once in CpStats::work, on rank 0).
 #include <cstring>
 #include <vector>
 
 #include "schedule_build.h"
-#include "strategy_common.h"
 #include "seqpar/core/timer.h"
 #include "seqpar/parallel/strategy_table.h"
 #include "strategy_common.h"

@@ -1,42 +1,116 @@
-// ring (pass-KV): K/V blocks travel around the ring while each rank computes on the block it
-// holds; partial states merge by LSE. On member r of N, with next = r+1 and prev = r-1 (mod N):
-//   step s (0 <= s < N), holding the block of member src = r - s:
-//     1. if s < N-1: post irecv(prev) into the free buffer, isend(next) of the held block
-//     2. attend q to the held block unless causal masking hides all of it; merge into acc
-//     3. wait for both transfers; the received block (of member r-s-1) becomes the held block
-// Buffers: the own block plus two receive buffers used alternately, so a buffer is refilled only
-// after its send and its compute finished (the step before).
-// Zero copy (comm.borrows(): ranks share memory, threads backend): every block the ring carries
-// is some member's own k/v, which no member modifies during the call, so nothing is copied at
-// all: step 1 receives with irecv_borrow (the address of the sender's block, and a lease on it)
-// and step 1 of the next step forwards that address. Sends are not waited per step (a send
-// completes when its receiver drops the lease); at the end each member drops the lease of the
-// block it held last (never forwarded), then, from the last send back to the first, waits for
-// the send and drops the lease of the block it sent (which completes its sender's send). Every chain of borrows ends
-// at a member that releases without waiting, so this drain cannot deadlock, and no member
-// returns while another still reads its k/v. CommStats count the same logical bytes.
+// ring (pass-KV; docs/algorithms.md "ring (pass-KV)"): K/V blocks travel around the ring while
+// each member attends its queries to the block it holds; the partial states merge by LSE.
+// ring_over_blocks is the core of ring_attention, passkv (decode.cc), schedule steal (steal.cc,
+// more queries on each held block) and usp's ring part (ulysses.cc); the rotation, its double
+// buffering and the zero-copy borrowing are the ring driver's (ring_driver.h).
 //
-// softmax const-max (docs/algorithms.md "const-max ring"): before step 0, all-reduce (max) the
-// largest key norm of every (batch, kv head) and bound every query row's logits by
-// scale·|q|·max|k|. The first block attended runs with the online softmax and decides per row:
-// fixed max (bound within 30 of its lse) or fallback. Every later step runs the kernel with the
-// fixed max for the fixed rows, whose sums then add without rescaling (ConstMaxAccumulator).
+// Accepts: member i of the ring holds the K/V of the tokens at block_pos[i] (any order, any
+//   lengths: every layout, uneven and padded shards, documents); this member's q (B, Sq, H, D)
+//   at q_pos and k, v (B, n_r, Hkv, D) at block_pos[r], fp32, bf16 or fp16, H a multiple of Hkv;
+//   CpOptions: causal, padding (valid_len), documents (cu_seqlens), softmax online or const-max.
+// Returns: the state of q over every member's keys, out (B, Sq, H, D) and lse (B, Sq, H), fp32;
+//   adds to *stats (ring_attention resets it first).
+// Steps on member r of N (next = r+1, prev = r-1 mod N); at step s it holds the block of r-s:
+//   (const-max: all_reduce(max) of the largest key norm per (batch, kv head), const_max.cc)
+//   1. if s < N-1: irecv(prev) of the block of member r-s-1, isend(next) of the held block
+//   2. attend q to the held block unless the mask hides all of it; merge into the accumulator
+//      (const-max: the first block attended decides each row fixed or fallback; later blocks
+//      add the fixed rows' sums without rescaling)
+//   3. wait; the received block becomes the held one
+// Blocks held (member i holds the block of member i-s), N = 4:
+//   step   member 0   member 1   member 2   member 3
+//   0      0          1          2          3
+//   1      3          0          1          2
+//   2      2          3          0          1
+//   3      1          2          3          0
+// Bytes per member (t = 2·B·Hkv·D·e, a token's K and V; n_i tokens of member i, S = Σ n_i):
+//   sent t·(S - n_{r+1}), received t·(S - n_r), in N-1 messages of K and N-1 of V, each
+//   overlapped with a step's attention; even shards 2·S·Hkv·D·e·B·(N-1)/N each way. const-max
+//   adds 4·B·Hkv·(N-1) each way.
+// Memory: the own shard plus two receive slots, each as large as the largest block it received
+//   (CpStats::peak_kv_bytes). Zero copy (threads backend): no slot is allocated, peers' blocks
+//   are read in place (measured_kv_bytes: the own shard).
+// Limitations: causal masking skips compute, not bytes (every block travels: members further on
+//   need it); contiguous causal shards leave rank r about (2r+1)/N of the mean work (use zigzag,
+//   striped or schedule steal); the N-1 transfers are in series, so a step too short to hide
+//   its transfer exposes it.
 #include <array>
 #include <memory>
 #include <optional>
 #include <vector>
 
+#include "ring_driver.h"
 #include "schedule_build.h"
-#include "strategy_common.h"
 #include "seqpar/core/timer.h"
-#include "seqpar/core/trace.h"
 #include "strategy_common.h"
 
 namespace seqpar {
 
 namespace {
+
 constexpr int kTagK = 101;
 constexpr int kTagV = 102;
+constexpr RingTraceNames kTraceNames{"ring", "ring", "keys"};
+
+// The state of this member's queries q (B, Sq, H, D) at q_pos over the K/V blocks attended so
+// far: the first attended block's state, the later ones merged by LSE, or with the const-max
+// softmax the ConstMaxAccumulator. work: the visible score elements computed.
+class BlockAttention {
+ public:
+  BlockAttention(const Tensor& q, std::span<const int64_t> q_pos, const CpOptions& opts,
+                 std::optional<ConstMaxAccumulator> cmax)
+      : q_(q), q_pos_(q_pos), opts_(opts), cmax_(std::move(cmax)) {}
+
+  // Attends q to the block (k, v) (B, n, Hkv, D) at k_pos unless the mask hides all of it, and
+  // merges the partial state. Returns whether it computed.
+  bool attend(const Tensor& k, const Tensor& v, std::span<const int64_t> k_pos,
+              const std::function<void()>& progress) {
+    if (fully_hidden(opts_, q_pos_, k_pos)) return false;
+    const int64_t B = q_.dim(0);
+    KernelCall call(opts_, q_pos_, k_pos, B);
+    AttnParams& params = call.params;
+    params.progress = progress;
+    if (cmax_ && cmax_->started()) cmax_->prepare(params);
+    AttnState part = flash_attention(q_, k, v, params);
+    if (cmax_) {
+      if (cmax_->started()) {
+        cmax_->add(part);
+      } else {
+        cmax_->start(std::move(part));
+      }
+    } else if (first_) {
+      acc_ = std::move(part);
+      first_ = false;
+    } else {
+      merge_into(acc_, part);
+    }
+    work_ += visible_score_elements(B, q_.dim(2), q_.dim(1), k.dim(1), params.mask);
+    return true;
+  }
+
+  // The state over every block attended (empty if none); const-max: its fallback rows.
+  AttnState finish(int64_t* fallback_rows) {
+    if (cmax_ && cmax_->started()) {
+      *fallback_rows = cmax_->fallback_rows();
+      return cmax_->finish();
+    }
+    *fallback_rows = 0;
+    if (first_) return AttnState::empty(q_.dim(0), q_.dim(1), q_.dim(2), q_.dim(3));
+    return std::move(acc_);
+  }
+
+  int64_t work() const { return work_; }
+
+ private:
+  const Tensor& q_;
+  std::span<const int64_t> q_pos_;
+  const CpOptions& opts_;
+  std::optional<ConstMaxAccumulator> cmax_;
+  AttnState acc_;
+  bool first_ = true;
+  int64_t work_ = 0;
+};
+
 }  // namespace
 
 AttnState ring_over_blocks(Communicator& comm, std::span<const std::span<const int64_t>> block_pos,
@@ -44,169 +118,44 @@ AttnState ring_over_blocks(Communicator& comm, std::span<const std::span<const i
                            const Tensor& v, const CpOptions& opts, CpStats* stats,
                            const RingBlockHook& on_block) {
   const int n = comm.size(), r = comm.rank();
-  const int next = (r + 1) % n, prev = (r + n - 1) % n;
-  const int64_t B = q.dim(0), H = q.dim(2), D = q.dim(3), Hkv = k.dim(2);
   SEQPAR_CHECK(static_cast<int>(block_pos.size()) == n, "one block per ring member");
   SEQPAR_CHECK(k.dim(1) == static_cast<int64_t>(block_pos[r].size()), "own block size");
+  double compute = 0, bounds_wait = 0;
 
-  AttnState acc = AttnState::empty(B, q.dim(1), H, D);
-  std::array<Tensor, 2> buf_k, buf_v;
-  const Tensor* cur_k = &k;
-  const Tensor* cur_v = &v;
-  // Zero copy: views of the borrowed blocks, the leases on them (index s: the block held at
-  // step s+1) and every step's sends, all settled after the last step. (sends before leases:
-  // destroyed after them, so an unwinding member first drops what it borrowed, and only then
-  // waits for its own lent blocks.)
-  const bool borrow = comm.borrows() && n > 1;
-  Tensor held_k, held_v;
-  // Bytes a receive buffer of that many bytes occupies (Tensor's 64-byte rounding, at least 64).
-  auto slot_bytes = [](size_t bytes) { return std::max<size_t>(64, (bytes + 63) / 64 * 64); };
-  std::array<size_t, 2> borrowed_capacity = {0, 0};  // per receive slot, K (V is the same)
-  std::vector<std::array<Request, 2>> sends(borrow ? n - 1 : 0);
-  std::vector<std::array<std::shared_ptr<void>, 2>> leases(borrow ? n - 1 : 0);
-  int src = r;
-  double compute = 0, wait = 0, end_sync = 0;
-  int64_t work = 0;
-  bool first = true;
+  // const-max: the row bounds from the all-reduced key norms, before step 0.
   std::optional<ConstMaxAccumulator> cmax;
   if (opts.softmax == SoftmaxMode::kConstMax) {
     const double t = now_seconds();
     cmax.emplace(const_max_row_bounds(comm, q, k, block_pos[r], opts));
-    wait += now_seconds() - t;
+    bounds_wait = now_seconds() - t;
   }
+  BlockAttention attention(q, q_pos, opts, std::move(cmax));
 
-  for (int step = 0; step < n; ++step) {
-    std::array<Request, 4> reqs;
-    const int incoming = (r + n - step - 1) % n;
-    const int64_t in_len = static_cast<int64_t>(block_pos[incoming].size());
-    const void* in_k = nullptr;
-    const void* in_v = nullptr;
-    trace::Scope step_span(trace::enabled() ? detail::concat("ring step ", step) : std::string(),
-                           "ring", trace::Lane::kCompute);
-    step_span.arg("block_of", src);
-    step_span.arg("keys", static_cast<int64_t>(block_pos[src].size()));
-    const double post_us = step_span.active() ? trace::now_us() : 0;
-    double arrived_us = 0;  // --trace: when the incoming block was first seen complete
-    if (step + 1 < n) {
-      if (borrow) {
-        const size_t bytes = static_cast<size_t>(B * in_len * Hkv * D) * dtype_size(k.dtype());
-        // A borrowed block occupies a receive slot as a copied one would (peak_kv_bytes below
-        // counts the same K/V a rank reads at once, whether or not the backend copies it).
-        borrowed_capacity[step % 2] = std::max(borrowed_capacity[step % 2], slot_bytes(bytes));
-        reqs[0] = comm.irecv_borrow(nullptr, bytes, prev, kTagK, &in_k, &leases[step][0]);
-        reqs[1] = comm.irecv_borrow(nullptr, bytes, prev, kTagV, &in_v, &leases[step][1]);
-        sends[step][0] = comm.isend(cur_k->raw(), cur_k->nbytes(), next, kTagK);
-        sends[step][1] = comm.isend(cur_v->raw(), cur_v->nbytes(), next, kTagV);
-      } else {
-        Tensor& nk = buf_k[step % 2];
-        Tensor& nv = buf_v[step % 2];
-        nk.resize({B, in_len, Hkv, D}, k.dtype());
-        nv.resize({B, in_len, Hkv, D}, v.dtype());
-        in_k = nk.raw();
-        in_v = nv.raw();
-        reqs[0] = comm.irecv(nk.raw(), nk.nbytes(), prev, kTagK);
-        reqs[1] = comm.irecv(nv.raw(), nv.nbytes(), prev, kTagV);
-        reqs[2] = comm.isend(cur_k->raw(), cur_k->nbytes(), next, kTagK);
-        reqs[3] = comm.isend(cur_v->raw(), cur_v->nbytes(), next, kTagV);
-      }
-    }
-
-    const auto k_pos = block_pos[src];
-    if (!fully_hidden(opts, q_pos, k_pos)) {
-      double t0 = now_seconds();
-      KernelCall call(opts, q_pos, k_pos, B);
-      AttnParams& params = call.params;
-      params.progress = [&reqs, &arrived_us] {
-        for (auto& rq : reqs) rq.test();
-        // --trace: the first moment the incoming block is seen complete (requests that are done
-        // are empty, so test() is then free).
-        if (arrived_us == 0 && trace::enabled() && reqs[0].test() && reqs[1].test())
-          arrived_us = trace::now_us();
-      };
-      if (cmax && cmax->started()) cmax->prepare(params);
-      AttnState part_state = flash_attention(q, *cur_k, *cur_v, params);
-      if (cmax) {
-        if (cmax->started()) {
-          cmax->add(part_state);
-        } else {
-          cmax->start(std::move(part_state));
-        }
-      } else if (first) {
-        acc = std::move(part_state);
-        first = false;
-      } else {
-        merge_into(acc, part_state);
-      }
-      work += visible_score_elements(B, H, q.dim(1), cur_k->dim(1), params.mask);
+  // The ring of K/V blocks; each step attends q (then the hook's queries) to the held block.
+  RingPayload payload{{&k, &v}, {kTagK, kTagV}, {}, /*zero_copy=*/true};
+  for (const auto& pos : block_pos) payload.tokens.push_back(static_cast<int64_t>(pos.size()));
+  auto attend_block = [&](const RingBlock& block, const std::function<void()>& progress) {
+    const double t0 = now_seconds();
+    if (attention.attend(block[0], block[1], block_pos[block.owner], progress))
       compute += now_seconds() - t0;
-    }
-    if (on_block) {  // more queries on the held block (schedule steal)
-      on_block(src, *cur_k, *cur_v, [&reqs] {
-        for (auto& rq : reqs) rq.test();
-      });
-    }
-
-    double t1 = now_seconds();
-    wait_all(reqs);  // zero copy: the receives only; the sends settle in the drain below
-    wait += now_seconds() - t1;
-    if (step + 1 < n) {
-      if (trace::enabled()) {  // one slice per step's transfer, from posting to arrival
-        const size_t block = static_cast<size_t>(B * in_len * Hkv * D) * dtype_size(k.dtype());
-        trace::complete(detail::concat("ring step ", step, " transfer"), "comm",
-                        trace::Lane::kComm, post_us, arrived_us > 0 ? arrived_us : trace::now_us(),
-                        {{"bytes_sent", static_cast<int64_t>(cur_k->nbytes() + cur_v->nbytes())},
-                         {"bytes_recv", static_cast<int64_t>(2 * block)},
-                         {"to", next},
-                         {"from", prev},
-                         {"zero_copy", borrow ? 1 : 0}});
-      }
-      if (borrow) {
-        held_k = Tensor::borrow(in_k, {B, in_len, Hkv, D}, k.dtype());
-        held_v = Tensor::borrow(in_v, {B, in_len, Hkv, D}, v.dtype());
-        cur_k = &held_k;
-        cur_v = &held_v;
-      } else {
-        cur_k = &buf_k[step % 2];
-        cur_v = &buf_v[step % 2];
-      }
-      src = incoming;
-    }
-  }
-  if (borrow) {
-    trace::Scope drain_span("ring drain", "comm", trace::Lane::kComm);
-    const double t = now_seconds();
-    leases[n - 2] = {};  // the last block held: not forwarded
-    for (int s = n - 2; s >= 0; --s) {
-      wait_all(sends[s]);
-      if (s > 0) leases[s - 1] = {};  // the block sent at step s
-    }
-    end_sync = now_seconds() - t;
-    wait += end_sync;
-  }
+    if (on_block) on_block(block.owner, block[0], block[1], progress);
+  };
+  const RingTotals ring = ring_pass(comm, payload, kTraceNames, attend_block);
 
   int64_t fallback = 0;
-  if (cmax && cmax->started()) {
-    const double t = now_seconds();
-    fallback = cmax->fallback_rows();
-    acc = cmax->finish();
-    compute += now_seconds() - t;
-  }
+  const double t = now_seconds();
+  AttnState acc = attention.finish(&fallback);
+  compute += now_seconds() - t;
   if (stats) {
+    const int64_t own = static_cast<int64_t>(k.nbytes() + v.nbytes());
     stats->fallback_rows += fallback;
-    int64_t kv = static_cast<int64_t>(k.nbytes() + v.nbytes());
-    for (int i = 0; i < 2; ++i)
-      kv += static_cast<int64_t>(buf_k[i].capacity_bytes() + buf_v[i].capacity_bytes() +
-                                 2 * borrowed_capacity[i]);
-    stats->peak_kv_bytes = std::max(stats->peak_kv_bytes, kv);
-    // Storage actually allocated: the receive buffers (empty when every block was borrowed).
-    int64_t held = static_cast<int64_t>(k.nbytes() + v.nbytes());
-    for (int i = 0; i < 2; ++i)
-      held += static_cast<int64_t>(buf_k[i].capacity_bytes() + buf_v[i].capacity_bytes());
-    stats->measured_kv_bytes = std::max(stats->measured_kv_bytes, held);
-    stats->work += work;
+    stats->peak_kv_bytes = std::max(stats->peak_kv_bytes, own + ring.slot_bytes);
+    // Storage actually allocated: the receive slots (none when every block was borrowed).
+    stats->measured_kv_bytes = std::max(stats->measured_kv_bytes, own + ring.allocated_bytes);
+    stats->work += attention.work();
     stats->compute_seconds += compute;
-    stats->wait_seconds += wait;
-    stats->end_sync_seconds += end_sync;
+    stats->wait_seconds += bounds_wait + ring.wait_seconds;
+    stats->end_sync_seconds += ring.end_sync_seconds;
   }
   return acc;
 }

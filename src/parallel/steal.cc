@@ -1,15 +1,42 @@
-// ring with schedule steal (DistFlashAttn's balance, tokens left in place): see strategies.h,
-// steal_plan.h and docs/algorithms.md "steal". On member r of N, with the plan of the partition:
-//   1. post, for each piece r gives away: isend of its query rows to the helper, irecv of the
-//      helper's out and lse; for each piece r helps with: irecv of its query rows;
+// ring with schedule steal (work stealing, DistFlashAttn's balance with the tokens left in
+// place; docs/algorithms.md "ring, schedule steal"): causal attention on contiguous shards
+// leaves the first ranks idle, so the ranks with the dearest rows (late positions) give the
+// work of some of them to the ranks with the cheapest, which compute it during the ring and
+// send the states back. The plan (steal_plan.h) is a pure function of the partition.
+//
+// Accepts: a Partition whose ranks hold contiguous runs of positions (layout contiguous, uneven
+//   and padded shards; InvalidArgument otherwise); this rank's q (B, n_r, H, D) and
+//   k, v (B, n_r, Hkv, D), fp32, bf16 or fp16; CpOptions: causal, padding (valid_len),
+//   documents (cu_seqlens); softmax online only.
+// Returns: the state of the own queries, out (B, n_r, H, D) and lse (B, n_r, H), fp32; *stats
+//   set. With a plan of no pieces (non-causal even shards) it is the plain ring.
+// Steps on rank r of N, with the plan:
+//   1. for each piece r gives away: isend of its query rows to the helper, irecv of the
+//      helper's out and lse; for each piece r helps with: irecv of its query rows
 //   2. the ring (ring_over_blocks) over the rows r keeps; at every step, after its own rows, r
 //      attends the rows it helps with to the block it holds (waiting for their queries the first
-//      time a block is visible to them), merging by LSE per piece;
+//      time a block is visible to them), merging by LSE per piece
 //   3. isend each helped piece's state (out fp32, lse fp32) to its owner; the owner waits for the
 //      states of its pieces and places them into its rows (the rows it gave away are otherwise
-//      empty: the merge with the empty state).
-// Bytes besides the ring's: per piece of m rows, B·m·H·D·e of queries to the helper and
-// B·m·H·(D+1)·4 of state back. K/V memory: the ring's.
+//      empty: the merge with the empty state)
+// Rows each rank computes, causal, S = 4096 on N = 4 (shards of 1024; the K/V block held at
+// each ring step is ring.cc's table):
+//   rank   own rows kept   rows it helps with (owner: positions)   work / mean
+//   0      0..1023         2: 2897..3071, 3: 3693..3967            1.0014
+//   1      1024..2047      3: 3968..4095                           0.9961
+//   2      2048..2896      -                                       1.0009
+//   3      3072..3692      -                                       1.0015
+//   (without steal: 0.25, 0.75, 1.25, 1.75)
+// Bytes per rank: the ring's, plus per piece of m rows B·m·H·D·e of queries, owner to helper
+//   (1 message), and B·m·H·(D+1)·4 of state, helper to owner (2 messages: out, lse); at most N-1
+//   pieces.
+// Memory: the ring's K/V (own shard plus two receive slots); besides, the query rows and states
+//   of the pieces it gives and helps with, a copy of the kept rows' queries when it gives any,
+//   and the assembled result.
+// Limitations: contiguous shards only, online softmax only; the balance holds over the call,
+//   not per ring step (ranks busy at different steps wait for each other where the ring's
+//   transfers couple them); zigzag balances every step without the extra exchange, but reorders
+//   the tokens.
 #include <algorithm>
 #include <cstring>
 #include <vector>

@@ -122,8 +122,9 @@ class ConstMaxAccumulator {
 using RingBlockHook = std::function<void(int src, const Tensor& k, const Tensor& v,
                                          const std::function<void()>& progress)>;
 
-// The ring core: member i of comm holds the K/V block of the tokens at block_pos[i] (any
-// order); this member's queries are at q_pos. Adds to *stats (does not reset it).
+// The ring core (ring.cc; the rotation is ring_pass, ring_driver.h): member i of comm holds the
+// K/V block of the tokens at block_pos[i] (any order); this member's queries are at q_pos. Adds
+// to *stats (does not reset it).
 AttnState ring_over_blocks(Communicator& comm, std::span<const std::span<const int64_t>> block_pos,
                            std::span<const int64_t> q_pos, const Tensor& q, const Tensor& k,
                            const Tensor& v, const CpOptions& opts, CpStats* stats,

@@ -1,19 +1,51 @@
-// ulysses and usp.
+// ulysses (DeepSpeed-Ulysses; docs/algorithms.md "ulysses") and usp (Ulysses inside, ring
+// across; "usp"): an all-to-all turns sequence shards into head shards, each member attends its
+// heads over the whole (group) sequence, and an all-to-all turns the result back.
 //
-// ulysses on member r of N (tokens n_i on member i, S_g = sum n_i):
+// Accepts: a Partition (any layout, uneven and padded shards, documents); this member's
+//   q (B, n_r, H, D) and k, v (B, n_r, Hkv, D), fp32, bf16 or fp16, H a multiple of Hkv;
+//   CpOptions: causal, padding (valid_len), documents (cu_seqlens); usp also softmax const-max
+//   (its ring part). ulysses_mode strict needs H divisible by the Ulysses degree and equal shards
+//   in each group (check_strategy_shape); uaa takes any S and H.
+// Returns: the state of the own queries, out (B, n_r, H, D) and lse (B, n_r, H), fp32; *stats
+//   set.
+// Steps on member r of a Ulysses group of N (n_i tokens on member i, S_g = Σ n_i):
 //   step 0: all_gather the token counts (8 bytes each); they must match the partition
 //   step 1: all_to_allv q, k, v: [B, n_r, H, D] -> [B, S_g, |heads_r|, D]  (sequence -> heads)
-//           member j receives the query heads ulysses_q_heads(j) and the kv heads they read
+//           member j receives the query head slots [j·⌈H/N⌉, (j+1)·⌈H/N⌉) clipped to H and the
+//           kv heads they read (h / (H/Hkv): disjoint when Hkv divides by N, else replicated),
+//           expanded locally to one kv head per query head when the kernel's GQA rule on the
+//           local heads would not find them
 //   step 2: attention of the local heads over the whole group sequence (keys at the gathered
 //           positions, so masks follow global positions for every layout)
 //   step 3: all_to_allv out and lse back: [B, S_g, |heads_r|, .] -> [B, n_r, H, .]
-// usp: step 2 becomes a ring across the groups (members with the same Ulysses rank), each block
-// being one group's whole sequence of this member's kv heads.
+// usp (U = ulysses_degree, R = ring_degree, N = U·R; group g: ranks g·U .. g·U+U-1): steps 0, 1
+//   and 3 in the Ulysses group; step 2 is ring_over_blocks (ring.cc) across the R members with
+//   the same Ulysses rank, each block one group's whole sequence of this member's kv heads.
+// What each member holds (s_i: the tokens of member i; H_j: member j's head slots), N = 4:
+//   ulysses   member 0         member 1         member 2         member 3
+//   start     s_0, all heads   s_1, all heads   s_2, all heads   s_3, all heads
+//   1         s_0..s_3, H_0    s_0..s_3, H_1    s_0..s_3, H_2    s_0..s_3, H_3
+//   3         s_0, all heads   s_1, all heads   s_2, all heads   s_3, all heads
+//   usp U = 2, R = 2 (G_g: group g's sequence; ring members {0, 2} and {1, 3}):
+//   1         G_0, H_0         G_0, H_1         G_1, H_0         G_1, H_1
+//   ring 0    G_0, H_0         G_0, H_1         G_1, H_0         G_1, H_1
+//   ring 1    G_1, H_0         G_1, H_1         G_0, H_0         G_0, H_1
+// Bytes per member (q_j, kv_j: query and kv heads of member j; e: input element size):
+//   sent     Σ_{j≠r} B·n_r·(q_j + 2·kv_j)·D·e + Σ_{j≠r} B·n_j·q_r·(D+1)·4 + 8·(N-1)
+//   received Σ_{j≠r} B·n_j·(q_r + 2·kv_r)·D·e + Σ_{j≠r} B·n_r·q_j·(D+1)·4 + 8·(N-1)
+//   usp: these within the group, plus the ring's t_u·(S - S_{g+1}) sent and t_u·(S - S_g)
+//   received, t_u = 2·B·kv_u·D·e (kv_u: the kv heads its ring carries).
+// Memory: the whole group sequence of the local kv heads (CpStats::peak_kv_bytes), plus the
+//   local query heads' q and state over it; usp: one group's sequence plus the ring's two
+//   receive slots.
+// Limitations: no overlap of the all-to-alls with compute; at most ⌈H/N⌉ heads per member, so
+//   with H < N (or padded head slots) some members idle; kv heads that do not divide by N are
+//   sent to several members; strict usp needs every ring group's sequence of one length.
 #include <cstring>
 #include <vector>
 
 #include "schedule_build.h"
-#include "strategy_common.h"
 #include "seqpar/core/timer.h"
 #include "strategy_common.h"
 
