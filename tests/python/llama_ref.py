@@ -30,12 +30,22 @@ def make_checkpoint(path, *, tied, dtype, sharded, seed=0, **overrides):
     matrices 1/sqrt(fan_in), embeddings of std 1, norms around 1, biases 0.1."""
     cfg = LlamaConfig(**{**TINY, **overrides}, tie_word_embeddings=tied, eos_token_id=None,
                       bos_token_id=None, pad_token_id=None)
+    return save_seeded(LlamaForCausalLM, cfg, path, dtype=dtype, sharded=sharded, seed=seed)
+
+
+def save_seeded(model_class, cfg, path, *, dtype, sharded, seed, qk_norm_mean=2.5):
+    """model_class(cfg) with seeded weights scaled so that attention is far from uniform (q/k of
+    std 2/sqrt(hidden); per-head q_norm and k_norm, where the family has them, around
+    qk_norm_mean; other matrices 1/sqrt(fan_in), embeddings of std 1, norms around 1, biases
+    0.1), written by save_pretrained (safetensors; sharded in 200 KB files)."""
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).float()
+    model = model_class(cfg).float()
     hidden = cfg.hidden_size
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                p.copy_(qk_norm_mean + 0.5 * torch.randn_like(p))
+            elif name.endswith("norm.weight"):
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
             elif name.endswith(".bias"):
                 p.copy_(0.1 * torch.randn_like(p))
@@ -54,6 +64,22 @@ def make_checkpoint(path, *, tied, dtype, sharded, seed=0, **overrides):
     else:
         assert "model.safetensors" in files, files
     return path
+
+
+# The meshes the generate tests run, up to 8 ranks: tp, ring, ulysses, usp, layouts, uneven
+# shards, padding, allgather, tp beyond the kv heads.
+MESHES = [
+    {"tp": 2},
+    {"ring-degree": 2},
+    {"ulysses-degree": 2},
+    {"ring-degree": 2, "ulysses-degree": 2},                        # usp
+    {"ring-degree": 4, "layout": "zigzag"},
+    {"ring-degree": 3, "layout": "striped"},                        # uneven shards
+    {"ulysses-degree": 4, "ulysses-mode": "strict", "pad": True},   # padded
+    {"ring-degree": 4, "strategy": "allgather", "pad": True},
+    {"tp": 4, "ring-degree": 2, "layout": "zigzag"},                # tp > kv heads
+    {"tp": 2, "ring-degree": 2, "ulysses-degree": 2, "layout": "zigzag"},  # 8 ranks
+]
 
 
 def prompt_of(n, vocab, seed):

@@ -1,12 +1,12 @@
 """Tiny Qwen2 and Qwen3 checkpoints written by transformers itself (save_pretrained, safetensors,
 seeded), and transformers' greedy decoding of them as the reference. Running seqpar generate on
 them is llama_ref's (run_generate, mesh_args, ranks_of, prompt_of)."""
-import os
-
 import numpy as np
 import torch
 from transformers import (AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
                           Qwen3ForCausalLM)
+
+from llama_ref import save_seeded
 
 # GQA 8 heads over 2 kv heads, head_dim 16 (Qwen3: 32, apart from hidden / heads); a vocabulary
 # that no tp size of the tests divides evenly; Qwen's rope_theta and eps.
@@ -30,32 +30,7 @@ def make_checkpoint(path, family, *, tied, dtype, sharded, seed=0, **overrides):
     kw.update(overrides)
     cfg = config_class(**kw, tie_word_embeddings=tied, eos_token_id=None, bos_token_id=None,
                        pad_token_id=None)
-    torch.manual_seed(seed)
-    model = model_class(cfg).float()
-    hidden = cfg.hidden_size
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(("q_norm.weight", "k_norm.weight")):
-                p.copy_(2.5 + 0.5 * torch.randn_like(p))
-            elif name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-            elif name.endswith(".bias"):
-                p.copy_(0.1 * torch.randn_like(p))
-            elif "embed_tokens" in name:
-                p.normal_(0.0, 1.0)
-            elif "q_proj" in name or "k_proj" in name:
-                p.normal_(0.0, 2.0 / hidden ** 0.5)
-            else:
-                p.normal_(0.0, 1.0 / p.shape[1] ** 0.5)
-    model = model.to(dtype)
-    model.save_pretrained(path, safe_serialization=True,
-                          max_shard_size="200KB" if sharded else "10GB")
-    files = sorted(os.listdir(path))
-    if sharded:
-        assert "model.safetensors.index.json" in files, files
-    else:
-        assert "model.safetensors" in files, files
-    return path
+    return save_seeded(model_class, cfg, path, dtype=dtype, sharded=sharded, seed=seed)
 
 
 _models = {}

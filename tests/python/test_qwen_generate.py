@@ -77,18 +77,7 @@ def test_one_rank(ckpts, tmp_path, name):
     check(ckpts, tmp_path, name, 53)
 
 
-MESHES = [
-    {"tp": 2},
-    {"ring-degree": 2},
-    {"ulysses-degree": 2},
-    {"ring-degree": 2, "ulysses-degree": 2},                        # usp
-    {"ring-degree": 4, "layout": "zigzag"},
-    {"ring-degree": 3, "layout": "striped"},                        # uneven shards
-    {"ulysses-degree": 4, "ulysses-mode": "strict", "pad": True},   # padded
-    {"ring-degree": 4, "strategy": "allgather", "pad": True},
-    {"tp": 4, "ring-degree": 2, "layout": "zigzag"},                # tp > kv heads
-    {"tp": 2, "ring-degree": 2, "ulysses-degree": 2, "layout": "zigzag"},  # 8 ranks
-]
+MESHES = L.MESHES  # the meshes of the Llama tests
 
 
 @pytest.mark.parametrize("mesh", MESHES, ids=lambda m: "-".join(f"{k}{v}" for k, v in m.items()))
