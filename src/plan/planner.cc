@@ -1,7 +1,7 @@
-#include "seqpar/parallel/strategy_table.h"
 #include "seqpar/plan/planner.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -9,6 +9,7 @@
 
 #include "seqpar/core/error.h"
 #include "seqpar/core/limits.h"
+#include "seqpar/parallel/strategy_table.h"
 
 namespace seqpar {
 
@@ -29,93 +30,139 @@ std::string gb(double bytes) {
   return buf;
 }
 
-// The schemes a sequence-parallel group of u x r ranks can run.
-std::vector<Strategy> schemes_for(const Workload& w, int u, int r) {
-  if (u * r == 1) return {Strategy::kLocal};
-  if (w.decode())
-    return u == 1 ? std::vector<Strategy>{Strategy::kPassKv, Strategy::kPassQ} : std::vector<Strategy>{};
-  if (u == 1) return {Strategy::kRing, Strategy::kAllGather};
-  if (r == 1) return {Strategy::kUlysses};
-  return {Strategy::kUsp};
+// The options a mesh of a strategy row takes, in the order they are enumerated; meshes of equal
+// predicted time keep this order in the ranking (tie_order).
+constexpr UlyssesMode kUlyssesModes[] = {UlyssesMode::kUaa, UlyssesMode::kStrict};
+constexpr Layout kLayouts[] = {Layout::kContiguous, Layout::kZigzag, Layout::kStriped};
+
+// The SpDegrees a sequence-parallel group of ulysses u x ring r ranks has: the rows that take it.
+SpDegrees degrees_of(int u, int r) {
+  if (u * r == 1) return SpDegrees::kOne;
+  if (u == 1) return SpDegrees::kRing;
+  return r == 1 ? SpDegrees::kUlysses : SpDegrees::kUlyssesRing;
 }
 
-bool uses_mode(Strategy s) { return s == Strategy::kUlysses || s == Strategy::kUsp; }
+// Does the row run this kind of call (over a K/V cache or over a sequence)? One rank runs either.
+bool runs_call(const StrategyRow& row, bool over_cache) {
+  return row.degrees == SpDegrees::kOne || row.over_cache == over_cache;
+}
 
-// Calls visit(mesh, any_layout_reason) for every mesh the request's pins allow. ParallelConfig-level
-// (cfg, tp) problems are reported once through reject_degrees.
+// Where an unpinned schedule beside the default is planned: where it can help. The table has no
+// trait for it: work stealing balances causal work, with the online softmax it runs with.
+bool schedule_helps(ScheduleKind k, const Workload& w, SoftmaxMode softmax) {
+  return k != ScheduleKind::kSteal || (w.causal && softmax == SoftmaxMode::kOnline);
+}
+
+// The row's position in the strategy table.
+int row_index(Strategy s) {
+  const auto table = strategy_table();
+  for (size_t i = 0; i < table.size(); ++i)
+    if (table[i].strategy == s) return static_cast<int>(i);
+  return 0;
+}
+
+int index_of(auto value, const auto& list) {
+  int i = 0;
+  for (const auto& v : list) {
+    if (v == value) return i;
+    ++i;
+  }
+  return i;
+}
+
+// The order of meshes of equal predicted time: by degrees (cfg, tp, ulysses), the strategy that
+// holds less K/V first (a ring before an all-gather), then table order; then the options in the
+// order they are listed (uaa before strict, unpadded first, contiguous, zigzag, striped) and the
+// strategy's default schedule first. A rejection of the degrees alone (ulysses 0) comes before
+// the meshes of those degrees.
+using TieOrder = std::array<int, 9>;
+TieOrder tie_order(const ParallelConfig& c) {
+  const StrategyRow& row = strategy_row(c.strategy);
+  return {c.mesh.cfg,
+          c.mesh.tp,
+          c.mesh.ulysses,
+          row.gathers_kv ? 1 : 0,
+          row_index(c.strategy),
+          index_of(c.ulysses_mode, kUlyssesModes),
+          c.pad ? 1 : 0,
+          index_of(c.layout, kLayouts),
+          c.schedule == ScheduleKind::kDefault ? 0 : 1};
+}
+
+// Calls visit(mesh) for every mesh the request allows: for each mesh of degrees (cfg x tp x
+// ulysses x ring), each strategy table row that takes those degrees and this kind of call, each
+// of the row's schedules, and the options that apply to the row (Ulysses modes where it uses
+// Ulysses, padding, layouts). Pins narrow the same loops; a pinned strategy or schedule the mesh
+// cannot run is visited all the same, so that validation says why. Degrees (cfg, tp) that cannot
+// run are reported once through reject_degrees.
 template <typename Visit, typename Reject>
 void enumerate(const PlanRequest& req, Visit&& visit, Reject&& reject_degrees) {
   const Workload& w = req.work;
-  const int world = req.world;
+  const AttnShape shape = workload_shape(w);
+  const SoftmaxMode softmax = req.softmax.value_or(SoftmaxMode::kOnline);
   for (int cfg : {1, 2}) {
-    if (world % cfg != 0 || (req.cfg != 0 && req.cfg != cfg)) continue;
+    if (req.world % cfg != 0 || (req.cfg != 0 && req.cfg != cfg)) continue;
     if (cfg > 1 && w.cfg_branches == 1 && req.cfg == 0) continue;  // nothing to split
-    for (int tp : divisors(world / cfg)) {
+    for (int tp : divisors(req.world / cfg)) {
       if (req.tp != 0 && req.tp != tp) continue;
       if (tp > 1 && w.attention_only && req.tp == 0) continue;
-      ParallelConfig base;
-      base.mesh.cfg = cfg;
-      base.mesh.tp = tp;
+      ParallelConfig m;
+      m.mesh = {.cfg = cfg, .tp = tp, .ring = 0, .ulysses = 0};
       try {
         check_mesh_degrees(w, cfg, tp);
       } catch (const InvalidArgument& e) {
-        base.mesh.ulysses = 0;
-        base.mesh.ring = 0;
-        reject_degrees(base, e.what());
+        reject_degrees(m, e.what());
         continue;
       }
-      const int sp = world / cfg / tp;
+      const int sp = req.world / cfg / tp;
       if (req.sp != 0 && req.sp != sp) continue;
       for (int u : divisors(sp)) {
-        const int r = sp / u;
-        if ((req.ulysses != 0 && req.ulysses != u) || (req.ring != 0 && req.ring != r)) continue;
-        for (Strategy s : schemes_for(w, u, r)) {
-          if (req.strategy && *req.strategy != s) continue;
-          const SoftmaxMode softmax = req.softmax.value_or(SoftmaxMode::kOnline);
-          // A pinned const-max leaves out the strategies without a ring, unless pinned too (then
-          // the rejection says why).
-          if (softmax == SoftmaxMode::kConstMax && !has_ring(s) && !req.strategy) continue;
-          for (UlyssesMode mode : {UlyssesMode::kUaa, UlyssesMode::kStrict}) {
-            if (!uses_mode(s) && mode != UlyssesMode::kUaa) continue;
-            if (req.ulysses_mode && uses_mode(s) && *req.ulysses_mode != mode) continue;
-            for (bool pad : {false, true}) {
-              if (req.pad && *req.pad != pad) continue;
-              if (pad && (sp == 1 || w.decode())) continue;
-              for (Layout layout : {Layout::kContiguous, Layout::kZigzag, Layout::kStriped}) {
-                if (req.layout && *req.layout != layout) continue;
-                if (sp == 1 && layout != Layout::kContiguous && !req.layout) continue;
-                // Padding that adds nothing is not a separate mesh.
-                if (pad) {
-                  const int64_t mult = layout == Layout::kZigzag ? 2 * int64_t{sp} : sp;
-                  if (w.seq % mult == 0 && !(req.pad && *req.pad)) continue;
-                }
-                ParallelConfig m = base;
-                m.mesh.ulysses = u;
-                m.mesh.ring = r;
-                m.strategy = s;
-                m.ulysses_mode = mode;
+        m.mesh.ulysses = u;
+        m.mesh.ring = sp / u;
+        if ((req.ulysses != 0 && req.ulysses != u) || (req.ring != 0 && req.ring != sp / u))
+          continue;
+        for (const StrategyRow& row : strategy_table()) {
+          if (row.degrees != degrees_of(u, sp / u)) continue;
+          if (req.strategy ? *req.strategy != row.strategy : !runs_call(row, w.decode())) continue;
+          // const-max needs a ring; a pinned strategy without one is rejected with the reason.
+          if (softmax != SoftmaxMode::kOnline && !row.has_ring && !req.strategy) continue;
+          m.strategy = row.strategy;
+          m.softmax = softmax;
+          std::vector<const ScheduleRow*> schedules;
+          if (!req.schedule) {
+            for (const ScheduleRow& sr : row.schedules)
+              if (schedule_helps(sr.kind, w, softmax)) schedules.push_back(&sr);
+          } else if (schedule_applies(*req.schedule, row.strategy)) {
+            schedules.push_back(&schedule_row(row.strategy, *req.schedule));
+          } else if (req.strategy) {
+            schedules.push_back(nullptr);  // validation says which schedules the strategy runs
+          }
+          for (const ScheduleRow* sr : schedules) {
+            m.schedule = sr ? sr->kind : *req.schedule;
+            for (UlyssesMode mode : kUlyssesModes) {
+              if (uses_ulysses(row.strategy) ? req.ulysses_mode && *req.ulysses_mode != mode
+                                             : mode != UlyssesMode::kUaa)
+                continue;
+              m.ulysses_mode = mode;
+              for (bool pad : {false, true}) {
+                if (req.pad ? *req.pad != pad : pad && w.decode()) continue;
+                if (pad && sp == 1) continue;
                 m.pad = pad;
-                m.layout = layout;
-                m.softmax = has_ring(s) || req.strategy ? softmax : SoftmaxMode::kOnline;
-                // Every schedule of the strategy where it applies (passq: all-gather and ring;
-                // ring: steal where it balances causal work on contiguous shards), or the pinned
-                // one alone.
-                const bool steal = s == Strategy::kRing && layout == Layout::kContiguous &&
-                                   w.causal && m.softmax == SoftmaxMode::kOnline;
-                if (req.schedule == ScheduleKind::kSteal) {
-                  // Other strategies and layouts only where pinned (rejected with the reason).
-                  if (s != Strategy::kRing && !req.strategy) continue;
-                  if (layout != Layout::kContiguous && !req.layout) continue;
-                  m.schedule = ScheduleKind::kSteal;
-                  visit(m);
-                  continue;
-                }
-                for (ScheduleKind sched :
-                     {ScheduleKind::kDefault, ScheduleKind::kRing, ScheduleKind::kSteal}) {
-                  if (req.schedule && *req.schedule != sched) continue;
-                  if (sched == ScheduleKind::kSteal && !steal) continue;
-                  if (!schedule_applies(sched, s) && !(req.schedule && req.strategy)) continue;
-                  m.schedule = sched;
+                for (Layout layout : kLayouts) {
+                  if (req.layout ? *req.layout != layout : sp == 1 && layout != Layout::kContiguous)
+                    continue;
+                  m.layout = layout;
+                  // Padding that adds nothing is not a separate mesh.
+                  if (pad && w.seq % pad_multiple(sp, layout) == 0 && !req.pad) continue;
+                  // A schedule's own check (steal: contiguous shards) narrows the options that
+                  // are not pinned along with it.
+                  if (sr && sr->check && !(req.schedule && req.layout)) {
+                    try {
+                      sr->check(m, shape);
+                    } catch (const InvalidArgument&) {
+                      continue;
+                    }
+                  }
                   visit(m);
                 }
               }
@@ -132,25 +179,29 @@ struct Enumerated {
   std::vector<Rejection> rejected;
 };
 
-Enumerated enumerate_and_cost(const PlanRequest& req, bool stop_at_first_fit = false) {
+// Every mesh of the request costed: those that fit ranked fastest first, those over the memory
+// limit smallest first (equal ones in tie_order), the rejections in tie_order, those of one mesh
+// that fail for every layout merged into one "any layout" entry. stop_when_runs: stop at the
+// first mesh that runs (fits or not).
+Enumerated enumerate_and_cost(const PlanRequest& req, bool stop_when_runs = false) {
   Enumerated out;
-  // Rejections of one mesh (all but its layout) are merged into one "any layout" entry when
-  // every layout tried was rejected.
   struct Group {
     std::vector<Rejection> rejected;
     int tried = 0;
+    TieOrder order{};
   };
   std::vector<Group> groups;
   std::map<std::string, size_t> index;
   enumerate(
       req,
       [&](const ParallelConfig& m) {
-        if (stop_at_first_fit && !out.fit.empty()) return;
+        if (stop_when_runs && !(out.fit.empty() && out.over.empty())) return;
         ParallelConfig key = m;
         key.layout = Layout::kContiguous;
         auto [it, inserted] = index.emplace(config_label(key), groups.size());
-        if (inserted) groups.emplace_back();
+        if (inserted) groups.push_back({{}, 0, tie_order(m)});
         Group& g = groups[it->second];
+        g.order = std::min(g.order, tie_order(m));
         ++g.tried;
         try {
           MeshCost c = cost_mesh(req.work, m, req.hw, req.memory_limit);
@@ -160,12 +211,24 @@ Enumerated enumerate_and_cost(const PlanRequest& req, bool stop_at_first_fit = f
         }
       },
       [&](const ParallelConfig& m, const std::string& reason) {
-        groups.emplace_back();
-        groups.back().rejected.push_back({m, true, reason});
-        groups.back().tried = 1;
+        groups.push_back({{{m, true, reason}}, 1, tie_order(m)});
       });
+  auto in_order = [](const auto& a, const auto& b) {
+    return tie_order(a.config) < tie_order(b.config);
+  };
+  std::stable_sort(out.fit.begin(), out.fit.end(), in_order);
+  std::stable_sort(out.fit.begin(), out.fit.end(), [](const MeshCost& a, const MeshCost& b) {
+    return a.step_s < b.step_s * (1 - 1e-12);
+  });
+  std::stable_sort(out.over.begin(), out.over.end(), in_order);
+  std::stable_sort(out.over.begin(), out.over.end(), [](const MeshCost& a, const MeshCost& b) {
+    return a.memory_bytes < b.memory_bytes;
+  });
+  std::stable_sort(groups.begin(), groups.end(),
+                   [](const Group& a, const Group& b) { return a.order < b.order; });
   for (Group& g : groups) {
     if (g.rejected.empty()) continue;
+    std::stable_sort(g.rejected.begin(), g.rejected.end(), in_order);
     if (static_cast<int>(g.rejected.size()) == g.tried && g.tried > 1) {
       Rejection r = g.rejected.front();
       r.any_layout = true;
@@ -190,7 +253,7 @@ int nearest_fitting_world(const PlanRequest& req, MeshCost* best) {
     PlanRequest r2 = req;
     r2.world = w2;
     r2.cfg = r2.tp = r2.ulysses = r2.ring = r2.sp = 0;  // pins were for the old world size
-    Enumerated e = enumerate_and_cost(r2, true);
+    Enumerated e = enumerate_and_cost(r2);
     if (!e.fit.empty()) {
       if (best) *best = e.fit.front();
       return w2;
@@ -410,13 +473,6 @@ Plan make_plan(const PlanRequest& req) {
   plan.divisibility = analyse_divisibility(req);
   if (req.work.decode()) plan.decode = decode_choice(req);
   Enumerated e = enumerate_and_cost(req);
-  auto faster = [](const MeshCost& a, const MeshCost& b) {
-    return a.step_s < b.step_s * (1 - 1e-12);
-  };
-  std::stable_sort(e.fit.begin(), e.fit.end(), faster);
-  std::stable_sort(e.over.begin(), e.over.end(), [](const MeshCost& a, const MeshCost& b) {
-    return a.memory_bytes < b.memory_bytes;
-  });
   plan.ranked = std::move(e.fit);
   plan.over_memory = std::move(e.over);
   plan.rejected = std::move(e.rejected);

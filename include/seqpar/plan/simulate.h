@@ -30,6 +30,7 @@ struct SimCurve {
   int hidden_up_to = 0;  // largest size with exposed fraction <= threshold (0: none)
   int stops_hiding_at =
       0;  // first size above it where the fraction exceeds the threshold (0: never)
+  bool overlaps = false;  // some transfer of its meshes may hide behind compute (a ring's)
 };
 
 struct Simulation {
@@ -39,7 +40,9 @@ struct Simulation {
   Layout layout = Layout::kContiguous;
   double threshold = 0.05;  // exposed communication fraction that counts as "not hidden"
   std::vector<int> sizes;
-  std::vector<SimCurve> curves;       // ring, ulysses, usp, allgather
+  // One per strategy table row that runs the call on more than one rank (over a sequence: ring,
+  // ulysses, usp, then allgather; over a cache: passkv, passq).
+  std::vector<SimCurve> curves;
   std::vector<std::string> findings;  // one line per strategy
 };
 
