@@ -104,7 +104,8 @@ std::vector<int> parse_sizes(const std::string& s) {
 using nlohmann::json;
 
 long long i64(const json& v) { return v.get<long long>(); }
-double f64(const json& v) { return v.get<double>(); }
+// JSON writes a number that is not finite as null.
+double f64(const json& v) { return v.is_null() ? std::nan("") : v.get<double>(); }
 const char* str(const json& v) { return v.get_ref<const std::string&>().c_str(); }
 
 // "ring", "ulysses(uaa)", "usp(strict) const-max", "ring steal": the strategy and the options
@@ -329,6 +330,7 @@ void print_simulation(const json& sim, const json& hw) {
               str(sim["layout"]), i64(sizes.front()), i64(sizes.back()));
   if (i64(sim["ranks_per_node"]) > 0)
     std::printf(", %lld ranks per node", i64(sim["ranks_per_node"]));
+  if (!sim["note"].get_ref<const std::string&>().empty()) std::printf(" (%s)", str(sim["note"]));
   std::printf("\n  %-6s", "ranks");
   for (const json& c : sim["curves"])
     std::printf(" %22s", detail::concat(str(c["strategy"]), " step (exp)").c_str());
@@ -411,26 +413,74 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
   p->add_flag("--json", o.json, "print one JSON object");
   p->add_option("--top", o.top, "meshes to print (0: all)");
   p->add_flag("--simulate", o.simulate, "replay ring/ulysses/usp/allgather at growing sizes");
-  p->add_option("--sim-ranks,--sim_ranks", o.sim_ranks, "simulation sizes FIRST:LAST (doubling)");
+  o.sim_ranks.clear();  // unset: kDefaultSimRanks as far as the planning limit allows
+  p->add_option("--sim-ranks,--sim_ranks", o.sim_ranks,
+                "simulation sizes FIRST:LAST (doubling; default 8:1024 as far as the planning "
+                "limit allows)");
   p->add_option("--svg", o.svg, "write the simulation's step time vs ranks as an SVG file");
   guard_integer_options(p);
 }
 
 namespace {
 
+// --sim-ranks unset: from 8 doubling up to 1024, as far as the planning limit allows.
+constexpr const char* kDefaultSimRanks = "8:1024";
+
+// The layout, cfg and tp the simulation replays: as pinned, else zigzag for a causal workload
+// and contiguous otherwise, cfg and tp 1.
+struct SimulationMesh {
+  Layout layout;
+  int cfg, tp;
+};
+SimulationMesh simulation_mesh(const PlanRequest& req) {
+  return {req.layout.value_or(req.work.causal ? Layout::kZigzag : Layout::kContiguous),
+          req.cfg > 0 ? req.cfg : 1, req.tp > 0 ? req.tp : 1};
+}
+
+// The simulation's sizes: --sim-ranks as given, refused (with the last size that fits) where
+// the plan and the simulation together would pass the planning limit; unset, kDefaultSimRanks
+// as far as the limit allows (*note says where it stopped).
+std::vector<int> simulation_sizes(const PlanOptions& o, const PlanRequest& req, std::string* note) {
+  const bool given = !o.sim_ranks.empty();
+  std::vector<int> sizes = parse_sizes(given ? o.sim_ranks : kDefaultSimRanks);
+  const int64_t plan = plan_work(req, req.world).ns;
+  if (plan > kMaxPlanWork) return sizes;  // make_plan refuses the plan itself
+  const SimulationMesh m = simulation_mesh(req);
+  const PlanWork work = simulation_work(req.work, sizes, m.layout, m.cfg, m.tp);
+  if (work.ns <= kMaxPlanWork - plan) return sizes;
+  const int last =
+      largest_simulated_size(req.work, sizes, m.layout, m.cfg, m.tp, kMaxPlanWork - plan);
+  const PlanWork with_plan = [&] {
+    PlanWork x = plan_work(req, req.world);
+    x += work;
+    return x;
+  }();
+  SEQPAR_ARG_CHECK(!given && last > 0, "--sim-ranks ", sizes.front(), ":", sizes.back(),
+                   ": simulating at ", req.work.seq, " tokens beside the plan means costing ",
+                   with_plan.text(), ", more than the limit of about ",
+                   kMaxPlanWork / 1'000'000'000.0, " s; ",
+                   last > 0 ? detail::concat("--sim-ranks ", sizes.front(), ":", last)
+                            : std::string("plan fewer tokens"));
+  *note = detail::concat(sizes.back(), " ranks would take about ",
+                         fmt("%.2g", static_cast<double>(with_plan.ns) / 1e9),
+                         " s to cost, more than the limit; --sim-ranks to choose");
+  while (sizes.back() > last) sizes.pop_back();
+  return sizes;
+}
+
 int run_plan(const PlanOptions& o) {
   const ResolvedPlanSpec r = resolve(o);
   std::vector<int> sizes;
-  if (o.simulate || !o.svg.empty()) sizes = parse_sizes(o.sim_ranks);
+  std::string sim_note;
+  if (o.simulate || !o.svg.empty()) sizes = simulation_sizes(o, r.req, &sim_note);
   std::optional<OutputFile> svg;
   if (!o.svg.empty()) svg.emplace("--svg", o.svg);
   const Plan plan = make_plan(r.req);
   std::optional<Simulation> sim;
   if (!sizes.empty()) {
-    const Layout layout =
-        r.req.layout.value_or(r.req.work.causal ? Layout::kZigzag : Layout::kContiguous);
-    sim = simulate_scaling(r.req.work, r.req.hw, sizes, layout, r.req.cfg > 0 ? r.req.cfg : 1,
-                           r.req.tp > 0 ? r.req.tp : 1);
+    const SimulationMesh m = simulation_mesh(r.req);
+    sim = simulate_scaling(r.req.work, r.req.hw, sizes, m.layout, m.cfg, m.tp);
+    sim->note = sim_note;
     if (svg)
       svg->write(simulation_svg(
           *sim, detail::concat(r.req.work.model, ", S = ", r.req.work.seq, " tokens, ",

@@ -382,7 +382,8 @@ std::string plan_json(const ResolvedPlanSpec& r, const Plan& plan, const Simulat
                        {"threshold", sim->threshold},
                        {"ranks_per_node", sim->ranks_per_node},
                        {"curves", curves},
-                       {"findings", sim->findings}};
+                       {"findings", sim->findings},
+                       {"note", sim->note}};
   }
   return j.dump();
 }

@@ -24,9 +24,25 @@ std::vector<int> divisors(int x) {
 // Candidate world sizes the "nearest" searches try at most (each one enumerates and costs).
 constexpr int kNearestTries = 64;
 
+// "14.7 GB"; below 0.1 GB three significant digits ("0.0126 GB", "1e-30 GB").
 std::string gb(double bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f GB", bytes / 1e9);
+  char buf[48];
+  std::snprintf(buf, sizeof buf, bytes >= 1e8 ? "%.1f GB" : "%.3g GB", bytes / 1e9);
+  return buf;
+}
+
+// A memory limit in GB that holds `bytes`: whole GB from 1 GB, else three significant digits,
+// rounded up.
+std::string gb_limit(double bytes) {
+  double v = bytes / 1e9;
+  if (v >= 1) {
+    v = std::ceil(v);
+  } else if (v > 0) {
+    const double scale = std::pow(10.0, 2 - std::floor(std::log10(v)));
+    v = std::ceil(v * scale) / scale;
+  }
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.3g", v);
   return buf;
 }
 
@@ -240,19 +256,50 @@ Enumerated enumerate_and_cost(const PlanRequest& req, bool stop_when_runs = fals
   return out;
 }
 
-// Smallest world size above `world` (up to 64x) whose best mesh fits; 0 if none.
-int nearest_fitting_world(const PlanRequest& req, MeshCost* best) {
+// A lower bound on the memory one rank needs on any mesh of `world` ranks, from what one rank
+// holding everything needs (the local mesh): every term of a mesh's memory is at least that term
+// of one rank divided by the degrees that split it (tp the weights and heads, cfg the guidance
+// batch, the sequence-parallel ranks the tokens), whose product is the world size; tp divides the
+// heads, so the weights are split at most min(world, heads) ways. 0 when one rank cannot run the
+// workload.
+double memory_floor(const PlanRequest& req, int world) {
+  ParallelConfig one;
+  one.strategy = Strategy::kLocal;
+  one.mesh = {.cfg = 1, .tp = 1, .ring = 1, .ulysses = 1};
+  try {
+    const MeshCost c = cost_mesh(req.work, one, req.hw, req.memory_limit);
+    return c.weight_bytes / static_cast<double>(std::min<int64_t>(world, req.work.heads)) +
+           (c.memory_bytes - c.weight_bytes) / world;
+  } catch (const InvalidArgument&) {
+    return 0;
+  }
+}
+
+// A rank's memory limit at `world` ranks (the profile's is shared by the ranks of a node when
+// shared_node).
+double memory_limit_at(const PlanRequest& req, int world) {
+  return req.memory_limit > 0 ? req.memory_limit
+                              : rank_memory_bytes(req.hw, ranks_on_node(req.hw, world));
+}
+
+// Smallest world size above `world` (up to 64x) whose best mesh fits (the fastest: *best); 0 if
+// none, -1 if the search stopped where the work would pass *budget (*budget: what is left).
+// Sizes whose memory floor is over their limit are not costed.
+int nearest_fitting_world(const PlanRequest& req, int64_t* budget, MeshCost* best) {
   const int64_t last = std::min<int64_t>(64 * int64_t{req.world}, limits::kMaxRanks);
   int tries = 0;
   for (int w2 = req.world + 1; w2 <= last && tries < kNearestTries; ++w2) {
     // Try sizes a user would: multiples of the world or of 8, and powers of two.
     const bool pow2 = (w2 & (w2 - 1)) == 0;
     if (!(w2 % req.world == 0 || w2 % 8 == 0 || pow2)) continue;
-    if (plan_work(req, w2) > kMaxPlanWork) break;
+    if (memory_floor(req, w2) > memory_limit_at(req, w2)) continue;
     ++tries;
     PlanRequest r2 = req;
     r2.world = w2;
     r2.cfg = r2.tp = r2.ulysses = r2.ring = r2.sp = 0;  // pins were for the old world size
+    const int64_t work = plan_work(r2, w2).ns;
+    if (work > *budget) return -1;
+    *budget -= work;
     Enumerated e = enumerate_and_cost(r2);
     if (!e.fit.empty()) {
       if (best) *best = e.fit.front();
@@ -262,28 +309,98 @@ int nearest_fitting_world(const PlanRequest& req, MeshCost* best) {
   return 0;
 }
 
-// Nearest world sizes (below and above) where some mesh runs, for "no mesh fits" errors.
-std::string nearest_running_worlds(const PlanRequest& req) {
+// Nearest world sizes (below and above) where some mesh runs, for "no mesh runs" errors; the
+// search stops where the work would pass *budget.
+std::string nearest_running_worlds(const PlanRequest& req, int64_t* budget) {
   auto runs = [&](int w2) {
     PlanRequest r2 = req;
     r2.world = w2;
+    const int64_t work = plan_work(r2, w2).ns;
+    if (work > *budget) return std::optional<bool>();
+    *budget -= work;
     Enumerated e = enumerate_and_cost(r2, true);
-    return !e.fit.empty() || !e.over.empty();
+    return std::optional<bool>(!e.fit.empty() || !e.over.empty());
   };
   std::string s;
-  for (int w2 = req.world - 1; w2 >= 1 && w2 >= req.world - kNearestTries; --w2)
-    if (runs(w2)) {
+  for (int w2 = req.world - 1; w2 >= 1 && w2 >= req.world - kNearestTries; --w2) {
+    const std::optional<bool> r = runs(w2);
+    if (!r) break;
+    if (*r) {
       s = detail::concat("ranks ", w2);
       break;
     }
+  }
   const int64_t last = std::min<int64_t>(
       {4 * int64_t{req.world}, int64_t{req.world} + kNearestTries, limits::kMaxRanks});
-  for (int w2 = req.world + 1; w2 <= last && plan_work(req, w2) <= kMaxPlanWork; ++w2)
-    if (runs(w2)) {
+  for (int w2 = req.world + 1; w2 <= last; ++w2) {
+    const std::optional<bool> r = runs(w2);
+    if (!r) break;
+    if (*r) {
       s += detail::concat(s.empty() ? "" : " or ", "ranks ", w2);
       break;
     }
+  }
   return s.empty() ? "none found" : s;
+}
+
+// The meshes the decode choice times: pass-KV, all-gather pass-Q and ring pass-Q on the world
+// over tp, in order of preference on a tie (plan/cache_choice.h).
+std::vector<ParallelConfig> decode_meshes(const PlanRequest& req, int world) {
+  const int tp = req.tp > 0 ? req.tp : 1;
+  const int ranks = std::max(1, world / tp);
+  std::vector<ParallelConfig> meshes;
+  if (ranks <= 1) return meshes;
+  for (auto [s, sched] : {std::pair{Strategy::kPassKv, ScheduleKind::kDefault},
+                          std::pair{Strategy::kPassQ, ScheduleKind::kDefault},
+                          std::pair{Strategy::kPassQ, ScheduleKind::kRing}}) {
+    ParallelConfig m;
+    m.mesh.tp = tp;
+    m.mesh.ring = ranks;
+    m.strategy = s;
+    m.schedule = sched;
+    m.layout = req.layout.value_or(Layout::kContiguous);
+    meshes.push_back(m);
+  }
+  return meshes;
+}
+
+// What would plan within kMaxPlanWork: the pins not given, fewer ranks (the largest halving of
+// the world, down to 2, with these pins that has meshes and fits), fewer tokens (the largest
+// halving that fits on these ranks).
+std::string what_fits(const PlanRequest& req) {
+  std::vector<std::string> ways;
+  std::string unpinned;
+  auto add = [&](bool pinned, const char* name) {
+    if (!pinned) unpinned += detail::concat(unpinned.empty() ? "" : ", ", name);
+  };
+  add(req.strategy.has_value(), "strategy");
+  add(req.layout.has_value(), "layout");
+  add(req.ulysses != 0 || req.sp != 0, "ulysses_degree");
+  add(req.ring != 0 || req.sp != 0, "ring_degree");
+  if (!unpinned.empty()) ways.push_back("pin " + unpinned);
+  auto fits = [](const PlanRequest& r, int world) {
+    const PlanWork x = plan_work(r, world);
+    return x.meshes > 0 && x.ns <= kMaxPlanWork;
+  };
+  for (int w2 = req.world / 2; w2 >= 2; w2 /= 2)
+    if (fits(req, w2)) {
+      ways.push_back(detail::concat("ranks ", w2));
+      break;
+    }
+  PlanRequest r2 = req;
+  int64_t& tokens = r2.work.decode() ? r2.work.fresh : r2.work.seq;
+  while (tokens > 1) {
+    tokens /= 2;
+    if (r2.work.decode()) r2.work.seq = r2.work.cached + r2.work.fresh;
+    if (fits(r2, req.world)) {
+      ways.push_back(detail::concat(r2.work.decode() ? "new " : "seq ", tokens));
+      break;
+    }
+  }
+  std::string text;
+  for (size_t i = 0; i < ways.size(); ++i)
+    text += detail::concat(i == 0 ? "" : i + 1 == ways.size() ? ", or " : ", ", ways[i]);
+  return ways.empty() ? "plan fewer ranks or tokens" : text;
 }
 
 }  // namespace
@@ -394,53 +511,109 @@ DecodeChoice decode_choice(const PlanRequest& req) {
   c.all2all = choose_pass_all2all(w.fresh, w.cached, c.ranks, w.heads, w.kv_heads, e, c.flops_per_s,
                                   c.bytes_per_s);
   c.choice = c.all2all.kind;
-  if (c.ranks > 1) {
-    // In order of preference on a tie (plan/cache_choice.h).
-    const std::tuple<Strategy, ScheduleKind, std::optional<double>*> candidates[] = {
-        {Strategy::kPassKv, ScheduleKind::kDefault, &c.passkv_step_s},
-        {Strategy::kPassQ, ScheduleKind::kDefault, &c.passq_step_s},
-        {Strategy::kPassQ, ScheduleKind::kRing, &c.passq_ring_step_s}};
-    std::optional<double> best;
-    for (const auto& [s, sched, out] : candidates) {
-      ParallelConfig m;
-      m.mesh.tp = tp;
-      m.mesh.ring = c.ranks;
-      m.strategy = s;
-      m.schedule = sched;
-      m.layout = req.layout.value_or(Layout::kContiguous);
-      try {
-        *out = cost_mesh(w, m, req.hw, req.memory_limit).step_s;
-      } catch (const InvalidArgument&) {
-        continue;
-      }
-      if (!best || **out < *best) {
-        best = **out;
-        c.fastest = s;
-        c.fastest_schedule = sched;
-      }
+  const std::vector<ParallelConfig> meshes = decode_meshes(req, req.world);
+  std::optional<double>* const times[] = {&c.passkv_step_s, &c.passq_step_s, &c.passq_ring_step_s};
+  std::optional<double> best;
+  for (size_t i = 0; i < meshes.size(); ++i) {
+    try {
+      *times[i] = cost_mesh(w, meshes[i], req.hw, req.memory_limit).step_s;
+    } catch (const InvalidArgument&) {
+      continue;
+    }
+    if (!best || **times[i] < *best) {
+      best = **times[i];
+      c.fastest = meshes[i].strategy;
+      c.fastest_schedule = meshes[i].schedule;
     }
   }
   return c;
 }
 
-int64_t plan_work(const PlanRequest& req, int world) {
+namespace {
+
+// What one unit of each part of the work took on one core of a 2-core VM shared with builds, in
+// nanoseconds (measured: docs/planner.md "Limits on work"): a step of a schedule built and
+// replayed (with its memory), a peer of an all-to-all, a position-run pair counted (causal: the
+// masked count), a token position laid out in memory, a query row gone through, and a mesh's own
+// validation and bookkeeping.
+constexpr double kStepNs = 220, kPeerNs = 15, kRunPairNs = 1, kCausalRunPairNs = 2.5,
+                 kPositionNs = 15, kRowNs = 2, kMeshNs = 20'000;
+
+}  // namespace
+
+PlanWork& PlanWork::operator+=(const PlanWork& o) {
+  // Saturating: the work of 2^16 ranks of every mesh passes int64 long before it matters.
+  auto add = [](int64_t& a, int64_t b) { a = b > INT64_MAX - a ? INT64_MAX : a + b; };
+  add(meshes, o.meshes);
+  add(steps, o.steps);
+  add(run_pairs, o.run_pairs);
+  add(tokens, o.tokens);
+  add(ns, o.ns);
+  return *this;
+}
+
+std::string PlanWork::text() const {
+  const double s = static_cast<double>(ns) / 1e9;
+  char seconds[32];
+  std::snprintf(seconds, sizeof seconds, s < 10 ? "%.2g" : "%.0f", s);
+  return detail::concat(meshes, meshes == 1 ? " mesh (" : " meshes (", steps, " schedule steps, ",
+                        run_pairs, " run pairs, ", tokens, " tokens one by one; about ", seconds,
+                        " s)");
+}
+
+// The schedules of parallel/ (schedule.h), by the row's traits: a rank's steps are a few
+// collectives and computes and one per ring step where the row passes blocks around a ring (not
+// where it gathers them; in a Ulysses group only members with query heads run the ring), its
+// peers those of the four Ulysses exchanges, over a cache those of the partial states sent back
+// over the group, and with work stealing those of the pieces handed out and back. A rank's
+// attention is counted over its queries' runs and each K/V block's runs (a Ulysses group's runs on
+// both sides; over a cache one run of new tokens against the cache share and its new tokens), over
+// every block of a ring, or once over the gathered K/V (the whole group's runs where the row does
+// not split heads). The Ulysses check lays out the padded sequence's positions; work stealing plans
+// row by row; a striped cache meets the new tokens in runs of different strides, counted query by
+// query (causal).
+PlanWork mesh_work(const Workload& w, const ParallelConfig& m) {
+  const StrategyRow& row = strategy_row(m.strategy);
+  const bool ulysses = uses_ulysses(m.strategy);
+  const int64_t n = m.sp(), u = m.mesh.ulysses, g = m.mesh.ring;
+  const int64_t runs = m.layout == Layout::kZigzag ? 2 : 1;
+  const int64_t group = ulysses ? u : 1;
+  const int64_t q_runs = w.decode() ? 1 : group * runs;
+  const int64_t kv_runs = w.decode() ? runs + 1 : group * runs;
+  // The ranks that attend over a ring (not a gather): in a Ulysses group only the members
+  // that got query heads run the ring across the groups.
+  const int64_t ring_ranks =
+      row.gathers_kv ? 0
+                     : (ulysses ? std::min(u, std::max<int64_t>(1, w.heads / m.mesh.tp)) : 1) * g;
+  const int64_t steps = n * (4 + (w.text_tokens > 0 ? 3 : 0)) + ring_ranks * g;
+  const int64_t peers = n * ((ulysses ? 4 * u : 0) + (w.decode() ? n : 0) +
+                             (m.schedule == ScheduleKind::kSteal ? 8 : 0));
+  const int64_t seq = m.pad && !w.decode() ? padded_seq(w.seq, m.sp(), m.layout) : w.seq;
+  const int64_t positions = ulysses ? seq : 0;
+  const int64_t rows =
+      (m.schedule == ScheduleKind::kSteal ? seq : 0) +
+      (w.decode() && w.causal && m.layout == Layout::kStriped && n > 1 ? n * w.fresh : 0);
+  PlanWork x;
+  x.meshes = 1;
+  x.steps = steps + peers;
+  x.run_pairs = q_runs * kv_runs * (row.gathers_kv ? n * (ulysses ? 1 : n) : ring_ranks * g);
+  x.tokens = positions + rows;
+  const double ns = kMeshNs + kStepNs * steps + kPeerNs * peers +
+                    (w.causal ? kCausalRunPairNs : kRunPairNs) * x.run_pairs +
+                    kPositionNs * positions + kRowNs * rows;
+  x.ns = static_cast<int64_t>(std::min(ns, 1e18));
+  return x;
+}
+
+PlanWork plan_work(const PlanRequest& req, int world) {
   PlanRequest r = req;
   r.world = world;
-  int64_t work = 0;
+  PlanWork work;
   enumerate(
-      r,
-      [&](const ParallelConfig& m) {
-        // Costing a mesh builds its token positions, and counts visible pairs over position runs
-        // (a contiguous or striped rank holds one run, a zigzag rank two): every member of a
-        // Ulysses group over the group's runs, every ring step over two ranks' runs, all-gather
-        // every rank over all runs; plus every rank's steps.
-        const int64_t u = m.mesh.ulysses, g = m.mesh.ring, sp = u * g;
-        const int64_t runs = m.layout == Layout::kZigzag ? 2 : 1;
-        const int64_t pairs =
-            runs * runs * (sp * (u * u + g) + (m.strategy == Strategy::kAllGather ? sp * sp : 0));
-        work += r.work.seq + r.work.text_tokens + pairs + int64_t{world} * std::max(u, g);
-      },
+      r, [&](const ParallelConfig& m) { work += mesh_work(r.work, m); },
       [](const ParallelConfig&, const std::string&) {});
+  if (r.work.decode())
+    for (const ParallelConfig& m : decode_meshes(r, world)) work += mesh_work(r.work, m);
   return work;
 }
 
@@ -460,14 +633,11 @@ Plan make_plan(const PlanRequest& req) {
                                                "the pinned degrees", limits::kMaxRanks) > 0,
                    "the pinned degrees must be 0 (any) or more");
   check_workload_limits(req.work);
-  const int64_t work = plan_work(req, req.world);
-  SEQPAR_ARG_CHECK(
-      work <= kMaxPlanWork, "planning ", req.world, " ranks at ", req.work.seq,
-      " tokens means costing about ", work,
-      " steps (token positions, run pairs, rank steps) over every mesh, more than the limit ",
-      kMaxPlanWork,
-      "; pin tp, ulysses_degree, ring_degree, strategy or layout, or plan fewer "
-      "ranks or tokens (a simulation extrapolates)");
+  const PlanWork work = plan_work(req, req.world);
+  SEQPAR_ARG_CHECK(work.ns <= kMaxPlanWork, "planning ", req.world, " ranks at ", req.work.seq,
+                   " tokens means costing ", work.text(), ", more than the limit of about ",
+                   kMaxPlanWork / 1'000'000'000.0, " s; ", what_fits(req));
+  int64_t budget = kMaxPlanWork - work.ns;  // for the searches of a nearest world size
   Plan plan;
   plan.request = req;
   plan.divisibility = analyse_divisibility(req);
@@ -478,25 +648,36 @@ Plan make_plan(const PlanRequest& req) {
   plan.rejected = std::move(e.rejected);
 
   const std::string what = detail::concat(req.work.model, " at ", req.work.seq, " tokens");
+  const HardwareProfile& hw = req.hw;
+  for (const auto* list : {&plan.ranked, &plan.over_memory})
+    for (const MeshCost& c : *list)
+      SEQPAR_ARG_CHECK(std::isfinite(c.step_s), "hardware profile ", hw.name,
+                       " predicts a step time that is not finite for ", config_label(c.config),
+                       ": its rates (attention_flops ", hw.attention_flops, ", gemm_flops ",
+                       hw.gemm_flops, ", intra_node_bw ", hw.intra_node_bw, ", inter_node_bw ",
+                       hw.inter_node_bw, ", local_copy_bw ", hw.local_copy_bw,
+                       ") are too small for ", what, "; give FLOP/s and bytes/s");
   if (plan.ranked.empty() && plan.over_memory.empty()) {
     std::string reason =
-        plan.rejected.empty() ? "the pinned degrees leave no mesh" : plan.rejected.front().reason;
+        plan.rejected.empty() ? "the pins leave no mesh" : plan.rejected.front().reason;
     throw InvalidArgument(
         detail::concat("no mesh of ", req.world, " ranks can run ", what, ": ", reason,
-                       "; nearest world sizes that run: ", nearest_running_worlds(req)));
+                       "; nearest world sizes that run: ", nearest_running_worlds(req, &budget)));
   }
   if (plan.ranked.empty() && !req.work.decode()) {
     const MeshCost& smallest = plan.over_memory.front();
     MeshCost best;
-    const int w2 = nearest_fitting_world(req, &best);
-    std::string alt = w2 > 0 ? detail::concat("ranks ", w2, " (", config_label(best.config), ", ",
-                                              gb(best.memory_bytes), " per rank)")
-                             : std::string("no world size up to 64x fits");
-    throw InvalidArgument(
-        detail::concat("no mesh of ", req.world, " ranks fits ", what, " in ",
-                       gb(smallest.memory_limit), " per rank: the smallest needs ",
-                       gb(smallest.memory_bytes), " (", config_label(smallest.config), "); nearest: ", alt,
-                       ", or memory_limit ", std::ceil(smallest.memory_bytes / 1e9), " (GB)"));
+    const int w2 = nearest_fitting_world(req, &budget, &best);
+    const std::string alt =
+        w2 > 0    ? detail::concat("ranks ", w2, " (", config_label(best.config), ", ",
+                                   gb(best.memory_bytes), " per rank)")
+        : w2 == 0 ? std::string("no world size up to 64x fits")
+                  : std::string("no world size fits before the search reaches the work limit");
+    throw InvalidArgument(detail::concat(
+        "no mesh of ", req.world, " ranks fits ", what, " in ", gb(smallest.memory_limit),
+        " per rank: the smallest needs ", gb(smallest.memory_bytes), " (",
+        config_label(smallest.config), "); nearest: ", alt, ", or memory_limit ",
+        gb_limit(smallest.memory_bytes), " (GB)"));
   }
   return plan;
 }

@@ -129,9 +129,40 @@ std::string finding(const SimCurve& curve, double threshold) {
 
 }  // namespace
 
+PlanWork simulation_work(const Workload& w, const std::vector<int>& sizes, Layout layout, int cfg,
+                         int tp) {
+  PlanWork work;
+  for_each_simulated_mesh(w, sizes, layout, cfg, tp, [&](size_t, size_t, const ParallelConfig& m) {
+    work += mesh_work(w, m);
+  });
+  return work;
+}
+
+int largest_simulated_size(const Workload& w, const std::vector<int>& sizes, Layout layout, int cfg,
+                           int tp, int64_t budget) {
+  int last = 0;
+  PlanWork work;
+  for (int n : sizes) {
+    work += simulation_work(w, {n}, layout, cfg, tp);
+    if (work.ns > budget) break;
+    last = n;
+  }
+  return last;
+}
+
 Simulation simulate_scaling(const Workload& w, const HardwareProfile& hw,
                             const std::vector<int>& sizes, Layout layout, int cfg, int tp,
-                            double threshold) {
+                            double threshold, int64_t max_work) {
+  const PlanWork work = simulation_work(w, sizes, layout, cfg, tp);
+  if (work.ns > max_work) {
+    const int last = largest_simulated_size(w, sizes, layout, cfg, tp, max_work);
+    throw InvalidArgument(detail::concat("simulating sizes ", sizes.front(), " to ", sizes.back(),
+                                         " at ", w.seq, " tokens means costing ", work.text(),
+                                         ", more than the limit of about ",
+                                         static_cast<double>(max_work) / 1e9, " s; ",
+                                         last > 0 ? detail::concat("simulate sizes up to ", last)
+                                                  : std::string("simulate fewer tokens")));
+  }
   Simulation sim;
   sim.work = w;
   sim.hardware = hw.name;
