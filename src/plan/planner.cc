@@ -42,7 +42,7 @@ std::string gb_limit(double bytes) {
     v = std::ceil(v * scale) / scale;
   }
   char buf[48];
-  std::snprintf(buf, sizeof buf, "%.3g", v);
+  std::snprintf(buf, sizeof buf, v >= 1 ? "%.0f" : "%.3g", v);
   return buf;
 }
 
@@ -574,6 +574,18 @@ std::string PlanWork::text() const {
 // query (causal).
 PlanWork mesh_work(const Workload& w, const ParallelConfig& m) {
   const StrategyRow& row = strategy_row(m.strategy);
+  PlanWork x;
+  x.meshes = 1;
+  x.ns = static_cast<int64_t>(kMeshNs);
+  // A mesh that validation refuses costs its validation (the checks of a row without its own
+  // are a few comparisons; the Ulysses check is counted below).
+  if (!row.check) {
+    try {
+      validate_config(m, workload_shape(w));
+    } catch (const InvalidArgument&) {
+      return x;
+    }
+  }
   const bool ulysses = uses_ulysses(m.strategy);
   const int64_t n = m.sp(), u = m.mesh.ulysses, g = m.mesh.ring;
   const int64_t runs = m.layout == Layout::kZigzag ? 2 : 1;
@@ -593,8 +605,6 @@ PlanWork mesh_work(const Workload& w, const ParallelConfig& m) {
   const int64_t rows =
       (m.schedule == ScheduleKind::kSteal ? seq : 0) +
       (w.decode() && w.causal && m.layout == Layout::kStriped && n > 1 ? n * w.fresh : 0);
-  PlanWork x;
-  x.meshes = 1;
   x.steps = steps + peers;
   x.run_pairs = q_runs * kv_runs * (row.gathers_kv ? n * (ulysses ? 1 : n) : ring_ranks * g);
   x.tokens = positions + rows;
