@@ -369,18 +369,20 @@ std::vector<ParallelConfig> decode_meshes(const PlanRequest& req, int world) {
 // halving that fits on these ranks).
 std::string what_fits(const PlanRequest& req) {
   std::vector<std::string> ways;
-  std::string unpinned;
-  auto add = [&](bool pinned, const char* name) {
-    if (!pinned) unpinned += detail::concat(unpinned.empty() ? "" : ", ", name);
-  };
-  add(req.strategy.has_value(), "strategy");
-  add(req.layout.has_value(), "layout");
-  add(req.ulysses != 0 || req.sp != 0, "ulysses_degree");
-  add(req.ring != 0 || req.sp != 0, "ring_degree");
-  if (!unpinned.empty()) ways.push_back("pin " + unpinned);
+  std::vector<const char*> unpinned;
+  if (!req.strategy) unpinned.push_back("strategy");
+  if (!req.layout) unpinned.push_back("layout");
+  if (req.ulysses == 0 && req.sp == 0) unpinned.push_back("ulysses_degree");
+  if (req.ring == 0 && req.sp == 0) unpinned.push_back("ring_degree");
+  if (!unpinned.empty()) {
+    std::string pin = "pin";
+    for (size_t i = 0; i < unpinned.size(); ++i)
+      pin += detail::concat(i == 0 ? " " : i + 1 == unpinned.size() ? " and " : ", ", unpinned[i]);
+    ways.push_back(pin);
+  }
   auto fits = [](const PlanRequest& r, int world) {
     const PlanWork x = plan_work(r, world);
-    return x.meshes > 0 && x.ns <= kMaxPlanWork;
+    return x.meshes > x.refused && x.ns <= kMaxPlanWork;
   };
   for (int w2 = req.world / 2; w2 >= 2; w2 /= 2)
     if (fits(req, w2)) {
@@ -398,8 +400,7 @@ std::string what_fits(const PlanRequest& req) {
     }
   }
   std::string text;
-  for (size_t i = 0; i < ways.size(); ++i)
-    text += detail::concat(i == 0 ? "" : i + 1 == ways.size() ? ", or " : ", ", ways[i]);
+  for (size_t i = 0; i < ways.size(); ++i) text += detail::concat(i == 0 ? "" : ", or ", ways[i]);
   return ways.empty() ? "plan fewer ranks or tokens" : text;
 }
 
@@ -545,6 +546,7 @@ PlanWork& PlanWork::operator+=(const PlanWork& o) {
   // Saturating: the work of 2^16 ranks of every mesh passes int64 long before it matters.
   auto add = [](int64_t& a, int64_t b) { a = b > INT64_MAX - a ? INT64_MAX : a + b; };
   add(meshes, o.meshes);
+  add(refused, o.refused);
   add(steps, o.steps);
   add(run_pairs, o.run_pairs);
   add(tokens, o.tokens);
@@ -583,6 +585,7 @@ PlanWork mesh_work(const Workload& w, const ParallelConfig& m) {
     try {
       validate_config(m, workload_shape(w));
     } catch (const InvalidArgument&) {
+      x.refused = 1;
       return x;
     }
   }

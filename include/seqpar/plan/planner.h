@@ -102,6 +102,7 @@ struct Plan {
 // runs of different strides, counted query by query).
 struct PlanWork {
   int64_t meshes = 0;
+  int64_t refused = 0;    // of them, those validation refuses (costed at their validation)
   int64_t steps = 0;      // schedule entries: rank steps and all-to-all peers
   int64_t run_pairs = 0;  // position-run pairs counted
   int64_t tokens = 0;     // token positions laid out or query rows gone through one by one
