@@ -256,25 +256,6 @@ Enumerated enumerate_and_cost(const PlanRequest& req, bool stop_when_runs = fals
   return out;
 }
 
-// A lower bound on the memory one rank needs on any mesh of `world` ranks, from what one rank
-// holding everything needs (the local mesh): every term of a mesh's memory is at least that term
-// of one rank divided by the degrees that split it (tp the weights and heads, cfg the guidance
-// batch, the sequence-parallel ranks the tokens), whose product is the world size; tp divides the
-// heads, so the weights are split at most min(world, heads) ways. 0 when one rank cannot run the
-// workload.
-double memory_floor(const PlanRequest& req, int world) {
-  ParallelConfig one;
-  one.strategy = Strategy::kLocal;
-  one.mesh = {.cfg = 1, .tp = 1, .ring = 1, .ulysses = 1};
-  try {
-    const MeshCost c = cost_mesh(req.work, one, req.hw, req.memory_limit);
-    return c.weight_bytes / static_cast<double>(std::min<int64_t>(world, req.work.heads)) +
-           (c.memory_bytes - c.weight_bytes) / world;
-  } catch (const InvalidArgument&) {
-    return 0;
-  }
-}
-
 // A rank's memory limit at `world` ranks (the profile's is shared by the ranks of a node when
 // shared_node).
 double memory_limit_at(const PlanRequest& req, int world) {
@@ -616,6 +597,23 @@ PlanWork mesh_work(const Workload& w, const ParallelConfig& m) {
                     kPositionNs * positions + kRowNs * rows;
   x.ns = static_cast<int64_t>(std::min(ns, 1e18));
   return x;
+}
+
+// Every term of a mesh's memory is at least that term of one rank holding everything (the local
+// mesh) divided by the degrees that split it (tp the weights and heads, cfg the guidance batch,
+// the sequence-parallel ranks the tokens), whose product is the world size; tp divides the heads,
+// so the weights are split at most min(world, heads) ways.
+double memory_floor(const PlanRequest& req, int world) {
+  ParallelConfig one;
+  one.strategy = Strategy::kLocal;
+  one.mesh = {.cfg = 1, .tp = 1, .ring = 1, .ulysses = 1};
+  try {
+    const MeshCost c = cost_mesh(req.work, one, req.hw, req.memory_limit);
+    return c.weight_bytes / static_cast<double>(std::min<int64_t>(world, req.work.heads)) +
+           (c.memory_bytes - c.weight_bytes) / world;
+  } catch (const InvalidArgument&) {
+    return 0;
+  }
 }
 
 PlanWork plan_work(const PlanRequest& req, int world) {

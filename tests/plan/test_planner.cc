@@ -84,6 +84,42 @@ TEST(Planner, RanksEveryMeshFastestFirstAndSaysWhyOthersCannotRun) {
   EXPECT_TRUE(strict_padded_ranked);
 }
 
+// Meshes of equal predicted time keep a stated order whatever order they are enumerated in: the
+// degrees, a ring before an all-gather, uaa before strict, unpadded first, contiguous, zigzag,
+// striped. The Wan example's layouts tie (non-causal): its first row is the contiguous ring.
+TEST(Planner, EqualTimesKeepAStatedOrder) {
+  const Plan plan = make_plan(wan_request(8));
+  ASSERT_GE(plan.ranked.size(), 3u);
+  EXPECT_EQ(config_label(plan.ranked[0].config), "cfg 2 tp 1 ulysses 1 ring 4 ring contiguous");
+  EXPECT_EQ(config_label(plan.ranked[1].config), "cfg 2 tp 1 ulysses 1 ring 4 ring zigzag");
+  EXPECT_EQ(config_label(plan.ranked[2].config), "cfg 2 tp 1 ulysses 1 ring 4 ring striped");
+  auto rank = [](Layout l) { return l == Layout::kContiguous ? 0 : l == Layout::kZigzag ? 1 : 2; };
+  for (size_t i = 1; i < plan.ranked.size(); ++i) {
+    const ParallelConfig &a = plan.ranked[i - 1].config, &b = plan.ranked[i].config;
+    if (plan.ranked[i - 1].step_s != plan.ranked[i].step_s) continue;
+    ParallelConfig a_any = a, b_any = b;
+    a_any.layout = b_any.layout = Layout::kContiguous;
+    if (a_any == b_any) {
+      EXPECT_LT(rank(a.layout), rank(b.layout)) << config_label(b);
+    }
+  }
+  // Communication for free: the ring and the all-gather of one split take the same time, and
+  // the ring (holding less K/V) comes first.
+  PlanRequest req;
+  req.work = attention_workload(4096, 8, 0, 128, 1, false, DType::kBF16);
+  req.hw = hardware_profile("h100");
+  req.hw.latency_s = req.hw.inter_node_latency_s = req.hw.local_copy_bw = 0;
+  req.hw.intra_node_bw = req.hw.inter_node_bw = 1e30;
+  req.world = 4;
+  req.layout = Layout::kContiguous;
+  req.ulysses = 1;
+  const Plan free = make_plan(req);
+  ASSERT_EQ(free.ranked.size(), 2u);
+  EXPECT_EQ(free.ranked[0].config.strategy, Strategy::kRing);
+  EXPECT_EQ(free.ranked[1].config.strategy, Strategy::kAllGather);
+  EXPECT_NEAR(free.ranked[0].step_s, free.ranked[1].step_s, 1e-12 * free.ranked[1].step_s);
+}
+
 TEST(Planner, PinsAndTensorParallelRejections) {
   PlanRequest req = wan_request(6);
   const Plan plan = make_plan(req);
@@ -441,6 +477,36 @@ TEST(PlannerLimits, AMemoryLimitNothingMeetsIsRefusedWithTheSmallestNeed) {
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("no world size up to 64x fits"), std::string::npos)
         << e.what();
+  }
+}
+
+// The memory floor is below every mesh's memory, for models of each family and a bare call, on
+// world sizes that split every degree.
+TEST(PlannerLimits, TheMemoryFloorIsBelowEveryMesh) {
+  std::vector<PlanRequest> reqs(5);
+  reqs[0] = wan_request(1);
+  reqs[1].work =
+      model_workload(model_preset("llama3-70b"), 0, 1, DType::kBF16, false, 0, 30000, 2000);
+  reqs[2].work = model_workload(model_preset("flux.1-dev"), 4096, 1, DType::kBF16, true, 512);
+  reqs[3].work = model_workload(model_preset("llama3-8b"), 20000, 2, DType::kBF16, false, 0);
+  reqs[4].work = attention_workload(5000, 12, 4, 64, 1, true, DType::kF32);
+  for (PlanRequest& req : reqs) {
+    req.hw = hardware_profile("h100");
+    for (int world : {1, 2, 3, 4, 6, 8, 12, 16, 24}) {
+      req.world = world;
+      Plan plan;
+      try {
+        plan = make_plan(req);
+      } catch (const InvalidArgument&) {
+        continue;
+      }
+      const double floor = memory_floor(req, world);
+      EXPECT_GT(floor, 0) << req.work.model;
+      for (const auto* list : {&plan.ranked, &plan.over_memory})
+        for (const MeshCost& c : *list)
+          EXPECT_GE(c.memory_bytes, floor * (1 - 1e-12))
+              << req.work.model << " " << config_label(c.config);
+    }
   }
 }
 

@@ -128,6 +128,10 @@ PlanWork plan_work(const PlanRequest& req, int world);
 // kMaxPlanWork.
 Plan make_plan(const PlanRequest& req);
 
+// A lower bound on the memory a rank needs on any mesh of `world` ranks of req's workload (0 when
+// one rank cannot run it): the nearest-world search skips sizes where it is over the limit.
+double memory_floor(const PlanRequest& req, int world);
+
 Divisibility analyse_divisibility(const PlanRequest& req);
 DecodeChoice decode_choice(const PlanRequest& req);
 
