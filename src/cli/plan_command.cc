@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -98,162 +99,176 @@ std::vector<int> parse_sizes(const std::string& s) {
   return doubling_sizes(static_cast<int>(*first), static_cast<int>(*last));
 }
 
-// ---- text -------------------------------------------------------------------------------------
+// ---- text: a rendering of the JSON object ---------------------------------------------------
 
-std::string strategy_cell(const ParallelConfig& m) {
-  std::string s(strategy_name(m.strategy));
-  if (m.strategy == Strategy::kUlysses || m.strategy == Strategy::kUsp)
-    s += detail::concat("(", ulysses_mode_name(m.ulysses_mode), ")");
-  if (m.softmax == SoftmaxMode::kConstMax) s += " const-max";
-  if (m.schedule != ScheduleKind::kDefault)
-    s += detail::concat(" ", schedule_kind_name(m.schedule));
+using nlohmann::json;
+
+long long i64(const json& v) { return v.get<long long>(); }
+// JSON writes a number that is not finite as null.
+double f64(const json& v) { return v.is_null() ? std::nan("") : v.get<double>(); }
+const char* str(const json& v) { return v.get_ref<const std::string&>().c_str(); }
+
+// "ring", "ulysses(uaa)", "usp(strict) const-max", "ring steal": the strategy and the options
+// that apply to it.
+std::string strategy_cell(const json& m) {
+  std::string s = m["strategy"];
+  if (!m["ulysses_mode"].is_null()) s += detail::concat("(", str(m["ulysses_mode"]), ")");
+  if (m["softmax"] == "const-max") s += " const-max";
+  if (m["schedule"] != "default") s += detail::concat(" ", str(m["schedule"]));
   return s;
 }
 
-void print_mesh_row(int idx, const MeshCost& c, int same) {
-  uint64_t bytes = 0;
-  for (const auto& r : c.ranks) bytes = std::max<uint64_t>(bytes, std::max(r.sent, r.recv));
-  bytes += c.tp_bytes;
-  const double compute_frac = c.layer_s > 0 ? c.compute_s / c.layer_s : 1;
+double mesh_bytes_per_rank(const json& m) {
+  return static_cast<double>(std::max(m["max_bytes_sent_per_rank"].get<uint64_t>(),
+                                      m["max_bytes_recv_per_rank"].get<uint64_t>()) +
+                             m["tp_all_reduce_bytes"].get<uint64_t>());
+}
+
+void print_mesh_row(const json& m, int same) {
+  const double layer = f64(m["layer_seconds"]);
+  const double compute_frac = layer > 0 ? f64(m["compute_seconds"]) / layer : 1;
   std::printf(
-      "  %-4d %3d %3d %4d %4d  %-14s %-10s %-3s %10s %10s %7.0f%% %7.0f%% %10.3g %8.1f %6.2f %5s\n",
-      idx, c.config.mesh.cfg, c.config.mesh.tp, c.config.mesh.ulysses, c.config.mesh.ring, strategy_cell(c.config).c_str(),
-      std::string(layout_name(c.config.layout)).c_str(), c.config.pad ? "yes" : "-",
-      seconds_text(c.step_s).c_str(), seconds_text(c.layer_s).c_str(), 100 * compute_frac,
-      100 * (1 - compute_frac), bytes / 1e6, c.memory_bytes / 1e9, c.work_imbalance,
-      same > 0 ? ("+" + std::to_string(same)).c_str() : "");
+      "  %-4lld %3lld %3lld %4lld %4lld  %-14s %-10s %-3s %10s %10s %7.0f%% %7.0f%% %10.3g %8.1f "
+      "%6.2f %5s\n",
+      i64(m["rank"]), i64(m["cfg"]), i64(m["tp"]), i64(m["ulysses_degree"]), i64(m["ring_degree"]),
+      strategy_cell(m).c_str(), str(m["layout"]), m["pad"].get<bool>() ? "yes" : "-",
+      seconds_text(f64(m["step_seconds"])).c_str(), seconds_text(layer).c_str(), 100 * compute_frac,
+      100 * (1 - compute_frac), mesh_bytes_per_rank(m) / 1e6, f64(m["memory_bytes"]) / 1e9,
+      f64(m["work_imbalance"]), same > 0 ? ("+" + std::to_string(same)).c_str() : "");
 }
 
 // Rows the table folds into the one above: the same degrees and strategy within 0.1% of its
 // predicted time and memory (layouts of a non-causal model, a few padding tokens, strict vs uaa).
-bool equivalent(const MeshCost& a, const MeshCost& b) {
-  return a.config.mesh.cfg == b.config.mesh.cfg && a.config.mesh.tp == b.config.mesh.tp && a.config.mesh.ulysses == b.config.mesh.ulysses &&
-         a.config.mesh.ring == b.config.mesh.ring && a.config.strategy == b.config.strategy &&
-         std::fabs(a.step_s - b.step_s) <= 1e-3 * b.step_s &&
-         std::fabs(a.memory_bytes - b.memory_bytes) <= 1e-3 * b.memory_bytes;
+bool equivalent(const json& a, const json& b) {
+  for (const char* k : {"cfg", "tp", "ulysses_degree", "ring_degree", "strategy"})
+    if (a[k] != b[k]) return false;
+  const double sa = f64(a["step_seconds"]), sb = f64(b["step_seconds"]);
+  const double ma = f64(a["memory_bytes"]), mb = f64(b["memory_bytes"]);
+  return std::fabs(sa - sb) <= 1e-3 * sb && std::fabs(ma - mb) <= 1e-3 * mb;
 }
 
-void print_text(const ResolvedPlanSpec& r, const Plan& plan, const Simulation* sim, int top) {
-  const PlanRequest& req = r.req;
-  const Workload& w = req.work;
-  const HardwareProfile& hw = req.hw;
-  if (w.attention_only) {
+void print_workload(const json& j) {
+  if (j["family"] == "attention") {
     std::printf(
         "seqpar plan: one attention call, S = %lld tokens, %lld heads (%lld kv) x %lld, "
         "batch %lld, %s, %s\n",
-        (long long)w.seq, (long long)w.heads, (long long)w.kv_heads, (long long)w.head_dim,
-        (long long)w.batch, w.causal ? "causal" : "non-causal",
-        std::string(dtype_name(w.dtype)).c_str());
-  } else if (r.latent) {
-    const LatentShape& l = *r.latent;
-    if (req.preset != nullptr && req.preset->video)
+        i64(j["seq_len"]), i64(j["heads"]), i64(j["kv_heads"]), i64(j["head_dim"]), i64(j["batch"]),
+        j["causal"].get<bool>() ? "causal" : "non-causal", str(j["dtype"]));
+    return;
+  }
+  if (j.contains("latent")) {
+    const json &l = j["latent"], &g = j["patch_grid"];
+    if (j["video"].get<bool>())
       std::printf(
           "seqpar plan: %s (%s), %lld frames x %lld x %lld -> latent %lld x %lld x %lld "
           "-> %lld x %lld x %lld patches = %lld tokens\n",
-          w.model.c_str(), std::string(model_family_name(w.family)).c_str(), (long long)req.frames,
-          (long long)req.height, (long long)req.width, (long long)l.latent_frames,
-          (long long)l.latent_height, (long long)l.latent_width, (long long)l.grid[0],
-          (long long)l.grid[1], (long long)l.grid[2], (long long)l.tokens);
+          str(j["model"]), str(j["family"]), i64(j["frames"]), i64(j["height"]), i64(j["width"]),
+          i64(l[0]), i64(l[1]), i64(l[2]), i64(g[0]), i64(g[1]), i64(g[2]), i64(j["seq_len"]));
     else
       std::printf(
           "seqpar plan: %s (%s), %lld x %lld -> latent %lld x %lld -> %lld x %lld "
           "patches = %lld tokens\n",
-          w.model.c_str(), std::string(model_family_name(w.family)).c_str(), (long long)req.height,
-          (long long)req.width, (long long)l.latent_height, (long long)l.latent_width,
-          (long long)l.grid[1], (long long)l.grid[2], (long long)l.tokens);
+          str(j["model"]), str(j["family"]), i64(j["height"]), i64(j["width"]), i64(l[1]),
+          i64(l[2]), i64(g[1]), i64(g[2]), i64(j["seq_len"]));
   } else {
-    std::printf("seqpar plan: %s (%s), %lld tokens\n", w.model.c_str(),
-                std::string(model_family_name(w.family)).c_str(), (long long)w.seq);
+    std::printf("seqpar plan: %s (%s), %lld tokens\n", str(j["model"]), str(j["family"]),
+                i64(j["seq_len"]));
   }
-  if (!w.attention_only) {
-    std::printf(
-        "  model: %lld layers, %lld heads (%lld kv) x %lld, hidden %lld, ffn %lld, "
-        "batch %lld",
-        (long long)w.layers, (long long)w.heads, (long long)w.kv_heads, (long long)w.head_dim,
-        (long long)w.hidden, (long long)w.ffn_dim, (long long)w.batch);
-    if (w.cfg_branches > 1) std::printf(" x %d guidance branches", w.cfg_branches);
-    if (w.cross_tokens > 0)
-      std::printf(", %lld text tokens (cross-attention)", (long long)w.cross_tokens);
-    if (w.text_tokens > 0)
-      std::printf(", %lld text tokens (joint attention)", (long long)w.text_tokens);
-    std::printf(", %s%s\n", std::string(dtype_name(w.dtype)).c_str(), w.causal ? ", causal" : "");
-  }
-  std::printf("  hardware: %s (%s): %s attention per %s, ", hw.name.c_str(), hw.source.c_str(),
-              rate_text(hw.attention_flops).c_str(), hw.shared_node ? "core" : "rank");
-  if (hw.ranks_per_node > 0)
-    std::printf("%d ranks per node, %s inside, %s between nodes", hw.ranks_per_node,
-                bw_text(hw.intra_node_bw).c_str(), bw_text(hw.inter_node_bw).c_str());
-  else
-    std::printf("all ranks on one node, %s between ranks", bw_text(hw.intra_node_bw).c_str());
-  std::printf(", %.4g GB per %s\n", hw.memory_bytes / 1e9, hw.shared_node ? "node" : "rank");
-  std::printf("  world: %d ranks\n\n", req.world);
-
-  const Divisibility& d = plan.divisibility;
-  if (d.remainder == 0) {
-    std::printf(
-        "sequence length S = %lld; sequence-parallel size %d: %lld %% %d = 0, every rank "
-        "holds %lld tokens\n",
-        (long long)d.seq, d.sp, (long long)d.seq, d.sp, (long long)d.shard_floor);
-  } else {
-    std::printf(
-        "sequence length S = %lld; sequence-parallel size %d: %lld %% %d = %lld, the "
-        "tokens do not divide\n",
-        (long long)d.seq, d.sp, (long long)d.seq, d.sp, (long long)d.remainder);
-    std::printf("  ways out:\n");
-    std::printf(
-        "    uneven shards: %d rank%s %lld tokens, %d %s %lld (imbalance %.4f); "
-        "ring and allgather take them, ulysses and usp in uaa mode\n",
-        d.ranks_with_ceil, d.ranks_with_ceil == 1 ? " holds" : "s hold", (long long)d.shard_ceil,
-        d.sp - d.ranks_with_ceil, d.sp - d.ranks_with_ceil == 1 ? "holds" : "hold",
-        (long long)d.shard_floor, d.shard_imbalance);
-    std::printf(
-        "    padding (--pad): to %lld tokens (+%lld, %.2f%% more tokens, %.2f%% more "
-        "attention work); zigzag pads to %lld; strict ulysses needs it\n",
-        (long long)d.padded_seq, (long long)(d.padded_seq - d.seq), 100 * d.pad_token_overhead,
-        100 * d.pad_work_overhead, (long long)d.padded_seq_zigzag);
-    if (!d.alternatives.empty()) {
-      std::printf("    nearest shapes that divide by %d:", d.sp);
-      for (size_t i = 0; i < d.alternatives.size(); ++i)
-        std::printf("%s %s %lld (S = %lld)", i ? "," : "", d.alternatives[i].flag.c_str(),
-                    (long long)d.alternatives[i].value, (long long)d.alternatives[i].tokens);
-      std::printf("\n");
-    }
-  }
-
-  if (plan.decode) {
-    const DecodeChoice& c = *plan.decode;
-    std::printf(
-        "\ndecode / partial prefill: T = %lld new tokens over P = %lld cached, %d "
-        "sequence-parallel ranks (C = %s per rank, BW = %s between nodes)\n",
-        (long long)w.fresh, (long long)w.cached, c.ranks, rate_text(c.flops_per_s).c_str(),
-        bw_text(c.bytes_per_s).c_str());
-    std::printf("  Meta's rule:           %s\n", c.basic.reason.c_str());
-    std::printf("  All2All-aware variant: %s\n", c.all2all.reason.c_str());
-    std::printf("  choice: %s (threshold %.0f tokens)", std::string(strategy_name(c.choice)).c_str(),
-                c.all2all.threshold_tokens);
-    if (c.passkv_step_s && c.passq_step_s && c.passq_ring_step_s)
-      std::printf(
-          "\n  cost model: passkv %s, passq ring %s, passq (all-gathered queries) %s per step",
-          seconds_text(*c.passkv_step_s).c_str(), seconds_text(*c.passq_ring_step_s).c_str(),
-          seconds_text(*c.passq_step_s).c_str());
-    std::printf("\n");
-  }
-
-  const size_t total = plan.ranked.size() + plan.over_memory.size() + plan.rejected.size();
   std::printf(
-      "\nmeshes: %zu of %zu fit %s per rank", plan.ranked.size(), total,
-      plan.ranked.empty() && plan.over_memory.empty()
-          ? "the limit"
-          : fmt("%.4g GB", (plan.ranked.empty() ? plan.over_memory.front() : plan.ranked.front())
-                                   .memory_limit /
-                               1e9)
-                .c_str());
-  std::printf(", %zu over it, %zu cannot run; predicted per step, fastest first",
-              plan.over_memory.size(), plan.rejected.size());
+      "  model: %lld layers, %lld heads (%lld kv) x %lld, hidden %lld, ffn %lld, batch %lld",
+      i64(j["layers"]), i64(j["heads"]), i64(j["kv_heads"]), i64(j["head_dim"]), i64(j["hidden"]),
+      i64(j["ffn_dim"]), i64(j["batch"]));
+  if (i64(j["guidance_branches"]) > 1)
+    std::printf(" x %lld guidance branches", i64(j["guidance_branches"]));
+  if (i64(j["cross_tokens"]) > 0)
+    std::printf(", %lld text tokens (cross-attention)", i64(j["cross_tokens"]));
+  if (i64(j["text_tokens"]) > 0)
+    std::printf(", %lld text tokens (joint attention)", i64(j["text_tokens"]));
+  std::printf(", %s%s\n", str(j["dtype"]), j["causal"].get<bool>() ? ", causal" : "");
+}
+
+void print_hardware(const json& hw, long long world) {
+  const bool shared = hw["shared_node"].get<bool>();
+  std::printf("  hardware: %s (%s): %s attention per %s, ", str(hw["name"]), str(hw["source"]),
+              rate_text(f64(hw["attention_flops"])).c_str(), shared ? "core" : "rank");
+  if (i64(hw["ranks_per_node"]) > 0)
+    std::printf("%lld ranks per node, %s inside, %s between nodes", i64(hw["ranks_per_node"]),
+                bw_text(f64(hw["intra_node_bw"])).c_str(),
+                bw_text(f64(hw["inter_node_bw"])).c_str());
+  else
+    std::printf("all ranks on one node, %s between ranks",
+                bw_text(f64(hw["intra_node_bw"])).c_str());
+  std::printf(", %.4g GB per %s\n", f64(hw["memory_bytes"]) / 1e9, shared ? "node" : "rank");
+  std::printf("  world: %lld ranks\n\n", world);
+}
+
+void print_divisibility(const json& j) {
+  const json& d = j["divisibility"];
+  const long long seq = i64(j["seq_len"]), sp = i64(j["sequence_parallel_size"]);
+  if (d["divides"].get<bool>()) {
+    std::printf(
+        "sequence length S = %lld; sequence-parallel size %lld: %lld %% %lld = 0, every rank "
+        "holds %lld tokens\n",
+        seq, sp, seq, sp, i64(d["shard_floor"]));
+    return;
+  }
+  std::printf(
+      "sequence length S = %lld; sequence-parallel size %lld: %lld %% %lld = %lld, the "
+      "tokens do not divide\n",
+      seq, sp, seq, sp, i64(j["remainder"]));
+  std::printf("  ways out:\n");
+  const long long ceil_ranks = i64(d["ranks_with_ceil"]);
+  std::printf(
+      "    uneven shards: %lld rank%s %lld tokens, %lld %s %lld (imbalance %.4f); "
+      "ring and allgather take them, ulysses and usp in uaa mode\n",
+      ceil_ranks, ceil_ranks == 1 ? " holds" : "s hold", i64(d["shard_ceil"]), sp - ceil_ranks,
+      sp - ceil_ranks == 1 ? "holds" : "hold", i64(d["shard_floor"]), f64(d["shard_imbalance"]));
+  std::printf(
+      "    padding (--pad): to %lld tokens (+%lld, %.2f%% more tokens, %.2f%% more "
+      "attention work); zigzag pads to %lld; strict ulysses needs it\n",
+      i64(d["padded_seq"]), i64(d["padded_seq"]) - seq, 100 * f64(d["pad_token_overhead"]),
+      100 * f64(d["pad_work_overhead"]), i64(d["padded_seq_zigzag"]));
+  const json& alts = d["alternatives"];
+  if (alts.empty()) return;
+  std::printf("    nearest shapes that divide by %lld:", sp);
+  for (size_t i = 0; i < alts.size(); ++i)
+    std::printf("%s %s %lld (S = %lld)", i ? "," : "", str(alts[i]["flag"]), i64(alts[i]["value"]),
+                i64(alts[i]["seq_len"]));
+  std::printf("\n");
+}
+
+void print_decode(const json& j) {
+  const json& c = j["decode"];
+  std::printf(
+      "\ndecode / partial prefill: T = %lld new tokens over P = %lld cached, %lld "
+      "sequence-parallel ranks (C = %s per rank, BW = %s between nodes)\n",
+      i64(j["new"]), i64(j["cached"]), i64(c["ranks"]), rate_text(f64(c["flops_per_s"])).c_str(),
+      bw_text(f64(c["bytes_per_s"])).c_str());
+  std::printf("  Meta's rule:           %s\n", str(c["meta_rule"]["reason"]));
+  std::printf("  All2All-aware variant: %s\n", str(c["all2all_rule"]["reason"]));
+  std::printf("  choice: %s (threshold %.0f tokens)", str(j["choice"]), f64(j["threshold_tokens"]));
+  const json &kv = c["passkv_step_seconds"], &q = c["passq_step_seconds"],
+             &qr = c["passq_ring_step_seconds"];
+  if (!kv.is_null() && !q.is_null() && !qr.is_null())
+    std::printf(
+        "\n  cost model: passkv %s, passq ring %s, passq (all-gathered queries) %s per step",
+        seconds_text(f64(kv)).c_str(), seconds_text(f64(qr)).c_str(), seconds_text(f64(q)).c_str());
+  std::printf("\n");
+}
+
+void print_meshes(const json& j, int top) {
+  const json &ranked = j["meshes"], &over = j["over_memory"], &rejected = j["rejected"];
+  const double limit = j["memory_limit_bytes"].is_null() ? 0 : f64(j["memory_limit_bytes"]);
+  std::printf(
+      "\nmeshes: %zu of %zu fit %s per rank", ranked.size(),
+      ranked.size() + over.size() + rejected.size(),
+      j["memory_limit_bytes"].is_null() ? "the limit" : fmt("%.4g GB", limit / 1e9).c_str());
+  std::printf(", %zu over it, %zu cannot run; predicted per step, fastest first", over.size(),
+              rejected.size());
   // Fold equivalent rows.
   std::vector<std::pair<size_t, int>> rows;  // (index, equivalents folded into it)
-  for (size_t i = 0; i < plan.ranked.size(); ++i) {
-    if (!rows.empty() && equivalent(plan.ranked[rows.back().first], plan.ranked[i]))
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    if (!rows.empty() && equivalent(ranked[rows.back().first], ranked[i]))
       ++rows.back().second;
     else
       rows.push_back({i, 0});
@@ -263,93 +278,87 @@ void print_text(const ResolvedPlanSpec& r, const Plan& plan, const Simulation* s
   std::printf("\n  %-4s %3s %3s %4s %4s  %-14s %-10s %-3s %10s %10s %8s %8s %10s %8s %6s %5s\n",
               "#", "cfg", "tp", "ulys", "ring", "strategy", "layout", "pad", "step", "layer",
               "compute", "exposed", "MB/rank/L", "mem GB", "imbal", "same");
-  for (size_t i = 0; i < rows.size(); ++i) {
-    if (top > 0 && i >= static_cast<size_t>(top)) break;
-    print_mesh_row(static_cast<int>(rows[i].first + 1), plan.ranked[rows[i].first], rows[i].second);
-  }
+  for (size_t i = 0; i < rows.size() && (top == 0 || i < static_cast<size_t>(top)); ++i)
+    print_mesh_row(ranked[rows[i].first], rows[i].second);
   if (std::any_of(rows.begin(), rows.end(), [](const auto& r) { return r.second > 0; }))
     std::printf(
         "  (same: meshes folded into the row: other layouts, padding or Ulysses modes "
         "within 0.1%% of its time and memory; --json lists every one)\n");
-  if (!plan.ranked.empty()) {
-    const MeshCost& b = plan.ranked.front();
-    std::printf("\nbest: %s: %s per step (%s per layer x %lld layers), critical rank %d:\n",
-                config_label(b.config).c_str(), seconds_text(b.step_s).c_str(),
-                seconds_text(b.layer_s).c_str(), (long long)(w.attention_only ? 1 : w.layers),
-                b.critical_rank);
-    const RankCost& cr = b.ranks[b.critical_rank];
+  if (!ranked.empty()) {
+    const json& b = ranked[0];
+    const long long crit = i64(b["critical_rank"]);
+    std::printf("\nbest: %s: %s per step (%s per layer x %lld layers), critical rank %lld:\n",
+                str(b["label"]), seconds_text(f64(b["step_seconds"])).c_str(),
+                seconds_text(f64(b["layer_seconds"])).c_str(), i64(j["layers"]), crit);
     std::printf(
         "  per layer: %.4g GFLOP attention, %.4g GFLOP linear; compute %s, "
         "communication %s of which %s exposed\n",
-        cr.attention_flops / 1e9, cr.linear_flops / 1e9, seconds_text(b.compute_s).c_str(),
-        seconds_text(b.comm_s).c_str(), seconds_text(b.exposed_comm_s).c_str());
-    for (const auto& c : b.collectives)
+        f64(b["attention_flops_per_layer"]) / 1e9, f64(b["linear_flops_per_layer"]) / 1e9,
+        seconds_text(f64(b["compute_seconds"])).c_str(),
+        seconds_text(f64(b["comm_seconds"])).c_str(),
+        seconds_text(f64(b["exposed_comm_seconds"])).c_str());
+    for (const json& c : b["collectives"])
       std::printf("    %-11s %-16s in %-7s %12llu B sent %12llu B recv  x%-4lld %s%s %s\n",
-                  c.op.c_str(), c.what.c_str(), c.group.c_str(), (unsigned long long)c.sent,
-                  (unsigned long long)c.recv, (long long)c.calls,
-                  c.inter_node ? "inter-node" : "intra-node", c.overlapped ? ", overlapped" : "",
-                  seconds_text(c.seconds).c_str());
+                  str(c["op"]), str(c["what"]), str(c["group"]),
+                  c["sent"].get<unsigned long long>(), c["recv"].get<unsigned long long>(),
+                  i64(c["calls"]), c["inter_node"].get<bool>() ? "inter-node" : "intra-node",
+                  c["overlapped"].get<bool>() ? ", overlapped" : "",
+                  seconds_text(f64(c["seconds"])).c_str());
+    const json& mem = b["memory"];
     std::printf(
         "  memory per rank: %.2f GB weights + %.2f GB KV cache + %.2f GB activations "
         "(K/V peak %.3g MB) = %.2f GB of %.4g GB\n",
-        b.weight_bytes / 1e9, b.kv_cache_bytes / 1e9, b.activation_bytes / 1e9,
-        cr.peak_kv_bytes / 1e6, b.memory_bytes / 1e9, b.memory_limit / 1e9);
+        f64(mem["weights"]) / 1e9, f64(mem["kv_cache"]) / 1e9, f64(mem["activations"]) / 1e9,
+        f64(b["peak_kv_bytes_per_rank"][crit]) / 1e6, f64(mem["total"]) / 1e9,
+        f64(mem["limit"]) / 1e9);
   }
-  if (!plan.over_memory.empty()) {
-    std::printf("\nover the memory limit (%zu), smallest first:\n", plan.over_memory.size());
-    const size_t n =
-        top > 0 ? std::min<size_t>(top, plan.over_memory.size()) : plan.over_memory.size();
-    for (size_t i = 0; i < n; ++i) {
-      const MeshCost& c = plan.over_memory[i];
-      std::printf("  %-60s needs %.1f GB > %.1f GB\n", config_label(c.config).c_str(), c.memory_bytes / 1e9,
-                  c.memory_limit / 1e9);
-    }
+  if (!over.empty()) {
+    std::printf("\nover the memory limit (%zu), smallest first:\n", over.size());
+    for (size_t i = 0; i < over.size() && (top == 0 || i < static_cast<size_t>(top)); ++i)
+      std::printf("  %-60s %s\n", str(over[i]["label"]), str(over[i]["reason"]));
   }
-  if (!plan.rejected.empty()) {
-    std::printf("\ncannot run (%zu):\n", plan.rejected.size());
-    for (const auto& x : plan.rejected) {
-      std::string what;
-      if (x.config.mesh.ulysses == 0) {
-        what = detail::concat("cfg ", x.config.mesh.cfg, " tp ", x.config.mesh.tp, " (any split)");
-      } else {
-        ParallelConfig m = x.config;
-        what = config_label(m);
-        if (x.any_layout) {
-          const std::string lay(layout_name(m.layout));
-          const auto pos = what.find(lay);
-          if (pos != std::string::npos) what.replace(pos, lay.size(), "any layout");
-        }
-      }
-      std::printf("  %-60s %s\n", what.c_str(), x.reason.c_str());
-    }
+  if (!rejected.empty()) {
+    std::printf("\ncannot run (%zu):\n", rejected.size());
+    for (const json& x : rejected) std::printf("  %-60s %s\n", str(x["label"]), str(x["reason"]));
   }
-  if (plan.decode && plan.ranked.empty())
-    std::printf("\nwarning: no mesh fits the memory limit; the pass choice above still holds\n");
+  if (j.contains("warning")) std::printf("\nwarning: %s\n", str(j["warning"]));
+}
 
-  if (sim) {
-    std::printf("\nsimulation: %s, %s layout, sequence-parallel sizes %d..%d",
-                sim->hardware.c_str(), std::string(layout_name(sim->layout)).c_str(),
-                sim->sizes.front(), sim->sizes.back());
-    if (sim->ranks_per_node > 0) std::printf(", %d ranks per node", sim->ranks_per_node);
-    std::printf("\n  %-6s", "ranks");
-    for (const auto& c : sim->curves)
-      std::printf(" %22s", (std::string(strategy_name(c.strategy)) + " step (exp)").c_str());
-    std::printf("\n");
-    for (size_t i = 0; i < sim->sizes.size(); ++i) {
-      std::printf("  %-6d", sim->sizes[i]);
-      for (const auto& c : sim->curves) {
-        const SimPoint& p = c.points[i];
-        if (!p.valid)
-          std::printf(" %22s", "-");
-        else
-          std::printf(" %22s", (seconds_text(p.step_s) + " (" +
-                                fmt("%.0f%%", 100 * p.exposed_fraction) + ")")
-                                   .c_str());
-      }
-      std::printf("\n");
+void print_simulation(const json& sim, const json& hw) {
+  const json& sizes = sim["sizes"];
+  std::printf("\nsimulation: %s, %s layout, sequence-parallel sizes %lld..%lld", str(hw["name"]),
+              str(sim["layout"]), i64(sizes.front()), i64(sizes.back()));
+  if (i64(sim["ranks_per_node"]) > 0)
+    std::printf(", %lld ranks per node", i64(sim["ranks_per_node"]));
+  if (!sim["note"].get_ref<const std::string&>().empty()) std::printf(" (%s)", str(sim["note"]));
+  std::printf("\n  %-6s", "ranks");
+  for (const json& c : sim["curves"])
+    std::printf(" %22s", detail::concat(str(c["strategy"]), " step (exp)").c_str());
+  std::printf("\n");
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    std::printf("  %-6lld", i64(sizes[i]));
+    for (const json& c : sim["curves"]) {
+      const json& p = c["points"][i];
+      std::printf(" %22s", !p["valid"].get<bool>()
+                               ? "-"
+                               : (seconds_text(f64(p["step_seconds"])) + " (" +
+                                  fmt("%.0f%%", 100 * f64(p["exposed_fraction"])) + ")")
+                                     .c_str());
     }
-    for (const auto& f : sim->findings) std::printf("  %s\n", f.c_str());
+    std::printf("\n");
   }
+  for (const json& f : sim["findings"]) std::printf("  %s\n", str(f));
+}
+
+// The text report: the JSON object `--json` prints (plan_json), rendered; `top` rows of the
+// ranking (0: all).
+void print_text(const json& j, int top) {
+  print_workload(j);
+  print_hardware(j["hardware"], i64(j["world"]));
+  print_divisibility(j);
+  if (j.contains("decode")) print_decode(j);
+  print_meshes(j, top);
+  if (j.contains("simulation")) print_simulation(j["simulation"], j["hardware"]);
   std::fflush(stdout);
 }
 
@@ -404,35 +413,84 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
   p->add_flag("--json", o.json, "print one JSON object");
   p->add_option("--top", o.top, "meshes to print (0: all)");
   p->add_flag("--simulate", o.simulate, "replay ring/ulysses/usp/allgather at growing sizes");
-  p->add_option("--sim-ranks,--sim_ranks", o.sim_ranks, "simulation sizes FIRST:LAST (doubling)");
+  o.sim_ranks.clear();  // unset: kDefaultSimRanks as far as the planning limit allows
+  p->add_option("--sim-ranks,--sim_ranks", o.sim_ranks,
+                "simulation sizes FIRST:LAST (doubling; default 8:1024 as far as the planning "
+                "limit allows)");
   p->add_option("--svg", o.svg, "write the simulation's step time vs ranks as an SVG file");
   guard_integer_options(p);
 }
 
 namespace {
 
+// --sim-ranks unset: from 8 doubling up to 1024, as far as the planning limit allows.
+constexpr const char* kDefaultSimRanks = "8:1024";
+
+// The layout, cfg and tp the simulation replays: as pinned, else zigzag for a causal workload
+// and contiguous otherwise, cfg and tp 1.
+struct SimulationMesh {
+  Layout layout;
+  int cfg, tp;
+};
+SimulationMesh simulation_mesh(const PlanRequest& req) {
+  return {req.layout.value_or(req.work.causal ? Layout::kZigzag : Layout::kContiguous),
+          req.cfg > 0 ? req.cfg : 1, req.tp > 0 ? req.tp : 1};
+}
+
+// The simulation's sizes: --sim-ranks as given, refused (with the last size that fits) where
+// the plan and the simulation together would pass the planning limit; unset, kDefaultSimRanks
+// as far as the limit allows (*note says where it stopped).
+std::vector<int> simulation_sizes(const PlanOptions& o, const PlanRequest& req, std::string* note) {
+  const bool given = !o.sim_ranks.empty();
+  std::vector<int> sizes = parse_sizes(given ? o.sim_ranks : kDefaultSimRanks);
+  const int64_t plan = plan_work(req, req.world).ns;
+  if (plan > kMaxPlanWork) return sizes;  // make_plan refuses the plan itself
+  const SimulationMesh m = simulation_mesh(req);
+  const PlanWork work = simulation_work(req.work, sizes, m.layout, m.cfg, m.tp);
+  if (work.ns <= kMaxPlanWork - plan) return sizes;
+  const int last =
+      largest_simulated_size(req.work, sizes, m.layout, m.cfg, m.tp, kMaxPlanWork - plan);
+  const PlanWork with_plan = [&] {
+    PlanWork x = plan_work(req, req.world);
+    x += work;
+    return x;
+  }();
+  SEQPAR_ARG_CHECK(!given && last > 0, "--sim-ranks ", sizes.front(), ":", sizes.back(),
+                   ": simulating at ", req.work.seq, " tokens beside the plan means costing ",
+                   with_plan.text(), ", more than the limit of about ",
+                   kMaxPlanWork / 1'000'000'000.0, " s; ",
+                   last > 0 ? detail::concat("--sim-ranks ", sizes.front(), ":", last)
+                            : std::string("plan fewer tokens"));
+  *note = detail::concat(sizes.back(), " ranks would take about ",
+                         fmt("%.2g", static_cast<double>(with_plan.ns) / 1e9),
+                         " s to cost, more than the limit; --sim-ranks to choose");
+  while (sizes.back() > last) sizes.pop_back();
+  return sizes;
+}
+
 int run_plan(const PlanOptions& o) {
   const ResolvedPlanSpec r = resolve(o);
   std::vector<int> sizes;
-  if (o.simulate || !o.svg.empty()) sizes = parse_sizes(o.sim_ranks);
+  std::string sim_note;
+  if (o.simulate || !o.svg.empty()) sizes = simulation_sizes(o, r.req, &sim_note);
   std::optional<OutputFile> svg;
   if (!o.svg.empty()) svg.emplace("--svg", o.svg);
   const Plan plan = make_plan(r.req);
   std::optional<Simulation> sim;
   if (!sizes.empty()) {
-    const Layout layout =
-        r.req.layout.value_or(r.req.work.causal ? Layout::kZigzag : Layout::kContiguous);
-    sim = simulate_scaling(r.req.work, r.req.hw, sizes, layout, r.req.cfg > 0 ? r.req.cfg : 1,
-                           r.req.tp > 0 ? r.req.tp : 1);
+    const SimulationMesh m = simulation_mesh(r.req);
+    sim = simulate_scaling(r.req.work, r.req.hw, sizes, m.layout, m.cfg, m.tp);
+    sim->note = sim_note;
     if (svg)
       svg->write(simulation_svg(
           *sim, detail::concat(r.req.work.model, ", S = ", r.req.work.seq, " tokens, ",
                                r.req.hw.name, ": predicted step time")));
   }
+  const std::string text = plan_json(r, plan, sim ? &*sim : nullptr, static_cast<int>(o.top));
   if (o.json)
-    std::printf("%s\n", plan_json(r, plan, sim ? &*sim : nullptr, static_cast<int>(o.top)).c_str());
+    std::printf("%s\n", text.c_str());
   else
-    print_text(r, plan, sim ? &*sim : nullptr, static_cast<int>(o.top));
+    print_text(nlohmann::json::parse(text), static_cast<int>(o.top));
   return finish_output(0);
 }
 

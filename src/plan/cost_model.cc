@@ -193,6 +193,8 @@ class MeshModel {
     Hkv_ = shape_.kv_heads;
     D_ = w_.head_dim;
     e_ = dtype_size(w_.dtype);
+    attn_rate_ = rank_attention_flops(hw_, ranks_on_node(hw_, m_.world()));
+    gemm_rate_ = rank_gemm_flops(hw_, ranks_on_node(hw_, m_.world()));
   }
 
   // ---- network ----------------------------------------------------------------------------
@@ -214,8 +216,10 @@ class MeshModel {
   double copy_s(double bytes) const {
     return hw_.local_copy_bw > 0 ? bytes / hw_.local_copy_bw : 0;
   }
-  double attn_rate() const { return rank_attention_flops(hw_, ranks_on_node(hw_, m_.world())); }
-  double gemm_rate() const { return rank_gemm_flops(hw_, ranks_on_node(hw_, m_.world())); }
+  // A rank's rates, asked of the profile once per mesh (a shared-node profile without
+  // cores_per_node asks the system for its cores).
+  double attn_rate() const { return attn_rate_; }
+  double gemm_rate() const { return gemm_rate_; }
   double flops_of(int64_t score_elements) const {
     return 4.0 * D_ * static_cast<double>(score_elements);
   }
@@ -454,6 +458,7 @@ class MeshModel {
   int N_ = 1;
   int64_t B_ = 1, H_ = 1, Hkv_ = 1, D_ = 1;
   size_t e_ = 2;
+  double attn_rate_ = 1, gemm_rate_ = 1;
   AttnShape shape_;
   Schedule schedule_;
   std::vector<size_t> pc_;  // per rank, its next step in the replay

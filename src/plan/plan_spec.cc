@@ -77,13 +77,14 @@ double r6(double x) {
 json mesh_json(const MeshCost& c, int rank, bool detailed) {
   json j;
   if (rank > 0) j["rank"] = rank;
+  j["label"] = config_label(c.config);
   j["cfg"] = c.config.mesh.cfg;
   j["tp"] = c.config.mesh.tp;
   j["ulysses_degree"] = c.config.mesh.ulysses;
   j["ring_degree"] = c.config.mesh.ring;
   j["sequence_parallel_size"] = c.config.sp();
   j["strategy"] = strategy_name(c.config.strategy);
-  j["ulysses_mode"] = (c.config.strategy == Strategy::kUlysses || c.config.strategy == Strategy::kUsp)
+  j["ulysses_mode"] = uses_ulysses(c.config.strategy)
                           ? json(ulysses_mode_name(c.config.ulysses_mode))
                           : json(nullptr);
   j["layout"] = layout_name(c.config.layout);
@@ -147,6 +148,20 @@ json mesh_json(const MeshCost& c, int rank, bool detailed) {
                  {"activations", c.activation_bytes}, {"total", c.memory_bytes},
                  {"limit", c.memory_limit},           {"fits", c.fits_memory}};
   return j;
+}
+
+// What a rejection is of: the degrees alone ("cfg 1 tp 3 (any split)"), a mesh, or a mesh in
+// every layout ("... any layout ...").
+std::string rejection_label(const Rejection& x) {
+  if (x.config.mesh.ulysses == 0)
+    return detail::concat("cfg ", x.config.mesh.cfg, " tp ", x.config.mesh.tp, " (any split)");
+  std::string label = config_label(x.config);
+  if (x.any_layout) {
+    const std::string layout(layout_name(x.config.layout));
+    const auto pos = label.find(layout);
+    if (pos != std::string::npos) label.replace(pos, layout.size(), "any layout");
+  }
+  return label;
 }
 
 json choice_json(const PassChoice& c) {
@@ -249,6 +264,7 @@ std::string plan_json(const ResolvedPlanSpec& r, const Plan& plan, const Simulat
     j["width"] = req.width;
     j["latent"] = {r.latent->latent_frames, r.latent->latent_height, r.latent->latent_width};
     j["patch_grid"] = r.latent->grid;
+    j["video"] = req.preset != nullptr && req.preset->video;
   }
   j["seq_len"] = w.seq;
   j["world"] = req.world;
@@ -260,6 +276,9 @@ std::string plan_json(const ResolvedPlanSpec& r, const Plan& plan, const Simulat
   j["layers"] = w.attention_only ? 1 : w.layers;
   j["causal"] = w.causal;
   j["text_tokens"] = w.text_tokens;
+  j["cross_tokens"] = w.cross_tokens;
+  j["hidden"] = w.hidden;
+  j["ffn_dim"] = w.ffn_dim;
   j["dtype"] = dtype_name(w.dtype);
   j["hardware"] = json::parse(hardware_profile_to_json(req.hw));
   j["hardware"]["source"] = req.hw.source;
@@ -284,6 +303,10 @@ std::string plan_json(const ResolvedPlanSpec& r, const Plan& plan, const Simulat
     meshes.push_back(mesh_json(plan.ranked[i], static_cast<int>(i + 1),
                                top == 0 || i < static_cast<size_t>(top)));
   j["meshes"] = meshes;
+  const MeshCost* any = !plan.ranked.empty()        ? &plan.ranked.front()
+                        : !plan.over_memory.empty() ? &plan.over_memory.front()
+                                                    : nullptr;
+  j["memory_limit_bytes"] = any ? json(any->memory_limit) : json(nullptr);
   json over = json::array();
   for (const auto& c : plan.over_memory) {
     json m = mesh_json(c, 0, false);
@@ -297,11 +320,12 @@ std::string plan_json(const ResolvedPlanSpec& r, const Plan& plan, const Simulat
     json m;
     m["cfg"] = x.config.mesh.cfg;
     m["tp"] = x.config.mesh.tp;
+    m["label"] = rejection_label(x);
     if (x.config.mesh.ulysses > 0) {
       m["ulysses_degree"] = x.config.mesh.ulysses;
       m["ring_degree"] = x.config.mesh.ring;
       m["strategy"] = strategy_name(x.config.strategy);
-      if (x.config.strategy == Strategy::kUlysses || x.config.strategy == Strategy::kUsp)
+      if (uses_ulysses(x.config.strategy))
         m["ulysses_mode"] = ulysses_mode_name(x.config.ulysses_mode);
       m["layout"] = x.any_layout ? "any" : std::string(layout_name(x.config.layout));
       m["pad"] = x.config.pad;
@@ -328,7 +352,8 @@ std::string plan_json(const ResolvedPlanSpec& r, const Plan& plan, const Simulat
          c.passq_ring_step_s ? json(*c.passq_ring_step_s) : json(nullptr)},
         {"cost_model_fastest", c.fastest ? json(strategy_name(*c.fastest)) : json(nullptr)},
         {"cost_model_fastest_schedule", schedule_kind_name(c.fastest_schedule)}};
-    if (plan.ranked.empty()) j["warning"] = "no mesh fits the memory limit; see over_memory";
+    if (plan.ranked.empty())
+      j["warning"] = "no mesh fits the memory limit (see over_memory); the pass choice still holds";
   }
   if (sim) {
     json curves = json::array();
@@ -357,7 +382,8 @@ std::string plan_json(const ResolvedPlanSpec& r, const Plan& plan, const Simulat
                        {"threshold", sim->threshold},
                        {"ranks_per_node", sim->ranks_per_node},
                        {"curves", curves},
-                       {"findings", sim->findings}};
+                       {"findings", sim->findings},
+                       {"note", sim->note}};
   }
   return j.dump();
 }

@@ -1,9 +1,11 @@
 #include "seqpar/plan/simulate.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "seqpar/core/error.h"
+#include "seqpar/parallel/strategy_table.h"
 
 namespace seqpar {
 
@@ -17,7 +19,7 @@ std::vector<int> doubling_sizes(int first, int last) {
 
 namespace {
 
-SimPoint point_of(const MeshCost& c, const Workload&, const HardwareProfile& hw, int n) {
+SimPoint point_of(const MeshCost& c, const HardwareProfile& hw, int n) {
   SimPoint p;
   p.ranks = n;
   p.valid = true;
@@ -39,11 +41,128 @@ std::string percent(double f) {
   return buf;
 }
 
+// The rows simulated: every strategy table row that runs this kind of call (over a K/V cache or
+// over a sequence) on more than one rank, in table order, except that all-gather (the row that
+// gathers the whole K/V on every rank without splitting heads: the fallback to compare with)
+// comes last.
+std::vector<const StrategyRow*> simulated_rows(bool over_cache) {
+  std::vector<const StrategyRow*> rows;
+  for (const StrategyRow& row : strategy_table())
+    if (row.degrees != SpDegrees::kOne && row.over_cache == over_cache) rows.push_back(&row);
+  std::stable_partition(rows.begin(), rows.end(), [](const StrategyRow* r) {
+    return !(r->gathers_kv && r->degrees == SpDegrees::kRing);
+  });
+  return rows;
+}
+
+// The (ulysses, ring) degrees a row takes on n sequence-parallel ranks: one rank is the local
+// row's; a row taking both takes every split with both above 1.
+std::vector<std::pair<int, int>> degrees_on(const StrategyRow& row, int n) {
+  if (n == 1) return {{1, 1}};
+  switch (row.degrees) {
+    case SpDegrees::kOne:
+      return {};
+    case SpDegrees::kRing:
+      return {{1, n}};
+    case SpDegrees::kUlysses:
+      return {{n, 1}};
+    case SpDegrees::kUlyssesRing: {
+      std::vector<std::pair<int, int>> d;
+      for (int u = 2; u < n; ++u)
+        if (n % u == 0) d.push_back({u, n / u});
+      return d;
+    }
+  }
+  return {};
+}
+
+// Calls visit(curve, size index, mesh) for every mesh the simulation costs.
+template <typename Visit>
+void for_each_simulated_mesh(const Workload& w, const std::vector<int>& sizes, Layout layout,
+                             int cfg, int tp, Visit&& visit) {
+  const std::vector<const StrategyRow*> rows = simulated_rows(w.decode());
+  for (size_t c = 0; c < rows.size(); ++c)
+    for (size_t i = 0; i < sizes.size(); ++i)
+      for (auto [u, r] : degrees_on(*rows[c], sizes[i])) {
+        ParallelConfig m;
+        m.mesh = {.cfg = cfg, .tp = tp, .ring = r, .ulysses = u};
+        m.strategy = sizes[i] == 1 ? Strategy::kLocal : rows[c]->strategy;
+        m.layout = layout;
+        m.ulysses_mode = UlyssesMode::kUaa;
+        visit(c, i, m);
+      }
+}
+
+// The finding of one curve, one line.
+std::string finding(const SimCurve& curve, double threshold) {
+  const SimPoint* first = nullptr;
+  const SimPoint* last = nullptr;
+  for (const SimPoint& p : curve.points)
+    if (p.valid) {
+      if (!first) first = &p;
+      last = &p;
+    }
+  std::string line = std::string(strategy_name(curve.strategy)) + ": ";
+  if (!first)
+    return line + "no size runs (" +
+           (curve.points.empty() ? std::string("no sizes") : curve.points[0].note) + ")";
+  if (curve.stops_hiding_at == 0)
+    return line + detail::concat("communication stays hidden behind compute up to ", last->ranks,
+                                 " ranks (exposed <= ", percent(threshold), " of a layer)");
+  const SimPoint* at = nullptr;
+  for (const SimPoint& p : curve.points)
+    if (p.ranks == curve.stops_hiding_at) at = &p;
+  if (curve.hidden_up_to > 0)
+    line += detail::concat("communication hides behind compute up to ", curve.hidden_up_to,
+                           " ranks (exposed <= ", percent(threshold), " of a layer); from ",
+                           curve.stops_hiding_at, " ranks it is ", percent(at->exposed_fraction),
+                           " of a layer", at->inter_node ? " (the group spans nodes)" : "", ", ",
+                           percent(last->exposed_fraction), " at ", last->ranks);
+  else
+    line +=
+        detail::concat("communication is exposed at every size: ", percent(at->exposed_fraction),
+                       " of a layer at ", at->ranks, " ranks, ", percent(last->exposed_fraction),
+                       " at ", last->ranks);
+  if (!curve.overlaps) line += " (its collectives are never overlapped with compute)";
+  return line;
+}
+
 }  // namespace
+
+PlanWork simulation_work(const Workload& w, const std::vector<int>& sizes, Layout layout, int cfg,
+                         int tp) {
+  PlanWork work;
+  for_each_simulated_mesh(w, sizes, layout, cfg, tp, [&](size_t, size_t, const ParallelConfig& m) {
+    work += mesh_work(w, m);
+  });
+  return work;
+}
+
+int largest_simulated_size(const Workload& w, const std::vector<int>& sizes, Layout layout, int cfg,
+                           int tp, int64_t budget) {
+  int last = 0;
+  PlanWork work;
+  for (int n : sizes) {
+    work += simulation_work(w, {n}, layout, cfg, tp);
+    if (work.ns > budget) break;
+    last = n;
+  }
+  return last;
+}
 
 Simulation simulate_scaling(const Workload& w, const HardwareProfile& hw,
                             const std::vector<int>& sizes, Layout layout, int cfg, int tp,
-                            double threshold) {
+                            double threshold, int64_t max_work) {
+  const PlanWork work = simulation_work(w, sizes, layout, cfg, tp);
+  if (work.ns > max_work) {
+    const int last = largest_simulated_size(w, sizes, layout, cfg, tp, max_work);
+    throw InvalidArgument(detail::concat("simulating sizes ", sizes.front(), " to ", sizes.back(),
+                                         " at ", w.seq, " tokens means costing ", work.text(),
+                                         ", more than the limit of about ",
+                                         static_cast<double>(max_work) / 1e9, " s; ",
+                                         last > 0 ? detail::concat("simulate sizes up to ", last)
+                                                  : std::string("simulate fewer tokens")));
+  }
   Simulation sim;
   sim.work = w;
   sim.hardware = hw.name;
@@ -51,48 +170,44 @@ Simulation simulate_scaling(const Workload& w, const HardwareProfile& hw,
   sim.layout = layout;
   sim.threshold = threshold;
   sim.sizes = sizes;
-  const std::vector<Strategy> schemes =
-      w.decode()
-          ? std::vector<Strategy>{Strategy::kPassKv, Strategy::kPassQ}
-          : std::vector<Strategy>{Strategy::kRing, Strategy::kUlysses, Strategy::kUsp, Strategy::kAllGather};
-  for (Strategy s : schemes) {
+  const std::vector<const StrategyRow*> rows = simulated_rows(w.decode());
+  for (const StrategyRow* row : rows) {
     SimCurve curve;
-    curve.strategy = s;
+    curve.strategy = row->strategy;
     for (int n : sizes) {
-      SimPoint best;
-      best.ranks = n;
-      std::vector<std::pair<int, int>> degrees;  // (ulysses, ring)
-      if (n == 1) {
-        degrees.push_back({1, 1});
-      } else if (s == Strategy::kUlysses) {
-        degrees.push_back({n, 1});
-      } else if (s == Strategy::kUsp) {
-        for (int u = 2; u < n; ++u)
-          if (n % u == 0) degrees.push_back({u, n / u});
-      } else {
-        degrees.push_back({1, n});
-      }
-      if (degrees.empty()) best.note = "usp needs a size with a divisor between 1 and itself";
-      for (auto [u, r] : degrees) {
-        ParallelConfig m;
-        m.mesh.cfg = cfg;
-        m.mesh.tp = tp;
-        m.mesh.ulysses = u;
-        m.mesh.ring = r;
-        m.strategy = n == 1 ? Strategy::kLocal : s;
-        m.layout = layout;
-        m.ulysses_mode = UlyssesMode::kUaa;
+      SimPoint p;
+      p.ranks = n;
+      if (degrees_on(*row, n).empty())
+        p.note = detail::concat(strategy_name(row->strategy),
+                                " needs a size with a divisor between 1 and itself");
+      curve.points.push_back(p);
+    }
+    sim.curves.push_back(std::move(curve));
+  }
+  // Each point: the fastest of the meshes it can take (usp: its ulysses x ring splits).
+  for_each_simulated_mesh(
+      w, sizes, layout, cfg, tp, [&](size_t c, size_t i, const ParallelConfig& m) {
+        SimCurve& curve = sim.curves[c];
+        SimPoint& best = curve.points[i];
+        MeshCost cost;
         try {
-          MeshCost c = cost_mesh(w, m, hw);
-          if (!best.valid || c.step_s < best.step_s) best = point_of(c, w, hw, n);
+          cost = cost_mesh(w, m, hw);
         } catch (const InvalidArgument& e) {
           if (!best.valid) best.note = e.what();
+          return;
         }
-      }
-      if (best.valid && s == Strategy::kUsp)
-        best.note = detail::concat("ulysses ", best.ulysses, " x ring ", best.ring);
-      curve.points.push_back(best);
-    }
+        if (!std::isfinite(cost.step_s)) {
+          if (!best.valid)
+            best.note = detail::concat("the predicted step time is not finite: hardware profile ",
+                                       hw.name, "'s rates are too small");
+          return;
+        }
+        if (!best.valid || cost.step_s < best.step_s) best = point_of(cost, hw, sizes[i]);
+        if (rows[c]->degrees == SpDegrees::kUlyssesRing)
+          best.note = detail::concat("ulysses ", best.ulysses, " x ring ", best.ring);
+        for (const CollectiveCost& col : cost.collectives) curve.overlaps |= col.overlapped;
+      });
+  for (SimCurve& curve : sim.curves) {
     // Where communication stops hiding.
     bool leading = true;
     for (const SimPoint& p : curve.points) {
@@ -104,41 +219,7 @@ Simulation simulate_scaling(const Workload& w, const HardwareProfile& hw,
         if (curve.stops_hiding_at == 0) curve.stops_hiding_at = p.ranks;
       }
     }
-    // One line of findings.
-    const SimPoint* first = nullptr;
-    const SimPoint* last = nullptr;
-    for (const SimPoint& p : curve.points)
-      if (p.valid) {
-        if (!first) first = &p;
-        last = &p;
-      }
-    std::string line = std::string(strategy_name(s)) + ": ";
-    if (!first) {
-      line += "no size runs (" +
-              (curve.points.empty() ? std::string("no sizes") : curve.points[0].note) + ")";
-    } else if (curve.stops_hiding_at == 0) {
-      line += detail::concat("communication stays hidden behind compute up to ", last->ranks,
-                             " ranks (exposed <= ", percent(threshold), " of a layer)");
-    } else {
-      const SimPoint* at = nullptr;
-      for (const SimPoint& p : curve.points)
-        if (p.ranks == curve.stops_hiding_at) at = &p;
-      if (curve.hidden_up_to > 0)
-        line +=
-            detail::concat("communication hides behind compute up to ", curve.hidden_up_to,
-                           " ranks (exposed <= ", percent(threshold), " of a layer); from ",
-                           curve.stops_hiding_at, " ranks it is ", percent(at->exposed_fraction),
-                           " of a layer", at->inter_node ? " (the group spans nodes)" : "", ", ",
-                           percent(last->exposed_fraction), " at ", last->ranks);
-      else
-        line += detail::concat("communication is exposed at every size: ",
-                               percent(at->exposed_fraction), " of a layer at ", at->ranks,
-                               " ranks, ", percent(last->exposed_fraction), " at ", last->ranks);
-      if (s == Strategy::kUlysses || s == Strategy::kAllGather || s == Strategy::kPassQ)
-        line += " (its collectives are never overlapped with compute)";
-    }
-    sim.findings.push_back(line);
-    sim.curves.push_back(std::move(curve));
+    sim.findings.push_back(finding(curve, threshold));
   }
   return sim;
 }

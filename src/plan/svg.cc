@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 #include <sstream>
 
 #include "seqpar/plan/simulate.h"
@@ -45,23 +46,11 @@ std::string time_label(double s) {
   return buf;
 }
 
-const char* color_of(Strategy s) {
-  switch (s) {
-    case Strategy::kRing:
-      return "#1f77b4";
-    case Strategy::kUlysses:
-      return "#ff7f0e";
-    case Strategy::kUsp:
-      return "#2ca02c";
-    case Strategy::kAllGather:
-      return "#9467bd";
-    case Strategy::kPassKv:
-      return "#1f77b4";
-    case Strategy::kPassQ:
-      return "#d62728";
-    default:
-      return "#7f7f7f";
-  }
+// The colour of the i-th curve (red marks where communication stops hiding).
+const char* color_of(size_t i) {
+  static constexpr const char* kPalette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd",
+                                             "#8c564b", "#e377c2", "#7f7f7f", "#17becf"};
+  return kPalette[i % std::size(kPalette)];
 }
 
 }  // namespace
@@ -128,8 +117,9 @@ std::string simulation_svg(const Simulation& sim, const std::string& title) {
   }
   // Curves: step time (solid), compute of the critical rank (dashed, same color).
   int legend = 0;
-  for (const auto& c : sim.curves) {
-    const char* col = color_of(c.strategy);
+  for (size_t i = 0; i < sim.curves.size(); ++i) {
+    const SimCurve& c = sim.curves[i];
+    const char* col = color_of(i);
     std::ostringstream step, comp;
     step.setf(std::ios::fixed);
     comp.setf(std::ios::fixed);

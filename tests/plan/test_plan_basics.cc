@@ -223,8 +223,9 @@ TEST(Simulation, RingStopsHidingPastANode) {
   // on the H100 profile: ring hides its transfers while blocks are large, stops when the
   // per-step compute (∝ 1/N²) falls below the transfer (∝ 1/N), worse past 8 ranks per node.
   const Workload w = attention_workload(75600, 40, 40, 128, 1, false, DType::kBF16);
-  const Simulation sim =
-      simulate_scaling(w, hardware_profile("h100"), doubling_sizes(8, 1024), Layout::kContiguous);
+  // Past the planning limit (about 2.4 s of work): asked for with a larger one.
+  const Simulation sim = simulate_scaling(w, hardware_profile("h100"), doubling_sizes(8, 1024),
+                                          Layout::kContiguous, 1, 1, 0.05, int64_t{4'000'000'000});
   ASSERT_EQ(sim.curves.size(), 4u);
   EXPECT_EQ(sim.sizes, (std::vector<int>{8, 16, 32, 64, 128, 256, 512, 1024}));
   const SimCurve& ring = sim.curves[0];
@@ -262,13 +263,36 @@ TEST(Simulation, DecodeCurves) {
   const Workload w = attention_workload(0, 64, 8, 128, 1, true, DType::kBF16, 0, 1 << 20, 16);
   const Simulation sim =
       simulate_scaling(w, hardware_profile("h200"), doubling_sizes(8, 64), Layout::kContiguous);
-  ASSERT_EQ(sim.curves.size(), 2u);
-  EXPECT_EQ(sim.curves[0].strategy, Strategy::kPassKv);
-  EXPECT_EQ(sim.curves[1].strategy, Strategy::kPassQ);
+  ASSERT_EQ(sim.curves.size(), 2u);  // in the strategy table's order
+  const bool q_first = sim.curves[0].strategy == Strategy::kPassQ;
+  const auto& passq = sim.curves[q_first ? 0 : 1];
+  const auto& passkv = sim.curves[q_first ? 1 : 0];
+  EXPECT_EQ(passq.strategy, Strategy::kPassQ);
+  EXPECT_EQ(passkv.strategy, Strategy::kPassKv);
   // 16 new tokens over a million cached: passing the queries is far cheaper.
   for (size_t i = 0; i < sim.sizes.size(); ++i)
-    EXPECT_LT(sim.curves[1].points[i].step_s, sim.curves[0].points[i].step_s);
+    EXPECT_LT(passq.points[i].step_s, passkv.points[i].step_s);
   EXPECT_THROW(doubling_sizes(0, 8), InvalidArgument);
+}
+
+// A simulation past the planning limit is refused up front, naming the work and the largest last
+// size that fits; that size is simulated.
+TEST(Simulation, WorkPastTheLimitIsRefusedWithTheLastSizeThatFits) {
+  const Workload w = attention_workload(1 << 20, 8, 0, 128, 1, false, DType::kBF16);
+  const HardwareProfile hw = hardware_profile("h100");
+  const std::vector<int> sizes = doubling_sizes(8, 8192);
+  EXPECT_GT(simulation_work(w, sizes, Layout::kContiguous).ns, kMaxPlanWork);
+  const int last = largest_simulated_size(w, sizes, Layout::kContiguous, 1, 1, kMaxPlanWork);
+  EXPECT_EQ(last, 512);
+  try {
+    (void)simulate_scaling(w, hw, sizes, Layout::kContiguous);
+    ADD_FAILURE() << "no throw";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("simulate sizes up to 512"), std::string::npos)
+        << e.what();
+  }
+  const Simulation sim = simulate_scaling(w, hw, doubling_sizes(8, last), Layout::kContiguous);
+  EXPECT_EQ(sim.sizes.back(), 512);
 }
 
 }  // namespace

@@ -88,5 +88,32 @@ grep -q "</svg>" "$tmp/scale.svg" && ok || bad "no SVG written"
 python3 -c "import sys, xml.dom.minidom as m; m.parse(sys.argv[1])" "$tmp/scale.svg" && ok \
   || bad "the SVG is not well-formed XML"
 
+# 7. Bounded work: every request answers or is refused up front with the work and what fits.
+# A memory limit nothing meets: the smallest need and the limit that holds it, no search.
+expect2 "the smallest needs 0.00736 GB .*no world size up to 64x fits, or --memory-limit 0.00736" \
+  --seq 4096 --heads 8 --memory-limit 1e-30
+expect2 "no world size up to 64x fits" --model llama3-8b --seq 4097 --ranks 16 --hardware local
+# Rates that overflow a step's time.
+python3 - "$tmp/slow.json" <<'PY'
+import json, sys
+p = {"name": "slow", "dtype": "bf16", "attention_flops": 1e-300, "gemm_flops": 1e-300,
+     "intra_node_bw": 1e-300, "inter_node_bw": 1e-300, "local_copy_bw": 1e-300,
+     "memory_bytes": 1e-300, "ranks_per_node": 8}
+json.dump(p, open(sys.argv[1], "w"))
+PY
+expect2 "not finite.*attention_flops 1e-300" --seq 4096 --heads 8 --hardware "$tmp/slow.json"
+# Pinned and simulated plans over a million tokens: the work named, and what would fit.
+expect2 "1 mesh (16793600 schedule steps.*more than the limit.*--ranks 2048" \
+  --seq 1048576 --heads 8 --ranks 4096 --strategy ring --layout zigzag
+expect2 "tokens one by one.*--new " \
+  --cached 100000000 --new 100000000 --heads 1 --ranks 8 --layout striped
+expect2 "--sim-ranks 8:8192: .*more than the limit.*--sim-ranks 8:256" \
+  --seq 1048576 --heads 8 --simulate --sim-ranks 8:8192
+# --sim-ranks unset: 8 doubling up to 1024 as far as the limit allows, saying where it stopped.
+"$bin" plan --seq 1048576 --heads 8 --simulate --json >"$tmp/sim1m.json" && ok \
+  || bad "plan --simulate at 1M tokens exited non-zero"
+py "$tmp/sim1m.json" 'd["simulation"]["sizes"] == [8, 16, 32, 64, 128, 256] and "1024 ranks" in d["simulation"]["note"]' \
+  && ok || bad "the default simulation at 1M tokens: sizes up to 256 and the note"
+
 echo "plan cli: $pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -84,6 +84,42 @@ TEST(Planner, RanksEveryMeshFastestFirstAndSaysWhyOthersCannotRun) {
   EXPECT_TRUE(strict_padded_ranked);
 }
 
+// Meshes of equal predicted time keep a stated order whatever order they are enumerated in: the
+// degrees, a ring before an all-gather, uaa before strict, unpadded first, contiguous, zigzag,
+// striped. The Wan example's layouts tie (non-causal): its first row is the contiguous ring.
+TEST(Planner, EqualTimesKeepAStatedOrder) {
+  const Plan plan = make_plan(wan_request(8));
+  ASSERT_GE(plan.ranked.size(), 3u);
+  EXPECT_EQ(config_label(plan.ranked[0].config), "cfg 2 tp 1 ulysses 1 ring 4 ring contiguous");
+  EXPECT_EQ(config_label(plan.ranked[1].config), "cfg 2 tp 1 ulysses 1 ring 4 ring zigzag");
+  EXPECT_EQ(config_label(plan.ranked[2].config), "cfg 2 tp 1 ulysses 1 ring 4 ring striped");
+  auto rank = [](Layout l) { return l == Layout::kContiguous ? 0 : l == Layout::kZigzag ? 1 : 2; };
+  for (size_t i = 1; i < plan.ranked.size(); ++i) {
+    const ParallelConfig &a = plan.ranked[i - 1].config, &b = plan.ranked[i].config;
+    if (plan.ranked[i - 1].step_s != plan.ranked[i].step_s) continue;
+    ParallelConfig a_any = a, b_any = b;
+    a_any.layout = b_any.layout = Layout::kContiguous;
+    if (a_any == b_any) {
+      EXPECT_LT(rank(a.layout), rank(b.layout)) << config_label(b);
+    }
+  }
+  // Communication for free: the ring and the all-gather of one split take the same time, and
+  // the ring (holding less K/V) comes first.
+  PlanRequest req;
+  req.work = attention_workload(4096, 8, 0, 128, 1, false, DType::kBF16);
+  req.hw = hardware_profile("h100");
+  req.hw.latency_s = req.hw.inter_node_latency_s = req.hw.local_copy_bw = 0;
+  req.hw.intra_node_bw = req.hw.inter_node_bw = 1e30;
+  req.world = 4;
+  req.layout = Layout::kContiguous;
+  req.ulysses = 1;
+  const Plan free = make_plan(req);
+  ASSERT_EQ(free.ranked.size(), 2u);
+  EXPECT_EQ(free.ranked[0].config.strategy, Strategy::kRing);
+  EXPECT_EQ(free.ranked[1].config.strategy, Strategy::kAllGather);
+  EXPECT_NEAR(free.ranked[0].step_s, free.ranked[1].step_s, 1e-12 * free.ranked[1].step_s);
+}
+
 TEST(Planner, PinsAndTensorParallelRejections) {
   PlanRequest req = wan_request(6);
   const Plan plan = make_plan(req);
@@ -319,9 +355,9 @@ TEST(PlannerLimits, WorkIsEstimatedBeforeCosting) {
   req.work = attention_workload(65536, 8, 0, 128, 1, false, DType::kBF16);
   req.hw = hardware_profile("h100");
   req.world = 8;
-  EXPECT_LT(plan_work(req, 8), kMaxPlanWork);
+  EXPECT_LT(plan_work(req, 8).ns, kMaxPlanWork);
   req.world = 65536;  // 2^16 ranks: every mesh costed step by step would take minutes
-  EXPECT_GT(plan_work(req, 65536), kMaxPlanWork);
+  EXPECT_GT(plan_work(req, 65536).ns, kMaxPlanWork);
   try {
     (void)make_plan(req);
     ADD_FAILURE() << "no throw";
@@ -333,6 +369,163 @@ TEST(PlannerLimits, WorkIsEstimatedBeforeCosting) {
   req.world = 8;
   req.ulysses = 1 << 16;
   req.ring = 1 << 16;
+  EXPECT_THROW((void)make_plan(req), InvalidArgument);
+}
+
+// The estimate follows the schedules: at least their entries (steps and all-to-all peers), at most
+// three times as many and a few per rank, for every strategy table row and its schedules on the
+// splits the planner gives it.
+TEST(PlannerLimits, MeshWorkCountsTheScheduleEntries) {
+  const Workload seq = attention_workload(4096, 8, 2, 64, 1, true, DType::kBF16);
+  const Workload cache = attention_workload(0, 8, 2, 64, 1, true, DType::kBF16, 0, 4096, 100);
+  for (const StrategyRow& row : strategy_table())
+    for (const ScheduleRow& sr : row.schedules)
+      for (int n : {1, 2, 4, 8, 16})
+        for (int u : {1, 2, 4, 8, 16}) {
+          // The splits the planner gives the row.
+          const int r = n / u;
+          const SpDegrees d = n == 1   ? SpDegrees::kOne
+                              : u == 1 ? SpDegrees::kRing
+                              : r == 1 ? SpDegrees::kUlysses
+                                       : SpDegrees::kUlyssesRing;
+          if (n % u != 0 || d != row.degrees) continue;
+          ParallelConfig m;
+          m.mesh.ulysses = u;
+          m.mesh.ring = n / u;
+          m.strategy = row.strategy;
+          m.schedule = sr.kind;
+          const Workload& w = row.over_cache ? cache : seq;
+          Schedule s;
+          try {
+            validate_config(m, workload_shape(w));
+            s = attention_schedule(m, workload_shape(w));
+          } catch (const InvalidArgument&) {
+            continue;  // degrees the row does not take
+          }
+          int64_t entries = 0;
+          for (const RankSchedule& rs : s.ranks)
+            for (const Step& st : rs.steps) entries += 1 + (st.comm ? st.comm->peers.size() : 0);
+          const PlanWork x = mesh_work(w, m);
+          EXPECT_GE(x.steps, entries) << config_label(m);
+          EXPECT_LE(x.steps, 3 * entries + 8 * n) << config_label(m);
+          EXPECT_EQ(x.meshes, 1);
+        }
+}
+
+// Pinned plans over a million tokens: refused up front with the work named and what fits.
+TEST(PlannerLimits, PinnedMillionTokenPlansAreRefusedWithWhatFits) {
+  PlanRequest req;
+  req.work = attention_workload(1 << 20, 8, 0, 128, 1, false, DType::kBF16);
+  req.hw = hardware_profile("h100");
+  req.world = 4096;
+  req.strategy = Strategy::kRing;
+  req.layout = Layout::kZigzag;
+  try {
+    (void)make_plan(req);
+    ADD_FAILURE() << "no throw";
+  } catch (const InvalidArgument& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("1 mesh (16793600 schedule steps"), std::string::npos) << m;
+    EXPECT_NE(m.find("ranks 2048"), std::string::npos) << m;
+  }
+  EXPECT_LE(plan_work(req, 2048).ns, kMaxPlanWork);
+  // A striped cache against 10^8 new tokens is counted query by query: refused, naming fewer new
+  // tokens that fit.
+  PlanRequest decode;
+  decode.work =
+      attention_workload(0, 1, 0, 128, 1, true, DType::kBF16, 0, 100'000'000, 100'000'000);
+  decode.hw = hardware_profile("h100");
+  decode.world = 8;
+  decode.layout = Layout::kStriped;
+  try {
+    (void)make_plan(decode);
+    ADD_FAILURE() << "no throw";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("tokens one by one"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("new "), std::string::npos) << e.what();
+  }
+}
+
+// A memory limit nothing meets: refused naming the smallest need and the limit that would hold
+// it, without searching world sizes that cannot fit (one rank's memory over the world size bounds
+// every mesh's from below).
+TEST(PlannerLimits, AMemoryLimitNothingMeetsIsRefusedWithTheSmallestNeed) {
+  PlanRequest req;
+  req.work = attention_workload(4096, 8, 0, 128, 1, false, DType::kBF16);
+  req.hw = hardware_profile("h100");
+  req.world = 8;
+  req.memory_limit = 1e-21;  // 1e-30 GB
+  try {
+    (void)make_plan(req);
+    ADD_FAILURE() << "no throw";
+  } catch (const InvalidArgument& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("in 1e-30 GB per rank: the smallest needs 0.00736 GB"), std::string::npos)
+        << m;
+    EXPECT_NE(m.find("no world size up to 64x fits"), std::string::npos) << m;
+    EXPECT_NE(m.find("memory_limit 0.00736 (GB)"), std::string::npos) << m;
+  }
+  // The calibrated CPU profile's 12 GB node holds no world size of Llama 3 8B: refused the same
+  // way, the search skipped.
+  PlanRequest llama;
+  llama.work = model_workload(model_preset("llama3-8b"), 4097, 1, DType::kBF16, false, 0);
+  llama.hw = hardware_profile("local");
+  llama.world = 16;
+  try {
+    (void)make_plan(llama);
+    ADD_FAILURE() << "no throw";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("no world size up to 64x fits"), std::string::npos)
+        << e.what();
+  }
+}
+
+// The memory floor is below every mesh's memory, for models of each family and a bare call, on
+// world sizes that split every degree.
+TEST(PlannerLimits, TheMemoryFloorIsBelowEveryMesh) {
+  std::vector<PlanRequest> reqs(5);
+  reqs[0] = wan_request(1);
+  reqs[1].work =
+      model_workload(model_preset("llama3-70b"), 0, 1, DType::kBF16, false, 0, 30000, 2000);
+  reqs[2].work = model_workload(model_preset("flux.1-dev"), 4096, 1, DType::kBF16, true, 512);
+  reqs[3].work = model_workload(model_preset("llama3-8b"), 20000, 2, DType::kBF16, false, 0);
+  reqs[4].work = attention_workload(5000, 12, 4, 64, 1, true, DType::kF32);
+  for (PlanRequest& req : reqs) {
+    req.hw = hardware_profile("h100");
+    for (int world : {1, 2, 3, 4, 6, 8, 12, 16, 24}) {
+      req.world = world;
+      Plan plan;
+      try {
+        plan = make_plan(req);
+      } catch (const InvalidArgument&) {
+        continue;
+      }
+      const double floor = memory_floor(req, world);
+      EXPECT_GT(floor, 0) << req.work.model;
+      for (const auto* list : {&plan.ranked, &plan.over_memory})
+        for (const MeshCost& c : *list)
+          EXPECT_GE(c.memory_bytes, floor * (1 - 1e-12))
+              << req.work.model << " " << config_label(c.config);
+    }
+  }
+}
+
+// A profile whose rates overflow a step's time: refused naming the rates, not ranked as inf.
+TEST(PlannerLimits, RatesThatOverflowTheStepTimeAreRefused) {
+  PlanRequest req;
+  req.work = attention_workload(4096, 8, 0, 128, 1, false, DType::kBF16);
+  req.hw = hardware_profile("h100");
+  req.hw.attention_flops = req.hw.gemm_flops = req.hw.intra_node_bw = req.hw.inter_node_bw =
+      req.hw.local_copy_bw = 1e-300;
+  req.world = 8;
+  try {
+    (void)make_plan(req);
+    ADD_FAILURE() << "no throw";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("not finite"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("attention_flops 1e-300"), std::string::npos) << e.what();
+  }
+  req.hw.memory_bytes = 1e-300;  // and nothing fits: still the rates, before any search
   EXPECT_THROW((void)make_plan(req), InvalidArgument);
 }
 

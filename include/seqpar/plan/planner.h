@@ -94,16 +94,43 @@ struct Plan {
   std::optional<DecodeChoice> decode;
 };
 
-// The work of planning `world` ranks with req's pins, in steps: over every mesh make_plan would
-// cost, its token positions, the position-run pairs its attention counts and every rank's steps.
-// make_plan refuses more than kMaxPlanWork (a few seconds) instead of running for minutes.
-inline constexpr int64_t kMaxPlanWork = int64_t{1} << 32;
-int64_t plan_work(const PlanRequest& req, int world);
+// The work of costing meshes, estimated before any is costed (docs/planner.md "Limits on
+// work"). Costing a mesh builds its schedule (parallel/schedule.h: every rank's steps and an
+// all-to-all's peers) and replays it, counts its attention over pairs of position runs, and goes
+// through tokens one by one where a check or a schedule needs them (the Ulysses exchange lays out
+// the shards' positions; work stealing plans row by row; a striped cache meets the new tokens in
+// runs of different strides, counted query by query).
+struct PlanWork {
+  int64_t meshes = 0;
+  int64_t refused = 0;    // of them, those validation refuses (costed at their validation)
+  int64_t steps = 0;      // schedule entries: rank steps and all-to-all peers
+  int64_t run_pairs = 0;  // position-run pairs counted
+  int64_t tokens = 0;     // token positions laid out or query rows gone through one by one
+  // The parts weighted by what each took on one core of a 2-core VM shared with builds.
+  int64_t ns = 0;
+  PlanWork& operator+=(const PlanWork& o);
+  // "3 meshes (16777216 schedule steps, 67108864 run pairs, 0 tokens one by one; about 4.3 s)"
+  std::string text() const;
+};
+// make_plan and simulate_scaling refuse more work than this (ns: 1.2 s of that core), with one
+// line naming the work and what would fit, instead of running for minutes.
+inline constexpr int64_t kMaxPlanWork = 1'200'000'000;
+
+// The work of costing mesh m of workload w.
+PlanWork mesh_work(const Workload& w, const ParallelConfig& m);
+// The work of make_plan(req) at `world` ranks: every mesh it costs (the decode choice's too).
+PlanWork plan_work(const PlanRequest& req, int world);
 
 // Enumerates, costs and ranks. Throws InvalidArgument (one line with the cause and the nearest
-// valid alternative) when no mesh can run at this world size, or, except for decode requests
-// (whose pass choice stands regardless), when none fits the memory limit.
+// valid alternative) when the work is more than kMaxPlanWork, when no mesh can run at this world
+// size, or, except for decode requests (whose pass choice stands regardless), when none fits the
+// memory limit. The searches for a nearest world size stop where the work would pass
+// kMaxPlanWork.
 Plan make_plan(const PlanRequest& req);
+
+// A lower bound on the memory a rank needs on any mesh of `world` ranks of req's workload (0 when
+// one rank cannot run it): the nearest-world search skips sizes where it is over the limit.
+double memory_floor(const PlanRequest& req, int world);
 
 Divisibility analyse_divisibility(const PlanRequest& req);
 DecodeChoice decode_choice(const PlanRequest& req);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "seqpar/plan/cost_model.h"
+#include "seqpar/plan/planner.h"
 
 namespace seqpar {
 
@@ -30,6 +31,7 @@ struct SimCurve {
   int hidden_up_to = 0;  // largest size with exposed fraction <= threshold (0: none)
   int stops_hiding_at =
       0;  // first size above it where the fraction exceeds the threshold (0: never)
+  bool overlaps = false;  // some transfer of its meshes may hide behind compute (a ring's)
 };
 
 struct Simulation {
@@ -39,19 +41,30 @@ struct Simulation {
   Layout layout = Layout::kContiguous;
   double threshold = 0.05;  // exposed communication fraction that counts as "not hidden"
   std::vector<int> sizes;
-  std::vector<SimCurve> curves;       // ring, ulysses, usp, allgather
+  // One per strategy table row that runs the call on more than one rank (over a sequence: ring,
+  // ulysses, usp, then allgather; over a cache: passkv, passq).
+  std::vector<SimCurve> curves;
   std::vector<std::string> findings;  // one line per strategy
+  std::string note;                   // why the sizes stop where they do, when it is not asked
 };
 
 // Sizes from `first` to `last`, doubling.
 std::vector<int> doubling_sizes(int first, int last);
 
+// The work of simulate_scaling with these arguments (planner.h), and the largest of `sizes` up
+// to which (sizes[0] to it) the work stays within `budget` (0: not even the first).
+PlanWork simulation_work(const Workload& w, const std::vector<int>& sizes, Layout layout,
+                         int cfg = 1, int tp = 1);
+int largest_simulated_size(const Workload& w, const std::vector<int>& sizes, Layout layout, int cfg,
+                           int tp, int64_t budget);
+
 // Replays every size. cfg and tp: the degrees outside sequence parallelism (world = cfg·tp·sp;
-// sizes are sequence-parallel sizes). usp takes the fastest ulysses degree > 1 (dividing both
-// the size and, if possible, staying inside a node).
+// sizes are sequence-parallel sizes). usp takes the fastest ulysses x ring split with both
+// degrees above 1. Throws InvalidArgument (naming the work and the largest last size that fits)
+// when the work is more than max_work (PlanWork::ns).
 Simulation simulate_scaling(const Workload& w, const HardwareProfile& hw,
                             const std::vector<int>& sizes, Layout layout, int cfg = 1, int tp = 1,
-                            double threshold = 0.05);
+                            double threshold = 0.05, int64_t max_work = kMaxPlanWork);
 
 // Predicted step time against ranks, one line per strategy, log-log axes, the node boundary and
 // the points where communication stops hiding marked. A complete standalone SVG document.
