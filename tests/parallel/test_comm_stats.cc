@@ -110,7 +110,9 @@ TEST(Schedule, UspGroupsAndRingSteps) {
         EXPECT_EQ(t.members, (GroupMembers{r / 2 * 2, 1, 2})) << "rank " << r;
         EXPECT_FALSE(t.overlaps_compute);
         ++exchanges;
-        if (t.op == OpKind::kAllToAll) EXPECT_EQ(t.peers.size(), 1u);
+        if (t.op == OpKind::kAllToAll) {
+          EXPECT_EQ(t.peers.size(), 1u);
+        }
       }
     }
     EXPECT_EQ(ring_steps, 2) << "rank " << r;  // R - 1 transfers
