@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
-#include <tuple>
+#include <optional>
 
 #include "seqpar/core/error.h"
 #include "seqpar/core/limits.h"
