@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
-#include <tuple>
+#include <optional>
 
 #include "seqpar/core/error.h"
 #include "seqpar/core/limits.h"
@@ -105,89 +105,125 @@ TieOrder tie_order(const ParallelConfig& c) {
           c.schedule == ScheduleKind::kDefault ? 0 : 1};
 }
 
-// Calls visit(mesh) for every mesh the request allows: for each mesh of degrees (cfg x tp x
-// ulysses x ring), each strategy table row that takes those degrees and this kind of call, each
-// of the row's schedules, and the options that apply to the row (Ulysses modes where it uses
-// Ulysses, padding, layouts). Pins narrow the same loops; a pinned strategy or schedule the mesh
-// cannot run is visited all the same, so that validation says why. Degrees (cfg, tp) that cannot
-// run are reported once through reject_degrees.
-template <typename Visit, typename Reject>
-void enumerate(const PlanRequest& req, Visit&& visit, Reject&& reject_degrees) {
+// The meshes of degrees the request allows (cfg x tp x ulysses x ring; pins applied): cfg 1 or
+// 2 (2 with two guidance branches), tp dividing the world (1 for a bare attention call), every
+// ulysses x ring split of the rest. Degrees (cfg, tp) that cannot run are reported once through
+// reject_degrees.
+template <typename Reject>
+std::vector<MeshShape> meshes_of(const PlanRequest& req, Reject&& reject_degrees) {
   const Workload& w = req.work;
-  const AttnShape shape = workload_shape(w);
-  const SoftmaxMode softmax = req.softmax.value_or(SoftmaxMode::kOnline);
+  std::vector<MeshShape> meshes;
   for (int cfg : {1, 2}) {
     if (req.world % cfg != 0 || (req.cfg != 0 && req.cfg != cfg)) continue;
     if (cfg > 1 && w.cfg_branches == 1 && req.cfg == 0) continue;  // nothing to split
     for (int tp : divisors(req.world / cfg)) {
       if (req.tp != 0 && req.tp != tp) continue;
       if (tp > 1 && w.attention_only && req.tp == 0) continue;
-      ParallelConfig m;
-      m.mesh = {.cfg = cfg, .tp = tp, .ring = 0, .ulysses = 0};
       try {
         check_mesh_degrees(w, cfg, tp);
       } catch (const InvalidArgument& e) {
+        ParallelConfig m;
+        m.mesh = {.cfg = cfg, .tp = tp, .ring = 0, .ulysses = 0};
         reject_degrees(m, e.what());
         continue;
       }
       const int sp = req.world / cfg / tp;
       if (req.sp != 0 && req.sp != sp) continue;
-      for (int u : divisors(sp)) {
-        m.mesh.ulysses = u;
-        m.mesh.ring = sp / u;
-        if ((req.ulysses != 0 && req.ulysses != u) || (req.ring != 0 && req.ring != sp / u))
-          continue;
-        for (const StrategyRow& row : strategy_table()) {
-          if (row.degrees != degrees_of(u, sp / u)) continue;
-          if (req.strategy ? *req.strategy != row.strategy : !runs_call(row, w.decode())) continue;
-          // const-max needs a ring; a pinned strategy without one is rejected with the reason.
-          if (softmax != SoftmaxMode::kOnline && !row.has_ring && !req.strategy) continue;
-          m.strategy = row.strategy;
-          m.softmax = softmax;
-          std::vector<const ScheduleRow*> schedules;
-          if (!req.schedule) {
-            for (const ScheduleRow& sr : row.schedules)
-              if (schedule_helps(sr.kind, w, softmax)) schedules.push_back(&sr);
-          } else if (schedule_applies(*req.schedule, row.strategy)) {
-            schedules.push_back(&schedule_row(row.strategy, *req.schedule));
-          } else if (req.strategy) {
-            schedules.push_back(nullptr);  // validation says which schedules the strategy runs
-          }
-          for (const ScheduleRow* sr : schedules) {
-            m.schedule = sr ? sr->kind : *req.schedule;
-            for (UlyssesMode mode : kUlyssesModes) {
-              if (uses_ulysses(row.strategy) ? req.ulysses_mode && *req.ulysses_mode != mode
-                                             : mode != UlyssesMode::kUaa)
-                continue;
-              m.ulysses_mode = mode;
-              for (bool pad : {false, true}) {
-                if (req.pad ? *req.pad != pad : pad && w.decode()) continue;
-                if (pad && sp == 1) continue;
-                m.pad = pad;
-                for (Layout layout : kLayouts) {
-                  if (req.layout ? *req.layout != layout : sp == 1 && layout != Layout::kContiguous)
-                    continue;
-                  m.layout = layout;
-                  // Padding that adds nothing is not a separate mesh.
-                  if (pad && w.seq % pad_multiple(sp, layout) == 0 && !req.pad) continue;
-                  // A schedule's own check (steal: contiguous shards) narrows the options that
-                  // are not pinned along with it.
-                  if (sr && sr->check && !(req.schedule && req.layout)) {
-                    try {
-                      sr->check(m, shape);
-                    } catch (const InvalidArgument&) {
-                      continue;
-                    }
-                  }
-                  visit(m);
-                }
-              }
-            }
-          }
-        }
+      for (int u : divisors(sp))
+        if ((req.ulysses == 0 || req.ulysses == u) && (req.ring == 0 || req.ring == sp / u))
+          meshes.push_back({.cfg = cfg, .tp = tp, .ring = sp / u, .ulysses = u});
+    }
+  }
+  return meshes;
+}
+
+// Does the row plan on this mesh: it takes the degrees, this kind of call (a pinned strategy
+// that does not is still planned, so that validation says why) and the pinned softmax (const-max
+// needs a ring; the same for a pinned strategy)?
+bool row_fits(const StrategyRow& row, const MeshShape& mesh, const PlanRequest& req) {
+  if (row.degrees != degrees_of(mesh.ulysses, mesh.ring)) return false;
+  if (req.strategy) return *req.strategy == row.strategy;
+  return runs_call(row, req.work.decode()) &&
+         (req.softmax.value_or(SoftmaxMode::kOnline) == SoftmaxMode::kOnline || row.has_ring);
+}
+
+// The row's schedules to plan: every one where it can help, or the pinned one; a pinned schedule
+// the pinned strategy does not run is planned as nullptr (validation says which it runs).
+std::vector<const ScheduleRow*> schedules_of(const StrategyRow& row, const PlanRequest& req) {
+  std::vector<const ScheduleRow*> schedules;
+  if (!req.schedule) {
+    for (const ScheduleRow& sr : row.schedules)
+      if (schedule_helps(sr.kind, req.work, req.softmax.value_or(SoftmaxMode::kOnline)))
+        schedules.push_back(&sr);
+  } else if (schedule_applies(*req.schedule, row.strategy)) {
+    schedules.push_back(&schedule_row(row.strategy, *req.schedule));
+  } else if (req.strategy) {
+    schedules.push_back(nullptr);
+  }
+  return schedules;
+}
+
+// The options that apply to the row on this mesh (pins applied): Ulysses modes where the row uses
+// Ulysses, padding where it adds tokens (never over a cache unless pinned, so that validation
+// says why), layouts (contiguous alone on one rank).
+struct Options {
+  UlyssesMode mode;
+  bool pad;
+  Layout layout;
+};
+std::vector<Options> options_of(const StrategyRow& row, const MeshShape& mesh,
+                                const PlanRequest& req) {
+  const Workload& w = req.work;
+  const int sp = mesh.sp();
+  std::vector<Options> options;
+  for (UlyssesMode mode : kUlyssesModes) {
+    if (uses_ulysses(row.strategy) ? req.ulysses_mode && *req.ulysses_mode != mode
+                                   : mode != UlyssesMode::kUaa)
+      continue;
+    for (bool pad : {false, true}) {
+      if (req.pad ? *req.pad != pad : pad && w.decode()) continue;
+      if (pad && sp == 1) continue;
+      for (Layout layout : kLayouts) {
+        if (req.layout ? *req.layout != layout : sp == 1 && layout != Layout::kContiguous) continue;
+        // Padding that adds nothing is not a separate mesh.
+        if (pad && w.seq % pad_multiple(sp, layout) == 0 && !req.pad) continue;
+        options.push_back({mode, pad, layout});
       }
     }
   }
+  return options;
+}
+
+// Calls visit(mesh) for every mesh the request allows: for each mesh of degrees, each strategy
+// table row that plans on it, each of the row's schedules, each of the options that apply to the
+// row. A schedule's own check (steal: contiguous shards) narrows the options not pinned along
+// with it. Degrees (cfg, tp) that cannot run are reported once through reject_degrees.
+template <typename Visit, typename Reject>
+void enumerate(const PlanRequest& req, Visit&& visit, Reject&& reject_degrees) {
+  const AttnShape shape = workload_shape(req.work);
+  for (const MeshShape& mesh : meshes_of(req, reject_degrees))
+    for (const StrategyRow& row : strategy_table()) {
+      if (!row_fits(row, mesh, req)) continue;
+      for (const ScheduleRow* sr : schedules_of(row, req))
+        for (const Options& o : options_of(row, mesh, req)) {
+          ParallelConfig m;
+          m.mesh = mesh;
+          m.strategy = row.strategy;
+          m.schedule = sr ? sr->kind : *req.schedule;
+          m.softmax = req.softmax.value_or(SoftmaxMode::kOnline);
+          m.ulysses_mode = o.mode;
+          m.pad = o.pad;
+          m.layout = o.layout;
+          if (sr && sr->check && !(req.schedule && req.layout)) {
+            try {
+              sr->check(m, shape);
+            } catch (const InvalidArgument&) {
+              continue;
+            }
+          }
+          visit(m);
+        }
+    }
 }
 
 struct Enumerated {

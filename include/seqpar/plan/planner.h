@@ -1,9 +1,9 @@
-// The planner: every mesh (cfg, tp, ulysses, ring, strategy, Ulysses mode, layout, padding,
-// softmax when pinned, ring's steal schedule) of a
-// world size, costed (cost_model.h) and ranked by predicted step time within the memory limit;
-// the ones that cannot run or do not fit, with the reason. Also what to do when the sequence does
-// not divide the sequence-parallel size, and for decode / partial prefill the pass-KV / pass-Q
-// choice by Meta's rule.
+// The planner: every mesh of a world size (cfg x tp x ulysses x ring degrees, then each strategy
+// table row that takes them with each of its schedules and the options that apply to it: Ulysses
+// mode, padding, layout; softmax when pinned), costed (cost_model.h) and ranked by predicted step
+// time within the memory limit; the ones that cannot run or do not fit, with the reason. Also
+// what to do when the sequence does not divide the sequence-parallel size, for decode / partial
+// prefill the pass-KV / pass-Q choice by Meta's rule, and the work all this takes, bounded.
 // Thread-safety: pure functions of values.
 #pragma once
 
