@@ -12,7 +12,10 @@ namespace seqpar {
 
 std::string candidate_label(const ParallelConfig& c) {
   std::string label(strategy_name(c.strategy));
-  if (c.schedule != ScheduleKind::kDefault) label += "_" + std::string(schedule_kind_name(c.schedule));
+  if (c.schedule != ScheduleKind::kDefault) {
+    label += '_';
+    label += schedule_kind_name(c.schedule);
+  }
   if (c.strategy == Strategy::kUsp)
     label += detail::concat("_u", c.mesh.ulysses, "_r", c.mesh.ring);
   return label;
