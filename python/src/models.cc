@@ -6,8 +6,6 @@
 // Thread-safety: a model belongs to its rank (the thread holding its Comm); every call releases
 // the GIL while the library computes.
 #include <pybind11/pybind11.h>
-
-#include "gil.h"
 #include <pybind11/stl.h>
 
 #include <cmath>
@@ -17,12 +15,13 @@
 #include <string>
 #include <vector>
 
+#include "gil.h"
 #include "seqpar/core/limits.h"
 #include "seqpar/model/causal_lm.h"
 #include "seqpar/model/decoder.h"
 #include "seqpar/model/model_run.h"
-#include "seqpar/parallel/strategy_table.h"
 #include "seqpar/model/wan.h"
+#include "seqpar/parallel/strategy_table.h"
 
 namespace py = pybind11;
 
@@ -55,11 +54,10 @@ struct RankMesh {
 };
 
 ParallelConfig mesh_of(const py::dict& d) {
-  ParallelConfig c =
-      model_mesh(d["cfg"].cast<int>(), d["tp"].cast<int>(), d["ring_degree"].cast<int>(),
-                 d["ulysses_degree"].cast<int>(), d["strategy"].cast<std::string>(),
-                 d["layout"].cast<std::string>(), d["ulysses_mode"].cast<std::string>(),
-                 d["pad"].cast<bool>());
+  ParallelConfig c = model_mesh(d["cfg"].cast<int>(), d["tp"].cast<int>(),
+                                d["ring_degree"].cast<int>(), d["ulysses_degree"].cast<int>(),
+                                d["strategy"].cast<std::string>(), d["layout"].cast<std::string>(),
+                                d["ulysses_mode"].cast<std::string>(), d["pad"].cast<bool>());
   c.schedule = parse_schedule_kind(d["schedule"].cast<std::string>());
   c.softmax = parse_softmax_mode(d["softmax"].cast<std::string>());
   if (c.sp() > 1) {  // one rank runs locally and takes neither

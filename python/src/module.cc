@@ -10,8 +10,6 @@
 #include <omp.h>
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
-
-#include "gil.h"
 #include <pybind11/stl.h>
 
 #include <algorithm>
@@ -25,16 +23,17 @@
 #include <thread>
 #include <vector>
 
-#include "seqpar/parallel/cp_attention.h"
-#include "seqpar/parallel/strategy_table.h"
+#include "gil.h"
 #include "seqpar/comm/mpi.h"
 #include "seqpar/comm/threads.h"
 #include "seqpar/core/limits.h"
 #include "seqpar/core/timer.h"
+#include "seqpar/parallel/cp_attention.h"
 #include "seqpar/parallel/decode.h"
 #include "seqpar/parallel/mesh.h"
 #include "seqpar/parallel/partition.h"
 #include "seqpar/parallel/strategies.h"
+#include "seqpar/parallel/strategy_table.h"
 #include "seqpar/plan/hardware.h"
 #include "seqpar/plan/selection.h"
 #include "seqpar/version.h"
@@ -220,8 +219,8 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 // passes what the caller typed; the library parses, validates and reports in its own words.
 struct AttentionArgs {
   std::string strategy = "ring";  // a strategy's name or alias, or "auto" (plan/selection.h)
-  std::string layout = "contiguous", ulysses_mode = "uaa", softmax = "online",
-              schedule = "default", dtype = "fp32", hardware = "cpu-ethernet";
+  std::string layout = "contiguous", ulysses_mode = "uaa", softmax = "online", schedule = "default",
+              dtype = "fp32", hardware = "cpu-ethernet";
   std::vector<int64_t> seq_lens;  // packed documents (varlen); empty: one sequence
   bool causal = false, pad = false;
   bool over_cache = false;  // decode_attention: new queries over a K/V cache
@@ -236,16 +235,16 @@ struct AttentionArgs {
 // cache: the ranks' cache rows in rank order are the sequence, the ranks' queries in rank order
 // its newest tokens. Also checks that the ranks agree on everything else (a mismatch would
 // otherwise surface as a hang or a size error inside a collective).
-Placement gather_placement(Communicator& comm, const AttentionArgs& a, Layout layout, int64_t q_rows,
-                           int64_t kv_rows, std::array<int64_t, 6> agree) {
+Placement gather_placement(Communicator& comm, const AttentionArgs& a, Layout layout,
+                           int64_t q_rows, int64_t kv_rows, std::array<int64_t, 6> agree) {
   const int n = comm.size();
   constexpr int kFields = 8;
-  std::array<int64_t, kFields> row = {q_rows, kv_rows, agree[0], agree[1],
+  std::array<int64_t, kFields> row = {q_rows,   kv_rows,  agree[0], agree[1],
                                       agree[2], agree[3], agree[4], agree[5]};
   std::vector<int64_t> all(kFields * static_cast<size_t>(n));
   comm.all_gather(row.data(), sizeof(row), all.data());
-  static const char* kNames[] = {"", "", "batch", "heads", "kv_heads", "head_dim", "dtype",
-                                 "options"};
+  static const char* kNames[] = {"",         "",         "batch", "heads",
+                                 "kv_heads", "head_dim", "dtype", "options"};
   for (int r = 0; r < n; ++r)
     for (int f = 2; f < kFields; ++f)
       SEQPAR_ARG_CHECK(all[kFields * r + f] == row[f], "rank ", r, " and rank ", comm.rank(),
@@ -289,14 +288,17 @@ Placement gather_placement(Communicator& comm, const AttentionArgs& a, Layout la
   bool same = true;
   for (int r = 0; r < n; ++r) same = same && place.part.count(r) == counts[r];
   if (same) return place;
-  SEQPAR_ARG_CHECK(layout == Layout::kContiguous, "the ranks hold ", [&] {
-    std::string s;
-    for (int r = 0; r < n; ++r) s += detail::concat(r ? ", " : "", counts[r]);
-    return s;
-  }(), " tokens, but layout ", layout_name(layout), " of ", seq, " tokens over ", n,
-                   " ranks gives rank ", comm.rank(), " ", place.part.count(comm.rank()),
-                   "; shard with seqpar.Partition(", seq, ", ", n, ", \"", layout_name(layout),
-                   "\") or use layout \"contiguous\" for uneven runs");
+  SEQPAR_ARG_CHECK(
+      layout == Layout::kContiguous, "the ranks hold ",
+      [&] {
+        std::string s;
+        for (int r = 0; r < n; ++r) s += detail::concat(r ? ", " : "", counts[r]);
+        return s;
+      }(),
+      " tokens, but layout ", layout_name(layout), " of ", seq, " tokens over ", n,
+      " ranks gives rank ", comm.rank(), " ", place.part.count(comm.rank()),
+      "; shard with seqpar.Partition(", seq, ", ", n, ", \"", layout_name(layout),
+      "\") or use layout \"contiguous\" for uneven runs");
   place.part = Partition::from_counts(counts);
   return place;
 }
@@ -336,7 +338,11 @@ py::tuple call_attention(Comm& c, const Buffer& q, const Buffer& k, const Buffer
                    " ranks of the communicator");
   config.mesh = {1, 1, a.ring_degree, a.ulysses_degree};
   const std::array<int64_t, 6> agree = {
-      B, H, Hkv, D, static_cast<int64_t>(dtype),
+      B,
+      H,
+      Hkv,
+      D,
+      static_cast<int64_t>(dtype),
       options_hash(detail::concat(a.strategy, '|', a.layout, '|', a.causal, '|', a.ulysses_mode,
                                   '|', a.softmax, '|', a.ulysses_degree, '|', a.ring_degree, '|',
                                   a.pad, '|', a.seq_len, '|', a.scale, '|', a.schedule, '|',
@@ -346,74 +352,75 @@ py::tuple call_attention(Comm& c, const Buffer& q, const Buffer& k, const Buffer
     Tensor lse;
   };
   Done done = without_gil([&]() -> Done {
-  const Placement place = gather_placement(comm, a, config.layout, rows - T, kv_rows - T, agree);
-  AttnShape shape;
-  shape.batch = B;
-  shape.heads = H;
-  shape.kv_heads = Hkv;
-  shape.head_dim = D;
-  shape.causal = a.causal;
-  shape.dtype = dtype;
-  shape.text_tokens = T;
-  if (place.over_cache) {
-    shape.fresh = 0;
-    for (const auto& qp : place.cache.q_pos) shape.fresh += static_cast<int64_t>(qp.size());
-    for (const auto& kp : place.cache.kv_pos) shape.seq += static_cast<int64_t>(kp.size());
-    shape.cached = shape.seq - shape.fresh;
-  } else {
-    shape.seq = a.pad ? a.seq_len : place.part.seq();
-    SEQPAR_ARG_CHECK(shape.seq <= place.part.seq(), "seq_len ", a.seq_len, " exceeds the ",
-                     place.part.seq(), " tokens of the ranks together");
-    shape.seq_lens = a.seq_lens;
-  }
-  if (automatic) {
-    const AttnChoice choice = choose_attention(config, n, shape, load_hardware_profile(a.hardware));
-    config = choice.config;
-    c.last_choice = candidate_label(config) + ": " + choice.reason;
-  } else {
-    fill_sp_degrees(config, n, H);
-    c.last_choice.clear();
-  }
-  SpComms& comms = c.sp_comms(config.mesh.ulysses);
+    const Placement place = gather_placement(comm, a, config.layout, rows - T, kv_rows - T, agree);
+    AttnShape shape;
+    shape.batch = B;
+    shape.heads = H;
+    shape.kv_heads = Hkv;
+    shape.head_dim = D;
+    shape.causal = a.causal;
+    shape.dtype = dtype;
+    shape.text_tokens = T;
+    if (place.over_cache) {
+      shape.fresh = 0;
+      for (const auto& qp : place.cache.q_pos) shape.fresh += static_cast<int64_t>(qp.size());
+      for (const auto& kp : place.cache.kv_pos) shape.seq += static_cast<int64_t>(kp.size());
+      shape.cached = shape.seq - shape.fresh;
+    } else {
+      shape.seq = a.pad ? a.seq_len : place.part.seq();
+      SEQPAR_ARG_CHECK(shape.seq <= place.part.seq(), "seq_len ", a.seq_len, " exceeds the ",
+                       place.part.seq(), " tokens of the ranks together");
+      shape.seq_lens = a.seq_lens;
+    }
+    if (automatic) {
+      const AttnChoice choice =
+          choose_attention(config, n, shape, load_hardware_profile(a.hardware));
+      config = choice.config;
+      c.last_choice = candidate_label(config) + ": " + choice.reason;
+    } else {
+      fill_sp_degrees(config, n, H);
+      c.last_choice.clear();
+    }
+    SpComms& comms = c.sp_comms(config.mesh.ulysses);
 
-  const Tensor qi = rows_of(q, dtype, 0, rows - T), ki = rows_of(k, dtype, 0, kv_rows - T),
-               vi = rows_of(v, dtype, 0, kv_rows - T);
-  const Tensor tq = T > 0 ? rows_of(q, dtype, rows - T, T) : Tensor(),
-               tk = T > 0 ? rows_of(k, dtype, kv_rows - T, T) : Tensor(),
-               tv = T > 0 ? rows_of(v, dtype, kv_rows - T, T) : Tensor();
-  CpStats cps;
-  comms.reset_stats();
-  const double t0 = now_seconds();
-  AttnOutputs res;
-  attention(config, shape, comms, place,
-            {qi, ki, vi, T > 0 ? &tq : nullptr, T > 0 ? &tk : nullptr, T > 0 ? &tv : nullptr}, res,
-            &cps, {static_cast<float>(a.scale), 0, 0});
-  record(c, comms.stats(), cps, now_seconds() - t0,
-         {reinterpret_cast<uintptr_t>(qi.raw()), reinterpret_cast<uintptr_t>(ki.raw()),
-          reinterpret_cast<uintptr_t>(vi.raw())});
-  c.last_strategy = candidate_label(config);
+    const Tensor qi = rows_of(q, dtype, 0, rows - T), ki = rows_of(k, dtype, 0, kv_rows - T),
+                 vi = rows_of(v, dtype, 0, kv_rows - T);
+    const Tensor tq = T > 0 ? rows_of(q, dtype, rows - T, T) : Tensor(),
+                 tk = T > 0 ? rows_of(k, dtype, kv_rows - T, T) : Tensor(),
+                 tv = T > 0 ? rows_of(v, dtype, kv_rows - T, T) : Tensor();
+    CpStats cps;
+    comms.reset_stats();
+    const double t0 = now_seconds();
+    AttnOutputs res;
+    attention(config, shape, comms, place,
+              {qi, ki, vi, T > 0 ? &tq : nullptr, T > 0 ? &tk : nullptr, T > 0 ? &tv : nullptr},
+              res, &cps, {static_cast<float>(a.scale), 0, 0});
+    record(c, comms.stats(), cps, now_seconds() - t0,
+           {reinterpret_cast<uintptr_t>(qi.raw()), reinterpret_cast<uintptr_t>(ki.raw()),
+            reinterpret_cast<uintptr_t>(vi.raw())});
+    c.last_strategy = candidate_label(config);
 
-  const int64_t q_rows = rows - T;
-  Tensor lse = std::move(res.lse);
-  if (T > 0) {  // this rank's rows, then the text rows
-    Tensor both({B, rows, H}, DType::kF32);
-    write_rows(lse, rows, 0, DType::kF32, reinterpret_cast<uintptr_t>(both.raw()));
-    write_rows(res.text_lse, rows, q_rows, DType::kF32, reinterpret_cast<uintptr_t>(both.raw()));
-    lse = std::move(both);
-  }
-  std::optional<Tensor> result;
-  if (out.address != 0) {
-    write_rows(res.out, rows, 0, dtype, out.address);
-    if (T > 0) write_rows(res.text_out, rows, q_rows, dtype, out.address);
-  } else if (T > 0) {
-    result.emplace(std::vector<int64_t>{B, rows, H, D}, DType::kF32);
-    write_rows(res.out, rows, 0, DType::kF32, reinterpret_cast<uintptr_t>(result->raw()));
-    write_rows(res.text_out, rows, q_rows, DType::kF32,
-               reinterpret_cast<uintptr_t>(result->raw()));
-  } else {
-    result.emplace(std::move(res.out));
-  }
-  return {std::move(result), std::move(lse)};
+    const int64_t q_rows = rows - T;
+    Tensor lse = std::move(res.lse);
+    if (T > 0) {  // this rank's rows, then the text rows
+      Tensor both({B, rows, H}, DType::kF32);
+      write_rows(lse, rows, 0, DType::kF32, reinterpret_cast<uintptr_t>(both.raw()));
+      write_rows(res.text_lse, rows, q_rows, DType::kF32, reinterpret_cast<uintptr_t>(both.raw()));
+      lse = std::move(both);
+    }
+    std::optional<Tensor> result;
+    if (out.address != 0) {
+      write_rows(res.out, rows, 0, dtype, out.address);
+      if (T > 0) write_rows(res.text_out, rows, q_rows, dtype, out.address);
+    } else if (T > 0) {
+      result.emplace(std::vector<int64_t>{B, rows, H, D}, DType::kF32);
+      write_rows(res.out, rows, 0, DType::kF32, reinterpret_cast<uintptr_t>(result->raw()));
+      write_rows(res.text_out, rows, q_rows, DType::kF32,
+                 reinterpret_cast<uintptr_t>(result->raw()));
+    } else {
+      result.emplace(std::move(res.out));
+    }
+    return {std::move(result), std::move(lse)};
   });
   py::object o = done.result ? py::cast(to_host(std::move(*done.result))) : py::object(py::none());
   return py::make_tuple(o, to_host(std::move(done.lse)));
@@ -452,28 +459,28 @@ py::list run_threads(int n, const py::function& fn, double timeout_s, int thread
   try {
     without_gil([&] {
       ThreadWorld::run(
-        n,
-        [&](Communicator& comm) {
-          omp_set_num_threads(per_rank);
-          py::gil_scoped_acquire acquire;
-          auto handle = std::make_shared<Comm>(&comm);
-          struct Closer {  // the comm dies with the rank, even if fn keeps it
-            std::shared_ptr<Comm> c;
-            ~Closer() { c->close(); }
-          } closer{handle};
-          try {
-            results[comm.rank()] = fn(handle);
-          } catch (abi::__forced_unwind&) {
-            // The interpreter is exiting and ends this thread where it waits for the GIL: the
-            // thread holds no GIL and no thread state may be released for it.
-            acquire.disarm();
-            throw;
-          } catch (py::error_already_set& e) {
-            raised[comm.rank()] = e.value();
-            throw RaisedInRank(comm.rank(), e.what());
-          }
-        },
-        timeout, main_thread ? interrupted : nullptr);
+          n,
+          [&](Communicator& comm) {
+            omp_set_num_threads(per_rank);
+            py::gil_scoped_acquire acquire;
+            auto handle = std::make_shared<Comm>(&comm);
+            struct Closer {  // the comm dies with the rank, even if fn keeps it
+              std::shared_ptr<Comm> c;
+              ~Closer() { c->close(); }
+            } closer{handle};
+            try {
+              results[comm.rank()] = fn(handle);
+            } catch (abi::__forced_unwind&) {
+              // The interpreter is exiting and ends this thread where it waits for the GIL: the
+              // thread holds no GIL and no thread state may be released for it.
+              acquire.disarm();
+              throw;
+            } catch (py::error_already_set& e) {
+              raised[comm.rank()] = e.value();
+              throw RaisedInRank(comm.rank(), e.what());
+            }
+          },
+          timeout, main_thread ? interrupted : nullptr);
     });
   } catch (const Interrupted&) {
     throw py::error_already_set();  // the pending KeyboardInterrupt
@@ -635,7 +642,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("_run_threads", &run_threads);
   m.def("_check_threads", [](int64_t ranks, int64_t threads) {
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    limits::check_threads(ranks, threads > 0 ? threads : std::max<int64_t>(1, cores / std::max<int64_t>(1, ranks)));
+    limits::check_threads(
+        ranks, threads > 0 ? threads : std::max<int64_t>(1, cores / std::max<int64_t>(1, ranks)));
   });
   m.def("_mpi_comm", &mpi_comm);
 

@@ -1,12 +1,11 @@
 // seqpar._core's planning part: PlanSpec and the `seqpar plan --json` object
 // (seqpar/plan/plan_spec.h), for seqpar.plan().
 #include <pybind11/pybind11.h>
-
-#include "gil.h"
 #include <pybind11/stl.h>
 
 #include <string>
 
+#include "gil.h"
 #include "seqpar/plan/plan_spec.h"
 
 namespace py = pybind11;

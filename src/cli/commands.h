@@ -215,9 +215,9 @@ struct MeshFlags {
 // generate; src/cli/mesh_run.h registers and applies them).
 struct ChunkFlags {
   int64_t prefill_chunk = 0;      // 0: the whole prompt at once
-  std::string chunk_strategy = "auto";      // passkv | passq | auto (the planner's on --hardware)
-  std::string chunk_schedule = "default";   // passq: default | ring
-  std::string hardware = "h100";  // profile auto replays the chunks' schedules on
+  std::string chunk_strategy = "auto";     // passkv | passq | auto (the planner's on --hardware)
+  std::string chunk_schedule = "default";  // passq: default | ring
+  std::string hardware = "h100";           // profile auto replays the chunks' schedules on
 };
 
 // seqpar model: a dit or llm preset on a cfg x tp x ring x ulysses mesh.

@@ -8,10 +8,10 @@
 #include <cstring>
 #include <thread>
 
-#include "seqpar/parallel/strategy_table.h"
 #include "seqpar/comm/mpi.h"
 #include "seqpar/comm/threads.h"
 #include "seqpar/parallel/config_file.h"
+#include "seqpar/parallel/strategy_table.h"
 #include "seqpar/plan/selection.h"
 
 namespace seqpar::cli {
@@ -136,9 +136,9 @@ void apply_chunk_flags(const ChunkFlags& f, Decoder::Options& opts) {
   opts.chunk_strategy = parse_strategy(f.chunk_strategy);
   SEQPAR_ARG_CHECK(runs_over_cache(*opts.chunk_strategy), "--chunk-strategy ", f.chunk_strategy,
                    " is not one over a cache; valid: passkv, passq, auto");
-  SEQPAR_ARG_CHECK(schedule_applies(opts.chunk_schedule, *opts.chunk_strategy),
-                   "--chunk-schedule ", f.chunk_schedule, " does not apply to --chunk-strategy ",
-                   f.chunk_strategy, "; valid: ring with passq, default");
+  SEQPAR_ARG_CHECK(schedule_applies(opts.chunk_schedule, *opts.chunk_strategy), "--chunk-schedule ",
+                   f.chunk_schedule, " does not apply to --chunk-strategy ", f.chunk_strategy,
+                   "; valid: ring with passq, default");
 }
 
 nlohmann::json chunks_json(const std::vector<Decoder::Chunk>& chunks) {

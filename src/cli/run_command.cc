@@ -22,13 +22,13 @@
 
 #include "commands.h"
 #include "mesh_run.h"
-#include "seqpar/parallel/strategy_table.h"
 #include "seqpar/comm/threads.h"
 #include "seqpar/core/timer.h"
 #include "seqpar/core/trace.h"
 #include "seqpar/parallel/runner.h"
-#include "seqpar/plan/selection.h"
+#include "seqpar/parallel/strategy_table.h"
 #include "seqpar/plan/hardware.h"
+#include "seqpar/plan/selection.h"
 #include "trace_file.h"
 
 namespace seqpar::cli {
@@ -326,7 +326,8 @@ int print_report(const Run& run, const Report& rep, const std::string& backend) 
                   (long long)job.shape.fresh);
       if (!job.shape.cached_lens.empty())
         std::printf(" in %zu requests", job.shape.cached_lens.size());
-      if (job.config.schedule == ScheduleKind::kRing) std::printf(", Q blocks passed around the ring");
+      if (job.config.schedule == ScheduleKind::kRing)
+        std::printf(", Q blocks passed around the ring");
       std::printf("\n");
     } else {
       if (job.config.strategy == Strategy::kUsp || job.config.strategy == Strategy::kUlysses)
@@ -463,10 +464,10 @@ int finish_report(const Run& run, const Report& report, const std::string& backe
 int run_threads(const RunOptions& opts, std::chrono::milliseconds timeout) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   // Unset: the degrees given make the group (ulysses x ring, either alone), else 2.
-  const int64_t from_degrees = std::max<int64_t>(1, opts.ulysses_degree) *
-                               std::max<int64_t>(1, opts.ring_degree);
-  const int64_t given = opts.ranks.value_or(
-      opts.ulysses_degree > 0 || opts.ring_degree > 0 ? from_degrees : 2);
+  const int64_t from_degrees =
+      std::max<int64_t>(1, opts.ulysses_degree) * std::max<int64_t>(1, opts.ring_degree);
+  const int64_t given =
+      opts.ranks.value_or(opts.ulysses_degree > 0 || opts.ring_degree > 0 ? from_degrees : 2);
   limits::check_range("--ranks", given, 1, limits::kMaxRanks);
   const int ranks = static_cast<int>(given);
   const int threads =

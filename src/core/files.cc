@@ -120,8 +120,8 @@ std::string read_input(std::string_view param, const std::string& path, std::str
   struct stat st {};
   if (::fstat(fd, &st) == 0 && st.st_size > max_bytes) {
     ::close(fd);
-    throw InvalidArgument(detail::concat(about(param, path, true), " is ", st.st_size, " bytes; at most ",
-                                         limits::max_text(max_bytes)));
+    throw InvalidArgument(detail::concat(about(param, path, true), " is ", st.st_size,
+                                         " bytes; at most ", limits::max_text(max_bytes)));
   }
   std::string text;
   text.reserve(static_cast<size_t>(st.st_size));
@@ -133,8 +133,8 @@ std::string read_input(std::string_view param, const std::string& path, std::str
       if (errno == EINTR) continue;
       const int err = errno;
       ::close(fd);
-      throw InvalidArgument(
-          detail::concat(about(param, path, false), " cannot read the file (", errno_text(err), ")"));
+      throw InvalidArgument(detail::concat(about(param, path, false), " cannot read the file (",
+                                           errno_text(err), ")"));
     }
     text.append(buf, static_cast<size_t>(n));
     if (static_cast<int64_t>(text.size()) > max_bytes) {  // grew while being read

@@ -100,8 +100,7 @@ void Decoder::layer_forward(Layer& layer, Tensor& x, const Tensor& rope, Paralle
                             const SpRuntime* sp, const KvPlacement* place,
                             const ParallelConfig& pass) {
   const Tensor h = layer.input_norm.forward(x);
-  add_(x, place ? layer.attn.decode(h, rope, ctx, layer.cache, *place, pass.strategy,
-                                    pass.schedule)
+  add_(x, place ? layer.attn.decode(h, rope, ctx, layer.cache, *place, pass.strategy, pass.schedule)
                 : layer.attn.forward(h, rope, ctx, *sp, true, &layer.cache));
   add_(x, layer.mlp.forward(layer.post_norm.forward(x), *ctx.tp));
 }
@@ -205,8 +204,7 @@ Tensor Decoder::prefill(std::span<const int32_t> tokens, Turn& turn) {
   for (Layer& layer : layers_) layer_forward(layer, x, table, ctx, &sp, nullptr, ctx.config);
   x = sp.at("norm", "hidden", std::move(x));  // (1, first, d) on every rank
   turn.out.chunks.push_back({0, first, 0, ctx.config.strategy, ctx.config.schedule,
-                             "context-parallel prefill",
-                             now_seconds() - t0});
+                             "context-parallel prefill", now_seconds() - t0});
   // The caches prefill left: each rank's real tokens of the partition.
   const int n = ctx.sp_size();
   turn.place.kv_pos.assign(n, {});

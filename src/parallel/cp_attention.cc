@@ -36,8 +36,8 @@ void check_placement(const ParallelConfig& c, const AttnShape& s, SpComms& comms
                      " K/V tokens and ", q, " queries; cached ", s.cached, " and new ", s.fresh,
                      " need ", s.cached + s.fresh, " and ", s.fresh);
   } else {
-    SEQPAR_ARG_CHECK(place.part.seq() >= s.seq, "the placement's sequence holds ",
-                     place.part.seq(), " tokens, fewer than seq ", s.seq);
+    SEQPAR_ARG_CHECK(place.part.seq() >= s.seq, "the placement's sequence holds ", place.part.seq(),
+                     " tokens, fewer than seq ", s.seq);
   }
 }
 

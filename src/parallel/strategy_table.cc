@@ -67,9 +67,9 @@ void check_steal(const ParallelConfig& c, const AttnShape& s) {
 
 constexpr ScheduleRow kLocalSchedules[] = {
     {ScheduleKind::kDefault, "attention over the own tokens", local_schedule, run_local, nullptr}};
-constexpr ScheduleRow kAllGatherSchedules[] = {
-    {ScheduleKind::kDefault, "K and V all-gathered, then one local attention",
-     allgather_schedule, run_allgather, nullptr}};
+constexpr ScheduleRow kAllGatherSchedules[] = {{ScheduleKind::kDefault,
+                                                "K and V all-gathered, then one local attention",
+                                                allgather_schedule, run_allgather, nullptr}};
 constexpr ScheduleRow kRingSchedules[] = {
     {ScheduleKind::kDefault, "each rank attends its own queries while the K/V blocks pass",
      ring_schedule, run_ring, nullptr},
@@ -79,9 +79,9 @@ constexpr ScheduleRow kRingSchedules[] = {
 constexpr ScheduleRow kUlyssesSchedules[] = {
     {ScheduleKind::kDefault, "all-to-all sequence -> heads, attention, all-to-all back",
      ulysses_schedule, run_ulysses, nullptr}};
-constexpr ScheduleRow kUspSchedules[] = {
-    {ScheduleKind::kDefault, "Ulysses inside groups, ring across them", usp_schedule, run_usp,
-     nullptr}};
+constexpr ScheduleRow kUspSchedules[] = {{ScheduleKind::kDefault,
+                                          "Ulysses inside groups, ring across them", usp_schedule,
+                                          run_usp, nullptr}};
 constexpr ScheduleRow kPassKvSchedules[] = {
     {ScheduleKind::kDefault, "the K/V shards pass around the ring to the new tokens' queries",
      passkv_schedule, run_passkv, nullptr}};
@@ -96,17 +96,17 @@ const StrategyRow kTable[] = {
      SpDegrees::kOne, kLocalSchedules, nullptr},
     {Strategy::kRing, "K/V blocks passed around the ring (pass-KV over a sequence)", false, true,
      false, SpDegrees::kRing, kRingSchedules, nullptr},
-    {Strategy::kAllGather, "K and V all-gathered, local attention over the whole sequence",
-     false, false, true, SpDegrees::kRing, kAllGatherSchedules, nullptr},
+    {Strategy::kAllGather, "K and V all-gathered, local attention over the whole sequence", false,
+     false, true, SpDegrees::kRing, kAllGatherSchedules, nullptr},
     {Strategy::kUlysses,
-     "all-to-all sequence -> heads, full-sequence attention on a share of the heads", false,
-     false, true, SpDegrees::kUlysses, kUlyssesSchedules, check_ulysses},
+     "all-to-all sequence -> heads, full-sequence attention on a share of the heads", false, false,
+     true, SpDegrees::kUlysses, kUlyssesSchedules, check_ulysses},
     {Strategy::kUsp, "ulysses inside groups, ring across them", false, true, false,
      SpDegrees::kUlyssesRing, kUspSchedules, check_ulysses},
     {Strategy::kPassQ, "new tokens over a K/V cache: the queries passed to the K/V", true, false,
      false, SpDegrees::kRing, kPassQSchedules, nullptr},
-    {Strategy::kPassKv, "new tokens over a K/V cache: the K/V shards passed around the ring",
-     true, false, false, SpDegrees::kRing, kPassKvSchedules, nullptr},
+    {Strategy::kPassKv, "new tokens over a K/V cache: the K/V shards passed around the ring", true,
+     false, false, SpDegrees::kRing, kPassKvSchedules, nullptr},
 };
 
 // "passkv, passq": the strategies over a cache (or over a sequence).
@@ -160,8 +160,8 @@ bool schedule_applies(ScheduleKind k, Strategy s) {
 }
 
 Strategy strategy_for_degrees(int ulysses, int ring, Strategy ring_axis) {
-  const SpDegrees want = ulysses > 1 ? (ring > 1 ? SpDegrees::kUlyssesRing : SpDegrees::kUlysses)
-                                     : SpDegrees::kRing;
+  const SpDegrees want =
+      ulysses > 1 ? (ring > 1 ? SpDegrees::kUlyssesRing : SpDegrees::kUlysses) : SpDegrees::kRing;
   if (want == SpDegrees::kRing) {
     const StrategyRow& row = strategy_row(ring_axis);
     SEQPAR_ARG_CHECK(row.degrees == SpDegrees::kRing && !row.over_cache, "strategy ",
@@ -215,9 +215,9 @@ void validate_config(const ParallelConfig& c, const AttnShape& s) {
   const StrategyRow& row = strategy_row(st);
   // The kind of call first: a strategy over a sequence given a cache, or the other way round.
   if (s.over_cache() && !row.over_cache && row.degrees != SpDegrees::kOne)
-    throw InvalidArgument(detail::concat("strategy ", strategy_name(st),
-                                         " does not run over a K/V cache (cached, new); valid: ",
-                                         strategies_text(true)));
+    throw InvalidArgument(detail::concat(
+        "strategy ", strategy_name(st),
+        " does not run over a K/V cache (cached, new); valid: ", strategies_text(true)));
   SEQPAR_ARG_CHECK(s.over_cache() || !row.over_cache, "strategy ", strategy_name(st),
                    " runs over a K/V cache: cached ", s.cached, " and new ", s.fresh,
                    " must both be at least 1");
@@ -245,7 +245,8 @@ void validate_config(const ParallelConfig& c, const AttnShape& s) {
   if (c.softmax != SoftmaxMode::kOnline && !row.has_ring) {
     std::string rings;
     for (const StrategyRow& r : kTable)
-      if (r.has_ring) rings += detail::concat(rings.empty() ? "" : " or ", "'", strategy_name(r.strategy), "'");
+      if (r.has_ring)
+        rings += detail::concat(rings.empty() ? "" : " or ", "'", strategy_name(r.strategy), "'");
     throw InvalidArgument(detail::concat("softmax '", softmax_mode_name(c.softmax),
                                          "' needs a ring: valid with strategy ", rings,
                                          " (its ring part), not '", strategy_name(st), "'"));

@@ -1,7 +1,6 @@
 // The cost model of one mesh: the sequence-parallel group's schedule (parallel/schedule.h: bytes,
 // work, K/V memory per rank) replayed on the profile's two-level alpha-beta network, then the
 // model's other layers and memory.
-#include "seqpar/parallel/strategy_table.h"
 #include "seqpar/plan/cost_model.h"
 
 #include <algorithm>
@@ -15,6 +14,7 @@
 #include "seqpar/core/error.h"
 #include "seqpar/core/limits.h"
 #include "seqpar/parallel/schedule.h"
+#include "seqpar/parallel/strategy_table.h"
 
 namespace seqpar {
 

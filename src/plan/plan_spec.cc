@@ -1,6 +1,5 @@
 // The planning question resolved into a PlanRequest, and the plan as JSON
 // (include/seqpar/plan/plan_spec.h).
-#include "seqpar/parallel/strategy_table.h"
 #include "seqpar/plan/plan_spec.h"
 
 #include <algorithm>
@@ -12,6 +11,7 @@
 
 #include "seqpar/core/error.h"
 #include "seqpar/core/limits.h"
+#include "seqpar/parallel/strategy_table.h"
 
 namespace seqpar {
 

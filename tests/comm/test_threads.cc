@@ -59,7 +59,9 @@ TEST_P(ThreadsSuite, CheckedDrop) { run(suite::checked_drop); }
 TEST_P(ThreadsSuite, CheckedFaults) { run(suite::checked_faults); }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, ThreadsSuite, ::testing::Values(1, 2, 3, 4, 8),
-                         [](const auto& info) { return std::string("n") + std::to_string(info.param); });
+                         [](const auto& info) {
+                           return std::string("n") + std::to_string(info.param);
+                         });
 
 // ---------------------------------------------------------------------------------------------
 // ThreadWorld::run

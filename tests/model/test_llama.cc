@@ -4,10 +4,9 @@
 // tests/python/test_llama_generate.py.
 #include <gtest/gtest.h>
 
-#include <mutex>
-
 #include <cmath>
 #include <filesystem>
+#include <mutex>
 #include <numbers>
 
 #include "seqpar/comm/threads.h"
@@ -200,16 +199,15 @@ TEST(Llama, ChunkedPrefillEqualsTheWholePrompt) {
     std::optional<Strategy> pinned;
     ScheduleKind schedule = ScheduleKind::kDefault;
   };
-  for (const Case& c : {Case{{1, 1, 2, 1}, Layout::kContiguous, 20, Strategy::kPassKv},
-                        Case{{1, 1, 3, 1}, Layout::kZigzag, 7, Strategy::kPassQ},
-                        Case{{1, 1, 3, 1}, Layout::kZigzag, 7, Strategy::kPassQ,
-                             ScheduleKind::kRing},
-                        Case{{1, 2, 2, 1}, Layout::kZigzag, 1, Strategy::kPassQ},
-                        Case{{1, 2, 2, 1}, Layout::kContiguous, 9, Strategy::kPassQ,
-                             ScheduleKind::kRing},
-                        Case{{1, 1, 2, 2}, Layout::kStriped, 16, Strategy::kPassKv},
-                        Case{{1, 1, 4, 1}, Layout::kContiguous, 25, std::nullopt},
-                        Case{{1, 1, 1, 1}, Layout::kContiguous, 30, Strategy::kPassKv}}) {
+  for (const Case& c :
+       {Case{{1, 1, 2, 1}, Layout::kContiguous, 20, Strategy::kPassKv},
+        Case{{1, 1, 3, 1}, Layout::kZigzag, 7, Strategy::kPassQ},
+        Case{{1, 1, 3, 1}, Layout::kZigzag, 7, Strategy::kPassQ, ScheduleKind::kRing},
+        Case{{1, 2, 2, 1}, Layout::kZigzag, 1, Strategy::kPassQ},
+        Case{{1, 2, 2, 1}, Layout::kContiguous, 9, Strategy::kPassQ, ScheduleKind::kRing},
+        Case{{1, 1, 2, 2}, Layout::kStriped, 16, Strategy::kPassKv},
+        Case{{1, 1, 4, 1}, Layout::kContiguous, 25, std::nullopt},
+        Case{{1, 1, 1, 1}, Layout::kContiguous, 30, Strategy::kPassKv}}) {
     Decoder::Options opts = whole;
     opts.prefill_chunk = c.chunk;
     opts.chunk_strategy = c.pinned;

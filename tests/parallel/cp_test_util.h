@@ -15,12 +15,12 @@
 
 #include "seqpar/attention/attention.h"
 #include "seqpar/attention/error_bound.h"
-#include "seqpar/parallel/strategy_table.h"
 #include "seqpar/comm/threads.h"
 #include "seqpar/parallel/partition.h"
 #include "seqpar/parallel/runner.h"
 #include "seqpar/parallel/schedule.h"
 #include "seqpar/parallel/strategies.h"
+#include "seqpar/parallel/strategy_table.h"
 
 namespace seqpar::testing {
 
@@ -120,8 +120,8 @@ inline AttnJob job_for(Strategy strategy, AttnShape shape, const Partition& part
 inline AttnState cp_call(Strategy strategy, SpComms& comms, const Partition& part, const Tensor& q,
                          const Tensor& k, const Tensor& v, const CpOptions& opts,
                          CpStats* stats = nullptr) {
-  const AttnShape shape{q.dim(0), part.seq(), q.dim(2), k.dim(2), q.dim(3), opts.causal,
-                        0,        0,          0,        q.dtype()};
+  const AttnShape shape{q.dim(0),    part.seq(), q.dim(2), k.dim(2), q.dim(3),
+                        opts.causal, 0,          0,        0,        q.dtype()};
   const AttnJob job = job_for(strategy, shape, part, opts, comms.ulysses_degree());
   AttnOutputs out;
   attention(job.config, job.shape, comms, job.place, {q, k, v}, out, stats, job.kernel);

@@ -10,8 +10,8 @@
 #include "seqpar/core/error.h"
 #include "seqpar/core/limits.h"
 #include "seqpar/parallel/config.h"
-#include "seqpar/parallel/strategy_table.h"
 #include "seqpar/parallel/config_file.h"
+#include "seqpar/parallel/strategy_table.h"
 
 namespace seqpar {
 namespace {
@@ -224,8 +224,9 @@ TEST(ConfigFile, MalformedFilesGiveOneLine) {
     EXPECT_NE(got.find(want), std::string::npos) << "text '" << text << "': got '" << got << "'";
     EXPECT_EQ(got.find('\n'), std::string::npos) << got;
   }
-  EXPECT_NE(error_of([] { read_parallel_config_file("/nonexistent/pc.yaml"); })
-                .find("cannot open the file"),
+  EXPECT_NE(error_of([] {
+              read_parallel_config_file("/nonexistent/pc.yaml");
+            }).find("cannot open the file"),
             std::string::npos);
   EXPECT_NE(error_of([] { read_parallel_config_file("/"); }).find("is a directory, not a"),
             std::string::npos);

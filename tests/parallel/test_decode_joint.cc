@@ -42,8 +42,8 @@ AttnState run_padded(const Problem& p, Strategy strategy, Layout layout, int ran
   ThreadWorld::run(ranks, [&](Communicator& comm) {
     const int r = comm.rank();
     SpComms comms(comm, ulysses_degree);
-    AttnState s = testing::cp_call(strategy, comms, part, shard(q, part, r),
-                                             shard(k, part, r), shard(v, part, r), opts);
+    AttnState s = testing::cp_call(strategy, comms, part, shard(q, part, r), shard(k, part, r),
+                                   shard(v, part, r), opts);
     if (comm_stats) (*comm_stats)[r] = comms.stats();
     outs[r] = std::move(s.out);
     lses[r] = std::move(s.lse);

@@ -268,9 +268,8 @@ TEST(MeshComms, UspOverTheSpGroupOfEachTpRank) {
     const Tensor q = slice_heads(in.q, qh), k = slice_heads(in.k, kvh), v = slice_heads(in.v, kvh);
     CpOptions opts;
     opts.causal = true;
-    AttnState st =
-        testing::cp_call(Strategy::kUsp, mc.sp_comms(), part, shard(q, part, c.cp_rank),
-                                   shard(k, part, c.cp_rank), shard(v, part, c.cp_rank), opts);
+    AttnState st = testing::cp_call(Strategy::kUsp, mc.sp_comms(), part, shard(q, part, c.cp_rank),
+                                    shard(k, part, c.cp_rank), shard(v, part, c.cp_rank), opts);
     const Tensor want = shard(slice_heads(in.ref.out, qh), part, c.cp_rank);
     EXPECT_LT(max_abs_diff(st.out, want), 1e-4) << "rank " << c.rank;
   });

@@ -18,8 +18,8 @@
 #include "seqpar/comm/threads.h"
 #include "seqpar/parallel/position_runs.h"
 #include "seqpar/parallel/runner.h"
-#include "seqpar/parallel/strategy_table.h"
 #include "seqpar/parallel/schedule.h"
+#include "seqpar/parallel/strategy_table.h"
 #include "seqpar/parallel/synthetic.h"
 
 namespace seqpar {

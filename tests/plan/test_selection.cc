@@ -102,8 +102,7 @@ TEST(Selection, OverASequenceEveryStrategyIsACandidate) {
   request.layout = Layout::kContiguous;
   const AttnChoice c =
       choose_attention(request, 8, sequence_shape(65536, 32, 8, true), hardware_profile("h100"));
-  for (const char* label : {"ring", "ring_steal", "allgather", "ulysses", "usp_u2_r4",
-                            "usp_u4_r2"})
+  for (const char* label : {"ring", "ring_steal", "allgather", "ulysses", "usp_u2_r4", "usp_u4_r2"})
     EXPECT_GT(time_of(c, label), 0) << label;
   EXPECT_EQ(c.config.sp(), 8);
   EXPECT_FALSE(c.rule.has_value());
@@ -161,8 +160,8 @@ TEST(Selection, AgreesWithThePlannersFirstChoiceOverAGrid) {
             ASSERT_FALSE(plan.ranked.empty());
             const ParallelConfig& first = plan.ranked.front().config;
             EXPECT_EQ(candidate_label(c.config), candidate_label(first))
-                << profile << " ranks " << ranks << (cache ? " cache" : " sequence") << " kv "
-                << kv << (causal ? " causal" : "");
+                << profile << " ranks " << ranks << (cache ? " cache" : " sequence") << " kv " << kv
+                << (causal ? " causal" : "");
             validate_config(c.config, s);
             ++checked;
           }

@@ -97,7 +97,7 @@ class Decoder {
     int64_t begin = 0, end = 0, cached = 0;
     Strategy strategy = Strategy::kRing;  // the first chunk: the context's; then passkv / passq
     ScheduleKind schedule = ScheduleKind::kDefault;
-    std::string reason;  // why (choose_chunk), or "pinned"
+    std::string reason;                   // why (choose_chunk), or "pinned"
     double seconds = 0;                   // this rank's wall time
   };
   struct Output {

@@ -691,7 +691,7 @@ void ThreadWorld::run(int size, const std::function<void(Communicator&)>& fn,
   std::mutex mu;
   std::vector<std::exception_ptr> errors(static_cast<size_t>(size));
   std::vector<int> order;  // ranks in the order their exceptions were caught
-  int running = size;        // rank threads not yet done (under mu)
+  int running = size;      // rank threads not yet done (under mu)
   std::condition_variable done;
   struct Done {  // counts the rank out however its thread ends
     std::mutex& mu;

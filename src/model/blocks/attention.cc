@@ -68,8 +68,8 @@ Tensor QkNormBlock::forward(Tensor x, Communicator& tp) const {
 AttnState attend(const Tensor& q, const Tensor& k, const Tensor& v, ParallelContext& ctx,
                  const AttendOver& over) {
   const bool sharded = over.kind == AttendOver::Kind::kSequence && over.sp->sharded();
-  if (over.kind == AttendOver::Kind::kLocal || (over.kind == AttendOver::Kind::kSequence &&
-                                                !sharded)) {
+  if (over.kind == AttendOver::Kind::kLocal ||
+      (over.kind == AttendOver::Kind::kSequence && !sharded)) {
     AttnParams params;
     params.mask.causal = over.causal;
     return flash_attention(q, k, v, params);
@@ -228,7 +228,8 @@ Tensor SelfAttention::decode(const Tensor& x, const Tensor& rope, ParallelContex
   cache.append(pick(kh, mine), pick(vh, mine), mine);
   SEQPAR_CHECK(cache.positions == place.kv_pos[r], "decode: rank ", r,
                "'s cache does not hold the positions the placement says");
-  AttnState s = attend(pick(qh, mine), cache.k, cache.v, ctx, AttendOver::cache(place, pass, schedule));
+  AttnState s =
+      attend(pick(qh, mine), cache.k, cache.v, ctx, AttendOver::cache(place, pass, schedule));
   // Every rank needs every new token's output: each owner broadcasts its rows.
   Tensor out({B, T, h1 - h0, d});
   for (int owner = 0; owner < sp.size(); ++owner) {

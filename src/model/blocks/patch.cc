@@ -18,8 +18,9 @@ Tensor patchify(const Tensor& latent, std::array<int64_t, 3> patch) {
             for (int64_t df = 0; df < patch[0]; ++df)
               for (int64_t dy = 0; dy < patch[1]; ++dy)
                 for (int64_t dx = 0; dx < patch[2]; ++dx, ++j)
-                  dst[j] = latent.data<float>()[(((b * C + c) * F + f * patch[0] + df) * H +
-                                                 y * patch[1] + dy) * W + x * patch[2] + dx];
+                  dst[j] = latent.data<
+                      float>()[(((b * C + c) * F + f * patch[0] + df) * H + y * patch[1] + dy) * W +
+                               x * patch[2] + dx];
         }
   return t;
 }
@@ -41,8 +42,9 @@ Tensor unpatchify(const Tensor& tokens, int64_t C, std::array<int64_t, 3> grid,
             for (int64_t df = 0; df < patch[0]; ++df)
               for (int64_t dy = 0; dy < patch[1]; ++dy)
                 for (int64_t dx = 0; dx < patch[2]; ++dx, ++j)
-                  latent.data<float>()[(((b * C + c) * F + f * patch[0] + df) * H + y * patch[1] +
-                                        dy) * W + x * patch[2] + dx] = src[j];
+                  latent.data<
+                      float>()[(((b * C + c) * F + f * patch[0] + df) * H + y * patch[1] + dy) * W +
+                               x * patch[2] + dx] = src[j];
         }
   return latent;
 }
