@@ -114,10 +114,6 @@ struct Buffer {
   std::vector<int64_t> shape;
 };
 
-Tensor view(const Buffer& b, DType dtype) {
-  return Tensor::borrow(reinterpret_cast<const void*>(b.address), b.shape, dtype);
-}
-
 // Memory of seqpar's (a result Tensor, a list of positions) that Python reads through the buffer
 // protocol: np.asarray(buffer) is a view that keeps it alive, with no copy. The buffer protocol,
 // unlike pybind11's NumPy API, does not depend on the NumPy version.
