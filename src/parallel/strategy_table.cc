@@ -14,7 +14,9 @@ namespace {
 
 // ---- run functions: each strategy's entry on the arguments every one gets -------------------
 
-AttnState run_local(const StrategyArgs& a) {
+AttnState run_local(const StrategyArgs& a) {  // one rank: over its own cache, or its tokens
+  if (a.place.over_cache)
+    return passq_attention(a.comms.sp(), a.place.cache, a.q, a.k, a.v, a.opts, a.stats);
   return ring_attention(a.comms.sp(), a.place.part, a.q, a.k, a.v, a.opts, a.stats);
 }
 AttnState run_allgather(const StrategyArgs& a) {

@@ -36,6 +36,8 @@ out=$("$bin" run --strategy auto --ranks 4 --cached 12480 --new 320 --heads 128 
 python3 -c 'import json,sys; d=json.loads(sys.argv[1]); sys.exit(0 if d["threshold_tokens"] > 320 else 1)' "$out" && ok || bad "threshold_tokens"
 out=$("$bin" run --strategy auto --ranks 4 --cached 1000 --new 1000 --heads 32 --kv-heads 2 --head-dim 8 --causal --json --repeat 1)
 [ "$(json_get "$out" choice)" = "passkv" ] && ok || bad "auto on half-new tokens chose $(json_get "$out" choice)"
+# One rank over a cache: auto runs it locally (the queries over the own cache).
+expect_ok "auto on one rank over a cache" "$bin" run --strategy auto --ranks 1 --cached 100 --new 4 --heads 4 --causal $small
 # ring pass-Q: T = 1 (three ranks own no query), T not divisible by N, T in the thousands.
 expect_ok "passq ring T=1" "$bin" run --strategy passq --schedule ring --ranks 4 --cached 4096 --new 1 --heads 4 --kv-heads 2 --causal $small
 expect_ok "passq ring T=7" "$bin" run --strategy passq --schedule ring --ranks 3 --cached 1000 --new 7 --heads 4 --dtype bf16 --causal $small
