@@ -19,6 +19,15 @@
 
 namespace seqpar::python {
 
+// True once the interpreter has begun to exit (ask it with the GIL held: it cannot change then).
+inline bool interpreter_exiting() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing() != 0;
+#else
+  return _Py_IsFinalizing() != 0;
+#endif
+}
+
 // fn() without the GIL; its result, or its exception rethrown once the GIL is held again.
 template <typename Fn>
 auto without_gil(Fn&& fn) -> decltype(fn()) {

@@ -459,6 +459,14 @@ py::list run_threads(int n, const py::function& fn, double timeout_s, int thread
           [&](Communicator& comm) {
             omp_set_num_threads(per_rank);
             py::gil_scoped_acquire acquire;
+            // Leaving with the GIL held while the interpreter exits: its thread state must not
+            // be released (CPython is tearing the states down); the exit ends the thread.
+            struct KeepStateAtExit {
+              py::gil_scoped_acquire& gil;
+              ~KeepStateAtExit() {
+                if (interpreter_exiting()) gil.disarm();
+              }
+            } keep{acquire};
             auto handle = std::make_shared<Comm>(&comm);
             struct Closer {  // the comm dies with the rank, even if fn keeps it
               std::shared_ptr<Comm> c;
