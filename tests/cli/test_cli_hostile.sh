@@ -160,7 +160,7 @@ if [ -n "$mpiexec" ]; then
     --repeat 1000000 --warmup 0 --timeout 2 >"$tmp/mpi.out" 2>"$tmp/mpi.err" &
   launcher=$!
   victim=""
-  for _ in $(seq 200); do  # rank 1: a seqpar process under this launcher with world rank 1
+  for _ in $(seq 600); do  # rank 1: a seqpar process under this launcher with world rank 1
     for p in $(pgrep -x seqpar); do
       tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" || continue
       q=$p
