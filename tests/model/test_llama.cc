@@ -4,6 +4,7 @@
 // tests/python/test_llama_generate.py.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <filesystem>
 #include <mutex>
@@ -81,6 +82,89 @@ TEST(Llama, Llama3FrequenciesFollowTransformers) {
   m.rope_scaling.factor = 0;
   EXPECT_NEAR(rope_inv_freq(m.head_dim, m.rope_theta, m.rope_scaling)[1],
               std::pow(500000.0, -2.0 / 16), 1e-7);
+}
+
+// transformers 4.57's inverse frequencies as fp32 bit patterns (ROPE_INIT_FUNCTIONS "default"
+// and "llama3" on PyTorch 2.8's CPU), for Llama 3.1 8B (head_dim 128, theta 500000, llama3 factor
+// 8, low 1, high 4, original context 8192), Llama 3.2 1B (head_dim 64, factor 32) and a scaling
+// whose band between the two wavelengths is wide (high 16, original context 300).
+struct RecordedFrequencies {
+  int64_t head_dim;
+  RopeScaling scaling;
+  std::vector<uint32_t> base, llama3;
+};
+const RecordedFrequencies kRecorded[] = {
+    {128, {8.0, 1.0, 4.0, 8192},
+     {0x3f800000, 0x3f508ac1, 0x3f29e1c6, 0x3f0a6384, 0x3ee177bc, 0x3eb7ab7d, 0x3e959ee3, 0x3e73c461,
+      0x3e4693b0, 0x3e21c3a0, 0x3e03c6a0, 0x3dd6b19c, 0x3daee4ad, 0x3d8e7898, 0x3d681e67, 0x3d3d1684,
+      0x3d1a08c8, 0x3cfaf53f, 0x3ccc6f49, 0x3ca68939, 0x3c87a9c3, 0x3c5d06ec, 0x3c340d6d, 0x3c12ac7f,
+      0x3beef74f, 0x3bc2aa76, 0x3b9e9402, 0x3b812e35, 0x3b527720, 0x3b2b72dc, 0x3b0baa41, 0x3ae38c10,
+      0x3ab95d21, 0x3a970023, 0x3a7603ea, 0x3a486886, 0x3a23418d, 0x3a04fdbf, 0x39d8ac81, 0x39b08199,
+      0x398fc8f8, 0x396a426f, 0x393ed4f4, 0x391b7475, 0x38fd45c3, 0x38ce51f5, 0x38a8126b, 0x3888ea0f,
+      0x385f10c4, 0x3835b687, 0x381406cb, 0x37f12b80, 0x37c47610, 0x37a00a69, 0x37825f34, 0x37546808,
+      0x372d07a7, 0x370cf400, 0x36e5a54d, 0x36bb12c7, 0x369864a7, 0x367848c2, 0x364a41b0, 0x3624c2ff},
+     {0x3f800000, 0x3f508ac1, 0x3f29e1c6, 0x3f0a6384, 0x3ee177bc, 0x3eb7ab7d, 0x3e959ee3, 0x3e73c461,
+      0x3e4693b0, 0x3e21c3a0, 0x3e03c6a0, 0x3dd6b19c, 0x3daee4ad, 0x3d8e7898, 0x3d681e67, 0x3d3d1684,
+      0x3d1a08c8, 0x3cfaf53f, 0x3ccc6f49, 0x3ca68939, 0x3c87a9c3, 0x3c5d06ec, 0x3c340d6d, 0x3c12ac7f,
+      0x3beef74f, 0x3bc2aa76, 0x3b9e9402, 0x3b812e35, 0x3b527720, 0x3b0dfd06, 0x3ab3d11d, 0x3a60979e,
+      0x3a0995d2, 0x39a3f108, 0x393b2dd2, 0x38c86886, 0x38a3418d, 0x3884fdbf, 0x3858ac81, 0x38308199,
+      0x380fc8f8, 0x37ea426f, 0x37bed4f4, 0x379b7475, 0x377d45c3, 0x374e51f5, 0x3728126b, 0x3708ea0f,
+      0x36df10c4, 0x36b5b687, 0x369406cb, 0x36712b80, 0x36447610, 0x36200a69, 0x36025f34, 0x35d46808,
+      0x35ad07a7, 0x358cf400, 0x3565a54d, 0x353b12c7, 0x351864a7, 0x34f848c2, 0x34ca41b0, 0x34a4c2ff}},
+    {64, {32.0, 1.0, 4.0, 8192},
+     {0x3f800000, 0x3f29e1c6, 0x3ee177bc, 0x3e959ee3, 0x3e4693b0, 0x3e03c6a0, 0x3daee4ad, 0x3d681e67,
+      0x3d1a08c8, 0x3ccc6f49, 0x3c87a9c3, 0x3c340d6d, 0x3beef74f, 0x3b9e9402, 0x3b527720, 0x3b0baa41,
+      0x3ab95d21, 0x3a7603ea, 0x3a23418d, 0x39d8ac81, 0x398fc8f8, 0x393ed4f4, 0x38fd45c3, 0x38a8126b,
+      0x385f10c4, 0x381406cb, 0x37c47610, 0x37825f34, 0x372d07a7, 0x36e5a54d, 0x369864a7, 0x364a41b0},
+     {0x3f800000, 0x3f29e1c6, 0x3ee177bc, 0x3e959ee3, 0x3e4693b0, 0x3e03c6a0, 0x3daee4ad, 0x3d681e67,
+      0x3d1a08c8, 0x3ccc6f49, 0x3c87a9c3, 0x3c340d6d, 0x3beef74f, 0x3b9e9402, 0x3b527720, 0x3aa9279b,
+      0x39e13620, 0x38cb98f7, 0x37a3418d, 0x3758ac81, 0x370fc8f8, 0x36bed4f4, 0x367d45c3, 0x3628126b,
+      0x35df10c4, 0x359406cb, 0x35447610, 0x35025f34, 0x34ad07a7, 0x3465a54d, 0x341864a7, 0x33ca41b0}},
+    {128, {8.0, 1.0, 16.0, 300},
+     {0x3f800000, 0x3f508ac1, 0x3f29e1c6, 0x3f0a6384, 0x3ee177bc, 0x3eb7ab7d, 0x3e959ee3, 0x3e73c461,
+      0x3e4693b0, 0x3e21c3a0, 0x3e03c6a0, 0x3dd6b19c, 0x3daee4ad, 0x3d8e7898, 0x3d681e67, 0x3d3d1684,
+      0x3d1a08c8, 0x3cfaf53f, 0x3ccc6f49, 0x3ca68939, 0x3c87a9c3, 0x3c5d06ec, 0x3c340d6d, 0x3c12ac7f,
+      0x3beef74f, 0x3bc2aa76, 0x3b9e9402, 0x3b812e35, 0x3b527720, 0x3b2b72dc, 0x3b0baa41, 0x3ae38c10,
+      0x3ab95d21, 0x3a970023, 0x3a7603ea, 0x3a486886, 0x3a23418d, 0x3a04fdbf, 0x39d8ac81, 0x39b08199,
+      0x398fc8f8, 0x396a426f, 0x393ed4f4, 0x391b7475, 0x38fd45c3, 0x38ce51f5, 0x38a8126b, 0x3888ea0f,
+      0x385f10c4, 0x3835b687, 0x381406cb, 0x37f12b80, 0x37c47610, 0x37a00a69, 0x37825f34, 0x37546808,
+      0x372d07a7, 0x370cf400, 0x36e5a54d, 0x36bb12c7, 0x369864a7, 0x367848c2, 0x364a41b0, 0x3624c2ff},
+     {0x3f800000, 0x3f508ac1, 0x3f29e1c6, 0x3f0a6384, 0x3ee177bc, 0x3eb7ab7d, 0x3e83c0df, 0x3e31e048,
+      0x3df0fc6b, 0x3da3eac4, 0x3d6010c4, 0x3d19ff32, 0x3cd507ec, 0x3c946925, 0x3c507229, 0x3c13ac31,
+      0x3bd33890, 0x3b98929d, 0x3b5eb520, 0x3b268939, 0x3b07a9c3, 0x3add06ec, 0x3ab40d6d, 0x3a92ac7f,
+      0x3a6ef74f, 0x3a42aa76, 0x3a1e9402, 0x3a012e35, 0x39d27720, 0x39ab72dc, 0x398baa41, 0x39638c10,
+      0x39395d21, 0x39170023, 0x38f603ea, 0x38c86886, 0x38a3418d, 0x3884fdbf, 0x3858ac81, 0x38308199,
+      0x380fc8f8, 0x37ea426f, 0x37bed4f4, 0x379b7475, 0x377d45c3, 0x374e51f5, 0x3728126b, 0x3708ea0f,
+      0x36df10c4, 0x36b5b687, 0x369406cb, 0x36712b80, 0x36447610, 0x36200a69, 0x36025f34, 0x35d46808,
+      0x35ad07a7, 0x358cf400, 0x3565a54d, 0x353b12c7, 0x351864a7, 0x34f848c2, 0x34ca41b0, 0x34a4c2ff}},
+};
+
+std::vector<float> floats_of(const std::vector<uint32_t>& bits) {
+  std::vector<float> f(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) f[i] = std::bit_cast<float>(bits[i]);
+  return f;
+}
+
+TEST(Llama, FrequenciesAreTransformersFp32Values) {
+  for (const RecordedFrequencies& r : kRecorded) {
+    const RopeScaling& scaling = r.scaling;
+    // llama3's scaling of transformers' own base frequencies: the same bits.
+    const std::vector<float> want = floats_of(r.llama3);
+    EXPECT_EQ(rope_llama3_scaled(floats_of(r.base), scaling), want) << "head_dim " << r.head_dim;
+    // From theta: within one fp32 step everywhere (PyTorch's vectorized pow), and the same bits
+    // on most (rounding theta^(-2j/D) in double once instead differs on a third of them).
+    const std::vector<float> got = rope_inv_freq(r.head_dim, 500000.0, scaling);
+    ASSERT_EQ(got.size(), want.size());
+    size_t same = 0;
+    for (size_t j = 0; j < got.size(); ++j) {
+      EXPECT_LE(std::abs(static_cast<int64_t>(std::bit_cast<uint32_t>(got[j])) -
+                         static_cast<int64_t>(r.llama3[j])),
+                1)
+          << "pair " << j;
+      same += got[j] == want[j];
+    }
+    EXPECT_GE(same, got.size() * 9 / 10) << "head_dim " << r.head_dim;
+  }
 }
 
 TEST(Llama, RotateHalfPairsFeatureJWithJPlusHalf) {

@@ -233,3 +233,43 @@ def test_attention_is_far_from_uniform(ckpts):
     for a in att:
         top = a[0, :, 20:].max(-1).values.mean().item()  # mean largest weight of a query row
         assert top > 0.3, top  # uniform over >= 21 keys would be < 0.05
+
+
+# Long prompts: RoPE's angles grow with the position, so frequencies rounded apart from
+# transformers' fp32 values move the logits at 2000 tokens where 50 cannot show it. The oracle is
+# transformers in float64 (its RoPE stays fp32 by design) and the bound is transformers' own fp32
+# distance from it. Measured (2-core x86, seqpar / transformers fp32, both against float64, 2048
+# tokens): llama3 scaling 3.4e-5 / 4.1e-5, default 3.1e-5 / 3.0e-5; with the frequencies rounded
+# once from double, 1.8e-3 and 9.0e-5 (44x and 3x transformers' own).
+LONG_PROMPT = 2048
+
+
+@pytest.fixture(scope="module")
+def long_ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("llama_long")
+    return {"llama3": L.make_checkpoint(str(root / "llama3"), tied=True, dtype=torch.float32,
+                                        sharded=False, seed=5, max_position_embeddings=4096),
+            "default": L.make_checkpoint(str(root / "default"), tied=True, dtype=torch.float32,
+                                         sharded=False, seed=6, max_position_embeddings=4096,
+                                         rope_scaling=None, rope_theta=10000.0)}
+
+
+@pytest.mark.parametrize("mesh", [None, {"ring-degree": 2, "ulysses-degree": 2,
+                                         "layout": "zigzag"}], ids=["one-rank", "usp4-zigzag"])
+@pytest.mark.parametrize("rope", ["llama3", "default"])
+def test_long_prompt_within_transformers_fp32_error(long_ckpts, tmp_path, rope, mesh):
+    from transformers import LlamaForCausalLM
+    path = long_ckpts[rope]
+    prompt = L.prompt_of(LONG_PROMPT, L.TINY["vocab_size"], 1)
+    model = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        fp32 = model(ids).logits[0, -1].double().numpy()
+        fp64 = model.double()(ids).logits[0, -1].numpy()
+    _, tokens, logits = L.run_generate(path, prompt, 1, tmp_path / "o.safetensors", mesh)
+    own = float(np.abs(fp32 - fp64).max())
+    err = float(np.abs(logits[0] - fp64).max())
+    print(f"{rope} {mesh} P={LONG_PROMPT}: seqpar {err:.3g}, transformers fp32 {own:.3g} "
+          "from float64")
+    assert tokens == [int(fp64.argmax())]
+    assert err <= 1.5 * own, (err, own)

@@ -1,30 +1,44 @@
 #include "seqpar/model/blocks/rope.h"
 
 #include <cmath>
+#include <utility>
 
 #include "seqpar/core/error.h"
 
 namespace seqpar {
 
 std::vector<float> rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& s) {
+  // transformers' steps, each rounded to fp32 as PyTorch rounds them: the exponent 2j/D, theta^e
+  // (rounded once from double here; PyTorch's vectorized pow is within one fp32 step of it), 1/x.
   const int64_t pairs = head_dim / 2;
+  const float base = static_cast<float>(theta), dim = static_cast<float>(head_dim);
   std::vector<float> f(pairs);
-  for (int64_t j = 0; j < pairs; ++j)
-    f[j] = static_cast<float>(1.0 / std::pow(theta, 2.0 * j / head_dim));
+  for (int64_t j = 0; j < pairs; ++j) {
+    const float e = static_cast<float>(2 * j) / dim;
+    f[j] = 1.0f / static_cast<float>(std::pow(static_cast<double>(base), static_cast<double>(e)));
+  }
+  return rope_llama3_scaled(std::move(f), s);
+}
+
+std::vector<float> rope_llama3_scaled(std::vector<float> f, const RopeScaling& s) {
   if (s.factor <= 0) return f;
-  // transformers' _compute_llama3_parameters, elementwise.
+  // _compute_llama3_parameters, elementwise in fp32. A Python scalar divided by a tensor is
+  // PyTorch's reciprocal(x) * c, not c / x: both are kept as written there.
   const double old_len = static_cast<double>(s.original_max_positions);
-  const double low_wavelen = old_len / s.low_freq_factor,
-               high_wavelen = old_len / s.high_freq_factor;
+  const float factor = static_cast<float>(s.factor), low = static_cast<float>(s.low_freq_factor),
+              old = static_cast<float>(old_len), two_pi = static_cast<float>(2 * M_PI),
+              low_wavelen = static_cast<float>(old_len / s.low_freq_factor),
+              high_wavelen = static_cast<float>(old_len / s.high_freq_factor),
+              span = static_cast<float>(s.high_freq_factor - s.low_freq_factor);
   for (float& x : f) {
-    const double wavelen = 2 * M_PI / x;
-    if (wavelen > low_wavelen) {
-      x = static_cast<float>(x / s.factor);
-    } else if (wavelen >= high_wavelen) {
-      const double smooth =
-          (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
-      x = static_cast<float>((1 - smooth) * x / s.factor + smooth * x);
+    const float wavelen = (1.0f / x) * two_pi;
+    float scaled = wavelen > low_wavelen ? x / factor : x;
+    if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen)) {
+      const float smooth = ((1.0f / wavelen) * old - low) / span;
+      const float kept = (1.0f - smooth) * scaled / factor, moved = smooth * scaled;
+      scaled = kept + moved;
     }
+    x = scaled;
   }
   return f;
 }

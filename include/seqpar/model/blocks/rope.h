@@ -30,8 +30,14 @@ struct RopeScaling {
 };
 
 // The head_dim / 2 inverse frequencies theta^(-2j/D), then `scaling` applied, in fp32 as
-// transformers computes them (_compute_default_rope_parameters, _compute_llama3_parameters).
+// transformers computes them (_compute_default_rope_parameters, _compute_llama3_parameters): every
+// step rounded to fp32; theta^e correctly rounded, where PyTorch's vectorized pow may be one fp32
+// step away (measured: 1.2% of frequencies over head dims 16-256 and thetas 1e4-5e6).
 std::vector<float> rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& scaling = {});
+
+// `inv_freq` with llama3's scaling applied (unchanged when scaling.factor == 0), in fp32 step by
+// step as transformers' _compute_llama3_parameters rounds.
+std::vector<float> rope_llama3_scaled(std::vector<float> inv_freq, const RopeScaling& scaling);
 
 // 1-D: (n, D/2, 2), pair j of token i rotating by positions[i]·inv_freq[j] (angle, cos and sin in
 // fp32).
