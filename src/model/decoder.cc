@@ -99,10 +99,21 @@ Decoder::Decoder(const DecoderConfig& m, const WeightStore& ws, const ParallelCo
 void Decoder::layer_forward(Layer& layer, Tensor& x, const Tensor& rope, ParallelContext& ctx,
                             const SpRuntime* sp, const KvPlacement* place,
                             const ParallelConfig& pass) {
+  const int64_t l = &layer - layers_.data();
   const Tensor h = layer.input_norm.forward(x);
-  add_(x, place ? layer.attn.decode(h, rope, ctx, layer.cache, *place, pass.strategy, pass.schedule)
-                : layer.attn.forward(h, rope, ctx, *sp, true, &layer.cache));
-  add_(x, layer.mlp.forward(layer.post_norm.forward(x), *ctx.tp));
+  expect_finite(h, "layers", l, "input_layernorm");
+  const Tensor a =
+      place ? layer.attn.decode(h, rope, ctx, layer.cache, *place, pass.strategy, pass.schedule)
+            : layer.attn.forward(h, rope, ctx, *sp, true, &layer.cache);
+  expect_finite(a, "layers", l, "self_attn");
+  add_(x, a);
+  expect_finite(x, "layers", l, "self_attn's residual add");
+  const Tensor g = layer.post_norm.forward(x);
+  expect_finite(g, "layers", l, "post_attention_layernorm");
+  const Tensor m = layer.mlp.forward(g, *ctx.tp);
+  expect_finite(m, "layers", l, "mlp");
+  add_(x, m);
+  expect_finite(x, "layers", l, "mlp's residual add");
 }
 
 Tensor Decoder::embed(std::span<const int32_t> tokens, Communicator& tp) const {
@@ -122,7 +133,10 @@ Tensor Decoder::embed(std::span<const int32_t> tokens, Communicator& tp) const {
 
 Tensor Decoder::logits_of(const Tensor& h_last, Communicator& tp) const {
   const Tensor& head = m_.tie_embeddings ? embed_w : lm_head_w;
-  Tensor mine = linear(norm_.forward(h_last), head, Tensor());  // (v1 - v0)
+  const Tensor h = norm_.forward(h_last);
+  expect_finite(h, "norm");
+  Tensor mine = linear(h, head, Tensor());  // (v1 - v0)
+  expect_finite(mine, "lm_head");
   if (tp.size() == 1) return mine;
   Tensor all({m_.vocab});
   tp.all_gatherv(mine.raw(), all.raw(), vocab_bytes_);

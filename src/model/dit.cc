@@ -121,24 +121,41 @@ Tensor DiT::forward(const Tensor& latent, float t, const Tensor& text, ParallelC
   const int64_t n = x.dim(1);
   rope = reshape(std::move(rope), {n, m_.head_dim / 2, 2});
 
+  expect_finite(x, "patch_embedding");
+  expect_finite(e6, "time_projection");
+  expect_finite(context, "text_embedding");
+
   const LayerNorm plain = LayerNorm::plain(static_cast<float>(m_.eps));
-  for (const Block& blk : blocks_) {
+  for (int64_t b = 0; b < static_cast<int64_t>(blocks_.size()); ++b) {
+    const Block& blk = blocks_[b];
     const std::vector<float> mod = blk.modulation.rows(e6);
     const float *shift_msa = &mod[0], *scale_msa = &mod[d], *gate_msa = &mod[2 * d],
                 *shift_mlp = &mod[3 * d], *scale_mlp = &mod[4 * d], *gate_mlp = &mod[5 * d];
     Tensor y = plain.forward(x);
     modulate_(y, shift_msa, scale_msa);
-    gated_add_(x, gate_msa, blk.self_attn.forward(y, rope, ctx, sp, false, nullptr));
-    add_(x, blk.cross_attn.forward(blk.norm3.forward(x), context, ctx));
+    expect_finite(y, "blocks", b, "norm1");
+    const Tensor a = blk.self_attn.forward(y, rope, ctx, sp, false, nullptr);
+    expect_finite(a, "blocks", b, "self_attn");
+    gated_add_(x, gate_msa, a);
+    expect_finite(x, "blocks", b, "self_attn's residual add");
+    const Tensor c = blk.cross_attn.forward(blk.norm3.forward(x), context, ctx);
+    expect_finite(c, "blocks", b, "cross_attn");
+    add_(x, c);
+    expect_finite(x, "blocks", b, "cross_attn's residual add");
     y = plain.forward(x);
     modulate_(y, shift_mlp, scale_mlp);
-    gated_add_(x, gate_mlp, blk.ffn.forward(y, *ctx.tp));
+    expect_finite(y, "blocks", b, "norm2");
+    const Tensor f = blk.ffn.forward(y, *ctx.tp);
+    expect_finite(f, "blocks", b, "ffn");
+    gated_add_(x, gate_mlp, f);
+    expect_finite(x, "blocks", b, "ffn's residual add");
   }
 
   const std::vector<float> hmod = head_modulation_.rows(e);  // shift, scale
   Tensor y = plain.forward(x);
   modulate_(y, &hmod[0], &hmod[d]);
   y = head_.forward(y);  // (B, n, C·pt·ph·pw)
+  expect_finite(y, "proj_out");
   y = sp.at("proj_out", "hidden", std::move(y));
   return unpatchify(y, m_.predicted_channels(), grid, m_.patch);
 }

@@ -9,6 +9,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "seqpar/core/error.h"
+
 namespace seqpar {
 
 namespace {
@@ -229,6 +231,36 @@ void add_(Tensor& x, const Tensor& y) {
   float* p = x.data<float>();
   const float* q = y.data<float>();
   for (int64_t i = 0; i < x.numel(); ++i) p[i] += q[i];
+}
+
+namespace {
+
+[[noreturn]] void throw_non_finite(const Tensor& t, const std::string& where) {
+  int64_t i = 0;
+  while (std::isfinite(t.data<float>()[i])) ++i;
+  const int64_t f = t.ndim() > 0 ? std::max<int64_t>(t.dim(-1), 1) : 1;
+  throw Error(detail::concat(where, " produced a non-finite value (", t.data<float>()[i],
+                             ") at row ", i / f, ", feature ", i % f, " of its ", t.shape_str(),
+                             " output; the weights or inputs overflow fp32 there"));
+}
+
+bool all_finite(const Tensor& t) {
+  const auto* bits = static_cast<const uint32_t*>(t.raw());
+  constexpr uint32_t kExponent = 0x7f800000;  // all set: Inf or NaN
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < t.numel(); ++i)
+    bad |= static_cast<uint32_t>((bits[i] & kExponent) == kExponent);
+  return !bad;
+}
+
+}  // namespace
+
+void expect_finite(const Tensor& t, std::string_view op) {
+  if (!all_finite(t)) throw_non_finite(t, std::string(op));
+}
+
+void expect_finite(const Tensor& t, std::string_view group, int64_t index, std::string_view op) {
+  if (!all_finite(t)) throw_non_finite(t, detail::concat(group, ".", index, ".", op));
 }
 
 void modulate_(Tensor& x, const float* shift, const float* scale) {

@@ -58,6 +58,10 @@ save(f"{d}/wan/diffusion_pytorch_model.safetensors", w)
 cfg = {"model_type": "t2v", "dim": D, "ffn_dim": FF, "freq_dim": FQ, "in_dim": C, "out_dim": C,
        "num_heads": 2, "num_layers": 1, "text_len": 512, "text_dim": T, "eps": 1e-6}
 json.dump(cfg, open(f"{d}/wan/config.json", "w"))
+os.makedirs(f"{d}/wan_ones")  # a patch embedding of ones: 16 latents of 3e38 sum past fp32
+save(f"{d}/wan_ones/diffusion_pytorch_model.safetensors",
+     {**w, "patch_embedding.weight": t([D, C, 1, 2, 2], fill=1.0)})
+json.dump(cfg, open(f"{d}/wan_ones/config.json", "w"))
 lat, txt = t([1, C, 2, 6, 10], 2.0), t([1, 5, T], 2.0)
 save(f"{d}/in.safetensors", {"latents": lat, "encoder_hidden_states": txt,
                              "negative_encoder_hidden_states": t([1, 3, T], 2.0),
@@ -67,6 +71,8 @@ save(f"{d}/odd_grid.safetensors", {"latents": t([1, C, 2, 5, 10]), "encoder_hidd
 save(f"{d}/wide_text.safetensors", {"latents": lat, "encoder_hidden_states": t([1, 5, T + 1]),
                                     "timestep": ([1], [500.0])})
 save(f"{d}/no_timestep.safetensors", {"latents": lat, "encoder_hidden_states": txt})
+save(f"{d}/huge.safetensors", {"latents": t([1, C, 2, 6, 10], fill=3e38),
+                               "encoder_hidden_states": txt, "timestep": ([1], [500.0])})
 save(f"{d}/channels.safetensors", {"latents": t([1, C + 1, 2, 6, 10]),
                                    "encoder_hidden_states": txt, "timestep": ([1], [500.0])})
 os.makedirs(f"{d}/bad_config")
@@ -122,6 +128,17 @@ expect_exit2 "--tp 4 does not divide the 2 heads" denoise $m --inputs "$tmp/in.s
 expect_exit2 "--cfg 2 runs the two guidance branches side by side" \
   denoise $m --inputs "$tmp/in.safetensors" --cfg 2 --guidance 1
 expect_exit2 "--model is required" denoise --inputs "$tmp/in.safetensors" --output "$tmp/o"
+
+# Finite latents that overflow fp32 in the patch embedding (3e38 into a patch embedding of ones):
+# exit 1, one line naming the module, no output written (the prediction would be all NaN).
+for mesh in "" "--ring-degree 2 --ulysses-degree 2"; do
+  rm -f "$tmp/huge.out"
+  err=$("$bin" denoise --model "$tmp/wan_ones" --inputs "$tmp/huge.safetensors" --output "$tmp/huge.out" \
+        $mesh 2>&1 >/dev/null); rc=$?
+  [ $rc -eq 1 ] && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] &&
+    printf '%s' "$err" | grep -q "patch_embedding produced a non-finite value (inf)" &&
+    [ ! -e "$tmp/huge.out" ] && ok || bad "latents of 3e38 ($mesh): exit $rc: $err"
+done
 
 # Outputs never destroy inputs (core/files.h): --output or --trace naming a file the run reads is
 # refused before the work (exit 2, one line naming both); the inputs stay byte for byte.

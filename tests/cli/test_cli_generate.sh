@@ -15,12 +15,14 @@ trap 'rm -rf "$tmp"' EXIT
 # make_ckpt DIR LAYERS SHARDS [config overrides as JSON]: a Llama of hidden 8, 2 heads over 1 kv
 # head, intermediate 16, vocab 16, max_position_embeddings 12, with tensors for LAYERS layers in
 # SHARDS files (1: model.safetensors; more: model-0000k-of-0000n + index). The config says
-# num_hidden_layers LAYERS unless overridden.
+# num_hidden_layers LAYERS unless overridden. Weights are 0, or with FILL ({"name suffix": value,
+# "*": value}) the value of the first suffix that ends the name, else "*".
 make_ckpt() {
   python3 - "$@" <<'PY'
 import json, os, struct, sys
 d, layers, shards = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 over = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
+fill = json.loads(sys.argv[5]) if len(sys.argv) > 5 else {}
 os.makedirs(d, exist_ok=True)
 cfg = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=8,
            intermediate_size=16, num_hidden_layers=layers, num_attention_heads=2,
@@ -46,8 +48,12 @@ def write(path, group):
         off += size
     h = json.dumps(header).encode()
     h += b" " * (-len(h) % 8)
+    data = b""
+    for n in group:
+        v = next((fill[k] for k in fill if k != "*" and n.endswith(k)), fill.get("*", 0.0))
+        data += struct.pack("<f", v) * (header[n]["data_offsets"][1] // 4 - header[n]["data_offsets"][0] // 4)
     with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + bytes(off))
+        f.write(struct.pack("<Q", len(h)) + h + data)
 if shards == 1:
     write(os.path.join(d, "model.safetensors"), names)
 else:
@@ -201,6 +207,19 @@ pid=$!
 sleep 1
 kill -KILL $pid 2>/dev/null; wait $pid 2>/dev/null
 [ -z "$(ls -A "$tmp/killed")" ] && ok || bad "a killed run left: $(ls -A "$tmp/killed")"
+
+# Finite weights that overflow fp32 at run time (down_proj of 3e38 over activations of ~60): exit
+# 1 with one line naming the module where the first Inf appeared, not NaN logits with exit 0;
+# also with the sequence and the weights split over ranks.
+make_ckpt "$tmp/overflow" 2 1 '{}' '{"down_proj.weight": 3e38, "*": 1.0}'
+for mesh in "" "--ring-degree 2" "--tp 2 --ulysses-degree 2"; do
+  rm -f "$tmp/overflow.out"
+  err=$("$bin" $(gen --model "$tmp/overflow" --prompt-ids 1,2,3,4 --output "$tmp/overflow.out") \
+        $mesh 2>&1 >/dev/null); rc=$?
+  [ $rc -eq 1 ] && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] &&
+    printf '%s' "$err" | grep -q "layers.0.mlp produced a non-finite value (inf)" &&
+    [ ! -e "$tmp/overflow.out" ] && ok || bad "down_proj of 3e38 ($mesh): exit $rc: $err"
+done
 
 # Under MPI every rank meets the error; one line is printed.
 if [ -n "$mpiexec" ]; then

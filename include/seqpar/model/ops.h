@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 #include "seqpar/core/tensor.h"
 
@@ -46,6 +47,13 @@ Tensor slice_rows(const Tensor& x, int64_t begin, int64_t end);
 Tensor slice_cols(const Tensor& x, int64_t begin, int64_t end);
 // Concatenates x (rows, a) and y (rows, b) along columns -> (rows, a+b).
 Tensor concat_cols(const Tensor& x, const Tensor& y);
+
+// A model run stops where an overflow first appears instead of returning NaN: throws Error
+// "layers.3.mlp produced a non-finite value (inf) at row r, feature f of its (shape) output; ..."
+// when fp32 `t`, the output of module `op` (of `group`.`index`: "layers", 3, "mlp"; as the
+// checkpoint names the module), holds an Inf or NaN. One pass over t.
+void expect_finite(const Tensor& t, std::string_view op);
+void expect_finite(const Tensor& t, std::string_view group, int64_t index, std::string_view op);
 
 // Sinusoidal timestep embedding (cos then sin halves), t a scalar -> (dim).
 Tensor timestep_embedding(float t, int64_t dim);
