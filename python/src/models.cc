@@ -40,9 +40,11 @@ struct RankMesh {
   ParallelConfig mesh;
   std::unique_ptr<MeshComms> comms;
   ParallelContext ctx;
+  std::string backend;  // the world's: "threads" or "mpi"
 
   RankMesh(py::object c, const ParallelConfig& m) : comm(std::move(c)), mesh(m) {
     Communicator& world = communicator_of(comm);
+    backend = world.backend();
     SEQPAR_ARG_CHECK(world.size() == mesh.mesh.world(), "the mesh ", mesh_shape_text(mesh.mesh),
                      " needs ", mesh.mesh.world(), " ranks but comm has ", world.size());
     without_gil([&] {
@@ -80,6 +82,7 @@ class CausalLmRank {
     without_gil([&] {
       ck_ = open_causal_lm(dir);
       check_causal_lm_tp(ck_, rank_.mesh.mesh.tp);
+      check_memory("from_pretrained", causal_lm_memory(ck_, rank_.mesh, 1, 1, 1).weights);
       decoder_ = std::make_unique<Decoder>(ck_.config, ck_.weights, rank_.ctx);
       ck_.weights = WeightStore();  // the decoder holds its slices
     });
@@ -91,6 +94,10 @@ class CausalLmRank {
     rank_.check_open();
     const std::vector<int32_t> prompt =
         check_causal_lm_prompt(ck_, ids, max_new_tokens, allow_long_context);
+    const int64_t prompt_len = static_cast<int64_t>(prompt.size());
+    check_memory("generate", causal_lm_memory(ck_, rank_.mesh, prompt_len,
+                                              prompt_len + max_new_tokens - 1, max_new_tokens)
+                                 .run);
     Decoder::Options opts;
     opts.max_new_tokens = max_new_tokens;
     if (!ignore_eos) opts.stop_tokens = ck_.eos_token_ids;
@@ -105,6 +112,18 @@ class CausalLmRank {
   }
 
   int64_t vocab() const { return ck_.config.vocab; }
+
+ private:
+  // Every rank refuses alike: the ranks on this machine together against MemAvailable.
+  void check_memory(const char* call, double bytes_per_rank) const {
+    limits::check_ranks_fit_memory(
+        detail::concat("CausalLM.", call, " with ", ck_.dir, " (",
+                       limits::bytes_text(static_cast<double>(ck_.file_bytes)), " of weights, tp ",
+                       rank_.mesh.mesh.tp, ")"),
+        bytes_per_rank, rank_.mesh.mesh.world(), rank_.backend);
+  }
+
+ public:
   std::vector<int64_t> eos_token_ids() const { return ck_.eos_token_ids; }
   int64_t max_positions() const { return ck_.config.max_positions; }
   std::string family() const { return std::string(ck_.family->name); }

@@ -208,6 +208,16 @@ Prepared prepare(const GenerateOptions& o, int world) {
                  config.c_str());
   check_causal_lm_tp(p.ck, p.mesh.mesh.tp, names);
   apply_chunk_flags(o, p.chunking);
+  // Every rank on this machine, before any weight is read.
+  const int64_t prompt = static_cast<int64_t>(ids.size());
+  const int64_t prefill =
+      p.chunking.prefill_chunk > 0 ? std::min(p.chunking.prefill_chunk, prompt) : prompt;
+  const CausalLmMemory need =
+      causal_lm_memory(p.ck, p.mesh, prefill, last, o.max_new_tokens * (1 + p.turns.size()));
+  limits::check_ranks_fit_memory(
+      detail::concat("generate with ", o.model, " (", limits::bytes_text(p.ck.file_bytes),
+                     " of weights, --tp ", p.mesh.mesh.tp, ", ", last, " positions)"),
+      need.weights + need.run, p.mesh.mesh.world(), o.backend);
   return p;
 }
 

@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <numeric>
 
 namespace seqpar {
@@ -194,6 +195,29 @@ void check_fits_memory(std::string_view what, double need_bytes) {
   if (!avail) return;
   SEQPAR_ARG_CHECK(need_bytes <= static_cast<double>(*avail), what, " needs about ",
                    bytes_text(need_bytes), " of memory but this machine has ",
+                   bytes_text(static_cast<double>(*avail)), " available (MemAvailable)");
+}
+
+int64_t local_processes() {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
+    const char* v = std::getenv(var);
+    if (v == nullptr) continue;
+    char* end = nullptr;
+    const long long n = std::strtoll(v, &end, 10);
+    if (end != v && *end == '\0' && n >= 1 && n <= kMaxRanks) return n;
+  }
+  return 1;
+}
+
+void check_ranks_fit_memory(std::string_view what, double bytes_per_rank, int64_t world,
+                            std::string_view backend) {
+  const std::optional<int64_t> avail = memory_available_bytes();
+  if (!avail) return;
+  const int64_t here = backend == "mpi" ? std::min(local_processes(), world) : world;
+  const double need = bytes_per_rank * static_cast<double>(here);
+  SEQPAR_ARG_CHECK(need <= static_cast<double>(*avail), what, " needs about ", bytes_text(need),
+                   " of memory (", here, here == 1 ? " rank" : " ranks", " on this machine, ",
+                   bytes_text(bytes_per_rank), " each) but this machine has ",
                    bytes_text(static_cast<double>(*avail)), " available (MemAvailable)");
 }
 

@@ -221,6 +221,52 @@ for mesh in "" "--ring-degree 2" "--tp 2 --ulysses-degree 2"; do
     [ ! -e "$tmp/overflow.out" ] && ok || bad "down_proj of 3e38 ($mesh): exit $rc: $err"
 done
 
+# A checkpoint larger than the machine (829 GB of bf16 weights in a sparse file: hidden 32768,
+# intermediate 4194304) is refused from its headers before a weight is read: exit 2 at once,
+# naming the need per rank and what is available, also when tp splits it over ranks.
+python3 - "$tmp/huge" <<'PY'
+import json, os, struct, sys
+d = sys.argv[1]
+os.makedirs(d)
+H, F, V, NH, KV = 32768, 1 << 22, 16, 256, 8
+json.dump(dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=H,
+               intermediate_size=F, num_hidden_layers=1, num_attention_heads=NH,
+               num_key_value_heads=KV, vocab_size=V, max_position_embeddings=64,
+               rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True),
+          open(os.path.join(d, "config.json"), "w"))
+p, kv = "model.layers.0.", KV * (H // NH)
+t = {"model.embed_tokens.weight": [V, H], "model.norm.weight": [H],
+     p + "input_layernorm.weight": [H], p + "post_attention_layernorm.weight": [H],
+     p + "self_attn.q_proj.weight": [H, H], p + "self_attn.k_proj.weight": [kv, H],
+     p + "self_attn.v_proj.weight": [kv, H], p + "self_attn.o_proj.weight": [H, H],
+     p + "mlp.gate_proj.weight": [F, H], p + "mlp.up_proj.weight": [F, H],
+     p + "mlp.down_proj.weight": [H, F]}
+header, off = {}, 0
+for n in sorted(t):
+    size = 2 * t[n][0] * (t[n][1] if len(t[n]) > 1 else 1)
+    header[n] = {"dtype": "BF16", "shape": t[n], "data_offsets": [off, off + size]}
+    off += size
+h = json.dumps(header).encode()
+h += b" " * (-len(h) % 8)
+with open(os.path.join(d, "model.safetensors"), "wb") as f:
+    f.write(struct.pack("<Q", len(h)) + h)
+    f.truncate(8 + len(h) + off)
+PY
+for mesh in "" "--tp 4"; do
+  start=$(date +%s)
+  err=$("$bin" $(gen --model "$tmp/huge" --prompt-ids 1,2) $mesh 2>&1 >/dev/null); rc=$?
+  [ $rc -eq 2 ] && [ $(( $(date +%s) - start )) -le 5 ] &&
+    printf '%s' "$err" | grep -q "generate with $tmp/huge (829 GB of weights.* needs about .* of memory (.* on this machine, .* each) but this machine has .* available (MemAvailable)" &&
+    ok || bad "a checkpoint of 829 GB ($mesh): exit $rc: $err"
+done
+if [ -n "$mpiexec" ]; then
+  err=$(timeout -s KILL 90 "$mpiexec" --allow-run-as-root --oversubscribe \
+          --mca btl_vader_single_copy_mechanism none -n 2 \
+          "$bin" $(gen --model "$tmp/huge" --prompt-ids 1,2 --tp 2 --backend mpi) 2>&1 >/dev/null); rc=$?
+  [ $rc -eq 2 ] && [ "$(printf '%s\n' "$err" | grep -c "2 ranks on this machine, 415 GB each")" -eq 1 ] &&
+    ok || bad "mpi: a checkpoint of 829 GB: exit $rc: $err"
+fi
+
 # Under MPI every rank meets the error; one line is printed.
 if [ -n "$mpiexec" ]; then
   err=$(timeout -s KILL 90 "$mpiexec" --allow-run-as-root --oversubscribe \

@@ -140,3 +140,39 @@ def run_generate(path, prompt, new_tokens, out_file, mesh=None, backend="threads
     assert out["tokens"].dtype == np.int64 and out["logits"].dtype == np.float32
     assert summary["tokens"] == out["tokens"].tolist()
     return summary, out["tokens"].tolist(), out["logits"].astype(np.float64)
+
+
+def make_sparse_checkpoint(path, hidden=32768, intermediate=1 << 22):
+    """A one-layer Llama of bf16 weights larger than any test machine (829 GB at the defaults) in
+    a sparse file: its headers are real, its data never written (reads would give zeros)."""
+    import struct
+    os.makedirs(path)
+    heads, kv_heads, vocab = 256, 8, 16
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(dict(architectures=["LlamaForCausalLM"], model_type="llama",
+                       hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=1,
+                       num_attention_heads=heads, num_key_value_heads=kv_heads,
+                       vocab_size=vocab, max_position_embeddings=64, rms_norm_eps=1e-5,
+                       rope_theta=10000.0, tie_word_embeddings=True), f)
+    p, kv = "model.layers.0.", kv_heads * (hidden // heads)
+    shapes = {"model.embed_tokens.weight": [vocab, hidden], "model.norm.weight": [hidden],
+              p + "input_layernorm.weight": [hidden],
+              p + "post_attention_layernorm.weight": [hidden],
+              p + "self_attn.q_proj.weight": [hidden, hidden],
+              p + "self_attn.k_proj.weight": [kv, hidden],
+              p + "self_attn.v_proj.weight": [kv, hidden],
+              p + "self_attn.o_proj.weight": [hidden, hidden],
+              p + "mlp.gate_proj.weight": [intermediate, hidden],
+              p + "mlp.up_proj.weight": [intermediate, hidden],
+              p + "mlp.down_proj.weight": [hidden, intermediate]}
+    header, off = {}, 0
+    for name in sorted(shapes):
+        size = 2 * int(np.prod(shapes[name]))
+        header[name] = {"dtype": "BF16", "shape": shapes[name], "data_offsets": [off, off + size]}
+        off += size
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(os.path.join(path, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h)
+        f.truncate(8 + len(h) + off)
+    return path

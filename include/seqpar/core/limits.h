@@ -73,6 +73,17 @@ std::string bytes_text(double bytes);
 // (MemAvailable)" when need_bytes exceeds what is available (nothing when unknown).
 void check_fits_memory(std::string_view what, double need_bytes);
 
+// The processes an MPI launcher started on this machine (OMPI_COMM_WORLD_LOCAL_SIZE of Open MPI,
+// MPI_LOCALNRANKS of MPICH); 1 when neither is set.
+int64_t local_processes();
+
+// check_fits_memory for the ranks of a `backend` ("threads": all `world` ranks are threads of
+// this process; "mpi": one rank per process, local_processes() of them here), each needing
+// bytes_per_rank: "<what> needs about X GB of memory (N ranks on this machine, Y GB each) but
+// this machine has Z GB available (MemAvailable)".
+void check_ranks_fit_memory(std::string_view what, double bytes_per_rank, int64_t world,
+                            std::string_view backend);
+
 // The most threads this process should start: min(kMaxThreads, RLIMIT_NPROC's soft limit). The
 // limit counts all of the user's threads, so starting fewer can still fail (ThreadWorld::run
 // turns that into an Error).

@@ -45,6 +45,16 @@ std::vector<int32_t> check_causal_lm_prompt(const CausalLmCheckpoint& ck,
                                             int64_t max_new_tokens, bool allow_long_context,
                                             const CausalLmRunNames& names = {});
 
+// The memory one rank of `mesh` needs to generate with `ck`, known before anything is loaded:
+// `weights`, its share as the files store it (tp splits the matrices and the vocabulary), and
+// `run`, over `positions` positions of which `prefill` enter at once: its K/V cache in fp32 (its
+// kv heads, its part of the sequence), a prefill's activations and the logits kept.
+struct CausalLmMemory {
+  double weights = 0, run = 0;
+};
+CausalLmMemory causal_lm_memory(const CausalLmCheckpoint& ck, const ParallelConfig& mesh,
+                                int64_t prefill, int64_t positions, int64_t new_tokens);
+
 // How a WanRank combines its experts and guidance: the high-noise expert (or the only one) at
 // t >= boundary with `guidance`, the low-noise one below with `guidance_2`; guidance applies
 // when the negative text states are given and the scale is > 1.
