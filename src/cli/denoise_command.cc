@@ -126,6 +126,38 @@ Plan resolve(const DenoiseOptions& o, int world) {
   return p;
 }
 
+// Before a tensor is read: per rank its share of the experts' weights as stored (tp splits the
+// matrices), the inputs in fp32, the latents' copies (the state, a velocity, a guidance branch)
+// and a block's activations over its part of the tokens; all ranks on this machine together
+// against MemAvailable.
+void check_memory(const DenoiseOptions& o, const Plan& p) {
+  const DiTConfig& m = p.model.experts[0].preset;
+  double weights = 0;
+  for (const WanExpert& e : p.model.experts)
+    for (const auto& [name, file] : e.tensors) weights += static_cast<double>(file->entry(name).nbytes());
+  const SafetensorsFile f(o.inputs);
+  double inputs = 0, latents = 0, tokens = 0;
+  for (const std::string& name : f.names()) {
+    const double bytes = 4.0 * static_cast<double>(f.entry(name).numel());
+    inputs += bytes;
+    if (name != "latents") continue;
+    latents = bytes;
+    const std::vector<int64_t>& s = f.entry(name).shape;
+    if (s.size() == 5)
+      tokens = static_cast<double>(s[0]) * std::ceil(static_cast<double>(s[2]) / m.patch[0]) *
+               std::ceil(static_cast<double>(s[3]) / m.patch[1]) *
+               std::ceil(static_cast<double>(s[4]) / m.patch[2]);
+  }
+  const double tp = static_cast<double>(p.mesh.mesh.tp), sp = static_cast<double>(p.mesh.sp());
+  const double activations =
+      4.0 * std::ceil(tokens / sp) * (10.0 * m.hidden + 2.0 * static_cast<double>(m.ffn_dim) / tp);
+  limits::check_ranks_fit_memory(
+      detail::concat("denoise with ", o.model, " (", limits::bytes_text(weights),
+                     " of weights, --tp ", p.mesh.mesh.tp, ") on ", o.inputs, " (",
+                     limits::bytes_text(inputs), " in fp32)"),
+      weights / tp + inputs + 3.0 * latents + activations, p.mesh.mesh.world(), o.backend);
+}
+
 // One rank's work; every rank returns the output, rank 0 of world reports.
 struct RankResult {
   Tensor output;
@@ -257,6 +289,7 @@ void check_cfg(const DenoiseOptions& o, const Plan& p, const Inputs& in) {
 
 int run_threads(const DenoiseOptions& o) {
   Plan p = resolve(o, 0);
+  check_memory(o, p);
   const Inputs in = read_inputs(o, p.model.experts[0].preset);
   check_cfg(o, p, in);
   // Both outputs are checked before the work (neither may be an input; their folders must take
@@ -290,6 +323,7 @@ int run_mpi(const DenoiseOptions& o) {
       o.json,
       [&](int world_size) {
         p = resolve(o, world_size);
+        check_memory(o, p);
         in = read_inputs(o, p.model.experts[0].preset);
         check_cfg(o, p, in);
       },

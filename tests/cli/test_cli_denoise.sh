@@ -75,6 +75,13 @@ save(f"{d}/huge.safetensors", {"latents": t([1, C, 2, 6, 10], fill=3e38),
                                "encoder_hidden_states": txt, "timestep": ([1], [500.0])})
 save(f"{d}/channels.safetensors", {"latents": t([1, C + 1, 2, 6, 10]),
                                    "encoder_hidden_states": txt, "timestep": ([1], [500.0])})
+# Latents of 68.7 GB in a sparse file: the header is real, the data never written.
+h = json.dumps({"latents": {"dtype": "F32", "shape": [1, C, 16, 16384, 16384],
+                            "data_offsets": [0, 4 * C * 16 * 16384 * 16384]}}).encode()
+h += b" " * (-len(h) % 8)
+with open(f"{d}/huge_latents.safetensors", "wb") as f:
+    f.write(struct.pack("<Q", len(h)) + h)
+    f.truncate(8 + len(h) + 4 * C * 16 * 16384 * 16384)
 os.makedirs(f"{d}/bad_config")
 json.dump({k: v for k, v in cfg.items() if k != "num_heads"},
           open(f"{d}/bad_config/config.json", "w"))
@@ -139,6 +146,14 @@ for mesh in "" "--ring-degree 2 --ulysses-degree 2"; do
     printf '%s' "$err" | grep -q "patch_embedding produced a non-finite value (inf)" &&
     [ ! -e "$tmp/huge.out" ] && ok || bad "latents of 3e38 ($mesh): exit $rc: $err"
 done
+
+# Inputs larger than the machine: refused from the header before a tensor is read, exit 2 with
+# both numbers.
+start=$(date +%s)
+err=$("$bin" denoise $m --inputs "$tmp/huge_latents.safetensors" --ring-degree 2 2>&1 >/dev/null); rc=$?
+[ $rc -eq 2 ] && [ $(( $(date +%s) - start )) -le 5 ] &&
+  printf '%s' "$err" | grep -q "huge_latents.safetensors (68.7 GB in fp32) needs about .* of memory (2 ranks on this machine, .* each) but this machine has .* available (MemAvailable)" &&
+  ok || bad "latents of 68.7 GB: exit $rc: $err"
 
 # Outputs never destroy inputs (core/files.h): --output or --trace naming a file the run reads is
 # refused before the work (exit 2, one line naming both); the inputs stay byte for byte.
