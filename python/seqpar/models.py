@@ -237,6 +237,21 @@ def _numpy(name: str, x, dtype) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(x), dtype=dtype)
 
 
+def _token_ids(name: str, x) -> np.ndarray:
+    """x (torch CPU tensor, NumPy array or list) of integer token ids as int64; floats and bools
+    are refused rather than truncated."""
+    if _is_torch(x):
+        if x.device.type != "cpu":
+            raise ValueError(f"{name}: seqpar computes on the CPU; got a tensor on {x.device}")
+        x = x.detach().cpu().numpy()
+    a = np.asarray(x)
+    if a.size == 0:
+        return a.astype(np.int64)
+    if a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.integer):
+        raise ValueError(f"{name} holds {a.dtype} values; expected integer token ids")
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
 class CausalLM(_Model):
     """A Hugging Face causal LM directory (config.json, safetensors) of a family seqpar runs
     (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM: config.json's ``architectures`` or
@@ -274,7 +289,7 @@ class CausalLM(_Model):
         generate), a torch tensor when input_ids is one, else a NumPy array; with return_logits
         also the logits (N, vocab_size) float32 of the step that chose each token.
         """
-        ids = _numpy("input_ids", input_ids, np.int64)
+        ids = _token_ids("input_ids", input_ids)
         if ids.ndim == 2 and ids.shape[0] == 1:
             ids = ids[0]
         if ids.ndim != 1:

@@ -654,6 +654,15 @@ PYBIND11_MODULE(_core, m) {
   m.def("_partition_positions", [](int64_t seq, int ranks, const std::string& layout,
                                    const std::vector<int64_t>& seq_lens) {
     const Layout l = parse_layout(layout);
+    limits::check_range("seq", seq, 1, limits::kMaxTokens);
+    limits::check_range("ranks", int64_t{ranks}, 1, limits::kMaxRanks);
+    limits::check_fits_memory(detail::concat("Partition of ", seq, " tokens (their positions)"),
+                              8.0 * static_cast<double>(seq));
+    if (!seq_lens.empty()) {  // every layout takes only lengths that tile the sequence
+      const int64_t total = cu_seqlens(seq_lens).back();
+      SEQPAR_ARG_CHECK(total <= seq, "seq_lens sum to ", total, ", more than seq ", seq,
+                       "; expected at most seq (the rest is padding)");
+    }
     const Partition part = seq_lens.empty() || l == Layout::kContiguous
                                ? Partition(seq, ranks, l)
                                : Partition::documents(seq_lens, seq, ranks, l);

@@ -302,6 +302,23 @@ def test_partition_and_mesh():
     assert np.array_equal(part.unshard([part.shard(xn, r) for r in range(2)]), xn)
     with pytest.raises(ValueError, match="layout 'diagonal' is unknown"):
         seqpar.Partition(10, 2, "diagonal")
+    # Bounds as the CLI's, before anything grows; document lengths checked in every layout.
+    with pytest.raises(ValueError, match=r"^seq 8589934592 is out of range; valid: 1 to"):
+        seqpar.Partition(2**33, 2)
+    with pytest.raises(ValueError, match=r"^ranks 131072 is out of range; valid: 1 to 65536"):
+        seqpar.Partition(10, 2**17)
+    with open("/proc/meminfo") as f:
+        available = next(int(line.split()[1]) * 1024 for line in f
+                         if line.startswith("MemAvailable:"))
+    if available < 34.4e9:  # else the machine holds the positions
+        with pytest.raises(ValueError, match=r"^Partition of 4294967296 tokens \(their "
+                           r"positions\) needs about 34.4 GB of memory but this machine has"):
+            seqpar.Partition(2**32, 2)
+    for layout in ("contiguous", "zigzag"):
+        with pytest.raises(ValueError, match=r"^seq_lens sum to 11, more than seq 10"):
+            seqpar.Partition(10, 2, layout, seq_lens=[5, 6])
+        with pytest.raises(ValueError, match=r"^seq_lens\[1\] = -5 is invalid"):
+            seqpar.Partition(10, 2, layout, seq_lens=[5, -5, 10])
 
     rows = seqpar.Mesh(tp=4, ring_degree=8).rows(heads=40, seq=1024)
     assert rows[8] == {"rank": 8, "cfg_rank": 0, "tp_rank": 1, "ulysses_rank": 0, "ring_rank": 0,

@@ -82,6 +82,12 @@ def test_llama_bad_arguments(llama):
             model.generate([1, 381], 2)
         with pytest.raises(ValueError, match=r"^max_new_tokens 0 is out of range"):
             model.generate([1, 2], 0)
+        # Token ids are integers: floats and bools are refused, not truncated.
+        for ids, kind in (([1.5, 2.0], "float64"), ([True, False], "bool"),
+                          (torch.tensor([1.0, 2.0]), "float32")):
+            with pytest.raises(ValueError, match=rf"^input_ids holds {kind} values; expected "
+                               r"integer token ids"):
+                model.generate(ids, 2)
         assert model.generate(llama["prompt"], 2).tolist() == llama["tokens"][:2]  # still serving
 
 
