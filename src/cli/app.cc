@@ -12,6 +12,45 @@
 
 namespace seqpar::cli {
 
+namespace {
+
+// Integers as written in decimal (CLI11 alone also takes 0x10, 0b101, +5 and '' as 0), and no
+// empty texts.
+void strict_values(CLI::App& app) {
+  const CLI::Validator decimal(
+      [](std::string& text) -> std::string {
+        const size_t digits = !text.empty() && text[0] == '-' ? 1 : 0;
+        const bool ok = text.size() > digits &&
+                        std::all_of(text.begin() + static_cast<std::ptrdiff_t>(digits), text.end(),
+                                    [](unsigned char c) { return std::isdigit(c) != 0; });
+        return ok ? std::string() : "'" + text + "' is not a decimal integer";
+      },
+      "");
+  const CLI::Validator unsigned_decimal(
+      [](std::string& text) -> std::string {
+        const bool ok = !text.empty() && std::all_of(text.begin(), text.end(), [](unsigned char c) {
+          return std::isdigit(c) != 0;
+        });
+        return ok ? std::string() : "'" + text + "' is not a non-negative decimal integer";
+      },
+      "");
+  // An empty text is no value: "--output ''" would otherwise read as no --output at all.
+  const CLI::Validator non_empty(
+      [](std::string& text) -> std::string {
+        return text.empty() ? "'' is empty; give a value or leave the flag out" : std::string();
+      },
+      "");
+  for (CLI::Option* opt : app.get_options()) {
+    const std::string type = opt->get_type_name();
+    if (type == "INT") opt->check(decimal);
+    if (type == "UINT") opt->check(unsigned_decimal);
+    if (type == "TEXT") opt->check(non_empty);
+  }
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) strict_values(*sub);
+}
+
+}  // namespace
+
 std::unique_ptr<CLI::App> make_app(Options& opts) {
   auto app = std::make_unique<CLI::App>("seqpar: sequence (context) parallel transformer inference",
                                         "seqpar");
@@ -26,6 +65,7 @@ std::unique_ptr<CLI::App> make_app(Options& opts) {
   add_generate_command(*app, opts.generate);
   add_plan_command(*app, opts.plan);
   add_calibrate_command(*app, opts.calibrate);
+  strict_values(*app);
   return app;
 }
 
@@ -104,7 +144,8 @@ std::string flag_words(std::string_view m) {
 
 std::string cli_message(const InvalidArgument& e) {
   if (const auto* file = dynamic_cast<const FileContentError*>(&e))
-    return flag_words(file->parameter()) + " " + file->detail();
+    return file->parameter().empty() ? file->detail()
+                                     : flag_words(file->parameter()) + " " + file->detail();
   return flag_words(e.what());
 }
 

@@ -39,7 +39,7 @@ namespace {
 int calibrate(const CalibrateOptions& o) {
   std::string path;
   if (o.out) {
-    path = *o.out;  // its folder must exist; an empty path is refused by OutputFile
+    path = *o.out;  // its folder must exist (an empty text never parses: app.cc)
   } else {
     const std::string dir = user_profile_dir();
     SEQPAR_ARG_CHECK(!dir.empty(),

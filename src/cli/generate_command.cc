@@ -43,10 +43,13 @@ std::string read_file(const std::string& flag, const std::string& path) {
   return files::read_input(flag, path, "a file of token ids", kMaxPromptFileBytes);
 }
 
-// "1, 2 3\n4": integers separated by commas and/or whitespace.
-std::vector<int64_t> parse_id_text(const std::string& flag, const std::string& text) {
+// "1, 2 3\n4": integers separated by commas and/or whitespace. A comma must sit between two ids
+// (an npy shape's "3," with trailing_comma may end with one).
+std::vector<int64_t> parse_id_text(const std::string& flag, const std::string& text,
+                                   bool trailing_comma = false) {
   std::vector<int64_t> ids;
   std::string item;
+  bool comma = false;  // a comma since the last id: the next must be an id
   auto flush = [&] {
     if (item.empty()) return;
     const auto v = limits::parse_int64(item);
@@ -54,15 +57,23 @@ std::vector<int64_t> parse_id_text(const std::string& flag, const std::string& t
                      "' is not a token id; valid: integers separated by commas or whitespace");
     ids.push_back(*v);
     item.clear();
+    comma = false;
   };
   for (char c : text) {
     if (c == ',' || std::isspace(static_cast<unsigned char>(c))) {
       flush();
+      if (c != ',') continue;
+      SEQPAR_ARG_CHECK(!comma && !ids.empty(), flag, ": an empty item ",
+                       ids.empty() ? "before the first comma" : "between two commas",
+                       "; valid: integers separated by commas or whitespace");
+      comma = true;
     } else {
       item += c;
     }
   }
   flush();
+  SEQPAR_ARG_CHECK(!comma || trailing_comma, flag,
+                   ": a comma ends the list; valid: integers separated by commas or whitespace");
   return ids;
 }
 
@@ -140,7 +151,8 @@ std::vector<int64_t> read_npy_ids(const std::string& flag, const std::string& pa
                    ": fortran_order arrays are not supported");
   const size_t s = value_of("shape");
   const size_t e = header.find(')', s);
-  std::vector<int64_t> shape = parse_id_text(where + " shape", header.substr(s + 1, e - s - 1));
+  std::vector<int64_t> shape =
+      parse_id_text(where + " shape", header.substr(s + 1, e - s - 1), true);
   SEQPAR_ARG_CHECK(shape.size() == 1 || (shape.size() == 2 && shape[0] == 1), where,
                    ": shape must be (N,) or (1, N) (one prompt)");
   const int size = descr[2] - '0';
@@ -192,6 +204,7 @@ Prepared prepare(const GenerateOptions& o, int world) {
                       limits::kMaxSteps);
   for (const std::string& text : o.turn_ids) {
     names.prompt = "--turn-ids";
+    names.token = "--turn-ids token";
     p.turns.push_back(check_causal_lm_prompt(p.ck, parse_id_text("--turn-ids", text),
                                              o.max_new_tokens, true, names));
     last += static_cast<int64_t>(p.turns.back().size()) + o.max_new_tokens;

@@ -120,7 +120,7 @@ void apply_chunk_flags(const ChunkFlags& f, Decoder::Options& opts) {
   limits::check_range("--prefill-chunk", f.prefill_chunk, 0, limits::kMaxTokens);
   opts.prefill_chunk = f.prefill_chunk;
   opts.chunk_strategy.reset();
-  opts.chunk_schedule = parse_schedule_kind(f.chunk_schedule);
+  opts.chunk_schedule = parse_schedule_kind(f.chunk_schedule, "--chunk-schedule");
   const HardwareProfile hw = load_profile_checked(f.hardware);
   if (f.chunk_strategy == "auto") {
     SEQPAR_ARG_CHECK(opts.chunk_schedule == ScheduleKind::kDefault, "--chunk-schedule ",
@@ -133,7 +133,7 @@ void apply_chunk_flags(const ChunkFlags& f, Decoder::Options& opts) {
     };
     return;
   }
-  opts.chunk_strategy = parse_strategy(f.chunk_strategy);
+  opts.chunk_strategy = parse_strategy(f.chunk_strategy, "--chunk-strategy");
   SEQPAR_ARG_CHECK(runs_over_cache(*opts.chunk_strategy), "--chunk-strategy ", f.chunk_strategy,
                    " is not one over a cache; valid: passkv, passq, auto");
   SEQPAR_ARG_CHECK(schedule_applies(opts.chunk_schedule, *opts.chunk_strategy), "--chunk-schedule ",

@@ -52,9 +52,6 @@ void validate(const ModelOptions& o) {
   check_range("--decode", o.decode, 0, limits::kMaxSteps);
   check_range("--prompt-len", o.prompt_len, 1, limits::kMaxTokens);
   check_range("--guidance", static_cast<double>(o.guidance), 0.0, 100.0);
-  SEQPAR_ARG_CHECK(!o.weights || !o.weights->empty(),
-                   "--weights is empty; give a safetensors file, or omit --weights for seeded "
-                   "random weights");
 }
 
 // Bytes the run holds: the fp32 weights (every rank of the threads backend shares them; MPI

@@ -54,19 +54,19 @@ const CausalLmFamily& family_of(const ConfigJson& c) {
       for (const json& x : a)
         for (const CausalLmFamily* f : causal_lm_families())
           if (!by_architecture && x.is_string() && x == f->architecture) by_architecture = f;
-    SEQPAR_ARG_CHECK(by_architecture, path, ": architectures ", json_excerpt(a),
-                     " is not supported; valid: ", architectures_text());
+    SEQPAR_FILE_CHECK(by_architecture, path, ": architectures ", json_excerpt(a),
+                      " is not supported; valid: ", architectures_text());
   }
   if (!c.has("model_type")) return by_architecture ? *by_architecture : llama_family();
   const std::string type = c.string("model_type");
   const CausalLmFamily* by_type = nullptr;
   for (const CausalLmFamily* f : causal_lm_families())
     if (type == f->model_type) by_type = f;
-  SEQPAR_ARG_CHECK(by_type, path, ": model_type '", quote_for_message(type),
-                   "' is not supported; valid: ", model_types_text());
-  SEQPAR_ARG_CHECK(!by_architecture || by_architecture == by_type, path, ": model_type '", type,
-                   "' does not match architectures ", json_excerpt(c.at("architectures")),
-                   "; valid: ", by_architecture ? by_architecture->model_type : "");
+  SEQPAR_FILE_CHECK(by_type, path, ": model_type '", quote_for_message(type),
+                    "' is not supported; valid: ", model_types_text());
+  SEQPAR_FILE_CHECK(!by_architecture || by_architecture == by_type, path, ": model_type '", type,
+                    "' does not match architectures ", json_excerpt(c.at("architectures")),
+                    "; valid: ", by_architecture ? by_architecture->model_type : "");
   return *by_type;
 }
 
@@ -120,8 +120,8 @@ CausalLmCheckpoint open_causal_lm(const std::string& dir) {
                    ": not a directory; give a Hugging Face model directory (config.json and "
                    "model.safetensors or model.safetensors.index.json)");
   const std::string config_path = dir + "/" + kConfig;
-  SEQPAR_ARG_CHECK(files::is_regular_file(config_path), config_path,
-                   ": missing; a Hugging Face model directory holds config.json");
+  SEQPAR_FILE_CHECK(files::is_regular_file(config_path), config_path,
+                    ": missing; a Hugging Face model directory holds config.json");
   CausalLmCheckpoint ck;
   ck.dir = dir;
   ck.config =
@@ -134,33 +134,33 @@ CausalLmCheckpoint open_causal_lm(const std::string& dir) {
   const std::string index_path = dir + "/" + kIndex;
   if (files::is_regular_file(index_path)) {
     const json index = read_json_file(index_path);
-    SEQPAR_ARG_CHECK(
+    SEQPAR_FILE_CHECK(
         index.is_object() && index.contains("weight_map") && index.at("weight_map").is_object(),
         index_path, ": no \"weight_map\" object");
     std::map<std::string, std::shared_ptr<const SafetensorsFile>> shards;
     for (const auto& [name, file] : index.at("weight_map").items()) {
-      SEQPAR_ARG_CHECK(file.is_string(), index_path, ": weight_map['", quote_for_message(name),
-                       "'] is ", json_excerpt(file), "; expected a file name");
+      SEQPAR_FILE_CHECK(file.is_string(), index_path, ": weight_map['", quote_for_message(name),
+                        "'] is ", json_excerpt(file), "; expected a file name");
       const std::string shard = file.get<std::string>();
-      SEQPAR_ARG_CHECK(!shard.empty() && shard.find('/') == std::string::npos, index_path,
-                       ": weight_map['", quote_for_message(name), "'] is '",
-                       quote_for_message(shard), "'; expected a file name in ", dir);
+      SEQPAR_FILE_CHECK(!shard.empty() && shard.find('/') == std::string::npos, index_path,
+                        ": weight_map['", quote_for_message(name), "'] is '",
+                        quote_for_message(shard), "'; expected a file name in ", dir);
       auto it = shards.find(shard);
       if (it == shards.end()) {
         const std::string shard_path = dir + "/" + shard;
-        SEQPAR_ARG_CHECK(files::is_regular_file(shard_path), index_path, ": names shard '",
-                         quote_for_message(shard), "' (for '", quote_for_message(name),
-                         "'), which is missing from ", dir);
+        SEQPAR_FILE_CHECK(files::is_regular_file(shard_path), index_path, ": names shard '",
+                          quote_for_message(shard), "' (for '", quote_for_message(name),
+                          "'), which is missing from ", dir);
         it = shards.emplace(shard, std::make_shared<const SafetensorsFile>(shard_path)).first;
       }
-      SEQPAR_ARG_CHECK(it->second->contains(name), it->second->path(), ": no tensor '",
-                       quote_for_message(name), "', which ", index_path, " places there");
+      SEQPAR_FILE_CHECK(it->second->contains(name), it->second->path(), ": no tensor '",
+                        quote_for_message(name), "', which ", index_path, " places there");
       where[name] = it->second;
     }
   } else {
     const std::string single = dir + "/" + kSingleFile;
-    SEQPAR_ARG_CHECK(files::is_regular_file(single), dir, ": neither ", kSingleFile, " nor ",
-                     kIndex, " is there; expected the weights of a Hugging Face model directory");
+    SEQPAR_FILE_CHECK(files::is_regular_file(single), dir, ": neither ", kSingleFile, " nor ",
+                      kIndex, " is there; expected the weights of a Hugging Face model directory");
     auto file = std::make_shared<const SafetensorsFile>(single);
     for (const std::string& name : file->names()) where[name] = file;
   }
@@ -175,11 +175,11 @@ CausalLmCheckpoint open_causal_lm(const std::string& dir) {
   for (const auto& spec : Decoder::parameters(m)) {
     const std::string stored = ck.family->stored_name(spec.name);
     auto it = where.find(stored);
-    SEQPAR_ARG_CHECK(it != where.end(), dir, ": no tensor '", stored, "' (", why, ")");
+    SEQPAR_FILE_CHECK(it != where.end(), dir, ": no tensor '", stored, "' (", why, ")");
     const SafetensorsEntry& e = it->second->entry(stored);
-    SEQPAR_ARG_CHECK(e.shape == spec.shape, it->second->path(), ": tensor '", stored,
-                     "' has shape ", shape_text(e.shape), "; ", why, " expects ",
-                     shape_text(spec.shape));
+    SEQPAR_FILE_CHECK(e.shape == spec.shape, it->second->path(), ": tensor '", stored,
+                      "' has shape ", shape_text(e.shape), "; ", why, " expects ",
+                      shape_text(spec.shape));
     ck.weights.map(spec.name, it->second, stored);
     ck.file_bytes += static_cast<int64_t>(e.nbytes());
     used.insert(stored);

@@ -19,7 +19,7 @@ json read_json_file(const std::string& path) {
   const std::string text = read_json_text(path);
   check_json_limits(text, path, {.max_bytes = static_cast<size_t>(limits::kMaxFileBytes)});
   try {
-    return json::parse(text);
+    return parse_json_unique_keys<json>(text, path);
   } catch (const json::exception& e) {
     throw InvalidArgument(detail::concat(path, ": not valid JSON (", e.what(), ")"));
   }
@@ -28,20 +28,20 @@ json read_json_file(const std::string& path) {
 ConfigJson ConfigJson::parse(const std::string& text, const std::string& path) {
   check_json_limits(text, path, {.max_bytes = static_cast<size_t>(limits::kMaxFileBytes)});
   try {
-    return ConfigJson(json::parse(text), path);
+    return ConfigJson(parse_json_unique_keys<json>(text, path), path);
   } catch (const json::exception& e) {
     throw InvalidArgument(detail::concat(path, ": not valid JSON (", e.what(), ")"));
   }
 }
 
 ConfigJson::ConfigJson(json j, std::string path) : j_(std::move(j)), path_(std::move(path)) {
-  SEQPAR_ARG_CHECK(j_.is_object(), path_, ": not a JSON object");
+  SEQPAR_FILE_CHECK(j_.is_object(), path_, ": not a JSON object");
 }
 
 bool ConfigJson::has(const char* key) const { return j_.contains(key) && !j_.at(key).is_null(); }
 
 int64_t ConfigJson::integer(const char* key, int64_t lo, int64_t hi) const {
-  SEQPAR_ARG_CHECK(has(key), path_, ": key '", key, "' is missing; expected an integer");
+  SEQPAR_FILE_CHECK(has(key), path_, ": key '", key, "' is missing; expected an integer");
   return integer_of(j_.at(key), key, lo, hi);
 }
 
@@ -55,34 +55,35 @@ double ConfigJson::real(const char* key, double lo, double hi, double fallback) 
 
 bool ConfigJson::boolean(const char* key, bool fallback) const {
   if (!has(key)) return fallback;
-  SEQPAR_ARG_CHECK(j_.at(key).is_boolean(), path_, ": ", key, " is ", json_excerpt(j_.at(key)),
-                   "; expected true or false");
+  SEQPAR_FILE_CHECK(j_.at(key).is_boolean(), path_, ": ", key, " is ", json_excerpt(j_.at(key)),
+                    "; expected true or false");
   return j_.at(key).get<bool>();
 }
 
 std::string ConfigJson::string(const char* key) const {
   if (!has(key)) return "";
-  SEQPAR_ARG_CHECK(j_.at(key).is_string(), path_, ": ", key, " is ", json_excerpt(j_.at(key)),
-                   "; expected a string");
+  SEQPAR_FILE_CHECK(j_.at(key).is_string(), path_, ": ", key, " is ", json_excerpt(j_.at(key)),
+                    "; expected a string");
   return j_.at(key).get<std::string>();
 }
 
 int64_t ConfigJson::integer_of(const json& v, const std::string& key, int64_t lo,
                                int64_t hi) const {
-  SEQPAR_ARG_CHECK(v.is_number_integer(), path_, ": ", key, " is ", json_excerpt(v),
-                   "; expected an integer");
+  SEQPAR_FILE_CHECK(v.is_number_integer(), path_, ": ", key, " is ", json_excerpt(v),
+                    "; expected an integer");
   const int64_t x =
       v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX ? INT64_MAX : v.get<int64_t>();
-  SEQPAR_ARG_CHECK(lo <= x && x <= hi, path_, ": ", key, " ", x, " is out of range; valid: ", lo,
-                   " to ", hi);
+  SEQPAR_FILE_CHECK(lo <= x && x <= hi, path_, ": ", key, " ", x, " is out of range; valid: ", lo,
+                    " to ", hi);
   return x;
 }
 
 double ConfigJson::real_of(const json& v, const std::string& key, double lo, double hi) const {
-  SEQPAR_ARG_CHECK(v.is_number(), path_, ": ", key, " is ", json_excerpt(v), "; expected a number");
+  SEQPAR_FILE_CHECK(v.is_number(), path_, ": ", key, " is ", json_excerpt(v),
+                    "; expected a number");
   const double x = v.get<double>();
-  SEQPAR_ARG_CHECK(std::isfinite(x) && lo <= x && x <= hi, path_, ": ", key, " ", x,
-                   " is out of range; valid: ", lo, " to ", hi);
+  SEQPAR_FILE_CHECK(std::isfinite(x) && lo <= x && x <= hi, path_, ": ", key, " ", x,
+                    " is out of range; valid: ", lo, " to ", hi);
   return x;
 }
 

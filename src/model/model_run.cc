@@ -61,7 +61,7 @@ std::vector<int32_t> check_causal_lm_prompt(const CausalLmCheckpoint& ck,
   limits::check_range(names.max_new_tokens, max_new_tokens, 1, limits::kMaxSteps);
   SEQPAR_ARG_CHECK(!ids.empty(), names.prompt, ": the prompt is empty; give at least one token id");
   for (size_t i = 0; i < ids.size(); ++i)
-    SEQPAR_ARG_CHECK(ids[i] >= 0 && ids[i] < m.vocab, "prompt token ", ids[i], " at position ", i,
+    SEQPAR_ARG_CHECK(ids[i] >= 0 && ids[i] < m.vocab, names.token, " ", ids[i], " at position ", i,
                      " is outside the vocabulary of ", config, " (vocab_size ", m.vocab,
                      "); valid: 0 to ", m.vocab - 1);
   limits::check_range("prompt tokens", static_cast<int64_t>(ids.size()), 1, limits::kMaxTokens);

@@ -30,16 +30,18 @@ std::string_view canonical(std::string_view kind, std::string_view name) {
 }
 
 // Finds `name` (canonical or alias) among values [first, last] of an enum named by `name_of`.
+// Messages call it `parameter` (default: kind).
 template <typename E, typename NameOf, size_t N>
 E parse_named(std::string_view kind, std::string_view name, const std::array<E, N>& values,
-              NameOf&& name_of) {
+              NameOf&& name_of, std::string_view parameter = {}) {
   const std::string_view c = canonical(kind, name);
   std::string valid;
   for (E e : values) {
     if (name_of(e) == c) return e;
     valid += detail::concat(valid.empty() ? "" : ", ", name_of(e));
   }
-  throw InvalidArgument(detail::concat(kind, " '", name, "' is unknown; valid: ", valid));
+  throw InvalidArgument(detail::concat(parameter.empty() ? kind : parameter, " '", name,
+                                       "' is unknown; valid: ", valid));
 }
 
 }  // namespace
@@ -64,8 +66,8 @@ std::string_view strategy_name(Strategy s) {
   return "?";
 }
 
-Strategy parse_strategy(std::string_view name) {
-  return parse_named("strategy", name, kStrategies, strategy_name);
+Strategy parse_strategy(std::string_view name, std::string_view parameter) {
+  return parse_named("strategy", name, kStrategies, strategy_name, parameter);
 }
 
 std::span<const Strategy> all_strategies() { return kStrategies; }
@@ -100,10 +102,10 @@ std::string_view schedule_kind_name(ScheduleKind k) {
   return "?";
 }
 
-ScheduleKind parse_schedule_kind(std::string_view name) {
+ScheduleKind parse_schedule_kind(std::string_view name, std::string_view parameter) {
   return parse_named("schedule", name,
                      std::array{ScheduleKind::kDefault, ScheduleKind::kSteal, ScheduleKind::kRing},
-                     schedule_kind_name);
+                     schedule_kind_name, parameter);
 }
 
 Layout parse_layout(std::string_view name) {
@@ -209,6 +211,13 @@ void check_config_fields(const ParallelConfig& c, const AttnShape& s) {
                    "bidirectional; drop causal");
   const int sp = m.sp();
   if (s.over_cache()) {
+    SEQPAR_ARG_CHECK(s.cached_lens.size() == s.fresh_lens.size(), "cached_lens (",
+                     s.cached_lens.size(), " requests) and fresh_lens (", s.fresh_lens.size(),
+                     " requests) must have one length per request");
+    if (!s.cached_lens.empty()) {  // first: cached and new are their sums
+      check_lengths("cached_lens", s.cached_lens, s.cached, "cached");
+      check_lengths("fresh_lens", s.fresh_lens, s.fresh, "new");
+    }
     check_range("cached", s.cached, 1, limits::kMaxTokens);
     check_range("new", s.fresh, 1, limits::kMaxTokens);
     SEQPAR_ARG_CHECK(s.cached >= sp, "cached ", s.cached, " is too small: each of the ", sp,
@@ -217,13 +226,6 @@ void check_config_fields(const ParallelConfig& c, const AttnShape& s) {
                      "and no text_tokens");
     SEQPAR_ARG_CHECK(s.seq_lens.empty(), "seq_lens describe a sequence; over a K/V cache give ",
                      "cached_lens and fresh_lens (one per request)");
-    SEQPAR_ARG_CHECK(s.cached_lens.size() == s.fresh_lens.size(), "cached_lens (",
-                     s.cached_lens.size(), " requests) and fresh_lens (", s.fresh_lens.size(),
-                     " requests) must have one length per request");
-    if (!s.cached_lens.empty()) {
-      check_lengths("cached_lens", s.cached_lens, s.cached, "cached");
-      check_lengths("fresh_lens", s.fresh_lens, s.fresh, "new");
-    }
     return;
   }
   SEQPAR_ARG_CHECK(

@@ -66,7 +66,7 @@ DegreeSpec parse_json(std::string_view text, std::string_view source) {
   check_json_limits(text, source);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text);
+    j = parse_json_unique_keys<nlohmann::json>(text, source);
   } catch (const nlohmann::json::exception& e) {
     throw InvalidArgument(detail::concat(source, ": not valid JSON (", e.what(), ")"));
   }

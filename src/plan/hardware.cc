@@ -129,7 +129,7 @@ HardwareProfile hardware_profile_from_json(std::string_view text, std::string_vi
   check_json_limits(text, label, kHardwareProfileLimits);
   json j;
   try {
-    j = json::parse(text.begin(), text.end());
+    j = parse_json_unique_keys<json>(text, label);
   } catch (const json::exception& e) {
     // A syntax error, or a number out of range (1e400: out_of_range, not parse_error). nlohmann
     // quotes the whole offending token: keep the message short.

@@ -53,6 +53,18 @@ check_bad "--strategy" $base --strategy spiral
 check_bad "--layout" $base --layout spiral
 check_bad "--seq" $base --seq -5
 check_bad "--seq" $base --seq 0
+# Integers in decimal only: CLI11 alone would read 0x10, +5 and '' (as 0), and -1 into a seed.
+check_bad "--seq: '0x10' is not a decimal integer" $base --seq 0x10
+check_bad "--seq: '+5' is not a decimal integer" $base --seq +5
+check_bad "--seq: '' is not a decimal integer" $base --seq ''
+check_bad "--seed: '-1' is not a non-negative decimal integer" $base --seed -1
+check_bad "--heads: '2.5' is not a decimal integer" $base --heads 2.5
+# An empty text is no value (it used to read as the flag left out).
+check_bad "--trace: '' is empty; give a value or leave the flag out" $base --trace ''
+check_bad "--strategy: '' is empty" $base --strategy ''
+# Request lengths past the limit are named as given, before their sum.
+check_bad "--cached-lens sums past 4294967296 tokens" --strategy passq --ranks 2 --heads 2 \
+  --head-dim 8 --cached-lens 4294967296,4294967296 --new-lens 1,1
 check_bad "--heads" $base --heads 0
 check_bad "--head-dim" $base --head-dim 0
 check_bad "--dtype" $base --dtype int8

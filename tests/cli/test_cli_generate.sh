@@ -147,8 +147,42 @@ out=$("$bin" $(gen --model "$tmp/good" --prompt-ids 1,2 --turn-ids 3 --turn-ids 
 [ "$(json_get "$out" turns 2>/dev/null)" = \
   '[{"prompt_tokens": 2, "tokens": [0, 0]}, {"prompt_tokens": 1, "tokens": [0, 0]}, {"prompt_tokens": 2, "tokens": [0, 0]}]' ] &&
   ok || bad "generate --turn-ids: $out"
-expect_exit2 "prompt token 16 at position 0 is outside the vocabulary" \
+expect_exit2 "^seqpar: error: --turn-ids token 16 at position 0 is outside the vocabulary" \
   $(gen --model "$tmp/good" --prompt-ids 1 --turn-ids 16)
+# Lists of ids: a comma sits between two ids.
+expect_exit2 "--prompt-ids: an empty item between two commas" $(gen --model "$tmp/good" --prompt-ids 1,,2)
+expect_exit2 "--prompt-ids: a comma ends the list" $(gen --model "$tmp/good" --prompt-ids 1,2,)
+expect_exit2 "--prompt-ids: an empty item before the first comma" $(gen --model "$tmp/good" --prompt-ids ,1)
+expect_exit2 "--chunk-strategy 'bogus' is unknown" \
+  $(gen --model "$tmp/good" --prompt-ids 1,2 --prefill-chunk 1 --chunk-strategy bogus)
+expect_exit2 "--chunk-schedule 'bogus' is unknown" \
+  $(gen --model "$tmp/good" --prompt-ids 1,2 --prefill-chunk 1 --chunk-schedule bogus)
+# A key twice in one object (JSON parsers keep the last silently): refused, in config.json, in
+# the index, and in a --parallel-config file.
+make_ckpt "$tmp/dupkey" 1 2
+sed -i 's/"hidden_size": 8/"hidden_size": 8, "hidden_size": 16/' "$tmp/dupkey/config.json"
+expect_exit2 "dupkey/config.json: the key 'hidden_size' appears twice in one object" \
+  $(gen --model "$tmp/dupkey" --prompt-ids 1)
+make_ckpt "$tmp/dupindex" 1 2
+python3 - "$tmp/dupindex/model.safetensors.index.json" <<'PY'
+import json, sys
+p = sys.argv[1]
+j = json.load(open(p))
+name, shard = next(iter(j["weight_map"].items()))
+other = next(s for s in j["weight_map"].values() if s != shard)
+text = json.dumps(j).replace('"weight_map": {', '"weight_map": {"%s": "%s", ' % (name, other), 1)
+open(p, "w").write(text)
+PY
+expect_exit2 "model.safetensors.index.json: the key '.*' appears twice in one object (inside 'weight_map')" \
+  $(gen --model "$tmp/dupindex" --prompt-ids 1)
+printf '{"parallel_config": {"ulysses_degree": 2, "ulysses_degree": 1}}' >"$tmp/dup_pc.json"
+expect_exit2 "dup_pc.json: the key 'ulysses_degree' appears twice in one object (inside 'parallel_config')" \
+  $(gen --model "$tmp/good" --prompt-ids 1 --parallel-config "$tmp/dup_pc.json")
+
+# A config's keys are named as config.json spells them (not as flags).
+make_ckpt "$tmp/head_dim0" 1 1 '{"head_dim": 0}'
+expect_exit2 "head_dim0/config.json: head_dim 0 is out of range; valid: 2 to" \
+  $(gen --model "$tmp/head_dim0" --prompt-ids 1)
 expect_exit2 "'x' is not a token id" $(gen --model "$tmp/good" --prompt-ids 1 --turn-ids 2,x)
 expect_exit2 "2 turns and their tokens need 13 positions, beyond max_position_embeddings 12" \
   $(gen --model "$tmp/good" --prompt-ids 1,2,3 --turn-ids 4,5,6 --turn-ids 7,8)

@@ -100,7 +100,7 @@ expect 1 - "the folder '$tmp/no' does not exist" plan --seq 1024 --heads 8 --sim
 expect 1 - "--out '/dev/full': cannot write" calibrate --quick --out /dev/full
 expect 1 - "the folder '$tmp/no' does not exist" calibrate --quick --out "$tmp/no/x.json"
 [ ! -e "$tmp/no" ] && ok || bad "calibrate --out made the folder $tmp/no"
-expect 2 - "--out is empty; give a file path" calibrate --quick --out ''
+expect 2 - "--out: '' is empty; give a value or leave the flag out" calibrate --quick --out ''
 expect 1 - "the folder '$tmp/no' does not exist" model --preset tiny-llm --save-weights "$tmp/no/w.safetensors"
 expect 1 - "--save-weights '/dev/full': cannot write the file" model --preset tiny-llm --save-weights /dev/full --decode 1
 "$bin" model --preset tiny-llm --decode 1 --prompt-len 8 --save-weights "$tmp/w.safetensors" >/dev/null 2>&1
@@ -133,7 +133,7 @@ done <<'TABLE'
 2|--guidance nan is out of range|model --preset tiny-dit --guidance nan
 2|--memory-limit nan is invalid|plan --seq 1024 --heads 8 --memory-limit nan
 TABLE
-expect 2 - "--weights is empty" model --preset tiny-llm --weights ''
+expect 2 - "--weights: '' is empty" model --preset tiny-llm --weights ''
 for v in inf nan 0 -1 abc 1e12; do
   SEQPAR_TIMEOUT_S=$v expect 2 - "SEQPAR_TIMEOUT_S='$v' is not valid: expected seconds from 0.001" run $small
 done

@@ -23,11 +23,17 @@ namespace {
 // vocabulary 10) with `extra` keys ("\"head_dim\": 6").
 std::string config_text(const std::string& architecture, const std::string& model_type,
                         const std::string& extra = "") {
-  return "{\"architectures\": [\"" + architecture + "\"], \"model_type\": \"" + model_type +
-         "\", \"hidden_size\": 16, \"intermediate_size\": 24, \"num_hidden_layers\": 1, "
-         "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"vocab_size\": 10, "
-         "\"tie_word_embeddings\": false" +
-         (extra.empty() ? "" : ", " + extra) + "}";
+  // A key of `extra` replaces the base's: a config holds each key once.
+  const std::pair<const char*, const char*> base[] = {
+      {"hidden_size", "16"},        {"intermediate_size", "24"}, {"num_hidden_layers", "1"},
+      {"num_attention_heads", "4"}, {"num_key_value_heads", "2"}, {"vocab_size", "10"},
+      {"tie_word_embeddings", "false"}};
+  std::string text = "{\"architectures\": [\"" + architecture + "\"], \"model_type\": \"" +
+                     model_type + "\"";
+  for (const auto& [key, value] : base)
+    if (extra.find("\"" + std::string(key) + "\":") == std::string::npos)
+      text += ", \"" + std::string(key) + "\": " + value;
+  return text + (extra.empty() ? "" : ", " + extra) + "}";
 }
 
 // The checkpoint's names and shapes of every Decoder parameter of `config`.

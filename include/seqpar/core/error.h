@@ -31,8 +31,9 @@ class InvalidArgument : public Error {
 // file spells them). what() is "parameter detail".
 class FileContentError : public InvalidArgument {
  public:
+  // An empty `parameter`: the detail names the file itself ("x/config.json: head_dim 0 ...").
   FileContentError(std::string parameter, std::string detail)
-      : InvalidArgument(parameter + " " + detail),
+      : InvalidArgument(parameter.empty() ? detail : parameter + " " + detail),
         parameter_(std::move(parameter)),
         detail_(std::move(detail)) {}
   const std::string& parameter() const { return parameter_; }
@@ -89,4 +90,11 @@ std::string concat(const Args&... args) {
 #define SEQPAR_ARG_CHECK(cond, ...)                                                      \
   do {                                                                                   \
     if (!(cond)) throw ::seqpar::InvalidArgument(::seqpar::detail::concat(__VA_ARGS__)); \
+  } while (0)
+
+// Throws seqpar::FileContentError("", message) when cond is false: a message about what a file
+// holds, which starts with the file's path and names its keys as the file spells them.
+#define SEQPAR_FILE_CHECK(cond, ...)                                                          \
+  do {                                                                                        \
+    if (!(cond)) throw ::seqpar::FileContentError("", ::seqpar::detail::concat(__VA_ARGS__)); \
   } while (0)

@@ -11,8 +11,12 @@
 #pragma once
 
 #include <cstddef>
+#include <set>
 #include <string>
 #include <string_view>
+#include <vector>
+
+#include "seqpar/core/error.h"
 
 namespace seqpar {
 
@@ -38,6 +42,12 @@ std::string quote_for_message(std::string_view s, size_t max_chars = kMessageQuo
 // past JsonLimits{}.max_depth as "..."), so any parsed value can be quoted.
 template <typename Json>
 std::string json_excerpt(const Json& j, size_t max_chars = kMessageQuoteChars);
+
+// `text` parsed as Json (nlohmann::json), refusing a key repeated within one object, which
+// nlohmann would keep the last of silently: FileContentError "<source>: the key 'k' appears twice
+// in one object (inside 'parent')". Syntax errors propagate as the parser's own exceptions.
+template <typename Json>
+Json parse_json_unique_keys(std::string_view text, std::string_view source);
 
 // ---- implementation ----
 
@@ -83,6 +93,39 @@ std::string json_excerpt(const Json& j, size_t max_chars) {
   std::string out;
   detail::json_excerpt_into(j, out, max_chars, 0);
   return quote_for_message(out, max_chars);
+}
+
+template <typename Json>
+Json parse_json_unique_keys(std::string_view text, std::string_view source) {
+  std::vector<std::set<std::string>> keys;  // one set per open object
+  std::vector<std::string> last;            // the key just read, per open object
+  auto callback = [&](int, typename Json::parse_event_t event, Json& parsed) {
+    switch (event) {
+      case Json::parse_event_t::object_start:
+        keys.emplace_back();
+        last.emplace_back();
+        break;
+      case Json::parse_event_t::object_end:
+        if (!keys.empty()) keys.pop_back(), last.pop_back();
+        break;
+      case Json::parse_event_t::key: {
+        const auto& k = parsed.template get_ref<const typename Json::string_t&>();
+        if (!keys.empty() && !keys.back().insert(k).second) {
+          std::string where;
+          if (keys.size() >= 2) where = " (inside '" + quote_for_message(last[last.size() - 2]) + "')";
+          throw FileContentError("", std::string(source) + ": the key '" + quote_for_message(k) +
+                                         "' appears twice in one object" + where +
+                                         "; expected each key once");
+        }
+        if (!last.empty()) last.back() = k;
+        break;
+      }
+      default:
+        break;
+    }
+    return true;
+  };
+  return Json::parse(text.begin(), text.end(), callback);
 }
 
 }  // namespace seqpar

@@ -36,7 +36,7 @@ ParallelContext model_context(MeshComms& mc, const ParallelConfig& m);
 // max_new_tokens and tp in messages.
 struct CausalLmRunNames {
   std::string prompt = "prompt", max_new_tokens = "max_new_tokens", tp = "tp",
-              allow_long_context = "allow_long_context=True";
+              allow_long_context = "allow_long_context=True", token = "prompt token";
 };
 void check_causal_lm_tp(const CausalLmCheckpoint& ck, int64_t tp,
                         const CausalLmRunNames& names = {});

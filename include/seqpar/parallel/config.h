@@ -31,7 +31,9 @@ namespace seqpar {
 // passq:     new tokens over a distributed K/V cache, the queries passed to the K/V.
 enum class Strategy { kLocal, kAllGather, kRing, kUlysses, kUsp, kPassKv, kPassQ };
 std::string_view strategy_name(Strategy s);      // the canonical names above
-Strategy parse_strategy(std::string_view name);  // canonical or alias; InvalidArgument lists names
+// Canonical or alias; InvalidArgument "<parameter> 'x' is unknown; valid: ..." (default
+// parameter: "strategy").
+Strategy parse_strategy(std::string_view name, std::string_view parameter = {});
 std::span<const Strategy> all_strategies();
 // What each strategy accepts and does (over a cache or a sequence, its ring, its degrees, its
 // schedules): strategy_table.h.
@@ -65,7 +67,8 @@ SoftmaxMode parse_softmax_mode(std::string_view name);  // InvalidArgument lists
 //            the partial states return to their owners in one all-to-all.
 enum class ScheduleKind { kDefault, kSteal, kRing };
 std::string_view schedule_kind_name(ScheduleKind k);      // "default", "steal", "ring"
-ScheduleKind parse_schedule_kind(std::string_view name);  // InvalidArgument lists names
+ScheduleKind parse_schedule_kind(std::string_view name,   // InvalidArgument lists names
+                                 std::string_view parameter = {});
 
 // The names a value may be given by besides its canonical one (what peers and users type), for
 // help texts: "strategy", "layout", "ulysses_mode", "softmax" -> (alias, canonical) pairs.

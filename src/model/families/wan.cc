@@ -40,8 +40,13 @@ std::string shape_text(const std::vector<int64_t>& s) {
 json read_json(const std::string& path) {
   const std::string text = files::read_input("", path, "a JSON file", limits::kMaxFileBytes);
   check_json_limits(text, path, JsonLimits{static_cast<size_t>(limits::kMaxFileBytes), 64});
-  json j = json::parse(text, nullptr, false);
-  SEQPAR_ARG_CHECK(!j.is_discarded() && j.is_object(), path, ": is not a JSON object");
+  json j;
+  try {
+    j = parse_json_unique_keys<json>(text, path);
+  } catch (const json::exception&) {
+    j = json::value_t::discarded;
+  }
+  SEQPAR_FILE_CHECK(!j.is_discarded() && j.is_object(), path, ": is not a JSON object");
   return j;
 }
 
@@ -49,47 +54,47 @@ json read_json(const std::string& path) {
 int64_t int_key(const json& c, const std::string& path, const char* key, int64_t lo, int64_t hi,
                 std::optional<int64_t> fallback = std::nullopt) {
   if (!c.contains(key) || c[key].is_null()) {
-    SEQPAR_ARG_CHECK(fallback.has_value(), path, ": key '", key,
-                     "' is missing; expected an integer");
+    SEQPAR_FILE_CHECK(fallback.has_value(), path, ": key '", key,
+                      "' is missing; expected an integer");
     return *fallback;
   }
-  SEQPAR_ARG_CHECK(c[key].is_number_integer(), path, ": key '", key, "' is ", json_excerpt(c[key]),
-                   "; expected an integer");
+  SEQPAR_FILE_CHECK(c[key].is_number_integer(), path, ": key '", key, "' is ", json_excerpt(c[key]),
+                    "; expected an integer");
   const int64_t v = c[key].get<int64_t>();
-  SEQPAR_ARG_CHECK(lo <= v && v <= hi, path, ": key '", key, "' is ", v, "; expected ", lo, "..",
-                   hi);
+  SEQPAR_FILE_CHECK(lo <= v && v <= hi, path, ": key '", key, "' is ", v, "; expected ", lo, "..",
+                    hi);
   return v;
 }
 
 double float_key(const json& c, const std::string& path, const char* key, double fallback) {
   if (!c.contains(key) || c[key].is_null()) return fallback;
-  SEQPAR_ARG_CHECK(c[key].is_number(), path, ": key '", key, "' is ", json_excerpt(c[key]),
-                   "; expected a number");
+  SEQPAR_FILE_CHECK(c[key].is_number(), path, ": key '", key, "' is ", json_excerpt(c[key]),
+                    "; expected a number");
   const double v = c[key].get<double>();
-  SEQPAR_ARG_CHECK(std::isfinite(v) && v > 0 && v < 1, path, ": key '", key, "' is ", v,
-                   "; expected a number in (0, 1)");
+  SEQPAR_FILE_CHECK(std::isfinite(v) && v > 0 && v < 1, path, ": key '", key, "' is ", v,
+                    "; expected a number in (0, 1)");
   return v;
 }
 
 bool bool_key(const json& c, const std::string& path, const char* key, bool fallback) {
   if (!c.contains(key) || c[key].is_null()) return fallback;
-  SEQPAR_ARG_CHECK(c[key].is_boolean(), path, ": key '", key, "' is ", json_excerpt(c[key]),
-                   "; expected true or false");
+  SEQPAR_FILE_CHECK(c[key].is_boolean(), path, ": key '", key, "' is ", json_excerpt(c[key]),
+                    "; expected true or false");
   return c[key].get<bool>();
 }
 
 std::array<int64_t, 3> patch_key(const json& c, const std::string& path) {
   if (!c.contains("patch_size")) return {1, 2, 2};
   const json& p = c["patch_size"];
-  SEQPAR_ARG_CHECK(p.is_array() && p.size() == 3 && p[0].is_number_integer() &&
-                       p[1].is_number_integer() && p[2].is_number_integer(),
-                   path, ": key 'patch_size' is ", json_excerpt(p),
-                   "; expected [frames, height, width]");
+  SEQPAR_FILE_CHECK(p.is_array() && p.size() == 3 && p[0].is_number_integer() &&
+                        p[1].is_number_integer() && p[2].is_number_integer(),
+                    path, ": key 'patch_size' is ", json_excerpt(p),
+                    "; expected [frames, height, width]");
   std::array<int64_t, 3> v{};
   for (int i = 0; i < 3; ++i) {
     v[i] = p[i].get<int64_t>();
-    SEQPAR_ARG_CHECK(1 <= v[i] && v[i] <= 16, path, ": key 'patch_size' is ", json_excerpt(p),
-                     "; expected three integers in 1..16");
+    SEQPAR_FILE_CHECK(1 <= v[i] && v[i] <= 16, path, ": key 'patch_size' is ", json_excerpt(p),
+                      "; expected three integers in 1..16");
   }
   return v;
 }
@@ -105,24 +110,24 @@ DiTConfig new_dit_config(const std::string& name) {
 void finish_config(DiTConfig& m, const std::string& path) {
   m.kv_heads = m.heads;
   m.hidden = m.heads * m.head_dim;
-  SEQPAR_ARG_CHECK(m.head_dim % 2 == 0, path, ": the head dimension ", m.head_dim,
-                   " is odd; expected an even one (RoPE rotates pairs)");
+  SEQPAR_FILE_CHECK(m.head_dim % 2 == 0, path, ": the head dimension ", m.head_dim,
+                    " is odd; expected an even one (RoPE rotates pairs)");
   if (m.out_channels == 0) m.out_channels = m.in_channels;
 }
 
 // ---- config readers: diffusers' transformer/config.json, Wan's own config.json ----------------
 
 DiTConfig diffusers_config(const json& c, const std::string& path) {
-  SEQPAR_ARG_CHECK(c.value("_class_name", std::string()) == "WanTransformer3DModel", path,
-                   ": key '_class_name' is ", json_excerpt(c.value("_class_name", json())),
-                   "; expected \"WanTransformer3DModel\"");
+  SEQPAR_FILE_CHECK(c.value("_class_name", std::string()) == "WanTransformer3DModel", path,
+                    ": key '_class_name' is ", json_excerpt(c.value("_class_name", json())),
+                    "; expected \"WanTransformer3DModel\"");
   for (const char* key : {"image_dim", "added_kv_proj_dim", "pos_embed_seq_len"})
-    SEQPAR_ARG_CHECK(!c.contains(key) || c[key].is_null(), path, ": key '", key, "' is ",
-                     json_excerpt(c[key]),
-                     "; image conditioning (Wan 2.1 i2v / flf2v) is not supported, expected null");
+    SEQPAR_FILE_CHECK(!c.contains(key) || c[key].is_null(), path, ": key '", key, "' is ",
+                      json_excerpt(c[key]),
+                      "; image conditioning (Wan 2.1 i2v / flf2v) is not supported, expected null");
   const std::string qk = c.value("qk_norm", std::string("rms_norm_across_heads"));
-  SEQPAR_ARG_CHECK(qk == "rms_norm_across_heads", path, ": key 'qk_norm' is \"",
-                   quote_for_message(qk), "\"; expected \"rms_norm_across_heads\"");
+  SEQPAR_FILE_CHECK(qk == "rms_norm_across_heads", path, ": key 'qk_norm' is \"",
+                    quote_for_message(qk), "\"; expected \"rms_norm_across_heads\"");
   DiTConfig m = new_dit_config(path);
   m.heads = int_key(c, path, "num_attention_heads", 1, 1024, 40);
   m.head_dim = int_key(c, path, "attention_head_dim", 2, 1024, 128);
@@ -142,14 +147,14 @@ DiTConfig diffusers_config(const json& c, const std::string& path) {
 
 DiTConfig original_config(const json& c, const std::string& path) {
   const std::string type = c.value("model_type", std::string("t2v"));
-  SEQPAR_ARG_CHECK(type == "t2v" || type == "ti2v", path, ": key 'model_type' is \"",
-                   quote_for_message(type),
-                   "\"; supported: \"t2v\", \"ti2v\" (image conditioning is not)");
+  SEQPAR_FILE_CHECK(type == "t2v" || type == "ti2v", path, ": key 'model_type' is \"",
+                    quote_for_message(type),
+                    "\"; supported: \"t2v\", \"ti2v\" (image conditioning is not)");
   DiTConfig m = new_dit_config(path);
   const int64_t dim = int_key(c, path, "dim", 2, 1 << 16);
   m.heads = int_key(c, path, "num_heads", 1, 1024);
-  SEQPAR_ARG_CHECK(dim % m.heads == 0, path, ": key 'dim' ", dim,
-                   " is not divisible by 'num_heads' ", m.heads);
+  SEQPAR_FILE_CHECK(dim % m.heads == 0, path, ": key 'dim' ", dim,
+                    " is not divisible by 'num_heads' ", m.heads);
   m.head_dim = dim / m.heads;
   m.in_channels = int_key(c, path, "in_dim", 1, 4096);
   m.out_channels = int_key(c, path, "out_dim", 1, 4096);
@@ -160,8 +165,8 @@ DiTConfig original_config(const json& c, const std::string& path) {
   m.text_len = int_key(c, path, "text_len", 1, 1 << 20);
   m.eps = float_key(c, path, "eps", 1e-6);
   m.cross_attn_norm = bool_key(c, path, "cross_attn_norm", true);
-  SEQPAR_ARG_CHECK(bool_key(c, path, "qk_norm", true), path,
-                   ": key 'qk_norm' is false; expected true (Wan's RMS QK-norm)");
+  SEQPAR_FILE_CHECK(bool_key(c, path, "qk_norm", true), path,
+                    ": key 'qk_norm' is false; expected true (Wan's RMS QK-norm)");
   m.patch = patch_key(c, path);
   finish_config(m, path);
   return m;
@@ -219,17 +224,17 @@ WanExpert open_expert(const std::string& dir, WanLayout layout) {
       want = {1, s.shape[0], d};
     }
     auto it = stored_shape.find(stored);
-    SEQPAR_ARG_CHECK(it != stored_shape.end(), dir, ": tensor '", stored,
-                     "' is missing; expected shape ", shape_text(want));
-    SEQPAR_ARG_CHECK(it->second == want, dir, ": tensor '", stored, "' has shape ",
-                     shape_text(it->second), "; expected ", shape_text(want), " (from ", config,
-                     ")");
+    SEQPAR_FILE_CHECK(it != stored_shape.end(), dir, ": tensor '", stored,
+                      "' is missing; expected shape ", shape_text(want));
+    SEQPAR_FILE_CHECK(it->second == want, dir, ": tensor '", stored, "' has shape ",
+                      shape_text(it->second), "; expected ", shape_text(want), " (from ", config,
+                      ")");
     expected.insert(stored);
   }
   for (const auto& [n, shape] : stored_shape)
-    SEQPAR_ARG_CHECK(expected.count(n), dir, ": tensor '", quote_for_message(n),
-                     "' is not part of a Wan text-to-video transformer (image conditioning is "
-                     "not supported)");
+    SEQPAR_FILE_CHECK(expected.count(n), dir, ": tensor '", quote_for_message(n),
+                      "' is not part of a Wan text-to-video transformer (image conditioning is "
+                      "not supported)");
   return e;
 }
 
@@ -285,9 +290,9 @@ WanModel open_wan_model(const std::string& dir) {
     if (files::is_regular_file(dir + "/transformer_2/config.json")) {
       w.experts.push_back(open_expert(dir + "/transformer_2", WanLayout::kDiffusers));
       const std::string index = dir + "/model_index.json";
-      SEQPAR_ARG_CHECK(files::is_regular_file(index), dir,
-                       ": has transformer_2 but no model_index.json; "
-                       "expected one with key 'boundary_ratio'");
+      SEQPAR_FILE_CHECK(files::is_regular_file(index), dir,
+                        ": has transformer_2 but no model_index.json; "
+                        "expected one with key 'boundary_ratio'");
       w.boundary_ratio = float_key(read_json(index), index, "boundary_ratio", 0);
       SEQPAR_ARG_CHECK(*w.boundary_ratio > 0, index,
                        ": key 'boundary_ratio' is missing; expected a number in (0, 1) for the "
@@ -301,10 +306,10 @@ WanModel open_wan_model(const std::string& dir) {
   } else if (files::is_regular_file(dir + "/config.json")) {
     const json c = read_json(dir + "/config.json");
     const bool diffusers = c.value("_class_name", std::string()) == "WanTransformer3DModel";
-    SEQPAR_ARG_CHECK(diffusers || c.contains("dim"), dir,
-                     "/config.json: key 'dim' is missing and '_class_name' is not "
-                     "\"WanTransformer3DModel\"; expected a Wan transformer config (original or "
-                     "diffusers)");
+    SEQPAR_FILE_CHECK(diffusers || c.contains("dim"), dir,
+                      "/config.json: key 'dim' is missing and '_class_name' is not "
+                      "\"WanTransformer3DModel\"; expected a Wan transformer config (original or "
+                      "diffusers)");
     w.experts.push_back(open_expert(dir, diffusers ? WanLayout::kDiffusers : WanLayout::kOriginal));
   } else {
     throw InvalidArgument(detail::concat(
@@ -314,9 +319,9 @@ WanModel open_wan_model(const std::string& dir) {
   }
   if (w.experts.size() == 2) {
     const DiTConfig &a = w.experts[0].preset, &b = w.experts[1].preset;
-    SEQPAR_ARG_CHECK(a.in_channels == b.in_channels && a.out_channels == b.out_channels &&
-                         a.text_dim == b.text_dim && a.patch == b.patch,
-                     dir, ": the two experts differ in channels, text width or patch size");
+    SEQPAR_FILE_CHECK(a.in_channels == b.in_channels && a.out_channels == b.out_channels &&
+                          a.text_dim == b.text_dim && a.patch == b.patch,
+                      dir, ": the two experts differ in channels, text width or patch size");
   }
   return w;
 }
