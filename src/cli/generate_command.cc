@@ -187,6 +187,11 @@ Prepared prepare(const GenerateOptions& o, int world) {
   limits::check_range("--max-new-tokens", o.max_new_tokens, 1, limits::kMaxSteps);
   SEQPAR_ARG_CHECK(!o.model.empty(), "--model is required: a Hugging Face model directory");
   p.mesh = resolve_mesh(o, world);
+  // generate has no --cfg: a cfg degree comes from the parallel-config file.
+  SEQPAR_FILE_CHECK(p.mesh.mesh.cfg == 1, "--parallel-config ", o.parallel_config,
+                    ": cfg_parallel_size ", p.mesh.mesh.cfg,
+                    " runs a diffusion model's two guidance branches side by side; a causal LM "
+                    "takes 1");
   const std::vector<int64_t> ids = prompt_ids(o);
   p.ck = open_causal_lm(o.model);
   const DecoderConfig& m = p.ck.config;

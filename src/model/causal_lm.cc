@@ -130,33 +130,10 @@ CausalLmCheckpoint open_causal_lm(const std::string& dir) {
   ck.family = &causal_lm_family(ck.config.family_name);
 
   // Which file holds each stored tensor.
-  std::map<std::string, std::shared_ptr<const SafetensorsFile>> where;
+  SafetensorsFiles where;
   const std::string index_path = dir + "/" + kIndex;
   if (files::is_regular_file(index_path)) {
-    const json index = read_json_file(index_path);
-    SEQPAR_FILE_CHECK(
-        index.is_object() && index.contains("weight_map") && index.at("weight_map").is_object(),
-        index_path, ": no \"weight_map\" object");
-    std::map<std::string, std::shared_ptr<const SafetensorsFile>> shards;
-    for (const auto& [name, file] : index.at("weight_map").items()) {
-      SEQPAR_FILE_CHECK(file.is_string(), index_path, ": weight_map['", quote_for_message(name),
-                        "'] is ", json_excerpt(file), "; expected a file name");
-      const std::string shard = file.get<std::string>();
-      SEQPAR_FILE_CHECK(!shard.empty() && shard.find('/') == std::string::npos, index_path,
-                        ": weight_map['", quote_for_message(name), "'] is '",
-                        quote_for_message(shard), "'; expected a file name in ", dir);
-      auto it = shards.find(shard);
-      if (it == shards.end()) {
-        const std::string shard_path = dir + "/" + shard;
-        SEQPAR_FILE_CHECK(files::is_regular_file(shard_path), index_path, ": names shard '",
-                          quote_for_message(shard), "' (for '", quote_for_message(name),
-                          "'), which is missing from ", dir);
-        it = shards.emplace(shard, std::make_shared<const SafetensorsFile>(shard_path)).first;
-      }
-      SEQPAR_FILE_CHECK(it->second->contains(name), it->second->path(), ": no tensor '",
-                        quote_for_message(name), "', which ", index_path, " places there");
-      where[name] = it->second;
-    }
+    where = open_safetensors_index(index_path, dir, ignorable);
   } else {
     const std::string single = dir + "/" + kSingleFile;
     SEQPAR_FILE_CHECK(files::is_regular_file(single), dir, ": neither ", kSingleFile, " nor ",

@@ -15,6 +15,7 @@
 #include <set>
 #include <string_view>
 
+#include "config_json.h"
 #include "seqpar/core/error.h"
 #include "seqpar/core/files.h"
 #include "seqpar/core/json_limits.h"
@@ -442,6 +443,48 @@ Tensor load_checked(const SafetensorsFile& file, const std::string& name,
     fail(file.path(), "tensor '", name, "' has shape ", shape_text(e.shape), " but the model ",
          "expects ", shape_text(expected_shape));
   return file.tensor(name, to);
+}
+
+SafetensorsFiles open_safetensors_index(const std::string& index_path, const std::string& dir,
+                                        bool (*ignorable)(const std::string&)) {
+  const json index = read_json_file(index_path);
+  SEQPAR_FILE_CHECK(
+      index.is_object() && index.contains("weight_map") && index.at("weight_map").is_object(),
+      index_path, ": no \"weight_map\" object; expected {\"weight_map\": {tensor: file}}");
+  SafetensorsFiles where, shards;
+  for (const auto& [name, file] : index.at("weight_map").items()) {
+    SEQPAR_FILE_CHECK(file.is_string(), index_path, ": weight_map['", quote_for_message(name),
+                      "'] is ", json_excerpt(file), "; expected a file name");
+    const std::string shard = file.get<std::string>();
+    SEQPAR_FILE_CHECK(!shard.empty() && shard.find('/') == std::string::npos, index_path,
+                      ": weight_map['", quote_for_message(name), "'] is '",
+                      quote_for_message(shard), "'; expected a file name in ", dir);
+    auto it = shards.find(shard);
+    if (it == shards.end()) {
+      const std::string shard_path = dir + "/" + shard;
+      SEQPAR_FILE_CHECK(files::is_regular_file(shard_path), index_path, ": names shard '",
+                        quote_for_message(shard), "' (for '", quote_for_message(name),
+                        "'), which is missing from ", dir);
+      it = shards.emplace(shard, std::make_shared<const SafetensorsFile>(shard_path)).first;
+    }
+    SEQPAR_FILE_CHECK(it->second->contains(name), it->second->path(), ": no tensor '",
+                      quote_for_message(name), "', which ", index_path, " places there");
+    where[name] = it->second;
+  }
+  // Each tensor once, where the index says: a second copy in another shard, or a tensor the
+  // index does not list, would be ignored without a word.
+  for (const auto& [shard, file] : shards)
+    for (const std::string& name : file->names()) {
+      const auto at = where.find(name);
+      SEQPAR_FILE_CHECK(at != where.end() || (ignorable && ignorable(name)), file->path(),
+                        ": holds tensor '", quote_for_message(name), "', which ", index_path,
+                        " does not list; expected every tensor of the shards in its weight_map");
+      SEQPAR_FILE_CHECK(at == where.end() || at->second == file, file->path(), ": holds tensor '",
+                        quote_for_message(name), "' too, which ", index_path, " places in ",
+                        at == where.end() ? "" : at->second->path(),
+                        "; expected each tensor in one shard");
+    }
+  return where;
 }
 
 }  // namespace seqpar

@@ -179,6 +179,47 @@ printf '{"parallel_config": {"ulysses_degree": 2, "ulysses_degree": 1}}' >"$tmp/
 expect_exit2 "dup_pc.json: the key 'ulysses_degree' appears twice in one object (inside 'parallel_config')" \
   $(gen --model "$tmp/good" --prompt-ids 1 --parallel-config "$tmp/dup_pc.json")
 
+# A causal LM has no guidance branches: cfg_parallel_size 2 from a parallel config is refused.
+printf '{"parallel_config": {"cfg_parallel_size": 2}}' >"$tmp/cfg2.json"
+expect_exit2 "cfg2.json: cfg_parallel_size 2 runs a diffusion model's two guidance branches" \
+  $(gen --model "$tmp/good" --prompt-ids 1 --parallel-config "$tmp/cfg2.json")
+
+# Each tensor in one shard, where the index says: a copy in a second shard, or a tensor the index
+# does not list, is refused (it would be ignored without a word).
+# add_tensor FROM TO NAME: appends tensor NAME (from safetensors FROM, or a new [2] one) to TO.
+add_tensor() {
+  python3 - "$@" <<'PY'
+import json, struct, sys
+src, dst, name = sys.argv[1:4]
+def read(p):
+    b = open(p, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    return json.loads(b[8:8 + n]), b[8 + n:]
+h, data = read(dst)
+if src != "-":
+    sh, sdata = read(src)
+    e = sh[name]
+    blob = sdata[e["data_offsets"][0]:e["data_offsets"][1]]
+    entry = {"dtype": e["dtype"], "shape": e["shape"]}
+else:
+    blob, entry = bytes(8), {"dtype": "F32", "shape": [2]}
+entry["data_offsets"] = [len(data), len(data) + len(blob)]
+h[name] = entry
+t = json.dumps(h).encode()
+t += b" " * (-len(t) % 8)
+open(dst, "wb").write(struct.pack("<Q", len(t)) + t + data + blob)
+PY
+}
+make_ckpt "$tmp/twice" 1 2
+add_tensor "$tmp/twice/model-00001-of-00002.safetensors" "$tmp/twice/model-00002-of-00002.safetensors" \
+  model.embed_tokens.weight
+expect_exit2 "model-00002-of-00002.safetensors: holds tensor 'model.embed_tokens.weight' too, which .*index.json places in .*model-00001-of-00002.safetensors" \
+  $(gen --model "$tmp/twice" --prompt-ids 1)
+make_ckpt "$tmp/unlisted" 1 2
+add_tensor - "$tmp/unlisted/model-00002-of-00002.safetensors" extra.weight
+expect_exit2 "holds tensor 'extra.weight', which .*index.json does not list" \
+  $(gen --model "$tmp/unlisted" --prompt-ids 1)
+
 # A config's keys are named as config.json spells them (not as flags).
 make_ckpt "$tmp/head_dim0" 1 1 '{"head_dim": 0}'
 expect_exit2 "head_dim0/config.json: head_dim 0 is out of range; valid: 2 to" \

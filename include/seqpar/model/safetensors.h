@@ -26,6 +26,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -123,6 +124,15 @@ void write_safetensors(files::AtomicOutput& out, const std::map<std::string, Ten
                        const std::map<std::string, std::string>& metadata = {});
 void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+
+// The tensors of a sharded checkpoint by name: `index_path` (JSON {"weight_map": {tensor: file
+// name}}, the files in `dir`) read and checked, each shard opened once. Refused in one line naming
+// the index or the shard (FileContentError): a file name with a folder, a missing shard, a tensor
+// missing from the shard the index names, a shard's tensor the index does not list (unless
+// `ignorable(name)`), a tensor in two shards.
+using SafetensorsFiles = std::map<std::string, std::shared_ptr<const SafetensorsFile>>;
+SafetensorsFiles open_safetensors_index(const std::string& index_path, const std::string& dir,
+                                        bool (*ignorable)(const std::string&) = nullptr);
 
 // The model loader's call: tensor `name` of `file`, checked to have exactly `expected_shape`, and
 // converted to `to`. Throws InvalidArgument (one line: file, tensor, expected and found shape,

@@ -181,23 +181,11 @@ void open_weights(WanExpert& e) {
     for (const std::string& n : f->names()) e.tensors.emplace_back(n, f);
     return;
   }
-  SEQPAR_ARG_CHECK(files::is_regular_file(index), e.dir,
-                   ": holds no weights; expected diffusion_pytorch_model.safetensors or "
-                   "diffusion_pytorch_model.safetensors.index.json");
-  const json j = read_json(index);
-  SEQPAR_ARG_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), index,
-                   ": key 'weight_map' is missing; expected {tensor: file}");
-  std::map<std::string, std::shared_ptr<const SafetensorsFile>> shards;
-  for (const auto& [name, file] : j["weight_map"].items()) {
-    SEQPAR_ARG_CHECK(file.is_string() && file.get<std::string>().find('/') == std::string::npos,
-                     index, ": weight_map['", quote_for_message(name), "'] is ", json_excerpt(file),
-                     "; expected a file name in ", e.dir);
-    auto& f = shards[file.get<std::string>()];
-    if (!f) f = std::make_shared<const SafetensorsFile>(e.dir + "/" + file.get<std::string>());
-    SEQPAR_ARG_CHECK(f->contains(name), f->path(), ": tensor '", quote_for_message(name),
-                     "' is missing; ", index, " places it there");
-    e.tensors.emplace_back(name, f);
-  }
+  SEQPAR_FILE_CHECK(files::is_regular_file(index), e.dir,
+                    ": holds no weights; expected diffusion_pytorch_model.safetensors or "
+                    "diffusion_pytorch_model.safetensors.index.json");
+  for (const auto& [name, file] : open_safetensors_index(index, e.dir))
+    e.tensors.emplace_back(name, file);
 }
 
 WanExpert open_expert(const std::string& dir, WanLayout layout) {
