@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <thread>
@@ -196,10 +197,22 @@ int run_on_mpi(bool json, const std::function<void(int world_size)>& prepare,
     code = c;
   } catch (const std::exception& e) {
     world->abort(e.what());
-    if (json && world->rank() == 0) print_json_error(e.what(), 1);
-    std::fprintf(stderr, "seqpar: error: rank %d: %s\n", world->rank(), e.what());
+    // An argument error exits 2 as on threads; a rank that only heard of another's failure
+    // stays quiet (that rank reports it).
+    const auto* arg = dynamic_cast<const InvalidArgument*>(&e);
+    const std::string line = arg ? cli_message(*arg) : std::string(e.what());
+    const int exit_code = arg ? 2 : 1;
+    if (json && world->rank() == 0) print_json_error(line, exit_code);
+    if (dynamic_cast<const PeerFailed*>(&e)) {
+      // The failing rank exits at once with its own code; mpiexec reports the first process to
+      // exit, so this one leaves it a moment to be that process.
+      std::fflush(nullptr);
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+      std::_Exit(1);
+    }
+    std::fprintf(stderr, "seqpar: error: rank %d: %s\n", world->rank(), line.c_str());
     std::fflush(stderr);
-    std::_Exit(1);
+    std::_Exit(exit_code);
   }
   world.reset();
   mpi_finalize();

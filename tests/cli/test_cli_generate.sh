@@ -342,6 +342,29 @@ if [ -n "$mpiexec" ]; then
     ok || bad "mpi: a checkpoint of 829 GB: exit $rc: $err"
 fi
 
+# Under MPI a weight refused on one tp rank only (a NaN in the last column of down_proj: rank 1's
+# share) is reported by that rank alone, exit 2 as on threads; the rank that only heard of it
+# stays quiet.
+if [ -n "$mpiexec" ]; then
+  make_ckpt "$tmp/nan_col" 1 1 '{}' '{"*": 0.5}'
+  python3 - "$tmp/nan_col/model.safetensors" <<'PY'
+import json, struct, sys
+p = sys.argv[1]
+b = bytearray(open(p, "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+e = json.loads(b[8:8 + n])["model.layers.0.mlp.down_proj.weight"]  # [8, 16]
+at = 8 + n + e["data_offsets"][0] + 4 * (16 - 1)  # row 0, column 15
+b[at:at + 4] = struct.pack("<f", float("nan"))
+open(p, "wb").write(bytes(b))
+PY
+  err=$(timeout -s KILL 90 "$mpiexec" --allow-run-as-root --oversubscribe \
+          --mca btl_vader_single_copy_mechanism none -n 2 \
+          "$bin" $(gen --model "$tmp/nan_col" --prompt-ids 1,2 --tp 2 --backend mpi) 2>&1 >/dev/null); rc=$?
+  [ $rc -eq 2 ] && [ "$(printf '%s\n' "$err" | grep -c "seqpar: error")" -eq 1 ] &&
+    printf '%s' "$err" | grep -q "rank 1: .*tensor 'model.layers.0.mlp.down_proj.weight' holds a non-finite value" &&
+    ok || bad "mpi: a NaN in rank 1's share: exit $rc: $err"
+fi
+
 # Under MPI every rank meets the error; one line is printed.
 if [ -n "$mpiexec" ]; then
   err=$(timeout -s KILL 90 "$mpiexec" --allow-run-as-root --oversubscribe \

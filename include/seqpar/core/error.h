@@ -49,6 +49,13 @@ class CommError : public Error {
   explicit CommError(const std::string& msg) : Error(msg) {}
 };
 
+// Another rank failed first and said so: what() is "rank R failed: <its error>". That rank
+// reports its own error; a launcher's other ranks need not repeat it.
+class PeerFailed : public CommError {
+ public:
+  explicit PeerFailed(const std::string& msg) : CommError(msg) {}
+};
+
 // A communication wait that passed its deadline on this rank (Communicator::timeout()). The
 // other ranks learn of it as a CommError naming this rank.
 class CommTimeout : public CommError {

@@ -200,9 +200,13 @@ class MpiWorld {
         std::string text = receive(st);
         failed_ = true;
         failure_ = rules::peer_failed_message(st.MPI_SOURCE, text);
+        peer_failed_ = true;
       }
     }
-    if (failed_) throw CommError(failure_);
+    if (failed_) {
+      if (peer_failed_) throw PeerFailed(failure_);
+      throw CommError(failure_);
+    }
   }
 
   MPI_Comm err_comm() const { return err_comm_; }
@@ -301,6 +305,7 @@ class MpiWorld {
   int rank_ = 0, size_ = 1;
   bool failed_ = false;
   std::string failure_;
+  bool peer_failed_ = false;  // failure_ is another rank's
 };
 
 // The MPI communicator of one Communicator, kept alive by its pending requests.
