@@ -60,7 +60,7 @@ Inputs read_inputs(const DenoiseOptions& o, const ModelPreset& m) {
                                           m.patch[1], "x", m.patch[2]);
   Inputs in;
   in.latents = need("latents", detail::concat("[B, ", m.in_channels, ", F, H, W] with ", grid));
-  const int64_t B = in.latents.dim(0) >= 1 && in.latents.ndim() == 5 ? in.latents.dim(0) : 1;
+  const int64_t B = in.latents.ndim() == 5 && in.latents.dim(0) >= 1 ? in.latents.dim(0) : 1;
   const std::string text_shape = detail::concat("[", B, ", L, ", m.text_dim, "]");
   in.text = need("encoder_hidden_states", text_shape);
   if (f.contains("negative_encoder_hidden_states"))

@@ -71,6 +71,8 @@ save(f"{d}/odd_grid.safetensors", {"latents": t([1, C, 2, 5, 10]), "encoder_hidd
 save(f"{d}/wide_text.safetensors", {"latents": lat, "encoder_hidden_states": t([1, 5, T + 1]),
                                     "timestep": ([1], [500.0])})
 save(f"{d}/no_timestep.safetensors", {"latents": lat, "encoder_hidden_states": txt})
+save(f"{d}/scalar.safetensors", {"latents": ([], [1.0]), "encoder_hidden_states": txt,
+                                 "timestep": ([1], [500.0])})
 save(f"{d}/huge.safetensors", {"latents": t([1, C, 2, 6, 10], fill=3e38),
                                "encoder_hidden_states": txt, "timestep": ([1], [500.0])})
 save(f"{d}/channels.safetensors", {"latents": t([1, C + 1, 2, 6, 10]),
@@ -121,6 +123,8 @@ expect_exit2 "tensor 'latents' has shape \[1, 5, 2, 6, 10\]; expected \[B, 4, F,
   denoise $m --inputs "$tmp/channels.safetensors"
 expect_exit2 "tensor 'encoder_hidden_states' has shape \[1, 5, 9\]; expected \[1, L, 8\]" \
   denoise $m --inputs "$tmp/wide_text.safetensors"
+expect_exit2 "tensor 'latents' has shape \[\]; expected \[B, 4, F, H, W\]" \
+  denoise $m --inputs "$tmp/scalar.safetensors"
 expect_exit2 "tensor 'timestep' is missing; expected \[1\]" \
   denoise $m --inputs "$tmp/no_timestep.safetensors"
 expect_exit2 "tensor 'negative_encoder_hidden_states' is missing" \
