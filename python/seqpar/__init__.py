@@ -29,6 +29,7 @@ failures raise CommError (a RuntimeError), deadlines CommTimeout (a CommError an
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Sequence
 
@@ -68,11 +69,9 @@ def version() -> str:
 
 
 def _torch():
-    try:
-        import torch
-    except ImportError:  # NumPy users need no torch
-        return None
-    return torch
+    """PyTorch if this process has imported it, else None: a torch tensor can only come from a
+    process that did (NumPy users need no torch, and importing it takes seconds)."""
+    return sys.modules.get("torch")
 
 
 def _torch_dtypes(torch):

@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from . import _core
+from . import _core, _torch
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,7 @@ class _ThreadRanks:
         self._results: "queue.Queue" = queue.Queue()
         self._lock = threading.Lock()
         self._dead: Optional[BaseException] = None
+        self._stopping = threading.Event()  # set: the ranks stop where they are
 
         def rank(comm):
             try:
@@ -136,8 +137,9 @@ class _ThreadRanks:
                     raise
 
         def world():
+            w = ThreadWorld(n, threads=threads, timeout=timeout)
             try:
-                ThreadWorld(n, threads=threads, timeout=timeout).run(rank)
+                _core._run_threads(w.n, rank, w.timeout, w.threads, self._stopping)
             except BaseException:  # reported through the results
                 pass
 
@@ -168,7 +170,14 @@ class _ThreadRanks:
                 raise RuntimeError(f"the model's ranks have stopped ({self._dead}); load it again")
             for q in self._jobs:
                 q.put(job)
-            return self._collect()[0]
+            try:
+                return self._collect()[0]
+            except KeyboardInterrupt:
+                # Ctrl-C: the ranks stop within about a second, and the model with them (a later
+                # call would otherwise read this call's results).
+                self._stop(RuntimeError("a call was interrupted (Ctrl-C)"))
+                self._stopping.set()
+                raise
 
     def _stop(self, why: BaseException):
         self._dead = why
@@ -211,14 +220,6 @@ class _Model:
             self.close()
         except Exception:
             pass
-
-
-def _torch():
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch
 
 
 def _is_torch(x) -> bool:

@@ -424,8 +424,10 @@ py::tuple call_attention(Comm& c, const Buffer& q, const Buffer& k, const Buffer
 
 // ThreadWorld(n).run(fn): fn(comm) on n threads, one per rank, each holding the GIL only while
 // it runs Python; the results in rank order. A rank's exception (Python or seqpar) aborts the
-// others' communication and is raised here.
-py::list run_threads(int n, const py::function& fn, double timeout_s, int threads) {
+// others' communication and is raised here. `stop` (None or a threading.Event): once set, the
+// ranks are stopped as Ctrl-C stops them, and RuntimeError "stopped" is raised.
+py::list run_threads(int n, const py::function& fn, double timeout_s, int threads,
+                     const py::object& stop) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int per_rank = threads > 0 ? threads : std::max(1, cores / std::max(1, n));
   limits::check_threads(n, per_rank);  // the command line's bounds
@@ -448,9 +450,11 @@ py::list run_threads(int n, const py::function& fn, double timeout_s, int thread
   // Ctrl-C reaches Python on the main thread only: there the ranks are stopped when it does.
   const py::module_ threading = py::module_::import("threading");
   const bool main_thread = threading.attr("current_thread")().is(threading.attr("main_thread")());
-  const std::function<bool()> interrupted = [] {
+  const std::function<bool()> interrupted = [&] {
     py::gil_scoped_acquire gil;
-    return PyErr_CheckSignals() != 0;  // the KeyboardInterrupt stays pending for the caller
+    // The KeyboardInterrupt stays pending for the caller.
+    if (main_thread && PyErr_CheckSignals() != 0) return true;
+    return !stop.is_none() && stop.attr("is_set")().cast<bool>();
   };
   try {
     without_gil([&] {
@@ -484,10 +488,11 @@ py::list run_threads(int n, const py::function& fn, double timeout_s, int thread
               throw RaisedInRank(comm.rank(), e.what());
             }
           },
-          timeout, main_thread ? interrupted : nullptr);
+          timeout, main_thread || !stop.is_none() ? interrupted : nullptr);
     });
   } catch (const Interrupted&) {
-    throw py::error_already_set();  // the pending KeyboardInterrupt
+    if (PyErr_Occurred()) throw py::error_already_set();  // the pending KeyboardInterrupt
+    throw std::runtime_error("stopped: the caller set the ranks' stop event");
   } catch (const RaisedInRank& e) {
     const py::object& value = raised[e.rank];
     PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(value.ptr())), value.ptr());
@@ -643,7 +648,8 @@ PYBIND11_MODULE(_core, m) {
            "Releases the communicator (an MpiComm's MPI duplicates); later use raises.");
 
   m.def("_attention", &call_attention);
-  m.def("_run_threads", &run_threads);
+  m.def("_run_threads", &run_threads, py::arg("n"), py::arg("fn"), py::arg("timeout"),
+        py::arg("threads"), py::arg("stop") = py::none());
   m.def("_check_threads", [](int64_t ranks, int64_t threads) {
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     limits::check_threads(

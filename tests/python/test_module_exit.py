@@ -1,6 +1,6 @@
 """The module at the edges of a Python process: exit with a model still open, a failed
 from_pretrained caught and then exit, Ctrl-C while ranks run (honoured, the ranks stopped, the next
-ThreadWorld works), and ThreadWorld's arguments checked as the command line checks them. (An
+ThreadWorld works) and inside a model's call (the model stopped, no stale results), and ThreadWorld's arguments checked as the command line checks them. (An
 interpreter that exits while a daemon thread of its own is still inside ThreadWorld.run with
 ranks computing is not covered: it can still crash there.) Each
 scenario runs in a fresh interpreter; a crash shows as its exit status, a hang as its timeout."""
@@ -87,6 +87,30 @@ def test_ctrl_c_stops_the_ranks():
     r = run_script(code, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["interrupted", "[0,", "1]"], r.stdout
+
+
+def test_ctrl_c_in_a_model_call(tmp_path):
+    # A generate on a 2-rank mesh that would run for minutes: SIGINT after a second ends it with
+    # KeyboardInterrupt within about a second, the model's ranks stop, and the model refuses
+    # later calls (they would read the interrupted call's results) while a new one serves.
+    d = tiny_llama(str(tmp_path / "llama"))
+    code = ("import os, signal, threading, time, seqpar\n"
+            f"m = seqpar.Llama.from_pretrained({d!r}, ring_degree=2)\n"
+            "threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()\n"
+            "start = time.monotonic()\n"
+            "try:\n"
+            "    m.generate([1, 2, 3], max_new_tokens=1000000, allow_long_context=True)\n"
+            "except KeyboardInterrupt:\n"
+            "    print('interrupted', time.monotonic() - start < 3.0)\n"
+            "try:\n"
+            "    m.generate([1, 2, 3], max_new_tokens=2)\n"
+            "except RuntimeError as e:\n"
+            "    print('refused', 'interrupted' in str(e))\n"
+            f"n = seqpar.Llama.from_pretrained({d!r}, ring_degree=2)\n"
+            "print(n.generate([1, 2, 3], max_new_tokens=2).tolist())\n")
+    r = run_script(code, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["interrupted", "True", "refused", "True", "[0,", "0]"], r.stdout
 
 
 @pytest.mark.parametrize("call,message", [
