@@ -365,6 +365,36 @@ PY
     ok || bad "mpi: a NaN in rank 1's share: exit $rc: $err"
 fi
 
+# Under MPI a rank stopped (SIGSTOP) in the middle of decoding is named by the rank that waits
+# for it in the model's sub-group collectives (tp's all_reduce, ring's all_to_allv), within the
+# deadline (SEQPAR_TIMEOUT_S=2).
+if [ -n "$mpiexec" ]; then
+  for mesh in "--tp 2" "--ring-degree 2"; do
+    SEQPAR_TIMEOUT_S=2 timeout -s KILL 90 "$mpiexec" --allow-run-as-root --oversubscribe \
+      --mca btl_vader_single_copy_mechanism none -x SEQPAR_TIMEOUT_S -n 2 \
+      "$bin" $(gen --model "$tmp/good" --prompt-ids 1,2 --max-new-tokens 1000000 \
+               --allow-long-context --backend mpi) $mesh >/dev/null 2>"$tmp/stall.err" &
+    launcher=$!
+    victim=
+    for _ in $(seq 600); do  # a seqpar of world rank 1 that descends from this launcher
+      for p in $(pgrep -x seqpar); do
+        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" || continue
+        q=$p
+        while [ "$q" -gt 1 ] && [ "$q" != "$launcher" ]; do q=$(ps -o ppid= -p "$q" | tr -d ' '); done
+        [ "$q" = "$launcher" ] && victim=$p
+      done
+      [ -n "$victim" ] && break
+      sleep 0.1
+    done
+    sleep 4  # past MPI_Init and the load, inside the decode loop
+    [ -n "$victim" ] && kill -STOP "$victim"
+    wait $launcher; rc=$?
+    [ -n "$victim" ] && { kill -CONT "$victim"; kill -KILL "$victim"; } 2>/dev/null
+    [ $rc -ne 0 ] && grep -q "waiting for .*which world rank 1 did not reach" "$tmp/stall.err" &&
+      ok || bad "mpi $mesh: a stopped rank is not named: exit $rc: $(grep seqpar "$tmp/stall.err")"
+  done
+fi
+
 # Under MPI every rank meets the error; one line is printed.
 if [ -n "$mpiexec" ]; then
   err=$(timeout -s KILL 90 "$mpiexec" --allow-run-as-root --oversubscribe \
