@@ -68,6 +68,12 @@ def version() -> str:
 # ---- tensors ---------------------------------------------------------------------------------
 
 
+def _brief(value) -> str:
+    """repr(value) on one line of at most 60 characters, for messages."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _torch():
     """PyTorch if this process has imported it, else None: a torch tensor can only come from a
     process that did (NumPy users need no torch, and importing it takes seconds)."""
@@ -165,15 +171,47 @@ def _call(name, q, k, v, comm, options, return_lse):
     return (out, _wrap(qa, lse)) if return_lse else out
 
 
-def _int(name: str, value: Optional[int], low: int = 0) -> int:
-    """An integer keyword (None: 0, chosen by the library); bools and floats are refused."""
+_MAX_RANKS = 1 << 16   # core/limits.h: any degree
+_MAX_TOKENS = 1 << 32  # core/limits.h: a sequence, a cache, text tokens
+
+
+def _int(name: str, value: Optional[int], low: int = 0, high: int = _MAX_TOKENS) -> int:
+    """An integer keyword in [low, high] (None: 0, chosen by the library); bools and floats are
+    refused."""
     if value is None:
         return 0
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} {value!r} is not an integer")
+        raise ValueError(f"{name} {_brief(value)} is not an integer")
     if int(value) < low:
         raise ValueError(f"{name} {value} is invalid; it must be at least {max(low, 1)}")
+    if int(value) > high:
+        raise ValueError(f"{name} {value} is out of range; valid: {max(low, 1)} to {high}")
     return int(value)
+
+
+def _text(name: str, value: Optional[str], default: str = "") -> str:
+    """A text keyword (None: default); anything but a str is refused."""
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise ValueError(f"{name} {_brief(value)} is not a string")
+    return value
+
+
+def _flag(name: str, value) -> bool:
+    """A True/False keyword; anything else (1, "no", None) is refused rather than read as one."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise ValueError(f"{name} {_brief(value)} is not True or False")
+
+
+def _real(name: str, value, low: float, high: float) -> float:
+    """A number keyword in [low, high]; bools, text and non-finite values are refused."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name} {_brief(value)} is not a number")
+    if not (low <= float(value) <= high):
+        raise ValueError(f"{name} {_brief(value)} is out of range; valid: {low} to {high}")
+    return float(value)
 
 
 def _scale(softmax_scale: Optional[float]) -> float:
@@ -181,7 +219,7 @@ def _scale(softmax_scale: Optional[float]) -> float:
         return 0.0
     scale = float(softmax_scale)
     if not np.isfinite(scale) or scale <= 0:
-        raise ValueError(f"softmax_scale {softmax_scale!r} is invalid; give a positive finite "
+        raise ValueError(f"softmax_scale {_brief(softmax_scale)} is invalid; give a positive finite "
                          "number (None: 1/sqrt(head_dim))")
     return scale
 
@@ -222,14 +260,18 @@ def attention(q, k, v, *, comm: Comm, strategy: str = "ring", layout: str = "con
     if pad and (seq_len is None or _int("seq_len", seq_len) < 1):
         raise ValueError("pad=True needs seq_len, the number of real tokens (at least 1)")
     options = dict(
-        strategy=str(strategy), layout=str(layout), causal=bool(causal),
-        ulysses_degree=_int("ulysses_degree", ulysses_degree, 1),
-        ring_degree=_int("ring_degree", ring_degree, 1),
-        sequence_parallel_size=_int("sequence_parallel_size", sequence_parallel_size, 1),
-        ulysses_mode=str(ulysses_mode), pad=bool(pad), seq_len=_int("seq_len", seq_len),
-        text_tokens=_int("text_tokens", text_tokens), softmax=str(softmax),
-        scale=_scale(softmax_scale), schedule=str(schedule), hardware=str(hardware),
-        seq_lens=[] if seq_lens is None else [_int("seq_lens[i]", x, 1) for x in seq_lens])
+        strategy=_text("strategy", strategy), layout=_text("layout", layout),
+        causal=_flag("causal", causal),
+        ulysses_degree=_int("ulysses_degree", ulysses_degree, 1, _MAX_RANKS),
+        ring_degree=_int("ring_degree", ring_degree, 1, _MAX_RANKS),
+        sequence_parallel_size=_int("sequence_parallel_size", sequence_parallel_size, 1,
+                                    _MAX_RANKS),
+        ulysses_mode=_text("ulysses_mode", ulysses_mode), pad=_flag("pad", pad),
+        seq_len=_int("seq_len", seq_len), text_tokens=_int("text_tokens", text_tokens),
+        softmax=_text("softmax", softmax), scale=_scale(softmax_scale),
+        schedule=_text("schedule", schedule), hardware=_text("hardware", hardware),
+        seq_lens=[] if seq_lens is None else [_int(f"seq_lens[{i}]", x, 1)
+                                              for i, x in enumerate(seq_lens)])
     return _call("attention", q, k, v, comm, options, return_lse)
 
 
@@ -260,10 +302,11 @@ def decode_attention(q, k_cache, v_cache, *, comm: Comm, strategy: Optional[str]
         if strategy is not None:
             raise ValueError("give strategy (and schedule) or its older spelling pass_, not both")
         if pass_ not in _PASSES:
-            raise ValueError(f"pass_ {pass_!r} is unknown; valid: auto, q, q-ring, kv")
+            raise ValueError(f"pass_ {_brief(pass_)} is unknown; valid: auto, q, q-ring, kv")
         strategy, schedule = _PASSES[pass_]
-    options = dict(strategy="auto" if strategy is None else str(strategy), schedule=str(schedule),
-                   causal=bool(causal), scale=_scale(softmax_scale), hardware=str(hardware),
+    options = dict(strategy=_text("strategy", strategy, "auto"),
+                   schedule=_text("schedule", schedule), causal=_flag("causal", causal),
+                   scale=_scale(softmax_scale), hardware=_text("hardware", hardware),
                    over_cache=True)
     return _call("decode_attention", q, k_cache, v_cache, comm, options, return_lse)
 
@@ -307,10 +350,10 @@ Comm.last_stats = property(lambda self: Stats(**self._last_stats()),
 def _seconds(name: str, value) -> float:
     """A positive, finite number of seconds (bools and strings refused)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{name} {value!r} is not a number of seconds")
+        raise ValueError(f"{name} {_brief(value)} is not a number of seconds")
     seconds = float(value)
     if not np.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"{name} {value!r} is out of range; valid: 0.001 to 604800 seconds")
+        raise ValueError(f"{name} {_brief(value)} is out of range; valid: 0.001 to 604800 seconds")
     return seconds
 
 
@@ -335,9 +378,9 @@ class ThreadWorld:
     """
 
     def __init__(self, n: int, *, timeout: Optional[float] = None, threads: Optional[int] = None):
-        self.n = _int("ranks", n, 1)
+        self.n = _int("ranks", n, 1, _MAX_RANKS)
         self.timeout = 0.0 if timeout is None else _seconds("timeout", timeout)
-        self.threads = _int("threads", threads, 1)
+        self.threads = _int("threads", threads, 1, _MAX_RANKS)
         _core._check_threads(self.n, self.threads)  # the command line's bounds, at once
 
     def run(self, fn: Callable[..., Any], *args, **kwargs) -> List[Any]:
@@ -369,10 +412,13 @@ class Partition:
 
     def __init__(self, seq: int, ranks: int, layout: str = "contiguous",
                  seq_lens: Optional[Sequence[int]] = None):
-        self.seq, self.ranks, self.layout = int(seq), int(ranks), layout
-        lens = [] if seq_lens is None else [int(x) for x in seq_lens]
+        self.seq, self.ranks = _int("seq", seq, 1), _int("ranks", ranks, 1, _MAX_RANKS)
+        self.layout = _text("layout", layout, "contiguous")
+        # Any int64 length: the library names a bad one with its index.
+        lens = [] if seq_lens is None else [_int(f"seq_lens[{i}]", x, -2**63, 2**63 - 1)
+                                            for i, x in enumerate(seq_lens)]
         self._positions = [np.asarray(p) for p in
-                           _core._partition_positions(self.seq, self.ranks, layout, lens)]
+                           _core._partition_positions(self.seq, self.ranks, self.layout, lens)]
 
     def positions(self, rank: int) -> np.ndarray:
         """Ascending global positions of rank's tokens (int64)."""
@@ -419,9 +465,10 @@ class Mesh:
 
     def __init__(self, *, ulysses_degree: int = 1, ring_degree: int = 1, tp: int = 1, cfg: int = 1,
                  ranks: Optional[int] = None):
-        self.ulysses_degree, self.ring_degree = int(ulysses_degree), int(ring_degree)
-        self.tp, self.cfg = int(tp), int(cfg)
-        self.ranks = 0 if ranks is None else int(ranks)
+        self.ulysses_degree = _int("ulysses_degree", ulysses_degree, 1, _MAX_RANKS)
+        self.ring_degree = _int("ring_degree", ring_degree, 1, _MAX_RANKS)
+        self.tp, self.cfg = _int("tp", tp, 1, _MAX_RANKS), _int("cfg", cfg, 1, 2)
+        self.ranks = 0 if ranks is None else _int("ranks", ranks, 1, _MAX_RANKS)
         self.world_size = self.cfg * self.tp * self.ring_degree * self.ulysses_degree
         self.sequence_parallel_size = self.ulysses_degree * self.ring_degree
 
@@ -456,21 +503,32 @@ def plan(*, ranks: int = 8, model: Optional[str] = None, seq: int = 0, heads: in
     divisibility, meshes (fastest first), over_memory, rejected, and for decode the pass choice.
     """
     s = _core._PlanSpec()
-    s.model = model or ""
-    s.frames, s.height, s.width, s.seq = int(frames), int(height), int(width), int(seq)
-    s.heads, s.kv_heads, s.head_dim, s.batch = int(heads), int(kv_heads), int(head_dim), int(batch)
-    s.causal, s.text_tokens, s.guidance = bool(causal), text_tokens, bool(guidance)
-    s.ranks, s.ranks_per_node, s.memory_limit_gb = int(ranks), ranks_per_node, float(memory_limit_gb)
-    s.dtype, s.strategy, s.layout = dtype or "", strategy or "", layout or ""
-    s.ulysses_mode, s.softmax, s.pad = ulysses_mode or "", softmax or "", pad
+    s.model = _text("model", model)
+    s.frames, s.height, s.width = (_int(n, v) for n, v in
+                                   (("frames", frames), ("height", height), ("width", width)))
+    s.seq, s.heads, s.kv_heads = _int("seq", seq), _int("heads", heads), _int("kv_heads", kv_heads)
+    s.head_dim, s.batch = _int("head_dim", head_dim), _int("batch", batch)
+    s.causal, s.guidance = _flag("causal", causal), _flag("guidance", guidance)
+    s.text_tokens = None if text_tokens is None else _int("text_tokens", text_tokens)
+    s.ranks = _int("ranks", ranks, 1, _MAX_RANKS)
+    s.ranks_per_node = (None if ranks_per_node is None
+                        else _int("ranks_per_node", ranks_per_node, 1, _MAX_RANKS))
+    s.memory_limit_gb = _real("memory_limit_gb", memory_limit_gb, 0.0, 1e9)
+    s.dtype, s.strategy = _text("dtype", dtype), _text("strategy", strategy)
+    s.layout, s.ulysses_mode = _text("layout", layout), _text("ulysses_mode", ulysses_mode)
+    s.softmax, s.schedule = _text("softmax", softmax), _text("schedule", schedule)
+    s.pad = None if pad is None else _flag("pad", pad)
     if cfg_parallel_size is not None:  # the vocabulary's names of cfg and tp
         cfg = cfg_parallel_size
     if tensor_parallel_size is not None:
         tp = tensor_parallel_size
-    s.cfg, s.tp, s.ulysses_degree, s.ring_degree = int(cfg), int(tp), int(ulysses_degree), int(ring_degree)
-    s.sequence_parallel_size, s.schedule = int(sequence_parallel_size), schedule or ""
-    s.cached, s.new = int(cached), int(new)
-    return json.loads(_core._plan_json(s, hardware, int(top)))
+    s.cfg, s.tp = _int("cfg", cfg, 0, _MAX_RANKS), _int("tp", tp, 0, _MAX_RANKS)
+    s.ulysses_degree = _int("ulysses_degree", ulysses_degree, 0, _MAX_RANKS)
+    s.ring_degree = _int("ring_degree", ring_degree, 0, _MAX_RANKS)
+    s.sequence_parallel_size = _int("sequence_parallel_size", sequence_parallel_size, 0, _MAX_RANKS)
+    s.cached, s.new = _int("cached", cached), _int("new", new)
+    hardware, top = _text("hardware", hardware), _int("top", top, 0, _MAX_RANKS)
+    return json.loads(_core._plan_json(s, hardware, top))
 
 
 from .models import CausalLM, Llama, ModelMesh, WanTransformer  # noqa: E402

@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from . import _core, _torch
+from . import _MAX_RANKS, _brief, _core, _flag, _text, _torch
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,8 @@ def _mesh_of(mesh: Optional[ModelMesh], kwargs: dict) -> ModelMesh:
             u = kwargs.get("ulysses_degree", 1)
             if not isinstance(sp, (int, np.integer)) or isinstance(sp, bool) or sp < 1 or \
                     not isinstance(u, (int, np.integer)) or u < 1 or sp % u:
-                raise ValueError(f"sequence_parallel_size {sp!r} must be a multiple of "
-                                 f"ulysses_degree {u!r}")
+                raise ValueError(f"sequence_parallel_size {_brief(sp)} must be a multiple of "
+                                 f"ulysses_degree {_brief(u)}")
             if "ring_degree" in kwargs and kwargs["ring_degree"] * u != sp:
                 raise ValueError(f"sequence_parallel_size {sp} is not ulysses_degree {u} x "
                                  f"ring_degree {kwargs['ring_degree']}")
@@ -95,8 +95,13 @@ def _mesh_dict(mesh: ModelMesh) -> dict:
     d = asdict(mesh)
     for k in ("tp", "ring_degree", "ulysses_degree", "cfg"):
         if not isinstance(d[k], (int, np.integer)) or isinstance(d[k], bool):
-            raise ValueError(f"{k} {d[k]!r} is invalid; expected an integer")
+            raise ValueError(f"{k} {_brief(d[k])} is invalid; expected an integer")
+        if not 1 <= d[k] <= _MAX_RANKS:
+            raise ValueError(f"{k} {d[k]} is out of range; valid: 1 to {_MAX_RANKS}")
         d[k] = int(d[k])
+    for k in ("strategy", "layout", "ulysses_mode", "schedule", "softmax"):
+        d[k] = _text(k, d[k])
+    d["pad"] = _flag("pad", d["pad"])
     _core._check_model_mesh(d)  # the library's messages, before any rank starts
     return d
 
@@ -115,7 +120,7 @@ class _ThreadRanks:
         self._results: "queue.Queue" = queue.Queue()
         self._lock = threading.Lock()
         self._dead: Optional[BaseException] = None
-        self._stopping = threading.Event()  # set: the ranks stop where they are
+        self._stopping = _core._StopFlag()  # set: the ranks stop where they are
 
         def rank(comm):
             try:
@@ -136,8 +141,9 @@ class _ThreadRanks:
                     self._results.put((comm.rank, e))
                     raise
 
+        w = ThreadWorld(n, threads=threads, timeout=timeout)  # its arguments checked here
+
         def world():
-            w = ThreadWorld(n, threads=threads, timeout=timeout)
             try:
                 _core._run_threads(w.n, rank, w.timeout, w.threads, self._stopping)
             except BaseException:  # reported through the results
@@ -174,9 +180,11 @@ class _ThreadRanks:
                 return self._collect()[0]
             except KeyboardInterrupt:
                 # Ctrl-C: the ranks stop within about a second, and the model with them (a later
-                # call would otherwise read this call's results).
+                # call would otherwise read this call's results). Their world is waited for, so
+                # that no thread is left inside it when the interpreter exits.
                 self._stop(RuntimeError("a call was interrupted (Ctrl-C)"))
                 self._stopping.set()
+                self._thread.join(timeout=30)
                 raise
 
     def _stop(self, why: BaseException):
@@ -297,11 +305,16 @@ class CausalLM(_Model):
             raise ValueError(f"input_ids: expected shape (P,) or (1, P) (one prompt), got "
                              f"{tuple(ids.shape)}")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)):
-            raise ValueError(f"max_new_tokens {max_new_tokens!r} is invalid; expected an integer")
+            raise ValueError(f"max_new_tokens {_brief(max_new_tokens)} is invalid; expected an "
+                             "integer")
         prompt = ids.tolist()
         n = int(max_new_tokens)
+        if not -2**63 <= n < 2**63:  # the library checks the range of the others
+            raise ValueError(f"max_new_tokens {_brief(n)} is out of range")
+        ignore, allow = _flag("ignore_eos", ignore_eos), _flag("allow_long_context",
+                                                               allow_long_context)
         tokens, logits, _ = self._call(
-            lambda m: m.generate(prompt, n, bool(ignore_eos), bool(allow_long_context)))
+            lambda m: m.generate(prompt, n, ignore, allow))
         tokens = np.asarray(tokens, dtype=np.int64)
         logits = np.frombuffer(logits, dtype=np.float32).reshape(len(tokens), self.vocab_size)
         if _is_torch(input_ids):

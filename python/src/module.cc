@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -422,12 +423,19 @@ py::tuple call_attention(Comm& c, const Buffer& q, const Buffer& k, const Buffer
   return py::make_tuple(o, to_host(std::move(done.lse)));
 }
 
+// A flag another thread sets to stop a ThreadWorld.run: read without the GIL (a thread that
+// takes the GIL while the interpreter exits is ended where it stands).
+struct StopFlag {
+  std::atomic<bool> set{false};
+};
+
 // ThreadWorld(n).run(fn): fn(comm) on n threads, one per rank, each holding the GIL only while
 // it runs Python; the results in rank order. A rank's exception (Python or seqpar) aborts the
-// others' communication and is raised here. `stop` (None or a threading.Event): once set, the
-// ranks are stopped as Ctrl-C stops them, and RuntimeError "stopped" is raised.
+// others' communication and is raised here. `stop` (None or a _StopFlag): once set, the ranks
+// are stopped as Ctrl-C stops them, and RuntimeError "stopped" is raised.
 py::list run_threads(int n, const py::function& fn, double timeout_s, int threads,
                      const py::object& stop) {
+  StopFlag* const stop_flag = stop.is_none() ? nullptr : stop.cast<StopFlag*>();
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int per_rank = threads > 0 ? threads : std::max(1, cores / std::max(1, n));
   limits::check_threads(n, per_rank);  // the command line's bounds
@@ -451,10 +459,10 @@ py::list run_threads(int n, const py::function& fn, double timeout_s, int thread
   const py::module_ threading = py::module_::import("threading");
   const bool main_thread = threading.attr("current_thread")().is(threading.attr("main_thread")());
   const std::function<bool()> interrupted = [&] {
+    if (stop_flag != nullptr && stop_flag->set.load()) return true;
+    if (!main_thread) return false;
     py::gil_scoped_acquire gil;
-    // The KeyboardInterrupt stays pending for the caller.
-    if (main_thread && PyErr_CheckSignals() != 0) return true;
-    return !stop.is_none() && stop.attr("is_set")().cast<bool>();
+    return PyErr_CheckSignals() != 0;  // the KeyboardInterrupt stays pending for the caller
   };
   try {
     without_gil([&] {
@@ -488,7 +496,7 @@ py::list run_threads(int n, const py::function& fn, double timeout_s, int thread
               throw RaisedInRank(comm.rank(), e.what());
             }
           },
-          timeout, main_thread || !stop.is_none() ? interrupted : nullptr);
+          timeout, main_thread || stop_flag != nullptr ? interrupted : nullptr);
     });
   } catch (const Interrupted&) {
     if (PyErr_Occurred()) throw py::error_already_set();  // the pending KeyboardInterrupt
@@ -648,6 +656,10 @@ PYBIND11_MODULE(_core, m) {
            "Releases the communicator (an MpiComm's MPI duplicates); later use raises.");
 
   m.def("_attention", &call_attention);
+  py::class_<StopFlag, std::shared_ptr<StopFlag>>(m, "_StopFlag")
+      .def(py::init<>())
+      .def("set", [](StopFlag& f) { f.set = true; })
+      .def("is_set", [](const StopFlag& f) { return f.set.load(); });
   m.def("_run_threads", &run_threads, py::arg("n"), py::arg("fn"), py::arg("timeout"),
         py::arg("threads"), py::arg("stop") = py::none());
   m.def("_check_threads", [](int64_t ranks, int64_t threads) {
@@ -662,8 +674,10 @@ PYBIND11_MODULE(_core, m) {
     const Layout l = parse_layout(layout);
     limits::check_range("seq", seq, 1, limits::kMaxTokens);
     limits::check_range("ranks", int64_t{ranks}, 1, limits::kMaxRanks);
+    // The positions three times over at the peak: the partition's, the per-rank copies handed
+    // to NumPy, and the layout's work lists.
     limits::check_fits_memory(detail::concat("Partition of ", seq, " tokens (their positions)"),
-                              8.0 * static_cast<double>(seq));
+                              24.0 * static_cast<double>(seq));
     if (!seq_lens.empty()) {  // every layout takes only lengths that tile the sequence
       const int64_t total = cu_seqlens(seq_lens).back();
       SEQPAR_ARG_CHECK(total <= seq, "seq_lens sum to ", total, ", more than seq ", seq,

@@ -21,7 +21,8 @@ json read_json_file(const std::string& path) {
   try {
     return parse_json_unique_keys<json>(text, path);
   } catch (const json::exception& e) {
-    throw InvalidArgument(detail::concat(path, ": not valid JSON (", e.what(), ")"));
+    throw InvalidArgument(detail::concat(path, ": not valid JSON (",
+                                         quote_for_message(e.what(), kParseErrorChars), ")"));
   }
 }
 
@@ -30,7 +31,8 @@ ConfigJson ConfigJson::parse(const std::string& text, const std::string& path) {
   try {
     return ConfigJson(parse_json_unique_keys<json>(text, path), path);
   } catch (const json::exception& e) {
-    throw InvalidArgument(detail::concat(path, ": not valid JSON (", e.what(), ")"));
+    throw InvalidArgument(detail::concat(path, ": not valid JSON (",
+                                         quote_for_message(e.what(), kParseErrorChars), ")"));
   }
 }
 

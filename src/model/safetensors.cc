@@ -71,7 +71,6 @@ std::string brief(const json& j) { return json_excerpt(j); }
 std::string short_text(std::string_view s) { return quote_for_message(s); }
 
 // Characters of a parse error kept in the message: nlohmann quotes the whole offending token.
-constexpr size_t kParseErrorChars = 200;
 
 // "<path>: <message>" as InvalidArgument.
 template <typename... Args>

@@ -68,7 +68,8 @@ DegreeSpec parse_json(std::string_view text, std::string_view source) {
   try {
     j = parse_json_unique_keys<nlohmann::json>(text, source);
   } catch (const nlohmann::json::exception& e) {
-    throw InvalidArgument(detail::concat(source, ": not valid JSON (", e.what(), ")"));
+    throw InvalidArgument(detail::concat(source, ": not valid JSON (",
+                                         quote_for_message(e.what(), kParseErrorChars), ")"));
   }
   SEQPAR_ARG_CHECK(j.is_object(), source, ": a parallel config is a JSON object");
   const nlohmann::json* section = find_json_section(j, 0);

@@ -22,7 +22,6 @@ using nlohmann::json;
 // A profile is a few hundred bytes of flat JSON; these bounds leave room and stop abuse.
 constexpr JsonLimits kHardwareProfileLimits{.max_bytes = 1 << 20, .max_depth = 8};
 // Characters of a parse error kept in a message: nlohmann quotes the whole offending token.
-constexpr size_t kParseErrorChars = 200;
 
 // {name, JSON text} of profiles/*.json, generated at configure time (src/plan/CMakeLists.txt).
 const std::vector<std::pair<std::string, std::string>>& builtin_texts() {

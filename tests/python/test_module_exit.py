@@ -53,12 +53,13 @@ def run_script(code, timeout=120):
                           timeout=timeout, env=env)
 
 
-@pytest.mark.parametrize("tp", [1, 2])
-def test_exit_with_a_model_still_open(tmp_path, tp):
+@pytest.mark.parametrize("mesh", ["tp=1", "tp=2", "ring_degree=2"])
+def test_exit_with_a_model_still_open(tmp_path, mesh):
     d = tiny_llama(str(tmp_path / "llama"))
-    r = run_script(f"import seqpar\nm = seqpar.Llama.from_pretrained({d!r}, tp={tp})\n"
-                   "print(m.generate([1, 2, 3], max_new_tokens=2))")
-    assert r.returncode == 0, r.stderr
+    for _ in range(3):  # an exit racing the ranks' threads failed one time in a few
+        r = run_script(f"import seqpar\nm = seqpar.Llama.from_pretrained({d!r}, {mesh})\n"
+                       "print(m.generate([1, 2, 3], max_new_tokens=2))")
+        assert r.returncode == 0, r.stderr
 
 
 def test_exit_after_a_failed_load_is_clean(tmp_path):

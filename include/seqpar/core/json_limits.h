@@ -27,6 +27,8 @@ struct JsonLimits {
 
 // Characters of an untrusted value quoted in a message, "..." included.
 inline constexpr size_t kMessageQuoteChars = 60;
+// Characters of a JSON parser's own error quoted in a message (it quotes the offending input).
+inline constexpr size_t kParseErrorChars = 200;
 
 // Throws InvalidArgument "<source>: ..." (one line) if `text` is longer than limits.max_bytes or
 // nests arrays/objects deeper than limits.max_depth. Says nothing about validity otherwise: that
