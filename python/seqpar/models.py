@@ -19,8 +19,10 @@ seqpar computes.
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
+import weakref
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Optional
 
@@ -151,6 +153,7 @@ class _ThreadRanks:
 
         self._thread = threading.Thread(target=world, name="seqpar-ranks", daemon=True)
         self._thread.start()
+        _OPEN_RANKS.add(self)
         self._collect()
 
     def _collect(self):
@@ -196,6 +199,19 @@ class _ThreadRanks:
         if self._dead is None:
             self._stop(RuntimeError("closed"))
             self._thread.join()
+
+
+# The models still open when the interpreter exits are closed while it still runs (atexit): their
+# ranks' threads are joined before CPython ends the daemon threads, which it does wherever they
+# next take the GIL. A call still running in another thread is stopped first.
+_OPEN_RANKS: "weakref.WeakSet[_ThreadRanks]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_models():
+    for ranks in list(_OPEN_RANKS):
+        ranks._stopping.set()
+        ranks.close()
 
 
 class _Model:
