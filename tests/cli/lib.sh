@@ -23,3 +23,21 @@ expect_exit2() {  # expect_exit2 <text the error must hold> <seqpar args...>: ex
   [ "$(printf '%s\n' "$err" | grep -c .)" -eq 1 ] && ok || bad "$*: error is not one line: $err"
   printf '%s' "$err" | grep -q -- "$text" && ok || bad "$*: error does not say '$text': $err"
 }
+
+# mpi_rank_pid <launcher pid> <world rank>: the pid of the seqpar process of that world rank that
+# descends from the launcher (other tests' ranks may run beside it), waiting up to 60 s for MPI's
+# start-up on a loaded machine; prints nothing if there is none.
+mpi_rank_pid() {
+  local launcher=$1 rank=$2 p q
+  for _ in $(seq 600); do
+    for p in $(pgrep -x seqpar); do
+      tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$rank" || continue
+      q=$p
+      while [ -n "$q" ] && [ "$q" -gt 1 ] && [ "$q" != "$launcher" ]; do
+        q=$(ps -o ppid= -p "$q" 2>/dev/null | tr -d ' ')
+      done
+      [ "$q" = "$launcher" ] && { echo "$p"; return; }
+    done
+    sleep 0.1
+  done
+}

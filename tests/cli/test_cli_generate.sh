@@ -375,17 +375,7 @@ if [ -n "$mpiexec" ]; then
       "$bin" $(gen --model "$tmp/good" --prompt-ids 1,2 --max-new-tokens 1000000 \
                --allow-long-context --backend mpi) $mesh >/dev/null 2>"$tmp/stall.err" &
     launcher=$!
-    victim=
-    for _ in $(seq 600); do  # a seqpar of world rank 1 that descends from this launcher
-      for p in $(pgrep -x seqpar); do
-        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" || continue
-        q=$p
-        while [ "$q" -gt 1 ] && [ "$q" != "$launcher" ]; do q=$(ps -o ppid= -p "$q" | tr -d ' '); done
-        [ "$q" = "$launcher" ] && victim=$p
-      done
-      [ -n "$victim" ] && break
-      sleep 0.1
-    done
+    victim=$(mpi_rank_pid $launcher 1)
     sleep 4  # past MPI_Init and the load, inside the decode loop
     [ -n "$victim" ] && kill -STOP "$victim"
     wait $launcher; rc=$?

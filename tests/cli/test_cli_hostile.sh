@@ -159,17 +159,7 @@ if [ -n "$mpiexec" ]; then
     "$bin" run --backend mpi --strategy allgather --seq 2048 --heads 2 --head-dim 16 \
     --repeat 1000000 --warmup 0 --timeout 2 >"$tmp/mpi.out" 2>"$tmp/mpi.err" &
   launcher=$!
-  victim=""
-  for _ in $(seq 600); do  # rank 1: a seqpar process under this launcher with world rank 1
-    for p in $(pgrep -x seqpar); do
-      tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" || continue
-      q=$p
-      while [ "$q" -gt 1 ] && [ "$q" != "$launcher" ]; do q=$(ps -o ppid= -p "$q" | tr -d ' '); done
-      [ "$q" = "$launcher" ] && victim=$p
-    done
-    [ -n "$victim" ] && break
-    sleep 0.1
-  done
+  victim=$(mpi_rank_pid $launcher 1)
   # Stop it once both ranks are past MPI_Init and inside the collectives (a rank stopped during
   # MPI_Init hangs its peer in Open MPI, before any seqpar timeout): seconds under a sanitizer on
   # a loaded machine.
