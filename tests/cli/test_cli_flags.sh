@@ -78,12 +78,9 @@ if [ -n "$mpiexec" ]; then
     cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
     for _ in $(seq 600); do [ "$(cpu_ticks "$rank1")" -ge $((3 * $(getconf CLK_TCK))) ] && break; sleep 0.1; done
     kill -STOP "$rank1"
-    start=$(date +%s)
     alive() { [ -e "/proc/$1/stat" ] && [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != Z ]; }
-    for _ in $(seq 300); do alive "$rank0" || break; sleep 0.1; done
-    waited=$(( $(date +%s) - start ))
-    alive "$rank0" && bad "--timeout 2: rank 0 still waits after ${waited}s" || ok
-    [ "$waited" -le 20 ] && ok || bad "--timeout 2: rank 0 failed only after ${waited}s"
+    for _ in $(seq 300); do alive "$rank0" || break; sleep 0.1; done  # a hang: still alive
+    alive "$rank0" && bad "--timeout 2: rank 0 still waits for its stopped peer" || ok
     kill -KILL "$rank1" 2>/dev/null
     kill -CONT "$rank1" 2>/dev/null
     wait $launcher; rc=$?

