@@ -6,17 +6,9 @@
 #include <string>
 #include <string_view>
 
+#include "one_line.h"
 #include "seqpar/core/error.h"
 #include "seqpar/parallel/config_file.h"
-
-namespace {
-constexpr size_t kMaxMessageChars = 1024;
-
-void check_message(const seqpar::InvalidArgument& e) {
-  const std::string msg = e.what();
-  if (msg.size() > kMaxMessageChars || msg.find('\n') != std::string::npos) __builtin_trap();
-}
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace seqpar;
@@ -25,14 +17,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     d = parse_parallel_config(text, "fuzz.yaml");
   } catch (const InvalidArgument& e) {
-    check_message(e);
+    fuzz::expect_one_short_line(e.what());
     return 0;
   }
   try {
     const MeshShape m = resolve_degrees(d);
     if (m.cfg < 1 || m.tp < 1 || m.ring < 1 || m.ulysses < 1) __builtin_trap();
   } catch (const InvalidArgument& e) {
-    check_message(e);
+    fuzz::expect_one_short_line(e.what());
   }
   return 0;
 }

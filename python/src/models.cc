@@ -158,10 +158,7 @@ class WanTransformerRank {
                        " does not divide the ", m.heads, " heads of ", dir,
                        "; valid: ", divisors_text(m.heads));
       if (model_.experts.size() == 2 && !ratio_) ratio_ = *model_.boundary_ratio;
-      double weights = 0;  // as stored, every expert; tp splits the matrices
-      for (const WanExpert& e : model_.experts)
-        for (const auto& [name, file] : e.tensors)
-          weights += static_cast<double>(file->entry(name).nbytes());
+      const double weights = wan_weight_bytes(model_);  // tp splits the matrices
       limits::check_ranks_fit_memory(
           detail::concat("WanTransformer.from_pretrained with ", dir, " (",
                          limits::bytes_text(weights), " of weights, tp ", rank_.mesh.mesh.tp, ")"),

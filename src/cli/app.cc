@@ -17,23 +17,20 @@ namespace {
 // Integers as written in decimal (CLI11 alone also takes 0x10, 0b101, +5 and '' as 0), and no
 // empty texts.
 void strict_values(CLI::App& app) {
-  const CLI::Validator decimal(
-      [](std::string& text) -> std::string {
-        const size_t digits = !text.empty() && text[0] == '-' ? 1 : 0;
-        const bool ok = text.size() > digits &&
-                        std::all_of(text.begin() + static_cast<std::ptrdiff_t>(digits), text.end(),
-                                    [](unsigned char c) { return std::isdigit(c) != 0; });
-        return ok ? std::string() : "'" + text + "' is not a decimal integer";
-      },
-      "");
-  const CLI::Validator unsigned_decimal(
-      [](std::string& text) -> std::string {
-        const bool ok = !text.empty() && std::all_of(text.begin(), text.end(), [](unsigned char c) {
-          return std::isdigit(c) != 0;
-        });
-        return ok ? std::string() : "'" + text + "' is not a non-negative decimal integer";
-      },
-      "");
+  // signed: an optional leading '-'.
+  auto decimal = [](bool is_signed) {
+    return CLI::Validator(
+        [is_signed](std::string& text) -> std::string {
+          const size_t sign = is_signed && !text.empty() && text[0] == '-' ? 1 : 0;
+          const bool ok = text.size() > sign &&
+                          std::all_of(text.begin() + static_cast<std::ptrdiff_t>(sign), text.end(),
+                                      [](unsigned char c) { return std::isdigit(c) != 0; });
+          return ok ? std::string()
+                    : "'" + text + "' is not a " + (is_signed ? "" : "non-negative ") +
+                          "decimal integer";
+        },
+        "");
+  };
   // An empty text is no value: "--output ''" would otherwise read as no --output at all.
   const CLI::Validator non_empty(
       [](std::string& text) -> std::string {
@@ -42,8 +39,7 @@ void strict_values(CLI::App& app) {
       "");
   for (CLI::Option* opt : app.get_options()) {
     const std::string type = opt->get_type_name();
-    if (type == "INT") opt->check(decimal);
-    if (type == "UINT") opt->check(unsigned_decimal);
+    if (type == "INT" || type == "UINT") opt->check(decimal(type == "INT"));
     if (type == "TEXT") opt->check(non_empty);
   }
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) strict_values(*sub);

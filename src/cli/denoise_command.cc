@@ -132,9 +132,7 @@ Plan resolve(const DenoiseOptions& o, int world) {
 // against MemAvailable.
 void check_memory(const DenoiseOptions& o, const Plan& p) {
   const DiTConfig& m = p.model.experts[0].preset;
-  double weights = 0;
-  for (const WanExpert& e : p.model.experts)
-    for (const auto& [name, file] : e.tensors) weights += static_cast<double>(file->entry(name).nbytes());
+  const double weights = wan_weight_bytes(p.model);
   const SafetensorsFile f(o.inputs);
   double inputs = 0, latents = 0, tokens = 0;
   for (const std::string& name : f.names()) {

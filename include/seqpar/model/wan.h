@@ -55,6 +55,9 @@ struct WanModel {
 // conditioning (i2v: image_dim / added_kv_proj_dim / img_emb), a missing or misshapen tensor.
 WanModel open_wan_model(const std::string& dir);
 
+// Bytes of tensor data the experts' weights take as stored (every expert; for memory estimates).
+double wan_weight_bytes(const WanModel& model);
+
 // The expert's parameters under DiT's names, in a store of its own (one per rank: a store counts
 // the bytes its rank reads).
 WeightStore wan_weights(const WanExpert& expert);

@@ -368,4 +368,11 @@ FlowMatchSchedule flow_match_schedule(int steps, double shift) {
   return f;
 }
 
+double wan_weight_bytes(const WanModel& model) {
+  double bytes = 0;
+  for (const WanExpert& e : model.experts)
+    for (const auto& [name, file] : e.tensors) bytes += static_cast<double>(file->entry(name).nbytes());
+  return bytes;
+}
+
 }  // namespace seqpar
