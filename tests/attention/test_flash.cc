@@ -728,14 +728,17 @@ TEST(FlashProgress, CalledBetweenKeyBlocksFromTheCallingThread) {
     ++calls;
     other_thread = other_thread || std::this_thread::get_id() != caller;
   };
-  // With 1 or 2 threads the calling thread walks every key block of its items (8 items: 4 heads x
-  // 2 query blocks); with more threads than items the key blocks are split between threads too.
+  // On one thread the calling thread walks every key block of the 8 items (4 heads x 2 query
+  // blocks). On two, the items are handed out dynamically: the calling thread calls progress for
+  // the key blocks of the items it takes, which may be none when the machine is loaded and the
+  // other thread takes them all (seen on a loaded 2-core machine), so only where it is called
+  // from is checked there.
   const int saved = omp_get_max_threads();
   for (int threads : {1, 2}) {
     omp_set_num_threads(threads);
     calls = 0;
     flash_attention(in.q, in.k, in.v, in.params);
-    EXPECT_GE(calls, 10) << threads << " threads";  // at least once per key block
+    if (threads == 1) EXPECT_GE(calls, 10);  // at least once per key block
   }
   omp_set_num_threads(saved);
   EXPECT_FALSE(other_thread);
