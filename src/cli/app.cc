@@ -7,8 +7,10 @@
 #include <exception>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "seqpar/core/error.h"
+#include "seqpar/version.h"
 
 namespace seqpar::cli {
 
@@ -45,12 +47,67 @@ void strict_values(CLI::App& app) {
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) strict_values(*sub);
 }
 
+// The long flags ("--heads") of the subcommand being run; empty until run_subcommand starts one.
+std::vector<std::string>& command_flags() {
+  static std::vector<std::string> flags;
+  return flags;
+}
+
+// The long flag of `app` or its subcommands nearest to `typed` (at most two edits away, or the
+// typed text a prefix of exactly one flag), or empty.
+std::string nearest_flag(const CLI::App& app, std::string_view typed) {
+  std::vector<std::string> names;
+  auto collect = [&names](const CLI::App& a) {
+    for (const CLI::Option* opt : a.get_options())
+      for (const std::string& n : opt->get_lnames()) names.push_back("--" + n);
+  };
+  collect(app);
+  for (const CLI::App* sub : app.get_subcommands(nullptr)) collect(*sub);
+  auto distance = [](std::string_view a, std::string_view b) {
+    std::vector<size_t> row(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+      size_t diagonal = row[0];
+      row[0] = i;
+      for (size_t j = 1; j <= b.size(); ++j) {
+        const size_t above = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1] ? 1 : 0)});
+        diagonal = above;
+      }
+    }
+    return row[b.size()];
+  };
+  std::string best;
+  size_t best_distance = 3;
+  for (const std::string& n : names)
+    if (const size_t d = distance(typed, n); d < best_distance) best = n, best_distance = d;
+  if (best.empty() && typed.size() >= 4) {
+    size_t prefixed = 0;
+    for (const std::string& n : names)
+      if (n.starts_with(typed) && n != best) best = n, ++prefixed;
+    if (prefixed != 1) best.clear();
+  }
+  return best;
+}
+
+// " (did you mean --strategy?)" for the first unknown --flag among `extras`, or empty.
+std::string suggestion(const CLI::App& app, const std::vector<std::string>& extras) {
+  for (const std::string& e : extras) {
+    if (!e.starts_with("--")) continue;
+    const std::string typed = e.substr(0, e.find('='));
+    if (const std::string n = nearest_flag(app, typed); !n.empty())
+      return " (did you mean " + n + "?)";
+  }
+  return "";
+}
+
 }  // namespace
 
 std::unique_ptr<CLI::App> make_app(Options& opts) {
   auto app = std::make_unique<CLI::App>("seqpar: sequence (context) parallel transformer inference",
                                         "seqpar");
   app->require_subcommand(1);
+  app->set_version_flag("--version", std::string(version()), "Print seqpar's version and exit");
   app->option_defaults()->always_capture_default()->multi_option_policy(
       CLI::MultiOptionPolicy::TakeLast);  // a later flag overrides an earlier one
   add_run_command(*app, opts.run);
@@ -72,10 +129,16 @@ int parse_command_line(CLI::App& app, int argc, const char* const* argv) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::string msg = e.what();
     for (auto& c : msg)
       if (c == '\n') c = ' ';
+    std::vector<std::string> extras = app.remaining();
+    for (const CLI::App* sub : app.get_subcommands())
+      for (const std::string& x : sub->remaining()) extras.push_back(x);
+    msg += suggestion(app, extras);
     msg += " (see seqpar --help)";
     if (reporting_rank()) std::fprintf(stderr, "seqpar: error: %s\n", msg.c_str());
     // The flag may be what failed to parse, so --json anywhere on the line asks for the object.
@@ -129,10 +192,17 @@ std::string flag_words(std::string_view m) {
           (m[end + 1] == '-' && end + 2 < m.size() &&
            std::isdigit(static_cast<unsigned char>(m[end + 2]))))) ||
         (i > 0 && m[i - 1] == '(' && end < m.size() && m[end] == ')');
-    if (flag.empty() && names_value &&
-        std::find(std::begin(kWords), std::end(kWords), w) != std::end(kWords))
-      out += "--";
-    out += flag.empty() ? std::string(w) : std::string(flag);
+    std::string as_flag;
+    if (!flag.empty())
+      as_flag = flag;
+    else if (names_value && std::find(std::begin(kWords), std::end(kWords), w) != std::end(kWords))
+      as_flag = "--" + std::string(w);
+    // A parameter the running subcommand has no flag for (denoise reads heads from the
+    // checkpoint) stays a word.
+    const std::vector<std::string>& flags = command_flags();
+    if (!flags.empty() && std::find(flags.begin(), flags.end(), as_flag) == flags.end())
+      as_flag.clear();
+    out += as_flag.empty() ? std::string(w) : as_flag;
     i = end;
   }
   return out;
@@ -146,6 +216,9 @@ std::string cli_message(const InvalidArgument& e) {
 }
 
 int run_subcommand(const CLI::App& app, const Options& opts) {
+  for (const CLI::App* sub : app.get_subcommands())
+    for (const CLI::Option* opt : sub->get_options())
+      for (const std::string& n : opt->get_lnames()) command_flags().push_back("--" + n);
   try {
     if (app.got_subcommand("run")) return run_command(opts.run);
     if (app.got_subcommand("info")) return info_command(opts.info);

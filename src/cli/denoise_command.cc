@@ -48,6 +48,34 @@ std::string shape_text(const std::vector<int64_t>& s) {
   return t + "]";
 }
 
+// The values of IN's tensor 'timestep': F32, BF16, F16 as the other inputs, F64, or integers
+// (I64, I32: diffusers' pipelines pass integer timesteps).
+std::vector<double> timestep_values(const SafetensorsFile& f, const std::string& expected) {
+  const std::string& p = f.path();
+  SEQPAR_ARG_CHECK(f.contains("timestep"), p, ": tensor 'timestep' is missing; expected ",
+                   expected);
+  const SafetensorsEntry& e = f.entry("timestep");
+  if (e.seqpar_dtype()) {
+    const Tensor t = f.tensor("timestep", DType::kF32);
+    return std::vector<double>(t.data<float>(), t.data<float>() + t.numel());
+  }
+  const std::span<const std::byte> raw = f.bytes("timestep");
+  auto values = [&]<typename T>(T) {
+    std::vector<double> v(raw.size() / sizeof(T));
+    for (size_t i = 0; i < v.size(); ++i) {
+      T x;
+      std::memcpy(&x, raw.data() + i * sizeof(T), sizeof(T));
+      v[i] = static_cast<double>(x);
+    }
+    return v;
+  };
+  if (e.dtype == "I64") return values(int64_t{});
+  if (e.dtype == "I32") return values(int32_t{});
+  if (e.dtype == "F64") return values(double{});
+  throw InvalidArgument(detail::concat(p, ": tensor 'timestep' has dtype ", e.dtype,
+                                       "; expected F32, BF16, F16, F64, I64 or I32"));
+}
+
 // Reads and checks IN against the model: every problem is one line naming the tensor.
 Inputs read_inputs(const DenoiseOptions& o, const ModelPreset& m) {
   const SafetensorsFile f(o.inputs);
@@ -71,16 +99,16 @@ Inputs read_inputs(const DenoiseOptions& o, const ModelPreset& m) {
                    ": tensor 'negative_encoder_hidden_states' is missing; expected ", text_shape,
                    " for --guidance ", max_guidance, " (> 1), or --guidance 1 for no guidance");
   if (o.steps == 0) {
-    const Tensor t = need("timestep", detail::concat("[", B,
-                                                     "] (one transformer call), or give "
-                                                     "--steps for the sampling loop"));
-    SEQPAR_ARG_CHECK(t.numel() == B && t.ndim() <= 1, p, ": tensor 'timestep' has shape ",
-                     t.shape_str(), "; expected [", B, "]");
-    for (int64_t b = 0; b < B; ++b) {
-      const float v = t.data<float>()[b];
+    const std::vector<double> t = timestep_values(
+        f,
+        detail::concat("[", B, "] (one transformer call), or give --steps for the sampling loop"));
+    SEQPAR_ARG_CHECK(static_cast<int64_t>(t.size()) == B && f.entry("timestep").shape.size() <= 1,
+                     p, ": tensor 'timestep' has shape ", shape_text(f.entry("timestep").shape),
+                     "; expected [", B, "]");
+    for (const double v : t) {
       SEQPAR_ARG_CHECK(std::isfinite(v) && v >= 0 && v <= 1000, p, ": tensor 'timestep' holds ", v,
                        "; expected values in [0, 1000]");
-      in.timestep.push_back(v);
+      in.timestep.push_back(static_cast<float>(v));
     }
   }
   return in;

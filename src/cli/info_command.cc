@@ -9,6 +9,7 @@
 #include "commands.h"
 #include "seqpar/attention/attention.h"
 #include "seqpar/comm/mpi.h"
+#include "seqpar/version.h"
 
 namespace seqpar::cli {
 
@@ -44,7 +45,7 @@ int info_command(const InfoOptions& o) {
   const unsigned cores = std::thread::hardware_concurrency();
   if (o.json) {
     nlohmann::json j;
-    j["version"] = "0.1.0";
+    j["version"] = std::string(version());
     j["backends"] = backends;
     j["cpu_features"] = features;
     j["cores"] = cores;

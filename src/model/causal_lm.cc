@@ -2,7 +2,6 @@
 // family's reader, the (sharded) safetensors mapped into a WeightStore under the Decoder's names.
 #include "seqpar/model/causal_lm.h"
 
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <set>
@@ -114,11 +113,9 @@ DecoderConfig causal_lm_config_from_json(const std::string& text, const std::str
 }
 
 CausalLmCheckpoint open_causal_lm(const std::string& dir) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  SEQPAR_ARG_CHECK(fs::is_directory(dir, ec), "model ", dir,
-                   ": not a directory; give a Hugging Face model directory (config.json and "
-                   "model.safetensors or model.safetensors.index.json)");
+  check_model_dir(dir,
+                  "a Hugging Face model directory (config.json and model.safetensors or "
+                  "model.safetensors.index.json)");
   const std::string config_path = dir + "/" + kConfig;
   SEQPAR_FILE_CHECK(files::is_regular_file(config_path), config_path,
                     ": missing; a Hugging Face model directory holds config.json");

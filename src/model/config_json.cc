@@ -1,6 +1,7 @@
 #include "config_json.h"
 
 #include <cmath>
+#include <filesystem>
 
 #include "seqpar/core/error.h"
 #include "seqpar/core/files.h"
@@ -24,6 +25,22 @@ json read_json_file(const std::string& path) {
     throw InvalidArgument(detail::concat(path, ": not valid JSON (",
                                          quote_for_message(e.what(), kParseErrorChars), ")"));
   }
+}
+
+void check_model_dir(const std::string& dir, const char* expected) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(dir, ec)) return;
+  // "org/name" with no such path here: most likely a Hugging Face hub id.
+  const size_t slash = dir.find('/');
+  const bool hub_id = slash != std::string::npos && slash > 0 && slash + 1 < dir.size() &&
+                      dir.find('/', slash + 1) == std::string::npos && dir[0] != '.';
+  if (hub_id)
+    throw InvalidArgument(
+        detail::concat("model ", dir,
+                       ": not a directory; seqpar reads local directories and downloads nothing: "
+                       "fetch a hub model first (huggingface-cli download ",
+                       dir, " --local-dir DIR) and give DIR"));
+  throw InvalidArgument(detail::concat("model ", dir, ": not a directory; give ", expected));
 }
 
 ConfigJson ConfigJson::parse(const std::string& text, const std::string& path) {

@@ -16,6 +16,10 @@ std::string read_json_text(const std::string& path);
 // A JSON file parsed, within the JSON limits (anything but an object is refused by ConfigJson).
 nlohmann::json read_json_file(const std::string& path);
 
+// InvalidArgument unless `dir` is a directory: "model DIR: not a directory; give <expected>",
+// and for a name shaped like a hub id ("org/name") that seqpar downloads nothing.
+void check_model_dir(const std::string& dir, const char* expected);
+
 class ConfigJson {
  public:
   // `text` parsed (`path` names it in messages); InvalidArgument unless a JSON object.

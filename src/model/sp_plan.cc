@@ -8,8 +8,11 @@ SpRuntime::SpRuntime(const SpPlan& plan, ParallelContext& ctx, int64_t seq)
     : plan_(plan), ctx_(ctx), seq_(seq) {
   const int n = ctx.sp_size();
   const int64_t padded = ctx.config.pad ? seqpar::padded_seq(seq, n, ctx.config.layout) : seq;
-  SEQPAR_ARG_CHECK(padded >= n, "the sequence has ", seq, " tokens, fewer than the ", n,
-                   " sequence-parallel ranks; use at most ", seq, " ranks");
+  // Padding evens out shard sizes but cannot give a rank a token of its own.
+  SEQPAR_ARG_CHECK(seq >= n, "the sequence has ", seq, " tokens, fewer than the ", n,
+                   " sequence-parallel ranks (padding or not, every rank needs a token); use at "
+                   "most ",
+                   seq, " ranks");
   part_ = Partition(padded, n, ctx.config.layout);
   all_positions_.resize(seq);
   for (int64_t i = 0; i < seq; ++i) all_positions_[i] = i;

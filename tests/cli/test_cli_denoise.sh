@@ -24,9 +24,9 @@ def rnd(n, scale):
 def save(path, tensors):
     header, blobs, off = {}, [], 0
     for name in sorted(tensors):
-        shape, vals = tensors[name]
-        b = struct.pack(f"<{len(vals)}f", *vals)
-        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [off, off + len(b)]}
+        shape, vals, dtype = (*tensors[name], "F32")[:3]
+        b = struct.pack(f"<{len(vals)}" + {"F32": "f", "I64": "q", "U8": "B"}[dtype], *vals)
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + len(b)]}
         blobs.append(b); off += len(b)
     h = json.dumps(header).encode()
     h += b" " * (-len(h) % 8)
@@ -62,10 +62,16 @@ os.makedirs(f"{d}/wan_ones")  # a patch embedding of ones: 16 latents of 3e38 su
 save(f"{d}/wan_ones/diffusion_pytorch_model.safetensors",
      {**w, "patch_embedding.weight": t([D, C, 1, 2, 2], fill=1.0)})
 json.dump(cfg, open(f"{d}/wan_ones/config.json", "w"))
-lat, txt = t([1, C, 2, 6, 10], 2.0), t([1, 5, T], 2.0)
+lat, txt, neg = t([1, C, 2, 6, 10], 2.0), t([1, 5, T], 2.0), t([1, 3, T], 2.0)
 save(f"{d}/in.safetensors", {"latents": lat, "encoder_hidden_states": txt,
-                             "negative_encoder_hidden_states": t([1, 3, T], 2.0),
+                             "negative_encoder_hidden_states": neg,
                              "timestep": ([1], [500.0])})
+# diffusers' pipelines pass integer timesteps
+save(f"{d}/int_timestep.safetensors", {"latents": lat, "encoder_hidden_states": txt,
+                                       "negative_encoder_hidden_states": neg,
+                                       "timestep": ([1], [500], "I64")})
+save(f"{d}/byte_timestep.safetensors", {"latents": lat, "encoder_hidden_states": txt,
+                                        "timestep": ([1], [50], "U8")})
 save(f"{d}/odd_grid.safetensors", {"latents": t([1, C, 2, 5, 10]), "encoder_hidden_states": txt,
                                    "timestep": ([1], [500.0])})
 save(f"{d}/wide_text.safetensors", {"latents": lat, "encoder_hidden_states": t([1, 5, T + 1]),
@@ -107,6 +113,12 @@ err=$("$bin" denoise $m --inputs "$tmp/in.safetensors" --steps 3 --shift 3 --rin
 [ "$(json_get "$(cat "$tmp/loop.json")" step_seconds | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')" = 3 ] \
   && ok || bad "--steps 3: $(cat "$tmp/loop.json")"
 printf '%s' "$err" | grep -q "step 3/3" && ok || bad "no progress line on stderr: $err"
+# An int64 timestep gives what the same value in fp32 gives (seeded above: the same tensors).
+"$bin" denoise $m --inputs "$tmp/in.safetensors" >/dev/null 2>&1 \
+  && cp "$tmp/out.safetensors" "$tmp/out_f32.safetensors" \
+  && "$bin" denoise $m --inputs "$tmp/int_timestep.safetensors" >/dev/null 2>&1 \
+  && cmp -s "$tmp/out.safetensors" "$tmp/out_f32.safetensors" \
+  && ok || bad "an I64 timestep 500 did not give the F32 timestep's output"
 # Tensor parallel ranks read their share of the weights: less than one rank reading them all.
 one=$(json_get "$out" weight_bytes_per_rank | python3 -c 'import json,sys; print(json.load(sys.stdin)[0])')
 tp2=$("$bin" denoise $m --inputs "$tmp/in.safetensors" --tp 2 --json 2>/dev/null)
@@ -125,6 +137,8 @@ expect_exit2 "tensor 'encoder_hidden_states' has shape \[1, 5, 9\]; expected \[1
   denoise $m --inputs "$tmp/wide_text.safetensors"
 expect_exit2 "tensor 'latents' has shape \[\]; expected \[B, 4, F, H, W\]" \
   denoise $m --inputs "$tmp/scalar.safetensors"
+expect_exit2 "tensor 'timestep' has dtype U8; expected F32, BF16, F16, F64, I64 or I32" \
+  denoise $m --inputs "$tmp/byte_timestep.safetensors"
 expect_exit2 "tensor 'timestep' is missing; expected \[1\]" \
   denoise $m --inputs "$tmp/no_timestep.safetensors"
 expect_exit2 "tensor 'negative_encoder_hidden_states' is missing" \

@@ -3,13 +3,12 @@
 // layout detected from the directory, and diffusers' flow-matching schedule.
 #include "seqpar/model/wan.h"
 
-#include <sys/stat.h>
-
 #include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "../config_json.h"
 #include "seqpar/core/files.h"
 #include "seqpar/core/json_limits.h"
 #include "seqpar/core/limits.h"
@@ -25,11 +24,6 @@ std::string_view wan_layout_name(WanLayout layout) {
 namespace {
 
 using nlohmann::json;
-
-bool is_dir(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
 
 std::string shape_text(const std::vector<int64_t>& s) {
   std::string t = "[";
@@ -162,7 +156,7 @@ DiTConfig original_config(const json& c, const std::string& path) {
   m.freq_dim = int_key(c, path, "freq_dim", 2, 1 << 16);
   m.ffn_dim = int_key(c, path, "ffn_dim", 1, 1 << 20);
   m.layers = int_key(c, path, "num_layers", 1, 1024);
-  m.text_len = int_key(c, path, "text_len", 1, 1 << 20);
+  m.text_len = int_key(c, path, "text_len", 1, 1 << 20, 512);
   m.eps = float_key(c, path, "eps", 1e-6);
   m.cross_attn_norm = bool_key(c, path, "cross_attn_norm", true);
   SEQPAR_FILE_CHECK(bool_key(c, path, "qk_norm", true), path,
@@ -270,7 +264,9 @@ std::string wan_stored_name(const std::string& name, WanLayout layout) {
 }
 
 WanModel open_wan_model(const std::string& dir) {
-  SEQPAR_ARG_CHECK(is_dir(dir), "model ", dir, ": is not a directory");
+  check_model_dir(dir,
+                  "a diffusers WanTransformer3DModel or WanPipeline directory, or Wan's "
+                  "original layout");
   WanModel w;
   if (files::is_regular_file(dir + "/model_index.json") ||
       files::is_regular_file(dir + "/transformer/config.json")) {
