@@ -7,6 +7,7 @@
 #include <string>
 
 #include "commands.h"
+#include "progress.h"
 #include "seqpar/core/error.h"
 #include "seqpar/plan/calibrate.h"
 #include "seqpar/plan/hardware.h"
@@ -52,7 +53,9 @@ int calibrate(const CalibrateOptions& o) {
   }
   // Checked before the measurements; the profile appears when written.
   OutputFile out("--out", path);
-  const MachineMeasurements m = measure_machine(o.quick);
+  Progress progress("calibrate", o.json);
+  const MachineMeasurements m =
+      measure_machine(o.quick, [&](const char* what) { progress.phase(what); });
   const HardwareProfile p = calibrated_profile(m, today());
   // Reading it back checks every field.
   const std::string text = hardware_profile_to_json(p);

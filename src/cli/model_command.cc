@@ -10,6 +10,7 @@
 
 #include "commands.h"
 #include "mesh_run.h"
+#include "progress.h"
 #include "seqpar/core/timer.h"
 #include "seqpar/model/decoder.h"
 #include "seqpar/model/dit.h"
@@ -49,7 +50,7 @@ void validate(const ModelOptions& o) {
   check_range("--height", o.height, 1, limits::kMaxPixels);
   check_range("--width", o.width, 1, limits::kMaxPixels);
   check_range("--steps", o.steps, 1, limits::kMaxSteps);
-  check_range("--decode", o.decode, 0, limits::kMaxSteps);
+  check_range("--decode", o.decode, 1, limits::kMaxSteps);
   check_range("--prompt-len", o.prompt_len, 1, limits::kMaxTokens);
   check_range("--guidance", static_cast<double>(o.guidance), 0.0, 100.0);
 }
@@ -72,7 +73,7 @@ void check_model_memory(const Resolved& r, const ModelOptions& o, int64_t tokens
   const double activations = 4.0 * static_cast<double>(tokens) *
                              (16.0 * m.hidden + 2.0 * m.ffn_dim + 2.0 * m.heads * tokens / 1024);
   const double logits =
-      m.family == ModelFamily::kLlm ? 8.0 * (o.decode + 1) * static_cast<double>(m.vocab) : 0;
+      m.family == ModelFamily::kLlm ? 8.0 * o.decode * static_cast<double>(m.vocab) : 0;
   limits::check_fits_memory(
       detail::concat("model ", m.name, " (", params, " parameters, fp32, ", tokens, " tokens)"),
       weights + activations * (o.verify ? 2 : 1) + logits);
@@ -82,6 +83,12 @@ Resolved resolve(const ModelOptions& o, int world) {
   validate(o);
   Resolved r;
   r.mesh = resolve_mesh(o, world);
+  const std::vector<std::string> names = model_preset_names();
+  if (std::find(names.begin(), names.end(), o.preset) == names.end()) {
+    std::string valid;
+    for (const std::string& n : names) valid += (valid.empty() ? "" : ", ") + n;
+    throw InvalidArgument(detail::concat("--preset '", o.preset, "' is unknown; valid: ", valid));
+  }
   r.preset = model_preset(o.preset);
   r.shape = r.mesh.mesh;
   r.strategy = r.mesh.strategy;
@@ -99,7 +106,7 @@ Resolved resolve(const ModelOptions& o, int world) {
                    "--prefill-chunk is for llm presets (tiny-llm, llama3-8b, ...), not ",
                    r.preset.name);
   apply_chunk_flags(o, r.chunking);
-  r.chunking.max_new_tokens = o.decode + 1;
+  r.chunking.max_new_tokens = o.decode;
   r.specs = r.preset.family == ModelFamily::kDiT
                 ? DiT::parameters(dit_preset(r.preset.name))
                 : Decoder::parameters(decoder_preset(r.preset.name));
@@ -113,6 +120,10 @@ Resolved resolve(const ModelOptions& o, int world) {
 // One model run on `world` (every rank calls it); rank 0's result.
 ModelResult run_model(Communicator& world, const Resolved& r, const ModelOptions& o,
                       const WeightStore& ws, MeshShape shape) {
+  const std::string what =
+      shape.world() == 1 && r.shape.world() > 1 ? "the one-rank reference" : "the mesh";
+  Progress progress("model", o.json || world.rank() != 0);
+  progress.phase("running " + what);
   MeshComms mc(world, shape);
   ParallelContext ctx = model_context(mc, r.mesh);
   ModelResult res;
@@ -137,6 +148,10 @@ ModelResult run_model(Communicator& world, const Resolved& r, const ModelOptions
     // The single-rank reference (--verify) takes the prompt whole.
     Decoder::Options opts = r.chunking;
     if (shape.world() == 1 && r.shape.world() > 1) opts.prefill_chunk = 0;
+    if (progress.on())
+      opts.on_token = [&](int64_t tokens, double, double) {
+        progress.step(tokens, opts.max_new_tokens, "tokens of " + what);
+      };
     Decoder::Output out = dec.generate(prompt, opts, ctx);
     res.tokens = out.tokens;
     res.chunks = out.chunks;
@@ -242,7 +257,9 @@ void add_model_command(CLI::App& app, ModelOptions& o) {
   m->add_option("--steps", o.steps, "dit: denoising steps");
   m->add_option("--guidance", o.guidance, "dit: classifier-free guidance scale");
   m->add_option("--prompt-len,--prompt_len", o.prompt_len, "llm: prompt tokens (prefill)");
-  m->add_option("--decode", o.decode, "llm: greedy decode steps");
+  m->add_option("--decode", o.decode,
+                "llm: tokens generated after the prompt (the prefill gives the first, each decode "
+                "step one more)");
   add_chunk_flags(m, o);
   m->add_option("--seed", o.seed, "seed of weights and inputs");
   m->add_flag("--verify", o.verify,

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "progress.h"
 #include "seqpar/core/error.h"
 #include "seqpar/model/presets.h"
 #include "seqpar/plan/plan_spec.h"
@@ -479,7 +480,10 @@ int run_plan(const PlanOptions& o) {
   std::optional<Simulation> sim;
   if (!sizes.empty()) {
     const SimulationMesh m = simulation_mesh(r.req);
-    sim = simulate_scaling(r.req.work, r.req.hw, sizes, m.layout, m.cfg, m.tp);
+    Progress progress("plan", o.json);
+    sim = simulate_scaling(
+        r.req.work, r.req.hw, sizes, m.layout, m.cfg, m.tp, kHiddenFraction, kMaxPlanWork,
+        [&](int64_t done, int64_t total) { progress.step(done, total, "simulated meshes"); });
     sim->note = sim_note;
     if (svg)
       svg->write(simulation_svg(

@@ -22,6 +22,7 @@
 
 #include "commands.h"
 #include "mesh_run.h"
+#include "progress.h"
 #include "seqpar/comm/threads.h"
 #include "seqpar/core/timer.h"
 #include "seqpar/core/trace.h"
@@ -200,6 +201,7 @@ void run_rank(Communicator& comm, const Run& run, Report* report, OutputFile* tr
   RankCall call;
   CallTimes times;
   std::vector<double> seconds;
+  Progress progress("run", o.json || comm.rank() != 0);
   for (int rep = 0; rep < o.warmup + o.repeat; ++rep) {
     const bool timed = rep >= o.warmup;
     trace::Scope rep_span(trace::enabled() ? detail::concat(timed ? "run " : "warm-up ",
@@ -207,6 +209,7 @@ void run_rank(Communicator& comm, const Run& run, Report* report, OutputFile* tr
                                            : std::string(),
                           "run", trace::Lane::kCompute);
     call = run_attention_call(comms, run.job, in);
+    progress.step(rep + 1, o.warmup + o.repeat, "calls (warm-up included)");
     if (!timed) continue;
     seconds.push_back(comm.all_reduce_max(call.seconds));
     times.add(call);
@@ -215,7 +218,10 @@ void run_rank(Communicator& comm, const Run& run, Report* report, OutputFile* tr
   std::string trace_error;
   if (!o.trace.empty()) write_trace(comm, trace_out, &trace_error);  // the runs, not verify
   Verification check;
-  if (o.verify) check = verify_call(comm, run.job, o.seed, call);
+  if (o.verify) {
+    progress.phase("verifying against the single-rank reference");
+    check = verify_call(comm, run.job, o.seed, call);
+  }
   if (comm.rank() == 0 && report) *report = {seconds, std::move(stats), check, trace_error};
 }
 

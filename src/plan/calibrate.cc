@@ -133,21 +133,30 @@ std::string cpu_model() {
 
 }  // namespace
 
-MachineMeasurements measure_machine(bool quick) {
+MachineMeasurements measure_machine(bool quick,
+                                    const std::function<void(const char* what)>& on_phase) {
+  auto phase = [&](const char* what) {
+    if (on_phase) on_phase(what);
+  };
   MachineMeasurements m;
   m.cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   m.kernel_seq = quick ? 512 : 2048;
   const int reps = quick ? 3 : 7;
   const KernelCall k = kernel_call(m.kernel_seq);
+  phase("measuring the attention kernel on one core");
   m.kernel_flops_alone = kernel_rate(k, 1, reps);
+  phase("measuring the attention kernel with every core busy");
   m.kernel_flops_busy = m.cores > 1 ? kernel_rate_all_busy(k, m.cores, reps) : m.kernel_flops_alone;
+  phase("measuring one kernel call on every core");
   m.kernel_flops_wide = m.cores > 1 ? kernel_rate(k, m.cores, reps) : m.kernel_flops_alone;
   m.thread_efficiency =
       std::clamp(m.kernel_flops_wide / (m.cores * m.kernel_flops_busy), 0.05, 1.0);
   m.exchange_bytes = quick ? (4u << 20) : (32u << 20);
+  phase("measuring latency and bandwidth between ranks");
   m.latency_s = exchange_seconds(8, quick ? 50 : 400);
   const double t_big = exchange_seconds(m.exchange_bytes, reps);
   m.bandwidth = static_cast<double>(m.exchange_bytes) / std::max(1e-9, t_big - m.latency_s);
+  phase("measuring memcpy");
   m.memcpy_bw = memcpy_rate(m.exchange_bytes, reps);
   m.memory_bytes = mem_total_bytes();
   m.cpu_model = cpu_model();

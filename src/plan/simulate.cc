@@ -152,7 +152,8 @@ int largest_simulated_size(const Workload& w, const std::vector<int>& sizes, Lay
 
 Simulation simulate_scaling(const Workload& w, const HardwareProfile& hw,
                             const std::vector<int>& sizes, Layout layout, int cfg, int tp,
-                            double threshold, int64_t max_work) {
+                            double threshold, int64_t max_work,
+                            const std::function<void(int64_t, int64_t)>& on_mesh) {
   const PlanWork work = simulation_work(w, sizes, layout, cfg, tp);
   if (work.ns > max_work) {
     const int last = largest_simulated_size(w, sizes, layout, cfg, tp, max_work);
@@ -184,9 +185,14 @@ Simulation simulate_scaling(const Workload& w, const HardwareProfile& hw,
     }
     sim.curves.push_back(std::move(curve));
   }
+  int64_t meshes = 0, costed = 0;
+  if (on_mesh)
+    for_each_simulated_mesh(w, sizes, layout, cfg, tp,
+                            [&](size_t, size_t, const ParallelConfig&) { ++meshes; });
   // Each point: the fastest of the meshes it can take (usp: its ulysses x ring splits).
   for_each_simulated_mesh(
       w, sizes, layout, cfg, tp, [&](size_t c, size_t i, const ParallelConfig& m) {
+        if (on_mesh) on_mesh(costed++, meshes);
         SimCurve& curve = sim.curves[c];
         SimPoint& best = curve.points[i];
         MeshCost cost;
@@ -207,6 +213,7 @@ Simulation simulate_scaling(const Workload& w, const HardwareProfile& hw,
           best.note = detail::concat("ulysses ", best.ulysses, " x ring ", best.ring);
         for (const CollectiveCost& col : cost.collectives) curve.overlaps |= col.overlapped;
       });
+  if (on_mesh) on_mesh(meshes, meshes);
   for (SimCurve& curve : sim.curves) {
     // Where communication stops hiding.
     bool leading = true;

@@ -179,5 +179,31 @@ if [ -n "$mpiexec" ]; then
   [ "$(json_get "$out" measured_kv_bytes_per_rank)" = "$(json_get "$out" peak_kv_bytes_per_rank)" ] && ok || bad "mpi ring: measured K/V differs from predicted: $out"
 fi
 
+# Progress on stderr: on a terminal (SEQPAR_PROGRESS=1 stands for one here), never with --json,
+# and not when stderr is a file or pipe.
+err=$(SEQPAR_PROGRESS=1 "$bin" run --ranks 2 --seq 64 --heads 2 --repeat 2 --verify 2>&1 >/dev/null)
+printf '%s' "$err" | grep -q "^seqpar run: 3/3 calls" \
+  && printf '%s' "$err" | grep -q "^seqpar run: verifying against the single-rank reference" \
+  && ok || bad "run: no progress lines: $err"
+err=$(SEQPAR_PROGRESS=1 "$bin" run --ranks 2 --seq 64 --heads 2 --repeat 1 --json 2>&1 >/dev/null)
+[ -z "$err" ] && ok || bad "run --json printed progress: $err"
+err=$("$bin" run --ranks 2 --seq 64 --heads 2 --repeat 1 2>&1 >/dev/null)
+[ -z "$err" ] && ok || bad "run printed progress without a terminal: $err"
+err=$(SEQPAR_PROGRESS=1 "$bin" model --preset tiny-llm --prompt-len 16 --decode 3 2>&1 >/dev/null)
+printf '%s' "$err" | grep -q "^seqpar model: 3/3 tokens of the mesh" && ok || bad "model: no progress: $err"
+err=$(SEQPAR_PROGRESS=1 "$bin" plan --seq 4096 --heads 8 --ranks 8 --simulate --sim-ranks 2:8 2>&1 >/dev/null)
+printf '%s' "$err" | grep -q "^seqpar plan: \([0-9]*\)/\1 simulated meshes" && ok || bad "plan --simulate: no progress: $err"
+
+# The program's version, and a misspelt flag answered with the nearest one.
+[ "$("$bin" --version)" = "$("$bin" info --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["version"])')" ] \
+  && ok || bad "--version differs from info's version"
+expect_exit2 "not expected: ring --stratgy (did you mean --strategy?)" run --stratgy ring
+expect_exit2 "(did you mean --prompt-ids?)" generate --prompt-id 1
+expect_exit2 "--preset 'wan2.1' is unknown; valid: wan2.1-t2v-1.3b" model --preset wan2.1
+# A parameter the subcommand has no flag for is not written as a flag.
+expect_exit2 "needs heads 4 divisible by the Ulysses degree 8" model --preset tiny-dit --ulysses-degree 8 --ulysses-mode strict --pad
+expect_exit2 "downloads nothing: fetch a hub model first (huggingface-cli download Org/model" \
+  generate --model Org/model --prompt-ids 1
+
 echo "test_cli_flags: $pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "seqpar/plan/hardware.h"
@@ -36,8 +37,10 @@ struct MachineMeasurements {
   std::string cpu_model;          // /proc/cpuinfo's model name
 };
 
-// Measures this machine; quick: fewer and smaller measurements (for tests).
-MachineMeasurements measure_machine(bool quick);
+// Measures this machine; quick: fewer and smaller measurements (for tests). on_phase, if
+// given, hears each measurement as it starts ("the attention kernel on one core", ...).
+MachineMeasurements measure_machine(bool quick,
+                                    const std::function<void(const char* what)>& on_phase = {});
 
 // The `local` profile of the measurements, its description dated `date` (YYYY-MM-DD): per-core
 // rates with every core busy (what each rank of a full machine gets), a shared node of `cores`.

@@ -6,6 +6,7 @@
 // Thread-safety: pure functions of values.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -58,13 +59,18 @@ PlanWork simulation_work(const Workload& w, const std::vector<int>& sizes, Layou
 int largest_simulated_size(const Workload& w, const std::vector<int>& sizes, Layout layout, int cfg,
                            int tp, int64_t budget);
 
+// Communication counts as hidden up to this fraction of the step (exposed / step).
+inline constexpr double kHiddenFraction = 0.05;
+
 // Replays every size. cfg and tp: the degrees outside sequence parallelism (world = cfg·tp·sp;
 // sizes are sequence-parallel sizes). usp takes the fastest ulysses x ring split with both
 // degrees above 1. Throws InvalidArgument (naming the work and the largest last size that fits)
-// when the work is more than max_work (PlanWork::ns).
+// when the work is more than max_work (PlanWork::ns). on_mesh, if given, hears (meshes costed,
+// meshes in all) after each mesh.
 Simulation simulate_scaling(const Workload& w, const HardwareProfile& hw,
                             const std::vector<int>& sizes, Layout layout, int cfg = 1, int tp = 1,
-                            double threshold = 0.05, int64_t max_work = kMaxPlanWork);
+                            double threshold = kHiddenFraction, int64_t max_work = kMaxPlanWork,
+                            const std::function<void(int64_t done, int64_t total)>& on_mesh = {});
 
 // Predicted step time against ranks, one line per strategy, log-log axes, the node boundary and
 // the points where communication stops hiding marked. A complete standalone SVG document.
