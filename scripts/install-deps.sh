@@ -7,7 +7,7 @@
 set -euo pipefail
 
 packages=(
-  g++ cmake make pkg-config python3 python3-venv python3-pytest python3-dev pybind11-dev python3-mpi4py
+  g++ cmake make pkg-config python3 python3-venv python3-pytest python3-dev pybind11-dev python3-mpi4py python3-numpy
   libdnnl-dev ocl-icd-opencl-dev
   libopenmpi-dev openmpi-bin
   nlohmann-json3-dev libcli11-dev libfmt-dev

@@ -61,7 +61,7 @@ inline void print_json_error(const std::string& message, int exit_code) {
 // sets it ("--head-dim 0 is invalid"). Mapped: the snake_case names, strategy and causal
 // anywhere ("use strategy usp", "drop causal"), and the other one-word names (seq, heads, ...)
 // where they name a value: at the start of the message, before a number or a quoted value, or
-// alone in parentheses.
+// alone in parentheses. Once run_subcommand runs a subcommand, only the flags it has.
 std::string flag_words(std::string_view message);
 // The one line the command line prints for e: flag_words of its message, except that a
 // FileContentError's detail (the file's own keys) is kept as it is after its parameter's flag.
@@ -162,7 +162,7 @@ struct RunOptions {
   int64_t text_tokens = 0;          // joint attention: replicated text tokens
   int64_t cached = 0;               // decode / partial prefill: tokens in the distributed K/V cache
   int64_t fresh = 0;                // decode / partial prefill: new tokens (--new)
-  std::string hardware = "h100";    // profile for --strategy auto
+  std::string hardware = "local";   // profile for --strategy auto: this machine
   std::string softmax = "online";   // online | const-max (ring, usp)
   std::string schedule = "default";  // default | steal (ring) | ring (passq)
   std::string trace;                 // --trace FILE: Chrome/Perfetto trace of the run (empty: off)
@@ -217,7 +217,7 @@ struct ChunkFlags {
   int64_t prefill_chunk = 0;      // 0: the whole prompt at once
   std::string chunk_strategy = "auto";     // passkv | passq | auto (the planner's on --hardware)
   std::string chunk_schedule = "default";  // passq: default | ring
-  std::string hardware = "h100";           // profile auto replays the chunks' schedules on
+  std::string hardware = "local";          // profile auto replays the chunks' schedules on
 };
 
 // seqpar model: a dit or llm preset on a cfg x tp x ring x ulysses mesh.

@@ -28,14 +28,17 @@ out=$("$bin" run --strategy ulysses --ulysses-degree 3 --seq 99 --heads 6 --head
 expect_ok "passq" "$bin" run --strategy passq --ranks 4 --cached 4096 --new 5 --heads 4 --kv-heads 2 --causal $small
 expect_ok "passkv" "$bin" run --strategy passkv --ranks 3 --cached 1000 --new 64 --heads 4 --causal $small
 expect_ok "bf16 usp" "$bin" run --strategy usp --ranks 4 --seq 256 --heads 4 --dtype bf16 --causal $small
-out=$("$bin" run --strategy auto --ranks 4 --cached 12480 --new 320 --heads 128 --kv-heads 8 --head-dim 8 --causal --json --repeat 1)
+out=$("$bin" run --strategy auto --ranks 4 --cached 12480 --new 320 --heads 128 --kv-heads 8 --head-dim 8 --causal --json --repeat 1 --hardware h100)
 # Meta's rule says pass-Q here; on one H100 node (NVLink) the replayed schedules hide pass-KV's
 # transfers, and auto takes the fastest replay.
 [ "$(json_get "$out" rule_choice)" = "passq" ] && ok || bad "auto's rule chose $(json_get "$out" rule_choice), want passq"
 [ "$(json_get "$out" choice)" = "passkv" ] && ok || bad "auto chose $(json_get "$out" choice), want passkv: $(json_get "$out" choice_reason)"
 python3 -c 'import json,sys; d=json.loads(sys.argv[1]); sys.exit(0 if d["threshold_tokens"] > 320 else 1)' "$out" && ok || bad "threshold_tokens"
-out=$("$bin" run --strategy auto --ranks 4 --cached 1000 --new 1000 --heads 32 --kv-heads 2 --head-dim 8 --causal --json --repeat 1)
+out=$("$bin" run --strategy auto --ranks 4 --cached 1000 --new 1000 --heads 32 --kv-heads 2 --head-dim 8 --causal --json --repeat 1 --hardware h100)
 [ "$(json_get "$out" choice)" = "passkv" ] && ok || bad "auto on half-new tokens chose $(json_get "$out" choice)"
+# Without --hardware, auto decides for this machine (the local profile, as calibrated).
+out=$("$bin" run --strategy auto --ranks 2 --cached 256 --new 4 --heads 4 --causal --json --repeat 1)
+[ "$(json_get "$out" hardware)" = "local" ] && ok || bad "auto's default profile: $(json_get "$out" hardware)"
 # One rank over a cache: auto runs it locally (the queries over the own cache).
 expect_ok "auto on one rank over a cache" "$bin" run --strategy auto --ranks 1 --cached 100 --new 4 --heads 4 --causal $small
 # ring pass-Q: T = 1 (three ranks own no query), T not divisible by N, T in the thousands.
@@ -116,6 +119,9 @@ expect_ok "dit 4 steps" "$bin" model --preset tiny-dit --ulysses-degree 4 --step
 expect_ok "llm tp2 ring2" "$bin" model --preset tiny-llm --tp 2 --ring-degree 2 --prompt-len 1000 --decode 16 --verify --json
 out=$("$bin" model --preset tiny-llm --ulysses-degree 2 --prompt-len 200 --decode 4 --verify --json)
 [ "$(json_get "$out" tokens_match)" = "True" ] && ok || bad "llm tokens differ: $out"
+# --decode N: N tokens after the prompt
+[ "$(json_get "$out" tokens | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')" = 4 ] \
+  && ok || bad "--decode 4 did not give 4 tokens: $out"
 tmp=$(mktemp -d)
 "$bin" model --preset tiny-llm --prompt-len 32 --decode 2 --save-weights "$tmp/w.safetensors" >/dev/null && ok || bad "save weights"
 expect_ok "llm from safetensors" "$bin" model --preset tiny-llm --weights "$tmp/w.safetensors" --ring-degree 2 --prompt-len 32 --decode 2 --verify --json

@@ -30,7 +30,7 @@ case $mode in
     flags=$(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --cflags --libs seqpar)
     # shellcheck disable=SC2086
     c++ -std=c++20 "$consumer/ring_example.cc" -o "$tmp/pc_example" $flags \
-      -Wl,-rpath,"$(dirname "$(dirname "$pc")")"
+      -Wl,-rpath,"$(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --variable=libdir seqpar)"
     "$tmp/pc_example"
     ;;
   subdirectory)

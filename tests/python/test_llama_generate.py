@@ -138,7 +138,7 @@ def test_chunked_prefill(ckpts, tmp_path, mesh):
 TURNS = [
     {"ring-degree": 2, "chunk-strategy": "passq"},
     {"ring-degree": 3, "layout": "zigzag", "prefill-chunk": 7, "chunk-strategy": "passkv"},
-    {"tp": 2, "ulysses-degree": 2},   # auto on the h100 profile
+    {"tp": 2, "ulysses-degree": 2},   # auto on the local profile
 ]
 
 

@@ -116,7 +116,7 @@ def test_mpi(ckpts, tmp_path, name, mesh):
 CHUNKED = [
     {"ring-degree": 2, "layout": "zigzag", "prefill-chunk": 16, "chunk-strategy": "passkv"},
     {"ring-degree": 3, "prefill-chunk": 9, "chunk-strategy": "passq"},
-    {"tp": 2, "ulysses-degree": 2, "prefill-chunk": 20},   # by the rule on the h100 profile
+    {"tp": 2, "ulysses-degree": 2, "prefill-chunk": 20},   # by the rule on the local profile
 ]
 
 
