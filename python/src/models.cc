@@ -204,6 +204,17 @@ class WanTransformerRank {
     return py::make_tuple(velocity_bytes(v[0]), velocity_bytes(v[1]));
   }
 
+  // Raises the ValueError forward and branches would for these inputs.
+  void check(uintptr_t latents, const std::vector<int64_t>& latents_shape,
+             const std::vector<float>& timesteps, uintptr_t text,
+             const std::vector<int64_t>& text_shape, uintptr_t negative,
+             const std::vector<int64_t>& negative_shape) const {
+    without_gil([&] {
+      check_inputs(f32_view(latents, latents_shape), timesteps, f32_view(text, text_shape),
+                   f32_view(negative, negative_shape));
+    });
+  }
+
   // The config under diffusers' WanTransformer3DModel names, and seqpar's: experts, layout,
   // boundary_ratio.
   py::dict config() const {
@@ -276,6 +287,7 @@ void bind_models(py::module_& m) {
       .def(py::init<py::object, const std::string&, const py::dict&, py::object>())
       .def("forward", &WanTransformerRank::forward)
       .def("branches", &WanTransformerRank::branches)
+      .def("check", &WanTransformerRank::check)
       .def_property_readonly("config", &WanTransformerRank::config);
   m.def("_check_model_mesh", [](const py::dict& mesh) { (void)mesh_of(mesh); });
   // (cfg, tp, ring_degree, ulysses_degree) of the degrees given (None: not given), as the CLI
