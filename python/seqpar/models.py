@@ -557,7 +557,7 @@ class WanTransformer(_Model):
             return torch.from_numpy(uncond)
         args = _wan_arguments(x, t, text, None)
         self._call(lambda m: m.check(*args))  # bad inputs refused now, not when used
-        x, text = x.copy(), text.copy()  # the caller may change its tensors in place
+        x, t, text = x.copy(), t.copy(), text.copy()  # the caller may change its tensors
         pending = torch.Tensor._make_subclass(
             _pending_class(), torch.empty((x.shape[0], self.config["out_channels"], *x.shape[2:])))
         pending.fill = lambda: pending.set(self._velocity(x, t, text, None, 1.0, None))
