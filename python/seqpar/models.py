@@ -20,18 +20,20 @@ seqpar computes.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import inspect
 import queue
 import threading
 import weakref
-from dataclasses import asdict, dataclass
-from typing import Any, Callable, Optional
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 
 from . import _MAX_RANKS, _brief, _core, _flag, _text, _torch
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class ModelMesh:
     """A cfg x tp x ring_degree x ulysses_degree mesh, as the CLI's mesh flags.
 
@@ -40,8 +42,8 @@ class ModelMesh:
     cfg: 2 runs the two guidance branches of a diffusion model side by side (Wan only).
     schedule: "default" or "steal" (ring, contiguous shards); softmax: "online" or "const-max"
     (the rings). The keywords also take the vocabulary's longer names: cfg_parallel_size,
-    tensor_parallel_size, sequence_parallel_size (ulysses_degree x ring_degree; alone: the
-    ring degree).
+    tensor_parallel_size, sequence_parallel_size (ulysses_degree x ring_degree, resolved as the
+    CLI resolves it; alone: the ring degree).
     """
 
     tp: int = 1
@@ -55,39 +57,59 @@ class ModelMesh:
     schedule: str = "default"
     softmax: str = "online"
 
+    def __init__(self, **keywords):
+        _check_keywords("ModelMesh", keywords, ())
+        keywords = dict(keywords)
+        for long, short in _MESH_ALIASES.items():
+            if long in keywords:
+                if short in keywords:
+                    raise ValueError(f"give {short} or {long}, not both")
+                keywords[short] = keywords.pop(long)
+        if "sequence_parallel_size" in keywords:
+            sp = _degree("sequence_parallel_size", keywords.pop("sequence_parallel_size"))
+            ring, ulysses = (_degree(k, keywords[k]) if k in keywords else None
+                             for k in ("ring_degree", "ulysses_degree"))
+            _, _, keywords["ring_degree"], keywords["ulysses_degree"] = \
+                _core._resolve_degrees(None, None, ring, ulysses, sp)
+        for f in fields(self):
+            object.__setattr__(self, f.name, keywords.get(f.name, f.default))
+
     @property
     def ranks(self) -> int:
         return self.cfg * self.tp * self.ring_degree * self.ulysses_degree
 
 
-def _mesh_of(mesh: Optional[ModelMesh], kwargs: dict) -> ModelMesh:
+# ModelMesh's keywords: its fields and the vocabulary's longer names.
+_MESH_ALIASES = {"cfg_parallel_size": "cfg", "tensor_parallel_size": "tp"}
+_MESH_KEYWORDS = ("tp", "tensor_parallel_size", "ring_degree", "ulysses_degree",
+                  "sequence_parallel_size", "cfg", "cfg_parallel_size", "strategy", "layout",
+                  "ulysses_mode", "pad", "schedule", "softmax")
+
+
+def _check_keywords(where: str, keywords: dict, own) -> None:
+    """ValueError naming the first keyword that is neither one of `own` nor a mesh keyword."""
+    unknown = [k for k in keywords if k not in _MESH_KEYWORDS]
+    if unknown:
+        raise ValueError(f"{where}: keyword '{unknown[0]}' is unknown; valid: "
+                         f"{', '.join([*own, *_MESH_KEYWORDS])}")
+
+
+def _degree(name: str, value) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+        raise ValueError(f"{name} {_brief(value)} is invalid; expected an integer")
+    if not 1 <= value <= _MAX_RANKS:
+        raise ValueError(f"{name} {value} is out of range; valid: 1 to {_MAX_RANKS}")
+    return int(value)
+
+
+def _mesh_of(mesh: Optional[ModelMesh], kwargs: dict, call: Callable) -> ModelMesh:
+    """The mesh of call(path, *, mesh=None, ..., **kwargs): mesh, or ModelMesh(**kwargs)."""
+    own = [k for k in inspect.signature(call).parameters if k not in ("path", "mesh_kwargs")]
+    _check_keywords(call.__qualname__, kwargs, own)
     if mesh is not None and kwargs:
         raise ValueError(f"give the mesh as mesh=ModelMesh(...) or as keywords, not both "
                          f"(got {', '.join(sorted(kwargs))})")
-    if mesh is None:
-        kwargs = dict(kwargs)
-        for long, short in (("cfg_parallel_size", "cfg"), ("tensor_parallel_size", "tp")):
-            if long in kwargs:
-                if short in kwargs:
-                    raise ValueError(f"give {short} or {long}, not both")
-                kwargs[short] = kwargs.pop(long)
-        if "sequence_parallel_size" in kwargs:
-            sp = kwargs.pop("sequence_parallel_size")
-            u = kwargs.get("ulysses_degree", 1)
-            if not isinstance(sp, (int, np.integer)) or isinstance(sp, bool) or sp < 1 or \
-                    not isinstance(u, (int, np.integer)) or u < 1 or sp % u:
-                raise ValueError(f"sequence_parallel_size {_brief(sp)} must be a multiple of "
-                                 f"ulysses_degree {_brief(u)}")
-            if "ring_degree" in kwargs and kwargs["ring_degree"] * u != sp:
-                raise ValueError(f"sequence_parallel_size {sp} is not ulysses_degree {u} x "
-                                 f"ring_degree {kwargs['ring_degree']}")
-            kwargs["ring_degree"] = int(sp) // int(u)
-        try:
-            mesh = ModelMesh(**kwargs)
-        except TypeError as e:
-            raise ValueError(f"{e}; valid: tp (tensor_parallel_size), ring_degree, "
-                             "ulysses_degree, sequence_parallel_size, cfg (cfg_parallel_size), "
-                             "strategy, layout, ulysses_mode, pad, schedule, softmax") from None
+    mesh = ModelMesh(**kwargs) if mesh is None else mesh
     if not isinstance(mesh, ModelMesh):
         raise ValueError(f"mesh: expected a seqpar.ModelMesh, got {type(mesh).__name__}")
     return mesh
@@ -96,11 +118,7 @@ def _mesh_of(mesh: Optional[ModelMesh], kwargs: dict) -> ModelMesh:
 def _mesh_dict(mesh: ModelMesh) -> dict:
     d = asdict(mesh)
     for k in ("tp", "ring_degree", "ulysses_degree", "cfg"):
-        if not isinstance(d[k], (int, np.integer)) or isinstance(d[k], bool):
-            raise ValueError(f"{k} {_brief(d[k])} is invalid; expected an integer")
-        if not 1 <= d[k] <= _MAX_RANKS:
-            raise ValueError(f"{k} {d[k]} is out of range; valid: 1 to {_MAX_RANKS}")
-        d[k] = int(d[k])
+        d[k] = _degree(k, d[k])
     for k in ("strategy", "layout", "ulysses_mode", "schedule", "softmax"):
         d[k] = _text(k, d[k])
     d["pad"] = _flag("pad", d["pad"])
@@ -294,7 +312,7 @@ class CausalLM(_Model):
         communication wait may take); with comm (its size the mesh's ranks) this is the rank's
         model, and every rank calls this and generate alike."""
         self = cls.__new__(cls)
-        mesh = _mesh_of(mesh, mesh_kwargs)
+        mesh = _mesh_of(mesh, mesh_kwargs, CausalLM.from_pretrained)
         spec = _mesh_dict(mesh)
         self.path = where = str(path)  # the ranks' closures hold no reference to self
         self._start(lambda c: _core._CausalLMRank(c, where, spec), comm, mesh, threads, timeout)
@@ -343,10 +361,88 @@ class CausalLM(_Model):
 Llama = CausalLM
 
 
+def _wan_arguments(x, t, text, neg) -> tuple:
+    """The rank model's arguments: the arrays (borrowed for the call) by address and shape, the
+    timesteps as a list."""
+    def address(a):
+        return (0, []) if a is None else (a.__array_interface__["data"][0], list(a.shape))
+
+    (xa, xs), (ta, ts), (na, ns) = address(x), address(text), address(neg)
+    return xa, xs, [float(v) for v in t], ta, ts, na, ns
+
+
+def _f32(result) -> np.ndarray:
+    """A rank model's (bytes, shape) as a float32 array of its own."""
+    data, shape = result
+    return np.frombuffer(data, dtype=np.float32).reshape(shape).copy()
+
+
+class WanTransformerOutput(NamedTuple):
+    """forward's result with return_dict=True, as diffusers' Transformer2DModelOutput: the
+    prediction as .sample, or [0]."""
+
+    sample: Any
+
+
+class _Config(dict):
+    """A config read as a dict or by attribute (config["in_channels"], config.in_channels), as
+    diffusers' FrozenDict."""
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"config has no '{name}'") from None
+
+
+def _pending_class():
+    """The torch.Tensor subclass of a prediction not computed yet (see WanTransformer.forward):
+    a torch function that touches one first fills it in place (its fill()), then runs on plain
+    tensors, so what it returns is a plain tensor."""
+    global _Pending
+    if _Pending is None:
+        torch = _torch()
+
+        class PendingPrediction(torch.Tensor):
+            fill = None  # () -> None: computes the prediction and sets it; None once set
+
+            def set(self, value: np.ndarray) -> None:
+                with torch._C.DisableTorchFunctionSubclass():
+                    self.copy_(torch.from_numpy(value))
+                self.fill = None
+
+            @classmethod
+            def __torch_function__(cls, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                for a in torch.utils._pytree.tree_leaves((args, kwargs)):
+                    if isinstance(a, cls) and a.fill is not None:
+                        a.fill()
+                with torch._C.DisableTorchFunctionSubclass():
+                    return func(*args, **kwargs)
+
+        _Pending = PendingPrediction
+    return _Pending
+
+
+_Pending = None
+
+
+@dataclass
+class _Waiting:
+    """A one-branch call on the cfg mesh whose prediction waits for its partner."""
+
+    latents: np.ndarray
+    timestep: np.ndarray
+    text: np.ndarray
+    prediction: Any  # a PendingPrediction
+
+
 class WanTransformer(_Model):
     """A Wan 2.1 / 2.2 text-to-video transformer (diffusers' WanTransformer3DModel directory, a
     WanPipeline directory with transformer/ and transformer_2/, or Wan's original layout) on a
-    mesh, as ``seqpar denoise`` runs it."""
+    mesh, as ``seqpar denoise`` runs it; also a drop-in for diffusers' WanTransformer3DModel in a
+    WanPipeline (``pipe.transformer = WanTransformer.from_pretrained(pipe_dir + "/transformer")``):
+    config, dtype, device, cache_context and its call."""
 
     @classmethod
     def from_pretrained(cls, path: str, *, mesh: Optional[ModelMesh] = None, comm=None,
@@ -356,46 +452,127 @@ class WanTransformer(_Model):
         included). Two-expert models switch at boundary_ratio x 1000 (default: the
         checkpoint's). Threads or comm as in CausalLM.from_pretrained."""
         self = cls.__new__(cls)
-        mesh = _mesh_of(mesh, mesh_kwargs)
+        mesh = _mesh_of(mesh, mesh_kwargs, cls.from_pretrained)
         spec = _mesh_dict(mesh)
         self.path = where = str(path)
         self._start(lambda c: _core._WanTransformerRank(c, where, spec, boundary_ratio),
                     comm, mesh, threads, timeout)
-        self.config = self._call(lambda m: m.config)
+        self.config = _Config(self._call(lambda m: m.config))
+        self._waiting = None  # the one-branch call on the cfg mesh whose partner may come
         return self
 
-    def forward(self, latents, timestep, encoder_hidden_states,
+    @property
+    def dtype(self):
+        """torch.float32, what forward takes and returns (WanPipeline casts its inputs to it);
+        the weights stay in the checkpoint's dtype."""
+        import torch
+
+        return torch.float32
+
+    @property
+    def device(self):
+        """The CPU: seqpar computes there."""
+        import torch
+
+        return torch.device("cpu")
+
+    @contextlib.contextmanager
+    def cache_context(self, name: str):
+        """diffusers' cache-hook context, in which WanPipeline makes its "cond" and "uncond"
+        calls; seqpar caches nothing between calls (the branches pair by their inputs)."""
+        yield
+
+    def forward(self, latents=None, timestep=None, encoder_hidden_states=None,
                 negative_encoder_hidden_states=None, *, guidance_scale: float = 1.0,
-                guidance_scale_2: Optional[float] = None):
-        """noise_pred (B, C_out, F, H, W) for latents (B, C, F, H, W) at timestep (a number or
-        (B,), 0..1000) given encoder_hidden_states (B, L, text_dim); with
-        negative_encoder_hidden_states and guidance_scale > 1 the guided prediction
-        uncond + guidance_scale (cond - uncond), as WanPipeline combines them (guidance_scale_2
-        for the low-noise expert of two-expert models). Inputs are read as float32; the result
-        is a torch tensor when latents is one, else a NumPy array."""
-        x = _numpy("latents", latents, np.float32)
+                guidance_scale_2: Optional[float] = None, hidden_states=None,
+                encoder_hidden_states_image=None, attention_kwargs: Optional[dict] = None,
+                return_dict: Optional[bool] = None):
+        """noise_pred (B, C_out, F, H, W) for latents (B, C, F, H, W) at timestep (a number, (B,),
+        or diffusers' per-token (B, S) when each row holds one value; 0..1000) given
+        encoder_hidden_states (B, L, text_dim); with negative_encoder_hidden_states and
+        guidance_scale > 1 the guided prediction uncond + guidance_scale (cond - uncond), as
+        WanPipeline combines them (guidance_scale_2 for the low-noise expert of two-expert
+        models). Inputs are read as float32; the result is a torch tensor when latents is one,
+        else a NumPy array.
+
+        Called as diffusers calls WanTransformer3DModel, with the latents as hidden_states=, it
+        answers as that model does: a WanTransformerOutput (.sample, [0]), or with
+        return_dict=False a 1-tuple; attention_kwargs must be None or empty and image
+        conditioning (encoder_hidden_states_image) is refused. With the latents first (or
+        latents=) it returns the prediction itself unless return_dict says otherwise.
+
+        One branch on a cfg mesh of 2 (no negative states: WanPipeline's calls) returns a torch
+        prediction that waits, uncomputed, for the next call: if that call has the same latents
+        and timestep, both branches run at once, one on each cfg group, and this one's
+        prediction fills the waiting one; if the waiting prediction is used first
+        (guidance_scale <= 1: no second call), it is computed alone then."""
+        diffusers_call = hidden_states is not None
+        if diffusers_call and latents is not None:
+            raise ValueError("give latents or hidden_states, not both")
+        name, latents = ("hidden_states", hidden_states) if diffusers_call else ("latents", latents)
+        for what, value in ((name, latents), ("timestep", timestep),
+                            ("encoder_hidden_states", encoder_hidden_states)):
+            if value is None:
+                raise ValueError(f"forward needs {what}")
+        if encoder_hidden_states_image is not None:
+            raise ValueError("encoder_hidden_states_image: seqpar runs Wan text-to-video; image "
+                             "conditioning (i2v) is not supported")
+        if attention_kwargs:
+            raise ValueError(f"attention_kwargs {_brief(attention_kwargs)} is not supported "
+                             "(seqpar's attention takes no options and no LoRA scale)")
+        if return_dict is None and diffusers_call:
+            return_dict = True
+        x = _numpy(name, latents, np.float32)
         text = _numpy("encoder_hidden_states", encoder_hidden_states, np.float32)
         neg = (None if negative_encoder_hidden_states is None else
                _numpy("negative_encoder_hidden_states", negative_encoder_hidden_states,
                       np.float32))
-        t = _numpy("timestep", timestep, np.float32).reshape(-1)
+        t = _numpy("timestep", timestep, np.float32)
+        if t.ndim == 2 and t.size and (t == t[:, :1]).all():
+            t = t[:, 0]  # diffusers' expand_timesteps: the timestep of every token
+        t = t.reshape(-1)
         if t.size == 1 and x.ndim >= 1:
             t = np.full(x.shape[0], t[0], dtype=np.float32)
-        out = self._velocity(x, t, text, neg, guidance_scale, guidance_scale_2)
-        return _torch().from_numpy(out) if _is_torch(latents) else out
+        torch_out = _is_torch(latents)
+        if neg is None and self.mesh.cfg == 2 and torch_out:
+            out = self._one_branch(x, t, text)
+        else:
+            out = self._velocity(x, t, text, neg, guidance_scale, guidance_scale_2)
+            out = _torch().from_numpy(out) if torch_out else out
+        if return_dict is None:
+            return out
+        return WanTransformerOutput(out) if _flag("return_dict", return_dict) else (out,)
 
     __call__ = forward
 
-    def _velocity(self, x, t, text, neg, guidance, guidance_2):
-        def address(a):
-            return (0, []) if a is None else (a.__array_interface__["data"][0], list(a.shape))
+    def _one_branch(self, x, t, text):
+        """The prediction for text on the cfg mesh: the waiting call's partner (both computed at
+        once, the waiting one set), or a waiting prediction itself."""
+        torch, w = _torch(), self._waiting
+        if w is not None and w.prediction.fill is not None and \
+                np.array_equal(w.latents, x) and np.array_equal(w.timestep, t):
+            self._waiting = None
+            cond, uncond = self._branches(w.latents, w.timestep, w.text, text)
+            w.prediction.set(cond)
+            return torch.from_numpy(uncond)
+        args = _wan_arguments(x, t, text, None)
+        self._call(lambda m: m.check(*args))  # bad inputs refused now, not when used
+        x, t, text = x.copy(), t.copy(), text.copy()  # the caller may change its tensors
+        pending = torch.Tensor._make_subclass(
+            _pending_class(), torch.empty((x.shape[0], self.config["out_channels"], *x.shape[2:])))
+        pending.fill = lambda: pending.set(self._velocity(x, t, text, None, 1.0, None))
+        self._waiting = _Waiting(x, t, text, pending)
+        return pending
 
-        (xa, xs), (ta, ts), (na, ns) = address(x), address(text), address(neg)
+    def _velocity(self, x, t, text, neg, guidance, guidance_2):
+        args = _wan_arguments(x, t, text, neg)
         g2 = None if guidance_2 is None else float(guidance_2)
-        ts_list = [float(v) for v in t]
-        data, shape = self._call(lambda m: m.forward(xa, xs, ts_list, ta, ts, na, ns,
-                                                     float(guidance), g2))
-        return np.frombuffer(data, dtype=np.float32).reshape(shape).copy()
+        return _f32(self._call(lambda m: m.forward(*args, float(guidance), g2)))
+
+    def _branches(self, x, t, text, neg):
+        """[cond, uncond] unguided; on the cfg mesh in one parallel call."""
+        args = _wan_arguments(x, t, text, neg)
+        return [_f32(v) for v in self._call(lambda m: m.branches(*args))]
 
     def sample(self, latents, encoder_hidden_states, negative_encoder_hidden_states=None, *,
                num_inference_steps: int = 50, guidance_scale: float = 5.0,

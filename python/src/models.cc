@@ -8,6 +8,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -21,6 +22,7 @@
 #include "seqpar/model/decoder.h"
 #include "seqpar/model/model_run.h"
 #include "seqpar/model/wan.h"
+#include "seqpar/parallel/config_file.h"
 #include "seqpar/parallel/strategy_table.h"
 
 namespace py = pybind11;
@@ -167,16 +169,76 @@ class WanTransformerRank {
     });
   }
 
-  // Velocity as bytes (B, C_out, F, H, W) fp32 and its shape.
+  // Velocity (B, C_out, F, H, W) fp32 as (bytes, shape), guided when negative is given and the
+  // expert's scale is > 1 (on a cfg mesh of 2 unguided, both groups compute the one prediction).
   py::tuple forward(uintptr_t latents, const std::vector<int64_t>& latents_shape,
                     const std::vector<float>& timesteps, uintptr_t text,
                     const std::vector<int64_t>& text_shape, uintptr_t negative,
                     const std::vector<int64_t>& negative_shape, double guidance,
                     py::object guidance_2) {
     rank_.check_open();
-    const DiTConfig& m = model_.experts[0].preset;
     const Tensor x = f32_view(latents, latents_shape), t = f32_view(text, text_shape),
                  n = f32_view(negative, negative_shape);
+    const WanGuidance g = guidance_of(guidance, guidance_2);
+    return velocity_bytes(without_gil([&] {
+      check_inputs(x, timesteps, t, n);
+      return wan_->velocity(x, timesteps, t, n, g, rank_.ctx);
+    }));
+  }
+
+  // The two branches unguided, (cond, uncond), each as forward's (bytes, shape): on a cfg mesh
+  // of 2 in one parallel call.
+  py::tuple branches(uintptr_t latents, const std::vector<int64_t>& latents_shape,
+                     const std::vector<float>& timesteps, uintptr_t text,
+                     const std::vector<int64_t>& text_shape, uintptr_t negative,
+                     const std::vector<int64_t>& negative_shape) {
+    rank_.check_open();
+    const Tensor x = f32_view(latents, latents_shape), t = f32_view(text, text_shape),
+                 n = f32_view(negative, negative_shape);
+    SEQPAR_ARG_CHECK(!n.empty(), "branches need negative_encoder_hidden_states");
+    const WanGuidance g = guidance_of(1.0, py::none());
+    const std::array<Tensor, 2> v = without_gil([&] {
+      check_inputs(x, timesteps, t, n);
+      return wan_->branches(x, timesteps, t, n, g, rank_.ctx);
+    });
+    return py::make_tuple(velocity_bytes(v[0]), velocity_bytes(v[1]));
+  }
+
+  // Raises the ValueError forward and branches would for these inputs.
+  void check(uintptr_t latents, const std::vector<int64_t>& latents_shape,
+             const std::vector<float>& timesteps, uintptr_t text,
+             const std::vector<int64_t>& text_shape, uintptr_t negative,
+             const std::vector<int64_t>& negative_shape) const {
+    without_gil([&] {
+      check_inputs(f32_view(latents, latents_shape), timesteps, f32_view(text, text_shape),
+                   f32_view(negative, negative_shape));
+    });
+  }
+
+  // The config under diffusers' WanTransformer3DModel names, and seqpar's: experts, layout,
+  // boundary_ratio.
+  py::dict config() const {
+    const DiTConfig& m = model_.experts[0].preset;
+    py::dict d;
+    d["patch_size"] = py::make_tuple(m.patch[0], m.patch[1], m.patch[2]);
+    d["num_attention_heads"] = m.heads;
+    d["attention_head_dim"] = m.head_dim;
+    d["in_channels"] = m.in_channels;
+    d["out_channels"] = m.predicted_channels();
+    d["text_dim"] = m.text_dim;
+    d["freq_dim"] = m.freq_dim;
+    d["ffn_dim"] = m.ffn_dim;
+    d["num_layers"] = m.layers;
+    d["cross_attn_norm"] = m.cross_attn_norm;
+    d["eps"] = m.eps;
+    d["experts"] = model_.experts.size();
+    d["layout"] = std::string(wan_layout_name(model_.experts[0].layout));
+    d["boundary_ratio"] = ratio_ ? py::cast(*ratio_) : py::none();
+    return d;
+  }
+
+ private:
+  WanGuidance guidance_of(double guidance, py::object guidance_2) const {
     WanGuidance g;
     for (auto [name, v] : {std::pair{"guidance_scale", guidance},
                            std::pair{"guidance_scale_2",
@@ -186,38 +248,24 @@ class WanTransformerRank {
     g.guidance = static_cast<float>(guidance);
     g.guidance_2 = static_cast<float>(guidance_2.is_none() ? guidance : guidance_2.cast<double>());
     g.boundary = ratio_.value_or(0) * 1000.0;
-    SEQPAR_ARG_CHECK(rank_.mesh.mesh.cfg == 1 || (!n.empty() && g.guidance > 1), "cfg ",
-                     rank_.mesh.mesh.cfg,
-                     " runs the two guidance branches side by side; it needs "
-                     "negative_encoder_hidden_states and guidance_scale > 1");
-    const Tensor v = without_gil([&] {
-      check_wan_inputs(m, x, t, n, "WanTransformer.forward");
-      SEQPAR_ARG_CHECK(static_cast<int64_t>(timesteps.size()) == x.dim(0),
-                       "WanTransformer.forward: timestep has ", timesteps.size(),
-                       " values; expected one or [", x.dim(0), "]");
-      for (float tb : timesteps)
-        SEQPAR_ARG_CHECK(std::isfinite(tb) && tb >= 0 && tb <= 1000,
-                         "WanTransformer.forward: timestep ", tb, " is invalid; valid: 0..1000");
-      return wan_->velocity(x, timesteps, t, n, g, rank_.ctx);
-    });
+    return g;
+  }
+
+  void check_inputs(const Tensor& x, const std::vector<float>& timesteps, const Tensor& t,
+                    const Tensor& n) const {
+    check_wan_inputs(model_.experts[0].preset, x, t, n, "WanTransformer.forward");
+    SEQPAR_ARG_CHECK(static_cast<int64_t>(timesteps.size()) == x.dim(0),
+                     "WanTransformer.forward: timestep has ", timesteps.size(),
+                     " values; expected one or [", x.dim(0), "]");
+    for (float tb : timesteps)
+      SEQPAR_ARG_CHECK(std::isfinite(tb) && tb >= 0 && tb <= 1000,
+                       "WanTransformer.forward: timestep ", tb, " is invalid; valid: 0..1000");
+  }
+
+  static py::tuple velocity_bytes(const Tensor& v) {
     return py::make_tuple(py::bytes(static_cast<const char*>(v.raw()), v.nbytes()), v.shape());
   }
 
-  py::dict config() const {
-    const DiTConfig& m = model_.experts[0].preset;
-    py::dict d;
-    d["in_channels"] = m.in_channels;
-    d["out_channels"] = m.out_channels;
-    d["text_dim"] = m.text_dim;
-    d["heads"] = m.heads;
-    d["patch_size"] = py::make_tuple(m.patch[0], m.patch[1], m.patch[2]);
-    d["experts"] = model_.experts.size();
-    d["layout"] = std::string(wan_layout_name(model_.experts[0].layout));
-    d["boundary_ratio"] = ratio_ ? py::cast(*ratio_) : py::none();
-    return d;
-  }
-
- private:
   RankMesh rank_;
   WanModel model_;
   std::optional<double> ratio_;
@@ -238,8 +286,18 @@ void bind_models(py::module_& m) {
   py::class_<WanTransformerRank>(m, "_WanTransformerRank")
       .def(py::init<py::object, const std::string&, const py::dict&, py::object>())
       .def("forward", &WanTransformerRank::forward)
+      .def("branches", &WanTransformerRank::branches)
+      .def("check", &WanTransformerRank::check)
       .def_property_readonly("config", &WanTransformerRank::config);
   m.def("_check_model_mesh", [](const py::dict& mesh) { (void)mesh_of(mesh); });
+  // (cfg, tp, ring_degree, ulysses_degree) of the degrees given (None: not given), as the CLI
+  // resolves its flags: sequence_parallel_size is ulysses_degree x ring_degree.
+  m.def("_resolve_degrees",
+        [](std::optional<int64_t> cfg, std::optional<int64_t> tp, std::optional<int64_t> ring,
+           std::optional<int64_t> ulysses, std::optional<int64_t> sp) {
+          const MeshShape d = resolve_degrees({cfg, tp, ring, ulysses, sp, std::nullopt});
+          return py::make_tuple(d.cfg, d.tp, d.ring, d.ulysses);
+        });
   m.def("_flow_match_schedule", [](int steps, double shift) {
     limits::check_range("num_inference_steps", int64_t{steps}, 1, limits::kMaxSteps);
     SEQPAR_ARG_CHECK(std::isfinite(shift) && shift > 0 && shift <= 100, "shift ", shift,

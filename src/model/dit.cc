@@ -160,24 +160,24 @@ Tensor DiT::forward(const Tensor& latent, float t, const Tensor& text, ParallelC
   return unpatchify(y, m_.predicted_channels(), grid, m_.patch);
 }
 
-Tensor DiT::guided(const Tensor& latent, float t, const Tensor& text, const Tensor& null_text,
-                   float guidance, ParallelContext& ctx) const {
+std::array<Tensor, 2> DiT::branches(const Tensor& latent, float t, const Tensor& text,
+                                    const Tensor& null_text, ParallelContext& ctx) const {
   Communicator& cfg = *ctx.cfg;
   SEQPAR_ARG_CHECK(cfg.size() <= 2, "--cfg ", cfg.size(), " is invalid; valid: 1, 2");
-  Tensor cond, uncond;
-  if (cfg.size() == 2) {
-    // Each cfg group computes one branch; the two velocities are exchanged.
-    Tensor mine = forward(latent, t, cfg.rank() == 0 ? text : null_text, ctx);
-    Tensor both({2, mine.numel()});
-    cfg.all_gather(mine.raw(), mine.nbytes(), both.raw());
-    cond = Tensor(mine.shape());
-    uncond = Tensor(mine.shape());
-    std::memcpy(cond.raw(), both.data<float>(), mine.nbytes());
-    std::memcpy(uncond.raw(), both.data<float>() + mine.numel(), mine.nbytes());
-  } else {
-    cond = forward(latent, t, text, ctx);
-    uncond = forward(latent, t, null_text, ctx);
-  }
+  if (cfg.size() == 1) return {forward(latent, t, text, ctx), forward(latent, t, null_text, ctx)};
+  // Each cfg group computes one branch; the two velocities are exchanged.
+  const Tensor mine = forward(latent, t, cfg.rank() == 0 ? text : null_text, ctx);
+  Tensor both({2, mine.numel()});
+  cfg.all_gather(mine.raw(), mine.nbytes(), both.raw());
+  std::array<Tensor, 2> v{Tensor(mine.shape()), Tensor(mine.shape())};
+  std::memcpy(v[0].raw(), both.data<float>(), mine.nbytes());
+  std::memcpy(v[1].raw(), both.data<float>() + mine.numel(), mine.nbytes());
+  return v;
+}
+
+Tensor DiT::guided(const Tensor& latent, float t, const Tensor& text, const Tensor& null_text,
+                   float guidance, ParallelContext& ctx) const {
+  auto [cond, uncond] = branches(latent, t, text, null_text, ctx);
   for (int64_t i = 0; i < cond.numel(); ++i)
     cond.data<float>()[i] =
         uncond.data<float>()[i] + guidance * (cond.data<float>()[i] - uncond.data<float>()[i]);

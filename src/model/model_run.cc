@@ -104,6 +104,33 @@ Tensor batch_row(const Tensor& t, int64_t b) {
   return r;
 }
 
+// run(latents, t, text, negative) -> N velocities, once when every row of latents has the same
+// timestep, else row by row (rows of text and of negative, if given) with the rows' results
+// stacked along dimension 0.
+template <size_t N, class Run>
+std::array<Tensor, N> by_timestep(const Tensor& latents, const std::vector<float>& t,
+                                  const Tensor& text, const Tensor& negative, Run run) {
+  if (std::all_of(t.begin(), t.end(), [&](float v) { return v == t[0]; }))
+    return run(latents, t[0], text, negative);
+  const int64_t B = latents.dim(0);
+  std::array<Tensor, N> out;
+  for (int64_t b = 0; b < B; ++b) {
+    const std::array<Tensor, N> v = run(batch_row(latents, b), t[b], batch_row(text, b),
+                                        negative.empty() ? Tensor() : batch_row(negative, b));
+    for (size_t i = 0; i < N; ++i) {
+      const Tensor& row = v[i];
+      Tensor& o = out[i];
+      if (b == 0) {
+        std::vector<int64_t> shape = row.shape();
+        shape[0] = B;
+        o = Tensor(shape);
+      }
+      std::memcpy(o.data<float>() + b * row.numel(), row.raw(), row.nbytes());
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 WanRank::WanRank(const WanModel& model, const ParallelContext& ctx) {
@@ -120,29 +147,23 @@ int WanRank::expert_at(float t, const WanGuidance& g) const {
 
 Tensor WanRank::velocity(const Tensor& latents, const std::vector<float>& t, const Tensor& text,
                          const Tensor& negative, const WanGuidance& g, ParallelContext& ctx) const {
-  const bool have_negative = !negative.empty();
   auto one = [&](const Tensor& x, float tb, const Tensor& txt, const Tensor& neg) {
     const bool low = expert_at(tb, g) == 2;
     const float scale = low ? g.guidance_2 : g.guidance;
     const DiT& dit = dits_[low ? 1 : 0];
-    if (have_negative && scale > 1.0f) return dit.guided(x, tb, txt, neg, scale, ctx);
-    return dit.forward(x, tb, txt, ctx);
+    if (!neg.empty() && scale > 1.0f) return std::array{dit.guided(x, tb, txt, neg, scale, ctx)};
+    return std::array{dit.forward(x, tb, txt, ctx)};
   };
-  if (std::all_of(t.begin(), t.end(), [&](float v) { return v == t[0]; }))
-    return one(latents, t[0], text, negative);
-  const int64_t B = latents.dim(0);
-  Tensor out;
-  for (int64_t b = 0; b < B; ++b) {
-    Tensor v = one(batch_row(latents, b), t[b], batch_row(text, b),
-                   have_negative ? batch_row(negative, b) : Tensor());
-    if (b == 0) {
-      std::vector<int64_t> shape = v.shape();
-      shape[0] = B;
-      out = Tensor(shape);
-    }
-    std::memcpy(out.data<float>() + b * v.numel(), v.raw(), v.nbytes());
-  }
-  return out;
+  return by_timestep<1>(latents, t, text, negative, one)[0];
+}
+
+std::array<Tensor, 2> WanRank::branches(const Tensor& latents, const std::vector<float>& t,
+                                        const Tensor& text, const Tensor& negative,
+                                        const WanGuidance& g, ParallelContext& ctx) const {
+  auto both = [&](const Tensor& x, float tb, const Tensor& txt, const Tensor& neg) {
+    return dits_[expert_at(tb, g) - 1].branches(x, tb, txt, neg, ctx);
+  };
+  return by_timestep<2>(latents, t, text, negative, both);
 }
 
 void check_wan_inputs(const ModelPreset& m, const Tensor& x, const Tensor& text,

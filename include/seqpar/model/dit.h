@@ -13,6 +13,7 @@
 // Thread-safety: one DiT per rank thread.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string_view>
 #include <vector>
@@ -59,8 +60,13 @@ class DiT {
   // states (B, L, text_dim). Every rank of the mesh returns the full velocity.
   Tensor forward(const Tensor& latent, float t, const Tensor& text, ParallelContext& ctx) const;
 
-  // Guided velocity: v_uncond + scale·(v_cond − v_uncond); with a cfg group of 2 the two branches
-  // run on the two groups (cfg rank 0: conditional), else one after the other.
+  // The two guidance branches {v_cond, v_uncond} for text and null_text; with a cfg group of 2
+  // they run on the two groups at once (cfg rank 0: conditional) and are exchanged, else one
+  // after the other. Every rank returns both.
+  std::array<Tensor, 2> branches(const Tensor& latent, float t, const Tensor& text,
+                                 const Tensor& null_text, ParallelContext& ctx) const;
+
+  // Guided velocity: v_uncond + scale·(v_cond − v_uncond) of the branches.
   Tensor guided(const Tensor& latent, float t, const Tensor& text, const Tensor& null_text,
                 float guidance, ParallelContext& ctx) const;
 

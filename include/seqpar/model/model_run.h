@@ -7,6 +7,7 @@
 // Thread-safety: the functions are reentrant; a WanRank belongs to its rank thread.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -75,6 +76,13 @@ class WanRank {
   // or an empty tensor. Every rank returns the full velocity.
   Tensor velocity(const Tensor& latents, const std::vector<float>& timesteps, const Tensor& text,
                   const Tensor& negative, const WanGuidance& g, ParallelContext& ctx) const;
+
+  // The two guidance branches unguided, {v_cond, v_uncond}, each (B, C_out, F, H, W), for text
+  // and negative (B, L', text_dim), of the expert `g` picks at each timestep: on a cfg group of
+  // 2 in one parallel call (a group each), else one after the other (g's scales are not used).
+  std::array<Tensor, 2> branches(const Tensor& latents, const std::vector<float>& timesteps,
+                                 const Tensor& text, const Tensor& negative, const WanGuidance& g,
+                                 ParallelContext& ctx) const;
 
   // 1 or 2: the expert that runs at timestep t.
   int expert_at(float t, const WanGuidance& g) const;
