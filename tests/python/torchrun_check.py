@@ -22,12 +22,12 @@ import time
 import torch
 import torch.nn.functional as F
 
-from module_env import TOL_BF16, qkv
+from module_env import TOL_BF16, TOL_F32, qkv
 
 import seqpar
 
-# seqpar's fp32 attention against SDPA in float64, every case of this script (4 ranks).
-TOL_F32 = 2e-6
+# Measured here against SDPA in float64 (4 ranks): fp32 attention 7.8e-7, decode 2.4e-7, bf16
+# 4.9e-3; the bounds are module_env's (2e-6, 8e-3).
 failed = 0
 
 
