@@ -62,8 +62,8 @@ def test_four_ranks_against_sdpa_threads_and_transformers(llama, tmp_path):
     r = torchrun(4, "main", str(cases))
     out = r.stdout + r.stderr
     assert r.returncode == 0 and not lines(r, "FAILED"), out
-    # per rank: the world, 16 attention cases, 3 decode cases, 2 models; rank 0: 19 CommStats
-    assert len(lines(r, "ok")) == 4 * (1 + 16 + 3 + 2) + 19, out
+    # per rank: the world, 20 attention cases, 3 decode cases, 2 models; rank 0: 23 CommStats
+    assert len(lines(r, "ok")) == 4 * (1 + 20 + 3 + 2) + 23, out
     for line in r.stdout.splitlines():
         if line.startswith("SUMMARY "):
             print(line)

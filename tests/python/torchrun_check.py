@@ -52,13 +52,15 @@ def sdpa(q, k, v, causal=False, mask=None):
     return out.transpose(1, 2)
 
 
-ATTENTION_CASES = [  # strategy, layout, extra keywords
-    ("ring", "contiguous", {}),
-    ("ring", "zigzag", {}),
-    ("allgather", "striped", {}),
-    ("ulysses", "contiguous", {}),
-    ("ulysses", "zigzag", {}),
-    ("usp", "zigzag", {"ulysses_degree": 2}),
+ATTENTION_CASES = [  # strategy, layout, tokens, extra keywords
+    ("ring", "contiguous", 72, {}),
+    ("ring", "zigzag", 72, {}),
+    ("allgather", "striped", 72, {}),
+    ("ulysses", "contiguous", 72, {}),
+    ("ulysses", "zigzag", 72, {}),
+    ("usp", "zigzag", 72, {"ulysses_degree": 2}),
+    ("allgather", "contiguous", 70, {}),  # uneven shards: all_gatherv of unequal counts
+    ("ulysses", "contiguous", 70, {}),    # all_to_allv of unequal counts
 ]
 DECODE_CASES = [("passq", "default"), ("passq", "ring"), ("passkv", "default")]
 
@@ -72,12 +74,12 @@ def attention_cases(comm, calls):
     n, r = comm.size, comm.rank
     errors = {"fp32": [0.0], "bf16": [0.0], "decode": [0.0]}
     for dtype, tol in ((torch.float32, TOL_F32), (torch.bfloat16, TOL_BF16)):
-        q, k, v = qkv(2, 72, 4, 2, 16, dtype=dtype)  # GQA: 4 heads over 2 kv heads
-        for strategy, layout, extra in ATTENTION_CASES:
+        for strategy, layout, S, extra in ATTENTION_CASES:
             if dtype != torch.float32 and strategy != "ring":
                 continue
+            q, k, v = qkv(2, S, 4, 2, 16, dtype=dtype)  # GQA: 4 heads over 2 kv heads
             for causal in (False, True):
-                part = seqpar.Partition(72, n, layout)
+                part = seqpar.Partition(S, n, layout)
                 x = [part.shard(t, r) for t in (q, k, v)]
                 out = seqpar.attention(*x, comm=comm, strategy=strategy, layout=layout,
                                        causal=causal, **extra)
@@ -87,7 +89,8 @@ def attention_cases(comm, calls):
                 report(r, f"attention {strategy} {layout} causal={causal} {dtype}",
                        out.dtype == dtype and err <= tol, f"max err {err:.2e}")
                 calls.append(("attention", dict(strategy=strategy, layout=layout, causal=causal,
-                                                dtype=str(dtype), **extra), stats_of(comm)))
+                                                dtype=str(dtype), seq=S, **extra),
+                              stats_of(comm)))
     # decode: the ranks' cache rows in rank order are the sequence, their queries its newest.
     P, T = 72, 8
     q, k, v = qkv(2, P, 4, 2, 16, seed=1)
@@ -115,8 +118,9 @@ def same_call_on_threads(n, kind, args):
         if kind == "attention":
             a = dict(args)
             dtype = torch.bfloat16 if a.pop("dtype") == "torch.bfloat16" else torch.float32
-            q, k, v = qkv(2, 72, 4, 2, 16, dtype=dtype)
-            part = seqpar.Partition(72, n, a["layout"])
+            S = a.pop("seq")
+            q, k, v = qkv(2, S, 4, 2, 16, dtype=dtype)
+            part = seqpar.Partition(S, n, a["layout"])
             seqpar.attention(*[part.shard(t, r) for t in (q, k, v)], comm=comm, **a)
         else:
             P, T = 72, 8
