@@ -93,3 +93,15 @@ def test_a_rank_that_ends_fails_the_others(how):
     assert procs[0].returncode == 0 and "reaches rank 0 ok" in outs[0], "\n".join(outs)
     assert procs[1].returncode != 0, outs[1]
     print(outs[0])
+
+
+def test_torch_comm_without_a_process_group_says_what_to_do():
+    env = {k: v for k, v in rank_env().items()
+           if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
+    r = subprocess.run([sys.executable, "-c", "import torch, seqpar\n"
+                        "try:\n    seqpar.TorchComm()\nexcept ValueError as e:\n    print(e)"],
+                       env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT)
+    assert r.returncode == 0 and r.stdout.strip() == (
+        "TorchComm: torch.distributed is not initialized; call "
+        "torch.distributed.init_process_group(\"gloo\") first or launch with torchrun"), \
+        r.stdout + r.stderr
