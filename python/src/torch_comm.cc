@@ -625,6 +625,16 @@ class TorchCommunicator final : public Communicator {
   std::shared_ptr<TorchCore> core_;
 };
 
+// The number of process groups this process holds (-1 where torch does not say).
+int64_t group_count(const py::object& dist) {
+  try {
+    return static_cast<int64_t>(
+        py::len(dist.attr("distributed_c10d").attr("_world").attr("pg_names")));
+  } catch (const py::error_already_set&) {
+    return -1;
+  }
+}
+
 std::unique_ptr<Communicator> TorchCommunicator::split(int color, int key) {
   // Not counted in CommStats (split moves none of the caller's bytes).
   py::gil_scoped_acquire gil;
@@ -634,11 +644,7 @@ std::unique_ptr<Communicator> TorchCommunicator::split(int color, int key) {
   const int n = size();
   // torch.distributed names a group made with use_local_synchronization after the number of
   // groups the process holds: its members must agree on it.
-  int64_t groups = -1;
-  try {
-    groups = py::len(dist.attr("distributed_c10d").attr("_world").attr("pg_names"));
-  } catch (const py::error_already_set&) {
-  }
+  const int64_t groups = group_count(dist);
   std::vector<int64_t> mine = {color, key, groups}, all(3 * static_cast<size_t>(n));
   const py::object out = tensor_view(all.data(), all.size() * 8, t.elem_dtypes[2]);
   const py::object in = tensor_view(mine.data(), mine.size() * 8, t.elem_dtypes[2]);
@@ -673,13 +679,26 @@ std::unique_ptr<Communicator> TorchCommunicator::split(int color, int key) {
     const bool member = c == color;
     if (!whole && !member) continue;
     if (!whole) {
-      for (int r : ranks)
-        if (all[3 * r + 2] != groups)
-          throw CommError(
-              concat("split: rank ", r, " holds ", all[3 * r + 2], " torch.distributed groups and ",
-                     core_->who(), " ", groups,
-                     "; torch names a group made by its members alone after "
-                     "that number, so the members must have made the same groups before"));
+      // torch names a group made by its members alone after the number of groups each member
+      // holds, so they must agree on it: a member holding fewer first makes groups of itself
+      // alone until it holds as many as the others.
+      int64_t most = groups;
+      for (int r : ranks) most = std::max(most, all[3 * r + 2]);
+      const py::list alone = py::cast(std::vector<int>{core_->members[rank()]});
+      try {
+        for (int64_t i = groups; i < most && groups >= 0; ++i)
+          dist.attr("new_group")(alone, py::arg("timeout") = timedelta(remaining),
+                                 py::arg("backend") = "gloo",
+                                 py::arg("use_local_synchronization") = true);
+      } catch (const py::error_already_set& e) {
+        fail(concat(core_->who(), " split: torch.distributed.new_group failed: ", first_line(e)));
+      }
+      const int64_t now = groups < 0 ? groups : group_count(dist);
+      if (now != most)
+        throw CommError(concat("split: ", core_->who(), " holds ", now,
+                               " torch.distributed groups and another member of its new group ",
+                               most, "; torch names a group made by its members alone after that "
+                               "number, so they must agree"));
     }
     py::object pg;
     try {
