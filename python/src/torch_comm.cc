@@ -697,7 +697,8 @@ std::unique_ptr<Communicator> TorchCommunicator::split(int color, int key) {
       if (now != most)
         throw CommError(concat("split: ", core_->who(), " holds ", now,
                                " torch.distributed groups and another member of its new group ",
-                               most, "; torch names a group made by its members alone after that "
+                               most,
+                               "; torch names a group made by its members alone after that "
                                "number, so they must agree"));
     }
     py::object pg;
