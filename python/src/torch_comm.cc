@@ -662,7 +662,7 @@ std::unique_ptr<Communicator> TorchCommunicator::split(int color, int key) {
   const bool whole = n == dist.attr("get_world_size")().cast<int>();
   PyRef made;
   std::vector<int> made_members;
-  const auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(timeout());
+  const std::chrono::milliseconds limit = timeout();
   for (int c : colors) {
     std::vector<int> ranks;  // old ranks, by (key, old rank)
     for (int r = 0; r < n; ++r)
@@ -687,7 +687,7 @@ std::unique_ptr<Communicator> TorchCommunicator::split(int color, int key) {
       const py::list alone = py::cast(std::vector<int>{core_->members[rank()]});
       try {
         for (int64_t i = groups; i < most && groups >= 0; ++i)
-          dist.attr("new_group")(alone, py::arg("timeout") = timedelta(remaining),
+          dist.attr("new_group")(alone, py::arg("timeout") = timedelta(limit),
                                  py::arg("backend") = "gloo",
                                  py::arg("use_local_synchronization") = true);
       } catch (const py::error_already_set& e) {
@@ -703,9 +703,9 @@ std::unique_ptr<Communicator> TorchCommunicator::split(int color, int key) {
     }
     py::object pg;
     try {
-      pg = whole ? dist.attr("new_group")(global, py::arg("timeout") = timedelta(remaining),
+      pg = whole ? dist.attr("new_group")(global, py::arg("timeout") = timedelta(limit),
                                           py::arg("backend") = "gloo")
-                 : dist.attr("new_group")(global, py::arg("timeout") = timedelta(remaining),
+                 : dist.attr("new_group")(global, py::arg("timeout") = timedelta(limit),
                                           py::arg("backend") = "gloo",
                                           py::arg("use_local_synchronization") = true);
     } catch (const py::error_already_set& e) {
