@@ -13,6 +13,9 @@ import pytest
 
 from module_env import SEQPAR_PYTHONPATH
 
+# The ranks import the module built here (ctest: from SEQPAR_PYTHONPATH).
+pytest.importorskip("seqpar", reason="the Python module seqpar is not built (SEQPAR_BUILD_PYTHON)")
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 CHECK = os.path.join(HERE, "torchrun_check.py")
 # A hang fails the test here; every scenario ends well within it when the code is right.
