@@ -1,6 +1,6 @@
 """seqpar under torchrun: seqpar.TorchComm over torch.distributed (gloo) on 4 processes against
-PyTorch's SDPA, the threads backend's CommStats and transformers' tokens; MpiComm refusing a
-torchrun world; a failing rank making the others fail instead of hang (torchrun_check.py runs on
+PyTorch's SDPA, the threads backend's CommStats, transformers' tokens and diffusers' noise
+prediction; MpiComm refusing a torchrun world; a failing rank making the others fail instead of hang (torchrun_check.py runs on
 the ranks, one scenario per launch, so torch is imported as few times as possible)."""
 
 import json
@@ -57,18 +57,39 @@ def llama(tmp_path_factory):
     return {"path": path, "prompt": prompt, "tokens": tokens}
 
 
-def test_four_ranks_against_sdpa_threads_and_transformers(llama, tmp_path):
-    spec = dict(llama, meshes=[{"tp": 2, "ring_degree": 2},
-                               {"ulysses_degree": 2, "ring_degree": 2, "layout": "zigzag"}])
+@pytest.fixture(scope="module")
+def wan(tmp_path_factory):
+    """A tiny Wan transformer (test_wan.py's) in diffusers' layout, its inputs and diffusers'
+    noise prediction, for the ranks to load."""
+    import torch
+    from test_wan import GRID_LATENT, TEXT_DIM, TEXT_LEN, make_model, save_diffusers
+
+    d = tmp_path_factory.mktemp("wan")
+    m = make_model(1)
+    save_diffusers([m], str(d / "diffusers"))
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(1, 4, *GRID_LATENT, generator=g)
+    text = torch.randn(1, TEXT_LEN, TEXT_DIM, generator=g)
+    with torch.no_grad():
+        cond = m(hidden_states=x, timestep=torch.tensor([737.0]), encoder_hidden_states=text).sample
+    torch.save({"x": x, "text": text, "cond": cond}, d / "io.pt")
+    return {"path": str(d / "diffusers"), "io": str(d / "io.pt")}
+
+
+def test_four_ranks_against_sdpa_threads_and_transformers(llama, wan, tmp_path):
+    spec = dict(llama, wan=wan, meshes=[{"tp": 2, "ring_degree": 2},
+                                        {"ulysses_degree": 2, "ring_degree": 2,
+                                         "layout": "zigzag"}])
     cases = tmp_path / "cases.json"
     cases.write_text(json.dumps(spec))
     r = torchrun(4, "main", str(cases))
     out = r.stdout + r.stderr
     assert r.returncode == 0 and not lines(r, "FAILED"), out
-    # per rank: the world, 20 attention cases, 3 decode cases, 2 models; rank 0: 23 CommStats
-    assert len(lines(r, "ok")) == 4 * (1 + 20 + 3 + 2) + 23, out
+    # per rank: the world, 20 attention cases, 3 decode cases, 2 CausalLMs, 1 WanTransformer;
+    # rank 0: 23 CommStats
+    assert len(lines(r, "ok")) == 4 * (1 + 20 + 3 + 2 + 1) + 23, out
     for line in r.stdout.splitlines():
-        if line.startswith("SUMMARY "):
+        if line.startswith("SUMMARY ") or "WanTransformer" in line:
             print(line)
 
 

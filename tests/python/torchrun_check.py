@@ -3,7 +3,8 @@ with its environment). One scenario per launch, named by argv[1]:
 
   main CASES.json   (4 ranks) seqpar.attention and decode_attention over seqpar.TorchComm against
                     PyTorch's SDPA on the unsharded tensors; CommStats against the threads
-                    backend's for the same calls; CausalLM generating transformers' tokens.
+                    backend's for the same calls; CausalLM generating transformers' tokens;
+                    WanTransformer predicting diffusers' noise.
   refuse            (2 ranks) MpiComm() refuses a torchrun world; then rank 1 announces a failure
                     with comm.abort and stays alive while rank 0 waits in a collective.
   crash HOW         (2 ranks) rank 1 ends while rank 0 waits: an uncaught exception
@@ -165,6 +166,13 @@ def main(cases_file):
         model = seqpar.CausalLM.from_pretrained(spec["path"], comm=comm, **mesh)
         tokens = model.generate(spec["prompt"], len(spec["tokens"])).tolist()
         report(r, f"CausalLM {mesh}", tokens == spec["tokens"], f"tokens {tokens}")
+    # WanTransformer through the torch comm: diffusers' noise prediction (test_wan.py's bound).
+    io = torch.load(spec["wan"]["io"])
+    wan = seqpar.WanTransformer.from_pretrained(spec["wan"]["path"], comm=comm, tp=2,
+                                                ring_degree=2)
+    out = wan.forward(io["x"], torch.tensor([737.0]), io["text"])
+    err = float((out - io["cond"]).abs().max() / io["cond"].abs().max())
+    report(r, "WanTransformer tp 2 ring 2", err <= 1e-4, f"relative error {err:.2e}")
     comm.barrier()
     say(f"SUMMARY {r} {json.dumps(dict(max_err=worst, attention_seconds=seconds))}")
 
