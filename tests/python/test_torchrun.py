@@ -102,21 +102,33 @@ def test_mpi_comm_refuses_and_abort_reaches_the_others():
     print(said)
 
 
-@pytest.mark.parametrize("how", ["exception", "killed"])
-def test_a_rank_that_ends_fails_the_others(how):
-    # Plain processes with torchrun's environment: torchrun itself would stop rank 0 as soon as
-    # rank 1 ends, and this checks what seqpar does.
+def two_processes(*args):
+    """torchrun_check.py on 2 plain processes with torchrun's environment (torchrun itself would
+    stop one rank as soon as the other ends; this checks what seqpar does)."""
     port = str(free_port())
-    procs = [subprocess.Popen([sys.executable, CHECK, "crash", how], stdout=subprocess.PIPE,
+    procs = [subprocess.Popen([sys.executable, CHECK, *args], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True,
                               env=rank_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
                                            RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
                                            LOCAL_WORLD_SIZE="2"))
              for r in range(2)]
-    outs = [p.communicate(timeout=LAUNCH_TIMEOUT)[0] for p in procs]
+    return procs, [p.communicate(timeout=LAUNCH_TIMEOUT)[0] for p in procs]
+
+
+@pytest.mark.parametrize("how", ["exception", "killed"])
+def test_a_rank_that_ends_fails_the_others(how):
+    procs, outs = two_processes("crash", how)
     assert procs[0].returncode == 0 and "reaches rank 0 ok" in outs[0], "\n".join(outs)
     assert procs[1].returncode != 0, outs[1]
     print(outs[0])
+
+
+def test_a_timeout_reaches_the_late_rank():
+    procs, outs = two_processes("late")
+    for r in range(2):
+        assert procs[r].returncode == 0 and f"rank {r}: a late rank ok" in outs[r], \
+            "\n".join(outs)
+    print("".join(outs))
 
 
 def test_torch_comm_without_a_process_group_says_what_to_do():

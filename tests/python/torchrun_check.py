@@ -9,6 +9,8 @@ with its environment). One scenario per launch, named by argv[1]:
                     with comm.abort and stays alive while rank 0 waits in a collective.
   crash HOW         (2 ranks) rank 1 ends while rank 0 waits: an uncaught exception
                     ("exception") or SIGKILL in the middle of a ring attention ("killed").
+  late              (2 ranks) rank 1 arrives after rank 0's deadline: a timeout on rank 0, its
+                    announcement on rank 1.
 
 Every rank prints "rank R: <case> ... ok" or "... FAILED" per check and exits 1 on a failure.
 """
@@ -205,6 +207,26 @@ def refuse():
     os._exit(1 if failed else 0)  # without waiting for rank 1's sleep
 
 
+def late():
+    """Rank 1 arrives 3 s late at a call while rank 0 waits with a 1 s deadline: rank 0 raises
+    CommTimeout, rank 1 then fails with rank 0's announced timeout."""
+    comm = seqpar.TorchComm()
+    r = comm.rank
+    x = [seqpar.Partition(32, 2).shard(t, r) for t in qkv(1, 32, 2, 2, 16)]
+    seqpar.attention(*x, comm=comm, strategy="ring")  # the world works
+    comm.set_timeout(1.0 if r == 0 else 100.0)
+    if r == 1:
+        time.sleep(3)
+    try:
+        seqpar.attention(*x, comm=comm, strategy="ring")
+        report(r, "a late rank", False, "the call returned")
+    except seqpar.CommError as e:
+        say(f"rank {r}: {type(e).__name__}: {e}")
+        want = ("timeout after 1 s: rank 0 waiting for" if r == 0 else
+                "rank 0 failed: timeout after 1 s: rank 0 waiting for")
+        report(r, "a late rank", want in str(e) and isinstance(e, seqpar.CommTimeout) == (r == 0))
+
+
 def crash(how):
     """Rank 1 ends mid-job: "exception" raises uncaught (announced by TorchComm's excepthook,
     then the process exits) while rank 0 waits in a collective; "killed" dies by SIGKILL in the
@@ -235,5 +257,5 @@ def crash(how):
 
 if __name__ == "__main__":
     {"main": lambda: main(sys.argv[2]), "refuse": refuse,
-     "crash": lambda: crash(sys.argv[2])}[sys.argv[1]]()
+     "crash": lambda: crash(sys.argv[2]), "late": late}[sys.argv[1]]()
     sys.exit(1 if failed else 0)
