@@ -11,6 +11,7 @@ and ring-flash-attention, and gets the attention of its queries over the whole s
 
     outs = seqpar.ThreadWorld(2).run(rank)          # ranks as threads of this process
     # or, under mpirun -np 2 python3 script.py:  rank(seqpar.MpiComm())
+    # or, under torchrun --nproc-per-node 2 script.py:  rank(seqpar.TorchComm())
 
 Inputs are read in place when they are contiguous (torch CPU tensors or NumPy arrays of fp32,
 bf16 (torch only) or fp16); the result has the input's kind and dtype. ``[S, B, H, D]`` tensors
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import json
 import sys
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Sequence
 
@@ -46,6 +48,7 @@ __all__ = [
     "CommTimeout",
     "ThreadWorld",
     "MpiComm",
+    "TorchComm",
     "Stats",
     "Partition",
     "Mesh",
@@ -393,9 +396,44 @@ def MpiComm(mpi4py_comm=None) -> Comm:
     launched with ``mpirun -np N python3 script.py`` shares its MPI world with seqpar.
 
     Collective over that communicator. seqpar uses a duplicate of it; mpi4py keeps initializing
-    and finalizing MPI.
+    and finalizing MPI. Refused when the environment announces a larger world than MPI's (a
+    script started by torchrun: use TorchComm).
     """
     return _core._mpi_comm(mpi4py_comm)
+
+
+_torch_comms: "weakref.WeakSet[Comm]" = weakref.WeakSet()
+_previous_excepthook = None
+
+
+def _announce_uncaught(kind, value, tb):
+    """sys.excepthook while TorchComms live: an uncaught exception is announced to the other
+    ranks (Comm.abort) before the process exits, so they fail at once with its message."""
+    for comm in list(_torch_comms):
+        try:
+            comm.abort(f"{kind.__name__}: {value}".splitlines()[0])
+        except Exception:  # a closed comm
+            pass
+    (_previous_excepthook or sys.__excepthook__)(kind, value, tb)
+
+
+def TorchComm(group=None) -> Comm:
+    """seqpar's communicator over a torch.distributed process group (gloo: CPU tensors), so a
+    script launched with ``torchrun --nproc-per-node N script.py`` shares its world with seqpar.
+
+    group: a gloo process group (default: the default group; when torch.distributed is not
+    initialized yet and torchrun's environment is set, it is initialized with gloo). seqpar's
+    sub-groups are made with torch.distributed.new_group. ``comm.abort(message)`` makes the
+    other ranks' communication fail with that message; an uncaught exception does so too (this
+    installs a sys.excepthook that calls the previous one).
+    """
+    global _previous_excepthook
+    comm = _core._torch_comm(group)
+    if sys.excepthook is not _announce_uncaught:
+        _previous_excepthook = sys.excepthook
+        sys.excepthook = _announce_uncaught
+    _torch_comms.add(comm)
+    return comm
 
 
 # ---- partitions and meshes -------------------------------------------------------------------

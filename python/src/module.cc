@@ -5,7 +5,7 @@
 // Python side allocated. Every call into the library releases the GIL.
 //
 // Thread-safety: a Comm belongs to its rank (one Python thread under ThreadWorld, the main thread
-// under MPI), like the Communicator it wraps.
+// under MPI and torchrun), like the Communicator it wraps.
 #include <cxxabi.h>
 #include <omp.h>
 #include <pybind11/functional.h>
@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -46,6 +47,8 @@ namespace seqpar::python {
 void bind_plan(py::module_& m);
 // The models (models.cc).
 void bind_models(py::module_& m);
+// The communicator over a torch.distributed process group (torch_comm.cc).
+std::unique_ptr<Communicator> torch_communicator(py::object group);
 }  // namespace seqpar::python
 
 namespace seqpar::python {
@@ -72,7 +75,7 @@ struct CallStats {
 };
 
 // A rank's communicator as Python sees it. Under ThreadWorld it borrows the rank's communicator
-// for the duration of run() and is invalidated after; MpiComm owns its communicator.
+// for the duration of run() and is invalidated after; MpiComm and TorchComm own theirs.
 class Comm {
  public:
   explicit Comm(Communicator* borrowed) : comm_(borrowed) {}
@@ -511,9 +514,35 @@ py::list run_threads(int n, const py::function& fn, double timeout_s, int thread
   return out;
 }
 
+// An environment variable holding a positive integer, else 0.
+int64_t env_count(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return 0;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  return end != v && *end == '\0' && n >= 1 ? n : 0;
+}
+
+// Refuses an MPI world smaller than the one the environment announces: torchrun (and
+// torch.distributed's env://) set WORLD_SIZE (LOCAL_WORLD_SIZE on one node), and a process it
+// starts is a world of 1 to MPI, so each rank would attend to its own shard only.
+void check_mpi_world(int64_t mpi_size) {
+  const char* var = env_count("WORLD_SIZE") > 0 ? "WORLD_SIZE" : "LOCAL_WORLD_SIZE";
+  const int64_t announced = env_count(var);
+  const bool torchrun = std::getenv("TORCHELASTIC_RUN_ID") != nullptr;
+  SEQPAR_ARG_CHECK(announced <= mpi_size, "MpiComm: ", torchrun ? "torchrun" : "the environment",
+                   " announces a world of ", announced, " processes (", var, "=", announced,
+                   ") but MPI's world has ", mpi_size,
+                   "; use seqpar.TorchComm() (torch.distributed) or launch with mpirun -np ",
+                   announced);
+}
+
 std::shared_ptr<Comm> mpi_comm(py::object mpi4py_comm) {
   SEQPAR_ARG_CHECK(mpi_available(), "MpiComm: this build of seqpar has no MPI; use ThreadWorld");
+  // Without an MPI launcher, MPI starts each process as a world of its own.
+  if (!mpi_launched()) check_mpi_world(1);
   py::module_ MPI = py::module_::import("mpi4py.MPI");
+  check_mpi_world(MPI.attr("COMM_WORLD").attr("Get_size")().cast<int64_t>());
   if (mpi4py_comm.is_none()) mpi4py_comm = MPI.attr("COMM_WORLD");
   const auto handle = MPI.attr("_handleof")(mpi4py_comm).cast<uintptr_t>();
   mpi_init(nullptr, nullptr);  // adopts mpi4py's MPI
@@ -607,14 +636,15 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<Comm, std::shared_ptr<Comm>>(
       m, "Comm",
-      "A rank's communicator: ThreadWorld.run hands one to each rank, MpiComm makes one. Use it "
-      "from its rank's thread only.")
+      "A rank's communicator: ThreadWorld.run hands one to each rank, MpiComm and TorchComm make "
+      "one. Use it from its rank's thread only.")
       .def_property_readonly(
           "rank", [](Comm& c) { return c.get().rank(); }, "This rank, 0 to size - 1.")
       .def_property_readonly(
           "size", [](Comm& c) { return c.get().size(); }, "The number of ranks.")
       .def_property_readonly(
-          "backend", [](Comm& c) { return c.get().backend(); }, "\"threads\" or \"mpi\".")
+          "backend", [](Comm& c) { return c.get().backend(); },
+          "\"threads\", \"mpi\" or \"torch\" (torch.distributed).")
       .def(
           "barrier",
           [](Comm& c) {
@@ -622,6 +652,15 @@ PYBIND11_MODULE(_core, m) {
             without_gil([&] { comm.barrier(); });
           },
           "Waits until every rank has called barrier() (bounded by the deadline).")
+      .def(
+          "abort",
+          [](Comm& c, const std::string& message) {
+            Communicator& comm = c.get();
+            without_gil([&] { comm.abort(message); });
+          },
+          py::arg("message"),
+          "Reports this rank's failure to every rank (best effort, never raises): their pending "
+          "and later communication raises CommError \"rank R failed: message\".")
       .def("_last_stats", [](Comm& c) { return stats_dict(c.last); })
       .def_property_readonly(
           "last_strategy",
@@ -668,6 +707,9 @@ PYBIND11_MODULE(_core, m) {
         ranks, threads > 0 ? threads : std::max<int64_t>(1, cores / std::max<int64_t>(1, ranks)));
   });
   m.def("_mpi_comm", &mpi_comm);
+  m.def("_torch_comm", [](py::object group) {
+    return std::make_shared<Comm>(torch_communicator(std::move(group)));
+  });
 
   m.def("_partition_positions", [](int64_t seq, int ranks, const std::string& layout,
                                    const std::vector<int64_t>& seq_lens) {

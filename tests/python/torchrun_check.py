@@ -1,0 +1,261 @@
+"""Run by test_torchrun.py on the ranks of a torch.distributed job (torchrun, or processes started
+with its environment). One scenario per launch, named by argv[1]:
+
+  main CASES.json   (4 ranks) seqpar.attention and decode_attention over seqpar.TorchComm against
+                    PyTorch's SDPA on the unsharded tensors; CommStats against the threads
+                    backend's for the same calls; CausalLM generating transformers' tokens;
+                    WanTransformer predicting diffusers' noise.
+  refuse            (2 ranks) MpiComm() refuses a torchrun world; then rank 1 announces a failure
+                    with comm.abort and stays alive while rank 0 waits in a collective.
+  crash HOW         (2 ranks) rank 1 ends while rank 0 waits: an uncaught exception
+                    ("exception") or SIGKILL in the middle of a ring attention ("killed").
+  late              (2 ranks) rank 1 arrives after rank 0's deadline: a timeout on rank 0, its
+                    announcement on rank 1.
+
+Every rank prints "rank R: <case> ... ok" or "... FAILED" per check and exits 1 on a failure.
+"""
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+import torch
+import torch.nn.functional as F
+
+from module_env import TOL_BF16, TOL_F32, qkv
+
+import seqpar
+
+# Measured here against SDPA in float64 (4 ranks): fp32 attention 7.8e-7, decode 2.4e-7, bf16
+# 4.9e-3; the bounds are module_env's (2e-6, 8e-3).
+failed = 0
+
+
+def report(rank, name, ok, detail=""):
+    global failed
+    failed += not ok
+    # one write per line: the ranks share the launcher's pipe
+    say(" ".join(x for x in (f"rank {rank}: {name}", detail, "ok" if ok else "FAILED") if x))
+
+
+def say(line):
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def sdpa(q, k, v, causal=False, mask=None):
+    """PyTorch's scaled_dot_product_attention in float64 on (B, S, H, D) tensors, GQA expanded by
+    SDPA itself."""
+    q, k, v = (t.double().transpose(1, 2) for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                         enable_gqa=True)
+    return out.transpose(1, 2)
+
+
+ATTENTION_CASES = [  # strategy, layout, tokens, extra keywords
+    ("ring", "contiguous", 72, {}),
+    ("ring", "zigzag", 72, {}),
+    ("allgather", "striped", 72, {}),
+    ("ulysses", "contiguous", 72, {}),
+    ("ulysses", "zigzag", 72, {}),
+    ("usp", "zigzag", 72, {"ulysses_degree": 2}),
+    ("allgather", "contiguous", 70, {}),  # uneven shards: all_gatherv of unequal counts
+    ("ulysses", "contiguous", 70, {}),    # all_to_allv of unequal counts
+]
+DECODE_CASES = [("passq", "default"), ("passq", "ring"), ("passkv", "default")]
+
+
+def stats_of(comm):
+    return {op: list(sr) for op, sr in comm.last_stats.bytes_by_op.items()}
+
+
+def attention_cases(comm, calls):
+    """Every case on this rank; records (kind, args) of each call for the threads backend."""
+    n, r = comm.size, comm.rank
+    errors = {"fp32": [0.0], "bf16": [0.0], "decode": [0.0]}
+    for dtype, tol in ((torch.float32, TOL_F32), (torch.bfloat16, TOL_BF16)):
+        for strategy, layout, S, extra in ATTENTION_CASES:
+            if dtype != torch.float32 and strategy != "ring":
+                continue
+            q, k, v = qkv(2, S, 4, 2, 16, dtype=dtype)  # GQA: 4 heads over 2 kv heads
+            for causal in (False, True):
+                part = seqpar.Partition(S, n, layout)
+                x = [part.shard(t, r) for t in (q, k, v)]
+                out = seqpar.attention(*x, comm=comm, strategy=strategy, layout=layout,
+                                       causal=causal, **extra)
+                want = part.shard(sdpa(q, k, v, causal=causal), r)
+                err = (out.double() - want).abs().max().item()
+                errors["fp32" if dtype == torch.float32 else "bf16"].append(err)
+                report(r, f"attention {strategy} {layout} causal={causal} {dtype}",
+                       out.dtype == dtype and err <= tol, f"max err {err:.2e}")
+                calls.append(("attention", dict(strategy=strategy, layout=layout, causal=causal,
+                                                dtype=str(dtype), seq=S, **extra),
+                              stats_of(comm)))
+    # decode: the ranks' cache rows in rank order are the sequence, their queries its newest.
+    P, T = 72, 8
+    q, k, v = qkv(2, P, 4, 2, 16, seed=1)
+    qn = q[:, P - T:]
+    pos = torch.arange(P)
+    mask = pos[None, :] <= (P - T + torch.arange(T))[:, None]
+    want = sdpa(qn, k, v, mask=mask)
+    cp, tq = P // n, T // n
+    for strategy, schedule in DECODE_CASES:
+        out = seqpar.decode_attention(qn[:, r * tq:(r + 1) * tq].contiguous(),
+                                      k[:, r * cp:(r + 1) * cp].contiguous(),
+                                      v[:, r * cp:(r + 1) * cp].contiguous(), comm=comm,
+                                      strategy=strategy, schedule=schedule)
+        err = (out.double() - want[:, r * tq:(r + 1) * tq]).abs().max().item()
+        errors["decode"].append(err)
+        report(r, f"decode_attention {strategy} {schedule}", err <= TOL_F32, f"max err {err:.2e}")
+        calls.append(("decode", dict(strategy=strategy, schedule=schedule), stats_of(comm)))
+    return {kind: max(e) for kind, e in errors.items()}
+
+
+def same_call_on_threads(n, kind, args):
+    """CommStats bytes of every rank for the same call on the threads backend."""
+    def rank_fn(comm):
+        r = comm.rank
+        if kind == "attention":
+            a = dict(args)
+            dtype = torch.bfloat16 if a.pop("dtype") == "torch.bfloat16" else torch.float32
+            S = a.pop("seq")
+            q, k, v = qkv(2, S, 4, 2, 16, dtype=dtype)
+            part = seqpar.Partition(S, n, a["layout"])
+            seqpar.attention(*[part.shard(t, r) for t in (q, k, v)], comm=comm, **a)
+        else:
+            P, T = 72, 8
+            q, k, v = qkv(2, P, 4, 2, 16, seed=1)
+            cp, tq = P // n, T // n
+            seqpar.decode_attention(q[:, P - T + r * tq:P - T + (r + 1) * tq].contiguous(),
+                                    k[:, r * cp:(r + 1) * cp].contiguous(),
+                                    v[:, r * cp:(r + 1) * cp].contiguous(), comm=comm, **args)
+        return stats_of(comm)
+    return seqpar.ThreadWorld(n, threads=1).run(rank_fn)
+
+
+def main(cases_file):
+    import torch.distributed as dist
+
+    with open(cases_file) as f:
+        spec = json.load(f)
+    comm = seqpar.TorchComm()
+    r, n = comm.rank, comm.size
+    report(r, "TorchComm world", comm.size == int(os.environ["WORLD_SIZE"]) and
+           comm.rank == int(os.environ["RANK"]) and comm.backend == "torch",
+           f"size {comm.size} backend {comm.backend}")
+
+    calls = []
+    t0 = time.perf_counter()
+    worst = attention_cases(comm, calls)
+    seconds = time.perf_counter() - t0
+
+    # CommStats: every rank's bytes per op equal the threads backend's for the same call.
+    mine = [c[2] for c in calls]
+    everyone = [None] * n
+    dist.all_gather_object(everyone, mine)
+    if r == 0:
+        for i, (kind, args, _) in enumerate(calls):
+            threads = same_call_on_threads(n, kind, args)
+            torch_side = [everyone[j][i] for j in range(n)]
+            report(r, f"CommStats {kind} {args}", threads == torch_side,
+                   f"torch {torch_side[0]} threads {threads[0]}")
+
+    # A model through the torch comm: tokens equal transformers' (computed by the test).
+    for mesh in spec["meshes"]:
+        model = seqpar.CausalLM.from_pretrained(spec["path"], comm=comm, **mesh)
+        tokens = model.generate(spec["prompt"], len(spec["tokens"])).tolist()
+        report(r, f"CausalLM {mesh}", tokens == spec["tokens"], f"tokens {tokens}")
+    # WanTransformer through the torch comm: diffusers' noise prediction (test_wan.py's bound).
+    io = torch.load(spec["wan"]["io"])
+    wan = seqpar.WanTransformer.from_pretrained(spec["wan"]["path"], comm=comm, tp=2,
+                                                ring_degree=2)
+    out = wan.forward(io["x"], torch.tensor([737.0]), io["text"])
+    err = float((out - io["cond"]).abs().max() / io["cond"].abs().max())
+    report(r, "WanTransformer tp 2 ring 2", err <= 1e-4, f"relative error {err:.2e}")
+    comm.barrier()
+    say(f"SUMMARY {r} {json.dumps(dict(max_err=worst, attention_seconds=seconds))}")
+
+
+def refuse():
+    r = int(os.environ["RANK"])
+    try:
+        seqpar.MpiComm()
+        report(r, "MpiComm refused", False, "MpiComm() under torchrun was accepted")
+    except ValueError as e:
+        text = str(e)
+        say(f"rank {r}: MpiComm says: {text}")
+        report(r, "MpiComm refused", "\n" not in text and "WORLD_SIZE=2" in text and
+               "MPI's world has 1" in text and "seqpar.TorchComm()" in text)
+    comm = seqpar.TorchComm()
+    q, k, v = qkv(1, 32, 2, 2, 16)
+    part = seqpar.Partition(32, 2)
+    x = [part.shard(t, r) for t in (q, k, v)]
+    seqpar.attention(*x, comm=comm, strategy="ring")  # the world works
+    if r == 1:
+        comm.abort("injected failure on rank 1")
+        time.sleep(30)  # alive: rank 0 learns of the failure from the store, not a closed socket
+        return
+    try:
+        seqpar.attention(*x, comm=comm, strategy="allgather")
+        report(r, "abort reaches rank 0", False, "the call returned")
+    except seqpar.CommError as e:
+        say(f"rank {r}: CommError: {e}")
+        report(r, "abort reaches rank 0", "rank 1 failed: injected failure on rank 1" in str(e))
+    os._exit(1 if failed else 0)  # without waiting for rank 1's sleep
+
+
+def late():
+    """Rank 1 arrives 3 s late at a call while rank 0 waits with a 1 s deadline: rank 0 raises
+    CommTimeout, rank 1 then fails with rank 0's announced timeout."""
+    comm = seqpar.TorchComm()
+    r = comm.rank
+    x = [seqpar.Partition(32, 2).shard(t, r) for t in qkv(1, 32, 2, 2, 16)]
+    seqpar.attention(*x, comm=comm, strategy="ring")  # the world works
+    comm.set_timeout(1.0 if r == 0 else 100.0)
+    if r == 1:
+        time.sleep(3)
+    try:
+        seqpar.attention(*x, comm=comm, strategy="ring")
+        report(r, "a late rank", False, "the call returned")
+    except seqpar.CommError as e:
+        say(f"rank {r}: {type(e).__name__}: {e}")
+        want = ("timeout after 1 s: rank 0 waiting for" if r == 0 else
+                "rank 0 failed: timeout after 1 s: rank 0 waiting for")
+        report(r, "a late rank", want in str(e) and isinstance(e, seqpar.CommTimeout) == (r == 0))
+
+
+def crash(how):
+    """Rank 1 ends mid-job: "exception" raises uncaught (announced by TorchComm's excepthook,
+    then the process exits) while rank 0 waits in a collective; "killed" dies by SIGKILL in the
+    middle of a long ring attention (nothing announced; gloo closes its connections)."""
+    comm = seqpar.TorchComm()
+    r = comm.rank
+    small = [seqpar.Partition(32, 2).shard(t, r) for t in qkv(1, 32, 2, 2, 16)]
+    seqpar.attention(*small, comm=comm, strategy="ring")  # the world works
+    S = 32 if how == "exception" else 4096
+    part = seqpar.Partition(S, 2)
+    x = [part.shard(t, r) for t in qkv(1, S, 8, 8, 64)]
+    if r == 1 and how == "exception":
+        time.sleep(1)  # rank 0 is waiting by now
+        raise RuntimeError("injected failure on rank 1")
+    if r == 1:
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    try:
+        for _ in range(20):
+            seqpar.attention(*x, comm=comm, strategy="ring" if how == "killed" else "allgather")
+        report(r, f"rank 1 {how} reaches rank 0", False, "the calls returned")
+    except seqpar.CommError as e:
+        say(f"rank {r}: CommError: {e}")
+        # killed: gloo's "Connection closed by peer" or "Connection reset by peer"
+        want = ("rank 1 failed: RuntimeError: injected failure on rank 1" if how == "exception"
+                else "by peer")
+        report(r, f"rank 1 {how} reaches rank 0", want in str(e))
+
+
+if __name__ == "__main__":
+    {"main": lambda: main(sys.argv[2]), "refuse": refuse,
+     "crash": lambda: crash(sys.argv[2]), "late": late}[sys.argv[1]]()
+    sys.exit(1 if failed else 0)
