@@ -161,6 +161,9 @@ def _result(a: _Arg, out_shape, core_call):
 def _call(name, q, k, v, comm, options, return_lse):
     """One call of the library's entry point on this rank's tensors (k, v may differ in length
     from q over a cache); options by the vocabulary's names."""
+    if not isinstance(comm, Comm):
+        raise ValueError(f"comm {_brief(comm)} is not a communicator; pass the comm "
+                         "ThreadWorld.run hands each rank, seqpar.MpiComm() or seqpar.TorchComm()")
     args = [_Arg("q", q), _Arg("k" if name == "attention" else "k_cache", k),
             _Arg("v" if name == "attention" else "v_cache", v)]
     _same_kind(args)
@@ -233,7 +236,7 @@ def attention(q, k, v, *, comm: Comm, strategy: str = "ring", layout: str = "con
               ulysses_mode: str = "uaa", pad: bool = False, seq_len: Optional[int] = None,
               text_tokens: int = 0, softmax: str = "online",
               softmax_scale: Optional[float] = None, schedule: str = "default",
-              seq_lens: Optional[Sequence[int]] = None, hardware: str = "cpu-ethernet",
+              seq_lens: Optional[Sequence[int]] = None, hardware: str = "local",
               return_lse: bool = False):
     """Attention of this rank's queries over the whole sharded sequence.
 
@@ -284,7 +287,7 @@ _PASSES = {"q": ("passq", "default"), "q-ring": ("passq", "ring"), "kv": ("passk
 
 def decode_attention(q, k_cache, v_cache, *, comm: Comm, strategy: Optional[str] = None,
                      schedule: str = "default", pass_: Optional[str] = None, causal: bool = True,
-                     softmax_scale: Optional[float] = None, hardware: str = "cpu-ethernet",
+                     softmax_scale: Optional[float] = None, hardware: str = "local",
                      return_lse: bool = False):
     """Attention of new queries over a K/V cache sharded across the ranks (decode, partial
     prefill).
@@ -528,7 +531,8 @@ def plan(*, ranks: int = 8, model: Optional[str] = None, seq: int = 0, heads: in
          ulysses_mode: Optional[str] = None, softmax: Optional[str] = None,
          schedule: Optional[str] = None, pad: Optional[bool] = None, cached: int = 0,
          new: int = 0, top: int = 15, cfg_parallel_size: Optional[int] = None,
-         tensor_parallel_size: Optional[int] = None) -> dict:
+         tensor_parallel_size: Optional[int] = None,
+         memory_limit: Optional[float] = None) -> dict:
     """Which parallel layout to use, before anything runs: the ``seqpar plan --json`` object.
 
     A model preset (``model="wan2.1-t2v-14b", frames=33, height=240, width=432``, or
@@ -537,8 +541,10 @@ def plan(*, ranks: int = 8, model: Optional[str] = None, seq: int = 0, heads: in
     profile (h100, h200, cpu-ethernet, local, or a JSON file). Degrees left 0 and options left
     None are enumerated (softmax None: online; ``softmax="const-max"`` plans ring and usp with
     the const-max softmax; schedule None: every schedule; sequence_parallel_size: ulysses_degree
-    x ring_degree; cfg_parallel_size and tensor_parallel_size are cfg's and tp's other names). ``top``: meshes with per-rank detail (0: all). Keys: seq_len, remainder,
-    divisibility, meshes (fastest first), over_memory, rejected, and for decode the pass choice.
+    x ring_degree; cfg_parallel_size and tensor_parallel_size are cfg's and tp's other names,
+    memory_limit memory_limit_gb's: the limit per rank in GB, 0 the profile's). ``top``: meshes
+    with per-rank detail (0: all). Keys: seq_len, remainder, divisibility, meshes (fastest
+    first), over_memory, rejected, and for decode the pass choice.
     """
     s = _core._PlanSpec()
     s.model = _text("model", model)
@@ -551,6 +557,10 @@ def plan(*, ranks: int = 8, model: Optional[str] = None, seq: int = 0, heads: in
     s.ranks = _int("ranks", ranks, 1, _MAX_RANKS)
     s.ranks_per_node = (None if ranks_per_node is None
                         else _int("ranks_per_node", ranks_per_node, 1, _MAX_RANKS))
+    if memory_limit is not None:  # the flag's name (--memory-limit, in GB)
+        if memory_limit_gb:
+            raise ValueError("memory_limit and memory_limit_gb are the same limit; give one")
+        memory_limit_gb = memory_limit
     s.memory_limit_gb = _real("memory_limit_gb", memory_limit_gb, 0.0, 1e9)
     s.dtype, s.strategy = _text("dtype", dtype), _text("strategy", strategy)
     s.layout, s.ulysses_mode = _text("layout", layout), _text("ulysses_mode", ulysses_mode)

@@ -472,3 +472,17 @@ def test_auto_is_one_choice(hardware, ranks, seq, heads, kv_heads, causal, cache
         check=True, capture_output=True, text=True).stdout)
     assert ran == {run["choice_label"]} == {_mesh_label(plan["meshes"][0])}, (
         ran, run["choice_reason"], plan["meshes"][0])
+
+
+def test_names_users_reach_for():
+    """A comm that is not one is refused in one line; plan takes the flag's name memory_limit
+    beside memory_limit_gb, and the two give the same plan."""
+    q = np.zeros((1, 4, 2, 8), np.float32)
+    with pytest.raises(ValueError, match=r"^comm None is not a communicator; pass the comm"):
+        seqpar.attention(q, q, q, comm=None)
+    ask = dict(ranks=4, seq=4096, heads=8, causal=True, hardware="h100")
+    a = seqpar.plan(memory_limit=0.05, **ask)
+    b = seqpar.plan(memory_limit_gb=0.05, **ask)
+    assert a == b and a != seqpar.plan(**ask)
+    with pytest.raises(ValueError, match="give one"):
+        seqpar.plan(memory_limit=1, memory_limit_gb=2, **ask)
