@@ -58,8 +58,9 @@ run_half() {
 }
 
 if [ -z "$ONLY" ] || [ "$ONLY" = asan ]; then
-  # The Python tests (label python) compare against references; they run in make test only.
-  run_half "address,undefined" build-asan address,undefined "all" "-LE python"
+  # The Python tests (label python) compare against references, the docs tests (label docs)
+  # replay the documented command lines the CLI suites cover: they run in make test only.
+  run_half "address,undefined" build-asan address,undefined "all" "-LE python|docs"
 fi
 if [ -z "$ONLY" ] || [ "$ONLY" = tsan ]; then
   # MPI is not run under TSan: the threads suites link the MPI-free communicator stub.
