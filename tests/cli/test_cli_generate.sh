@@ -341,6 +341,20 @@ if [ -n "$mpiexec" ]; then
     ok || bad "mpi: a checkpoint of 829 GB: exit $rc: $err"
 fi
 
+# A prompt shorter than the sequence-parallel ranks: one line before any rank runs, exit 2 on
+# both backends.
+expect_exit2 "--prompt-ids holds 2 tokens, fewer than the 4 sequence-parallel ranks" \
+  $(gen --model "$tmp/good" --prompt-ids 1,2 --ring-degree 4)
+expect_exit2 "the first --prefill-chunk holds 2 tokens, fewer than the 4 sequence-parallel ranks" \
+  $(gen --model "$tmp/good" --prompt-ids 1,2,3,4,5 --ring-degree 2 --ulysses-degree 2 --prefill-chunk 2)
+if [ -n "$mpiexec" ]; then
+  err=$(timeout -s KILL 90 "$mpiexec" --allow-run-as-root --oversubscribe \
+          --mca btl_vader_single_copy_mechanism none -n 4 \
+          "$bin" $(gen --model "$tmp/good" --prompt-ids 1,2 --ring-degree 4 --backend mpi) 2>&1 >/dev/null); rc=$?
+  [ $rc -eq 2 ] && [ "$(printf '%s\n' "$err" | grep -c "fewer than the 4 sequence-parallel ranks")" -eq 1 ] &&
+    ok || bad "mpi: a prompt shorter than the ranks: exit $rc: $err"
+fi
+
 # Under MPI a weight refused on one tp rank only (a NaN in the last column of down_proj: rank 1's
 # share) is reported by that rank alone, exit 2 as on threads; the rank that only heard of it
 # stays quiet.
