@@ -170,7 +170,7 @@ std::string flag_words(std::string_view m) {
       {"parallel_config", "--parallel-config"}};
   static constexpr std::string_view kWords[] = {
       "layout", "dtype",  "softmax", "hardware", "seq",   "ranks",  "heads",  "batch", "cfg",
-      "tp",     "cached", "new",     "pad",      "model", "frames", "height", "width"};
+      "tp",     "cached", "new",     "pad",      "model", "frames", "height", "width", "steps"};
   auto word_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
   std::string out;
   size_t i = 0;

@@ -229,14 +229,14 @@ Prepared prepare(const GenerateOptions& o, int world) {
   const int64_t prompt = static_cast<int64_t>(ids.size());
   const int64_t prefill =
       p.chunking.prefill_chunk > 0 ? std::min(p.chunking.prefill_chunk, prompt) : prompt;
-  // Checked here, before any rank runs, so that under MPI one line says it.
+  // Checked here, before any rank runs, so that under MPI one line says it. (With
+  // --prefill-chunk the first chunk takes at least one token per rank, so the same holds.)
   const int sp = p.mesh.mesh.sp();
-  const char* prompt_flag = o.prompt_ids.empty() ? "--prompt-ids-file" : "--prompt-ids";
-  SEQPAR_ARG_CHECK(prefill >= sp, prefill < prompt ? "the first --prefill-chunk" : prompt_flag,
-                   " holds ", prefill, " tokens, fewer than the ", sp,
+  SEQPAR_ARG_CHECK(prompt >= sp, o.prompt_ids.empty() ? "--prompt-ids-file" : "--prompt-ids",
+                   " holds ", prompt, " tokens, fewer than the ", sp,
                    " sequence-parallel ranks (--ring-degree x --ulysses-degree); every rank needs "
                    "a token, --pad or not: use at most ",
-                   prefill, " ranks, or a longer prompt");
+                   prompt, " ranks, or a longer prompt");
   // Every rank on this machine, before any weight is read.
   const CausalLmMemory need =
       causal_lm_memory(p.ck, p.mesh, prefill, last, o.max_new_tokens * (1 + p.turns.size()));

@@ -163,7 +163,7 @@ Tensor DiT::forward(const Tensor& latent, float t, const Tensor& text, ParallelC
 std::array<Tensor, 2> DiT::branches(const Tensor& latent, float t, const Tensor& text,
                                     const Tensor& null_text, ParallelContext& ctx) const {
   Communicator& cfg = *ctx.cfg;
-  SEQPAR_ARG_CHECK(cfg.size() <= 2, "--cfg ", cfg.size(), " is invalid; valid: 1, 2");
+  SEQPAR_ARG_CHECK(cfg.size() <= 2, "cfg ", cfg.size(), " is invalid; valid: 1, 2");
   if (cfg.size() == 1) return {forward(latent, t, text, ctx), forward(latent, t, null_text, ctx)};
   // Each cfg group computes one branch; the two velocities are exchanged.
   const Tensor mine = forward(latent, t, cfg.rank() == 0 ? text : null_text, ctx);
@@ -186,7 +186,7 @@ Tensor DiT::guided(const Tensor& latent, float t, const Tensor& text, const Tens
 
 Tensor DiT::sample(Tensor latent, int steps, const Tensor& text, const Tensor& null_text,
                    float guidance, ParallelContext& ctx) const {
-  SEQPAR_ARG_CHECK(steps >= 1, "--steps ", steps, " is invalid; it must be at least 1");
+  SEQPAR_ARG_CHECK(steps >= 1, "steps ", steps, " is invalid; it must be at least 1");
   for (int i = 0; i < steps; ++i) {
     const float sigma = 1.0f - static_cast<float>(i) / steps;
     const float next = 1.0f - static_cast<float>(i + 1) / steps;

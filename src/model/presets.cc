@@ -182,24 +182,24 @@ LatentShape latent_shape(const ModelPreset& m, int64_t frames, int64_t height, i
                    " is a language model; give a token count, not frames x height x width");
   const int64_t st = m.vae_stride[0], sh = m.vae_stride[1] * m.patch[1],
                 sw = m.vae_stride[2] * m.patch[2];
-  for (auto [flag, v] : {std::pair{"--frames", frames}, std::pair{"--height", height},
-                         std::pair{"--width", width}})
+  for (auto [flag, v] :
+       {std::pair{"frames", frames}, std::pair{"height", height}, std::pair{"width", width}})
     limits::check_range(flag, v, 1, limits::kMaxPixels);
   if (m.video) {
     const int64_t below = (frames - 1) / st * st + 1;
-    SEQPAR_ARG_CHECK((frames - 1) % st == 0, "--frames ", frames, " does not fit ", m.name,
+    SEQPAR_ARG_CHECK((frames - 1) % st == 0, "frames ", frames, " does not fit ", m.name,
                      "'s temporal VAE stride ", st, ": frames must be ", st,
                      "k+1; nearest: ", below, " or ", below + st);
   } else {
-    SEQPAR_ARG_CHECK(frames == 1, "--frames ", frames, ": ", m.name, " is an image model; use 1");
+    SEQPAR_ARG_CHECK(frames == 1, "frames ", frames, ": ", m.name, " is an image model; use 1");
   }
   auto nearest = [](int64_t x, int64_t m) {
     const int64_t lo = x / m * m;
     return detail::concat(lo > 0 ? std::to_string(lo) + " or " : std::string(), lo + m);
   };
-  SEQPAR_ARG_CHECK(height % sh == 0, "--height ", height, " is not a multiple of ", sh,
+  SEQPAR_ARG_CHECK(height % sh == 0, "height ", height, " is not a multiple of ", sh,
                    " (VAE stride x patch) for ", m.name, "; nearest: ", nearest(height, sh));
-  SEQPAR_ARG_CHECK(width % sw == 0, "--width ", width, " is not a multiple of ", sw,
+  SEQPAR_ARG_CHECK(width % sw == 0, "width ", width, " is not a multiple of ", sw,
                    " (VAE stride x patch) for ", m.name, "; nearest: ", nearest(width, sw));
   LatentShape s;
   s.latent_frames = m.video ? (frames - 1) / st + 1 : 1;

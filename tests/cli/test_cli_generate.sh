@@ -345,8 +345,8 @@ fi
 # both backends.
 expect_exit2 "--prompt-ids holds 2 tokens, fewer than the 4 sequence-parallel ranks" \
   $(gen --model "$tmp/good" --prompt-ids 1,2 --ring-degree 4)
-expect_exit2 "the first --prefill-chunk holds 2 tokens, fewer than the 4 sequence-parallel ranks" \
-  $(gen --model "$tmp/good" --prompt-ids 1,2,3,4,5 --ring-degree 2 --ulysses-degree 2 --prefill-chunk 2)
+expect_exit2 "--prompt-ids holds 3 tokens, fewer than the 4 sequence-parallel ranks" \
+  $(gen --model "$tmp/good" --prompt-ids 1,2,3 --ring-degree 2 --ulysses-degree 2 --prefill-chunk 1)
 if [ -n "$mpiexec" ]; then
   err=$(timeout -s KILL 90 "$mpiexec" --allow-run-as-root --oversubscribe \
           --mca btl_vader_single_copy_mechanism none -n 4 \

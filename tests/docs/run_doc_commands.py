@@ -19,6 +19,7 @@ root, seqpar = sys.argv[1], os.path.abspath(sys.argv[2])
 mpiexec = sys.argv[3] if len(sys.argv) > 3 else ""
 docs = [os.path.join(root, "README.md")] + sorted(glob.glob(os.path.join(root, "docs", "*.md")))
 CAPS = {"--seq": 2048, "--cached": 4096, "--new": 512, "--prompt-len": 200}
+# Flags that name files (--model: for generate and denoise; elsewhere it names a preset).
 FILE_FLAGS = {"--model", "--inputs", "--prompt-ids-file", "--weights", "--parallel-config"}
 
 
@@ -73,15 +74,21 @@ for doc in docs:
         if argv[0] == "mpirun":
             if not mpiexec:
                 skipped += 1
+                print(f"{name}:{line}: skipped: no mpiexec")
                 continue
             at = argv.index("build/seqpar")
-            argv = [mpiexec, "--oversubscribe"] + argv[1:at] + [seqpar] + argv[at + 1:]
+            launcher = [mpiexec, "--oversubscribe", "--mca", "btl_vader_single_copy_mechanism",
+                        "none"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+            argv = launcher + argv[1:at] + [seqpar] + argv[at + 1:]
         else:
             argv[0] = seqpar
+        sub = argv[argv.index(seqpar) + 1]
+        files = FILE_FLAGS if sub in ("generate", "denoise") else FILE_FLAGS - {"--model"}
         missing = [argv[i + 1] for i in range(len(argv) - 1)
-                   if argv[i] in FILE_FLAGS and not os.path.exists(os.path.join(work, argv[i + 1]))]
+                   if argv[i] in files and not os.path.exists(os.path.join(work, argv[i + 1]))]
         if missing:
             skipped += 1
+            print(f"{name}:{line}: skipped: no {missing[0]} here")
             continue
         argv = shrink(argv)
         r = subprocess.run(argv, cwd=work, capture_output=True, text=True, timeout=600)
