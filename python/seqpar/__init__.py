@@ -30,6 +30,7 @@ failures raise CommError (a RuntimeError), deadlines CommTimeout (a CommError an
 from __future__ import annotations
 
 import json
+import os
 import sys
 import weakref
 from dataclasses import dataclass, field
@@ -532,7 +533,8 @@ def plan(*, ranks: int = 8, model: Optional[str] = None, seq: int = 0, heads: in
          schedule: Optional[str] = None, pad: Optional[bool] = None, cached: int = 0,
          new: int = 0, top: int = 15, cfg_parallel_size: Optional[int] = None,
          tensor_parallel_size: Optional[int] = None,
-         memory_limit: Optional[float] = None) -> dict:
+         memory_limit: Optional[float] = None, simulate: bool = False,
+         sim_ranks: Optional[str] = None, svg: Optional[str] = None) -> dict:
     """Which parallel layout to use, before anything runs: the ``seqpar plan --json`` object.
 
     A model preset (``model="wan2.1-t2v-14b", frames=33, height=240, width=432``, or
@@ -544,7 +546,10 @@ def plan(*, ranks: int = 8, model: Optional[str] = None, seq: int = 0, heads: in
     x ring_degree; cfg_parallel_size and tensor_parallel_size are cfg's and tp's other names,
     memory_limit memory_limit_gb's: the limit per rank in GB, 0 the profile's). ``top``: meshes
     with per-rank detail (0: all). Keys: seq_len, remainder, divisibility, meshes (fastest
-    first), over_memory, rejected, and for decode the pass choice.
+    first), over_memory, rejected, and for decode the pass choice. With ``simulate`` (or
+    ``svg``) also ``simulation``: the scaling replay at the sequence-parallel sizes ``sim_ranks``
+    ("FIRST:LAST", doubling; default 8 up to 1024 as far as the planning limit allows), its chart
+    written as an SVG file to ``svg`` when given, as ``seqpar plan --simulate --svg``.
     """
     s = _core._PlanSpec()
     s.model = _text("model", model)
@@ -576,7 +581,16 @@ def plan(*, ranks: int = 8, model: Optional[str] = None, seq: int = 0, heads: in
     s.sequence_parallel_size = _int("sequence_parallel_size", sequence_parallel_size, 0, _MAX_RANKS)
     s.cached, s.new = _int("cached", cached), _int("new", new)
     hardware, top = _text("hardware", hardware), _int("top", top, 0, _MAX_RANKS)
-    return json.loads(_core._plan_json(s, hardware, top))
+    simulate = _flag("simulate", simulate) or svg is not None
+    text, chart = _core._plan_json(s, hardware, top, simulate, _text("sim_ranks", sim_ranks))
+    if svg is not None:
+        path = _text("svg", os.fspath(svg) if isinstance(svg, os.PathLike) else svg)
+        if not path:
+            raise ValueError("svg '' is empty; give the chart's file name")
+        with open(path + ".part", "w", encoding="utf-8") as f:  # appears whole or not at all
+            f.write(chart)
+        os.replace(path + ".part", path)
+    return json.loads(text)
 
 
 from .models import CausalLM, Llama, ModelMesh, WanTransformer  # noqa: E402

@@ -44,10 +44,15 @@ void bind_plan(py::module_& m) {
       .def_readwrite("pad", &PlanSpec::pad)
       .def_readwrite("cached", &PlanSpec::cached)
       .def_readwrite("new", &PlanSpec::fresh);
-  m.def("_plan_json", [](const PlanSpec& spec, const std::string& hardware, int top) {
+  // (the plan's JSON, the simulation's SVG chart or "" without simulate)
+  m.def("_plan_json", [](const PlanSpec& spec, const std::string& hardware, int top, bool simulate,
+                         const std::string& sim_ranks) {
     return without_gil([&] {
       const ResolvedPlanSpec r = resolve_plan_spec(spec, load_hardware_profile(hardware));
-      return plan_json(r, make_plan(r.req), nullptr, top);
+      const Plan plan = make_plan(r.req);
+      if (!simulate) return std::pair{plan_json(r, plan, nullptr, top), std::string()};
+      const Simulation sim = plan_simulation(r, sim_ranks);
+      return std::pair{plan_json(r, plan, &sim, top), simulation_svg(sim, simulation_title(r))};
     });
   });
 }

@@ -167,7 +167,8 @@ std::string flag_words(std::string_view m) {
       {"sequence_parallel_size", "--sequence-parallel-size"},
       {"tensor_parallel_size", "--tensor-parallel-size"},
       {"cfg_parallel_size", "--cfg-parallel-size"},
-      {"parallel_config", "--parallel-config"}};
+      {"parallel_config", "--parallel-config"},
+      {"sim_ranks", "--sim-ranks"}};
   static constexpr std::string_view kWords[] = {
       "layout", "dtype",  "softmax", "hardware", "seq",   "ranks",  "heads",  "batch", "cfg",
       "tp",     "cached", "new",     "pad",      "model", "frames", "height", "width", "steps"};

@@ -85,21 +85,6 @@ ResolvedPlanSpec resolve(const PlanOptions& o) {
   return resolve_plan_spec(spec, load_profile_checked(o.hardware));
 }
 
-// The simulation replays every size up to LAST: at most kMaxSimRanks (each size costs its meshes).
-constexpr int64_t kMaxSimRanks = int64_t{1} << 13;
-
-std::vector<int> parse_sizes(const std::string& s) {
-  const auto colon = s.find(':');
-  const std::optional<int64_t> first = limits::parse_int64(s.substr(0, colon));
-  const std::optional<int64_t> last =
-      colon == std::string::npos ? first : limits::parse_int64(s.substr(colon + 1));
-  SEQPAR_ARG_CHECK(first && last, "--sim-ranks '", s, "' is invalid; give FIRST:LAST, e.g. 8:1024");
-  SEQPAR_ARG_CHECK(*first >= 1 && *last >= *first && *last <= kMaxSimRanks, "--sim-ranks '", s,
-                   "' is invalid; give FIRST:LAST with 1 <= FIRST <= LAST <= ",
-                   limits::max_text(kMaxSimRanks), ", e.g. 8:1024");
-  return doubling_sizes(static_cast<int>(*first), static_cast<int>(*last));
-}
-
 // ---- text: a rendering of the JSON object ---------------------------------------------------
 
 using nlohmann::json;
@@ -331,7 +316,8 @@ void print_simulation(const json& sim, const json& hw) {
               str(sim["layout"]), i64(sizes.front()), i64(sizes.back()));
   if (i64(sim["ranks_per_node"]) > 0)
     std::printf(", %lld ranks per node", i64(sim["ranks_per_node"]));
-  if (!sim["note"].get_ref<const std::string&>().empty()) std::printf(" (%s)", str(sim["note"]));
+  if (!sim["note"].get_ref<const std::string&>().empty())
+    std::printf(" (%s)", flag_words(sim["note"].get_ref<const std::string&>()).c_str());
   std::printf("\n  %-6s", "ranks");
   for (const json& c : sim["curves"])
     std::printf(" %22s", detail::concat(str(c["strategy"]), " step (exp)").c_str());
@@ -424,71 +410,19 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
 
 namespace {
 
-// --sim-ranks unset: from 8 doubling up to 1024, as far as the planning limit allows.
-constexpr const char* kDefaultSimRanks = "8:1024";
-
-// The layout, cfg and tp the simulation replays: as pinned, else zigzag for a causal workload
-// and contiguous otherwise, cfg and tp 1.
-struct SimulationMesh {
-  Layout layout;
-  int cfg, tp;
-};
-SimulationMesh simulation_mesh(const PlanRequest& req) {
-  return {req.layout.value_or(req.work.causal ? Layout::kZigzag : Layout::kContiguous),
-          req.cfg > 0 ? req.cfg : 1, req.tp > 0 ? req.tp : 1};
-}
-
-// The simulation's sizes: --sim-ranks as given, refused (with the last size that fits) where
-// the plan and the simulation together would pass the planning limit; unset, kDefaultSimRanks
-// as far as the limit allows (*note says where it stopped).
-std::vector<int> simulation_sizes(const PlanOptions& o, const PlanRequest& req, std::string* note) {
-  const bool given = !o.sim_ranks.empty();
-  std::vector<int> sizes = parse_sizes(given ? o.sim_ranks : kDefaultSimRanks);
-  const int64_t plan = plan_work(req, req.world).ns;
-  if (plan > kMaxPlanWork) return sizes;  // make_plan refuses the plan itself
-  const SimulationMesh m = simulation_mesh(req);
-  const PlanWork work = simulation_work(req.work, sizes, m.layout, m.cfg, m.tp);
-  if (work.ns <= kMaxPlanWork - plan) return sizes;
-  const int last =
-      largest_simulated_size(req.work, sizes, m.layout, m.cfg, m.tp, kMaxPlanWork - plan);
-  const PlanWork with_plan = [&] {
-    PlanWork x = plan_work(req, req.world);
-    x += work;
-    return x;
-  }();
-  SEQPAR_ARG_CHECK(!given && last > 0, "--sim-ranks ", sizes.front(), ":", sizes.back(),
-                   ": simulating at ", req.work.seq, " tokens beside the plan means costing ",
-                   with_plan.text(), ", more than the limit of about ",
-                   kMaxPlanWork / 1'000'000'000.0, " s; ",
-                   last > 0 ? detail::concat("--sim-ranks ", sizes.front(), ":", last)
-                            : std::string("plan fewer tokens"));
-  *note = detail::concat(sizes.back(), " ranks would take about ",
-                         fmt("%.2g", static_cast<double>(with_plan.ns) / 1e9),
-                         " s to cost, more than the limit; --sim-ranks to choose");
-  while (sizes.back() > last) sizes.pop_back();
-  return sizes;
-}
-
 int run_plan(const PlanOptions& o) {
   const ResolvedPlanSpec r = resolve(o);
-  std::vector<int> sizes;
-  std::string sim_note;
-  if (o.simulate || !o.svg.empty()) sizes = simulation_sizes(o, r.req, &sim_note);
+  const bool simulate = o.simulate || !o.svg.empty();
   std::optional<OutputFile> svg;
   if (!o.svg.empty()) svg.emplace("--svg", o.svg);
   const Plan plan = make_plan(r.req);
   std::optional<Simulation> sim;
-  if (!sizes.empty()) {
-    const SimulationMesh m = simulation_mesh(r.req);
+  if (simulate) {
     Progress progress("plan", o.json);
-    sim = simulate_scaling(
-        r.req.work, r.req.hw, sizes, m.layout, m.cfg, m.tp, kHiddenFraction, kMaxPlanWork,
-        [&](int64_t done, int64_t total) { progress.step(done, total, "simulated meshes"); });
-    sim->note = sim_note;
-    if (svg)
-      svg->write(simulation_svg(
-          *sim, detail::concat(r.req.work.model, ", S = ", r.req.work.seq, " tokens, ",
-                               r.req.hw.name, ": predicted step time")));
+    sim = plan_simulation(r, o.sim_ranks, [&](int64_t done, int64_t total) {
+      progress.step(done, total, "simulated meshes");
+    });
+    if (svg) svg->write(simulation_svg(*sim, simulation_title(r)));
   }
   const std::string text = plan_json(r, plan, sim ? &*sim : nullptr, static_cast<int>(o.top));
   if (o.json)

@@ -251,6 +251,80 @@ ResolvedPlanSpec resolve_plan_spec(const PlanSpec& o, HardwareProfile hw) {
   return r;
 }
 
+namespace {
+
+// The simulation replays every size up to LAST: at most kMaxSimRanks (each size costs its meshes).
+constexpr int64_t kMaxSimRanks = int64_t{1} << 13;
+// sim_ranks unset: from 8 doubling up to 1024, as far as the planning limit allows.
+constexpr const char* kDefaultSimRanks = "8:1024";
+
+std::vector<int> parse_sizes(const std::string& s) {
+  const auto colon = s.find(':');
+  const std::optional<int64_t> first = limits::parse_int64(s.substr(0, colon));
+  const std::optional<int64_t> last =
+      colon == std::string::npos ? first : limits::parse_int64(s.substr(colon + 1));
+  SEQPAR_ARG_CHECK(first && last, "sim_ranks '", s, "' is invalid; give FIRST:LAST, e.g. 8:1024");
+  SEQPAR_ARG_CHECK(*first >= 1 && *last >= *first && *last <= kMaxSimRanks, "sim_ranks '", s,
+                   "' is invalid; give FIRST:LAST with 1 <= FIRST <= LAST <= ",
+                   limits::max_text(kMaxSimRanks), ", e.g. 8:1024");
+  return doubling_sizes(static_cast<int>(*first), static_cast<int>(*last));
+}
+
+struct SimulationMesh {
+  Layout layout;
+  int cfg, tp;
+};
+SimulationMesh simulation_mesh(const PlanRequest& req) {
+  return {req.layout.value_or(req.work.causal ? Layout::kZigzag : Layout::kContiguous),
+          req.cfg > 0 ? req.cfg : 1, req.tp > 0 ? req.tp : 1};
+}
+
+// The sizes to simulate and, when they were cut short, why (*note).
+std::vector<int> simulation_sizes(const std::string& sim_ranks, const PlanRequest& req,
+                                  std::string* note) {
+  const bool given = !sim_ranks.empty();
+  std::vector<int> sizes = parse_sizes(given ? sim_ranks : kDefaultSimRanks);
+  const int64_t plan = plan_work(req, req.world).ns;
+  if (plan > kMaxPlanWork) return sizes;  // make_plan refuses the plan itself
+  const SimulationMesh m = simulation_mesh(req);
+  const PlanWork work = simulation_work(req.work, sizes, m.layout, m.cfg, m.tp);
+  if (work.ns <= kMaxPlanWork - plan) return sizes;
+  const int last =
+      largest_simulated_size(req.work, sizes, m.layout, m.cfg, m.tp, kMaxPlanWork - plan);
+  PlanWork with_plan = plan_work(req, req.world);
+  with_plan += work;
+  SEQPAR_ARG_CHECK(!given && last > 0, "sim_ranks ", sizes.front(), ":", sizes.back(),
+                   ": simulating at ", req.work.seq, " tokens beside the plan means costing ",
+                   with_plan.text(), ", more than the limit of about ",
+                   kMaxPlanWork / 1'000'000'000.0, " s; ",
+                   last > 0 ? detail::concat("sim_ranks ", sizes.front(), ":", last)
+                            : std::string("plan fewer tokens"));
+  char seconds[32];
+  std::snprintf(seconds, sizeof seconds, "%.2g", static_cast<double>(with_plan.ns) / 1e9);
+  *note = detail::concat(sizes.back(), " ranks would take about ", seconds,
+                         " s to cost, more than the limit; sim_ranks to choose");
+  while (sizes.back() > last) sizes.pop_back();
+  return sizes;
+}
+
+}  // namespace
+
+Simulation plan_simulation(const ResolvedPlanSpec& r, const std::string& sim_ranks,
+                           const std::function<void(int64_t, int64_t)>& on_mesh) {
+  std::string note;
+  const std::vector<int> sizes = simulation_sizes(sim_ranks, r.req, &note);
+  const SimulationMesh m = simulation_mesh(r.req);
+  Simulation sim = simulate_scaling(r.req.work, r.req.hw, sizes, m.layout, m.cfg, m.tp,
+                                    kHiddenFraction, kMaxPlanWork, on_mesh);
+  sim.note = note;
+  return sim;
+}
+
+std::string simulation_title(const ResolvedPlanSpec& r) {
+  return detail::concat(r.req.work.model, ", S = ", r.req.work.seq, " tokens, ", r.req.hw.name,
+                        ": predicted step time");
+}
+
 std::string plan_json(const ResolvedPlanSpec& r, const Plan& plan, const Simulation* sim,
                       int top) {
   const PlanRequest& req = r.req;

@@ -486,3 +486,21 @@ def test_names_users_reach_for():
     assert a == b and a != seqpar.plan(**ask)
     with pytest.raises(ValueError, match="give one"):
         seqpar.plan(memory_limit=1, memory_limit_gb=2, **ask)
+
+
+def test_plan_simulates_as_the_command_line(tmp_path):
+    """seqpar.plan(simulate=True, sim_ranks=, svg=) gives seqpar plan --simulate --json's
+    simulation and writes the same SVG chart; a bad sim_ranks is one line naming it."""
+    ask = ["--seq", "8192", "--heads", "8", "--causal", "--ranks", "8", "--hardware", "h100"]
+    svg_cli = tmp_path / "cli.svg"
+    cli = json.loads(subprocess.run(
+        [os.environ["SEQPAR_BIN"], "plan", *ask, "--simulate", "--sim-ranks", "2:16", "--svg",
+         str(svg_cli), "--json"], capture_output=True, text=True, check=True).stdout)
+    svg_py = tmp_path / "py.svg"
+    got = seqpar.plan(seq=8192, heads=8, causal=True, ranks=8, hardware="h100", simulate=True,
+                      sim_ranks="2:16", svg=svg_py)
+    assert got["simulation"] == cli["simulation"] and got["simulation"]["sizes"] == [2, 4, 8, 16]
+    assert svg_py.read_text() == svg_cli.read_text() and "<svg" in svg_py.read_text()
+    assert "simulation" not in seqpar.plan(seq=8192, heads=8, causal=True, ranks=8)
+    with pytest.raises(ValueError, match=r"^sim_ranks '0:4' is invalid; give FIRST:LAST"):
+        seqpar.plan(seq=8192, heads=8, ranks=8, simulate=True, sim_ranks="0:4")

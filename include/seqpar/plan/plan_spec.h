@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -46,6 +47,17 @@ struct ResolvedPlanSpec {
 // Checks every size against core/limits.h and resolves the preset, the workload and the pins on
 // the hardware profile `hw` (InvalidArgument naming the parameter and what is valid).
 ResolvedPlanSpec resolve_plan_spec(const PlanSpec& spec, HardwareProfile hw);
+
+// The scaling simulation beside the plan (plan/simulate.h) on the layout, cfg and tp pinned (else
+// zigzag for a causal workload, contiguous otherwise; cfg and tp 1), at the sequence-parallel
+// sizes `sim_ranks` ("FIRST:LAST", doubling; InvalidArgument naming sim_ranks and the last size
+// that fits when plan and simulation together would pass the planning limit), or, empty, from 8
+// doubling up to 1024 as far as that limit allows (Simulation::note says where it stopped).
+// on_mesh as simulate_scaling's.
+Simulation plan_simulation(const ResolvedPlanSpec& r, const std::string& sim_ranks,
+                           const std::function<void(int64_t done, int64_t total)>& on_mesh = {});
+// The title of the simulation's SVG chart: model, tokens, hardware.
+std::string simulation_title(const ResolvedPlanSpec& r);
 
 // The `seqpar plan --json` object: the workload, divisibility, the ranked meshes (per-rank lists,
 // collectives and memory for the first `top`, 0: all), those over the memory limit, the rejected
