@@ -26,7 +26,7 @@ int64_t roundings(const Kernels& kern, int64_t m, int64_t k) {
   const int64_t w = kern.width;
   if (kern.isa == Isa::kScalar)  // product, chain of ceil(k / w) adds, w - 1 lane adds, bias
     return 1 + (k + w - 1) / w + (w - 1) + 1;
-  const int64_t u = gemv_unroll(m);
+  const int64_t u = gemv_unroll(m, static_cast<int>(w));
   int64_t tree = 0;
   while ((int64_t{1} << tree) < w) ++tree;
   // lane chain: whole groups, up to u - 1 whole vectors and the tail; u - 1 adds, tree, bias
