@@ -9,6 +9,7 @@
 #include "commands.h"
 #include "seqpar/attention/attention.h"
 #include "seqpar/comm/mpi.h"
+#include "seqpar/model/ops.h"
 #include "seqpar/version.h"
 
 namespace seqpar::cli {
@@ -42,6 +43,7 @@ int info_command(const InfoOptions& o) {
   if (mpi_available()) backends.push_back("mpi");
   const auto features = cpu_features();
   const std::string kernel = attention_kernel_info();
+  const std::string model_kernel = model_kernel_info();
   const unsigned cores = std::thread::hardware_concurrency();
   if (o.json) {
     nlohmann::json j;
@@ -51,6 +53,7 @@ int info_command(const InfoOptions& o) {
     j["cores"] = cores;
     j["onednn"] = onednn;
     j["kernel"] = kernel;
+    j["model_kernel"] = model_kernel;
     std::printf("%s\n", j.dump().c_str());
     return finish_output(0);
   }
@@ -62,6 +65,7 @@ int info_command(const InfoOptions& o) {
   std::printf("  cpu       %u cores; %s\n", cores, f.c_str());
   std::printf("  oneDNN    %s\n", onednn.c_str());
   std::printf("  kernel    %s\n", kernel.c_str());
+  std::printf("  model     %s\n", model_kernel.c_str());
   return finish_output(0);
 }
 

@@ -1,6 +1,20 @@
 #include "seqpar/core/dtype.h"
 
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
 #include "seqpar/core/error.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define SEQPAR_X86_SIMD 1
+// GCC 12 reports -Wmaybe-uninitialized inside avx512fintrin.h (GCC bug 105593).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <cpuid.h>
+#include <immintrin.h>
+#else
+#define SEQPAR_X86_SIMD 0
+#endif
 
 namespace seqpar {
 
@@ -70,9 +84,159 @@ float f16_to_f32(uint16_t h) {
   return f;
 }
 
+namespace {
+
+// ---- bf16/fp16 -> fp32 widening, one variant per instruction set --------------------------------
+// Widening is exact, so every variant writes the same bits as bf16_to_f32 / f16_to_f32.
+using Widen = void (*)(const uint16_t* src, float* dst, size_t n);
+
+void widen_bf16_scalar(const uint16_t* src, float* dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
+}
+void widen_f16_scalar(const uint16_t* src, float* dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(src[i]);
+}
+
+#if SEQPAR_X86_SIMD
+// vcvtph2ps quiets a signalling NaN (sets mantissa bit 22); f16_to_f32 keeps the payload as it is,
+// so lanes that were a signalling NaN get that bit cleared again.
+__attribute__((target("avx2,fma,f16c"))) inline __m256 f16_exact8(__m128i h) {
+  const __m256 f = _mm256_cvtph_ps(h);
+  const __m256i x = _mm256_cvtepu16_epi32(h);
+  const __m256i mag = _mm256_and_si256(x, _mm256_set1_epi32(0x7fff));
+  const __m256i snan = _mm256_and_si256(_mm256_cmpgt_epi32(mag, _mm256_set1_epi32(0x7c00)),
+                                        _mm256_cmpgt_epi32(_mm256_set1_epi32(0x7e00), mag));
+  return _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_and_si256(snan, _mm256_set1_epi32(1 << 22))),
+                          f);
+}
+__attribute__((target("avx2,fma,f16c"))) void widen_bf16_avx2(const uint16_t* src, float* dst,
+                                                              size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i u =
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(u, 16)));
+  }
+  for (; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
+}
+__attribute__((target("avx2,fma,f16c"))) void widen_f16_avx2(const uint16_t* src, float* dst,
+                                                             size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i,
+                     f16_exact8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  for (; i < n; ++i) dst[i] = f16_to_f32(src[i]);
+}
+
+#define SEQPAR_AVX512 "avx2,fma,f16c,avx512f,avx512bw,avx512vl"
+__attribute__((target(SEQPAR_AVX512))) inline __m512 f16_exact16(__m256i h) {
+  const __m512 f = _mm512_cvtph_ps(h);
+  const __m512i mag = _mm512_and_si512(_mm512_cvtepu16_epi32(h), _mm512_set1_epi32(0x7fff));
+  const __mmask16 snan = _mm512_cmpgt_epi32_mask(mag, _mm512_set1_epi32(0x7c00)) &
+                         _mm512_cmplt_epi32_mask(mag, _mm512_set1_epi32(0x7e00));
+  return _mm512_castsi512_ps(_mm512_mask_andnot_epi32(
+      _mm512_castps_si512(f), snan, _mm512_set1_epi32(1 << 22), _mm512_castps_si512(f)));
+}
+__attribute__((target(SEQPAR_AVX512))) void widen_bf16_avx512(const uint16_t* src, float* dst,
+                                                              size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i u =
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
+    _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(u, 16)));
+  }
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __m512i u = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, src + i));
+    _mm512_mask_storeu_ps(dst + i, m, _mm512_castsi512_ps(_mm512_slli_epi32(u, 16)));
+  }
+}
+__attribute__((target(SEQPAR_AVX512))) void widen_f16_avx512(const uint16_t* src, float* dst,
+                                                             size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(dst + i,
+                     f16_exact16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    _mm512_mask_storeu_ps(dst + i, m, f16_exact16(_mm256_maskz_loadu_epi16(m, src + i)));
+  }
+}
+#undef SEQPAR_AVX512
+
+bool cpu_has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+}
+#endif
+
+struct WidenIsa {
+  std::string_view name;
+  Widen bf16, f16;
+};
+
+// The variants by rank (scalar, avx2, avx512) and whether this CPU runs them: the same checks as
+// the attention kernel's and the model's dispatch (src/attention/simd.cc, src/model/simd_ops.cc).
+const WidenIsa kWiden[] = {
+    {"scalar", &widen_bf16_scalar, &widen_f16_scalar},
+#if SEQPAR_X86_SIMD
+    {"avx2", &widen_bf16_avx2, &widen_f16_avx2},
+    {"avx512", &widen_bf16_avx512, &widen_f16_avx512},
+#endif
+};
+
+int widest_widen() {
+#if SEQPAR_X86_SIMD
+  const bool avx2 =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
+  if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl"))
+    return 2;
+  return avx2 ? 1 : 0;
+#else
+  return 0;
+#endif
+}
+
+int widen_rank(std::string_view name) {
+  if (name == "scalar") return 0;
+  if (name == "avx2") return 1;
+  if (name == "avx512") return 2;
+  throw InvalidArgument(
+      detail::concat("SEQPAR_KERNEL_ISA '", name, "' is unknown; valid: scalar, avx2, avx512"));
+}
+
+const WidenIsa& widen() {
+  static const WidenIsa& chosen = [] {
+    const char* env = std::getenv("SEQPAR_KERNEL_ISA");
+    const int want = env == nullptr || *env == '\0' ? 2 : widen_rank(env);
+    return kWiden[std::min(want, widest_widen())];
+  }();
+  return chosen;
+}
+
+}  // namespace
+
+std::string_view convert_isa() { return widen().name; }
+
+bool detail::widen_to_f32_with(std::string_view isa, DType st, const uint16_t* src, float* dst,
+                               size_t n) {
+  SEQPAR_CHECK(st == DType::kBF16 || st == DType::kF16, "widen_to_f32_with: ", dtype_name(st));
+  const int rank = widen_rank(isa);
+  if (rank > widest_widen()) return false;
+  (st == DType::kBF16 ? kWiden[rank].bf16 : kWiden[rank].f16)(src, dst, n);
+  return true;
+}
+
 void convert(const void* src, DType st, void* dst, DType dt, size_t n) {
   if (st == dt) {
     std::memcpy(dst, src, n * dtype_size(st));
+    return;
+  }
+  if (dt == DType::kF32) {  // widening: exact, vectorized
+    const WidenIsa& w = widen();
+    (st == DType::kBF16 ? w.bf16 : w.f16)(static_cast<const uint16_t*>(src),
+                                          static_cast<float*>(dst), n);
     return;
   }
   auto load = [&](size_t i) -> float {

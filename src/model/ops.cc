@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "seqpar/core/error.h"
+#include "simd_ops.h"
 
 namespace seqpar {
 
@@ -81,40 +82,6 @@ void matmul_f32(const float* x, int64_t m, int64_t k, const float* w, int64_t n,
 // converted block stays in L2 while the matmul reads it.
 constexpr int64_t kConvertedBlockBytes = 512 << 10;
 
-// Up to this many rows of x (decode) multiply a bf16 weight directly: each weight is read once,
-// as 2 bytes, instead of converted to fp32, written and read again.
-constexpr int64_t kMaxGemvRows = 8;
-
-// Partial sums a dot product keeps: the summation order (and so the rounding) is the same
-// whether or not the compiler vectorizes the loop, and the error grows with k / kLanes, not k.
-constexpr int kLanes = 8;
-
-// y (m, n) = x (m, k) · w (n, k, bf16)ᵀ + bias, m <= kMaxGemvRows; output rows split over the
-// calling thread's OpenMP team.
-void gemv_bf16(const float* x, int64_t m, int64_t k, const uint16_t* w, int64_t n,
-               const float* bias, float* y) {
-#pragma omp parallel for schedule(static)
-  for (int64_t j = 0; j < n; ++j) {
-    const uint16_t* row = w + j * k;
-    for (int64_t r = 0; r < m; ++r) {
-      const float* xr = x + r * k;
-      float acc[kLanes] = {};
-      for (int64_t i0 = 0; i0 < k; i0 += kLanes) {
-        const int64_t lanes = std::min<int64_t>(kLanes, k - i0);
-        for (int64_t l = 0; l < lanes; ++l) {
-          const uint32_t bits = static_cast<uint32_t>(row[i0 + l]) << 16;
-          float wf;
-          std::memcpy(&wf, &bits, sizeof wf);
-          acc[l] += xr[i0 + l] * wf;
-        }
-      }
-      float s = 0.f;
-      for (float a : acc) s += a;
-      y[r * n + j] = s + (bias ? bias[j] : 0.f);
-    }
-  }
-}
-
 }  // namespace
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
@@ -140,9 +107,12 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
     matmul_f32(x.data<float>(), m, k, w.data<float>(), n, b, y.data<float>(), n);
     return y;
   }
-  if (w.dtype() == DType::kBF16 && m <= kMaxGemvRows) {
-    gemv_bf16(x.data<float>(), m, k, static_cast<const uint16_t*>(w.raw()), n, b,
-              y.data<float>());
+  // Up to kMaxRows rows of x (decode) multiply a 16-bit weight directly: each weight is read
+  // once, as 2 bytes, widened in the load, instead of converted to fp32, written and read again.
+  if (m <= model_simd::kMaxRows) {
+    const model_simd::Kernels& kern = model_simd::kernels();
+    (w.dtype() == DType::kBF16 ? kern.gemv_bf16 : kern.gemv_f16)(
+        x.data<float>(), m, k, static_cast<const uint16_t*>(w.raw()), n, b, y.data<float>());
     return y;
   }
   // A weight kept in its checkpoint's 16-bit dtype: converted a block of rows at a time.

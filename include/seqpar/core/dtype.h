@@ -35,7 +35,19 @@ inline float bf16_to_f32(uint16_t h) {
 uint16_t f32_to_f16(float f);
 float f16_to_f32(uint16_t h);
 
-// Converts n elements between storage types (src and dst must not overlap).
+// Converts n elements between storage types (src and dst must not overlap). bf16/fp16 -> fp32 is
+// exact and runs vectorized (AVX-512, or AVX2 with F16C), bit-identical to the scalar functions
+// above.
 void convert(const void* src, DType src_type, void* dst, DType dst_type, size_t n);
+// The instruction set convert() widens bf16/fp16 to fp32 with: "avx512", "avx2" or "scalar", the
+// widest this CPU runs, capped by the environment variable SEQPAR_KERNEL_ISA (read once).
+std::string_view convert_isa();
+
+namespace detail {
+// convert()'s bf16/fp16 -> fp32 widening (src_type kBF16 or kF16) by the named variant, for tests
+// and benchmarks; returns false, writing nothing, where this CPU cannot run it.
+bool widen_to_f32_with(std::string_view isa, DType src_type, const uint16_t* src, float* dst,
+                       size_t n);
+}  // namespace detail
 
 }  // namespace seqpar

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "seqpar/core/tensor.h"
@@ -13,8 +14,12 @@ namespace seqpar {
 
 // y (rows, out) = x (rows, in) · wᵀ + bias, w (out, in) as stored by PyTorch's nn.Linear, bias
 // (out) or empty. x, bias and y are fp32; w is fp32, or bf16/fp16 as a checkpoint stores it
-// (converted to fp32 a block of rows at a time, the block kept in cache for the matmul).
+// (up to 8 rows of x: widened in the load of a vectorized product; more: converted to fp32 a
+// block of rows at a time, the block kept in cache for the matmul).
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias);
+// The instruction set each of linear()'s kernels runs on this CPU, e.g. "gemv_bf16 avx512,
+// gemv_f16 avx512, convert avx512" (SEQPAR_KERNEL_ISA=scalar|avx2|avx512 caps them).
+std::string model_kernel_info();
 
 // y = x / sqrt(mean(x²) + eps) · weight, over the last dimension (weight empty: no scale).
 // sum_sq, when given, replaces the local sum of squares per row (for statistics reduced over a

@@ -1,0 +1,103 @@
+// gemv_bench: the decode product of linear() (src/model/simd_ops.h) per instruction-set variant,
+// y (m, n) = x (m, k) · w (n, k, bf16 or fp16)ᵀ, at Llama-3.2-1B decode shapes by default
+// (k 2048; n 8192 = the FFN's up/gate, n 2048 = q/o; m 1).
+//
+//   gemv_bench [--k 2048] [--n 8192,2048] [--m 1] [--dtype bf16] [--threads 1] [--rounds 5]
+//              [--min-time 0.2]
+//
+// Each round times every variant the CPU runs, one after the other (interleaved, since this
+// machine's speed drifts); per variant the best round is reported as time, GB/s of weights read
+// (n·k·2 bytes a call) and the ratio to the scalar variant. Not a test: timing decides nothing.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+#include "seqpar/core/dtype.h"
+#include "seqpar/core/tensor.h"
+#include "simd_ops.h"
+
+namespace {
+
+[[noreturn]] void usage_error(const std::string& msg) {
+  seqpar::bench::usage_error("gemv_bench", msg);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  namespace ms = seqpar::model_simd;
+  std::vector<int64_t> ks = {2048}, ns = {8192, 2048}, ms_rows = {1};
+  seqpar::DType dtype = seqpar::DType::kBF16;
+  int threads = 1, rounds = 5;
+  double min_time = 0.2;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::printf(
+          "gemv_bench [--k 2048] [--n 8192,2048] [--m 1] [--dtype bf16] [--threads 1] "
+          "[--rounds 5] [--min-time 0.2]\n");
+      return 0;
+    }
+    if (i + 1 >= argc) usage_error(a + " needs a value (see --help)");
+    const std::string v = argv[++i];
+    if (a == "--k") {
+      ks = seqpar::bench::parse_list("gemv_bench", a, v);
+    } else if (a == "--n") {
+      ns = seqpar::bench::parse_list("gemv_bench", a, v);
+    } else if (a == "--m") {
+      ms_rows = seqpar::bench::parse_list("gemv_bench", a, v);
+    } else if (a == "--dtype") {
+      dtype = v == "fp16" ? seqpar::DType::kF16 : seqpar::DType::kBF16;
+      if (v != "fp16" && v != "bf16")
+        usage_error("--dtype '" + v + "' is invalid; valid: bf16, fp16");
+    } else if (a == "--threads") {
+      threads = std::atoi(v.c_str());
+    } else if (a == "--rounds") {
+      rounds = std::atoi(v.c_str());
+    } else if (a == "--min-time") {
+      min_time = std::atof(v.c_str());
+    } else {
+      usage_error("unknown option " + a + " (see --help)");
+    }
+  }
+  if (threads < 1 || rounds < 1 || !(min_time > 0))
+    usage_error("invalid value: need --threads >= 1, --rounds >= 1, --min-time > 0");
+  for (int64_t m : ms_rows)
+    if (m > ms::kMaxRows) usage_error("--m " + std::to_string(m) + ": at most 8");
+  omp_set_num_threads(threads);
+
+  std::vector<ms::Isa> isas;
+  for (ms::Isa isa : {ms::Isa::kScalar, ms::Isa::kAvx2, ms::Isa::kAvx512})
+    if (ms::cpu_has(isa)) isas.push_back(isa);
+  std::printf("gemv %s weights, %d thread(s), best of %d interleaved rounds\n",
+              std::string(seqpar::dtype_name(dtype)).c_str(), threads, rounds);
+  std::printf("| m | k | n | variant | us/call | GB/s of weights | vs scalar |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
+  for (int64_t m : ms_rows)
+    for (int64_t k : ks)
+      for (int64_t n : ns) {
+        const seqpar::Tensor x = seqpar::random_normal({m, k}, 1);
+        const seqpar::Tensor w = seqpar::random_normal({n, k}, 2, dtype);
+        std::vector<float> y(m * n);
+        const auto* wp = static_cast<const uint16_t*>(w.raw());
+        std::vector<double> best(isas.size(), 1e30);
+        for (int r = 0; r < rounds; ++r)
+          for (size_t v = 0; v < isas.size(); ++v) {
+            const ms::Kernels& kern = ms::kernels(isas[v]);
+            const ms::Gemv16 f = dtype == seqpar::DType::kBF16 ? kern.gemv_bf16 : kern.gemv_f16;
+            const double t = seqpar::bench::time_per_call(
+                [&] { f(x.data<float>(), m, k, wp, n, nullptr, y.data()); }, min_time);
+            best[v] = std::min(best[v], t);
+          }
+        for (size_t v = 0; v < isas.size(); ++v)
+          std::printf("| %lld | %lld | %lld | %s | %.1f | %.1f | %.2fx |\n",
+                      static_cast<long long>(m), static_cast<long long>(k),
+                      static_cast<long long>(n), std::string(ms::isa_name(isas[v])).c_str(),
+                      best[v] * 1e6, 2.0 * n * k / best[v] * 1e-9, best[0] / best[v]);
+      }
+  return 0;
+}
