@@ -133,6 +133,12 @@ expect_exit2 "--prompt-ids-file '$tmp/nofile.npy': cannot open the file" \
   $(gen --model "$tmp/good" --prompt-ids-file "$tmp/nofile.npy")
 printf 'not numpy' >"$tmp/bad.npy"
 expect_exit2 "not a .npy file" $(gen --model "$tmp/good" --prompt-ids-file "$tmp/bad.npy")
+# Headers that end inside a value, and a shape whose size would overflow (found by fuzzing).
+printf "\x93NUMPY\x01\x00\x0c\x00{'descr': '<" >"$tmp/cut.npy"
+expect_exit2 "cut.npy: .npy header's 'descr' is not" $(gen --model "$tmp/good" --prompt-ids-file "$tmp/cut.npy")
+printf "\x93NUMPY\x01\x00\x4b\x00{'descr': '<i8', 'fortran_order': False, 'shape': (2305843009213693953,), }\x01\x00\x00\x00\x00\x00\x00\x00" >"$tmp/huge.npy"
+expect_exit2 "huge.npy: holds fewer than the 2305843009213693953 elements" \
+  $(gen --model "$tmp/good" --prompt-ids-file "$tmp/huge.npy")
 long=1,2,3,4,5,6,7,8,9,10,11
 expect_exit2 "need 13 positions, beyond max_position_embeddings 12.*--allow-long-context" \
   $(gen --model "$tmp/good" --prompt-ids $long,12 --max-new-tokens 2)
