@@ -19,7 +19,6 @@
 // GCC 12 reports -Wmaybe-uninitialized inside avx512fintrin.h (its _mm512_undefined_* idiom,
 // GCC bug 105593); the state must be set where the header is read to silence it.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <cpuid.h>
 #include <immintrin.h>
 #else
 #define SEQPAR_X86_SIMD 0
@@ -165,15 +164,6 @@ inline void vstore_bf16(uint16_t* p, V v) {
 
 namespace {
 
-#if SEQPAR_X86_SIMD
-// F16C from CPUID leaf 1 (ECX bit 29): not every compiler's __builtin_cpu_supports names it. The
-// AVX check beside it covers the OS's support for the YMM state.
-bool cpu_has_f16c() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
-}
-#endif
-
 #define SEQPAR_KERNEL_TABLE(ns, isa)                                               \
   Kernels {                                                                        \
     isa, &ns::row_update_f32<5>, &ns::row_update_f32<3>, &ns::row_update_bf16<3>,  \
@@ -190,61 +180,7 @@ const Kernels kAvx512 = SEQPAR_KERNEL_TABLE(avx512, Isa::kAvx512);
 // -1: no override; otherwise an Isa value.
 std::atomic<int> g_forced_isa{-1};
 
-Isa isa_from_env() {
-  const char* env = std::getenv("SEQPAR_KERNEL_ISA");
-  if (env == nullptr || *env == '\0') return best_isa();
-  const std::string name(env);
-  Isa want = Isa::kAvx512;
-  if (name == "scalar") {
-    want = Isa::kScalar;
-  } else if (name == "avx2") {
-    want = Isa::kAvx2;
-  } else if (name != "avx512") {
-    throw InvalidArgument("SEQPAR_KERNEL_ISA '" + name +
-                          "' is unknown; valid: scalar, avx2, avx512");
-  }
-  return std::min(want, best_isa());
-}
-
 }  // namespace
-
-std::string_view isa_name(Isa isa) {
-  switch (isa) {
-    case Isa::kScalar:
-      return "scalar";
-    case Isa::kAvx2:
-      return "avx2";
-    case Isa::kAvx512:
-      return "avx512";
-  }
-  return "?";
-}
-
-bool cpu_has(Isa isa) {
-  switch (isa) {
-    case Isa::kScalar:
-      return true;
-#if SEQPAR_X86_SIMD
-    case Isa::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
-    case Isa::kAvx512:
-      return cpu_has(Isa::kAvx2) && __builtin_cpu_supports("avx512f") &&
-             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-             __builtin_cpu_supports("avx512vl");
-#else
-    default:
-      return false;
-#endif
-  }
-  return false;
-}
-
-Isa best_isa() {
-  static const Isa best = cpu_has(Isa::kAvx512) ? Isa::kAvx512
-                          : cpu_has(Isa::kAvx2) ? Isa::kAvx2
-                                                : Isa::kScalar;
-  return best;
-}
 
 const Kernels& kernels(Isa isa) {
   if (!cpu_has(isa)) {
@@ -262,7 +198,7 @@ const Kernels& kernels(Isa isa) {
 const Kernels& kernels() {
   const int forced = g_forced_isa.load(std::memory_order_relaxed);
   if (forced >= 0) return kernels(static_cast<Isa>(forced));
-  static const Isa from_env = isa_from_env();
+  static const Isa from_env = kernel_isa();
   return kernels(from_env);
 }
 

@@ -14,13 +14,15 @@
 #include <optional>
 #include <string_view>
 
+#include "seqpar/core/cpu_isa.h"
+
 namespace seqpar::attn_simd {
 
-enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
-
-std::string_view isa_name(Isa isa);  // "scalar", "avx2", "avx512"
-bool cpu_has(Isa isa);               // the CPU (and OS) can run this variant
-Isa best_isa();                      // the widest variant this CPU runs
+// The instruction sets and the CPU's answer: one for every kernel (core/cpu_isa.h).
+using seqpar::best_isa;
+using seqpar::cpu_has;
+using seqpar::Isa;
+using seqpar::isa_name;
 
 // Rows of the score block are padded to a multiple of this many floats (the widest vector), so
 // every row routine may read and write whole vectors up to round_up(n, kRowAlign).

@@ -4,13 +4,13 @@
 #include <cstdlib>
 #include <string>
 
+#include "seqpar/core/cpu_isa.h"
 #include "seqpar/core/error.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define SEQPAR_X86_SIMD 1
 // GCC 12 reports -Wmaybe-uninitialized inside avx512fintrin.h (GCC bug 105593).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <cpuid.h>
 #include <immintrin.h>
 #else
 #define SEQPAR_X86_SIMD 0
@@ -164,10 +164,6 @@ __attribute__((target(SEQPAR_AVX512))) void widen_f16_avx512(const uint16_t* src
 }
 #undef SEQPAR_AVX512
 
-bool cpu_has_f16c() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
-}
 #endif
 
 struct WidenIsa {
@@ -175,8 +171,7 @@ struct WidenIsa {
   Widen bf16, f16;
 };
 
-// The variants by rank (scalar, avx2, avx512) and whether this CPU runs them: the same checks as
-// the attention kernel's and the model's dispatch (src/attention/simd.cc, src/model/simd_ops.cc).
+// The variants by Isa (core/cpu_isa.h), the same choice as the attention kernel's and the model's.
 const WidenIsa kWiden[] = {
     {"scalar", &widen_bf16_scalar, &widen_f16_scalar},
 #if SEQPAR_X86_SIMD
@@ -185,33 +180,8 @@ const WidenIsa kWiden[] = {
 #endif
 };
 
-int widest_widen() {
-#if SEQPAR_X86_SIMD
-  const bool avx2 =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
-  if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl"))
-    return 2;
-  return avx2 ? 1 : 0;
-#else
-  return 0;
-#endif
-}
-
-int widen_rank(std::string_view name) {
-  if (name == "scalar") return 0;
-  if (name == "avx2") return 1;
-  if (name == "avx512") return 2;
-  throw InvalidArgument(
-      detail::concat("SEQPAR_KERNEL_ISA '", name, "' is unknown; valid: scalar, avx2, avx512"));
-}
-
 const WidenIsa& widen() {
-  static const WidenIsa& chosen = [] {
-    const char* env = std::getenv("SEQPAR_KERNEL_ISA");
-    const int want = env == nullptr || *env == '\0' ? 2 : widen_rank(env);
-    return kWiden[std::min(want, widest_widen())];
-  }();
+  static const WidenIsa& chosen = kWiden[static_cast<int>(kernel_isa())];
   return chosen;
 }
 
@@ -222,9 +192,10 @@ std::string_view convert_isa() { return widen().name; }
 bool detail::widen_to_f32_with(std::string_view isa, DType st, const uint16_t* src, float* dst,
                                size_t n) {
   SEQPAR_CHECK(st == DType::kBF16 || st == DType::kF16, "widen_to_f32_with: ", dtype_name(st));
-  const int rank = widen_rank(isa);
-  if (rank > widest_widen()) return false;
-  (st == DType::kBF16 ? kWiden[rank].bf16 : kWiden[rank].f16)(src, dst, n);
+  const Isa want = parse_isa(isa);
+  if (!cpu_has(want)) return false;
+  const WidenIsa& w = kWiden[static_cast<int>(want)];
+  (st == DType::kBF16 ? w.bf16 : w.f16)(src, dst, n);
   return true;
 }
 

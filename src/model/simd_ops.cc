@@ -17,7 +17,6 @@
 #define SEQPAR_X86_SIMD 1
 // GCC 12 reports -Wmaybe-uninitialized inside avx512fintrin.h (GCC bug 105593).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <cpuid.h>
 #include <immintrin.h>
 #else
 #define SEQPAR_X86_SIMD 0
@@ -169,13 +168,6 @@ void gemv(const float* x, int64_t m, int64_t k, const uint16_t* w, int64_t n, co
   }
 }
 
-#if SEQPAR_X86_SIMD
-bool cpu_has_f16c() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
-}
-#endif
-
 const Kernels kScalar{Isa::kScalar, &gemv<&scalar::gemv_cols<false>>,
                       &gemv<&scalar::gemv_cols<true>>, scalar::kLanes};
 #if SEQPAR_X86_SIMD
@@ -185,60 +177,7 @@ const Kernels kAvx512{Isa::kAvx512, &gemv<&avx512::gemv_cols<false>>,
                       &gemv<&avx512::gemv_cols<true>>, avx512::kW};
 #endif
 
-Isa isa_from_env() {
-  const char* env = std::getenv("SEQPAR_KERNEL_ISA");
-  if (env == nullptr || *env == '\0') return best_isa();
-  const std::string name(env);
-  Isa want = Isa::kAvx512;
-  if (name == "scalar") {
-    want = Isa::kScalar;
-  } else if (name == "avx2") {
-    want = Isa::kAvx2;
-  } else if (name != "avx512") {
-    throw InvalidArgument("SEQPAR_KERNEL_ISA '" + name +
-                          "' is unknown; valid: scalar, avx2, avx512");
-  }
-  return std::min(want, best_isa());
-}
-
 }  // namespace
-
-std::string_view isa_name(Isa isa) {
-  switch (isa) {
-    case Isa::kScalar:
-      return "scalar";
-    case Isa::kAvx2:
-      return "avx2";
-    case Isa::kAvx512:
-      return "avx512";
-  }
-  return "?";
-}
-
-bool cpu_has(Isa isa) {
-  switch (isa) {
-    case Isa::kScalar:
-      return true;
-#if SEQPAR_X86_SIMD
-    case Isa::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
-    case Isa::kAvx512:
-      return cpu_has(Isa::kAvx2) && __builtin_cpu_supports("avx512f") &&
-             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
-#else
-    default:
-      return false;
-#endif
-  }
-  return false;
-}
-
-Isa best_isa() {
-  static const Isa best = cpu_has(Isa::kAvx512) ? Isa::kAvx512
-                          : cpu_has(Isa::kAvx2) ? Isa::kAvx2
-                                                : Isa::kScalar;
-  return best;
-}
 
 const Kernels& kernels(Isa isa) {
   if (!cpu_has(isa)) {
@@ -254,7 +193,7 @@ const Kernels& kernels(Isa isa) {
 }
 
 const Kernels& kernels() {
-  static const Kernels& chosen = kernels(isa_from_env());
+  static const Kernels& chosen = kernels(kernel_isa());
   return chosen;
 }
 

@@ -1,0 +1,25 @@
+// The instruction sets seqpar's CPU kernels come in (the attention kernel, the model's dense
+// products, dtype widening), what this CPU runs, and the one choice they share: the widest the
+// CPU runs, capped by the environment variable SEQPAR_KERNEL_ISA (scalar|avx2|avx512) for tests
+// and comparisons. One binary runs everywhere: variants are compiled under per-function target
+// attributes, never -march=native.
+// Thread-safety: pure functions; the CPU is asked once.
+#pragma once
+
+#include <string_view>
+
+namespace seqpar {
+
+// Ordered: a wider set includes the narrower ones.
+enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+std::string_view isa_name(Isa isa);  // "scalar", "avx2", "avx512"
+// The CPU (and OS) can run the variant: AVX2 with FMA and F16C; AVX-512 F, BW, DQ and VL.
+bool cpu_has(Isa isa);
+Isa best_isa();  // the widest variant this CPU runs
+// The name as SEQPAR_KERNEL_ISA and tests give it; InvalidArgument listing the valid ones.
+Isa parse_isa(std::string_view name);
+// SEQPAR_KERNEL_ISA capped at best_isa(), or best_isa() when unset.
+Isa kernel_isa();
+
+}  // namespace seqpar
