@@ -183,11 +183,7 @@ std::atomic<int> g_forced_isa{-1};
 }  // namespace
 
 const Kernels& kernels(Isa isa) {
-  if (!cpu_has(isa)) {
-    throw InvalidArgument(detail::concat("kernel ISA '", isa_name(isa),
-                                         "' is not supported by this CPU; valid: up to ",
-                                         isa_name(best_isa())));
-  }
+  check_cpu_has(isa);
 #if SEQPAR_X86_SIMD
   if (isa == Isa::kAvx512) return kAvx512;
   if (isa == Isa::kAvx2) return kAvx2;
@@ -203,7 +199,7 @@ const Kernels& kernels() {
 }
 
 void force_softmax_isa(std::optional<Isa> isa) {
-  if (isa && !cpu_has(*isa)) kernels(*isa);  // throws the message
+  if (isa) check_cpu_has(*isa);
   g_forced_isa.store(isa ? static_cast<int>(*isa) : -1, std::memory_order_relaxed);
 }
 

@@ -65,6 +65,13 @@ Isa best_isa() {
   return best;
 }
 
+void check_cpu_has(Isa isa) {
+  if (!cpu_has(isa))
+    throw InvalidArgument(detail::concat("kernel ISA '", isa_name(isa),
+                                         "' is not supported by this CPU; valid: up to ",
+                                         isa_name(best_isa())));
+}
+
 Isa parse_isa(std::string_view name) {
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
     if (name == isa_name(isa)) return isa;

@@ -180,11 +180,7 @@ const Kernels kAvx512{Isa::kAvx512, &gemv<&avx512::gemv_cols<false>>,
 }  // namespace
 
 const Kernels& kernels(Isa isa) {
-  if (!cpu_has(isa)) {
-    throw InvalidArgument(detail::concat("kernel ISA '", isa_name(isa),
-                                         "' is not supported by this CPU; valid: up to ",
-                                         isa_name(best_isa())));
-  }
+  check_cpu_has(isa);
 #if SEQPAR_X86_SIMD
   if (isa == Isa::kAvx512) return kAvx512;
   if (isa == Isa::kAvx2) return kAvx2;

@@ -17,6 +17,8 @@ std::string_view isa_name(Isa isa);  // "scalar", "avx2", "avx512"
 // The CPU (and OS) can run the variant: AVX2 with FMA and F16C; AVX-512 F, BW, DQ and VL.
 bool cpu_has(Isa isa);
 Isa best_isa();  // the widest variant this CPU runs
+// InvalidArgument naming the variant and the widest valid one unless cpu_has(isa).
+void check_cpu_has(Isa isa);
 // The name as SEQPAR_KERNEL_ISA and tests give it; InvalidArgument listing the valid ones.
 Isa parse_isa(std::string_view name);
 // SEQPAR_KERNEL_ISA capped at best_isa(), or best_isa() when unset.
