@@ -79,8 +79,8 @@ if [ -n "$mpiexec" ]; then
     for _ in $(seq 600); do [ "$(cpu_ticks "$rank1")" -ge $((3 * $(getconf CLK_TCK))) ] && break; sleep 0.1; done
     kill -STOP "$rank1"
     alive() { [ -e "/proc/$1/stat" ] && [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != Z ]; }
-    for _ in $(seq 300); do alive "$rank0" || break; sleep 0.1; done  # a hang: still alive
-    alive "$rank0" && bad "--timeout 2: rank 0 still waits for its stopped peer" || ok
+    # Rank 0 ends by its own deadline and says so (below); a hang shows as the ctest timeout.
+    while alive "$rank0"; do sleep 0.1; done
     kill -KILL "$rank1" 2>/dev/null
     kill -CONT "$rank1" 2>/dev/null
     wait $launcher; rc=$?
