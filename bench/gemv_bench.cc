@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
     } else if (a == "--rounds") {
       rounds = std::atoi(v.c_str());
     } else if (a == "--min-time") {
-      min_time = std::atof(v.c_str());
+      min_time = seqpar::bench::parse_min_time("gemv_bench", v);
     } else {
       usage_error("unknown option " + a + " (see --help)");
     }
