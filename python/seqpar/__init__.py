@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Sequence
@@ -582,14 +583,27 @@ def plan(*, ranks: int = 8, model: Optional[str] = None, seq: int = 0, heads: in
     s.cached, s.new = _int("cached", cached), _int("new", new)
     hardware, top = _text("hardware", hardware), _int("top", top, 0, _MAX_RANKS)
     simulate = _flag("simulate", simulate) or svg is not None
-    text, chart = _core._plan_json(s, hardware, top, simulate, _text("sim_ranks", sim_ranks))
-    if svg is not None:
+    path = None
+    if svg is not None:  # checked before the planning runs
         path = _text("svg", os.fspath(svg) if isinstance(svg, os.PathLike) else svg)
         if not path:
             raise ValueError("svg '' is empty; give the chart's file name")
-        with open(path + ".part", "w", encoding="utf-8") as f:  # appears whole or not at all
-            f.write(chart)
-        os.replace(path + ".part", path)
+        if os.path.exists(path) and os.path.exists(hardware) and os.path.samefile(path, hardware):
+            raise ValueError(f"svg {path!r} is the hardware profile this plan reads; write the "
+                             "chart to another file")
+    text, chart = _core._plan_json(s, hardware, top, simulate, _text("sim_ranks", sim_ranks))
+    if path is not None:  # written beside it, then renamed: the file appears whole or not at all
+        fd, part = tempfile.mkstemp(prefix=".svg-", dir=os.path.dirname(path) or ".")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(chart)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(part, 0o666 & ~umask)  # as open() would have made it
+            os.replace(part, path)
+        except BaseException:
+            os.unlink(part)
+            raise
     return json.loads(text)
 
 
