@@ -302,7 +302,7 @@ Tensor concat_cols(const Tensor& x, const Tensor& y) {
   return z;
 }
 
-Tensor timestep_embedding(float t, int64_t dim) {
+Tensor timestep_embedding(float t, int64_t dim, float scale) {
   Tensor e({dim});
   const int64_t half = dim / 2;
   // In fp32 step by step, as diffusers' Timesteps computes it: at t ~ 1000 a double argument
@@ -310,7 +310,7 @@ Tensor timestep_embedding(float t, int64_t dim) {
   const float log_period = static_cast<float>(-std::log(10000.0));
   for (int64_t i = 0; i < half; ++i) {
     const float freq = std::exp(log_period * static_cast<float>(i) / static_cast<float>(half));
-    const float arg = t * freq;
+    const float arg = t * freq * scale;  // (t·freq)·scale, as diffusers rounds it
     e.data<float>()[i] = std::cos(arg);
     e.data<float>()[half + i] = std::sin(arg);
   }

@@ -486,4 +486,31 @@ SafetensorsFiles open_safetensors_index(const std::string& index_path, const std
   return where;
 }
 
+std::vector<double> tensor_values(const SafetensorsFile& file, const std::string& name) {
+  const SafetensorsEntry& e = file.entry(name);
+  if (e.seqpar_dtype()) {
+    const Tensor t = file.tensor(name, DType::kF32);
+    return std::vector<double>(t.data<float>(), t.data<float>() + t.numel());
+  }
+  const std::span<const std::byte> raw = file.bytes(name);
+  auto values = [&]<typename T>(T) {
+    std::vector<double> v(raw.size() / sizeof(T));
+    for (size_t i = 0; i < v.size(); ++i) {
+      T x;
+      std::memcpy(&x, raw.data() + i * sizeof(T), sizeof(T));
+      v[i] = static_cast<double>(x);
+    }
+    return v;
+  };
+  if (e.dtype == "F64") return values(double{});
+  if (e.dtype == "I64") return values(int64_t{});
+  if (e.dtype == "I32") return values(int32_t{});
+  if (e.dtype == "I16") return values(int16_t{});
+  if (e.dtype == "I8") return values(int8_t{});
+  if (e.dtype == "U8" || e.dtype == "BOOL") return values(uint8_t{});
+  throw InvalidArgument(detail::concat(file.path(), ": tensor '", name, "' has dtype ", e.dtype,
+                                       "; expected F32, BF16, F16, F64, I64, I32, I16, I8, U8 or "
+                                       "BOOL"));
+}
+
 }  // namespace seqpar

@@ -60,7 +60,7 @@ Tensor concat_cols(const Tensor& x, const Tensor& y);
 void expect_finite(const Tensor& t, std::string_view op);
 void expect_finite(const Tensor& t, std::string_view group, int64_t index, std::string_view op);
 
-// Sinusoidal timestep embedding (cos then sin halves), t a scalar -> (dim).
-Tensor timestep_embedding(float t, int64_t dim);
+// Sinusoidal timestep embedding (cos then sin halves) of t·scale, t a scalar -> (dim).
+Tensor timestep_embedding(float t, int64_t dim, float scale = 1.0f);
 
 }  // namespace seqpar

@@ -134,6 +134,10 @@ using SafetensorsFiles = std::map<std::string, std::shared_ptr<const Safetensors
 SafetensorsFiles open_safetensors_index(const std::string& index_path, const std::string& dir,
                                         bool (*ignorable)(const std::string&) = nullptr);
 
+// Every value of tensor `name` of `file` as a double (small inputs: timesteps, masks, shapes): F32,
+// BF16, F16, F64, I64, I32, I16, I8, U8 or BOOL; InvalidArgument naming the tensor otherwise.
+std::vector<double> tensor_values(const SafetensorsFile& file, const std::string& name);
+
 // The model loader's call: tensor `name` of `file`, checked to have exactly `expected_shape`, and
 // converted to `to`. Throws InvalidArgument (one line: file, tensor, expected and found shape,
 // or that the tensor is missing) otherwise.

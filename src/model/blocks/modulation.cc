@@ -5,12 +5,13 @@
 namespace seqpar {
 
 TimestepEmbedding TimestepEmbedding::load(const WeightStore& ws, const std::string& fc1,
-                                          const std::string& fc2, int64_t freq_dim) {
-  return TimestepEmbedding{Linear::load(ws, fc1, true), Linear::load(ws, fc2, true), freq_dim};
+                                          const std::string& fc2, int64_t freq_dim, float scale) {
+  return TimestepEmbedding{Linear::load(ws, fc1, true), Linear::load(ws, fc2, true), freq_dim,
+                           scale};
 }
 
 Tensor TimestepEmbedding::forward(float t) const {
-  Tensor e = fc1.forward(timestep_embedding(t, freq_dim));
+  Tensor e = fc1.forward(timestep_embedding(t, freq_dim, scale));
   silu_(e);
   return fc2.forward(e);
 }

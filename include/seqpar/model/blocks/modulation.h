@@ -1,7 +1,7 @@
 // Adaptive modulation of a diffusion transformer (adaLN): the timestep's embedding, and per block
 // a learned table added to its projection, giving shift, scale and gate vectors.
-//   TimestepEmbedding: t -> sinusoid (freq_dim: cos then sin halves, fp32 as diffusers) ->
-//                      Linear -> SiLU -> Linear -> e (d)
+//   TimestepEmbedding: t -> sinusoid of t·scale (freq_dim: cos then sin halves, fp32 as
+//                      diffusers) -> Linear -> SiLU -> Linear -> e (d)
 //   Modulation:        table (n, d) + e_n (n·d, or d broadcast to every row) -> n vectors of d
 // modulate_ (x·(1 + scale) + shift) and gated_add_ (x += gate·y) in ops.h apply them.
 // Replicated on every rank.
@@ -19,9 +19,10 @@ namespace seqpar {
 struct TimestepEmbedding {
   Linear fc1, fc2;
   int64_t freq_dim = 0;
+  float scale = 1.0f;  // Qwen-Image: 1000 (its timesteps are 0..1)
   // fc1 (d, freq_dim) and fc2 (d, d) with biases.
   static TimestepEmbedding load(const WeightStore& ws, const std::string& fc1,
-                                const std::string& fc2, int64_t freq_dim);
+                                const std::string& fc2, int64_t freq_dim, float scale = 1.0f);
   Tensor forward(float t) const;  // (d)
 };
 

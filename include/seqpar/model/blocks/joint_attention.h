@@ -1,0 +1,48 @@
+// Joint attention of a dual-stream block (Qwen-Image; FLUX's double-stream blocks): the image
+// tokens (this rank's shard of the sequence) and the text tokens (replicated on every rank of the
+// sequence-parallel group) each have their own q/k/v projections, per-head RMS QK-norm, RoPE and
+// output projection, and attend together in one bidirectional attention over [text, image] in
+// which every text key and value enters exactly once (parallel/joint.cc under sequence
+// parallelism; on one rank, one attention over the concatenation).
+// Heads are split over the tensor-parallel group (q/k/v column-parallel, the outputs
+// row-parallel), as in SelfAttention.
+// Thread-safety: a block is used by one rank thread; load() reads the store only.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "seqpar/model/blocks/attention.h"
+
+namespace seqpar {
+
+// One stream's projections and QK-norm for this rank's heads [h0, h1).
+struct StreamProjections {
+  ColumnLinear q, k, v;
+  RowLinear o;
+  QkNormBlock norm_q, norm_k;
+  static StreamProjections load(const WeightStore& ws, const std::string& prefix,
+                                const AttentionSpec& spec, int64_t h0, int64_t h1);
+};
+
+struct JointAttention {
+  AttentionSpec image_spec, text_spec;  // the same heads and head_dim; their own names
+  int64_t h0 = 0, h1 = 0;
+  StreamProjections image, text;
+
+  // Both streams' parameters under `prefix`; InvalidArgument when tp does not divide the heads.
+  static JointAttention load(const WeightStore& ws, const std::string& prefix,
+                             const AttentionSpec& image_spec, const AttentionSpec& text_spec,
+                             const ParallelContext& ctx);
+
+  struct Result {
+    Tensor image, text;  // (B, n, hidden), (B, T, hidden)
+  };
+  // x (B, n, hidden): this rank's image tokens at sp's local positions with rope_image
+  // (n, D/2, 2); context (B, T, hidden): the text with rope_text (T, D/2, 2), the same on every
+  // rank.
+  Result forward(const Tensor& x, const Tensor& context, const Tensor& rope_image,
+                 const Tensor& rope_text, ParallelContext& ctx, const SpRuntime& sp) const;
+};
+
+}  // namespace seqpar
