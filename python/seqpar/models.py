@@ -361,14 +361,15 @@ class CausalLM(_Model):
 Llama = CausalLM
 
 
-def _wan_arguments(x, t, text, neg) -> tuple:
+def _wan_arguments(x, t, text, neg, image=None) -> tuple:
     """The rank model's arguments: the arrays (borrowed for the call) by address and shape, the
     timesteps as a list."""
     def address(a):
         return (0, []) if a is None else (a.__array_interface__["data"][0], list(a.shape))
 
-    (xa, xs), (ta, ts), (na, ns) = address(x), address(text), address(neg)
-    return xa, xs, [float(v) for v in t], ta, ts, na, ns
+    (xa, xs), (ta, ts), (na, ns), (ia, ims) = (address(x), address(text), address(neg),
+                                               address(image))
+    return xa, xs, [float(v) for v in t], ta, ts, na, ns, ia, ims
 
 
 def _f32(result) -> np.ndarray:
@@ -435,14 +436,16 @@ class _Waiting:
     timestep: np.ndarray
     text: np.ndarray
     prediction: Any  # a PendingPrediction
+    image: Optional[np.ndarray] = None  # encoder_hidden_states_image (image-to-video)
 
 
 class WanTransformer(_Model):
-    """A Wan 2.1 / 2.2 text-to-video transformer (diffusers' WanTransformer3DModel directory, a
-    WanPipeline directory with transformer/ and transformer_2/, or Wan's original layout) on a
-    mesh, as ``seqpar denoise`` runs it; also a drop-in for diffusers' WanTransformer3DModel in a
-    WanPipeline (``pipe.transformer = WanTransformer.from_pretrained(pipe_dir + "/transformer")``):
-    config, dtype, device, cache_context and its call."""
+    """A Wan 2.1 / 2.2 text-to-video or Wan 2.1 image-to-video transformer (diffusers'
+    WanTransformer3DModel directory, a WanPipeline directory with transformer/ and
+    transformer_2/, or Wan's original layout) on a mesh, as ``seqpar denoise`` runs it; also a
+    drop-in for diffusers' WanTransformer3DModel in a WanPipeline (``pipe.transformer =
+    WanTransformer.from_pretrained(pipe_dir + "/transformer")``): config, dtype, device,
+    cache_context and its call."""
 
     @classmethod
     def from_pretrained(cls, path: str, *, mesh: Optional[ModelMesh] = None, comm=None,
@@ -497,8 +500,10 @@ class WanTransformer(_Model):
 
         Called as diffusers calls WanTransformer3DModel, with the latents as hidden_states=, it
         answers as that model does: a WanTransformerOutput (.sample, [0]), or with
-        return_dict=False a 1-tuple; attention_kwargs must be None or empty and image
-        conditioning (encoder_hidden_states_image) is refused. With the latents first (or
+        return_dict=False a 1-tuple; attention_kwargs must be None or empty.
+        encoder_hidden_states_image (B, 257, image_dim), the image encoder's states, is required
+        by an image-to-video checkpoint (whose text states then hold 512 tokens) and refused by
+        a text-to-video one. With the latents first (or
         latents=) it returns the prediction itself unless return_dict says otherwise.
 
         One branch on a cfg mesh of 2 (no negative states: WanPipeline's calls) returns a torch
@@ -514,9 +519,6 @@ class WanTransformer(_Model):
                             ("encoder_hidden_states", encoder_hidden_states)):
             if value is None:
                 raise ValueError(f"forward needs {what}")
-        if encoder_hidden_states_image is not None:
-            raise ValueError("encoder_hidden_states_image: seqpar runs Wan text-to-video; image "
-                             "conditioning (i2v) is not supported")
         if attention_kwargs:
             raise ValueError(f"attention_kwargs {_brief(attention_kwargs)} is not supported "
                              "(seqpar's attention takes no options and no LoRA scale)")
@@ -527,6 +529,11 @@ class WanTransformer(_Model):
         neg = (None if negative_encoder_hidden_states is None else
                _numpy("negative_encoder_hidden_states", negative_encoder_hidden_states,
                       np.float32))
+        if encoder_hidden_states_image is not None and self.config["image_dim"] is None:
+            raise ValueError("encoder_hidden_states_image: this checkpoint is text-to-video (no "
+                             "image_dim); image conditioning is not supported for it")
+        image = (None if encoder_hidden_states_image is None else
+                 _numpy("encoder_hidden_states_image", encoder_hidden_states_image, np.float32))
         t = _numpy("timestep", timestep, np.float32)
         if t.ndim == 2 and t.size and (t == t[:, :1]).all():
             t = t[:, 0]  # diffusers' expand_timesteps: the timestep of every token
@@ -535,9 +542,9 @@ class WanTransformer(_Model):
             t = np.full(x.shape[0], t[0], dtype=np.float32)
         torch_out = _is_torch(latents)
         if neg is None and self.mesh.cfg == 2 and torch_out:
-            out = self._one_branch(x, t, text)
+            out = self._one_branch(x, t, text, image)
         else:
-            out = self._velocity(x, t, text, neg, guidance_scale, guidance_scale_2)
+            out = self._velocity(x, t, text, neg, guidance_scale, guidance_scale_2, image)
             out = _torch().from_numpy(out) if torch_out else out
         if return_dict is None:
             return out
@@ -545,33 +552,37 @@ class WanTransformer(_Model):
 
     __call__ = forward
 
-    def _one_branch(self, x, t, text):
+    def _one_branch(self, x, t, text, image=None):
         """The prediction for text on the cfg mesh: the waiting call's partner (both computed at
         once, the waiting one set), or a waiting prediction itself."""
         torch, w = _torch(), self._waiting
-        if w is not None and w.prediction.fill is not None and \
+        same_image = w is not None and (
+            (w.image is None and image is None) or
+            (w.image is not None and image is not None and np.array_equal(w.image, image)))
+        if w is not None and w.prediction.fill is not None and same_image and \
                 np.array_equal(w.latents, x) and np.array_equal(w.timestep, t):
             self._waiting = None
-            cond, uncond = self._branches(w.latents, w.timestep, w.text, text)
+            cond, uncond = self._branches(w.latents, w.timestep, w.text, text, w.image)
             w.prediction.set(cond)
             return torch.from_numpy(uncond)
-        args = _wan_arguments(x, t, text, None)
+        args = _wan_arguments(x, t, text, None, image)
         self._call(lambda m: m.check(*args))  # bad inputs refused now, not when used
         x, t, text = x.copy(), t.copy(), text.copy()  # the caller may change its tensors
+        image = None if image is None else image.copy()
         pending = torch.Tensor._make_subclass(
             _pending_class(), torch.empty((x.shape[0], self.config["out_channels"], *x.shape[2:])))
-        pending.fill = lambda: pending.set(self._velocity(x, t, text, None, 1.0, None))
-        self._waiting = _Waiting(x, t, text, pending)
+        pending.fill = lambda: pending.set(self._velocity(x, t, text, None, 1.0, None, image))
+        self._waiting = _Waiting(x, t, text, pending, image)
         return pending
 
-    def _velocity(self, x, t, text, neg, guidance, guidance_2):
-        args = _wan_arguments(x, t, text, neg)
+    def _velocity(self, x, t, text, neg, guidance, guidance_2, image=None):
+        args = _wan_arguments(x, t, text, neg, image)
         g2 = None if guidance_2 is None else float(guidance_2)
         return _f32(self._call(lambda m: m.forward(*args, float(guidance), g2)))
 
-    def _branches(self, x, t, text, neg):
+    def _branches(self, x, t, text, neg, image=None):
         """[cond, uncond] unguided; on the cfg mesh in one parallel call."""
-        args = _wan_arguments(x, t, text, neg)
+        args = _wan_arguments(x, t, text, neg, image)
         return [_f32(v) for v in self._call(lambda m: m.branches(*args))]
 
     def sample(self, latents, encoder_hidden_states, negative_encoder_hidden_states=None, *,

@@ -171,18 +171,20 @@ class WanTransformerRank {
 
   // Velocity (B, C_out, F, H, W) fp32 as (bytes, shape), guided when negative is given and the
   // expert's scale is > 1 (on a cfg mesh of 2 unguided, both groups compute the one prediction).
+  // image: encoder_hidden_states_image (B, 257, image_dim) of an image-to-video model, or 0.
   py::tuple forward(uintptr_t latents, const std::vector<int64_t>& latents_shape,
                     const std::vector<float>& timesteps, uintptr_t text,
                     const std::vector<int64_t>& text_shape, uintptr_t negative,
-                    const std::vector<int64_t>& negative_shape, double guidance,
+                    const std::vector<int64_t>& negative_shape, uintptr_t image,
+                    const std::vector<int64_t>& image_shape, double guidance,
                     py::object guidance_2) {
     rank_.check_open();
     const Tensor x = f32_view(latents, latents_shape), t = f32_view(text, text_shape),
-                 n = f32_view(negative, negative_shape);
+                 n = f32_view(negative, negative_shape), im = f32_view(image, image_shape);
     const WanGuidance g = guidance_of(guidance, guidance_2);
     return velocity_bytes(without_gil([&] {
-      check_inputs(x, timesteps, t, n);
-      return wan_->velocity(x, timesteps, t, n, g, rank_.ctx);
+      check_inputs(x, timesteps, t, n, im);
+      return wan_->velocity(x, timesteps, t, n, g, rank_.ctx, im);
     }));
   }
 
@@ -191,15 +193,16 @@ class WanTransformerRank {
   py::tuple branches(uintptr_t latents, const std::vector<int64_t>& latents_shape,
                      const std::vector<float>& timesteps, uintptr_t text,
                      const std::vector<int64_t>& text_shape, uintptr_t negative,
-                     const std::vector<int64_t>& negative_shape) {
+                     const std::vector<int64_t>& negative_shape, uintptr_t image,
+                     const std::vector<int64_t>& image_shape) {
     rank_.check_open();
     const Tensor x = f32_view(latents, latents_shape), t = f32_view(text, text_shape),
-                 n = f32_view(negative, negative_shape);
+                 n = f32_view(negative, negative_shape), im = f32_view(image, image_shape);
     SEQPAR_ARG_CHECK(!n.empty(), "branches need negative_encoder_hidden_states");
     const WanGuidance g = guidance_of(1.0, py::none());
     const std::array<Tensor, 2> v = without_gil([&] {
-      check_inputs(x, timesteps, t, n);
-      return wan_->branches(x, timesteps, t, n, g, rank_.ctx);
+      check_inputs(x, timesteps, t, n, im);
+      return wan_->branches(x, timesteps, t, n, g, rank_.ctx, im);
     });
     return py::make_tuple(velocity_bytes(v[0]), velocity_bytes(v[1]));
   }
@@ -208,10 +211,11 @@ class WanTransformerRank {
   void check(uintptr_t latents, const std::vector<int64_t>& latents_shape,
              const std::vector<float>& timesteps, uintptr_t text,
              const std::vector<int64_t>& text_shape, uintptr_t negative,
-             const std::vector<int64_t>& negative_shape) const {
+             const std::vector<int64_t>& negative_shape, uintptr_t image,
+             const std::vector<int64_t>& image_shape) const {
     without_gil([&] {
       check_inputs(f32_view(latents, latents_shape), timesteps, f32_view(text, text_shape),
-                   f32_view(negative, negative_shape));
+                   f32_view(negative, negative_shape), f32_view(image, image_shape));
     });
   }
 
@@ -231,6 +235,8 @@ class WanTransformerRank {
     d["num_layers"] = m.layers;
     d["cross_attn_norm"] = m.cross_attn_norm;
     d["eps"] = m.eps;
+    d["image_dim"] = m.image_dim > 0 ? py::cast(m.image_dim) : py::none();
+    d["added_kv_proj_dim"] = m.image_dim > 0 ? py::cast(m.hidden) : py::none();
     d["experts"] = model_.experts.size();
     d["layout"] = std::string(wan_layout_name(model_.experts[0].layout));
     d["boundary_ratio"] = ratio_ ? py::cast(*ratio_) : py::none();
@@ -252,8 +258,9 @@ class WanTransformerRank {
   }
 
   void check_inputs(const Tensor& x, const std::vector<float>& timesteps, const Tensor& t,
-                    const Tensor& n) const {
-    check_wan_inputs(model_.experts[0].preset, x, t, n, "WanTransformer.forward");
+                    const Tensor& n, const Tensor& image) const {
+    const DiTConfig& m = model_.experts[0].preset;
+    check_wan_inputs(m, x, t, n, "WanTransformer.forward", image, m.image_dim);
     SEQPAR_ARG_CHECK(static_cast<int64_t>(timesteps.size()) == x.dim(0),
                      "WanTransformer.forward: timestep has ", timesteps.size(),
                      " values; expected one or [", x.dim(0), "]");

@@ -1,7 +1,9 @@
 // seqpar denoise: a Wan checkpoint (diffusers or original layout) on a cfg x tp x ring x ulysses
 // mesh, fed the latents and text embeddings of a safetensors file:
 //   IN:  latents [B, C, F, H, W], encoder_hidden_states [B, L, text_dim],
-//        negative_encoder_hidden_states [B, L', text_dim] (guidance), timestep [B] (one call)
+//        negative_encoder_hidden_states [B, L', text_dim] (guidance), timestep [B] (one call),
+//        encoder_hidden_states_image [B, 257, image_dim] (image-to-video checkpoints only; the
+//        text states then hold 512 tokens)
 //   OUT: noise_pred [B, C_out, F, H, W] (one call, guided when the negative states are given and
 //        --guidance > 1, as WanPipeline combines them), or latents after --steps K Euler steps of
 //        diffusers' FlowMatchEulerDiscreteScheduler with --shift (experts switched at the
@@ -40,6 +42,7 @@ using nlohmann::json;
 struct Inputs {
   Tensor latents;               // [B, C, F, H, W] fp32
   Tensor text, negative;        // [B, L, text_dim] fp32; negative empty when absent
+  Tensor image;                 // [B, 257, image_dim] fp32 (image-to-video); empty when absent
   std::vector<float> timestep;  // [B]; empty in the sampling loop
 };
 
@@ -78,7 +81,7 @@ std::vector<double> timestep_values(const SafetensorsFile& f, const std::string&
 }
 
 // Reads and checks IN against the model: every problem is one line naming the tensor.
-Inputs read_inputs(const DenoiseOptions& o, const ModelPreset& m) {
+Inputs read_inputs(const DenoiseOptions& o, const DiTConfig& m) {
   const SafetensorsFile f(o.inputs);
   const std::string& p = o.inputs;
   auto need = [&](const std::string& name, const std::string& expected) -> Tensor {
@@ -94,7 +97,9 @@ Inputs read_inputs(const DenoiseOptions& o, const ModelPreset& m) {
   in.text = need("encoder_hidden_states", text_shape);
   if (f.contains("negative_encoder_hidden_states"))
     in.negative = f.tensor("negative_encoder_hidden_states", DType::kF32);
-  check_wan_inputs(m, in.latents, in.text, in.negative, p);
+  if (f.contains("encoder_hidden_states_image"))
+    in.image = f.tensor("encoder_hidden_states_image", DType::kF32);
+  check_wan_inputs(m, in.latents, in.text, in.negative, p, in.image, m.image_dim);
   const double max_guidance = std::max(o.guidance, o.guidance_2.value_or(o.guidance));
   SEQPAR_ARG_CHECK(o.steps == 0 || max_guidance <= 1 || !in.negative.empty(), p,
                    ": tensor 'negative_encoder_hidden_states' is missing; expected ", text_shape,
@@ -215,7 +220,7 @@ RankResult run_rank(Communicator& world, const Plan& p, const Inputs& in, const 
   guidance.guidance_2 = static_cast<float>(o.guidance_2.value_or(o.guidance));
   guidance.boundary = p.boundary;
   auto velocity = [&](const Tensor& latents, const std::vector<float>& t) {
-    return wan.velocity(latents, t, in.text, in.negative, guidance, ctx);
+    return wan.velocity(latents, t, in.text, in.negative, guidance, ctx, in.image);
   };
   auto timed = [&](auto&& body, size_t i, size_t n, float t) {
     world.barrier();
@@ -386,7 +391,8 @@ void add_denoise_command(CLI::App& app, DenoiseOptions& o) {
   d->add_option("--model", o.model, "Wan checkpoint directory (diffusers or original layout)");
   d->add_option("--inputs", o.inputs,
                 "safetensors: latents [B,C,F,H,W], encoder_hidden_states [B,L,D], optional "
-                "negative_encoder_hidden_states, timestep [B] (without --steps)");
+                "negative_encoder_hidden_states, timestep [B] (without --steps), "
+                "encoder_hidden_states_image [B,257,image_dim] (image-to-video)");
   d->add_option("--output", o.output, "safetensors to write: noise_pred, or latents with --steps");
   add_mesh_flags(d, o, /*with_cfg=*/true);
   d->add_option("--steps", o.steps, "Euler steps of the flow-matching loop (0: one call)");

@@ -1,5 +1,6 @@
 #include "seqpar/model/dit.h"
 
+#include <cmath>
 #include <cstring>
 #include <iterator>
 #include <string>
@@ -10,6 +11,15 @@ namespace seqpar {
 
 namespace {
 constexpr double kRopeTheta = 10000.0;
+constexpr float kImageNormEps = 1e-5f;   // img_emb's LayerNorms: torch's default eps
+constexpr int64_t kI2vTextTokens = 512;  // diffusers: the last 512 context tokens are the text
+
+// x · Φ(x), the exact (erf) GELU of img_emb's MLP, in place.
+void gelu_erf_(Tensor& x) {
+  float* p = x.data<float>();
+  for (int64_t i = 0; i < x.numel(); ++i)
+    p[i] = 0.5f * p[i] * (1.0f + std::erf(p[i] * static_cast<float>(M_SQRT1_2)));
+}
 }  // namespace
 
 AttentionSpec DiTConfig::attention() const {
@@ -35,6 +45,17 @@ std::vector<WeightStore::Spec> DiT::parameters(const DiTConfig& m) {
       {"time_embedding.2.weight", {d, d}},     {"time_embedding.2.bias", {d}, 0},
       {"time_projection.1.weight", {6 * d, d}}, {"time_projection.1.bias", {6 * d}, 0},
   };
+  const int64_t img = m.image_dim;
+  if (img > 0) {  // Wan's MLPProj: LayerNorm, Linear, GELU, Linear, LayerNorm
+    p.push_back({"img_emb.proj.0.weight", {img}, -1});
+    p.push_back({"img_emb.proj.0.bias", {img}, 0});
+    p.push_back({"img_emb.proj.1.weight", {img, img}});
+    p.push_back({"img_emb.proj.1.bias", {img}, 0});
+    p.push_back({"img_emb.proj.3.weight", {d, img}});
+    p.push_back({"img_emb.proj.3.bias", {d}, 0});
+    p.push_back({"img_emb.proj.4.weight", {d}, -1});
+    p.push_back({"img_emb.proj.4.bias", {d}, 0});
+  }
   auto append = [&](std::vector<WeightStore::Spec> more) {
     p.insert(p.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
   };
@@ -44,6 +65,13 @@ std::vector<WeightStore::Spec> DiT::parameters(const DiTConfig& m) {
     p.push_back({b + "modulation", {6, d}});
     append(attention.parameters(b + "self_attn", 0.02f, 0));
     append(attention.parameters(b + "cross_attn", 0.02f, 0));
+    if (img > 0) {  // Wan's WanI2VCrossAttention: K/V of the image context, its K's RMSNorm
+      p.push_back({b + "cross_attn.k_img.weight", {d, d}});
+      p.push_back({b + "cross_attn.k_img.bias", {d}, 0});
+      p.push_back({b + "cross_attn.v_img.weight", {d, d}});
+      p.push_back({b + "cross_attn.v_img.bias", {d}, 0});
+      p.push_back({b + "cross_attn.norm_k_img.weight", {d}, -1});
+    }
     if (m.cross_attn_norm) {
       p.push_back({b + "norm3.weight", {d}, -1});
       p.push_back({b + "norm3.bias", {d}, 0});
@@ -61,6 +89,7 @@ const SpPlan& DiT::sp_plan() {
       {"blocks.0", SpAction::kShard, {"hidden", "rope"}},
       {"proj_out", SpAction::kGather, {"hidden"}},
       {"text_embedding", SpAction::kReplicate, {"context"}},
+      {"img_emb", SpAction::kReplicate, {"image_context"}},
   };
   return plan;
 }
@@ -75,13 +104,19 @@ DiT::DiT(const DiTConfig& m, const WeightStore& ws, const ParallelContext& ctx) 
   text_out_ = Linear::load(ws, "text_embedding.2", true);
   time_embedding_ = TimestepEmbedding::load(ws, "time_embedding.0", "time_embedding.2", m.freq_dim);
   time_projection_ = Linear::load(ws, "time_projection.1", true);
+  if (m.image_dim > 0) {
+    image_norm_in_ = LayerNorm::load(ws, "img_emb.proj.0", kImageNormEps);
+    image_in_ = Linear::load(ws, "img_emb.proj.1", true);
+    image_out_ = Linear::load(ws, "img_emb.proj.3", true);
+    image_norm_out_ = LayerNorm::load(ws, "img_emb.proj.4", kImageNormEps);
+  }
   const AttentionSpec attention = m.attention();
   for (int64_t i = 0; i < m.layers; ++i) {
     const std::string b = "blocks." + std::to_string(i) + ".";
     Block blk;
     blk.modulation = Modulation::load(ws, b + "modulation", 6, m.hidden);
     blk.self_attn = SelfAttention::load(ws, b + "self_attn", attention, ctx);
-    blk.cross_attn = CrossAttention::load(ws, b + "cross_attn", attention, ctx);
+    blk.cross_attn = CrossAttention::load(ws, b + "cross_attn", attention, ctx, m.image_dim > 0);
     blk.norm3 = m.cross_attn_norm ? LayerNorm::load(ws, b + "norm3", eps) : LayerNorm::plain(eps);
     blk.ffn = FeedForward::load(ws, b + "ffn", FeedForward::Kind::kGeluTanh, m.ffn_dim, true, ctx);
     blocks_.push_back(std::move(blk));
@@ -90,8 +125,23 @@ DiT::DiT(const DiTConfig& m, const WeightStore& ws, const ParallelContext& ctx) 
   head_ = Linear::load(ws, "head.head", true);
 }
 
-Tensor DiT::forward(const Tensor& latent, float t, const Tensor& text, ParallelContext& ctx) const {
+Tensor DiT::forward(const Tensor& latent, float t, const Tensor& text, ParallelContext& ctx,
+                    const Tensor& image) const {
   const int64_t d = m_.hidden;
+  const bool i2v = m_.image_dim > 0;
+  SEQPAR_ARG_CHECK(i2v || image.empty(), "encoder_hidden_states_image is given; ", m_.name,
+                   " is a text-to-video model (no image_dim)");
+  SEQPAR_ARG_CHECK(!i2v || !image.empty(), "encoder_hidden_states_image is missing; ", m_.name,
+                   " is an image-to-video model: expected (B, 257, ", m_.image_dim, ")");
+  SEQPAR_ARG_CHECK(!i2v || (image.ndim() == 3 && image.dim(0) == latent.dim(0) &&
+                            image.dim(1) >= 1 && image.dim(2) == m_.image_dim),
+                   "encoder_hidden_states_image has shape ", image.shape_str(), "; expected (",
+                   latent.dim(0), ", 257, ", m_.image_dim, ")");
+  SEQPAR_ARG_CHECK(!i2v || (text.ndim() == 3 && text.dim(1) == kI2vTextTokens),
+                   "encoder_hidden_states has ", text.dim(1),
+                   " tokens; an image-to-video model takes ", kI2vTextTokens,
+                   " (the text padded as the pipelines pad it: diffusers reads the last 512 "
+                   "context tokens as the text)");
   SEQPAR_ARG_CHECK(latent.ndim() == 5 && latent.dim(1) == m_.in_channels,
                    "latent must be (B, ", m_.in_channels, ", F, H, W); got ", latent.shape_str());
   SEQPAR_ARG_CHECK(latent.dim(2) % m_.patch[0] == 0 && latent.dim(3) % m_.patch[1] == 0 &&
@@ -112,6 +162,15 @@ Tensor DiT::forward(const Tensor& latent, float t, const Tensor& text, ParallelC
   Tensor context = text_in_.forward(text);
   gelu_tanh_(context);
   context = sp.at("text_embedding", "context", text_out_.forward(context));
+  // diffusers splits [image; text] at L − 512: with 512 text tokens, exactly the image states.
+  Tensor image_context;
+  if (i2v) {
+    image_context = image_in_.forward(image_norm_in_.forward(image));
+    gelu_erf_(image_context);
+    image_context = image_norm_out_.forward(image_out_.forward(image_context));
+    image_context = sp.at("img_emb", "image_context", std::move(image_context));
+    expect_finite(image_context, "img_emb");
+  }
   std::vector<int64_t> all_pos(S);
   for (int64_t i = 0; i < S; ++i) all_pos[i] = i;
   Tensor rope = reshape(rope_3d(all_pos, grid, m_.head_dim, kRopeTheta), {1, S, m_.head_dim});
@@ -138,7 +197,7 @@ Tensor DiT::forward(const Tensor& latent, float t, const Tensor& text, ParallelC
     expect_finite(a, "blocks", b, "self_attn");
     gated_add_(x, gate_msa, a);
     expect_finite(x, "blocks", b, "self_attn's residual add");
-    const Tensor c = blk.cross_attn.forward(blk.norm3.forward(x), context, ctx);
+    const Tensor c = blk.cross_attn.forward(blk.norm3.forward(x), context, ctx, image_context);
     expect_finite(c, "blocks", b, "cross_attn");
     add_(x, c);
     expect_finite(x, "blocks", b, "cross_attn's residual add");
@@ -161,12 +220,14 @@ Tensor DiT::forward(const Tensor& latent, float t, const Tensor& text, ParallelC
 }
 
 std::array<Tensor, 2> DiT::branches(const Tensor& latent, float t, const Tensor& text,
-                                    const Tensor& null_text, ParallelContext& ctx) const {
+                                    const Tensor& null_text, ParallelContext& ctx,
+                                    const Tensor& image) const {
   Communicator& cfg = *ctx.cfg;
   SEQPAR_ARG_CHECK(cfg.size() <= 2, "cfg ", cfg.size(), " is invalid; valid: 1, 2");
-  if (cfg.size() == 1) return {forward(latent, t, text, ctx), forward(latent, t, null_text, ctx)};
+  if (cfg.size() == 1)
+    return {forward(latent, t, text, ctx, image), forward(latent, t, null_text, ctx, image)};
   // Each cfg group computes one branch; the two velocities are exchanged.
-  const Tensor mine = forward(latent, t, cfg.rank() == 0 ? text : null_text, ctx);
+  const Tensor mine = forward(latent, t, cfg.rank() == 0 ? text : null_text, ctx, image);
   Tensor both({2, mine.numel()});
   cfg.all_gather(mine.raw(), mine.nbytes(), both.raw());
   std::array<Tensor, 2> v{Tensor(mine.shape()), Tensor(mine.shape())};
@@ -176,8 +237,8 @@ std::array<Tensor, 2> DiT::branches(const Tensor& latent, float t, const Tensor&
 }
 
 Tensor DiT::guided(const Tensor& latent, float t, const Tensor& text, const Tensor& null_text,
-                   float guidance, ParallelContext& ctx) const {
-  auto [cond, uncond] = branches(latent, t, text, null_text, ctx);
+                   float guidance, ParallelContext& ctx, const Tensor& image) const {
+  auto [cond, uncond] = branches(latent, t, text, null_text, ctx, image);
   for (int64_t i = 0; i < cond.numel(); ++i)
     cond.data<float>()[i] =
         uncond.data<float>()[i] + guidance * (cond.data<float>()[i] - uncond.data<float>()[i]);

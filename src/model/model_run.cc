@@ -109,14 +109,16 @@ Tensor batch_row(const Tensor& t, int64_t b) {
 // stacked along dimension 0.
 template <size_t N, class Run>
 std::array<Tensor, N> by_timestep(const Tensor& latents, const std::vector<float>& t,
-                                  const Tensor& text, const Tensor& negative, Run run) {
+                                  const Tensor& text, const Tensor& negative, const Tensor& image,
+                                  Run run) {
   if (std::all_of(t.begin(), t.end(), [&](float v) { return v == t[0]; }))
-    return run(latents, t[0], text, negative);
+    return run(latents, t[0], text, negative, image);
   const int64_t B = latents.dim(0);
   std::array<Tensor, N> out;
   for (int64_t b = 0; b < B; ++b) {
     const std::array<Tensor, N> v = run(batch_row(latents, b), t[b], batch_row(text, b),
-                                        negative.empty() ? Tensor() : batch_row(negative, b));
+                                        negative.empty() ? Tensor() : batch_row(negative, b),
+                                        image.empty() ? Tensor() : batch_row(image, b));
     for (size_t i = 0; i < N; ++i) {
       const Tensor& row = v[i];
       Tensor& o = out[i];
@@ -146,28 +148,34 @@ int WanRank::expert_at(float t, const WanGuidance& g) const {
 }
 
 Tensor WanRank::velocity(const Tensor& latents, const std::vector<float>& t, const Tensor& text,
-                         const Tensor& negative, const WanGuidance& g, ParallelContext& ctx) const {
-  auto one = [&](const Tensor& x, float tb, const Tensor& txt, const Tensor& neg) {
+                         const Tensor& negative, const WanGuidance& g, ParallelContext& ctx,
+                         const Tensor& image) const {
+  auto one = [&](const Tensor& x, float tb, const Tensor& txt, const Tensor& neg,
+                 const Tensor& img) {
     const bool low = expert_at(tb, g) == 2;
     const float scale = low ? g.guidance_2 : g.guidance;
     const DiT& dit = dits_[low ? 1 : 0];
-    if (!neg.empty() && scale > 1.0f) return std::array{dit.guided(x, tb, txt, neg, scale, ctx)};
-    return std::array{dit.forward(x, tb, txt, ctx)};
+    if (!neg.empty() && scale > 1.0f)
+      return std::array{dit.guided(x, tb, txt, neg, scale, ctx, img)};
+    return std::array{dit.forward(x, tb, txt, ctx, img)};
   };
-  return by_timestep<1>(latents, t, text, negative, one)[0];
+  return by_timestep<1>(latents, t, text, negative, image, one)[0];
 }
 
 std::array<Tensor, 2> WanRank::branches(const Tensor& latents, const std::vector<float>& t,
                                         const Tensor& text, const Tensor& negative,
-                                        const WanGuidance& g, ParallelContext& ctx) const {
-  auto both = [&](const Tensor& x, float tb, const Tensor& txt, const Tensor& neg) {
-    return dits_[expert_at(tb, g) - 1].branches(x, tb, txt, neg, ctx);
+                                        const WanGuidance& g, ParallelContext& ctx,
+                                        const Tensor& image) const {
+  auto both = [&](const Tensor& x, float tb, const Tensor& txt, const Tensor& neg,
+                  const Tensor& img) {
+    return dits_[expert_at(tb, g) - 1].branches(x, tb, txt, neg, ctx, img);
   };
-  return by_timestep<2>(latents, t, text, negative, both);
+  return by_timestep<2>(latents, t, text, negative, image, both);
 }
 
 void check_wan_inputs(const ModelPreset& m, const Tensor& x, const Tensor& text,
-                      const Tensor& negative, const std::string& p) {
+                      const Tensor& negative, const std::string& p, const Tensor& image,
+                      int64_t image_dim) {
   const std::string grid = detail::concat("F, H, W multiples of the patch ", m.patch[0], "x",
                                           m.patch[1], "x", m.patch[2]);
   SEQPAR_ARG_CHECK(x.ndim() == 5 && x.dim(1) == m.in_channels && x.dim(0) >= 1, p,
@@ -185,8 +193,27 @@ void check_wan_inputs(const ModelPreset& m, const Tensor& x, const Tensor& text,
   };
   check_text("encoder_hidden_states", text);
   if (!negative.empty()) check_text("negative_encoder_hidden_states", negative);
+  SEQPAR_ARG_CHECK(image_dim > 0 || image.empty(), p,
+                   ": tensor 'encoder_hidden_states_image' is given; the model is text-to-video "
+                   "(no image_dim), expected no image states");
+  if (image_dim > 0) {
+    const std::string image_shape = detail::concat("[", B, ", 257, ", image_dim, "]");
+    SEQPAR_ARG_CHECK(!image.empty(), p,
+                     ": tensor 'encoder_hidden_states_image' is missing; expected ", image_shape,
+                     " (the image encoder's states) for this image-to-video model");
+    SEQPAR_ARG_CHECK(
+        image.ndim() == 3 && image.dim(0) == B && image.dim(1) >= 1 && image.dim(2) == image_dim, p,
+        ": tensor 'encoder_hidden_states_image' has shape ", image.shape_str(), "; expected ",
+        image_shape);
+    for (auto [name, t] : {std::pair{"encoder_hidden_states", &text},
+                           std::pair{"negative_encoder_hidden_states", &negative}})
+      SEQPAR_ARG_CHECK(t->empty() || t->dim(1) == 512, p, ": tensor '", name, "' has ", t->dim(1),
+                       " tokens; an image-to-video model takes 512 (padded as the pipelines "
+                       "pad it: diffusers reads the last 512 context tokens as the text)");
+  }
   for (auto [name, t] : {std::pair{"latents", &x}, std::pair{"encoder_hidden_states", &text},
-                         std::pair{"negative_encoder_hidden_states", &negative}})
+                         std::pair{"negative_encoder_hidden_states", &negative},
+                         std::pair{"encoder_hidden_states_image", &image}})
     for (int64_t i = 0; i < t->numel(); ++i)
       SEQPAR_ARG_CHECK(std::isfinite(t->data<float>()[i]), p, ": tensor '", name,
                        "' holds a non-finite value at element ", i, "; expected finite values");

@@ -79,9 +79,14 @@ TEST(WanOpen, RefusesWithOneLineNamingTheKey) {
     std::ofstream(root / name / "config.json") << json;
     return root / name;
   };
+  // Image-to-video needs both image_dim and added_kv_proj_dim; first-last-frame is refused.
   const std::string i2v =
       open_error(config("i2v", R"({"_class_name": "WanTransformer3DModel", "image_dim": 1280})"));
-  EXPECT_NE(i2v.find("key 'image_dim' is 1280; image conditioning"), std::string::npos) << i2v;
+  EXPECT_NE(i2v.find("key 'added_kv_proj_dim' is null while 'image_dim' is set"), std::string::npos)
+      << i2v;
+  const std::string flf = open_error(
+      config("flf", R"({"_class_name": "WanTransformer3DModel", "pos_embed_seq_len": 514})"));
+  EXPECT_NE(flf.find("key 'pos_embed_seq_len' is 514; first-last-frame"), std::string::npos) << flf;
   const std::string type = open_error(config("flf2v", R"({"dim": 64, "model_type": "flf2v"})"));
   EXPECT_NE(type.find("key 'model_type' is \"flf2v\"; supported"), std::string::npos) << type;
   const std::string heads = open_error(
@@ -95,7 +100,7 @@ TEST(WanOpen, RefusesWithOneLineNamingTheKey) {
   EXPECT_NE(weights.find("holds no weights; expected diffusion_pytorch_model.safetensors"),
             std::string::npos)
       << weights;
-  for (const std::string& m : {i2v, type, heads, weights})
+  for (const std::string& m : {i2v, flf, type, heads, weights})
     EXPECT_EQ(m.find('\n'), std::string::npos) << m;
   std::filesystem::remove_all(root);
 }

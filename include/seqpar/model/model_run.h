@@ -74,15 +74,17 @@ class WanRank {
   // Velocity (B, C_out, F, H, W) for latents (B, C, F, H, W) at timesteps [B] (one forward when
   // they are equal, else row by row) given text (B, L, text_dim) and negative (B, L', text_dim)
   // or an empty tensor. Every rank returns the full velocity.
+  // Image-to-video models also take image (B, 257, image_dim) for both branches (DiT::forward).
   Tensor velocity(const Tensor& latents, const std::vector<float>& timesteps, const Tensor& text,
-                  const Tensor& negative, const WanGuidance& g, ParallelContext& ctx) const;
+                  const Tensor& negative, const WanGuidance& g, ParallelContext& ctx,
+                  const Tensor& image = Tensor()) const;
 
   // The two guidance branches unguided, {v_cond, v_uncond}, each (B, C_out, F, H, W), for text
   // and negative (B, L', text_dim), of the expert `g` picks at each timestep: on a cfg group of
   // 2 in one parallel call (a group each), else one after the other (g's scales are not used).
   std::array<Tensor, 2> branches(const Tensor& latents, const std::vector<float>& timesteps,
                                  const Tensor& text, const Tensor& negative, const WanGuidance& g,
-                                 ParallelContext& ctx) const;
+                                 ParallelContext& ctx, const Tensor& image = Tensor()) const;
 
   // 1 or 2: the expert that runs at timestep t.
   int expert_at(float t, const WanGuidance& g) const;
@@ -96,7 +98,10 @@ class WanRank {
 
 // Checks latents (B, C, F, H, W), text states (B, L, text_dim) and optional negative states
 // against preset m; `where` prefixes the messages, the tensors are named as in WanPipeline.
+// image_dim > 0 (image-to-video): image (B, L_img, image_dim) is required, the text states hold
+// 512 tokens; image_dim 0: image must be empty.
 void check_wan_inputs(const ModelPreset& m, const Tensor& latents, const Tensor& text,
-                      const Tensor& negative, const std::string& where);
+                      const Tensor& negative, const std::string& where,
+                      const Tensor& image = Tensor(), int64_t image_dim = 0);
 
 }  // namespace seqpar

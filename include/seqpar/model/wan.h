@@ -1,5 +1,6 @@
-// The Wan family: Wan 2.1 / 2.2 text-to-video checkpoints as published, in two layouts, each
-// with its config reader and weight-name map onto the DiT's blocks (dit.h):
+// The Wan family: Wan 2.1 / 2.2 text-to-video and Wan 2.1 image-to-video checkpoints as
+// published, in two layouts, each with its config reader and weight-name map onto the DiT's
+// blocks (dit.h):
 //   diffusers: DIR/model_index.json + DIR/transformer[/_2]/config.json (_class_name
 //              WanTransformer3DModel), or a transformer directory itself; weights
 //              diffusion_pytorch_model.safetensors or its sharded .index.json;
@@ -13,7 +14,12 @@
 //   head.modulation         [1, 2, dim]                   -> [2, dim]
 //   head.head.weight/.bias  rows (pt, ph, pw, C) order    -> rows (C, pt, ph, pw) order
 // Every other tensor is mapped, so each rank reads only its tensor-parallel share, in the
-// checkpoint's dtype. The sampler reproduces diffusers' FlowMatchEulerDiscreteScheduler.
+// checkpoint's dtype. Image-to-video (diffusers: image_dim and added_kv_proj_dim set; original:
+// model_type "i2v") adds Wan's img_emb.proj.{0,1,3,4} (diffusers'
+// condition_embedder.image_embedder.{norm1, ff.net.0.proj, ff.net.2, norm2}) and per block
+// cross_attn.{k_img, v_img, norm_k_img} (attn2.{add_k_proj, add_v_proj, norm_added_k});
+// first-last-frame (pos_embed_seq_len, flf2v) is refused.
+// The sampler reproduces diffusers' FlowMatchEulerDiscreteScheduler.
 // Thread-safety: the functions are reentrant; a WanExpert is an immutable value whose files may be
 // read from any thread.
 #pragma once
@@ -51,8 +57,8 @@ struct WanModel {
 
 // Detects the layout of `dir` and opens its configs and weight files (tensors read later, on
 // request). Throws InvalidArgument with one line naming the file, key or tensor and what was
-// expected: a directory in neither layout, a config key missing or out of range, image
-// conditioning (i2v: image_dim / added_kv_proj_dim / img_emb), a missing or misshapen tensor.
+// expected: a directory in neither layout, a config key missing or out of range, first-last-frame
+// conditioning (pos_embed_seq_len, flf2v), a missing, misshapen or unexpected tensor.
 WanModel open_wan_model(const std::string& dir);
 
 // Bytes of tensor data the experts' weights take as stored (every expert; for memory estimates).

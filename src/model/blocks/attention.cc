@@ -253,7 +253,8 @@ Tensor SelfAttention::decode(const Tensor& x, const Tensor& rope, ParallelContex
 // ---- cross-attention -------------------------------------------------------------------------
 
 CrossAttention CrossAttention::load(const WeightStore& ws, const std::string& prefix,
-                                    const AttentionSpec& spec, const ParallelContext& ctx) {
+                                    const AttentionSpec& spec, const ParallelContext& ctx,
+                                    bool image_kv) {
   SEQPAR_ARG_CHECK(spec.heads % ctx.tp_size() == 0 && spec.kv_heads == spec.heads, "tp ",
                    ctx.tp_size(), " must divide the ", spec.heads, " heads of a cross-attention");
   CrossAttention a;
@@ -271,15 +272,32 @@ CrossAttention CrossAttention::load(const WeightStore& ws, const std::string& pr
                                spec.qk_norm_eps);
   a.norm_k = QkNormBlock::load(ws, p + spec.norm[1], spec.qk_norm, h0, h1, spec.heads, d,
                                spec.qk_norm_eps);
+  a.image_kv = image_kv;
+  if (image_kv) {  // Wan's names; the same head split as k and v
+    a.k_img = ColumnLinear::load(ws, p + "k_img", h0 * d, h1 * d, true);
+    a.v_img = ColumnLinear::load(ws, p + "v_img", h0 * d, h1 * d, true);
+    a.norm_k_img = QkNormBlock::load(ws, p + "norm_k_img", spec.qk_norm, h0, h1, spec.heads, d,
+                                     spec.qk_norm_eps);
+  }
   return a;
 }
 
-Tensor CrossAttention::forward(const Tensor& x, const Tensor& context, ParallelContext& ctx) const {
+Tensor CrossAttention::forward(const Tensor& x, const Tensor& context, ParallelContext& ctx,
+                               const Tensor& image_context) const {
+  SEQPAR_CHECK(image_kv == !image_context.empty(), "cross-attention: image context ",
+               image_context.empty() ? "missing" : "given", " for a block ",
+               image_kv ? "with" : "without", " image K/V");
   const int64_t B = x.dim(0), n = x.dim(1), L = context.dim(1), d = spec.head_dim, h = h1 - h0;
   Tensor qh = reshape(norm_q.forward(q.forward(x), *ctx.tp), {B, n, h, d});
   Tensor kh = reshape(norm_k.forward(k.forward(context), *ctx.tp), {B, L, h, d});
   Tensor vh = reshape(v.forward(context), {B, L, h, d});
   AttnState s = attend(qh, kh, vh, ctx, AttendOver::local(false));
+  if (image_kv) {  // (B, n, h, D) outputs of the two attentions summed, as diffusers adds them
+    const int64_t Li = image_context.dim(1);
+    Tensor ki = reshape(norm_k_img.forward(k_img.forward(image_context), *ctx.tp), {B, Li, h, d});
+    Tensor vi = reshape(v_img.forward(image_context), {B, Li, h, d});
+    add_(s.out, attend(qh, ki, vi, ctx, AttendOver::local(false)).out);
+  }
   return o.forward(reshape(std::move(s.out), {B, n, h * d}), *ctx.tp);
 }
 

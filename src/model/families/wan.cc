@@ -1,6 +1,6 @@
-// The Wan family (Wan 2.1 / 2.2 text-to-video transformers) on the DiT's blocks: a config reader
-// and a weight-name map for each of its two checkpoint layouts (diffusers', Wan's original), the
-// layout detected from the directory, and diffusers' flow-matching schedule.
+// The Wan family (Wan 2.1 / 2.2 text-to-video, Wan 2.1 image-to-video transformers) on the DiT's
+// blocks: a config reader and a weight-name map for each of its two checkpoint layouts (diffusers',
+// Wan's original), the layout detected from the directory, and diffusers' flow-matching schedule.
 #include "seqpar/model/wan.h"
 
 #include <cmath>
@@ -115,10 +115,10 @@ DiTConfig diffusers_config(const json& c, const std::string& path) {
   SEQPAR_FILE_CHECK(c.value("_class_name", std::string()) == "WanTransformer3DModel", path,
                     ": key '_class_name' is ", json_excerpt(c.value("_class_name", json())),
                     "; expected \"WanTransformer3DModel\"");
-  for (const char* key : {"image_dim", "added_kv_proj_dim", "pos_embed_seq_len"})
-    SEQPAR_FILE_CHECK(!c.contains(key) || c[key].is_null(), path, ": key '", key, "' is ",
-                      json_excerpt(c[key]),
-                      "; image conditioning (Wan 2.1 i2v / flf2v) is not supported, expected null");
+  SEQPAR_FILE_CHECK(
+      !c.contains("pos_embed_seq_len") || c["pos_embed_seq_len"].is_null(), path,
+      ": key 'pos_embed_seq_len' is ", json_excerpt(c.value("pos_embed_seq_len", json())),
+      "; first-last-frame conditioning (Wan 2.1 FLF2V) is not supported, expected null");
   const std::string qk = c.value("qk_norm", std::string("rms_norm_across_heads"));
   SEQPAR_FILE_CHECK(qk == "rms_norm_across_heads", path, ": key 'qk_norm' is \"",
                     quote_for_message(qk), "\"; expected \"rms_norm_across_heads\"");
@@ -136,14 +136,25 @@ DiTConfig diffusers_config(const json& c, const std::string& path) {
   m.patch = patch_key(c, path);
   m.text_len = 512;
   finish_config(m, path);
+  // Image-to-video: image_dim (the image encoder's width) and added_kv_proj_dim (the width
+  // add_k_proj / add_v_proj read: the image embedder's output, hidden) are given together.
+  const bool image = c.contains("image_dim") && !c["image_dim"].is_null();
+  const bool added = c.contains("added_kv_proj_dim") && !c["added_kv_proj_dim"].is_null();
+  SEQPAR_FILE_CHECK(image == added, path, ": key '", image ? "added_kv_proj_dim" : "image_dim",
+                    "' is null while '", image ? "image_dim" : "added_kv_proj_dim",
+                    "' is set; expected both (image-to-video) or neither (text-to-video)");
+  if (image) {
+    m.image_dim = int_key(c, path, "image_dim", 1, 1 << 16);
+    int_key(c, path, "added_kv_proj_dim", m.hidden, m.hidden);
+  }
   return m;
 }
 
 DiTConfig original_config(const json& c, const std::string& path) {
   const std::string type = c.value("model_type", std::string("t2v"));
-  SEQPAR_FILE_CHECK(type == "t2v" || type == "ti2v", path, ": key 'model_type' is \"",
-                    quote_for_message(type),
-                    "\"; supported: \"t2v\", \"ti2v\" (image conditioning is not)");
+  SEQPAR_FILE_CHECK(type == "t2v" || type == "ti2v" || type == "i2v", path,
+                    ": key 'model_type' is \"", quote_for_message(type),
+                    "\"; supported: \"t2v\", \"ti2v\", \"i2v\" (not flf2v, vace)");
   DiTConfig m = new_dit_config(path);
   const int64_t dim = int_key(c, path, "dim", 2, 1 << 16);
   m.heads = int_key(c, path, "num_heads", 1, 1024);
@@ -163,6 +174,9 @@ DiTConfig original_config(const json& c, const std::string& path) {
                     ": key 'qk_norm' is false; expected true (Wan's RMS QK-norm)");
   m.patch = patch_key(c, path);
   finish_config(m, path);
+  // i2v: img_emb (MLPProj) reads the image encoder's states, of img_emb.proj.0's width (1280
+  // in Wan's code); open_expert sets it from that tensor.
+  if (type == "i2v") m.image_dim = -1;
   return m;
 }
 
@@ -191,9 +205,17 @@ WanExpert open_expert(const std::string& dir, WanLayout layout) {
   e.preset =
       layout == WanLayout::kDiffusers ? diffusers_config(c, config) : original_config(c, config);
   open_weights(e);
-  // Every parameter present with its shape, and nothing DiT does not run (img_emb, k_img, ...).
+  // Every parameter present with its shape, and nothing DiT does not run.
   std::map<std::string, std::vector<int64_t>> stored_shape;
   for (const auto& [n, f] : e.tensors) stored_shape[n] = f->entry(n).shape;
+  if (e.preset.image_dim < 0) {  // original i2v: the width img_emb reads
+    auto it = stored_shape.find("img_emb.proj.0.weight");
+    SEQPAR_FILE_CHECK(it != stored_shape.end() && it->second.size() == 1 && it->second[0] >= 1, dir,
+                      ": tensor 'img_emb.proj.0.weight' is ",
+                      it == stored_shape.end() ? "missing" : "misshapen",
+                      "; expected [image_dim] for an i2v model (", config, ")");
+    e.preset.image_dim = it->second[0];
+  }
   const DiTConfig& m = e.preset;
   const int64_t d = m.hidden;
   std::set<std::string> expected;
@@ -214,9 +236,11 @@ WanExpert open_expert(const std::string& dir, WanLayout layout) {
     expected.insert(stored);
   }
   for (const auto& [n, shape] : stored_shape)
-    SEQPAR_FILE_CHECK(expected.count(n), dir, ": tensor '", quote_for_message(n),
-                      "' is not part of a Wan text-to-video transformer (image conditioning is "
-                      "not supported)");
+    SEQPAR_FILE_CHECK(expected.count(n) || (layout == WanLayout::kDiffusers &&
+                                            n.find(".attn2.norm_added_q.") != std::string::npos),
+                      dir, ": tensor '", quote_for_message(n), "' is not part of a Wan ",
+                      m.image_dim > 0 ? "image-to-video" : "text-to-video", " transformer as ",
+                      config, " describes it");
   return e;
 }
 
@@ -233,6 +257,10 @@ std::string wan_stored_name(const std::string& name, WanLayout layout) {
       {"time_embedding.2.", "condition_embedder.time_embedder.linear_2."},
       {"time_projection.1.", "condition_embedder.time_proj."},
       {"head.head.", "proj_out."},
+      {"img_emb.proj.0.", "condition_embedder.image_embedder.norm1."},
+      {"img_emb.proj.1.", "condition_embedder.image_embedder.ff.net.0.proj."},
+      {"img_emb.proj.3.", "condition_embedder.image_embedder.ff.net.2."},
+      {"img_emb.proj.4.", "condition_embedder.image_embedder.norm2."},
   };
   // Inside blocks.i.: original Wan's norm3 (cross-attention) is diffusers' norm2.
   static const std::vector<std::pair<std::string, std::string>> block = {
@@ -245,6 +273,9 @@ std::string wan_stored_name(const std::string& name, WanLayout layout) {
       {"cross_attn.k.", "attn2.to_k."},
       {"cross_attn.v.", "attn2.to_v."},
       {"cross_attn.o.", "attn2.to_out.0."},
+      {"cross_attn.k_img.", "attn2.add_k_proj."},
+      {"cross_attn.v_img.", "attn2.add_v_proj."},
+      {"cross_attn.norm_k_img.", "attn2.norm_added_k."},
       {"cross_attn.norm_", "attn2.norm_"},
       {"norm3.", "norm2."},
       {"ffn.0.", "ffn.net.0.proj."},
@@ -304,8 +335,11 @@ WanModel open_wan_model(const std::string& dir) {
   if (w.experts.size() == 2) {
     const DiTConfig &a = w.experts[0].preset, &b = w.experts[1].preset;
     SEQPAR_FILE_CHECK(a.in_channels == b.in_channels && a.out_channels == b.out_channels &&
-                          a.text_dim == b.text_dim && a.patch == b.patch,
-                      dir, ": the two experts differ in channels, text width or patch size");
+                          a.text_dim == b.text_dim && a.patch == b.patch &&
+                          a.image_dim == b.image_dim,
+                      dir,
+                      ": the two experts differ in channels, text width, image width or "
+                      "patch size");
   }
   return w;
 }

@@ -142,17 +142,27 @@ struct SelfAttention {
 };
 
 // Cross-attention from this rank's tokens to replicated encoder states (text): heads over tp, no
-// sequence-parallel communication, no RoPE. Parameters as AttentionSpec's (no GQA).
+// sequence-parallel communication, no RoPE. Parameters as AttentionSpec's (no GQA). With
+// image_kv (Wan 2.1 image-to-video, diffusers' add_k_proj / add_v_proj / norm_added_k) also
+// <prefix>.k_img, .v_img (hidden, hidden) with biases and .norm_k_img (hidden, QK-norm across
+// heads): the same queries attend the image context too, and the two attention outputs are
+// summed before o:  o(attn(q, k(text), v(text)) + attn(q, norm_k_img(k_img(img)), v_img(img))).
 struct CrossAttention {
   AttentionSpec spec;
   int64_t h0 = 0, h1 = 0;
   ColumnLinear q, k, v;
   RowLinear o;
   QkNormBlock norm_q, norm_k;
+  bool image_kv = false;
+  ColumnLinear k_img, v_img;
+  QkNormBlock norm_k_img;
   static CrossAttention load(const WeightStore& ws, const std::string& prefix,
-                             const AttentionSpec& spec, const ParallelContext& ctx);
-  // x (B, n, hidden), context (B, L, hidden) -> (B, n, hidden)
-  Tensor forward(const Tensor& x, const Tensor& context, ParallelContext& ctx) const;
+                             const AttentionSpec& spec, const ParallelContext& ctx,
+                             bool image_kv = false);
+  // x (B, n, hidden), context (B, L, hidden), image_context (B, L_img, hidden) (image_kv only;
+  // required then) -> (B, n, hidden)
+  Tensor forward(const Tensor& x, const Tensor& context, ParallelContext& ctx,
+                 const Tensor& image_context = Tensor()) const;
 };
 
 }  // namespace seqpar
