@@ -60,6 +60,7 @@ __all__ = [
     "CausalLM",
     "Llama",
     "WanTransformer",
+    "QwenImageTransformer",
 ]
 
 __version__ = _core.version()
@@ -607,4 +608,4 @@ def plan(*, ranks: int = 8, model: Optional[str] = None, seq: int = 0, heads: in
     return json.loads(text)
 
 
-from .models import CausalLM, Llama, ModelMesh, WanTransformer  # noqa: E402
+from .models import CausalLM, Llama, ModelMesh, QwenImageTransformer, WanTransformer  # noqa: E402

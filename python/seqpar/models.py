@@ -603,3 +603,155 @@ class WanTransformer(_Model):
                                guidance_scale_2)
             x += np.float32(np.float32(sigmas[i + 1]) - np.float32(sigmas[i])) * v
         return _torch().from_numpy(x) if _is_torch(latents) else x
+
+
+def _text_lengths(name: str, mask, text: np.ndarray) -> list:
+    """The valid tokens of each row of a text mask (B, L): 1s then 0s (diffusers'
+    encoder_hidden_states_mask); every token when mask is None."""
+    B, L = (text.shape[0], text.shape[1]) if text.ndim == 3 else (1, 0)
+    if mask is None:
+        return [L] * B
+    m = _numpy(name, mask, np.float64)
+    if m.shape != (B, L):
+        raise ValueError(f"{name} has shape {tuple(m.shape)}; expected ({B}, {L})")
+    lens = []
+    for b in range(B):
+        n = int(np.argmin(m[b] != 0)) if (m[b] == 0).any() else L
+        if (m[b, n:] != 0).any():
+            raise ValueError(f"{name} row {b} is not 1s then 0s (valid tokens first, then "
+                             "padding)")
+        lens.append(n)
+    return lens
+
+
+def _image_shapes(img_shapes) -> list:
+    """diffusers' img_shapes as QwenImageTransformer2DModel reads it: the first batch entry, a
+    (frames, height, width) or a list of them (one per image)."""
+    if img_shapes is None:
+        raise ValueError("forward needs img_shapes: (frames, height, width) of each image, in "
+                         "patches, as QwenImagePipeline passes them")
+    shapes = img_shapes[0] if isinstance(img_shapes, list) and img_shapes else img_shapes
+    if not isinstance(shapes, list):
+        shapes = [shapes]
+    try:
+        out = [tuple(int(v) for v in s) for s in shapes]
+    except (TypeError, ValueError):
+        out = []
+    if not out or any(len(s) != 3 for s in out):
+        raise ValueError(f"img_shapes {_brief(img_shapes)} is not (frames, height, width) of each "
+                         "image")
+    return out
+
+
+class QwenImageTransformer(_Model):
+    """A Qwen-Image transformer (diffusers' QwenImageTransformer2DModel directory, or a
+    QwenImagePipeline directory with transformer/) on a mesh, as ``seqpar denoise`` runs it;
+    also a drop-in for diffusers' QwenImageTransformer2DModel in a QwenImagePipeline
+    (``pipe.transformer = QwenImageTransformer.from_pretrained(pipe_dir)``): config, dtype,
+    device, cache_context and its call."""
+
+    @classmethod
+    def from_pretrained(cls, path: str, *, mesh: Optional[ModelMesh] = None, comm=None,
+                        threads: Optional[int] = None, timeout: Optional[float] = None,
+                        **mesh_kwargs) -> "QwenImageTransformer":
+        """Loads `path` on the mesh (``mesh=ModelMesh(...)`` or its fields as keywords, cfg
+        included). Threads or comm as in CausalLM.from_pretrained."""
+        self = cls.__new__(cls)
+        mesh = _mesh_of(mesh, mesh_kwargs, cls.from_pretrained)
+        spec = _mesh_dict(mesh)
+        self.path = where = str(path)
+        self._start(lambda c: _core._QwenImageTransformerRank(c, where, spec), comm, mesh,
+                    threads, timeout)
+        self.config = _Config(self._call(lambda m: m.config))
+        self._waiting = None  # the one-branch call on the cfg mesh whose partner may come
+        return self
+
+    dtype = WanTransformer.dtype
+    device = WanTransformer.device
+    cache_context = WanTransformer.cache_context
+
+    def forward(self, hidden_states=None, encoder_hidden_states=None,
+                encoder_hidden_states_mask=None, timestep=None, img_shapes=None,
+                txt_seq_lens=None, guidance=None, attention_kwargs: Optional[dict] = None,
+                return_dict: bool = True, *, negative_encoder_hidden_states=None,
+                negative_encoder_hidden_states_mask=None, true_cfg_scale: float = 1.0):
+        """The noise prediction (B, S, p·p·out_channels) of packed latents hidden_states
+        (B, S, in_channels) at timestep (a number or (B,), in [0, 1]: the pipeline's t / 1000),
+        given encoder_hidden_states (B, L, joint_attention_dim) whose mask (B, L) marks each
+        row's valid tokens (1s then 0s; padding is masked, so a row gives what it gives alone),
+        for the images img_shapes; as diffusers' QwenImageTransformer2DModel answers: a
+        WanTransformerOutput (.sample, [0]) or with return_dict=False a 1-tuple, a torch tensor
+        when hidden_states is one. txt_seq_lens is accepted and not needed; guidance must be
+        None (the model has no guidance embedding), attention_kwargs None or empty.
+
+        With negative_encoder_hidden_states (and its mask) and true_cfg_scale > 1: the guided
+        prediction as QwenImagePipeline combines the branches (rescaled to the conditional's
+        norm per token). One branch on a cfg mesh of 2 (the pipeline's calls) waits, as
+        WanTransformer's does, for its partner with the same latents and timestep."""
+        del txt_seq_lens  # the text's own length and mask say it
+        for what, value in (("hidden_states", hidden_states), ("timestep", timestep),
+                            ("encoder_hidden_states", encoder_hidden_states)):
+            if value is None:
+                raise ValueError(f"forward needs {what}")
+        if guidance is not None:
+            raise ValueError("guidance: QwenImageTransformer2DModel has no guidance embedding; "
+                             "give None (true_cfg_scale guides)")
+        if attention_kwargs:
+            raise ValueError(f"attention_kwargs {_brief(attention_kwargs)} is not supported "
+                             "(seqpar's attention takes no options and no LoRA scale)")
+        x = _numpy("hidden_states", hidden_states, np.float32)
+        text = _numpy("encoder_hidden_states", encoder_hidden_states, np.float32)
+        lens = _text_lengths("encoder_hidden_states_mask", encoder_hidden_states_mask, text)
+        neg, neg_lens = None, []
+        if negative_encoder_hidden_states is not None:
+            neg = _numpy("negative_encoder_hidden_states", negative_encoder_hidden_states,
+                         np.float32)
+            neg_lens = _text_lengths("negative_encoder_hidden_states_mask",
+                                     negative_encoder_hidden_states_mask, neg)
+        images = _image_shapes(img_shapes)
+        t = _numpy("timestep", timestep, np.float32).reshape(-1)
+        if t.size == 1 and x.ndim >= 1:
+            t = np.full(x.shape[0], t[0], dtype=np.float32)
+        call = (x, t, images, text, lens)
+        torch_out = _is_torch(hidden_states)
+        if neg is None and self.mesh.cfg == 2 and torch_out:
+            out = self._one_branch(call)
+        else:
+            out = self._run(call, neg, neg_lens, float(true_cfg_scale))[0]
+            out = _torch().from_numpy(out) if torch_out else out
+        return WanTransformerOutput(out) if _flag("return_dict", return_dict) else (out,)
+
+    __call__ = forward
+
+    def _run(self, call, neg, neg_lens, guidance, mode="predict") -> list:
+        x, t, images, text, lens = call
+
+        def address(a):
+            return (0, []) if a is None else (a.__array_interface__["data"][0], list(a.shape))
+
+        (xa, xs), (ta, ts), (na, ns) = address(x), address(text), address(neg)
+        args = (xa, xs, [float(v) for v in t], images, ta, ts, lens, na, ns, neg_lens, guidance,
+                mode)
+        return [_f32(r) for r in self._call(lambda m: m.forward(*args))]
+
+    def _one_branch(self, call):
+        """The prediction for this call's text on the cfg mesh: the waiting call's partner (both
+        branches at once, one per cfg group, the waiting one set), or a waiting prediction."""
+        torch, w = _torch(), self._waiting
+        x, t, images, text, lens = call
+        if w is not None and w.prediction.fill is not None and np.array_equal(w.latents, x) \
+                and np.array_equal(w.timestep, t) and w.image == images:
+            self._waiting = None
+            cond, uncond = self._run((w.latents, w.timestep, images, w.text, w.lens), text, lens,
+                                     1.0, mode="branches")
+            w.prediction.set(cond)
+            return torch.from_numpy(uncond)
+        self._run(call, None, [], 1.0, mode="check")  # bad inputs refused now, not when used
+        x, t, text = x.copy(), t.copy(), text.copy()  # the caller may change its tensors
+        pending = torch.Tensor._make_subclass(
+            _pending_class(), torch.empty((x.shape[0], x.shape[1], self.config["patch_size"] ** 2
+                                           * self.config["out_channels"])))
+        pending.fill = lambda: pending.set(self._run((x, t, images, text, lens), None, [], 1.0)[0])
+        self._waiting = _Waiting(x, t, text, pending, images)
+        self._waiting.lens = lens
+        return pending

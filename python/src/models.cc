@@ -21,6 +21,7 @@
 #include "seqpar/model/causal_lm.h"
 #include "seqpar/model/decoder.h"
 #include "seqpar/model/model_run.h"
+#include "seqpar/model/qwen_image.h"
 #include "seqpar/model/wan.h"
 #include "seqpar/parallel/config_file.h"
 #include "seqpar/parallel/strategy_table.h"
@@ -279,6 +280,82 @@ class WanTransformerRank {
   std::unique_ptr<WanRank> wan_;
 };
 
+// A rank's Qwen-Image transformer: one call of diffusers' QwenImageTransformer2DModel per batch
+// row, guided as QwenImagePipeline's true CFG when negative states are given.
+class QwenImageTransformerRank {
+ public:
+  QwenImageTransformerRank(py::object comm, const std::string& dir, const py::dict& mesh)
+      : rank_(std::move(comm), mesh_of(mesh)) {
+    without_gil([&] {
+      ck_ = open_qwen_image(dir);
+      const QwenImageConfig& m = ck_.config;
+      SEQPAR_ARG_CHECK(m.heads % rank_.mesh.mesh.tp == 0, "tp ", rank_.mesh.mesh.tp,
+                       " does not divide the ", m.heads, " heads of ", dir,
+                       "; valid: ", divisors_text(m.heads));
+      const double weights = qwen_image_weight_bytes(ck_);
+      limits::check_ranks_fit_memory(
+          detail::concat("QwenImageTransformer.from_pretrained with ", dir, " (",
+                         limits::bytes_text(weights), " of weights, tp ", rank_.mesh.mesh.tp, ")"),
+          weights / rank_.mesh.mesh.tp, rank_.mesh.mesh.world(), rank_.backend);
+      model_ = std::make_unique<QwenImageRank>(ck_, rank_.ctx);
+    });
+  }
+
+  // mode "predict": (the noise prediction (B, S, out) as (bytes, shape),); "branches": (cond,
+  // uncond) unguided; "check": () once the request is checked.
+  py::tuple forward(uintptr_t hidden, const std::vector<int64_t>& hidden_shape,
+                    const std::vector<float>& timesteps,
+                    const std::vector<std::array<int64_t, 3>>& images, uintptr_t text,
+                    const std::vector<int64_t>& text_shape, const std::vector<int64_t>& text_lens,
+                    uintptr_t negative, const std::vector<int64_t>& negative_shape,
+                    const std::vector<int64_t>& negative_lens, double guidance,
+                    const std::string& mode) {
+    rank_.check_open();
+    QwenImageRequest r;
+    r.hidden = f32_view(hidden, hidden_shape);
+    r.timesteps = timesteps;
+    r.images = images;
+    r.text = f32_view(text, text_shape);
+    r.text_lens = text_lens;
+    r.negative = f32_view(negative, negative_shape);
+    r.negative_lens = negative_lens;
+    r.guidance = static_cast<float>(guidance);
+    const std::vector<Tensor> out = without_gil([&] {
+      check_qwen_image_request(ck_.config, r, "QwenImageTransformer.forward");
+      if (mode == "check") return std::vector<Tensor>{};
+      if (mode == "predict") return std::vector<Tensor>{model_->predict(r, rank_.ctx)};
+      const std::array<Tensor, 2> v = model_->branches(r, rank_.ctx);
+      return std::vector<Tensor>{v[0], v[1]};
+    });
+    py::tuple t(out.size());
+    for (size_t i = 0; i < out.size(); ++i)
+      t[i] = py::make_tuple(py::bytes(static_cast<const char*>(out[i].raw()), out[i].nbytes()),
+                            out[i].shape());
+    return t;
+  }
+
+  // The config under diffusers' QwenImageTransformer2DModel names.
+  py::dict config() const {
+    const QwenImageConfig& m = ck_.config;
+    py::dict d;
+    d["patch_size"] = m.patch_size();
+    d["in_channels"] = m.in_channels;
+    d["out_channels"] = m.out_channels;
+    d["num_layers"] = m.layers;
+    d["attention_head_dim"] = m.head_dim;
+    d["num_attention_heads"] = m.heads;
+    d["joint_attention_dim"] = m.text_dim;
+    d["guidance_embeds"] = false;
+    d["axes_dims_rope"] = py::make_tuple(m.axes_dims[0], m.axes_dims[1], m.axes_dims[2]);
+    return d;
+  }
+
+ private:
+  RankMesh rank_;
+  QwenImageCheckpoint ck_;
+  std::unique_ptr<QwenImageRank> model_;
+};
+
 }  // namespace
 
 void bind_models(py::module_& m) {
@@ -296,6 +373,10 @@ void bind_models(py::module_& m) {
       .def("branches", &WanTransformerRank::branches)
       .def("check", &WanTransformerRank::check)
       .def_property_readonly("config", &WanTransformerRank::config);
+  py::class_<QwenImageTransformerRank>(m, "_QwenImageTransformerRank")
+      .def(py::init<py::object, const std::string&, const py::dict&>())
+      .def("forward", &QwenImageTransformerRank::forward)
+      .def_property_readonly("config", &QwenImageTransformerRank::config);
   m.def("_check_model_mesh", [](const py::dict& mesh) { (void)mesh_of(mesh); });
   // (cfg, tp, ring_degree, ulysses_degree) of the degrees given (None: not given), as the CLI
   // resolves its flags: sequence_parallel_size is ulysses_degree x ring_degree.

@@ -25,10 +25,10 @@
 #include "seqpar/core/process_memory.h"
 #include "seqpar/core/timer.h"
 #include "seqpar/core/trace.h"
+#include "seqpar/model/diffusion_family.h"
 #include "seqpar/model/dit.h"
 #include "seqpar/model/model_run.h"
 #include "seqpar/model/ops.h"
-#include "seqpar/model/qwen_image.h"
 #include "seqpar/model/safetensors.h"
 #include "seqpar/model/wan.h"
 #include "trace_file.h"
@@ -412,7 +412,8 @@ void add_denoise_command(CLI::App& app, DenoiseOptions& o) {
 
 int denoise_command(const DenoiseOptions& o) {
   return with_json_errors(o.json, [&] {
-    if (is_qwen_image_dir(o.model)) return denoise_qwen_image(o);
+    if (!o.model.empty() && diffusion_family(o.model) == DiffusionFamily::kQwenImage)
+      return denoise_qwen_image(o);
     return o.backend == "mpi" ? run_mpi(o) : run_threads(o);
   });
 }

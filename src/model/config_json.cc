@@ -27,6 +27,18 @@ json read_json_file(const std::string& path) {
   }
 }
 
+std::string json_class_name(const std::string& path) {
+  if (!files::is_regular_file(path)) return "";
+  try {
+    const nlohmann::json j = read_json_file(path);
+    return j.is_object() && j.contains("_class_name") && j["_class_name"].is_string()
+               ? j["_class_name"].get<std::string>()
+               : "";
+  } catch (const Error&) {
+    return "";
+  }
+}
+
 void check_model_dir(const std::string& dir, const char* expected) {
   std::error_code ec;
   if (std::filesystem::is_directory(dir, ec)) return;

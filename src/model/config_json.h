@@ -20,6 +20,10 @@ nlohmann::json read_json_file(const std::string& path);
 // and for a name shaped like a hub id ("org/name") that seqpar downloads nothing.
 void check_model_dir(const std::string& dir, const char* expected);
 
+// The "_class_name" a JSON file declares (diffusers' configs), "" when the file is missing, not a
+// readable JSON object or declares none.
+std::string json_class_name(const std::string& path);
+
 class ConfigJson {
  public:
   // `text` parsed (`path` names it in messages); InvalidArgument unless a JSON object.

@@ -101,9 +101,6 @@ struct QwenImageCheckpoint {
   SafetensorsFiles tensors;  // stored name -> its file
 };
 
-// True when `dir` holds a Qwen-Image checkpoint (the config's or pipeline's class name says so),
-// false for any other directory (nothing is refused here).
-bool is_qwen_image_dir(const std::string& dir);
 // Opens the config and weight files (tensors read later, on request). InvalidArgument in one
 // line naming the file, key or tensor and what was expected.
 QwenImageCheckpoint open_qwen_image(const std::string& dir);

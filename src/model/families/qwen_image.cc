@@ -22,23 +22,10 @@ std::string shape_text(const std::vector<int64_t>& s) {
   return t + "]";
 }
 
-// The class name a JSON file declares, "" when it is not a readable JSON object.
-std::string class_name_of(const std::string& path) {
-  if (!files::is_regular_file(path)) return "";
-  try {
-    const nlohmann::json j = read_json_file(path);
-    return j.is_object() && j.contains("_class_name") && j["_class_name"].is_string()
-               ? j["_class_name"].get<std::string>()
-               : "";
-  } catch (const Error&) {
-    return "";
-  }
-}
-
 // The transformer directory of `dir`, "" when it is not a Qwen-Image checkpoint.
 std::string transformer_dir(const std::string& dir) {
-  if (class_name_of(dir + "/config.json") == kClass) return dir;
-  if (class_name_of(dir + "/transformer/config.json") == kClass) return dir + "/transformer";
+  if (json_class_name(dir + "/config.json") == kClass) return dir;
+  if (json_class_name(dir + "/transformer/config.json") == kClass) return dir + "/transformer";
   return "";
 }
 
@@ -95,8 +82,6 @@ std::string qwen_image_stored_name(const std::string& name) {
   }
   return name;
 }
-
-bool is_qwen_image_dir(const std::string& dir) { return !transformer_dir(dir).empty(); }
 
 QwenImageCheckpoint open_qwen_image(const std::string& dir) {
   check_model_dir(dir, "a diffusers QwenImagePipeline or QwenImageTransformer2DModel directory");
