@@ -209,6 +209,9 @@ void check_config_fields(const ParallelConfig& c, const AttnShape& s) {
                    " neither divides nor is a multiple of the ", s.kv(), " kv_heads");
   SEQPAR_ARG_CHECK(s.text_tokens == 0 || !s.causal, "text_tokens (joint attention) are ",
                    "bidirectional; drop causal");
+  SEQPAR_ARG_CHECK(!s.text_by_heads || (s.text_tokens > 0 && m.ulysses > 1), "text_by_heads ",
+                   "splits the text tokens by head over a Ulysses group: it needs text_tokens ",
+                   "and ulysses_degree > 1 (strategy ulysses or usp)");
   const int sp = m.sp();
   if (s.over_cache()) {
     SEQPAR_ARG_CHECK(s.cached_lens.size() == s.fresh_lens.size(), "cached_lens (",

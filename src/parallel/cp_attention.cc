@@ -117,11 +117,18 @@ void attention(const ParallelConfig& c, const AttnShape& s, SpComms& comms, cons
   }
   SEQPAR_ARG_CHECK(in.text_q && in.text_k && in.text_v, "text_tokens ", T,
                    " (joint attention) needs text_q, text_k and text_v");
-  check_input("text_q", *in.text_q, {B, T, H, D}, dtype);
-  check_input("text_k", *in.text_k, {B, T, Hkv, D}, dtype);
-  check_input("text_v", *in.text_v, {B, T, Hkv, D}, dtype);
-  JointState js = joint_attention(c.strategy, comms, place.part, in.q, in.k, in.v, *in.text_q,
-                                  *in.text_k, *in.text_v, opts, stats);
+  // The text's heads: all of them, or (text_by_heads) this Ulysses member's.
+  const int u = comms.ulysses_degree(), me = comms.ulysses().rank();
+  const int64_t Ht = s.text_by_heads ? ulysses_q_heads(H, u, me).size() : H;
+  const int64_t Hkvt = s.text_by_heads ? ulysses_kv_heads(H, Hkv, u, me).size() : Hkv;
+  check_input("text_q", *in.text_q, {B, T, Ht, D}, dtype);
+  check_input("text_k", *in.text_k, {B, T, Hkvt, D}, dtype);
+  check_input("text_v", *in.text_v, {B, T, Hkvt, D}, dtype);
+  JointState js = s.text_by_heads
+                      ? ulysses_joint_attention(c.strategy, comms, place.part, in.q, in.k, in.v,
+                                                *in.text_q, *in.text_k, *in.text_v, opts, stats)
+                      : joint_attention(c.strategy, comms, place.part, in.q, in.k, in.v, *in.text_q,
+                                        *in.text_k, *in.text_v, opts, stats);
   write_output("out", out.out, std::move(js.image.out));
   write_output("lse", out.lse, std::move(js.image.lse));
   write_output("text_out", out.text_out, std::move(js.text.out));

@@ -119,6 +119,28 @@ JointState joint_attention(Strategy strategy, SpComms& comms, const Partition& p
 void add_joint_text(Schedule& s, const CallRuns& c) {
   const int n = c.n();
   const int64_t T = c.text_tokens;
+  if (c.text_by_heads) {
+    // ulysses_joint_attention: member j's heads only; usp gathers the text partials over the
+    // ring (the members of one Ulysses rank across the R groups); text over text once per head.
+    const int u = c.ulysses, R = n / u;
+    for (int r = 0; r < n; ++r) {
+      RankSchedule& rs = s.ranks[r];
+      const int64_t hq = ulysses_q_heads(c.H, u, r % u).size();
+      int64_t group_tokens = 0;
+      for (int j = 0; j < u; ++j) group_tokens += run_count(c.q[r / u * u + j]);
+      rs.steps.push_back(
+          compute_step(2 * c.B * hq * group_tokens * T, c.merge_bytes(group_tokens, hq)));
+      if (R > 1 && hq > 0) {
+        const uint64_t partials = 4ull * c.B * T * hq * (c.D + 1) * (R - 1);
+        rs.steps.push_back(collective_step(OpKind::kAllGather, false, "text partials",
+                                           CommGroup::kRing, {r % u, u, R}, partials, partials));
+      }
+      Step text = compute_step(c.B * hq * T * T, R * c.merge_bytes(T, hq));
+      text.replicated = r / u != 0;
+      rs.steps.push_back(text);
+    }
+    return;
+  }
   const uint64_t partials = 4ull * c.B * T * c.H * (c.D + 1) * (n - 1);
   for (int r = 0; r < n; ++r) {
     RankSchedule& rs = s.ranks[r];
@@ -132,7 +154,9 @@ void add_joint_text(Schedule& s, const CallRuns& c) {
 }
 
 void add_joint_text_schedule(Schedule& image, const ParallelConfig& cfg, const AttnShape& shape) {
-  add_joint_text(image, sequence_runs(cfg, shape));
+  CallRuns c = sequence_runs(cfg, shape);
+  c.ulysses = cfg.mesh.ulysses;
+  add_joint_text(image, c);
 }
 
 }  // namespace seqpar

@@ -63,6 +63,7 @@ CallRuns sizes(const AttnShape& s) {
   c.e = dtype_size(s.dtype);
   c.causal = s.causal;
   c.text_tokens = s.text_tokens;
+  c.text_by_heads = s.text_by_heads;
   c.cu = shape_cu_seqlens(s);
   return c;
 }

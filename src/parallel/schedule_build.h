@@ -19,6 +19,8 @@ struct CallRuns {
   bool causal = false;
   int64_t valid_len = 0;  // keys at positions >= valid_len are padding (0: none)
   int64_t text_tokens = 0;
+  bool text_by_heads = false;  // the text split by head over Ulysses groups of ulysses ranks
+  int ulysses = 1;
   int64_t seq = 0;  // sharded tokens (padding included; over a cache: K/V tokens)
   std::vector<int64_t> cu;  // packed documents (CpOptions::cu_seqlens); empty: one
   std::vector<PositionRuns> q, kv;

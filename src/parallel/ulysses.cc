@@ -299,6 +299,103 @@ AttnState usp_attention(SpComms& comms, const Partition& part, const Tensor& q, 
                       });
 }
 
+// ---- joint attention with the text split by head ---------------------------------------------
+
+JointState ulysses_joint_attention(Strategy strategy, SpComms& comms, const Partition& part,
+                                   const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& text_q, const Tensor& text_k, const Tensor& text_v,
+                                   const CpOptions& opts, CpStats* stats) {
+  SEQPAR_ARG_CHECK(strategy == Strategy::kUlysses || strategy == Strategy::kUsp,
+                   "text split by head needs a Ulysses group: strategy ulysses or usp, not ",
+                   strategy_name(strategy));
+  SEQPAR_ARG_CHECK(!opts.causal && opts.cu_seqlens.empty(),
+                   "joint attention (text tokens) is bidirectional, without documents");
+  Communicator& sp = comms.sp();
+  validate_local_shapes(sp, part, q, k, v);
+  const int u = comms.ulysses_degree(), groups = comms.ring_degree();
+  check_strategy_shape(strategy, part, q.dim(2), k.dim(2), u, opts);
+  const int me = comms.ulysses().rank(), group = sp.rank() / u;
+  const int64_t B = q.dim(0), H = q.dim(2), Hkv = k.dim(2), D = q.dim(3), T = text_q.dim(1);
+  const IndexRange myq = ulysses_q_heads(H, u, me), mykv = ulysses_kv_heads(H, Hkv, u, me);
+  SEQPAR_ARG_CHECK(text_q.ndim() == 4 && text_q.dim(0) == B && text_q.dim(2) == myq.size() &&
+                       text_q.dim(3) == D && text_k.ndim() == 4 &&
+                       text_k.shape() == text_v.shape() && text_k.dim(0) == B &&
+                       text_k.dim(1) == T && text_k.dim(2) == mykv.size() && text_k.dim(3) == D,
+                   "text q ", text_q.shape_str(), ", k ", text_k.shape_str(), ", v ",
+                   text_v.shape_str(), " must hold Ulysses member ", me, "'s heads: (", B, ", T, ",
+                   myq.size(), ", ", D, ") and (", B, ", T, ", mykv.size(), ", ", D, ")");
+  if (stats) *stats = CpStats{};
+  std::vector<int64_t> text_pos(T);
+  for (int64_t t = 0; t < T; ++t) text_pos[t] = part.seq() + t;
+  CpOptions text_keys = opts;  // text keys are never padding
+  text_keys.valid_len = 0;
+  // Every ring group's sequence (usp: the ring's blocks).
+  std::vector<std::vector<int64_t>> group_pos(groups);
+  for (int g = 0; g < groups; ++g)
+    for (int j = 0; j < u; ++j) {
+      auto p = part.positions(g * u + j);
+      group_pos[g].insert(group_pos[g].end(), p.begin(), p.end());
+    }
+  std::vector<std::span<const int64_t>> blocks(groups);
+  for (int g = 0; g < groups; ++g) blocks[g] = group_pos[g];
+  const Tensor tk = myq.size() > 0 ? kv_for_heads(text_k, myq, mykv, H / Hkv) : text_k;
+  const Tensor tv = myq.size() > 0 ? kv_for_heads(text_v, myq, mykv, H / Hkv) : text_v;
+
+  AttnState text;  // this member's heads
+  JointState js;
+  js.image = ulysses_body(
+      comms.ulysses(), part, group * u, q, k, v, opts, stats,
+      [&](const Tensor& ql, const Tensor& kl, const Tensor& vl, std::span<const int64_t> pos) {
+        // The image queries over every image key, then over the text keys of these heads.
+        AttnState s;
+        if (strategy == Strategy::kUsp) {
+          s = ring_over_blocks(comms.ring(), blocks, pos, ql, kl, vl, opts, stats);
+        } else {
+          KernelCall call(opts, pos, pos, B);
+          s = flash_attention(ql, kl, vl, call.params);
+        }
+        const double t0 = now_seconds();
+        {
+          KernelCall call(text_keys, pos, text_pos, B);
+          merge_into(s, flash_attention(ql, tk, tv, call.params));
+        }
+        // The text queries over the group's image sequence (all of it under Ulysses).
+        {
+          KernelCall call(opts, text_pos, pos, B);
+          text = fully_hidden(opts, text_pos, pos) ? AttnState::empty(B, T, myq.size(), D)
+                                                   : flash_attention(text_q, kl, vl, call.params);
+        }
+        if (stats) stats->compute_seconds += now_seconds() - t0;
+        return s;
+      });
+  if (myq.size() == 0) text = AttnState::empty(B, T, 0, D);
+  const double t1 = now_seconds();
+  if (groups > 1 && myq.size() > 0) {  // usp: the other groups' image keys, by ring member
+    const int64_t w = packed_row_floats(myq.size(), D);
+    std::vector<float> mine(static_cast<size_t>(B * T * w));
+    pack_partial_rows(text, 0, B * T, mine.data());
+    std::vector<float> all(mine.size() * groups);
+    comms.ring().all_gather(mine.data(), mine.size() * sizeof(float), all.data());
+    text = merge_packed_partials(all.data(), groups, B, T, myq.size(), D);
+  }
+  const double t2 = now_seconds();
+  if (myq.size() > 0) {
+    KernelCall call(text_keys, text_pos, text_pos, B);
+    merge_into(text, flash_attention(text_q, tk, tv, call.params));
+  }
+  js.text = std::move(text);
+  if (stats) {
+    stats->wait_seconds += t2 - t1;
+    stats->compute_seconds += now_seconds() - t2;
+    const int64_t hq = myq.size();
+    // Image over text and text over image on this member's heads (its ring group's share of the
+    // image for usp), text over text once per head (on the first ring group).
+    stats->work += B * hq * (static_cast<int64_t>(group_pos[group].size()) * T * 2);
+    stats->work += group == 0 ? B * hq * T * T : 0;
+  }
+  return js;
+}
+
 // ---- schedule -------------------------------------------------------------------------------
 
 namespace {

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "parallel/cp_test_util.h"
+#include "seqpar/parallel/cp_attention.h"
 #include "seqpar/parallel/decode.h"
 #include "seqpar/parallel/schedule.h"
 
@@ -140,6 +141,87 @@ TEST(Joint, ImageAndTextMatchReference) {
         for (int r = 0; r < ranks; ++r)
           EXPECT_LE(max_abs_diff(texts[r], ref_text), kTol) << "text on rank " << r;
       }
+    }
+  }
+}
+
+// The text split by head over the Ulysses group (shape.text_by_heads, through the one entry
+// point): each member passes its heads of the text and gets its heads' text state; image and
+// text against the reference on the whole joint sequence, uneven head slots (uaa: 3 heads over
+// 2 and 4 members, members without heads), GQA, padding, usp; the bytes sent equal the
+// schedule's.
+TEST(Joint, TextByHeadsMatchesReference) {
+  struct Case {
+    Strategy strategy;
+    int ranks, ulysses;
+    int64_t H, Hkv;
+    bool pad;
+  };
+  for (const Case& c :
+       {Case{Strategy::kUlysses, 2, 2, 4, 2, false}, Case{Strategy::kUlysses, 2, 2, 3, 3, false},
+        Case{Strategy::kUlysses, 4, 4, 3, 3, true}, Case{Strategy::kUlysses, 3, 3, 6, 2, true},
+        Case{Strategy::kUsp, 4, 2, 4, 2, false}, Case{Strategy::kUsp, 6, 2, 3, 3, true}}) {
+    const int64_t S = 61, T = 13, D = 16, B = 2;
+    std::mt19937 rng(17);
+    Tensor q = random_tensor({B, S + T, c.H, D}, rng, DType::kF32);
+    Tensor k = random_tensor({B, S + T, c.Hkv, D}, rng, DType::kF32);
+    Tensor v = random_tensor({B, S + T, c.Hkv, D}, rng, DType::kF32);
+    const AttnState ref = reference_attention(q, k, v);
+    auto tokens = [&](const Tensor& x, int64_t from, int64_t len, int64_t h0, int64_t h1,
+                      int64_t pad_to = 0) {  // tokens [from, from+len) of heads [h0, h1)
+      const int64_t H = x.dim(2), rows = std::max(len, pad_to);
+      Tensor y({x.dim(0), rows, h1 - h0, D});
+      for (int64_t b = 0; b < x.dim(0); ++b)
+        for (int64_t t = 0; t < len; ++t)
+          std::memcpy(y.data<float>() + ((b * rows + t) * (h1 - h0)) * D,
+                      x.data<float>() + ((b * x.dim(1) + from + t) * H + h0) * D,
+                      (h1 - h0) * D * sizeof(float));
+      return y;
+    };
+    ParallelConfig config;
+    config.strategy = c.strategy;
+    config.mesh = {1, 1, c.ranks / c.ulysses, c.ulysses};
+    config.layout = Layout::kZigzag;
+    config.ulysses_mode = UlyssesMode::kUaa;
+    config.pad = c.pad;
+    AttnShape shape{B, S, c.H, c.Hkv, D, false, T, 0, 0, DType::kF32};
+    shape.text_by_heads = true;
+    const Placement place = place_call(config, shape);
+    const int64_t padded = place.part.seq();
+    const Tensor iq = tokens(q, 0, S, 0, c.H, padded), ik = tokens(k, 0, S, 0, c.Hkv, padded),
+                 iv = tokens(v, 0, S, 0, c.Hkv, padded);
+    const Schedule schedule = attention_schedule(config, shape);
+    std::vector<Tensor> outs(c.ranks), texts(c.ranks);
+    std::vector<CommStats> stats(c.ranks);
+    ThreadWorld::run(c.ranks, [&](Communicator& comm) {
+      const int r = comm.rank();
+      SpComms comms(comm, c.ulysses);
+      const int u = comms.ulysses().rank();
+      const IndexRange qh = ulysses_q_heads(c.H, c.ulysses, u);
+      const IndexRange kvh = ulysses_kv_heads(c.H, c.Hkv, c.ulysses, u);
+      const Tensor tq = tokens(q, S, T, qh.begin, qh.end), tk = tokens(k, S, T, kvh.begin, kvh.end),
+                   tv = tokens(v, S, T, kvh.begin, kvh.end);
+      AttnOutputs out;
+      attention(config, shape, comms, place,
+                {shard(iq, place.part, r), shard(ik, place.part, r), shard(iv, place.part, r), &tq,
+                 &tk, &tv},
+                out);
+      stats[r] = comms.stats();
+      outs[r] = std::move(out.out);
+      texts[r] = std::move(out.text_out);
+    });
+    const std::string what = detail::concat(strategy_name(c.strategy), " ranks ", c.ranks, " H ",
+                                            c.H, " Hkv ", c.Hkv, c.pad ? " padded" : "");
+    const Tensor image = unshard(outs, place.part);
+    EXPECT_LE(max_abs_diff(tokens(image, 0, S, 0, c.H), tokens(ref.out, 0, S, 0, c.H)), kTol)
+        << what;
+    for (int r = 0; r < c.ranks; ++r) {
+      const IndexRange qh = ulysses_q_heads(c.H, c.ulysses, r % c.ulysses);
+      if (qh.size() > 0)
+        EXPECT_LE(max_abs_diff(texts[r], tokens(ref.out, S, T, qh.begin, qh.end)), kTol)
+            << what << ": text on rank " << r;
+      const CommPrediction want = schedule_bytes(schedule, r);
+      EXPECT_EQ(stats[r].total_sent(), want.sent) << what << ": bytes sent by rank " << r;
     }
   }
 }

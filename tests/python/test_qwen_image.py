@@ -187,6 +187,24 @@ def test_ring_sees_text_keys_once(work, tmp_path):
         assert rel_err(load_file(out)["noise_pred"], ref) < 1e-5, mesh
 
 
+def test_ulysses_splits_the_text_by_head(work):
+    """Under Ulysses each rank reads (and projects and attends) only its heads of the text: on
+    Ulysses 3 (one of the 3 heads each) every rank reads 2/3 fewer rows of add_q/k/v_proj and
+    columns of to_add_out than on ring 3, where each rank computes every text head."""
+    def weight_bytes(mesh):
+        out = str(work["dir"] / "bytes.safetensors")
+        r = seqpar(["--model", str(work["dir"]), "--inputs",
+                    str(work["dir"] / "in_one_cond.safetensors"), "--output", out, "--json",
+                    *mesh])
+        return json.loads(r.stdout)["weight_bytes_per_rank"]
+
+    d, dh = HEADS * HEAD_DIM, HEAD_DIM
+    # Per block: q, k, v rows (weights and biases) and to_add_out columns of 2 heads of 3.
+    saved = 2 * 4 * (3 * (2 * dh * d + 2 * dh) + d * 2 * dh)
+    ring, ulysses = weight_bytes(["--ring-degree", "3"]), weight_bytes(["--ulysses-degree", "3"])
+    assert [r - u for r, u in zip(ring, ulysses)] == [saved] * 3
+
+
 def test_mpi(work):
     if not MPIEXEC:
         pytest.skip("no mpiexec")

@@ -150,8 +150,8 @@ class QwenImageRank {
   const QwenImageConfig& config() const { return model_.config(); }
 
  private:
+  int64_t weight_bytes_ = 0;  // set while model_ loads: declared first
   QwenImage model_;
-  int64_t weight_bytes_ = 0;
 };
 
 }  // namespace seqpar

@@ -126,6 +126,9 @@ struct AttnShape {
   DType dtype = DType::kF32;
   std::vector<int64_t> seq_lens{};                  // packed documents (varlen)
   std::vector<int64_t> cached_lens{}, fresh_lens{};  // packed requests over a cache
+  // Joint attention with the text split by head over the Ulysses group (ulysses, usp): each
+  // member's text q/k/v and text output hold its Ulysses heads only (ulysses_joint_attention).
+  bool text_by_heads = false;
   int64_t kv() const { return kv_heads == 0 ? heads : kv_heads; }
   bool over_cache() const { return cached > 0 || fresh > 0; }
   bool operator==(const AttnShape&) const = default;

@@ -146,6 +146,19 @@ JointState joint_attention(Strategy strategy, SpComms& comms, const Partition& p
                            const Tensor& text_q, const Tensor& text_k, const Tensor& text_v,
                            const CpOptions& opts, CpStats* stats = nullptr);
 
+// Joint attention with the text split by head over the Ulysses group (strategies ulysses and usp):
+// text_q (B, T, |ulysses_q_heads(H, U, u)|, D) and text_k/v (B, T, |ulysses_kv_heads|, D) hold
+// only Ulysses member u's heads of the text, so no member projects or attends another's text
+// heads. After the all-to-all each member holds its heads of the image sequence (usp: its ring
+// group's): its image queries attend every image key (usp: around the ring) and its text keys;
+// its text queries attend those image keys (usp: partials all-gathered over the ring and merged)
+// and the text keys. Returns the image state (B, n_r, H, D) and the text state of member u's heads
+// (B, T, |q heads|, D), the same on the ring's members. Every text key enters once.
+JointState ulysses_joint_attention(Strategy strategy, SpComms& comms, const Partition& part,
+                                   const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& text_q, const Tensor& text_k, const Tensor& text_v,
+                                   const CpOptions& opts, CpStats* stats = nullptr);
+
 // Throws InvalidArgument (naming the sizes and what would work) if the strategy cannot run this
 // shape: strict Ulysses with indivisible sequence or heads, usp degrees that do not multiply to
 // the ranks, strict usp ring groups of different lengths.

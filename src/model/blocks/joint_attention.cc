@@ -7,14 +7,15 @@
 namespace seqpar {
 
 StreamProjections StreamProjections::load(const WeightStore& ws, const std::string& prefix,
-                                          const AttentionSpec& spec, int64_t h0, int64_t h1) {
+                                          const AttentionSpec& spec, int64_t h0, int64_t h1,
+                                          bool o_bias) {
   const int64_t d = spec.head_dim;
   const std::string p = prefix + ".";
   StreamProjections s;
   s.q = ColumnLinear::load(ws, p + spec.proj[0], h0 * d, h1 * d, spec.qkv_bias);
   s.k = ColumnLinear::load(ws, p + spec.proj[1], h0 * d, h1 * d, spec.qkv_bias);
   s.v = ColumnLinear::load(ws, p + spec.proj[2], h0 * d, h1 * d, spec.qkv_bias);
-  s.o = RowLinear::load(ws, p + spec.proj[3], h0 * d, h1 * d, spec.o_bias);
+  s.o = RowLinear::load(ws, p + spec.proj[3], h0 * d, h1 * d, o_bias);
   s.norm_q = QkNormBlock::load(ws, p + spec.norm[0], spec.qk_norm, h0, h1, spec.heads, d,
                                spec.qk_norm_eps);
   s.norm_k = QkNormBlock::load(ws, p + spec.norm[1], spec.qk_norm, h0, h1, spec.heads, d,
@@ -36,8 +37,21 @@ JointAttention JointAttention::load(const WeightStore& ws, const std::string& pr
   auto [h0, h1] = tp_share(image_spec.heads, ctx.tp_rank(), ctx.tp_size());
   a.h0 = h0;
   a.h1 = h1;
-  a.image = StreamProjections::load(ws, prefix, image_spec, h0, h1);
-  a.text = StreamProjections::load(ws, prefix, text_spec, h0, h1);
+  a.image = StreamProjections::load(ws, prefix, image_spec, h0, h1, image_spec.o_bias);
+  a.t0 = h0;
+  a.t1 = h1;
+  a.text_by_heads = ctx.sp->sp().size() > 1 && ctx.sp->ulysses_degree() > 1 &&
+                    text_spec.qk_norm != QkNorm::kAcrossHeads;
+  if (a.text_by_heads) {
+    const IndexRange slots =
+        ulysses_q_heads(h1 - h0, ctx.sp->ulysses_degree(), ctx.sp->ulysses().rank());
+    a.t0 = h0 + slots.begin;
+    a.t1 = h0 + slots.end;
+    if (text_spec.o_bias) a.text_o_bias = ws.get(prefix + "." + text_spec.proj[3] + ".bias");
+  }
+  if (a.t1 > a.t0)
+    a.text = StreamProjections::load(ws, prefix, text_spec, a.t0, a.t1,
+                                     text_spec.o_bias && !a.text_by_heads);
   return a;
 }
 
@@ -75,8 +89,10 @@ JointAttention::Result JointAttention::forward(const Tensor& x, const Tensor& co
   const int64_t B = x.dim(0), n = x.dim(1), T = context.dim(1), d = image_spec.head_dim,
                 h = h1 - h0;
   const Qkv img = project(image, image_spec, h, x, rope_image, *ctx.tp);
-  const Qkv txt = project(text, text_spec, h, context, rope_text, *ctx.tp);
-  Tensor image_out, text_out;  // (B, n, h·D), (B, T, h·D)
+  const int64_t ht = t1 - t0;  // the text heads this rank computes
+  const Qkv txt = ht > 0 ? project(text, text_spec, ht, context, rope_text, *ctx.tp)
+                         : Qkv{Tensor({B, T, 0, d}), Tensor({B, T, 0, d}), Tensor({B, T, 0, d})};
+  Tensor image_out, text_out;  // (B, n, h·D), (B, T, ht·D)
   if (!sp.sharded()) {
     // One attention over [text, image] on this rank.
     AttnParams params;
@@ -95,6 +111,7 @@ JointAttention::Result JointAttention::forward(const Tensor& x, const Tensor& co
     shape.heads = shape.kv_heads = h;
     shape.head_dim = d;
     shape.text_tokens = T;
+    shape.text_by_heads = text_by_heads;
     shape.dtype = img.q.dtype();
     Placement place;
     place.part = sp.partition();
@@ -102,9 +119,20 @@ JointAttention::Result JointAttention::forward(const Tensor& x, const Tensor& co
     attention(group, shape, *ctx.sp, place, {img.q, img.k, img.v, &txt.q, &txt.k, &txt.v}, out,
               nullptr, {ctx.cp.scale, ctx.cp.block_q, ctx.cp.block_k});
     image_out = reshape(std::move(out.out), {B, n, h * d});
-    text_out = reshape(std::move(out.text_out), {B, T, h * d});
+    text_out = reshape(std::move(out.text_out), {B, T, ht * d});
   }
-  return {image.o.forward(image_out, *ctx.tp), text.o.forward(text_out, *ctx.tp)};
+  if (!text_by_heads)
+    return {image.o.forward(image_out, *ctx.tp), text.o.forward(text_out, *ctx.tp)};
+  // This Ulysses member's heads' share of the text output, summed over the group (every member
+  // of this rank's tp group holds as many heads), then the bias once.
+  Tensor y = ht > 0 ? text.o.forward(text_out, *ctx.tp) : Tensor({B, T, image_spec.hidden});
+  ctx.sp->ulysses().all_reduce(std::span<float>(y.data<float>(), y.numel()), ReduceOp::kSum);
+  if (!text_o_bias.empty()) {
+    const int64_t F = text_o_bias.numel();
+    for (int64_t r = 0; r < y.numel() / F; ++r)
+      for (int64_t i = 0; i < F; ++i) y.data<float>()[r * F + i] += text_o_bias.data<float>()[i];
+  }
+  return {image.o.forward(image_out, *ctx.tp), std::move(y)};
 }
 
 }  // namespace seqpar

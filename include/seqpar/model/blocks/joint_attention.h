@@ -16,18 +16,26 @@
 
 namespace seqpar {
 
-// One stream's projections and QK-norm for this rank's heads [h0, h1).
+// One stream's projections and QK-norm for this rank's heads [h0, h1) (o without its bias when
+// o_bias is false).
 struct StreamProjections {
   ColumnLinear q, k, v;
   RowLinear o;
   QkNormBlock norm_q, norm_k;
   static StreamProjections load(const WeightStore& ws, const std::string& prefix,
-                                const AttentionSpec& spec, int64_t h0, int64_t h1);
+                                const AttentionSpec& spec, int64_t h0, int64_t h1, bool o_bias);
 };
 
 struct JointAttention {
   AttentionSpec image_spec, text_spec;  // the same heads and head_dim; their own names
-  int64_t h0 = 0, h1 = 0;
+  int64_t h0 = 0, h1 = 0;               // this tp rank's heads
+  // The text's heads this rank projects and attends: [h0, h1), or under Ulysses (a sharded
+  // sequence, ulysses_degree > 1, no QK-norm across heads) its Ulysses member's slots of them
+  // (ulysses_q_heads): no member computes another's text heads. The text output projection is
+  // then this rank's columns, summed over the Ulysses group, its bias added once.
+  int64_t t0 = 0, t1 = 0;
+  bool text_by_heads = false;
+  Tensor text_o_bias;  // text_by_heads: to_add_out's bias, added after the sums
   StreamProjections image, text;
 
   // Both streams' parameters under `prefix`; InvalidArgument when tp does not divide the heads.
