@@ -26,6 +26,7 @@
 #include "seqpar/core/timer.h"
 #include "seqpar/core/trace.h"
 #include "seqpar/model/dit.h"
+#include "seqpar/model/flux.h"
 #include "seqpar/model/model_run.h"
 #include "seqpar/model/ops.h"
 #include "seqpar/model/qwen_image.h"
@@ -413,6 +414,7 @@ void add_denoise_command(CLI::App& app, DenoiseOptions& o) {
 int denoise_command(const DenoiseOptions& o) {
   return with_json_errors(o.json, [&] {
     if (is_qwen_image_dir(o.model)) return denoise_qwen_image(o);
+    if (is_flux_dir(o.model)) return denoise_flux(o);
     return o.backend == "mpi" ? run_mpi(o) : run_threads(o);
   });
 }

@@ -14,7 +14,8 @@ StreamProjections StreamProjections::load(const WeightStore& ws, const std::stri
   s.q = ColumnLinear::load(ws, p + spec.proj[0], h0 * d, h1 * d, spec.qkv_bias);
   s.k = ColumnLinear::load(ws, p + spec.proj[1], h0 * d, h1 * d, spec.qkv_bias);
   s.v = ColumnLinear::load(ws, p + spec.proj[2], h0 * d, h1 * d, spec.qkv_bias);
-  s.o = RowLinear::load(ws, p + spec.proj[3], h0 * d, h1 * d, spec.o_bias);
+  if (!spec.proj[3].empty())
+    s.o = RowLinear::load(ws, p + spec.proj[3], h0 * d, h1 * d, spec.o_bias);
   s.norm_q = QkNormBlock::load(ws, p + spec.norm[0], spec.qk_norm, h0, h1, spec.heads, d,
                                spec.qk_norm_eps);
   s.norm_k = QkNormBlock::load(ws, p + spec.norm[1], spec.qk_norm, h0, h1, spec.heads, d,
@@ -69,11 +70,12 @@ Tensor join_tokens(const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
-JointAttention::Result JointAttention::forward(const Tensor& x, const Tensor& context,
-                                               const Tensor& rope_image, const Tensor& rope_text,
-                                               ParallelContext& ctx, const SpRuntime& sp) const {
-  const int64_t B = x.dim(0), n = x.dim(1), T = context.dim(1), d = image_spec.head_dim,
-                h = h1 - h0;
+JointAttention::Result joint_attend(const StreamProjections& image, const AttentionSpec& image_spec,
+                                    const StreamProjections& text, const AttentionSpec& text_spec,
+                                    int64_t h, const Tensor& x, const Tensor& context,
+                                    const Tensor& rope_image, const Tensor& rope_text,
+                                    ParallelContext& ctx, const SpRuntime& sp) {
+  const int64_t B = x.dim(0), n = x.dim(1), T = context.dim(1), d = image_spec.head_dim;
   const Qkv img = project(image, image_spec, h, x, rope_image, *ctx.tp);
   const Qkv txt = project(text, text_spec, h, context, rope_text, *ctx.tp);
   Tensor image_out, text_out;  // (B, n, h·D), (B, T, h·D)
@@ -104,7 +106,15 @@ JointAttention::Result JointAttention::forward(const Tensor& x, const Tensor& co
     image_out = reshape(std::move(out.out), {B, n, h * d});
     text_out = reshape(std::move(out.text_out), {B, T, h * d});
   }
-  return {image.o.forward(image_out, *ctx.tp), text.o.forward(text_out, *ctx.tp)};
+  return {std::move(image_out), std::move(text_out)};
+}
+
+JointAttention::Result JointAttention::forward(const Tensor& x, const Tensor& context,
+                                               const Tensor& rope_image, const Tensor& rope_text,
+                                               ParallelContext& ctx, const SpRuntime& sp) const {
+  const Result a = joint_attend(image, image_spec, text, text_spec, h1 - h0, x, context, rope_image,
+                                rope_text, ctx, sp);
+  return {image.o.forward(a.image, *ctx.tp), text.o.forward(a.text, *ctx.tp)};
 }
 
 }  // namespace seqpar

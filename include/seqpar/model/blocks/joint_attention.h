@@ -16,7 +16,8 @@
 
 namespace seqpar {
 
-// One stream's projections and QK-norm for this rank's heads [h0, h1).
+// One stream's projections and QK-norm for this rank's heads [h0, h1); no output projection when
+// spec.proj[3] is empty (FLUX's single-stream blocks).
 struct StreamProjections {
   ColumnLinear q, k, v;
   RowLinear o;
@@ -44,5 +45,16 @@ struct JointAttention {
   Result forward(const Tensor& x, const Tensor& context, const Tensor& rope_image,
                  const Tensor& rope_text, ParallelContext& ctx, const SpRuntime& sp) const;
 };
+
+// The joint attention of the two streams before their output projections: this rank's heads
+// [h0, h0 + h) of image x (B, n, hidden) projected by `image` and text context (B, T, hidden) by
+// `text` (which may be the same projections: FLUX's single-stream blocks), QK-normed and RoPE'd,
+// attending together over [text, image] with every text key once. Returns (B, n, h·D) and
+// (B, T, h·D).
+JointAttention::Result joint_attend(const StreamProjections& image, const AttentionSpec& image_spec,
+                                    const StreamProjections& text, const AttentionSpec& text_spec,
+                                    int64_t h, const Tensor& x, const Tensor& context,
+                                    const Tensor& rope_image, const Tensor& rope_text,
+                                    ParallelContext& ctx, const SpRuntime& sp);
 
 }  // namespace seqpar
