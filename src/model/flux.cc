@@ -270,10 +270,32 @@ Tensor Flux::forward(const Tensor& hidden, const std::vector<float>& img_ids, co
   }
 
   // Single-stream blocks over [text, image]: one set of weights for every token. The image rows
-  // stay sharded, the text rows replicated: every rank computes the norm, projections, MLP and
-  // proj_out of its n image rows and of all L text rows; the attention is the joint one (text
-  // keys once), with the same projections for both streams.
+  // stay sharded; the text rows are split over the sequence-parallel group too: rank r of N
+  // computes the norm, q/k/v, MLP and proj_out of text rows [r·L/N, (r+1)·L/N) only, and the
+  // text q/k/v are all-gathered (every text key once in the joint attention, whose text output
+  // every rank then has and reads its rows of). The text rows leave no trace after the last
+  // block, so they are never gathered back.
   const AttentionSpec spec = m_.single_attention();
+  const int64_t h = h1_ - h0_, L = c.dim(1);
+  Communicator& group = ctx.sp->sp();
+  const int N = sp.sharded() ? group.size() : 1, r = sp.sharded() ? group.rank() : 0;
+  const int64_t t0 = L * r / N, t1 = L * (r + 1) / N, nt = t1 - t0;
+  std::vector<size_t> qkv_counts(N);  // bytes of each rank's text q (k, v) rows
+  for (int i = 0; i < N; ++i)
+    qkv_counts[i] = static_cast<size_t>(L * (i + 1) / N - L * i / N) * h * D * sizeof(float);
+  Tensor cs, rope_cs;  // this rank's text rows (1, nt, d) and their RoPE rows; none when nt = 0
+  if (N == 1) {
+    cs = std::move(c);
+    rope_cs = rope_text;
+  } else if (nt > 0) {
+    cs = reshape(slice_rows(reshape(c, {L, d}), t0, t1), {1, nt, d});
+    rope_cs = slice_rows(rope_text, t0, t1);
+  }
+  auto gather_text = [&](const Tensor& mine) {  // (1, nt, h, D) -> (1, L, h, D)
+    Tensor all({1, L, h, D});
+    group.all_gatherv(nt ? mine.raw() : nullptr, all.raw(), qkv_counts);
+    return all;
+  };
   const int64_t last = static_cast<int64_t>(singles_.size()) - 1;
   for (int64_t b = 0; b <= last; ++b) {
     const SingleBlock& s = singles_[b];
@@ -281,19 +303,27 @@ Tensor Flux::forward(const Tensor& hidden, const std::vector<float>& img_ids, co
         modulation(s.mod, 3 * d, temb_act, *ctx.tp);  // shift, scale, gate
     Tensor xi = plain.forward(x);
     modulate_(xi, &ms[0], &ms[d]);
-    Tensor ct = plain.forward(c);
-    modulate_(ct, &ms[0], &ms[d]);
-    const JointAttention::Result a =
-        joint_attend(s.attn, spec, s.attn, spec, h1_ - h0_, xi, ct, rope_image, rope_text, ctx, sp);
+    const StreamQkv img = project_stream(s.attn, spec, h, xi, rope_image, *ctx.tp);
+    Tensor ct;
+    StreamQkv txt;
+    if (nt > 0) {
+      ct = plain.forward(cs);
+      modulate_(ct, &ms[0], &ms[d]);
+      txt = project_stream(s.attn, spec, h, ct, rope_cs, *ctx.tp);
+    }
+    if (N > 1) txt = {gather_text(txt.q), gather_text(txt.k), gather_text(txt.v)};
+    const JointAttention::Result a = joint_attend(img, txt, ctx, sp);
     Tensor mlp_i = s.proj_mlp.forward(xi);
     gelu_tanh_(mlp_i);
     gated_add_(x, &ms[2 * d], single_out(s, a.image, mlp_i, *ctx.tp));
     expect_finite(x, "single_transformer_blocks", b, "proj_out's residual add");
-    if (b == last) break;  // the last block's text rows reach nothing
+    if (b == last || nt == 0) continue;  // the last block's text rows reach nothing
+    const Tensor attn_t =
+        N == 1 ? a.text : reshape(slice_rows(reshape(a.text, {L, h * D}), t0, t1), {1, nt, h * D});
     Tensor mlp_t = s.proj_mlp.forward(ct);
     gelu_tanh_(mlp_t);
-    gated_add_(c, &ms[2 * d], single_out(s, a.text, mlp_t, *ctx.tp));
-    expect_finite(c, "single_transformer_blocks", b, "proj_out's residual add (text)");
+    gated_add_(cs, &ms[2 * d], single_out(s, attn_t, mlp_t, *ctx.tp));
+    expect_finite(cs, "single_transformer_blocks", b, "proj_out's residual add (text)");
   }
 
   // AdaLayerNormContinuous: scale, then shift.

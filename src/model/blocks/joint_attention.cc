@@ -44,21 +44,6 @@ JointAttention JointAttention::load(const WeightStore& ws, const std::string& pr
 
 namespace {
 
-// q, k, v (B, n, h, D) of one stream: projected, QK-normed, RoPE'd.
-struct Qkv {
-  Tensor q, k, v;
-};
-Qkv project(const StreamProjections& s, const AttentionSpec& spec, int64_t h, const Tensor& x,
-            const Tensor& rope, Communicator& tp) {
-  const int64_t B = x.dim(0), n = x.dim(1), d = spec.head_dim;
-  Qkv r{reshape(s.norm_q.forward(s.q.forward(x), tp), {B, n, h, d}),
-        reshape(s.norm_k.forward(s.k.forward(x), tp), {B, n, h, d}),
-        reshape(s.v.forward(x), {B, n, h, d})};
-  apply_rope_(r.q, rope, spec.rope_pairs);
-  apply_rope_(r.k, rope, spec.rope_pairs);
-  return r;
-}
-
 // (B, n, ...) and (B, m, ...) joined along the tokens: rows of (B, tokens·features).
 Tensor join_tokens(const Tensor& a, const Tensor& b) {
   const int64_t B = a.dim(0);
@@ -70,14 +55,21 @@ Tensor join_tokens(const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
-JointAttention::Result joint_attend(const StreamProjections& image, const AttentionSpec& image_spec,
-                                    const StreamProjections& text, const AttentionSpec& text_spec,
-                                    int64_t h, const Tensor& x, const Tensor& context,
-                                    const Tensor& rope_image, const Tensor& rope_text,
+StreamQkv project_stream(const StreamProjections& s, const AttentionSpec& spec, int64_t h,
+                         const Tensor& x, const Tensor& rope, Communicator& tp) {
+  const int64_t B = x.dim(0), n = x.dim(1), d = spec.head_dim;
+  StreamQkv r{reshape(s.norm_q.forward(s.q.forward(x), tp), {B, n, h, d}),
+              reshape(s.norm_k.forward(s.k.forward(x), tp), {B, n, h, d}),
+              reshape(s.v.forward(x), {B, n, h, d})};
+  apply_rope_(r.q, rope, spec.rope_pairs);
+  apply_rope_(r.k, rope, spec.rope_pairs);
+  return r;
+}
+
+JointAttention::Result joint_attend(const StreamQkv& img, const StreamQkv& txt,
                                     ParallelContext& ctx, const SpRuntime& sp) {
-  const int64_t B = x.dim(0), n = x.dim(1), T = context.dim(1), d = image_spec.head_dim;
-  const Qkv img = project(image, image_spec, h, x, rope_image, *ctx.tp);
-  const Qkv txt = project(text, text_spec, h, context, rope_text, *ctx.tp);
+  const int64_t B = img.q.dim(0), n = img.q.dim(1), T = txt.q.dim(1), h = img.q.dim(2),
+                d = img.q.dim(3);
   Tensor image_out, text_out;  // (B, n, h·D), (B, T, h·D)
   if (!sp.sharded()) {
     // One attention over [text, image] on this rank.
@@ -112,8 +104,10 @@ JointAttention::Result joint_attend(const StreamProjections& image, const Attent
 JointAttention::Result JointAttention::forward(const Tensor& x, const Tensor& context,
                                                const Tensor& rope_image, const Tensor& rope_text,
                                                ParallelContext& ctx, const SpRuntime& sp) const {
-  const Result a = joint_attend(image, image_spec, text, text_spec, h1 - h0, x, context, rope_image,
-                                rope_text, ctx, sp);
+  const int64_t h = h1 - h0;
+  const Result a =
+      joint_attend(project_stream(image, image_spec, h, x, rope_image, *ctx.tp),
+                   project_stream(text, text_spec, h, context, rope_text, *ctx.tp), ctx, sp);
   return {image.o.forward(a.image, *ctx.tp), text.o.forward(a.text, *ctx.tp)};
 }
 

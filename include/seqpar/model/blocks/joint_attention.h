@@ -46,15 +46,20 @@ struct JointAttention {
                  const Tensor& rope_text, ParallelContext& ctx, const SpRuntime& sp) const;
 };
 
-// The joint attention of the two streams before their output projections: this rank's heads
-// [h0, h0 + h) of image x (B, n, hidden) projected by `image` and text context (B, T, hidden) by
-// `text` (which may be the same projections: FLUX's single-stream blocks), QK-normed and RoPE'd,
-// attending together over [text, image] with every text key once. Returns (B, n, h·D) and
-// (B, T, h·D).
-JointAttention::Result joint_attend(const StreamProjections& image, const AttentionSpec& image_spec,
-                                    const StreamProjections& text, const AttentionSpec& text_spec,
-                                    int64_t h, const Tensor& x, const Tensor& context,
-                                    const Tensor& rope_image, const Tensor& rope_text,
+// q, k, v (B, n, h, D) of one stream on this rank's h heads: x (B, n, hidden) projected by `s`,
+// QK-normed, and q, k rotated by rope (n, D/2, 2).
+struct StreamQkv {
+  Tensor q, k, v;
+};
+StreamQkv project_stream(const StreamProjections& s, const AttentionSpec& spec, int64_t h,
+                         const Tensor& x, const Tensor& rope, Communicator& tp);
+
+// The joint attention of two projected streams before their output projections: the image
+// (B, n, h, D) (this rank's shard at sp's local positions) and the text (B, T, h, D) (the same on
+// every rank of the group) attend together over [text, image], every text key once. Returns
+// (B, n, h·D) and (B, T, h·D). FLUX's single-stream blocks project both streams with the same
+// weights and call this directly.
+JointAttention::Result joint_attend(const StreamQkv& image, const StreamQkv& text,
                                     ParallelContext& ctx, const SpRuntime& sp);
 
 }  // namespace seqpar
