@@ -184,6 +184,7 @@ def bad_call(work, model, inputs, *extra):
                 "--output", str(work["dir"] / "bad_out.safetensors"), *extra], expect=2)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
+    print(lines[0])
     return lines[0]
 
 
@@ -223,4 +224,5 @@ def test_bad_checkpoint(work, tmp_path):
         r = seqpar(["--model", str(d), "--inputs", str(path),
                     "--output", str(tmp_path / "out.safetensors")], expect=2)
         lines = r.stderr.strip().splitlines()
+        print(lines[0])
         assert len(lines) == 1 and want in lines[0], r.stderr
