@@ -130,8 +130,7 @@ const SpPlan& Flux::sp_plan() {
   static const SpPlan plan = {
       {"transformer_blocks.0", SpAction::kShard, {"hidden", "rope"}},
       {"proj_out", SpAction::kGather, {"hidden"}},
-      {"context_embedder", SpAction::kReplicate, {"context"}},
-  };
+  };  // the text rows are split by forward() itself: they are never gathered
   return plan;
 }
 
@@ -229,7 +228,6 @@ Tensor Flux::forward(const Tensor& hidden, const std::vector<float>& img_ids, co
   add_(temb, text_fc2_.forward(pe));
   Tensor temb_act = reshape(temb, {1, d});
   silu_(temb_act);
-  Tensor c = sp.at("context_embedder", "context", context_embedder_.forward(text));  // (1, L, d)
   const Tensor rope_text = flux_rope(txt_ids, m_.axes_dims);
   Tensor rope_image = reshape(flux_rope(img_ids, m_.axes_dims), {1, S, D});
 
@@ -238,64 +236,78 @@ Tensor Flux::forward(const Tensor& hidden, const std::vector<float>& img_ids, co
   const int64_t n = x.dim(1);
   rope_image = reshape(std::move(rope_image), {n, D / 2, 2});
 
-  expect_finite(x, "x_embedder");
-  expect_finite(c, "context_embedder");
-  expect_finite(temb, "time_text_embed");
-
-  const LayerNorm plain = LayerNorm::plain(kEps);
-  for (size_t b = 0; b < blocks_.size(); ++b) {
-    const DoubleBlock& blk = blocks_[b];
-    // AdaLayerNormZero: shift, scale, gate of the attention, then shift, scale, gate of the FFN.
-    const std::vector<float> mi = modulation(blk.mod_image, 6 * d, temb_act, *ctx.tp);
-    const std::vector<float> mt = modulation(blk.mod_text, 6 * d, temb_act, *ctx.tp);
-    Tensor xi = plain.forward(x);
-    modulate_(xi, &mi[0], &mi[d]);
-    Tensor ct = plain.forward(c);
-    modulate_(ct, &mt[0], &mt[d]);
-    const JointAttention::Result a = blk.attn.forward(xi, ct, rope_image, rope_text, ctx, sp);
-    expect_finite(a.image, "transformer_blocks", b, "attn");
-    expect_finite(a.text, "transformer_blocks", b, "attn (text)");
-    gated_add_(x, &mi[2 * d], a.image);
-    gated_add_(c, &mt[2 * d], a.text);
-    xi = plain.forward(x);
-    modulate_(xi, &mi[3 * d], &mi[4 * d]);
-    const Tensor fi = blk.ff.forward(xi, *ctx.tp);
-    gated_add_(x, &mi[5 * d], fi);
-    expect_finite(x, "transformer_blocks", b, "ff's residual add");
-    ct = plain.forward(c);
-    modulate_(ct, &mt[3 * d], &mt[4 * d]);
-    const Tensor ft = blk.ff_context.forward(ct, *ctx.tp);
-    gated_add_(c, &mt[5 * d], ft);
-    expect_finite(c, "transformer_blocks", b, "ff_context's residual add");
-  }
-
-  // Single-stream blocks over [text, image]: one set of weights for every token. The image rows
-  // stay sharded; the text rows are split over the sequence-parallel group too: rank r of N
-  // computes the norm, q/k/v, MLP and proj_out of text rows [r·L/N, (r+1)·L/N) only, and the
-  // text q/k/v are all-gathered (every text key once in the joint attention, whose text output
-  // every rank then has and reads its rows of). The text rows leave no trace after the last
-  // block, so they are never gathered back.
-  const AttentionSpec spec = m_.single_attention();
-  const int64_t h = h1_ - h0_, L = c.dim(1);
+  // The text rows are split over the sequence-parallel group as well: rank r of N embeds and
+  // carries text rows [r·L/N, (r+1)·L/N) only (norms, q/k/v, output projections, FFN and MLP of
+  // those rows), and every block all-gathers the text q/k/v, so each text key enters the joint
+  // attention once; each rank reads its rows of the attention's text output (which the joint path
+  // gives every rank). Nothing after the blocks reads the text, so it is never gathered back.
+  const int64_t h = h1_ - h0_, L = text.dim(1);
   Communicator& group = ctx.sp->sp();
   const int N = sp.sharded() ? group.size() : 1, r = sp.sharded() ? group.rank() : 0;
   const int64_t t0 = L * r / N, t1 = L * (r + 1) / N, nt = t1 - t0;
   std::vector<size_t> qkv_counts(N);  // bytes of each rank's text q (k, v) rows
   for (int i = 0; i < N; ++i)
     qkv_counts[i] = static_cast<size_t>(L * (i + 1) / N - L * i / N) * h * D * sizeof(float);
-  Tensor cs, rope_cs;  // this rank's text rows (1, nt, d) and their RoPE rows; none when nt = 0
-  if (N == 1) {
-    cs = std::move(c);
-    rope_cs = rope_text;
-  } else if (nt > 0) {
-    cs = reshape(slice_rows(reshape(c, {L, d}), t0, t1), {1, nt, d});
-    rope_cs = slice_rows(rope_text, t0, t1);
+  Tensor c, rope_c;  // this rank's text rows (1, nt, d) and their RoPE rows; none when nt = 0
+  if (nt > 0) {
+    const int64_t td = text.dim(2);
+    c = context_embedder_.forward(
+        N == 1 ? text : reshape(slice_rows(reshape(text, {L, td}), t0, t1), {1, nt, td}));
+    rope_c = N == 1 ? rope_text : slice_rows(rope_text, t0, t1);
+    expect_finite(c, "context_embedder");
   }
-  auto gather_text = [&](const Tensor& mine) {  // (1, nt, h, D) -> (1, L, h, D)
-    Tensor all({1, L, h, D});
-    group.all_gatherv(nt ? mine.raw() : nullptr, all.raw(), qkv_counts);
-    return all;
+  // The text q, k, v of the whole text (1, L, h, D) from each rank's rows (1, nt, h, D).
+  auto gather_text = [&](StreamQkv mine) {
+    if (N == 1) return mine;
+    auto gather = [&](const Tensor& t) {
+      Tensor all({1, L, h, D});
+      group.all_gatherv(nt ? t.raw() : nullptr, all.raw(), qkv_counts);
+      return all;
+    };
+    return StreamQkv{gather(mine.q), gather(mine.k), gather(mine.v)};
   };
+  // This rank's rows (1, nt, h·D) of the attention's text output (1, L, h·D).
+  auto own_text = [&](const Tensor& t) {
+    return N == 1 ? t : reshape(slice_rows(reshape(t, {L, h * D}), t0, t1), {1, nt, h * D});
+  };
+
+  expect_finite(x, "x_embedder");
+  expect_finite(temb, "time_text_embed");
+
+  const LayerNorm plain = LayerNorm::plain(kEps);
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    const DoubleBlock& blk = blocks_[b];
+    const JointAttention& at = blk.attn;
+    // AdaLayerNormZero: shift, scale, gate of the attention, then shift, scale, gate of the FFN.
+    const std::vector<float> mi = modulation(blk.mod_image, 6 * d, temb_act, *ctx.tp);
+    const std::vector<float> mt = modulation(blk.mod_text, 6 * d, temb_act, *ctx.tp);
+    Tensor xi = plain.forward(x);
+    modulate_(xi, &mi[0], &mi[d]);
+    const StreamQkv img = project_stream(at.image, at.image_spec, h, xi, rope_image, *ctx.tp);
+    StreamQkv txt;
+    if (nt > 0) {
+      Tensor ct = plain.forward(c);
+      modulate_(ct, &mt[0], &mt[d]);
+      txt = project_stream(at.text, at.text_spec, h, ct, rope_c, *ctx.tp);
+    }
+    const JointAttention::Result a = joint_attend(img, gather_text(std::move(txt)), ctx, sp);
+    gated_add_(x, &mi[2 * d], at.image.o.forward(a.image, *ctx.tp));
+    expect_finite(x, "transformer_blocks", b, "attn's residual add");
+    xi = plain.forward(x);
+    modulate_(xi, &mi[3 * d], &mi[4 * d]);
+    gated_add_(x, &mi[5 * d], blk.ff.forward(xi, *ctx.tp));
+    expect_finite(x, "transformer_blocks", b, "ff's residual add");
+    if (nt == 0) continue;
+    gated_add_(c, &mt[2 * d], at.text.o.forward(own_text(a.text), *ctx.tp));
+    Tensor ct = plain.forward(c);
+    modulate_(ct, &mt[3 * d], &mt[4 * d]);
+    gated_add_(c, &mt[5 * d], blk.ff_context.forward(ct, *ctx.tp));
+    expect_finite(c, "transformer_blocks", b, "ff_context's residual add");
+  }
+
+  // Single-stream blocks over [text, image]: one set of weights for every token, the image rows
+  // and this rank's text rows each through the same norm, q/k/v, MLP and proj_out.
+  const AttentionSpec spec = m_.single_attention();
   const int64_t last = static_cast<int64_t>(singles_.size()) - 1;
   for (int64_t b = 0; b <= last; ++b) {
     const SingleBlock& s = singles_[b];
@@ -307,23 +319,20 @@ Tensor Flux::forward(const Tensor& hidden, const std::vector<float>& img_ids, co
     Tensor ct;
     StreamQkv txt;
     if (nt > 0) {
-      ct = plain.forward(cs);
+      ct = plain.forward(c);
       modulate_(ct, &ms[0], &ms[d]);
-      txt = project_stream(s.attn, spec, h, ct, rope_cs, *ctx.tp);
+      txt = project_stream(s.attn, spec, h, ct, rope_c, *ctx.tp);
     }
-    if (N > 1) txt = {gather_text(txt.q), gather_text(txt.k), gather_text(txt.v)};
-    const JointAttention::Result a = joint_attend(img, txt, ctx, sp);
+    const JointAttention::Result a = joint_attend(img, gather_text(std::move(txt)), ctx, sp);
     Tensor mlp_i = s.proj_mlp.forward(xi);
     gelu_tanh_(mlp_i);
     gated_add_(x, &ms[2 * d], single_out(s, a.image, mlp_i, *ctx.tp));
     expect_finite(x, "single_transformer_blocks", b, "proj_out's residual add");
     if (b == last || nt == 0) continue;  // the last block's text rows reach nothing
-    const Tensor attn_t =
-        N == 1 ? a.text : reshape(slice_rows(reshape(a.text, {L, h * D}), t0, t1), {1, nt, h * D});
     Tensor mlp_t = s.proj_mlp.forward(ct);
     gelu_tanh_(mlp_t);
-    gated_add_(cs, &ms[2 * d], single_out(s, attn_t, mlp_t, *ctx.tp));
-    expect_finite(cs, "single_transformer_blocks", b, "proj_out's residual add (text)");
+    gated_add_(c, &ms[2 * d], single_out(s, own_text(a.text), mlp_t, *ctx.tp));
+    expect_finite(c, "single_transformer_blocks", b, "proj_out's residual add (text)");
   }
 
   // AdaLayerNormContinuous: scale, then shift.

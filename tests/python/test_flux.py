@@ -18,8 +18,8 @@ The dev inputs are at timestep 0.62, the schnell ones at 0.999 (schnell's few st
 The mutations that were seen to fail (docs/models.md): the single blocks' RoPE rows as if the
 sequence were [image, text] (6e-2), shift and scale of norm1 swapped (9e-2), the single block's
 gate read from the scale chunk (1.2e-1), txt_ids ignored (1.3e-1), the text keys merged twice into
-the image queries under ring (1.3e-2), each rank's text shard rotated by the first rows' RoPE
-(2.2e-2).
+the image queries under ring (1.3e-2), each rank's text rows rotated by the first rows' RoPE
+(9.6e-2), each rank reading the first rows of the attention's text output (2.5e-2).
 """
 
 import json

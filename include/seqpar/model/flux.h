@@ -19,10 +19,12 @@
 // rotates pair k of axis j by a_j · theta^(-2k/axes_dims[j]) over interleaved pairs (2k, 2k+1),
 // the angle and its cos/sin in float64, then rounded to fp32 as FluxPosEmbed does on the CPU.
 // Sequence parallel by its SpPlan: the image tokens (and their RoPE rows) sharded at the first
-// block and through the single blocks, gathered after proj_out; the text replicated on every rank
-// of the group and attended once (the joint path of the one attention entry point, in the single
-// blocks with the same projections for both). In the single blocks each rank computes the
-// projections, MLP and proj_out of its n image rows and of all L text rows (docs/models.md).
+// block, through the single blocks, gathered after proj_out. The text rows are split over the
+// group too (forward() does it): rank r of N embeds and carries text rows [r·L/N, (r+1)·L/N)
+// through every block, and each block all-gathers the text q/k/v so that the joint attention (the
+// one attention entry point's joint path; in the single blocks with the same projections for
+// both streams) sees every text key once; nothing reads the text after the blocks, so it is never
+// gathered (docs/models.md: what each rank computes).
 // Tensor parallel over heads and MLP columns; the adaLN projections split by rows over tp and
 // all-gathered.
 // Thread-safety: one Flux per rank thread.
