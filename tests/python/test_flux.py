@@ -11,7 +11,8 @@ txt_ids are not zeros (the pipeline's are) so that the text RoPE matters.
 Tolerance, fp32, relative to the reference's max |value| (measured on every mesh here and at
 timesteps 0.05..1: 2.6e-7..5.8e-7 for one call, 1.2e-6..1.4e-6 with true CFG scale 4; see
 docs/models.md):
-  one call: 2e-6; true CFG with scale 4 (amplifies the branches' difference): 5e-6.
+  one call (and a bf16 checkpoint against the same bf16 values in fp32, batch of 2): 2e-6;
+  true CFG with scale 4 (amplifies the branches' difference): 5e-6.
 Part of the error is diffusers' timestep sinusoid (torch.exp one ulp off correctly rounded for a
 few frequencies; seqpar's is correctly rounded), which at default-init weights stays below 1e-6.
 The dev inputs are at timestep 0.62, the schnell ones at 0.999 (schnell's few steps sit near 1).
@@ -22,6 +23,7 @@ the image queries under ring (1.3e-2), each rank's text rows rotated by the firs
 (9.6e-2), each rank reading the first rows of the attention's text output (2.5e-2).
 """
 
+import copy
 import json
 import os
 import subprocess
@@ -110,8 +112,20 @@ def work(tmp_path_factory):
     save_file(without(inp, *NEG), str(d / "in.safetensors"))
     save_file(without(inp_s, *NEG), str(d / "in_schnell.safetensors"))
     cond, neg = call(dev, inp), call(dev, inp, negative=True)
+    # A batch of 2 rows with their own timesteps and guidance, on the dev weights stored in bf16
+    # (the reference: the same bf16 values in fp32).
+    dev16 = copy.deepcopy(dev).to(torch.bfloat16)
+    dev16.save_pretrained(str(d / "dev_bf16"))
+    g = torch.Generator().manual_seed(9)
+    batch = {**without(inp, *NEG), "timestep": torch.tensor([0.9, 0.3]),
+             "guidance": torch.tensor([3.5, 2.0]),
+             "hidden_states": torch.randn(2, GRID[0] * GRID[1], IN_CH, generator=g),
+             "encoder_hidden_states": torch.randn(2, TEXT_LEN, TEXT_DIM, generator=g),
+             "pooled_projections": torch.randn(2, POOLED, generator=g)}
+    save_file(batch, str(d / "in_batch.safetensors"))
     return {"dir": d, "inputs": inp, "inputs_schnell": inp_s, "cond": cond,
-            "guided": neg + TRUE_CFG * (cond - neg), "schnell": call(schnell, inp_s)}
+            "guided": neg + TRUE_CFG * (cond - neg), "schnell": call(schnell, inp_s),
+            "batch": call(dev16.float(), batch)}
 
 
 def seqpar(args, mpi_np=0, expect=0):
@@ -166,6 +180,14 @@ def test_true_cfg(work, mesh):
     err = rel_err(run(work, "dev", "in_guided.safetensors", mesh), work["guided"])
     print(f"guided {mesh}: rel err {err:.2e}")
     assert err < TOL_GUIDED
+
+
+@pytest.mark.parametrize("mesh", [[], ["--ring-degree", "2", "--tp", "3"]],
+                         ids=["1 rank", "ring 2 x tp 3"])
+def test_bf16_batch(work, mesh):
+    err = rel_err(run(work, "dev_bf16", "in_batch.safetensors", mesh), work["batch"])
+    print(f"bf16 batch of 2 {mesh}: rel err {err:.2e}")
+    assert err < TOL
 
 
 @pytest.mark.skipif(not MPIEXEC, reason="no SEQPAR_MPIEXEC")
