@@ -128,7 +128,7 @@ std::vector<WeightStore::Spec> Flux::parameters(const FluxConfig& m) {
 
 const SpPlan& Flux::sp_plan() {
   static const SpPlan plan = {
-      {"transformer_blocks.0", SpAction::kShard, {"hidden", "rope"}},
+      {"x_embedder", SpAction::kShard, {"hidden", "rope"}},
       {"proj_out", SpAction::kGather, {"hidden"}},
   };  // the text rows are split by forward() itself: they are never gathered
   return plan;
@@ -215,9 +215,9 @@ Tensor Flux::forward(const Tensor& hidden, const std::vector<float>& img_ids, co
   const int64_t d = m_.hidden, S = hidden.dim(1), D = m_.head_dim;
   SpRuntime sp(sp_plan(), ctx, S);
 
-  // Replicated on every rank: the embeddings of the image tokens, the text, the conditioning,
-  // and the RoPE tables.
-  Tensor x = x_embedder_.forward(hidden);  // (1, S, d)
+  // The image tokens sharded from the start: x_embedder on this rank's n rows only. On every
+  // rank: the conditioning and the RoPE tables.
+  Tensor x = x_embedder_.forward(sp.at("x_embedder", "hidden", hidden));  // (1, n, d)
   // temb = (timestep_emb [+ guidance_emb]) + text_embedder(pooled), in diffusers' order.
   Tensor temb = time_mlp(time_fc1_, time_fc2_, t);
   if (m_.guidance_embeds) add_(temb, time_mlp(guidance_fc1_, guidance_fc2_, guidance));
@@ -231,8 +231,7 @@ Tensor Flux::forward(const Tensor& hidden, const std::vector<float>& img_ids, co
   const Tensor rope_text = flux_rope(txt_ids, m_.axes_dims);
   Tensor rope_image = reshape(flux_rope(img_ids, m_.axes_dims), {1, S, D});
 
-  x = sp.at("transformer_blocks.0", "hidden", std::move(x));
-  rope_image = sp.at("transformer_blocks.0", "rope", std::move(rope_image));
+  rope_image = sp.at("x_embedder", "rope", std::move(rope_image));
   const int64_t n = x.dim(1);
   rope_image = reshape(std::move(rope_image), {n, D / 2, 2});
 

@@ -18,8 +18,8 @@
 // RoPE (diffusers' FluxPosEmbed): token i with ids (a0, a1, a2) (txt_ids (L, 3), img_ids (S, 3))
 // rotates pair k of axis j by a_j · theta^(-2k/axes_dims[j]) over interleaved pairs (2k, 2k+1),
 // the angle and its cos/sin in float64, then rounded to fp32 as FluxPosEmbed does on the CPU.
-// Sequence parallel by its SpPlan: the image tokens (and their RoPE rows) sharded at the first
-// block, through the single blocks, gathered after proj_out. The text rows are split over the
+// Sequence parallel by its SpPlan: the image tokens (and their RoPE rows) sharded at x_embedder,
+// through every block, gathered after proj_out. The text rows are split over the
 // group too (forward() does it): rank r of N embeds and carries text rows [r·L/N, (r+1)·L/N)
 // through every block, and each block all-gathers the text q/k/v so that the joint attention (the
 // one attention entry point's joint path; in the single blocks with the same projections for
