@@ -270,6 +270,8 @@ void add_denoise_command(CLI::App& app, DenoiseOptions& opts);
 int denoise_command(const DenoiseOptions& opts);
 // The same on a Qwen-Image checkpoint (denoise_qwen_image.cc): one transformer call.
 int denoise_qwen_image(const DenoiseOptions& opts);
+// The same on a FLUX.1 checkpoint (denoise_flux.cc): one transformer call.
+int denoise_flux(const DenoiseOptions& opts);
 
 // seqpar plan: the cost model's ranking of every mesh for a model (or one attention call) on a
 // hardware profile; divisibility, pass-KV / pass-Q, simulation past one machine.

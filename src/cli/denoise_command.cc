@@ -412,8 +412,10 @@ void add_denoise_command(CLI::App& app, DenoiseOptions& o) {
 
 int denoise_command(const DenoiseOptions& o) {
   return with_json_errors(o.json, [&] {
-    if (!o.model.empty() && diffusion_family(o.model) == DiffusionFamily::kQwenImage)
-      return denoise_qwen_image(o);
+    const DiffusionFamily family =
+        o.model.empty() ? DiffusionFamily::kWan : diffusion_family(o.model);
+    if (family == DiffusionFamily::kQwenImage) return denoise_qwen_image(o);
+    if (family == DiffusionFamily::kFlux) return denoise_flux(o);
     return o.backend == "mpi" ? run_mpi(o) : run_threads(o);
   });
 }

@@ -39,6 +39,12 @@ std::string json_class_name(const std::string& path) {
   }
 }
 
+std::string diffusers_transformer_dir(const std::string& dir, const std::string& cls) {
+  if (json_class_name(dir + "/config.json") == cls) return dir;
+  if (json_class_name(dir + "/transformer/config.json") == cls) return dir + "/transformer";
+  return "";
+}
+
 void check_model_dir(const std::string& dir, const char* expected) {
   std::error_code ec;
   if (std::filesystem::is_directory(dir, ec)) return;

@@ -24,6 +24,11 @@ void check_model_dir(const std::string& dir, const char* expected);
 // readable JSON object or declares none.
 std::string json_class_name(const std::string& path);
 
+// The directory of a diffusers transformer of class `cls` in `dir`: `dir` itself when its
+// config.json declares the class, dir/transformer when that one's does (a pipeline directory),
+// else "".
+std::string diffusers_transformer_dir(const std::string& dir, const std::string& cls);
+
 class ConfigJson {
  public:
   // `text` parsed (`path` names it in messages); InvalidArgument unless a JSON object.

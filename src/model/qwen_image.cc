@@ -156,7 +156,8 @@ QwenImage::QwenImage(const QwenImageConfig& m, const WeightStore& ws, const Para
     };
     blk.image = stream("img");
     blk.text = stream("txt");
-    blk.attn = JointAttention::load(ws, b + "attn", m.image_attention(), m.text_attention(), ctx);
+    blk.attn = JointAttention::load(ws, b + "attn", m.image_attention(), m.text_attention(), ctx,
+                                    /*split_text_by_head=*/true);
     blocks_.push_back(std::move(blk));
   }
 }

@@ -17,14 +17,15 @@ std::vector<WeightStore::Spec> AttentionSpec::parameters(const std::string& pref
   const std::string p = prefix + ".";
   std::vector<WeightStore::Spec> s = {{p + proj[0] + ".weight", {q, hidden}, qk_std},
                                       {p + proj[1] + ".weight", {kv, hidden}, qk_std},
-                                      {p + proj[2] + ".weight", {kv, hidden}},
-                                      {p + proj[3] + ".weight", {hidden, q}}};
+                                      {p + proj[2] + ".weight", {kv, hidden}}};
+  const bool has_o = !proj[3].empty();  // empty: no output projection (FLUX's single blocks)
+  if (has_o) s.push_back({p + proj[3] + ".weight", {hidden, q}});
   if (qkv_bias) {
     s.push_back({p + proj[0] + ".bias", {q}, bias_std});
     s.push_back({p + proj[1] + ".bias", {kv}, bias_std});
     s.push_back({p + proj[2] + ".bias", {kv}, bias_std});
   }
-  if (o_bias) s.push_back({p + proj[3] + ".bias", {hidden}, bias_std});
+  if (has_o && o_bias) s.push_back({p + proj[3] + ".bias", {hidden}, bias_std});
   if (qk_norm == QkNorm::kAcrossHeads) {
     s.push_back({p + norm[0] + ".weight", {q}, -1});
     s.push_back({p + norm[1] + ".weight", {kv}, -1});

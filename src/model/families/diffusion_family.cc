@@ -10,15 +10,24 @@
 namespace seqpar {
 
 namespace {
-constexpr std::array<std::pair<std::string_view, DiffusionFamily>, 3> kClasses = {{
+constexpr std::array<std::pair<std::string_view, DiffusionFamily>, 4> kClasses = {{
     {"WanTransformer3DModel", DiffusionFamily::kWan},
     {"WanModel", DiffusionFamily::kWan},
     {"QwenImageTransformer2DModel", DiffusionFamily::kQwenImage},
+    {"FluxTransformer2DModel", DiffusionFamily::kFlux},
 }};
 }  // namespace
 
 std::string_view diffusion_family_name(DiffusionFamily f) {
-  return f == DiffusionFamily::kWan ? "wan" : "qwen-image";
+  switch (f) {
+    case DiffusionFamily::kWan:
+      return "wan";
+    case DiffusionFamily::kQwenImage:
+      return "qwen-image";
+    case DiffusionFamily::kFlux:
+      return "flux";
+  }
+  return "";
 }
 
 DiffusionFamily diffusion_family(const std::string& dir) {

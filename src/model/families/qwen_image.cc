@@ -22,13 +22,6 @@ std::string shape_text(const std::vector<int64_t>& s) {
   return t + "]";
 }
 
-// The transformer directory of `dir`, "" when it is not a Qwen-Image checkpoint.
-std::string transformer_dir(const std::string& dir) {
-  if (json_class_name(dir + "/config.json") == kClass) return dir;
-  if (json_class_name(dir + "/transformer/config.json") == kClass) return dir + "/transformer";
-  return "";
-}
-
 QwenImageConfig read_config(const std::string& path) {
   const ConfigJson c = ConfigJson::parse(read_json_text(path), path);
   QwenImageConfig m;
@@ -86,7 +79,7 @@ std::string qwen_image_stored_name(const std::string& name) {
 QwenImageCheckpoint open_qwen_image(const std::string& dir) {
   check_model_dir(dir, "a diffusers QwenImagePipeline or QwenImageTransformer2DModel directory");
   QwenImageCheckpoint ck;
-  ck.dir = transformer_dir(dir);
+  ck.dir = diffusers_transformer_dir(dir, kClass);
   SEQPAR_FILE_CHECK(!ck.dir.empty(), dir,
                     ": no config.json or transformer/config.json with "
                     "_class_name \"",

@@ -1,0 +1,126 @@
+// The FLUX.1 family on the dual-stream and single-stream blocks (flux.h): diffusers' config
+// reader and its weight-name map (diffusers' names but for the FFNs' net.0.proj / net.2).
+#include "seqpar/model/flux.h"
+
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "../config_json.h"
+#include "seqpar/core/files.h"
+#include "seqpar/core/json_limits.h"
+
+namespace seqpar {
+
+namespace {
+
+constexpr const char* kClass = "FluxTransformer2DModel";
+
+std::string shape_text(const std::vector<int64_t>& s) {
+  std::string t = "[";
+  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+FluxConfig read_config(const std::string& path) {
+  const ConfigJson c = ConfigJson::parse(read_json_text(path), path);
+  FluxConfig m;
+  m.name = path;
+  m.description = "FLUX.1 transformer";
+  m.family = ModelFamily::kMMDiT;
+  const int64_t p = c.integer("patch_size", 1, 16, 1);
+  m.patch = {1, p, p};
+  m.in_channels = c.integer("in_channels", 1, 1 << 16, 64);
+  m.out_channels = c.integer("out_channels", 1, 1 << 16, m.in_channels);
+  m.layers = c.integer("num_layers", 0, 1024, 19);
+  m.single_layers = c.integer("num_single_layers", 0, 1024, 38);
+  m.head_dim = c.integer("attention_head_dim", 2, 1024, 128);
+  m.heads = c.integer("num_attention_heads", 1, 1024, 24);
+  m.text_dim = c.integer("joint_attention_dim", 1, 1 << 16, 4096);
+  m.pooled_dim = c.integer("pooled_projection_dim", 1, 1 << 16, 768);
+  m.guidance_embeds = c.boolean("guidance_embeds", false);
+  if (c.has("axes_dims_rope")) {
+    const nlohmann::json& a = c.at("axes_dims_rope");
+    SEQPAR_FILE_CHECK(a.is_array() && a.size() == 3, path, ": axes_dims_rope is ", json_excerpt(a),
+                      "; expected three even integers");
+    for (int i = 0; i < 3; ++i)
+      m.axes_dims[i] = c.integer_of(a[i], "axes_dims_rope[" + std::to_string(i) + "]", 2, 1024);
+  }
+  for (const int64_t a : m.axes_dims)
+    SEQPAR_FILE_CHECK(a % 2 == 0, path, ": axes_dims_rope ",
+                      shape_text({m.axes_dims.begin(), m.axes_dims.end()}),
+                      " holds an odd width; expected even ones (RoPE pairs)");
+  SEQPAR_FILE_CHECK(m.axes_dims[0] + m.axes_dims[1] + m.axes_dims[2] == m.head_dim, path,
+                    ": axes_dims_rope ", shape_text({m.axes_dims.begin(), m.axes_dims.end()}),
+                    " sums to ", m.axes_dims[0] + m.axes_dims[1] + m.axes_dims[2],
+                    "; expected attention_head_dim ", m.head_dim);
+  m.kv_heads = m.heads;
+  m.hidden = m.heads * m.head_dim;
+  m.ffn_dim = 4 * m.hidden;  // FeedForward's and proj_mlp's mlp_ratio 4
+  m.freq_dim = 256;
+  return m;
+}
+
+}  // namespace
+
+std::string flux_stored_name(const std::string& name) {
+  for (const char* ff : {".ff.", ".ff_context."}) {
+    const size_t at = name.find(ff);
+    if (at == std::string::npos) continue;
+    const size_t rest = at + std::string(ff).size();
+    if (name.compare(rest, 2, "0.") == 0)
+      return name.substr(0, rest) + "net.0.proj." + name.substr(rest + 2);
+    if (name.compare(rest, 2, "2.") == 0)
+      return name.substr(0, rest) + "net.2." + name.substr(rest + 2);
+  }
+  return name;
+}
+
+FluxCheckpoint open_flux(const std::string& dir) {
+  check_model_dir(dir, "a diffusers FluxPipeline or FluxTransformer2DModel directory");
+  FluxCheckpoint ck;
+  ck.dir = diffusers_transformer_dir(dir, kClass);
+  SEQPAR_FILE_CHECK(!ck.dir.empty(), dir,
+                    ": no config.json or transformer/config.json with "
+                    "_class_name \"",
+                    kClass, "\"; expected a diffusers FLUX.1 checkpoint");
+  const std::string config = ck.dir + "/config.json";
+  ck.config = read_config(config);
+  const std::string single = ck.dir + "/diffusion_pytorch_model.safetensors";
+  const std::string index = single + ".index.json";
+  if (files::is_regular_file(single)) {
+    auto f = std::make_shared<const SafetensorsFile>(single);
+    for (const std::string& n : f->names()) ck.tensors.emplace(n, f);
+  } else {
+    SEQPAR_FILE_CHECK(files::is_regular_file(index), ck.dir,
+                      ": holds no weights; expected diffusion_pytorch_model.safetensors or "
+                      "diffusion_pytorch_model.safetensors.index.json");
+    ck.tensors = open_safetensors_index(index, ck.dir);
+  }
+  std::set<std::string> expected;
+  for (const WeightStore::Spec& s : Flux::parameters(ck.config)) {
+    const std::string stored = flux_stored_name(s.name);
+    auto it = ck.tensors.find(stored);
+    SEQPAR_FILE_CHECK(it != ck.tensors.end(), ck.dir, ": tensor '", stored,
+                      "' is missing; expected shape ", shape_text(s.shape));
+    const std::vector<int64_t>& have = it->second->entry(stored).shape;
+    SEQPAR_FILE_CHECK(have == s.shape, ck.dir, ": tensor '", stored, "' has shape ",
+                      shape_text(have), "; expected ", shape_text(s.shape), " (from ", config, ")");
+    expected.insert(stored);
+  }
+  for (const auto& [n, f] : ck.tensors)
+    SEQPAR_FILE_CHECK(expected.count(n), ck.dir, ": tensor '", quote_for_message(n),
+                      "' is not part of a FluxTransformer2DModel of this config");
+  return ck;
+}
+
+WeightStore flux_weights(const FluxCheckpoint& ck) {
+  WeightStore ws;
+  for (const WeightStore::Spec& s : Flux::parameters(ck.config)) {
+    const std::string stored = flux_stored_name(s.name);
+    ws.map(s.name, ck.tensors.at(stored), stored);
+  }
+  return ws;
+}
+
+}  // namespace seqpar
