@@ -859,7 +859,8 @@ class FluxTransformer(_Model):
         true_cfg_scale > 1: the guided prediction neg + true_cfg_scale (cond - neg), as
         FluxPipeline combines the branches. One branch on a cfg mesh of 2 (the pipeline's calls)
         waits, as WanTransformer's does, for its partner with the same latents, img_ids, timestep
-        and guidance."""
+        and guidance; used first (no true CFG: no second call), it is computed alone then, by
+        both cfg groups."""
         for what, value in (("hidden_states", hidden_states), ("timestep", timestep),
                             ("encoder_hidden_states", encoder_hidden_states),
                             ("img_ids", img_ids), ("txt_ids", txt_ids)):
@@ -913,6 +914,10 @@ class FluxTransformer(_Model):
         def floats(a):
             return [] if a is None else [float(v) for v in a]
 
+        if mode == "predict" and self.mesh.cfg == 2 and (neg is None or true_cfg <= 1):
+            # One branch on the cfg mesh (a pending prediction used alone, a NumPy call): each cfg
+            # group computes it, in the time of one.
+            return self._run(call, call, 1.0, mode="branches")[:1]
         n = neg if neg is not None else _FluxCall(call.x, None, call.t, None, None, None, None)
         args = (*address(call.x), ids(call.img_ids), floats(call.t), *address(call.text),
                 ids(call.txt_ids), *address(call.pooled), floats(call.guidance),
