@@ -61,6 +61,7 @@ __all__ = [
     "Llama",
     "WanTransformer",
     "QwenImageTransformer",
+    "FluxTransformer",
 ]
 
 __version__ = _core.version()
@@ -608,4 +609,5 @@ def plan(*, ranks: int = 8, model: Optional[str] = None, seq: int = 0, heads: in
     return json.loads(text)
 
 
-from .models import CausalLM, Llama, ModelMesh, QwenImageTransformer, WanTransformer  # noqa: E402
+from .models import (CausalLM, FluxTransformer, Llama, ModelMesh,  # noqa: E402
+                     QwenImageTransformer, WanTransformer)

@@ -24,6 +24,7 @@ import contextlib
 import inspect
 import queue
 import threading
+import warnings
 import weakref
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, NamedTuple, Optional
@@ -39,7 +40,8 @@ class ModelMesh:
 
     strategy: "ring" or "allgather", used when ulysses_degree is 1 (ulysses_degree > 1 runs
     Ulysses, with ring_degree > 1 too USP). layout: "contiguous", "striped", "zigzag".
-    cfg: 2 runs the two guidance branches of a diffusion model side by side (Wan only).
+    cfg: 2 runs the two guidance branches of a diffusion model side by side (Wan, Qwen-Image,
+    FLUX.1).
     schedule: "default" or "steal" (ring, contiguous shards); softmax: "online" or "const-max"
     (the rings). The keywords also take the vocabulary's longer names: cfg_parallel_size,
     tensor_parallel_size, sequence_parallel_size (ulysses_degree x ring_degree, resolved as the
@@ -754,4 +756,191 @@ class QwenImageTransformer(_Model):
         pending.fill = lambda: pending.set(self._run((x, t, images, text, lens), None, [], 1.0)[0])
         self._waiting = _Waiting(x, t, text, pending, images)
         self._waiting.lens = lens
+        return pending
+
+
+def _flux_ids(name: str, ids) -> Optional[np.ndarray]:
+    """RoPE ids (rows, 3) as FluxTransformer2DModel reads them: a 3-D (B, rows, 3) is taken at its
+    first batch entry (diffusers' deprecated form, warned the same)."""
+    if ids is None:
+        return None
+    a = _numpy(name, ids, np.float32)
+    if a.ndim == 3:
+        warnings.warn(f"Passing `{name}` 3d torch.Tensor is deprecated. Please remove the batch "
+                      "dimension and pass it as a 2d torch Tensor", FutureWarning, stacklevel=3)
+        a = a[0]
+    if a.ndim != 2 or a.shape[1] != 3:
+        raise ValueError(f"{name} has shape {tuple(a.shape)}; expected (rows, 3)")
+    return a
+
+
+def _per_row(name: str, value, B: int) -> Optional[np.ndarray]:
+    """A number or (B,) values, one per batch row (None stays None)."""
+    if value is None:
+        return None
+    v = _numpy(name, value, np.float32).reshape(-1)
+    return np.full(B, v[0], dtype=np.float32) if v.size == 1 else v
+
+
+@dataclass
+class _FluxCall:
+    """One FluxTransformer2DModel call as arrays: the image side, then one branch's text."""
+
+    x: np.ndarray  # hidden_states (B, S, in_channels)
+    img_ids: np.ndarray  # (S, 3)
+    t: np.ndarray  # (B,)
+    guidance: Optional[np.ndarray]  # (B,) or None
+    text: np.ndarray  # (B, L, joint_attention_dim)
+    txt_ids: Optional[np.ndarray]  # (L, 3)
+    pooled: Optional[np.ndarray]  # (B, pooled_projection_dim)
+
+    def same_image(self, o: "_FluxCall") -> bool:
+        """The same latents, ids, timestep and guidance: the other branch of one step."""
+        def eq(a, b):
+            return (a is None and b is None) or (a is not None and b is not None and
+                                                 np.array_equal(a, b))
+
+        return (np.array_equal(self.x, o.x) and np.array_equal(self.img_ids, o.img_ids) and
+                np.array_equal(self.t, o.t) and eq(self.guidance, o.guidance))
+
+    def copy(self) -> "_FluxCall":
+        return _FluxCall(*(None if a is None else a.copy() for a in
+                           (self.x, self.img_ids, self.t, self.guidance, self.text, self.txt_ids,
+                            self.pooled)))
+
+
+class FluxTransformer(_Model):
+    """A FLUX.1 transformer (diffusers' FluxTransformer2DModel directory, or a FluxPipeline
+    directory with transformer/; FLUX.1-dev with its guidance embedding or FLUX.1-schnell) on a
+    mesh, as ``seqpar denoise`` runs it; also a drop-in for diffusers' FluxTransformer2DModel in a
+    FluxPipeline (``pipe.transformer = FluxTransformer.from_pretrained(pipe_dir)``): config,
+    dtype, device, cache_context and its call."""
+
+    @classmethod
+    def from_pretrained(cls, path: str, *, mesh: Optional[ModelMesh] = None, comm=None,
+                        threads: Optional[int] = None, timeout: Optional[float] = None,
+                        **mesh_kwargs) -> "FluxTransformer":
+        """Loads `path` on the mesh (``mesh=ModelMesh(...)`` or its fields as keywords, cfg
+        included). Threads or comm as in CausalLM.from_pretrained."""
+        self = cls.__new__(cls)
+        mesh = _mesh_of(mesh, mesh_kwargs, cls.from_pretrained)
+        spec = _mesh_dict(mesh)
+        self.path = where = str(path)
+        self._start(lambda c: _core._FluxTransformerRank(c, where, spec), comm, mesh, threads,
+                    timeout)
+        self.config = _Config(self._call(lambda m: m.config))
+        # (the one-branch call on the cfg mesh whose partner may come, its PendingPrediction)
+        self._waiting: Optional[tuple] = None
+        return self
+
+    dtype = WanTransformer.dtype
+    device = WanTransformer.device
+    cache_context = WanTransformer.cache_context
+
+    def forward(self, hidden_states=None, encoder_hidden_states=None, pooled_projections=None,
+                timestep=None, img_ids=None, txt_ids=None, guidance=None,
+                joint_attention_kwargs: Optional[dict] = None, controlnet_block_samples=None,
+                controlnet_single_block_samples=None, return_dict: bool = True,
+                controlnet_blocks_repeat: bool = False, *, negative_encoder_hidden_states=None,
+                negative_pooled_projections=None, negative_txt_ids=None,
+                true_cfg_scale: float = 1.0):
+        """The noise prediction (B, S, p·p·out_channels) of packed latents hidden_states
+        (B, S, in_channels) with img_ids (S, 3) at timestep (a number or (B,), in [0, 1]: the
+        pipeline's t / 1000), given encoder_hidden_states (B, L, joint_attention_dim) with
+        txt_ids (L, 3) and pooled_projections (B, pooled_projection_dim); guidance (a number or
+        (B,): the pipeline's guidance_scale) is required by a guidance_embeds checkpoint
+        (FLUX.1-dev) and refused by one without (schnell). As diffusers' FluxTransformer2DModel
+        answers: a WanTransformerOutput (.sample, [0]) or with return_dict=False a 1-tuple, a
+        torch tensor when hidden_states is one. 3-D img_ids / txt_ids are read at their first
+        batch entry (deprecated in diffusers, warned the same); joint_attention_kwargs must be
+        None or empty, the controlnet residuals None.
+
+        With negative_encoder_hidden_states, negative_pooled_projections and negative_txt_ids and
+        true_cfg_scale > 1: the guided prediction neg + true_cfg_scale (cond - neg), as
+        FluxPipeline combines the branches. One branch on a cfg mesh of 2 (the pipeline's calls)
+        waits, as WanTransformer's does, for its partner with the same latents, img_ids, timestep
+        and guidance; used first (no true CFG: no second call), it is computed alone then, by
+        both cfg groups."""
+        for what, value in (("hidden_states", hidden_states), ("timestep", timestep),
+                            ("encoder_hidden_states", encoder_hidden_states),
+                            ("img_ids", img_ids), ("txt_ids", txt_ids)):
+            if value is None:
+                raise ValueError(f"forward needs {what}")
+        if controlnet_block_samples is not None or controlnet_single_block_samples is not None:
+            raise ValueError("controlnet_block_samples / controlnet_single_block_samples are not "
+                             "supported (seqpar's FLUX adds no ControlNet residuals); give None")
+        if joint_attention_kwargs:
+            raise ValueError(f"joint_attention_kwargs {_brief(joint_attention_kwargs)} is not "
+                             "supported (seqpar's attention takes no options, no LoRA scale and "
+                             "no IP-Adapter)")
+        x = _numpy("hidden_states", hidden_states, np.float32)
+        B = x.shape[0] if x.ndim >= 1 else 1
+        text = _numpy("encoder_hidden_states", encoder_hidden_states, np.float32)
+        pooled = (None if pooled_projections is None else
+                  _numpy("pooled_projections", pooled_projections, np.float32))
+        call = _FluxCall(x, _flux_ids("img_ids", img_ids), _per_row("timestep", timestep, B),
+                         _per_row("guidance", guidance, B), text, _flux_ids("txt_ids", txt_ids),
+                         pooled)
+        neg = None
+        if negative_encoder_hidden_states is not None:
+            neg = _FluxCall(
+                x, call.img_ids, call.t, call.guidance,
+                _numpy("negative_encoder_hidden_states", negative_encoder_hidden_states,
+                       np.float32),
+                _flux_ids("negative_txt_ids", negative_txt_ids),
+                (None if negative_pooled_projections is None else
+                 _numpy("negative_pooled_projections", negative_pooled_projections, np.float32)))
+        elif negative_pooled_projections is not None or negative_txt_ids is not None:
+            raise ValueError("negative_pooled_projections / negative_txt_ids are given without "
+                             "negative_encoder_hidden_states")
+        torch_out = _is_torch(hidden_states)
+        if neg is None and self.mesh.cfg == 2 and torch_out:
+            out = self._one_branch(call)
+        else:
+            out = self._run(call, neg, float(true_cfg_scale))[0]
+            out = _torch().from_numpy(out) if torch_out else out
+        return WanTransformerOutput(out) if _flag("return_dict", return_dict) else (out,)
+
+    __call__ = forward
+
+    def _run(self, call: _FluxCall, neg: Optional[_FluxCall], true_cfg: float,
+             mode: str = "predict") -> list:
+        def address(a):
+            return (0, []) if a is None else (a.__array_interface__["data"][0], list(a.shape))
+
+        def ids(a):
+            return [] if a is None else [float(v) for v in a.reshape(-1)]
+
+        def floats(a):
+            return [] if a is None else [float(v) for v in a]
+
+        if mode == "predict" and self.mesh.cfg == 2 and (neg is None or true_cfg <= 1):
+            # One branch on the cfg mesh (a pending prediction used alone, a NumPy call): each cfg
+            # group computes it, in the time of one.
+            return self._run(call, call, 1.0, mode="branches")[:1]
+        n = neg if neg is not None else _FluxCall(call.x, None, call.t, None, None, None, None)
+        args = (*address(call.x), ids(call.img_ids), floats(call.t), *address(call.text),
+                ids(call.txt_ids), *address(call.pooled), floats(call.guidance),
+                *address(n.text), ids(n.txt_ids), *address(n.pooled), true_cfg, mode)
+        return [_f32(r) for r in self._call(lambda m: m.forward(*args))]
+
+    def _one_branch(self, call: _FluxCall):
+        """The prediction for this call's text on the cfg mesh: the waiting call's partner (both
+        branches at once, one per cfg group, the waiting one set), or a waiting prediction."""
+        torch = _torch()
+        if self._waiting is not None:
+            first, prediction = self._waiting
+            if prediction.fill is not None and first.same_image(call):
+                self._waiting = None
+                cond, neg = self._run(first, call, 1.0, mode="branches")
+                prediction.set(cond)
+                return torch.from_numpy(neg)
+        self._run(call, None, 1.0, mode="check")  # bad inputs refused now, not when used
+        call = call.copy()  # the caller may change its tensors
+        c = self.config
+        pending = torch.Tensor._make_subclass(
+            _pending_class(), torch.empty((call.x.shape[0], call.x.shape[1],
+                                           c["patch_size"] ** 2 * c["out_channels"])))
+        pending.fill = lambda: pending.set(self._run(call, None, 1.0)[0])
+        self._waiting = (call, pending)
         return pending

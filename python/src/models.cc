@@ -1,7 +1,8 @@
 // seqpar._core's models: a rank's causal LM (greedy generation of a Llama, Qwen2 or Qwen3
-// directory) and a rank's Wan transformer (noise prediction), each on its rank's Comm, built from
-// the library's model_run.h as the CLI's generate and denoise are. The package
-// (python/seqpar/models.py) runs them on ThreadWorld ranks or under MPI.
+// directory), a rank's Wan transformer (noise prediction) and a rank's Qwen-Image or FLUX.1
+// transformer (one call as diffusers' pipeline makes it), each on its rank's Comm, built from the
+// library's model_run.h (and the Qwen-Image and FLUX.1 model headers) as the CLI's generate and
+// denoise are. The package (python/seqpar/models.py) runs them on ThreadWorld ranks or under MPI.
 //
 // Thread-safety: a model belongs to its rank (the thread holding its Comm); every call releases
 // the GIL while the library computes.
@@ -20,6 +21,7 @@
 #include "seqpar/core/limits.h"
 #include "seqpar/model/causal_lm.h"
 #include "seqpar/model/decoder.h"
+#include "seqpar/model/flux.h"
 #include "seqpar/model/model_run.h"
 #include "seqpar/model/qwen_image.h"
 #include "seqpar/model/wan.h"
@@ -356,6 +358,93 @@ class QwenImageTransformerRank {
   std::unique_ptr<QwenImageRank> model_;
 };
 
+// A rank's FLUX.1 transformer: one call of diffusers' FluxTransformer2DModel per batch row,
+// guided as FluxPipeline's true CFG when negative states are given.
+class FluxTransformerRank {
+ public:
+  FluxTransformerRank(py::object comm, const std::string& dir, const py::dict& mesh)
+      : rank_(std::move(comm), mesh_of(mesh)) {
+    without_gil([&] {
+      ck_ = open_flux(dir);
+      const FluxConfig& m = ck_.config;
+      SEQPAR_ARG_CHECK(m.heads % rank_.mesh.mesh.tp == 0, "tp ", rank_.mesh.mesh.tp,
+                       " does not divide the ", m.heads, " heads of ", dir,
+                       "; valid: ", divisors_text(m.heads));
+      double weights = 0;
+      for (const auto& [name, file] : ck_.tensors)
+        weights += static_cast<double>(file->entry(name).nbytes());
+      limits::check_ranks_fit_memory(
+          detail::concat("FluxTransformer.from_pretrained with ", dir, " (",
+                         limits::bytes_text(weights), " of weights, tp ", rank_.mesh.mesh.tp, ")"),
+          weights / rank_.mesh.mesh.tp, rank_.mesh.mesh.world(), rank_.backend);
+      model_ = std::make_unique<FluxRank>(ck_, rank_.ctx);
+    });
+  }
+
+  // Tensors by (address, shape), ids as (rows·3) lists. mode "predict": (the noise prediction
+  // (B, S, out) as (bytes, shape),); "branches": (cond, negative) unguided; "check": () once the
+  // request is checked.
+  py::tuple forward(uintptr_t hidden, const std::vector<int64_t>& hidden_shape,
+                    const std::vector<float>& img_ids, const std::vector<float>& timesteps,
+                    uintptr_t text, const std::vector<int64_t>& text_shape,
+                    const std::vector<float>& txt_ids, uintptr_t pooled,
+                    const std::vector<int64_t>& pooled_shape, const std::vector<float>& guidance,
+                    uintptr_t negative, const std::vector<int64_t>& negative_shape,
+                    const std::vector<float>& negative_txt_ids, uintptr_t negative_pooled,
+                    const std::vector<int64_t>& negative_pooled_shape, double true_cfg,
+                    const std::string& mode) {
+    rank_.check_open();
+    FluxRequest r;
+    r.hidden = f32_view(hidden, hidden_shape);
+    r.img_ids = img_ids;
+    r.timesteps = timesteps;
+    r.text = f32_view(text, text_shape);
+    r.txt_ids = txt_ids;
+    r.pooled = f32_view(pooled, pooled_shape);
+    r.guidance = guidance;
+    r.negative = f32_view(negative, negative_shape);
+    r.negative_txt_ids = negative_txt_ids;
+    r.negative_pooled = f32_view(negative_pooled, negative_pooled_shape);
+    r.true_cfg = static_cast<float>(true_cfg);
+    const std::vector<Tensor> out = without_gil([&] {
+      check_flux_request(ck_.config, r, "FluxTransformer.forward");
+      if (mode == "check") return std::vector<Tensor>{};
+      if (mode == "predict") return std::vector<Tensor>{model_->predict(r, rank_.ctx)};
+      SEQPAR_ARG_CHECK(!r.negative.empty(), "branches need negative_encoder_hidden_states");
+      const std::array<Tensor, 2> v = model_->branches(r, rank_.ctx);
+      return std::vector<Tensor>{v[0], v[1]};
+    });
+    py::tuple t(out.size());
+    for (size_t i = 0; i < out.size(); ++i)
+      t[i] = py::make_tuple(py::bytes(static_cast<const char*>(out[i].raw()), out[i].nbytes()),
+                            out[i].shape());
+    return t;
+  }
+
+  // The config under diffusers' FluxTransformer2DModel names.
+  py::dict config() const {
+    const FluxConfig& m = ck_.config;
+    py::dict d;
+    d["patch_size"] = m.patch_size();
+    d["in_channels"] = m.in_channels;
+    d["out_channels"] = m.out_channels;
+    d["num_layers"] = m.layers;
+    d["num_single_layers"] = m.single_layers;
+    d["attention_head_dim"] = m.head_dim;
+    d["num_attention_heads"] = m.heads;
+    d["joint_attention_dim"] = m.text_dim;
+    d["pooled_projection_dim"] = m.pooled_dim;
+    d["guidance_embeds"] = m.guidance_embeds;
+    d["axes_dims_rope"] = py::make_tuple(m.axes_dims[0], m.axes_dims[1], m.axes_dims[2]);
+    return d;
+  }
+
+ private:
+  RankMesh rank_;
+  FluxCheckpoint ck_;
+  std::unique_ptr<FluxRank> model_;
+};
+
 }  // namespace
 
 void bind_models(py::module_& m) {
@@ -377,6 +466,10 @@ void bind_models(py::module_& m) {
       .def(py::init<py::object, const std::string&, const py::dict&>())
       .def("forward", &QwenImageTransformerRank::forward)
       .def_property_readonly("config", &QwenImageTransformerRank::config);
+  py::class_<FluxTransformerRank>(m, "_FluxTransformerRank")
+      .def(py::init<py::object, const std::string&, const py::dict&>())
+      .def("forward", &FluxTransformerRank::forward)
+      .def_property_readonly("config", &FluxTransformerRank::config);
   m.def("_check_model_mesh", [](const py::dict& mesh) { (void)mesh_of(mesh); });
   // (cfg, tp, ring_degree, ulysses_degree) of the degrees given (None: not given), as the CLI
   // resolves its flags: sequence_parallel_size is ulysses_degree x ring_degree.

@@ -21,6 +21,10 @@ sequence were [image, text] (6e-2), shift and scale of norm1 swapped (9e-2), the
 gate read from the scale chunk (1.2e-1), txt_ids ignored (1.3e-1), the text keys merged twice into
 the image queries under ring (1.3e-2), each rank's text rows rotated by the first rows' RoPE
 (9.6e-2), each rank reading the first rows of the attention's text output (2.5e-2).
+
+seqpar.FluxTransformer (the Python class) is checked on diffusers' call and inside diffusers'
+FluxPipeline with true CFG on a cfg 2 x ring 2 mesh (the pipeline's cond and negative calls paired;
+swapping them where they are paired was seen to fail, 3.9e-1).
 """
 
 import copy
@@ -31,6 +35,7 @@ import subprocess
 import pytest
 import torch
 from diffusers import FluxTransformer2DModel
+from module_env import SEQPAR_PYTHONPATH  # noqa: F401  puts the built module on sys.path
 from safetensors.torch import load_file, save_file
 
 SEQPAR = os.environ.get("SEQPAR_BIN", "seqpar")
@@ -123,7 +128,7 @@ def work(tmp_path_factory):
              "encoder_hidden_states": torch.randn(2, TEXT_LEN, TEXT_DIM, generator=g),
              "pooled_projections": torch.randn(2, POOLED, generator=g)}
     save_file(batch, str(d / "in_batch.safetensors"))
-    return {"dir": d, "inputs": inp, "inputs_schnell": inp_s, "cond": cond,
+    return {"dir": d, "dev_model": dev, "inputs": inp, "inputs_schnell": inp_s, "cond": cond,
             "guided": neg + TRUE_CFG * (cond - neg), "schnell": call(schnell, inp_s),
             "batch": call(dev16.float(), batch)}
 
@@ -248,3 +253,106 @@ def test_bad_checkpoint(work, tmp_path):
         lines = r.stderr.strip().splitlines()
         print(lines[0])
         assert len(lines) == 1 and want in lines[0], r.stderr
+
+
+def test_python_module(work):
+    """seqpar.FluxTransformer on Ulysses 2 (3 heads: uneven) called as diffusers calls
+    FluxTransformer2DModel, against that model's own call (measured 3.7e-7; true CFG 1.4e-6)."""
+    import seqpar
+
+    inp = work["inputs"]
+    model = seqpar.FluxTransformer.from_pretrained(str(work["dir"] / "dev"), ulysses_degree=2)
+    try:
+        assert model.config.guidance_embeds and model.config.pooled_projection_dim == POOLED
+        assert model.config.axes_dims_rope == AXES and model.config.num_single_layers == 2
+        args = {k: inp[k] for k in ("hidden_states", "encoder_hidden_states", "pooled_projections",
+                                    "timestep", "img_ids", "txt_ids", "guidance")}
+        out = model(**args).sample
+        assert isinstance(out, torch.Tensor) and out.shape == work["cond"].shape
+        err = rel_err(out, work["cond"])
+        print(f"FluxTransformer ulysses 2: rel err {err:.2e}")
+        assert err < TOL
+        # diffusers' deprecated 3-D ids: the first batch entry, warned.
+        with pytest.warns(FutureWarning, match="img_ids"):
+            out3 = model(**{**args, "img_ids": inp["img_ids"][None]}, return_dict=False)[0]
+        assert torch.equal(out3, out)
+        # seqpar's own guided call: neg + 4 (cond - neg) in one call.
+        guided = model(**args, negative_encoder_hidden_states=inp["negative_encoder_hidden_states"],
+                       negative_pooled_projections=inp["negative_pooled_projections"],
+                       negative_txt_ids=inp["negative_txt_ids"], true_cfg_scale=TRUE_CFG)[0]
+        err = rel_err(guided, work["guided"])
+        print(f"FluxTransformer ulysses 2 true CFG: rel err {err:.2e}")
+        assert err < TOL_GUIDED
+    finally:
+        model.close()
+
+
+def test_python_bad_arguments(work):
+    import seqpar
+
+    inp = work["inputs"]
+    args = {k: inp[k] for k in ("hidden_states", "encoder_hidden_states", "pooled_projections",
+                                "timestep", "img_ids", "txt_ids", "guidance")}
+    model = seqpar.FluxTransformer.from_pretrained(str(work["dir"] / "dev"))
+    try:
+        with pytest.raises(ValueError, match="controlnet_block_samples"):
+            model(**args, controlnet_block_samples=[torch.zeros(1)])
+        with pytest.raises(ValueError, match="'guidance'.*guidance_embeds"):
+            model(**without(args, "guidance"))
+        with pytest.raises(ValueError, match=r"'img_ids' holds 34 rows of 3; expected \[35, 3\]"):
+            model(**{**args, "img_ids": inp["img_ids"][:-1]})
+        with pytest.raises(ValueError, match="joint_attention_kwargs"):
+            model(**args, joint_attention_kwargs={"scale": 0.5})
+    finally:
+        model.close()
+
+
+def test_flux_pipeline(work):
+    """diffusers' FluxPipeline unchanged (its scheduler with dynamic shifting, guidance 3.5 on the
+    dev checkpoint, true CFG 4, 3 steps; the prompt embeddings given, latents out) with seqpar's
+    transformer on cfg 2 x ring 2 in place of diffusers' own: the pipeline's cond and uncond
+    calls run at once, one per cfg group; the final latents within 5e-6 (measured 1.2e-6)."""
+    import seqpar
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline
+
+    # vae_scale_factor 2: a 20 x 28 image is a 10 x 14 latent, packed 5 x 7 = 35 tokens.
+    vae = AutoencoderKL(block_out_channels=(32, 32), layers_per_block=1, latent_channels=4,
+                        down_block_types=("DownEncoderBlock2D",) * 2,
+                        up_block_types=("UpDecoderBlock2D",) * 2).eval()
+    g = torch.Generator().manual_seed(3)
+    emb, neg = torch.randn(1, 7, TEXT_DIM, generator=g), torch.randn(1, 5, TEXT_DIM, generator=g)
+    pooled, neg_pooled = torch.randn(1, POOLED, generator=g), torch.randn(1, POOLED, generator=g)
+
+    def run(transformer):
+        scheduler = FlowMatchEulerDiscreteScheduler(
+            use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15, base_image_seq_len=256,
+            max_image_seq_len=4096)
+        pipe = FluxPipeline(scheduler=scheduler, vae=vae, text_encoder=None, tokenizer=None,
+                            text_encoder_2=None, tokenizer_2=None, transformer=None)
+        pipe.transformer = transformer
+        with torch.no_grad():
+            return pipe(prompt_embeds=emb, pooled_prompt_embeds=pooled,
+                        negative_prompt_embeds=neg, negative_pooled_prompt_embeds=neg_pooled,
+                        true_cfg_scale=TRUE_CFG, guidance_scale=3.5, height=20, width=28,
+                        num_inference_steps=3, output_type="latent",
+                        generator=torch.Generator().manual_seed(1)).images
+
+    ref = run(work["dev_model"])
+    model = seqpar.FluxTransformer.from_pretrained(str(work["dir"] / "dev"), cfg=2, ring_degree=2)
+    modes, run_one = [], model._run  # each step's two calls paired: one "branches" run per step
+    model._run = lambda *a, **k: modes.append(k.get("mode", "predict")) or run_one(*a, **k)
+    try:
+        got = run(model)
+        # One call alone on the cfg mesh (FluxPipeline without true CFG): its waiting prediction,
+        # used first, is computed then.
+        one = model(**{k: work["inputs"][k] for k in ("hidden_states", "encoder_hidden_states",
+                                                      "pooled_projections", "timestep", "img_ids",
+                                                      "txt_ids", "guidance")}, return_dict=False)[0]
+        assert rel_err(one * 1, work["cond"]) < TOL
+    finally:
+        model.close()
+    assert modes[:6] == ["check", "branches"] * 3, modes
+    assert got.shape == ref.shape == (1, GRID[0] * GRID[1], IN_CH)
+    err = rel_err(got, ref)
+    print(f"FluxPipeline cfg 2 x ring 2: rel err {err:.2e}")
+    assert err < 5e-6
