@@ -6,7 +6,8 @@
 // tokens and the FLOPs of one transformer call (matmuls 2·m·n·k, attention 4·S·S·dim over the
 // joint sequence), for bench/qwen_image_step.sh.
 //
-//   qwen_image_checkpoint --out DIR [--layers 2] [--size 1024] [--text 512] [--seed 0]
+//   qwen_image_checkpoint --out DIR [--layers 2] [--size 1024] [--text 512] [--dtype bf16|fp32]
+//                         [--seed 0]
 //
 // Not a test: the weights are random (normal, std 0.02), the numbers only time the model.
 #include <sys/stat.h>
@@ -27,7 +28,7 @@ namespace {
 [[noreturn]] void usage(const std::string& msg) {
   std::fprintf(stderr,
                "qwen_image_checkpoint: %s\nusage: qwen_image_checkpoint --out DIR [--layers 2] "
-               "[--size 1024] [--text 512] [--seed 0]\n",
+               "[--size 1024] [--text 512] [--dtype bf16|fp32] [--seed 0]\n",
                msg.c_str());
   std::exit(2);
 }
@@ -39,6 +40,7 @@ int main(int argc, char** argv) {
   std::string out;
   int64_t layers = 2, size = 1024, text = 512;
   uint64_t seed = 0;
+  DType dtype = DType::kBF16;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (i + 1 >= argc) usage(a + " needs a value");
@@ -51,6 +53,8 @@ int main(int argc, char** argv) {
       size = std::atoll(v.c_str());
     else if (a == "--text")
       text = std::atoll(v.c_str());
+    else if (a == "--dtype" && (v == "bf16" || v == "fp32"))
+      dtype = v == "bf16" ? DType::kBF16 : DType::kF32;
     else if (a == "--seed")
       seed = std::strtoull(v.c_str(), nullptr, 10);
     else
@@ -78,11 +82,10 @@ int main(int argc, char** argv) {
     ::mkdir(out.c_str(), 0755);
     ::mkdir(dir.c_str(), 0755);
 
-    // Stored in bf16 under diffusers' names, one parameter at a time.
+    // Stored in --dtype (bf16 as published) under diffusers' names, one parameter at a time.
     std::map<std::string, Tensor> t;
     for (const WeightStore::Spec& s : QwenImage::parameters(m))
-      t[qwen_image_stored_name(s.name)] =
-          WeightStore::random({s}, seed).get(s.name).to(DType::kBF16);
+      t[qwen_image_stored_name(s.name)] = WeightStore::random({s}, seed).get(s.name).to(dtype);
     write_safetensors(dir + "/diffusion_pytorch_model.safetensors", t);
     std::ofstream(dir + "/config.json")
         << "{\"_class_name\": \"QwenImageTransformer2DModel\", \"patch_size\": 2, "
@@ -116,10 +119,12 @@ int main(int argc, char** argv) {
     const double outside = 2 * Si * 64 * D + 2 * L * static_cast<double>(m.text_dim) * D +
                            2 * Si * D * 64 - 2 * L * D * F * 2;
     std::printf(
-        "{\"dir\": \"%s\", \"layers\": %lld, \"tokens\": %lld, \"text_tokens\": %lld, "
+        "{\"dir\": \"%s\", \"dtype\": \"%s\", \"layers\": %lld, \"tokens\": %lld, \"text_tokens\": "
+        "%lld, "
         "\"flops_per_call\": %.6e, \"flops_per_layer\": %.6e}\n",
-        dir.c_str(), static_cast<long long>(layers), static_cast<long long>(S),
-        static_cast<long long>(text), per_layer * layers + outside, per_layer);
+        dir.c_str(), dtype == DType::kBF16 ? "bf16" : "fp32", static_cast<long long>(layers),
+        static_cast<long long>(S), static_cast<long long>(text), per_layer * layers + outside,
+        per_layer);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "qwen_image_checkpoint: %s\n", e.what());
     return 1;

@@ -8,13 +8,15 @@
 # from a calibration (`seqpar calibrate`) taken just before it. The measured step is scaled from
 # --layers blocks to Qwen-Image's 60 by FLOPs (every block costs the same).
 #
-#   bench/qwen_image_step.sh [--build DIR] [--layers 2] [--size 1024] [--text 512] [--work DIR]
+#   bench/qwen_image_step.sh [--build DIR] [--layers 2] [--size 1024] [--text 512]
+#                            [--dtype bf16|fp32] [--work DIR]
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 build="$here/../build"
 layers=2
 size=1024
 text=512
+dtype=bf16
 work=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -22,8 +24,9 @@ while [[ $# -gt 0 ]]; do
     --layers) layers="$2"; shift 2 ;;
     --size) size="$2"; shift 2 ;;
     --text) text="$2"; shift 2 ;;
+    --dtype) dtype="$2"; shift 2 ;;
     --work) work="$2"; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "qwen_image_step.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -33,7 +36,7 @@ done
 if [[ -z "$work" ]]; then work=$(mktemp -d); trap 'rm -rf "$work"' EXIT; fi
 
 model=$("$build/bench/qwen_image_checkpoint" --out "$work" --layers "$layers" --size "$size" \
-          --text "$text")
+          --text "$text" --dtype "$dtype")
 rows=()
 for mesh in "--ranks 1" "--ranks 2 --ulysses-degree 2" "--ranks 2 --cfg 2"; do
   run_mesh=${mesh#--ranks [0-9]}
@@ -54,7 +57,7 @@ import json, sys
 model = json.loads(sys.argv[1])
 flops_step = 2 * model["flops_per_call"]  # guided: two transformer calls
 outside = model["flops_per_call"] - model["layers"] * model["flops_per_layer"]
-print(f"Qwen-Image shape, {model['layers']} blocks, {model['tokens']} image tokens + "
+print(f"Qwen-Image shape ({model['dtype']} weights), {model['layers']} blocks, {model['tokens']} image tokens + "
       f"{model['text_tokens']} text tokens, guided step = {flops_step / 1e12:.2f} TFLOP")
 print()
 print("| mesh | ranks | s / step | s / step, 60 blocks | predicted, 60 blocks | predicted / measured "

@@ -113,11 +113,8 @@ std::array<Tensor, 2> QwenImageRank::branches(const QwenImageRequest& r,
 }
 
 Tensor QwenImageRank::predict(const QwenImageRequest& r, ParallelContext& ctx) const {
-  const bool guide = !r.negative.empty() && r.guidance > 1;
-  SEQPAR_ARG_CHECK(guide || ctx.cfg->size() == 1, "cfg ", ctx.cfg->size(),
-                   " runs the two guidance branches side by side; it needs the negative text "
-                   "states and a guidance > 1");
-  if (!guide) return branch(r, r.text, r.text_lens, ctx);
+  // Unguided on a cfg group of 2, both groups compute the one prediction.
+  if (r.negative.empty() || r.guidance <= 1) return branch(r, r.text, r.text_lens, ctx);
   auto [cond, uncond] = branches(r, ctx);
   // QwenImagePipeline: comb = u + g·(c − u), then comb · |c| / |comb| over each token's features.
   const int64_t F = cond.dim(2), rows = cond.numel() / F;

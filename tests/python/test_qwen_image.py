@@ -310,6 +310,10 @@ def test_python_pipeline_calls_on_cfg_mesh(work):
                        **common)[0]
         got = true_cfg(cond, uncond, 4.0)
         assert rel_err(got, true_cfg(w["cond"], w["uncond"], 4.0)) < 2e-5
+        # A call with no partner (true_cfg_scale 1: one call a step) is computed when used.
+        alone = model(encoder_hidden_states=inp["encoder_hidden_states"],
+                      encoder_hidden_states_mask=inp["encoder_hidden_states_mask"], **common)[0]
+        assert rel_err(alone + 0, w["cond"]) < 1e-5
         with pytest.raises(ValueError, match="guidance"):
             model(encoder_hidden_states=inp["encoder_hidden_states"], guidance=torch.ones(2),
                   **common)

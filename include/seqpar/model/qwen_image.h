@@ -138,7 +138,8 @@ class QwenImageRank {
  public:
   QwenImageRank(const QwenImageCheckpoint& ck, const ParallelContext& ctx);
   // The noise prediction (B, S, out_features), row by row; guided as QwenImagePipeline combines
-  // the branches: c = u + g·(p − u), rescaled per token to the norm of p. Every rank returns it.
+  // the branches: c = u + g·(p − u), rescaled per token to the norm of p (unguided on a cfg
+  // group of 2: both groups compute it). Every rank returns it.
   Tensor predict(const QwenImageRequest& r, ParallelContext& ctx) const;
   // The two branches unguided, {conditional, unconditional}: on a cfg group of 2 in one parallel
   // call (cfg rank 0: conditional), else one after the other.
