@@ -55,29 +55,14 @@ std::string shape_text(const std::vector<int64_t>& s) {
 // The values of IN's tensor 'timestep': F32, BF16, F16 as the other inputs, F64, or integers
 // (I64, I32: diffusers' pipelines pass integer timesteps).
 std::vector<double> timestep_values(const SafetensorsFile& f, const std::string& expected) {
-  const std::string& p = f.path();
-  SEQPAR_ARG_CHECK(f.contains("timestep"), p, ": tensor 'timestep' is missing; expected ",
+  SEQPAR_ARG_CHECK(f.contains("timestep"), f.path(), ": tensor 'timestep' is missing; expected ",
                    expected);
-  const SafetensorsEntry& e = f.entry("timestep");
-  if (e.seqpar_dtype()) {
-    const Tensor t = f.tensor("timestep", DType::kF32);
-    return std::vector<double>(t.data<float>(), t.data<float>() + t.numel());
-  }
-  const std::span<const std::byte> raw = f.bytes("timestep");
-  auto values = [&]<typename T>(T) {
-    std::vector<double> v(raw.size() / sizeof(T));
-    for (size_t i = 0; i < v.size(); ++i) {
-      T x;
-      std::memcpy(&x, raw.data() + i * sizeof(T), sizeof(T));
-      v[i] = static_cast<double>(x);
-    }
-    return v;
-  };
-  if (e.dtype == "I64") return values(int64_t{});
-  if (e.dtype == "I32") return values(int32_t{});
-  if (e.dtype == "F64") return values(double{});
-  throw InvalidArgument(detail::concat(p, ": tensor 'timestep' has dtype ", e.dtype,
-                                       "; expected F32, BF16, F16, F64, I64 or I32"));
+  const std::string& dtype = f.entry("timestep").dtype;
+  SEQPAR_ARG_CHECK(
+      f.entry("timestep").seqpar_dtype() || dtype == "F64" || dtype == "I64" || dtype == "I32",
+      f.path(), ": tensor 'timestep' has dtype ", dtype,
+      "; expected F32, BF16, F16, F64, I64 or I32");
+  return tensor_values(f, "timestep");
 }
 
 // Reads and checks IN against the model: every problem is one line naming the tensor.

@@ -222,18 +222,8 @@ Tensor DiT::forward(const Tensor& latent, float t, const Tensor& text, ParallelC
 std::array<Tensor, 2> DiT::branches(const Tensor& latent, float t, const Tensor& text,
                                     const Tensor& null_text, ParallelContext& ctx,
                                     const Tensor& image) const {
-  Communicator& cfg = *ctx.cfg;
-  SEQPAR_ARG_CHECK(cfg.size() <= 2, "cfg ", cfg.size(), " is invalid; valid: 1, 2");
-  if (cfg.size() == 1)
-    return {forward(latent, t, text, ctx, image), forward(latent, t, null_text, ctx, image)};
-  // Each cfg group computes one branch; the two velocities are exchanged.
-  const Tensor mine = forward(latent, t, cfg.rank() == 0 ? text : null_text, ctx, image);
-  Tensor both({2, mine.numel()});
-  cfg.all_gather(mine.raw(), mine.nbytes(), both.raw());
-  std::array<Tensor, 2> v{Tensor(mine.shape()), Tensor(mine.shape())};
-  std::memcpy(v[0].raw(), both.data<float>(), mine.nbytes());
-  std::memcpy(v[1].raw(), both.data<float>() + mine.numel(), mine.nbytes());
-  return v;
+  return cfg_branches(
+      *ctx.cfg, [&](int i) { return forward(latent, t, i == 0 ? text : null_text, ctx, image); });
 }
 
 Tensor DiT::guided(const Tensor& latent, float t, const Tensor& text, const Tensor& null_text,

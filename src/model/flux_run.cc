@@ -101,28 +101,16 @@ Tensor FluxRank::branch(const FluxRequest& r, const Tensor& text, const std::vec
 }
 
 std::array<Tensor, 2> FluxRank::branches(const FluxRequest& r, ParallelContext& ctx) const {
-  Communicator& cfg = *ctx.cfg;
   SEQPAR_ARG_CHECK(!r.negative.empty(), "the negative branch needs the negative text states");
-  if (cfg.size() == 1)
-    return {branch(r, r.text, r.txt_ids, r.pooled, ctx),
-            branch(r, r.negative, r.negative_txt_ids, r.negative_pooled, ctx)};
-  const Tensor mine = cfg.rank() == 0
-                          ? branch(r, r.text, r.txt_ids, r.pooled, ctx)
-                          : branch(r, r.negative, r.negative_txt_ids, r.negative_pooled, ctx);
-  Tensor both({2, mine.numel()});
-  cfg.all_gather(mine.raw(), mine.nbytes(), both.raw());
-  std::array<Tensor, 2> v{Tensor(mine.shape()), Tensor(mine.shape())};
-  std::memcpy(v[0].raw(), both.data<float>(), mine.nbytes());
-  std::memcpy(v[1].raw(), both.data<float>() + mine.numel(), mine.nbytes());
-  return v;
+  return cfg_branches(*ctx.cfg, [&](int i) {
+    return i == 0 ? branch(r, r.text, r.txt_ids, r.pooled, ctx)
+                  : branch(r, r.negative, r.negative_txt_ids, r.negative_pooled, ctx);
+  });
 }
 
 Tensor FluxRank::predict(const FluxRequest& r, ParallelContext& ctx) const {
-  const bool guide = !r.negative.empty() && r.true_cfg > 1;
-  SEQPAR_ARG_CHECK(guide || ctx.cfg->size() == 1, "cfg ", ctx.cfg->size(),
-                   " runs the two guidance branches side by side; it needs the negative text "
-                   "states and a true_cfg_scale > 1");
-  if (!guide) return branch(r, r.text, r.txt_ids, r.pooled, ctx);
+  // Unguided on a cfg group of 2, both groups compute the one prediction.
+  if (r.negative.empty() || r.true_cfg <= 1) return branch(r, r.text, r.txt_ids, r.pooled, ctx);
   auto [pos, neg] = branches(r, ctx);
   // FluxPipeline: noise = neg + s·(pos − neg), no rescale.
   float* p = pos.data<float>();

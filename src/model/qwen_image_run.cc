@@ -98,18 +98,11 @@ Tensor QwenImageRank::branch(const QwenImageRequest& r, const Tensor& text,
 
 std::array<Tensor, 2> QwenImageRank::branches(const QwenImageRequest& r,
                                               ParallelContext& ctx) const {
-  Communicator& cfg = *ctx.cfg;
   SEQPAR_ARG_CHECK(!r.negative.empty(), "the unconditional branch needs the negative text states");
-  if (cfg.size() == 1)
-    return {branch(r, r.text, r.text_lens, ctx), branch(r, r.negative, r.negative_lens, ctx)};
-  const Tensor mine = cfg.rank() == 0 ? branch(r, r.text, r.text_lens, ctx)
-                                      : branch(r, r.negative, r.negative_lens, ctx);
-  Tensor both({2, mine.numel()});
-  cfg.all_gather(mine.raw(), mine.nbytes(), both.raw());
-  std::array<Tensor, 2> v{Tensor(mine.shape()), Tensor(mine.shape())};
-  std::memcpy(v[0].raw(), both.data<float>(), mine.nbytes());
-  std::memcpy(v[1].raw(), both.data<float>() + mine.numel(), mine.nbytes());
-  return v;
+  return cfg_branches(*ctx.cfg, [&](int i) {
+    return i == 0 ? branch(r, r.text, r.text_lens, ctx)
+                  : branch(r, r.negative, r.negative_lens, ctx);
+  });
 }
 
 Tensor QwenImageRank::predict(const QwenImageRequest& r, ParallelContext& ctx) const {

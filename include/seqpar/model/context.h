@@ -3,7 +3,9 @@
 // Thread-safety: one ParallelContext per rank thread.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -30,6 +32,12 @@ struct ParallelContext {
   int sp_rank() const { return sp->sp().rank(); }
   int sp_size() const { return sp->sp().size(); }
 };
+
+// Classifier-free guidance's two branches over the cfg group: branch(i) computes branch i (0:
+// the conditional, 1: the unconditional). On a group of 1 both run here, one after the other; on
+// 2, cfg rank i computes branch i and the two are exchanged (one all_gather of fp32 tensors of
+// one shape). Every rank returns {branch 0, branch 1}.
+std::array<Tensor, 2> cfg_branches(Communicator& cfg, const std::function<Tensor(int)>& branch);
 
 // A model's parameters by name. A store holds tensors in memory (seeded presets, tensors a loader
 // transformed) or refers to tensors of mapped checkpoint files, read only when a module asks and

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "../config_json.h"
+#include "diffusers_checkpoint.h"
 #include "seqpar/core/files.h"
 #include "seqpar/core/json_limits.h"
 
@@ -64,16 +65,7 @@ QwenImageConfig read_config(const std::string& path) {
 }  // namespace
 
 std::string qwen_image_stored_name(const std::string& name) {
-  for (const char* stream : {".img_mlp.", ".txt_mlp."}) {
-    const size_t at = name.find(stream);
-    if (at == std::string::npos) continue;
-    const size_t rest = at + std::string(stream).size();
-    if (name.compare(rest, 2, "0.") == 0)
-      return name.substr(0, rest) + "net.0.proj." + name.substr(rest + 2);
-    if (name.compare(rest, 2, "2.") == 0)
-      return name.substr(0, rest) + "net.2." + name.substr(rest + 2);
-  }
-  return name;
+  return diffusers_ffn_name(name, {".img_mlp.", ".txt_mlp."});
 }
 
 QwenImageCheckpoint open_qwen_image(const std::string& dir) {
@@ -86,41 +78,14 @@ QwenImageCheckpoint open_qwen_image(const std::string& dir) {
                     kClass, "\"; expected a diffusers Qwen-Image checkpoint");
   const std::string config = ck.dir + "/config.json";
   ck.config = read_config(config);
-  const std::string single = ck.dir + "/diffusion_pytorch_model.safetensors";
-  const std::string index = single + ".index.json";
-  if (files::is_regular_file(single)) {
-    auto f = std::make_shared<const SafetensorsFile>(single);
-    for (const std::string& n : f->names()) ck.tensors.emplace(n, f);
-  } else {
-    SEQPAR_FILE_CHECK(files::is_regular_file(index), ck.dir,
-                      ": holds no weights; expected diffusion_pytorch_model.safetensors or "
-                      "diffusion_pytorch_model.safetensors.index.json");
-    ck.tensors = open_safetensors_index(index, ck.dir);
-  }
-  std::set<std::string> expected;
-  for (const WeightStore::Spec& s : QwenImage::parameters(ck.config)) {
-    const std::string stored = qwen_image_stored_name(s.name);
-    auto it = ck.tensors.find(stored);
-    SEQPAR_FILE_CHECK(it != ck.tensors.end(), ck.dir, ": tensor '", stored,
-                      "' is missing; expected shape ", shape_text(s.shape));
-    const std::vector<int64_t>& have = it->second->entry(stored).shape;
-    SEQPAR_FILE_CHECK(have == s.shape, ck.dir, ": tensor '", stored, "' has shape ",
-                      shape_text(have), "; expected ", shape_text(s.shape), " (from ", config, ")");
-    expected.insert(stored);
-  }
-  for (const auto& [n, f] : ck.tensors)
-    SEQPAR_FILE_CHECK(expected.count(n), ck.dir, ": tensor '", quote_for_message(n),
-                      "' is not part of a QwenImageTransformer2DModel of this config");
+  ck.tensors = open_diffusers_weights(ck.dir, config, QwenImage::parameters(ck.config),
+                                      qwen_image_stored_name, kClass);
   return ck;
 }
 
 WeightStore qwen_image_weights(const QwenImageCheckpoint& ck) {
-  WeightStore ws;
-  for (const WeightStore::Spec& s : QwenImage::parameters(ck.config)) {
-    const std::string stored = qwen_image_stored_name(s.name);
-    ws.map(s.name, ck.tensors.at(stored), stored);
-  }
-  return ws;
+  return map_diffusers_weights(ck.tensors, QwenImage::parameters(ck.config),
+                               qwen_image_stored_name);
 }
 
 double qwen_image_weight_bytes(const QwenImageCheckpoint& ck) {
