@@ -46,12 +46,6 @@ struct Inputs {
   std::vector<float> timestep;  // [B]; empty in the sampling loop
 };
 
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string t = "[";
-  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-  return t + "]";
-}
-
 // The values of IN's tensor 'timestep': F32, BF16, F16 as the other inputs, F64, or integers
 // (I64, I32: diffusers' pipelines pass integer timesteps).
 std::vector<double> timestep_values(const SafetensorsFile& f, const std::string& expected) {

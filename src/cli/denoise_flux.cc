@@ -16,8 +16,6 @@ namespace seqpar::cli {
 
 namespace {
 
-using mmdit::shape_text;
-
 // The values of tensor `name` of `f` as fp32 ids [n, 3] (shape checked by the request).
 std::vector<float> ids_of(const SafetensorsFile& f, const std::string& name, const std::string& p,
                           const std::string& what) {

@@ -30,12 +30,6 @@ namespace seqpar::cli::mmdit {
 
 using nlohmann::json;
 
-inline std::string shape_text(const std::vector<int64_t>& s) {
-  std::string t = "[";
-  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-  return t + "]";
-}
-
 template <typename Family>
 struct Plan {
   typename Family::Checkpoint ck;

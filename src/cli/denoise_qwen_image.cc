@@ -14,8 +14,6 @@ namespace seqpar::cli {
 
 namespace {
 
-using mmdit::shape_text;
-
 // The valid tokens of each row of mask `name` [B, L] (1s then 0s); all L when absent.
 std::vector<int64_t> mask_lengths(const SafetensorsFile& f, const std::string& name, int64_t B,
                                   int64_t L) {

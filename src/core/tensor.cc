@@ -94,13 +94,13 @@ void Tensor::fill(float value) {
   std::fill_n(data<uint16_t>(), numel_, h);
 }
 
-std::string Tensor::shape_str() const {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < shape_.size(); ++i) os << (i ? ", " : "") << shape_[i];
-  os << "]";
-  return os.str();
+std::string shape_text(std::span<const int64_t> shape) {
+  std::string t = "[";
+  for (size_t i = 0; i < shape.size(); ++i) t += (i ? ", " : "") + std::to_string(shape[i]);
+  return t + "]";
 }
+
+std::string Tensor::shape_str() const { return shape_text(shape_); }
 
 double max_abs_diff(const Tensor& a, const Tensor& b) {
   SEQPAR_CHECK(a.shape() == b.shape(), "shapes differ: ", a.shape_str(), " vs ", b.shape_str());

@@ -23,12 +23,6 @@ constexpr const char* kConfig = "config.json";
 constexpr const char* kSingleFile = "model.safetensors";
 constexpr const char* kIndex = "model.safetensors.index.json";
 
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string t = "[";
-  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-  return t + "]";
-}
-
 // ["LlamaForCausalLM", "Qwen2ForCausalLM", ...] and "llama, qwen2, ...", for messages.
 std::string architectures_text() {
   std::string t;

@@ -10,12 +10,6 @@ namespace seqpar {
 
 namespace {
 
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string t = "[";
-  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-  return t + "]";
-}
-
 void check_ids(const std::vector<float>& ids, int64_t n, const std::string& name,
                const std::string& what, const std::string& where) {
   SEQPAR_ARG_CHECK(static_cast<int64_t>(ids.size()) == 3 * n, where, "tensor '", name, "' holds ",

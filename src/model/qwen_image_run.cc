@@ -10,12 +10,6 @@ namespace seqpar {
 
 namespace {
 
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string t = "[";
-  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-  return t + "]";
-}
-
 void check_text(const QwenImageConfig& m, const Tensor& t, const std::vector<int64_t>& lens,
                 int64_t B, const std::string& name, const std::string& where) {
   SEQPAR_ARG_CHECK(t.ndim() == 3 && t.dim(0) == B && t.dim(1) >= 1 && t.dim(2) == m.text_dim, where,

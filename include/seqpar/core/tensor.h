@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -89,5 +90,8 @@ double max_abs_diff(const Tensor& a, const Tensor& b);
 // Standard normal values from std::mt19937_64(seed), drawn in fp32 in element order, then
 // rounded to dtype (synthetic inputs and weights for benchmarks and the CLI).
 Tensor random_normal(std::vector<int64_t> shape, uint64_t seed, DType dtype = DType::kF32);
+
+// A shape as messages write it: "[2, 128, 8, 64]".
+std::string shape_text(std::span<const int64_t> shape);
 
 }  // namespace seqpar

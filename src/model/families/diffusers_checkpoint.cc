@@ -7,14 +7,6 @@
 
 namespace seqpar {
 
-namespace {
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string t = "[";
-  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-  return t + "]";
-}
-}  // namespace
-
 SafetensorsFiles open_diffusers_weights(const std::string& dir, const std::string& config,
                                         const std::vector<WeightStore::Spec>& params,
                                         const StoredName& stored, const std::string& model) {

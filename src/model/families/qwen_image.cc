@@ -17,12 +17,6 @@ namespace {
 
 constexpr const char* kClass = "QwenImageTransformer2DModel";
 
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string t = "[";
-  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-  return t + "]";
-}
-
 QwenImageConfig read_config(const std::string& path) {
   const ConfigJson c = ConfigJson::parse(read_json_text(path), path);
   QwenImageConfig m;
@@ -48,12 +42,11 @@ QwenImageConfig read_config(const std::string& path) {
       m.axes_dims[i] = c.integer_of(a[i], "axes_dims_rope[" + std::to_string(i) + "]", 2, 1024);
   }
   for (const int64_t a : m.axes_dims)
-    SEQPAR_FILE_CHECK(a % 2 == 0, path, ": axes_dims_rope ",
-                      shape_text({m.axes_dims.begin(), m.axes_dims.end()}),
+    SEQPAR_FILE_CHECK(a % 2 == 0, path, ": axes_dims_rope ", shape_text(m.axes_dims),
                       " holds an odd width; expected even ones (RoPE pairs)");
   SEQPAR_FILE_CHECK(m.axes_dims[0] + m.axes_dims[1] + m.axes_dims[2] == m.head_dim, path,
-                    ": axes_dims_rope ", shape_text({m.axes_dims.begin(), m.axes_dims.end()}),
-                    " sums to ", m.axes_dims[0] + m.axes_dims[1] + m.axes_dims[2],
+                    ": axes_dims_rope ", shape_text(m.axes_dims), " sums to ",
+                    m.axes_dims[0] + m.axes_dims[1] + m.axes_dims[2],
                     "; expected attention_head_dim ", m.head_dim);
   m.kv_heads = m.heads;
   m.hidden = m.heads * m.head_dim;

@@ -25,12 +25,6 @@ namespace {
 
 using nlohmann::json;
 
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string t = "[";
-  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-  return t + "]";
-}
-
 json read_json(const std::string& path) {
   const std::string text = files::read_input("", path, "a JSON file", limits::kMaxFileBytes);
   check_json_limits(text, path, JsonLimits{static_cast<size_t>(limits::kMaxFileBytes), 64});
