@@ -210,6 +210,19 @@ int run_on_mpi(bool json, const std::function<void(int world_size)>& prepare,
       std::this_thread::sleep_for(std::chrono::seconds(2));
       std::_Exit(1);
     }
+    // The same failure on a lower rank (a bad weight or input every rank reads): that rank
+    // reports it, once for all.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+    while (world->rank() > 0 && std::chrono::steady_clock::now() < until) {
+      const auto [src, text] =
+          world->peer_abort(std::chrono::duration_cast<std::chrono::milliseconds>(
+              until - std::chrono::steady_clock::now()));
+      if (src < 0) break;
+      if (src < world->rank() && text == e.what()) {
+        std::fflush(nullptr);
+        std::_Exit(exit_code);
+      }
+    }
     std::fprintf(stderr, "seqpar: error: rank %d: %s\n", world->rank(), line.c_str());
     std::fflush(stderr);
     std::_Exit(exit_code);

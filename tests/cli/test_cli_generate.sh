@@ -384,6 +384,30 @@ PY
     ok || bad "mpi: a NaN in rank 1's share: exit $rc: $err"
 fi
 
+# Under MPI a weight every rank refuses alike (a NaN in the replicated final norm) is reported
+# once, by the lowest rank, exit 2: the others see the same failure from a lower rank and stay
+# quiet.
+if [ -n "$mpiexec" ]; then
+  make_ckpt "$tmp/nan_norm" 1 1 '{}' '{"*": 0.5}'
+  python3 - "$tmp/nan_norm/model.safetensors" <<'PY'
+import json, struct, sys
+p = sys.argv[1]
+b = bytearray(open(p, "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+e = json.loads(b[8:8 + n])["model.norm.weight"]
+at = 8 + n + e["data_offsets"][0]
+b[at:at + 4] = struct.pack("<f", float("nan"))
+open(p, "wb").write(bytes(b))
+PY
+  err=$(timeout -s KILL 90 "$mpiexec" --allow-run-as-root --oversubscribe \
+          --mca btl_vader_single_copy_mechanism none -n 4 \
+          "$bin" $(gen --model "$tmp/nan_norm" --prompt-ids 1,2,3,4 --tp 2 --ring-degree 2 \
+                   --backend mpi) 2>&1 >/dev/null); rc=$?
+  [ $rc -eq 2 ] && [ "$(printf '%s\n' "$err" | grep -c "seqpar: error")" -eq 1 ] &&
+    printf '%s' "$err" | grep -q "rank 0: .*tensor 'model.norm.weight' holds a non-finite value" &&
+    ok || bad "mpi: a NaN every rank reads: exit $rc: $err"
+fi
+
 # Under MPI a rank stopped (SIGSTOP) in the middle of decoding is named by the rank that waits
 # for it in the model's sub-group collectives (tp's all_reduce, ring's all_to_allv), within the
 # deadline (SEQPAR_TIMEOUT_S=2).

@@ -24,6 +24,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "seqpar/core/dtype.h"
@@ -143,6 +144,13 @@ class Communicator {
   // Reports a local failure to every rank of the world (best effort, does not throw): their
   // pending and future communication calls fail with CommError naming this rank and message.
   virtual void abort(const std::string& message) = 0;
+  // After this rank's abort(): waits up to `grace` for an abort message from another rank and
+  // returns its world rank and message ({-1, ""} when none came; the threads backend shares one
+  // failure, so there is none to wait for).
+  virtual std::pair<int, std::string> peer_abort(std::chrono::milliseconds grace) {
+    (void)grace;
+    return {-1, ""};
+  }
 
   CommStats& stats() { return stats_; }
   const CommStats& stats() const { return stats_; }

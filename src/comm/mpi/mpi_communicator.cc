@@ -267,6 +267,24 @@ class MpiWorld {
     return out;
   }
 
+  // The first abort message of another rank within `grace` (after this rank's own failure,
+  // which stops check() from looking): {its rank, its text}, or {-1, ""}.
+  std::pair<int, std::string> peer_abort(std::chrono::milliseconds grace) {
+    const auto end = Clock::now() + grace;
+    try {
+      if (std::this_thread::get_id() != g_mpi_thread || mpi_finalized()) return {-1, ""};
+      while (Clock::now() < end) {
+        int flag = 0;
+        MPI_Status st;
+        MPI_Iprobe(MPI_ANY_SOURCE, kAbortTag, err_comm_, &flag, &st);
+        if (flag) return {st.MPI_SOURCE, receive(st)};
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    } catch (...) {
+    }
+    return {-1, ""};
+  }
+
   // Announces this rank's failure to every rank. Best effort; never throws.
   void abort(const std::string& message) noexcept {
     if (failed_) return;  // already failed, or a peer's failure is known: nothing new to tell
@@ -557,6 +575,9 @@ class MpiCommunicator final : public Communicator {
   void barrier() override;
   std::unique_ptr<Communicator> split(int color, int key) override;
   void abort(const std::string& message) override { core_->world->abort(message); }
+  std::pair<int, std::string> peer_abort(std::chrono::milliseconds grace) override {
+    return core_->world->peer_abort(grace);
+  }
 
  private:
   // Checks the calling thread and that no failure is known, before posting an op.
