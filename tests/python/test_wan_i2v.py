@@ -127,7 +127,10 @@ def run_call(work, layout, mesh, inputs="in_cond.safetensors", guidance=5.0):
     return load_file(out)["noise_pred"]
 
 
-MESHES = [[], ["--ulysses-degree", "2"], ["--ring-degree", "2"], ["--tp", "2"]]
+MESHES = [[], ["--ulysses-degree", "2"], ["--ring-degree", "2"], ["--tp", "2"],
+          ["--ulysses-degree", "8", "--ulysses-mode", "uaa"],
+          ["--ulysses-degree", "2", "--ulysses-mode", "strict", "--pad"],
+          ["--ring-degree", "8"], ["--ulysses-degree", "2", "--ring-degree", "4"]]
 
 
 @pytest.mark.parametrize("layout", ["diffusers", "original"])
@@ -140,9 +143,11 @@ def test_noise_pred_fp32(work, layout, mesh):
     assert err <= TOL
 
 
-def test_guided_cfg2_ulysses2(work):
-    got = run_call(work, "diffusers", ["--cfg", "2", "--ulysses-degree", "2"],
-                   inputs="in.safetensors")
+@pytest.mark.parametrize("mesh", [["--cfg", "2", "--ulysses-degree", "2"],
+                                  ["--cfg", "2", "--ulysses-degree", "2", "--ring-degree", "2"]],
+                         ids=["cfg2_u2", "cfg2_u2_r2"])
+def test_guided_cfg2_ulysses2(work, mesh):
+    got = run_call(work, "diffusers", mesh, inputs="in.safetensors")
     err = rel_err(got, work["guided"])
     print(f"i2v guided cfg2 u2: rel err {err:.2e}")
     assert err <= TOL_GUIDED
