@@ -83,7 +83,7 @@ void matmul_f32(const float* x, int64_t m, int64_t k, const float* w, int64_t n,
 // DiT's tokens): x is the large operand, read once per block, so blocks of up to 64 MiB (a
 // whole weight of up to 16M parameters): one wide GEMM instead of hundreds of 32-column ones.
 // Measured on a Qwen-Image block (4608 tokens, bf16): 10.2 s with 512 KiB blocks, 7.9 s with
-// 64 MiB, 7.7 s with the weights stored in fp32 (bench/qwen_image_step.sh).
+// 64 MiB, 7.7 s with the weights stored in fp32 (bench/mmdit_step.sh).
 constexpr int64_t kConvertedBlockBytes = 512 << 10;
 constexpr int64_t kConvertedBlockBytesManyRows = 64 << 20;
 constexpr int64_t kManyRows = 256;
