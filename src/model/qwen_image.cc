@@ -145,12 +145,12 @@ QwenImage::QwenImage(const QwenImageConfig& m, const WeightStore& ws, const Para
   time_fc2_ = Linear::load(ws, "time_text_embed.timestep_embedder.linear_2", true);
   norm_out_ = Linear::load(ws, "norm_out.linear", true);
   proj_out_ = Linear::load(ws, "proj_out", true);
-  auto [m0, m1] = tp_share(6 * m.hidden, ctx.tp_rank(), tp);
+  const IndexRange mods = tp_share(6 * m.hidden, ctx.tp_rank(), tp);  // captured: no binding
   for (int64_t i = 0; i < m.layers; ++i) {
     const std::string b = "transformer_blocks." + std::to_string(i) + ".";
     Block blk;
     auto stream = [&](const std::string& name) {
-      return Stream{ColumnLinear::load(ws, b + name + "_mod.1", m0, m1, true),
+      return Stream{ColumnLinear::load(ws, b + name + "_mod.1", mods.begin, mods.end, true),
                     FeedForward::load(ws, b + name + "_mlp", FeedForward::Kind::kGeluTanh,
                                       m.ffn_dim, true, ctx)};
     };
