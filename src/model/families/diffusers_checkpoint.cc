@@ -50,6 +50,25 @@ WeightStore map_diffusers_weights(const SafetensorsFiles& files,
   return ws;
 }
 
+std::array<int64_t, 3> read_axes_dims_rope(const ConfigJson& c, int64_t head_dim,
+                                           std::array<int64_t, 3> axes) {
+  const std::string& path = c.path();
+  if (c.has("axes_dims_rope")) {
+    const nlohmann::json& a = c.at("axes_dims_rope");
+    SEQPAR_FILE_CHECK(a.is_array() && a.size() == 3, path, ": axes_dims_rope is ", json_excerpt(a),
+                      "; expected three even integers");
+    for (int i = 0; i < 3; ++i)
+      axes[i] = c.integer_of(a[i], "axes_dims_rope[" + std::to_string(i) + "]", 2, 1024);
+  }
+  for (const int64_t a : axes)
+    SEQPAR_FILE_CHECK(a % 2 == 0, path, ": axes_dims_rope ", shape_text(axes),
+                      " holds an odd width; expected even ones (RoPE pairs)");
+  SEQPAR_FILE_CHECK(axes[0] + axes[1] + axes[2] == head_dim, path, ": axes_dims_rope ",
+                    shape_text(axes), " sums to ", axes[0] + axes[1] + axes[2],
+                    "; expected attention_head_dim ", head_dim);
+  return axes;
+}
+
 std::string diffusers_ffn_name(const std::string& name, std::initializer_list<const char*> ffns) {
   for (const char* ffn : ffns) {
     const size_t at = name.find(ffn);

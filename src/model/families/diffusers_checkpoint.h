@@ -4,11 +4,13 @@
 // Thread-safety: reentrant.
 #pragma once
 
+#include <array>
 #include <functional>
 #include <initializer_list>
 #include <string>
 #include <vector>
 
+#include "../config_json.h"
 #include "seqpar/model/context.h"
 #include "seqpar/model/safetensors.h"
 
@@ -27,6 +29,11 @@ SafetensorsFiles open_diffusers_weights(const std::string& dir, const std::strin
 WeightStore map_diffusers_weights(const SafetensorsFiles& files,
                                   const std::vector<WeightStore::Spec>& params,
                                   const StoredName& stored);
+
+// A config's axes_dims_rope (RoPE features per position axis; `fallback` when absent): three even
+// widths summing to head_dim, each refusal one line naming the key.
+std::array<int64_t, 3> read_axes_dims_rope(const ConfigJson& c, int64_t head_dim,
+                                           std::array<int64_t, 3> fallback = {16, 56, 56});
 
 // diffusers' FeedForward names for the blocks' GELU FFN: "<p><ffn>0.x" -> "<p><ffn>net.0.proj.x",
 // "<p><ffn>2.x" -> "<p><ffn>net.2.x" for each `ffn` infix (".img_mlp."); other names unchanged.

@@ -34,20 +34,7 @@ FluxConfig read_config(const std::string& path) {
   m.text_dim = c.integer("joint_attention_dim", 1, 1 << 16, 4096);
   m.pooled_dim = c.integer("pooled_projection_dim", 1, 1 << 16, 768);
   m.guidance_embeds = c.boolean("guidance_embeds", false);
-  if (c.has("axes_dims_rope")) {
-    const nlohmann::json& a = c.at("axes_dims_rope");
-    SEQPAR_FILE_CHECK(a.is_array() && a.size() == 3, path, ": axes_dims_rope is ", json_excerpt(a),
-                      "; expected three even integers");
-    for (int i = 0; i < 3; ++i)
-      m.axes_dims[i] = c.integer_of(a[i], "axes_dims_rope[" + std::to_string(i) + "]", 2, 1024);
-  }
-  for (const int64_t a : m.axes_dims)
-    SEQPAR_FILE_CHECK(a % 2 == 0, path, ": axes_dims_rope ", shape_text(m.axes_dims),
-                      " holds an odd width; expected even ones (RoPE pairs)");
-  SEQPAR_FILE_CHECK(m.axes_dims[0] + m.axes_dims[1] + m.axes_dims[2] == m.head_dim, path,
-                    ": axes_dims_rope ", shape_text(m.axes_dims), " sums to ",
-                    m.axes_dims[0] + m.axes_dims[1] + m.axes_dims[2],
-                    "; expected attention_head_dim ", m.head_dim);
+  m.axes_dims = read_axes_dims_rope(c, m.head_dim);
   m.kv_heads = m.heads;
   m.hidden = m.heads * m.head_dim;
   m.ffn_dim = 4 * m.hidden;  // FeedForward's and proj_mlp's mlp_ratio 4

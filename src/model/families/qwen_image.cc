@@ -34,20 +34,7 @@ QwenImageConfig read_config(const std::string& path) {
   SEQPAR_FILE_CHECK(!c.boolean("guidance_embeds", false), path,
                     ": guidance_embeds is true; diffusers' QwenImageTransformer2DModel runs none "
                     "(its timestep embedding takes no guidance), expected false");
-  if (c.has("axes_dims_rope")) {
-    const nlohmann::json& a = c.at("axes_dims_rope");
-    SEQPAR_FILE_CHECK(a.is_array() && a.size() == 3, path, ": axes_dims_rope is ", json_excerpt(a),
-                      "; expected three even integers");
-    for (int i = 0; i < 3; ++i)
-      m.axes_dims[i] = c.integer_of(a[i], "axes_dims_rope[" + std::to_string(i) + "]", 2, 1024);
-  }
-  for (const int64_t a : m.axes_dims)
-    SEQPAR_FILE_CHECK(a % 2 == 0, path, ": axes_dims_rope ", shape_text(m.axes_dims),
-                      " holds an odd width; expected even ones (RoPE pairs)");
-  SEQPAR_FILE_CHECK(m.axes_dims[0] + m.axes_dims[1] + m.axes_dims[2] == m.head_dim, path,
-                    ": axes_dims_rope ", shape_text(m.axes_dims), " sums to ",
-                    m.axes_dims[0] + m.axes_dims[1] + m.axes_dims[2],
-                    "; expected attention_head_dim ", m.head_dim);
+  m.axes_dims = read_axes_dims_rope(c, m.head_dim);
   m.kv_heads = m.heads;
   m.hidden = m.heads * m.head_dim;
   m.ffn_dim = 4 * m.hidden;
