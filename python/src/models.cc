@@ -282,6 +282,25 @@ class WanTransformerRank {
   std::unique_ptr<WanRank> wan_;
 };
 
+// A dual-stream rank's call in `mode`, the request checked first, as (bytes, shape) tuples:
+// "check": (); "predict": (the prediction,); "branches": (conditional, unconditional).
+template <typename Rank, typename Request, typename Check>
+py::tuple mmdit_call(const Rank& model, const Request& r, ParallelContext& ctx,
+                     const std::string& mode, Check&& check) {
+  const std::vector<Tensor> out = without_gil([&] {
+    check();
+    if (mode == "check") return std::vector<Tensor>{};
+    if (mode == "predict") return std::vector<Tensor>{model.predict(r, ctx)};
+    const std::array<Tensor, 2> v = model.branches(r, ctx);
+    return std::vector<Tensor>{v[0], v[1]};
+  });
+  py::tuple t(out.size());
+  for (size_t i = 0; i < out.size(); ++i)
+    t[i] = py::make_tuple(py::bytes(static_cast<const char*>(out[i].raw()), out[i].nbytes()),
+                          out[i].shape());
+  return t;
+}
+
 // A rank's Qwen-Image transformer: one call of diffusers' QwenImageTransformer2DModel per batch
 // row, guided as QwenImagePipeline's true CFG when negative states are given.
 class QwenImageTransformerRank {
@@ -322,18 +341,9 @@ class QwenImageTransformerRank {
     r.negative = f32_view(negative, negative_shape);
     r.negative_lens = negative_lens;
     r.guidance = static_cast<float>(guidance);
-    const std::vector<Tensor> out = without_gil([&] {
+    return mmdit_call(*model_, r, rank_.ctx, mode, [&] {
       check_qwen_image_request(ck_.config, r, "QwenImageTransformer.forward");
-      if (mode == "check") return std::vector<Tensor>{};
-      if (mode == "predict") return std::vector<Tensor>{model_->predict(r, rank_.ctx)};
-      const std::array<Tensor, 2> v = model_->branches(r, rank_.ctx);
-      return std::vector<Tensor>{v[0], v[1]};
     });
-    py::tuple t(out.size());
-    for (size_t i = 0; i < out.size(); ++i)
-      t[i] = py::make_tuple(py::bytes(static_cast<const char*>(out[i].raw()), out[i].nbytes()),
-                            out[i].shape());
-    return t;
   }
 
   // The config under diffusers' QwenImageTransformer2DModel names.
@@ -406,19 +416,8 @@ class FluxTransformerRank {
     r.negative_txt_ids = negative_txt_ids;
     r.negative_pooled = f32_view(negative_pooled, negative_pooled_shape);
     r.true_cfg = static_cast<float>(true_cfg);
-    const std::vector<Tensor> out = without_gil([&] {
-      check_flux_request(ck_.config, r, "FluxTransformer.forward");
-      if (mode == "check") return std::vector<Tensor>{};
-      if (mode == "predict") return std::vector<Tensor>{model_->predict(r, rank_.ctx)};
-      SEQPAR_ARG_CHECK(!r.negative.empty(), "branches need negative_encoder_hidden_states");
-      const std::array<Tensor, 2> v = model_->branches(r, rank_.ctx);
-      return std::vector<Tensor>{v[0], v[1]};
-    });
-    py::tuple t(out.size());
-    for (size_t i = 0; i < out.size(); ++i)
-      t[i] = py::make_tuple(py::bytes(static_cast<const char*>(out[i].raw()), out[i].nbytes()),
-                            out[i].shape());
-    return t;
+    return mmdit_call(*model_, r, rank_.ctx, mode,
+                      [&] { check_flux_request(ck_.config, r, "FluxTransformer.forward"); });
   }
 
   // The config under diffusers' FluxTransformer2DModel names.
