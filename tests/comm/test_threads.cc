@@ -9,6 +9,8 @@
 #include <mutex>
 #include <stdexcept>
 #include <system_error>
+#include <thread>
+#include <vector>
 
 #include "comm/comm_suite.h"
 #include "seqpar/comm/threads.h"
@@ -331,6 +333,34 @@ TEST(ThreadsBackend, ManyConcurrentGroups) {
       ASSERT_EQ(pair->all_reduce_max(c.rank()), (c.rank() / 2) * 2 + 1);
     }
   });
+}
+
+// Rank 2 fails while ranks 0 and 1 are inside a large all_reduce of their own group. A member
+// must not leave the reduction's phases on the abort: its peer may still be reading its buffer,
+// which unwinding would free (a 64 MiB buffer is unmapped, so the peer would fault). Each member
+// finishes the reduction with the right sum and meets the abort at its next call.
+TEST(ThreadWorldRun, AbortDuringAReductionLetsItFinish) {
+  constexpr size_t kFloats = size_t{16} << 20;
+  for (int trial = 0; trial < 4; ++trial) {
+    std::atomic<int> entered{0};
+    EXPECT_THROW(ThreadWorld::run(3,
+                                  [&](Communicator& c) {
+                                    auto pair = c.split(c.rank() < 2 ? 0 : 1, c.rank());
+                                    if (c.rank() == 2) {
+                                      while (entered.load() < 2) std::this_thread::yield();
+                                      std::this_thread::sleep_for(milliseconds(2 * trial));
+                                      throw std::runtime_error("rank two fails");
+                                    }
+                                    std::vector<float> buf(kFloats, 1.0f + c.rank());
+                                    ++entered;
+                                    // Throws only if the abort came before it began.
+                                    pair->all_reduce(std::span<float>(buf), ReduceOp::kSum);
+                                    for (size_t i = 0; i < kFloats; i += 4099)
+                                      ASSERT_EQ(buf[i], 3.0f) << "index " << i;
+                                    c.barrier();
+                                  }),
+                 std::runtime_error);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -411,8 +411,13 @@ Request ThreadCommunicator::irecv(void* buf, size_t bytes, int src, int tag) {
 void ThreadCommunicator::rendezvous(Clock::time_point deadline, const CollSlot* publish) {
   ThreadGroup& g = *group_;
   std::unique_lock<std::mutex> lk(world_->mu);
-  if (world_->aborted.load()) throw CommError(world_->failure_locked());
-  if (publish != nullptr) g.slots[rank_] = *publish;
+  // A phase barrier (publish == nullptr) leaves neither on an abort nor on the deadline: every
+  // member passed the opening rendezvous and may still be copying out of this rank's buffers,
+  // which must outlive the copies. The work between phases cannot fail or block, so every member
+  // arrives.
+  const bool opening = publish != nullptr;
+  if (opening && world_->aborted.load()) throw CommError(world_->failure_locked());
+  if (opening) g.slots[rank_] = *publish;
   const uint64_t gen = g.generation;
   const uint64_t my_arrivals = ++g.arrivals[rank_];
   if (++g.arrived == g.size()) {
@@ -421,6 +426,10 @@ void ThreadCommunicator::rendezvous(Clock::time_point deadline, const CollSlot* 
     ++g.generation;
     world_->cv.notify_all();
   } else {
+    if (!opening) {
+      world_->cv.wait(lk, [&] { return g.generation != gen; });
+      return;
+    }
     while (g.generation == gen) {
       if (world_->aborted.load()) throw CommError(world_->failure_locked());
       if (world_->cv.wait_until(lk, deadline) == std::cv_status::timeout && g.generation == gen &&
