@@ -248,6 +248,7 @@ struct GenerateOptions : MeshFlags, ChunkFlags {
   bool allow_long_context = false;
   std::string output;                 // safetensors: tokens (I64 [N]), logits (F32 [N, vocab])
   std::vector<std::string> turn_ids;  // chat turns after the prompt's tokens: "4,5,6" each
+  std::string weights_dtype = "checkpoint";  // checkpoint | int8 (Q8_0 matrices)
   bool json = false;
   bool quiet = false;
 };

@@ -46,6 +46,20 @@ std::vector<int64_t> prompt_ids(const GenerateOptions& o) {
   return parse_id_text("--prompt-ids-file " + f, read_file("--prompt-ids-file", f));
 }
 
+// Every matrix a rank quantizes to Q8_0 needs a multiple of 32 inputs: said once, before a rank
+// reads a weight.
+void check_int8_matrices(const DecoderConfig& m, int tp) {
+  const std::pair<const char*, int64_t> inputs[] = {
+      {"hidden_size", m.hidden},
+      {"the attention output's inputs per tp rank (heads x head_dim / --tp)",
+       m.heads * m.head_dim / tp},
+      {"intermediate_size / --tp", m.ffn_dim / tp}};
+  for (const auto& [what, k] : inputs) {
+    SEQPAR_ARG_CHECK(k % 32 == 0, "--weights-dtype int8 quantizes blocks of 32 inputs; ", what,
+                     " is ", k, " (use --weights-dtype checkpoint)");
+  }
+}
+
 // Everything checked before a rank starts.
 struct Prepared {
   CausalLmCheckpoint ck;
@@ -65,9 +79,12 @@ Prepared prepare(const GenerateOptions& o, int world) {
                     ": cfg_parallel_size ", p.mesh.mesh.cfg,
                     " runs a diffusion model's two guidance branches side by side; a causal LM "
                     "takes 1");
+  SEQPAR_ARG_CHECK(o.weights_dtype == "checkpoint" || o.weights_dtype == "int8",
+                   "--weights-dtype '", o.weights_dtype, "' is unknown; valid: checkpoint, int8");
   const std::vector<int64_t> ids = prompt_ids(o);
   p.ck = open_causal_lm(o.model);
   const DecoderConfig& m = p.ck.config;
+  if (o.weights_dtype == "int8") check_int8_matrices(m, p.mesh.mesh.tp);
   const std::string config = o.model + "/config.json";
   CausalLmRunNames names;
   names.prompt = o.prompt_ids.empty() ? "--prompt-ids-file" : "--prompt-ids";
@@ -132,6 +149,7 @@ Generated run_rank(Communicator& world, const GenerateOptions& o, const Prepared
                    WeightStore& weights) {
   MeshComms mc(world, p.mesh.mesh);
   ParallelContext ctx = model_context(mc, p.mesh);
+  weights.set_int8_matrices(o.weights_dtype == "int8");
   Decoder dec(p.ck.config, weights, ctx);
   const int64_t weight_bytes = weights.bytes_read();
   weights = WeightStore();  // the last rank to let go unmaps the files
@@ -207,6 +225,7 @@ int report(const GenerateOptions& o, const Prepared& p, const Generated& g,
     j["tokens"] = out.tokens;
     j["model"] = o.model;
     j["family"] = p.ck.family->name;
+    j["weights_dtype"] = o.weights_dtype;
     j["prompt_tokens"] = P;
     j["new_tokens"] = n;
     j["stopped_at_eos"] = out.stopped;
@@ -307,6 +326,9 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
   g->add_option("--output", o.output,
                 "safetensors file: tokens (I64 [N]) and logits (F32 [N, vocab])");
   add_chunk_flags(g, o);
+  g->add_option("--weights-dtype,--weights_dtype", o.weights_dtype,
+                "checkpoint | int8: the matrices as the checkpoint stores them, or quantized at "
+                "load to int8 blocks of 32 with an fp16 scale each (llama.cpp's Q8_0)");
   g->add_option("--turn-ids,--turn_ids", o.turn_ids,
                 "a chat turn: token ids appended after the tokens generated so far, over the "
                 "cache (in chunks of --prefill-chunk); then --max-new-tokens more (repeatable)")

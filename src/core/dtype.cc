@@ -23,6 +23,8 @@ std::string_view dtype_name(DType t) {
     case DType::kF32: return "fp32";
     case DType::kBF16: return "bf16";
     case DType::kF16: return "fp16";
+    case DType::kI8:
+      return "int8";
   }
   return "?";
 }
@@ -204,6 +206,9 @@ void convert(const void* src, DType st, void* dst, DType dt, size_t n) {
     std::memcpy(dst, src, n * dtype_size(st));
     return;
   }
+  SEQPAR_CHECK(st != DType::kI8 && dt != DType::kI8, "convert: int8 holds quantized values, which ",
+               "only their scales turn into numbers (", dtype_name(st), " to ", dtype_name(dt),
+               ")");
   if (dt == DType::kF32) {  // widening: exact, vectorized
     const WidenIsa& w = widen();
     (st == DType::kBF16 ? w.bf16 : w.f16)(static_cast<const uint16_t*>(src),
@@ -215,6 +220,8 @@ void convert(const void* src, DType st, void* dst, DType dt, size_t n) {
       case DType::kF32: return static_cast<const float*>(src)[i];
       case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(src)[i]);
       case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(src)[i]);
+      case DType::kI8:
+        break;
     }
     return 0.f;
   };
@@ -224,6 +231,8 @@ void convert(const void* src, DType st, void* dst, DType dt, size_t n) {
       case DType::kF32: static_cast<float*>(dst)[i] = v; break;
       case DType::kBF16: static_cast<uint16_t*>(dst)[i] = f32_to_bf16(v); break;
       case DType::kF16: static_cast<uint16_t*>(dst)[i] = f32_to_f16(v); break;
+      case DType::kI8:
+        break;
     }
   }
 }

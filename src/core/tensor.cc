@@ -75,6 +75,8 @@ float Tensor::at(int64_t i) const {
       return bf16_to_f32(data<uint16_t>()[i]);
     case DType::kF16:
       return f16_to_f32(data<uint16_t>()[i]);
+    case DType::kI8:  // the quantized value itself, without its scale
+      return static_cast<float>(data<int8_t>()[i]);
   }
   return 0.f;
 }
@@ -90,6 +92,7 @@ void Tensor::fill(float value) {
     std::fill_n(data<float>(), numel_, value);
     return;
   }
+  SEQPAR_CHECK(dtype_ != DType::kI8, "fill: an int8 tensor holds quantized values");
   uint16_t h = dtype_ == DType::kBF16 ? f32_to_bf16(value) : f32_to_f16(value);
   std::fill_n(data<uint16_t>(), numel_, h);
 }

@@ -80,8 +80,11 @@ Decoder::Decoder(const DecoderConfig& m, const WeightStore& ws, const ParallelCo
     vocab_bytes_.push_back(static_cast<size_t>(b - a) * sizeof(float));
   }
   const float eps = static_cast<float>(m.rms_norm_eps);
-  embed_w = ws.rows("embed_tokens.weight", v0_, v1_);
-  if (!m.tie_embeddings) lm_head_w = ws.rows("lm_head.weight", v0_, v1_);
+  hold_matrix(ws, "embed_tokens.weight", ws.rows("embed_tokens.weight", v0_, v1_), embed_w,
+              embed_scale);
+  if (!m.tie_embeddings)
+    hold_matrix(ws, "lm_head.weight", ws.rows("lm_head.weight", v0_, v1_), lm_head_w,
+                lm_head_scale);
   norm_ = RmsNorm::load(ws, "norm", eps);
   const AttentionSpec attention = m.attention();
   for (int64_t i = 0; i < m.layers; ++i) {
@@ -124,6 +127,10 @@ Tensor Decoder::embed(std::span<const int32_t> tokens, Communicator& tp) const {
     SEQPAR_ARG_CHECK(tokens[i] >= 0 && tokens[i] < m_.vocab, "token ", tokens[i],
                      " is outside the vocabulary of ", m_.vocab);
     if (tokens[i] < v0_ || tokens[i] >= v1_) continue;  // another tp rank's row
+    if (!embed_scale.empty()) {
+      dequantize_q8_0(embed_w, embed_scale, tokens[i] - v0_, 1, x.data<float>() + i * d);
+      continue;
+    }
     convert(static_cast<const std::byte*>(embed_w.raw()) + (tokens[i] - v0_) * row_bytes,
             embed_w.dtype(), x.data<float>() + i * d, DType::kF32, static_cast<size_t>(d));
   }
@@ -133,9 +140,10 @@ Tensor Decoder::embed(std::span<const int32_t> tokens, Communicator& tp) const {
 
 Tensor Decoder::logits_of(const Tensor& h_last, Communicator& tp) const {
   const Tensor& head = m_.tie_embeddings ? embed_w : lm_head_w;
+  const Tensor& head_scale = m_.tie_embeddings ? embed_scale : lm_head_scale;
   const Tensor h = norm_.forward(h_last);
   expect_finite(h, "norm");
-  Tensor mine = linear(h, head, Tensor());  // (v1 - v0)
+  Tensor mine = linear(h, head, Tensor(), head_scale);  // (v1 - v0)
   expect_finite(mine, "lm_head");
   if (tp.size() == 1) return mine;
   Tensor all({m_.vocab});

@@ -90,11 +90,63 @@ constexpr int64_t kManyRows = 256;
 
 }  // namespace
 
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+Q8Weight quantize_q8_0(const Tensor& w, const std::string& name) {
+  SEQPAR_CHECK(w.ndim() == 2, "int8 weights: ", name, " is ", w.shape_str(), ", not a matrix");
+  const int64_t n = w.dim(0), k = w.dim(1);
+  if (k % model_simd::kQ8Block != 0) {
+    throw InvalidArgument(detail::concat("int8 weights: ", name, " has ", k, " inputs, not a ",
+                                         "multiple of the block of ", model_simd::kQ8Block));
+  }
+  Q8Weight out{Tensor({n, k}, DType::kI8), Tensor({n, k / model_simd::kQ8Block}, DType::kF16)};
+  std::vector<float> row(static_cast<size_t>(k));
+  const size_t esize = dtype_size(w.dtype());
+  auto* q = out.q.data<int8_t>();
+  auto* d = out.d.data<uint16_t>();
+  for (int64_t j = 0; j < n; ++j) {
+    convert(static_cast<const std::byte*>(w.raw()) + j * k * esize, w.dtype(), row.data(),
+            DType::kF32, static_cast<size_t>(k));
+    for (int64_t b = 0; b < k / model_simd::kQ8Block; ++b) {
+      const float* v = row.data() + b * model_simd::kQ8Block;
+      float a = 0.f;
+      for (int64_t i = 0; i < model_simd::kQ8Block; ++i) {
+        if (!std::isfinite(v[i])) {
+          throw InvalidArgument(detail::concat("int8 weights: ", name, " holds ", v[i], " at row ",
+                                               j, ", column ", b * model_simd::kQ8Block + i));
+        }
+        a = std::max(a, std::fabs(v[i]));
+      }
+      const float s = a / 127.f;
+      int8_t* qb = q + j * k + b * model_simd::kQ8Block;
+      for (int64_t i = 0; i < model_simd::kQ8Block; ++i)
+        qb[i] = s == 0.f ? 0 : static_cast<int8_t>(std::round(v[i] / s));
+      d[j * (k / model_simd::kQ8Block) + b] = f32_to_f16(s);
+    }
+  }
+  return out;
+}
+
+void dequantize_q8_0(const Tensor& q, const Tensor& d, int64_t row0, int64_t rows, float* out) {
+  SEQPAR_CHECK(q.dtype() == DType::kI8 && d.dtype() == DType::kF16 && q.ndim() == 2,
+               "dequantize_q8_0: ", q.shape_str(), " ", dtype_name(q.dtype()), " with scales ",
+               d.shape_str(), " ", dtype_name(d.dtype()));
+  const int64_t k = q.dim(1), blocks = k / model_simd::kQ8Block;
+  SEQPAR_CHECK(row0 >= 0 && rows >= 0 && row0 + rows <= q.dim(0), "dequantize_q8_0: rows [", row0,
+               ", ", row0 + rows, ") of ", q.dim(0));
+  model_simd::kernels().dequant_q8(q.data<int8_t>() + row0 * k, d.data<uint16_t>() + row0 * blocks,
+                                   rows, k, out);
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& w_scale) {
   SEQPAR_CHECK(x.dtype() == DType::kF32, "linear: x is ", dtype_name(x.dtype()), ", not fp32");
   SEQPAR_CHECK(w.ndim() == 2 && x.dim(-1) == w.dim(1), "linear: x ", x.shape_str(), " vs w ",
                w.shape_str());
   SEQPAR_CHECK(bias.empty() || bias.dtype() == DType::kF32, "linear: the bias is not fp32");
+  const bool q8 = w.dtype() == DType::kI8;
+  SEQPAR_CHECK(q8 == !w_scale.empty(), "linear: scales go with int8 weights only");
+  SEQPAR_CHECK(!q8 || (w.dim(1) % model_simd::kQ8Block == 0 && w_scale.dtype() == DType::kF16 &&
+                       w_scale.ndim() == 2 && w_scale.dim(0) == w.dim(0) &&
+                       w_scale.dim(1) == w.dim(1) / model_simd::kQ8Block),
+               "linear: Q8_0 scales ", w_scale.shape_str(), " for int8 weights ", w.shape_str());
   const int64_t m = rows_of(x), k = w.dim(1), n = w.dim(0);
   std::vector<int64_t> shape = x.shape();
   shape.back() = n;
@@ -117,11 +169,17 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   // once, as 2 bytes, widened in the load, instead of converted to fp32, written and read again.
   if (m <= model_simd::kMaxRows) {
     const model_simd::Kernels& kern = model_simd::kernels();
+    if (q8) {
+      kern.gemv_q8(x.data<float>(), m, k, w.data<int8_t>(), w_scale.data<uint16_t>(), n, b,
+                   y.data<float>());
+      return y;
+    }
     (w.dtype() == DType::kBF16 ? kern.gemv_bf16 : kern.gemv_f16)(
         x.data<float>(), m, k, static_cast<const uint16_t*>(w.raw()), n, b, y.data<float>());
     return y;
   }
-  // A weight kept in its checkpoint's 16-bit dtype: converted a block of rows at a time.
+  // A weight kept in its checkpoint's 16-bit dtype, or in Q8_0: converted a block of rows at a
+  // time.
   const int64_t block_bytes = m >= kManyRows ? kConvertedBlockBytesManyRows : kConvertedBlockBytes;
   const int64_t block = std::clamp<int64_t>(block_bytes / (4 * k) / 16 * 16, 16, n);
   thread_local std::vector<float> converted;
@@ -129,8 +187,14 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   const size_t esize = dtype_size(w.dtype());
   for (int64_t j0 = 0; j0 < n; j0 += block) {
     const int64_t nb = std::min(block, n - j0);
-    convert(static_cast<const std::byte*>(w.raw()) + j0 * k * esize, w.dtype(), converted.data(),
-            DType::kF32, static_cast<size_t>(nb * k));
+    if (q8) {
+      model_simd::kernels().dequant_q8(w.data<int8_t>() + j0 * k,
+                                       w_scale.data<uint16_t>() + j0 * (k / model_simd::kQ8Block),
+                                       nb, k, converted.data());
+    } else {
+      convert(static_cast<const std::byte*>(w.raw()) + j0 * k * esize, w.dtype(), converted.data(),
+              DType::kF32, static_cast<size_t>(nb * k));
+    }
     matmul_f32(x.data<float>(), m, k, converted.data(), nb, b ? b + j0 : nullptr,
                y.data<float>() + j0, n);
   }

@@ -232,6 +232,8 @@ std::string_view safetensors_dtype_name(DType dtype) {
       return "BF16";
     case DType::kF16:
       return "F16";
+    case DType::kI8:
+      return "I8";
   }
   return "?";
 }

@@ -58,6 +58,34 @@ void gemv_cols(const float* x, int64_t m, int64_t k, const uint16_t* w, int64_t 
     }
   }
 }
+
+void gemv_q8_cols(const float* x, int64_t m, int64_t k, const int8_t* q, const uint16_t* d,
+                  int64_t n, const float* bias, float* y, int64_t j0, int64_t j1) {
+  const int64_t blocks = k / kQ8Block;
+  for (int64_t j = j0; j < j1; ++j) {
+    for (int64_t r = 0; r < m; ++r) {
+      const float* xr = x + r * k;
+      float acc = 0.f;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int8_t* qb = q + j * k + b * kQ8Block;
+        float t = 0.f;
+        for (int64_t i = 0; i < kQ8Block; ++i)
+          t += xr[b * kQ8Block + i] * static_cast<float>(qb[i]);
+        acc += t * f16_to_f32(d[j * blocks + b]);
+      }
+      y[r * n + j] = acc + (bias ? bias[j] : 0.f);
+    }
+  }
+}
+
+void dequant_q8(const int8_t* q, const uint16_t* d, int64_t rows, int64_t k, float* w) {
+  const int64_t blocks = rows * (k / kQ8Block);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float s = f16_to_f32(d[b]);
+    for (int64_t i = 0; i < kQ8Block; ++i)
+      w[b * kQ8Block + i] = s * static_cast<float>(q[b * kQ8Block + i]);
+  }
+}
 }  // namespace scalar
 
 #if SEQPAR_X86_SIMD
@@ -102,6 +130,13 @@ inline V vload_f16_part(const uint16_t* p, int64_t n) {
   std::memcpy(t, p, n * sizeof(uint16_t));
   return vload_f16(t);
 }
+inline V vmul(V a, V b) { return _mm256_mul_ps(a, b); }
+inline V vload_i8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline V vbroadcast_f16(uint16_t h) { return _mm256_set1_ps(_cvtsh_ss(h)); }
+inline void vstore(float* p, V v) { _mm256_storeu_ps(p, v); }
 #include "simd_ops_body.inc"
 }  // namespace avx2
 #if defined(__clang__)
@@ -141,6 +176,13 @@ inline V vload_bf16_part(const uint16_t* p, int64_t n) {
 inline V vload_f16_part(const uint16_t* p, int64_t n) {
   return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(first(n), p));
 }
+inline V vmul(V a, V b) { return _mm512_mul_ps(a, b); }
+inline V vload_i8(const int8_t* p) {
+  return _mm512_cvtepi32_ps(
+      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline V vbroadcast_f16(uint16_t h) { return _mm512_set1_ps(_cvtsh_ss(h)); }
+inline void vstore(float* p, V v) { _mm512_storeu_ps(p, v); }
 #include "simd_ops_body.inc"
 }  // namespace avx512
 #if defined(__clang__)
@@ -168,13 +210,43 @@ void gemv(const float* x, int64_t m, int64_t k, const uint16_t* w, int64_t n, co
   }
 }
 
-const Kernels kScalar{Isa::kScalar, &gemv<&scalar::gemv_cols<false>>,
-                      &gemv<&scalar::gemv_cols<true>>, scalar::kLanes};
+using GemvQ8Cols = void (*)(const float* x, int64_t m, int64_t k, const int8_t* q,
+                            const uint16_t* d, int64_t n, const float* bias, float* y, int64_t j0,
+                            int64_t j1);
+
+template <GemvQ8Cols kCols>
+void gemv_q8(const float* x, int64_t m, int64_t k, const int8_t* q, const uint16_t* d, int64_t n,
+             const float* bias, float* y) {
+  SEQPAR_CHECK(m >= 1 && m <= kMaxRows, "gemv_q8: ", m, " rows; at most ", kMaxRows);
+  SEQPAR_CHECK(k % kQ8Block == 0, "gemv_q8: k ", k, " is not a multiple of ", kQ8Block);
+#pragma omp parallel
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t per = n / nt, extra = n % nt;
+    const int64_t j0 = t * per + std::min(t, extra);
+    kCols(x, m, k, q, d, n, bias, y, j0, j0 + per + (t < extra ? 1 : 0));
+  }
+}
+
+const Kernels kScalar{Isa::kScalar,
+                      &gemv<&scalar::gemv_cols<false>>,
+                      &gemv<&scalar::gemv_cols<true>>,
+                      &gemv_q8<&scalar::gemv_q8_cols>,
+                      &scalar::dequant_q8,
+                      scalar::kLanes};
 #if SEQPAR_X86_SIMD
-const Kernels kAvx2{Isa::kAvx2, &gemv<&avx2::gemv_cols<false>>, &gemv<&avx2::gemv_cols<true>>,
+const Kernels kAvx2{Isa::kAvx2,
+                    &gemv<&avx2::gemv_cols<false>>,
+                    &gemv<&avx2::gemv_cols<true>>,
+                    &gemv_q8<&avx2::gemv_q8_cols>,
+                    &avx2::dequant_q8,
                     avx2::kW};
-const Kernels kAvx512{Isa::kAvx512, &gemv<&avx512::gemv_cols<false>>,
-                      &gemv<&avx512::gemv_cols<true>>, avx512::kW};
+const Kernels kAvx512{Isa::kAvx512,
+                      &gemv<&avx512::gemv_cols<false>>,
+                      &gemv<&avx512::gemv_cols<true>>,
+                      &gemv_q8<&avx512::gemv_q8_cols>,
+                      &avx512::dequant_q8,
+                      avx512::kW};
 #endif
 
 }  // namespace
@@ -199,7 +271,8 @@ namespace seqpar {
 
 std::string model_kernel_info() {
   const std::string_view gemv = model_simd::isa_name(model_simd::kernels().isa);
-  return detail::concat("gemv_bf16 ", gemv, ", gemv_f16 ", gemv, ", convert ", convert_isa());
+  return detail::concat("gemv_bf16 ", gemv, ", gemv_f16 ", gemv, ", gemv_q8 ", gemv, ", convert ",
+                        convert_isa());
 }
 
 }  // namespace seqpar

@@ -1,5 +1,6 @@
 // Vectorized inner loops of the model's dense operations (private to src/model/): the few-row
-// product of fp32 activations with a bf16 or fp16 weight (decode), widened to fp32 in the load.
+// product of fp32 activations with a bf16, fp16 or Q8_0 weight (decode), widened to fp32 in the
+// load, and the Q8_0 weight's dequantization (prefill).
 //
 // Each routine exists for three instruction sets, like the attention kernel's (src/attention/
 // simd.h): portable scalar C++ (the reference, and the path of CPUs without AVX2), AVX2+FMA+F16C
@@ -43,10 +44,23 @@ constexpr int gemv_unroll(int64_t m, int width) {
   return u < 1 ? 1 : u;
 }
 
+// Q8_0 (ops.h): y (m, n) = x (m, k) · wᵀ + bias with w[j, i] = d[j, i / 32] · q[j, i], q (n, k)
+// int8, d (n, k / 32) fp16; k a multiple of 32, 1 <= m <= kMaxRows; columns split as above.
+// The summation of one output: per block of 32, t = x·q over the block's 32 / width vectors (a
+// product, then FMAs; scalar: 32 products added in sequence), then acc = t·d + acc (one FMA a
+// block, in block order); then the lanes by a tree of depth log2(width); then the bias.
+using GemvQ8 = void (*)(const float* x, int64_t m, int64_t k, const int8_t* q, const uint16_t* d,
+                        int64_t n, const float* bias, float* y);
+constexpr int64_t kQ8Block = 32;
+// w (rows, k) fp32 = d · q, exact (an 8-bit integer times an 11-bit significand fits in fp32).
+using DequantQ8 = void (*)(const int8_t* q, const uint16_t* d, int64_t rows, int64_t k, float* w);
+
 struct Kernels {
   Isa isa;
   Gemv16 gemv_bf16;
   Gemv16 gemv_f16;
+  GemvQ8 gemv_q8;
+  DequantQ8 dequant_q8;
   int width;  // floats per vector (scalar: partial sums)
 };
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "seqpar/core/dtype.h"
+#include "seqpar/core/error.h"
 #include "seqpar/model/ops.h"
 #include "simd_ops.h"
 
@@ -124,6 +125,115 @@ TEST_P(ModelKernels, GemvDoesNotDependOnThreadCount) {
   omp_set_num_threads(saved);
 }
 
+// Roundings one output of gemv_q8 passes through (simd_ops.h): within a block, the product and
+// the FMAs over its vectors (scalar: a product and 31 adds); the block's scale (scalar: a
+// multiply; vector: the FMA into the accumulator); the chain over blocks; the lane tree; the bias.
+int64_t q8_roundings(const Kernels& kern, int64_t k) {
+  const int64_t blocks = k / kQ8Block;
+  if (kern.isa == Isa::kScalar) return kQ8Block + 1 + blocks + 1;
+  int64_t tree = 0;
+  while ((int64_t{1} << tree) < kern.width) ++tree;
+  return kQ8Block / kern.width + blocks + tree + 1;
+}
+
+struct Q8Case {
+  std::vector<int8_t> q;
+  std::vector<uint16_t> d;
+  std::vector<double> w;  // d · q in float64
+};
+
+// Random int8 values and fp16 scales over six decades (subnormal fp16 scales included).
+Q8Case random_q8(int64_t n, int64_t k, std::mt19937& rng) {
+  std::uniform_int_distribution<int> qd(-127, 127);
+  std::uniform_real_distribution<float> ed(-9.f, -1.f);
+  Q8Case c;
+  c.q.resize(n * k);
+  c.d.resize(n * k / kQ8Block);
+  c.w.resize(n * k);
+  for (int8_t& v : c.q) v = static_cast<int8_t>(qd(rng));
+  for (uint16_t& v : c.d) v = f32_to_f16(std::pow(4.f, ed(rng)));
+  for (int64_t i = 0; i < n * k; ++i)
+    c.w[i] = static_cast<double>(f16_to_f32(c.d[i / kQ8Block])) * c.q[i];
+  return c;
+}
+
+TEST_P(ModelKernels, GemvQ8WithinSummationBoundOfFloat64) {
+  const Isa isa = GetParam();
+  if (!cpu_has(isa)) GTEST_SKIP() << "this CPU cannot run the " << isa_name(isa) << " variant";
+  const Kernels& kern = kernels(isa);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  double worst_ratio = 0;
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  for (int64_t m = 1; m <= kMaxRows; ++m)
+    for (int64_t k : {32, 64, 96, 160, 1024, 2048})
+      for (int64_t n : {1, 5, 64}) {
+        if (m * k * n > 200000 && n > 5) continue;
+        for (bool bias : {false, true}) {
+          const Q8Case w = random_q8(n, k, rng);
+          std::vector<float> x(m * k), b(n);
+          for (float& v : x) v = dist(rng);
+          for (float& v : b) v = dist(rng);
+          std::vector<float> y(m * n, NAN);
+          kern.gemv_q8(x.data(), m, k, w.q.data(), w.d.data(), n, bias ? b.data() : nullptr,
+                       y.data());
+          const double dd = static_cast<double>(q8_roundings(kern, k));
+          const double u = std::ldexp(1.0, -24), gamma = dd * u / (1 - dd * u);
+          for (int64_t r = 0; r < m; ++r)
+            for (int64_t j = 0; j < n; ++j) {
+              double exact = bias ? b[j] : 0.0, mag = bias ? std::fabs(b[j]) : 0.0;
+              for (int64_t i = 0; i < k; ++i) {
+                const double p = static_cast<double>(x[r * k + i]) * w.w[j * k + i];
+                exact += p;
+                mag += std::fabs(p);
+              }
+              const double err = std::fabs(y[r * n + j] - exact), bound = gamma * mag;
+              ASSERT_LE(err, bound)
+                  << isa_name(isa) << " m " << m << " k " << k << " n " << n << " bias " << bias
+                  << " at (" << r << ", " << j << "): " << y[r * n + j] << " vs " << exact;
+              if (bound > 0) worst_ratio = std::max(worst_ratio, err / bound);
+            }
+        }
+      }
+  omp_set_num_threads(saved);
+  std::printf("%s gemv_q8: at most %.3g of the bound\n", std::string(isa_name(isa)).c_str(),
+              worst_ratio);
+}
+
+TEST_P(ModelKernels, DequantQ8IsExact) {
+  const Isa isa = GetParam();
+  if (!cpu_has(isa)) GTEST_SKIP() << "this CPU cannot run the " << isa_name(isa) << " variant";
+  std::mt19937 rng(13);
+  const int64_t rows = 7, k = 96;
+  const Q8Case w = random_q8(rows, k, rng);
+  std::vector<float> out(rows * k, NAN);
+  kernels(isa).dequant_q8(w.q.data(), w.d.data(), rows, k, out.data());
+  for (int64_t i = 0; i < rows * k; ++i) ASSERT_EQ(static_cast<double>(out[i]), w.w[i]) << i;
+}
+
+TEST_P(ModelKernels, GemvQ8DoesNotDependOnThreadCount) {
+  const Isa isa = GetParam();
+  if (!cpu_has(isa)) GTEST_SKIP() << "this CPU cannot run the " << isa_name(isa) << " variant";
+  const Kernels& kern = kernels(isa);
+  const int64_t m = 3, k = 512, n = 301;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  const Q8Case w = random_q8(n, k, rng);
+  std::vector<float> x(m * k);
+  for (float& v : x) v = dist(rng);
+  std::vector<float> one(m * n), many(m * n);
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  kern.gemv_q8(x.data(), m, k, w.q.data(), w.d.data(), n, nullptr, one.data());
+  for (int t : {2, 3, 7}) {
+    omp_set_num_threads(t);
+    kern.gemv_q8(x.data(), m, k, w.q.data(), w.d.data(), n, nullptr, many.data());
+    EXPECT_EQ(one, many) << isa_name(isa) << " with " << t << " threads";
+  }
+  omp_set_num_threads(saved);
+}
+
 INSTANTIATE_TEST_SUITE_P(Variants, ModelKernels,
                          ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512),
                          [](const auto& info) { return std::string(isa_name(info.param)); });
@@ -149,3 +259,114 @@ TEST(ModelKernels, LinearUsesTheChosenVariant) {
 
 }  // namespace
 }  // namespace seqpar::model_simd
+
+namespace seqpar {
+namespace {
+
+// quantize_q8_0 against its definition, computed here in float64: every block's scale is the
+// fp16 of max |w| / 127, the block's largest element becomes ±127, and each element is within
+// s / 2 + 127 · |s - d| of d · q (ops.h), on fp32 and bf16 weights over six decades, with zero
+// blocks and a block holding one nonzero.
+TEST(QuantizeQ8, MatchesTheDefinitionAndItsErrorBound) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  std::uniform_real_distribution<float> ed(-6.f, 1.f);
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    const int64_t n = 9, k = 128;
+    Tensor wf({n, k});
+    for (int64_t j = 0; j < n; ++j) {
+      const float scale = std::pow(10.f, ed(rng));
+      for (int64_t i = 0; i < k; ++i) wf.data<float>()[j * k + i] = dist(rng) * scale;
+    }
+    for (int64_t i = 0; i < 32; ++i) wf.data<float>()[i] = 0.f;  // a zero block
+    for (int64_t i = 32; i < 64; ++i) wf.data<float>()[i] = i == 40 ? -3.f : 0.f;
+    const Tensor w = wf.to(t);
+    const Q8Weight qw = quantize_q8_0(w, "w");
+    ASSERT_EQ(qw.q.dtype(), DType::kI8);
+    ASSERT_EQ(qw.d.shape(), (std::vector<int64_t>{n, k / 32}));
+    std::vector<float> deq(n * k);
+    dequantize_q8_0(qw.q, qw.d, 0, n, deq.data());
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t b = 0; b < k / 32; ++b) {
+        double a = 0;
+        for (int64_t i = 0; i < 32; ++i)
+          a = std::max(a, std::fabs(double{w.at(j * k + b * 32 + i)}));
+        const float s = static_cast<float>(a) / 127.f;
+        const uint16_t d = qw.d.data<uint16_t>()[j * (k / 32) + b];
+        ASSERT_EQ(d, f32_to_f16(s)) << dtype_name(t) << " block (" << j << ", " << b << ")";
+        const double ds = f16_to_f32(d);
+        int top = 0;
+        for (int64_t i = 0; i < 32; ++i) {
+          const int64_t e = j * k + b * 32 + i;
+          const int q = qw.q.data<int8_t>()[e];
+          ASSERT_LE(std::abs(q), 127);
+          if (std::fabs(double{w.at(e)}) == a && a > 0) top = std::abs(q);
+          ASSERT_EQ(double{deq[e]}, ds * q);
+          const double bound = s / 2.0 * (1 + 1e-6) + 127 * std::fabs(s - ds);
+          ASSERT_LE(std::fabs(w.at(e) - ds * q), bound) << dtype_name(t) << " element " << e;
+        }
+        if (a > 0) {
+          EXPECT_EQ(top, 127) << "block (" << j << ", " << b << ")";
+        }
+      }
+    EXPECT_EQ(qw.q.data<int8_t>()[40], -127);
+  }
+}
+
+TEST(QuantizeQ8, RefusesWhatItCannotHold) {
+  Tensor odd({4, 40});
+  odd.fill(1.f);
+  EXPECT_THROW(
+      {
+        try {
+          quantize_q8_0(odd, "layers.0.mlp.up_proj.weight");
+        } catch (const InvalidArgument& e) {
+          EXPECT_STREQ(e.what(),
+                       "int8 weights: layers.0.mlp.up_proj.weight has 40 inputs, not a multiple "
+                       "of the block of 32");
+          throw;
+        }
+      },
+      InvalidArgument);
+  Tensor inf({2, 32});
+  inf.fill(1.f);
+  inf.data<float>()[37] = INFINITY;
+  EXPECT_THROW(quantize_q8_0(inf, "w"), InvalidArgument);
+  EXPECT_THROW(Tensor({2, 32}, DType::kI8).to(DType::kF32), Error);
+}
+
+// linear() with Q8_0 weights: up to 8 rows through gemv_q8, more through blocks dequantized for
+// oneDNN's GEMM; both against float64 on the dequantized weights, the GEMM path within the bound
+// of a k-term dot product (its summation order is oneDNN's).
+TEST(QuantizeQ8, LinearOnBothPaths) {
+  std::mt19937 rng(19);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  const int64_t k = 192, n = 70;
+  Tensor w({n, k}, DType::kBF16), bias({n});
+  for (int64_t i = 0; i < w.numel(); ++i) w.data<uint16_t>()[i] = f32_to_bf16(dist(rng) * 0.05f);
+  for (int64_t i = 0; i < n; ++i) bias.data<float>()[i] = dist(rng);
+  const Q8Weight qw = quantize_q8_0(w, "w");
+  std::vector<float> deq(n * k);
+  dequantize_q8_0(qw.q, qw.d, 0, n, deq.data());
+  for (int64_t m : {1, 8, 9, 300}) {
+    Tensor x({m, k});
+    for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = dist(rng);
+    const Tensor y = linear(x, qw.q, bias, qw.d);
+    const double u = std::ldexp(1.0, -24), g = (k + 2) * u / (1 - (k + 2) * u);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t j = 0; j < n; ++j) {
+        double exact = bias.data<float>()[j], mag = std::fabs(exact);
+        for (int64_t i = 0; i < k; ++i) {
+          const double p = double{x.data<float>()[r * k + i]} * deq[j * k + i];
+          exact += p;
+          mag += std::fabs(p);
+        }
+        ASSERT_LE(std::fabs(y.data<float>()[r * n + j] - exact), g * mag)
+            << "m " << m << " at (" << r << ", " << j << ")";
+      }
+  }
+  EXPECT_THROW(linear(Tensor({2, k}), qw.q, Tensor()), Error);
+}
+
+}  // namespace
+}  // namespace seqpar

@@ -1,4 +1,5 @@
-// Element types and conversions. Storage may be fp32, bf16 or fp16; all arithmetic is fp32.
+// Element types and conversions. Storage may be fp32, bf16 or fp16; all arithmetic is fp32. int8
+// holds quantized weights (ops.h's Q8_0), meaningful only with their scales: convert() refuses it.
 // Thread-safety: pure functions.
 #pragma once
 
@@ -10,10 +11,10 @@
 
 namespace seqpar {
 
-enum class DType { kF32, kBF16, kF16 };
+enum class DType { kF32, kBF16, kF16, kI8 };
 
-inline size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
-std::string_view dtype_name(DType t);  // "fp32", "bf16", "fp16"
+inline size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : t == DType::kI8 ? 1 : 2; }
+std::string_view dtype_name(DType t);  // "fp32", "bf16", "fp16", "int8"
 // Parses "fp32"/"f32"/"float32", "bf16"/"bfloat16", "fp16"/"f16"/"float16"; throws InvalidArgument.
 DType parse_dtype(std::string_view name);
 
@@ -35,9 +36,9 @@ inline float bf16_to_f32(uint16_t h) {
 uint16_t f32_to_f16(float f);
 float f16_to_f32(uint16_t h);
 
-// Converts n elements between storage types (src and dst must not overlap). bf16/fp16 -> fp32 is
-// exact and runs vectorized (AVX-512, or AVX2 with F16C), bit-identical to the scalar functions
-// above.
+// Converts n elements between storage types (src and dst must not overlap; int8 only to itself).
+// bf16/fp16 -> fp32 is exact and runs vectorized (AVX-512, or AVX2 with F16C), bit-identical to the
+// scalar functions above.
 void convert(const void* src, DType src_type, void* dst, DType dst_type, size_t n);
 // The instruction set convert() widens bf16/fp16 to fp32 with: "avx512", "avx2" or "scalar", the
 // widest this CPU runs, capped by the environment variable SEQPAR_KERNEL_ISA (read once).

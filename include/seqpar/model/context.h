@@ -77,6 +77,11 @@ class WeightStore {
   Tensor cols(const std::string& name, int64_t begin, int64_t end) const;
   // Bytes of tensor data this store has read from files (a measure of what a rank holds).
   int64_t bytes_read() const { return bytes_read_; }
+  // How the modules built from this store hold their matrix weights (the linear layers, a
+  // decoder's embedding and lm_head): as read (false), or quantized to int8 as they are read
+  // (Q8_0, ops.h: `--weights-dtype int8`). Copies of the store keep the setting.
+  void set_int8_matrices(bool on) { int8_matrices_ = on; }
+  bool int8_matrices() const { return int8_matrices_; }
 
  private:
   struct FileTensor {
@@ -88,6 +93,7 @@ class WeightStore {
   std::map<std::string, Tensor> tensors_;
   std::map<std::string, FileTensor> files_;
   mutable int64_t bytes_read_ = 0;
+  bool int8_matrices_ = false;
 };
 
 }  // namespace seqpar

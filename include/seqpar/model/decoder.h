@@ -147,7 +147,8 @@ class Decoder {
   std::vector<float> inv_freq_;
   int64_t v0_ = 0, v1_ = 0;          // this tp rank's vocabulary rows of embed and lm_head
   std::vector<size_t> vocab_bytes_;  // every tp rank's logits bytes
-  Tensor embed_w, lm_head_w;         // stored dtype; lm_head_w empty when tied
+  Tensor embed_w, lm_head_w;         // stored dtype or int8; lm_head_w empty when tied
+  Tensor embed_scale, lm_head_scale;  // Q8_0 scales of int8 weights (WeightStore::int8_matrices)
   RmsNorm norm_;
   std::vector<Layer> layers_;
 };

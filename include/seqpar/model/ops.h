@@ -16,10 +16,30 @@ namespace seqpar {
 // (out) or empty. x, bias and y are fp32; w is fp32, or bf16/fp16 as a checkpoint stores it
 // (up to 8 rows of x: widened in the load of a vectorized product; more: converted to fp32 a
 // block of rows at a time, the block kept in cache for the matmul).
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias);
+// w may also be int8 quantized as Q8_0 with its scales w_scale (below): up to 8 rows multiply
+// the int8 values directly, more multiply blocks of rows dequantized to fp32.
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias,
+              const Tensor& w_scale = Tensor());
 // The instruction set each of linear()'s kernels runs on this CPU, e.g. "gemv_bf16 avx512,
-// gemv_f16 avx512, convert avx512" (SEQPAR_KERNEL_ISA=scalar|avx2|avx512 caps them).
+// gemv_f16 avx512, gemv_q8 avx512, convert avx512" (SEQPAR_KERNEL_ISA=scalar|avx2|avx512 caps
+// them).
 std::string model_kernel_info();
+
+// Q8_0, llama.cpp's 8-bit weight format, as two tensors: a weight w (n, k), k a multiple of 32,
+// becomes int8 values q (n, k) and one fp16 scale per block of 32 along k, d (n, k / 32), with
+// w[j, i] ≈ d[j, i / 32] · q[j, i]. Per block, as llama.cpp's converter (gguf-py) computes it:
+// a = max |w| over the block, s = a / 127 (fp32), q = round(w / s) (half away from zero) in
+// [-127, 127] (0 where s is 0), d = fp16(s).
+// Error per element: |w - d·q| <= s / 2 + 127 · |s - d|, |s - d| <= 2^-11 · s for a normal fp16
+// (and <= 2^-25 for a subnormal one).
+struct Q8Weight {
+  Tensor q;  // int8 (n, k)
+  Tensor d;  // fp16 (n, k / 32)
+};
+// w is fp32, bf16 or fp16 and finite (InvalidArgument otherwise, naming `name`).
+Q8Weight quantize_q8_0(const Tensor& w, const std::string& name);
+// Rows [row0, row0 + rows) of a Q8_0 weight (q, d) as fp32, into out (rows, k); exact.
+void dequantize_q8_0(const Tensor& q, const Tensor& d, int64_t row0, int64_t rows, float* out);
 
 // y = x / sqrt(mean(x²) + eps) · weight, over the last dimension (weight empty: no scale).
 // sum_sq, when given, replaces the local sum of squares per row (for statistics reduced over a

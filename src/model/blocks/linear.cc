@@ -9,36 +9,47 @@ IndexRange tp_share(int64_t count, int rank, int n) {
   return {count / n * rank, count / n * (rank + 1)};
 }
 
+void hold_matrix(const WeightStore& ws, const std::string& name, Tensor read, Tensor& w,
+                 Tensor& w_scale) {
+  if (!ws.int8_matrices()) {
+    w = std::move(read);
+    return;
+  }
+  Q8Weight q = quantize_q8_0(read, name);
+  w = std::move(q.q);
+  w_scale = std::move(q.d);
+}
+
 Linear Linear::load(const WeightStore& ws, const std::string& name, bool bias) {
   Linear l;
   const std::string w = name + ".weight";
-  l.w = ws.rows(w, 0, ws.shape(w).at(0));
+  hold_matrix(ws, w, ws.rows(w, 0, ws.shape(w).at(0)), l.w, l.w_scale);
   if (bias) l.b = ws.get(name + ".bias");
   return l;
 }
 
-Tensor Linear::forward(const Tensor& x) const { return linear(x, w, b); }
+Tensor Linear::forward(const Tensor& x) const { return linear(x, w, b, w_scale); }
 
 ColumnLinear ColumnLinear::load(const WeightStore& ws, const std::string& name, int64_t begin,
                                 int64_t end, bool bias) {
   ColumnLinear l;
-  l.w = ws.rows(name + ".weight", begin, end);
+  hold_matrix(ws, name + ".weight", ws.rows(name + ".weight", begin, end), l.w, l.w_scale);
   if (bias) l.b = ws.rows(name + ".bias", begin, end).to(DType::kF32);
   return l;
 }
 
-Tensor ColumnLinear::forward(const Tensor& x) const { return linear(x, w, b); }
+Tensor ColumnLinear::forward(const Tensor& x) const { return linear(x, w, b, w_scale); }
 
 RowLinear RowLinear::load(const WeightStore& ws, const std::string& name, int64_t begin,
                           int64_t end, bool bias) {
   RowLinear l;
-  l.w = ws.cols(name + ".weight", begin, end);
+  hold_matrix(ws, name + ".weight", ws.cols(name + ".weight", begin, end), l.w, l.w_scale);
   if (bias) l.b = ws.get(name + ".bias");
   return l;
 }
 
 Tensor RowLinear::forward(const Tensor& x, Communicator& tp) const {
-  Tensor y = linear(x, w, Tensor());
+  Tensor y = linear(x, w, Tensor(), w_scale);
   if (tp.size() > 1) tp.all_reduce(std::span<float>(y.data<float>(), y.numel()), ReduceOp::kSum);
   if (!b.empty()) {
     const int64_t n = b.numel(), rows = y.numel() / n;

@@ -1,7 +1,8 @@
 // Linear layers of the blocks: whole on every rank (embeddings and heads of a DiT), or split over
 // the tensor-parallel group by output rows (column-parallel: q/k/v, FFN up) or by input columns
-// (row-parallel: o, FFN down). Weights stay in the checkpoint's dtype; ops' linear converts.
-// Shapes are per rank.
+// (row-parallel: o, FFN down). Weights stay in the checkpoint's dtype (ops' linear converts), or
+// become Q8_0 int8 with their scales in w_scale when the store says so (int8_matrices). Shapes
+// are per rank.
 // Thread-safety: a layer is used by one rank thread; load() reads the store only.
 #pragma once
 
@@ -16,17 +17,22 @@ namespace seqpar {
 // The contiguous share of `count` items of tp rank r of n (count divisible by n).
 IndexRange tp_share(int64_t count, int rank, int n);
 
+// A matrix weight `read` from the store under `name`, held as the store says: into w as read, or
+// quantized to Q8_0 into w (int8) and w_scale (fp16).
+void hold_matrix(const WeightStore& ws, const std::string& name, Tensor read, Tensor& w,
+                 Tensor& w_scale);
+
 // y = x·Wᵀ + b with W (out, in), the same on every rank.
 // Weights: <name>.weight (+ .bias).
 struct Linear {
-  Tensor w, b;
+  Tensor w, b, w_scale;
   static Linear load(const WeightStore& ws, const std::string& name, bool bias);
   Tensor forward(const Tensor& x) const;  // (.., in) -> (.., out)
 };
 
 // y = x·Wᵀ + b with W (out, in): this rank holds output rows [begin, end) (column-parallel).
 struct ColumnLinear {
-  Tensor w, b;
+  Tensor w, b, w_scale;
   static ColumnLinear load(const WeightStore& ws, const std::string& name, int64_t begin,
                            int64_t end, bool bias);
   Tensor forward(const Tensor& x) const;  // (.., in) -> (.., end-begin)
@@ -35,7 +41,7 @@ struct ColumnLinear {
 // y = all_reduce_tp(x_t·W_tᵀ) + b with W (out, in): this rank holds input columns [begin, end)
 // (row-parallel); the bias is added once, after the reduction.
 struct RowLinear {
-  Tensor w, b;
+  Tensor w, b, w_scale;
   static RowLinear load(const WeightStore& ws, const std::string& name, int64_t begin, int64_t end,
                         bool bias);
   Tensor forward(const Tensor& x, Communicator& tp) const;  // (.., end-begin) -> (.., out)
