@@ -1,6 +1,6 @@
 // gemv_bench: the decode product of linear() (src/model/simd_ops.h) per instruction-set variant,
-// y (m, n) = x (m, k) · w (n, k, bf16 or fp16)ᵀ, at Llama-3.2-1B decode shapes by default
-// (k 2048; n 8192 = the FFN's up/gate, n 2048 = q/o; m 1).
+// y (m, n) = x (m, k) · w (n, k, bf16, fp16 or Q8_0 int8)ᵀ, at Llama-3.2-1B decode shapes by
+// default (k 2048; n 8192 = the FFN's up/gate, n 2048 = q/o; m 1).
 //
 //   gemv_bench [--k 2048] [--n 8192,2048] [--m 1] [--dtype bf16] [--threads 1] [--rounds 5]
 //              [--min-time 0.2]
@@ -18,6 +18,7 @@
 #include "bench_util.h"
 #include "seqpar/core/dtype.h"
 #include "seqpar/core/tensor.h"
+#include "seqpar/model/ops.h"
 #include "simd_ops.h"
 
 namespace {
@@ -51,9 +52,11 @@ int main(int argc, char** argv) {
     } else if (a == "--m") {
       ms_rows = seqpar::bench::parse_list("gemv_bench", a, v);
     } else if (a == "--dtype") {
-      dtype = v == "fp16" ? seqpar::DType::kF16 : seqpar::DType::kBF16;
-      if (v != "fp16" && v != "bf16")
-        usage_error("--dtype '" + v + "' is invalid; valid: bf16, fp16");
+      dtype = v == "fp16"   ? seqpar::DType::kF16
+              : v == "int8" ? seqpar::DType::kI8
+                            : seqpar::DType::kBF16;
+      if (v != "fp16" && v != "bf16" && v != "int8")
+        usage_error("--dtype '" + v + "' is invalid; valid: bf16, fp16, int8");
     } else if (a == "--threads") {
       threads = std::atoi(v.c_str());
     } else if (a == "--rounds") {
@@ -81,7 +84,10 @@ int main(int argc, char** argv) {
     for (int64_t k : ks)
       for (int64_t n : ns) {
         const seqpar::Tensor x = seqpar::random_normal({m, k}, 1);
-        const seqpar::Tensor w = seqpar::random_normal({n, k}, 2, dtype);
+        const bool q8 = dtype == seqpar::DType::kI8;
+        const seqpar::Tensor w =
+            seqpar::random_normal({n, k}, 2, q8 ? seqpar::DType::kBF16 : dtype);
+        const seqpar::Q8Weight wq = q8 ? seqpar::quantize_q8_0(w, "w") : seqpar::Q8Weight{};
         std::vector<float> y(m * n);
         const auto* wp = static_cast<const uint16_t*>(w.raw());
         std::vector<double> best(isas.size(), 1e30);
@@ -90,14 +96,23 @@ int main(int argc, char** argv) {
             const ms::Kernels& kern = ms::kernels(isas[v]);
             const ms::Gemv16 f = dtype == seqpar::DType::kBF16 ? kern.gemv_bf16 : kern.gemv_f16;
             const double t = seqpar::bench::time_per_call(
-                [&] { f(x.data<float>(), m, k, wp, n, nullptr, y.data()); }, min_time);
+                [&] {
+                  if (q8) {
+                    kern.gemv_q8(x.data<float>(), m, k, wq.q.data<int8_t>(), wq.d.data<uint16_t>(),
+                                 n, nullptr, y.data());
+                  } else {
+                    f(x.data<float>(), m, k, wp, n, nullptr, y.data());
+                  }
+                },
+                min_time);
             best[v] = std::min(best[v], t);
           }
         for (size_t v = 0; v < isas.size(); ++v)
           std::printf("| %lld | %lld | %lld | %s | %.1f | %.1f | %.2fx |\n",
                       static_cast<long long>(m), static_cast<long long>(k),
                       static_cast<long long>(n), std::string(ms::isa_name(isas[v])).c_str(),
-                      best[v] * 1e6, 2.0 * n * k / best[v] * 1e-9, best[0] / best[v]);
+                      best[v] * 1e6, (q8 ? 34.0 / 32 : 2.0) * n * k / best[v] * 1e-9,
+                      best[0] / best[v]);
       }
   return 0;
 }

@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""int8_accuracy: seqpar generate with --weights-dtype int8 (Q8_0 matrices) against the same
+checkpoint's own weights, greedy over N steps on one prompt.
+
+  bench/int8_accuracy.py --seqpar build/seqpar --model DIR [--prompt 256] [--steps 64]
+
+Reports, over the steps whose context is the same in both runs (every step up to and including
+the first whose greedy tokens differ): the largest |logit difference|, the mean and least overlap
+of the ten highest logits, and how many greedy tokens agree. Not a test: nothing passes or fails.
+Needs numpy and safetensors (build/pyenv has both)."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+from safetensors.numpy import load_file
+
+
+def generate(args, prompt_file, out, weights):
+    cmd = [args.seqpar, "generate", "--model", args.model, "--prompt-ids-file", prompt_file,
+           "--max-new-tokens", str(args.steps), "--ignore-eos", "--json", "--quiet",
+           "--output", out, "--weights-dtype", weights, *args.mesh.split()]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"int8_accuracy: {' '.join(cmd)} failed:\n{r.stderr}")
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    t = load_file(out)
+    return summary, t["tokens"].tolist(), t["logits"].astype(np.float64)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seqpar", default="build/seqpar")
+    p.add_argument("--model", default="/tmp/seqpar_llama3.2-1b_bf16")
+    p.add_argument("--prompt", type=int, default=256)
+    p.add_argument("--steps", type=int, default=64)
+    p.add_argument("--mesh", default="", help="extra generate flags, e.g. '--tp 2'")
+    args = p.parse_args()
+    with open(os.path.join(args.model, "config.json")) as f:
+        vocab = json.load(f)["vocab_size"]
+    with tempfile.TemporaryDirectory() as tmp:
+        prompt_file = os.path.join(tmp, "prompt.txt")
+        rng = np.random.default_rng(0)
+        with open(prompt_file, "w") as f:
+            f.write(",".join(map(str, rng.integers(0, vocab, args.prompt).tolist())))
+        s_ref, tok_ref, log_ref = generate(args, prompt_file, os.path.join(tmp, "ref.st"),
+                                           "checkpoint")
+        s_q8, tok_q8, log_q8 = generate(args, prompt_file, os.path.join(tmp, "q8.st"), "int8")
+    agree = 0
+    while agree < len(tok_ref) and tok_ref[agree] == tok_q8[agree]:
+        agree += 1
+    same_context = min(agree + 1, len(tok_ref))
+    err = np.abs(log_ref[:same_context] - log_q8[:same_context]).max(axis=1)
+    top = [len(set(np.argsort(-log_ref[i])[:10]) & set(np.argsort(-log_q8[i])[:10]))
+           for i in range(same_context)]
+    spread = float(np.mean([log_ref[i].std() for i in range(same_context)]))
+    result = {
+        "model": args.model, "prompt": args.prompt, "steps": args.steps, "mesh": args.mesh,
+        "greedy_tokens_agreeing": agree, "steps_compared": same_context,
+        "max_abs_logit_error": float(err.max()), "median_step_max_abs_logit_error":
+            float(np.median(err)), "logit_std": spread,
+        "top10_overlap_mean": float(np.mean(top)), "top10_overlap_min": int(min(top)),
+        "decode_tokens_per_second": {"checkpoint": s_ref["decode_tokens_per_second"],
+                                     "int8": s_q8["decode_tokens_per_second"]},
+        "prefill_tokens_per_second": {"checkpoint": s_ref["prefill_tokens_per_second"],
+                                      "int8": s_q8["prefill_tokens_per_second"]},
+        "peak_resident_bytes_per_rank": {"checkpoint": s_ref["peak_resident_bytes_per_rank"],
+                                         "int8": s_q8["peak_resident_bytes_per_rank"]},
+    }
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
