@@ -46,20 +46,6 @@ std::vector<int64_t> prompt_ids(const GenerateOptions& o) {
   return parse_id_text("--prompt-ids-file " + f, read_file("--prompt-ids-file", f));
 }
 
-// Every matrix a rank quantizes to Q8_0 needs a multiple of 32 inputs: said once, before a rank
-// reads a weight.
-void check_int8_matrices(const DecoderConfig& m, int tp) {
-  const std::pair<const char*, int64_t> inputs[] = {
-      {"hidden_size", m.hidden},
-      {"the attention output's inputs per tp rank (heads x head_dim / --tp)",
-       m.heads * m.head_dim / tp},
-      {"intermediate_size / --tp", m.ffn_dim / tp}};
-  for (const auto& [what, k] : inputs) {
-    SEQPAR_ARG_CHECK(k % 32 == 0, "--weights-dtype int8 quantizes blocks of 32 inputs; ", what,
-                     " is ", k, " (use --weights-dtype checkpoint)");
-  }
-}
-
 // Everything checked before a rank starts.
 struct Prepared {
   CausalLmCheckpoint ck;
@@ -84,7 +70,6 @@ Prepared prepare(const GenerateOptions& o, int world) {
   const std::vector<int64_t> ids = prompt_ids(o);
   p.ck = open_causal_lm(o.model);
   const DecoderConfig& m = p.ck.config;
-  if (o.weights_dtype == "int8") check_int8_matrices(m, p.mesh.mesh.tp);
   const std::string config = o.model + "/config.json";
   CausalLmRunNames names;
   names.prompt = o.prompt_ids.empty() ? "--prompt-ids-file" : "--prompt-ids";
@@ -115,6 +100,8 @@ Prepared prepare(const GenerateOptions& o, int world) {
                  static_cast<long long>(last), static_cast<long long>(m.max_positions),
                  config.c_str());
   check_causal_lm_tp(p.ck, p.mesh.mesh.tp, names);
+  names.int8 = "--weights-dtype int8";
+  if (o.weights_dtype == "int8") check_causal_lm_int8(p.ck, p.mesh.mesh.tp, names);
   apply_chunk_flags(o, p.chunking);
   const int64_t prompt = static_cast<int64_t>(ids.size());
   const int64_t prefill =

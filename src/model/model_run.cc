@@ -52,6 +52,19 @@ void check_causal_lm_tp(const CausalLmCheckpoint& ck, int64_t tp, const CausalLm
       "/config.json)");
 }
 
+void check_causal_lm_int8(const CausalLmCheckpoint& ck, int64_t tp, const CausalLmRunNames& names) {
+  const DecoderConfig& m = ck.config;
+  const std::pair<std::string, int64_t> inputs[] = {
+      {"hidden_size", m.hidden},
+      {"the attention output's inputs per rank (num_attention_heads x head_dim / " + names.tp + ")",
+       m.heads * m.head_dim / tp},
+      {"intermediate_size / " + names.tp, m.ffn_dim / tp}};
+  for (const auto& [what, k] : inputs) {
+    SEQPAR_ARG_CHECK(k % 32 == 0, names.int8, " quantizes blocks of 32 inputs; ", what, " is ", k,
+                     " (", ck.dir, "/config.json); valid: multiples of 32");
+  }
+}
+
 std::vector<int32_t> check_causal_lm_prompt(const CausalLmCheckpoint& ck,
                                             const std::vector<int64_t>& ids, int64_t max_new_tokens,
                                             bool allow_long_context,

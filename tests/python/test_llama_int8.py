@@ -125,5 +125,5 @@ def test_refusals(ckpts, tmp_path):
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().splitlines()[-1] == (
         "seqpar: error: --weights-dtype int8 quantizes blocks of 32 inputs; the attention "
-        "output's inputs per tp rank (heads x head_dim / --tp) is 16 (use --weights-dtype "
-        "checkpoint)")
+        "output's inputs per rank (num_attention_heads x head_dim / --tp) is 16 "
+        f"({path}/config.json); valid: multiples of 32")

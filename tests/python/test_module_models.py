@@ -91,6 +91,29 @@ def test_llama_bad_arguments(llama):
         assert model.generate(llama["prompt"], 2).tolist() == llama["tokens"][:2]  # still serving
 
 
+def test_llama_int8(llama, tmp_path):
+    """weights_dtype="int8" against transformers on the Q8_0-dequantized weights (the bound and
+    the reference of test_llama_int8.py), and its refusals."""
+    from test_llama_int8 import TOL, dequantized_copy
+    ref = dequantized_copy(llama["path"], str(tmp_path / "q8"))
+    want_tokens, want_logits = L.reference(ref, llama["prompt"], NEW)
+    with seqpar.Llama.from_pretrained(llama["path"], weights_dtype="int8", tp=2) as model:
+        assert model.weights_dtype == "int8"
+        tokens, logits = model.generate(llama["prompt"], NEW, return_logits=True)
+    err = float(np.abs(np.asarray(logits) - want_logits).max())
+    print(f"llama int8 tp 2: max abs logit error {err:.3g}")
+    assert tokens.tolist() == want_tokens and err <= TOL
+    with pytest.raises(ValueError, match=r"^CausalLM: weights_dtype 'int4' is unknown; valid: "
+                       r"'checkpoint', 'int8'$"):
+        seqpar.Llama.from_pretrained(llama["path"], weights_dtype="int4")
+    with pytest.raises(ValueError, match=r"^weights_dtype='int8' quantizes blocks of 32 inputs; "
+                       r"the attention output's inputs per rank \(num_attention_heads x head_dim "
+                       r"/ tp\) is 16 \(.*/config.json\); valid: multiples of 32$"):
+        seqpar.Llama.from_pretrained(llama["path"], weights_dtype="int8", tp=8)
+    with pytest.raises(TypeError, match="weights_dtype must be a str"):
+        seqpar.Llama.from_pretrained(llama["path"], weights_dtype=8)
+
+
 @pytest.mark.parametrize("mesh", [{}, {"tp": 4}], ids=["1rank", "tp4"])
 def test_llama_larger_than_the_machine(tmp_path, mesh):
     """Refused from the headers, before a weight is read: the need per rank and what is

@@ -37,10 +37,16 @@ ParallelContext model_context(MeshComms& mc, const ParallelConfig& m);
 // max_new_tokens and tp in messages.
 struct CausalLmRunNames {
   std::string prompt = "prompt", max_new_tokens = "max_new_tokens", tp = "tp",
-              allow_long_context = "allow_long_context=True", token = "prompt token";
+              allow_long_context = "allow_long_context=True", token = "prompt token",
+              int8 = "weights_dtype='int8'";
 };
 void check_causal_lm_tp(const CausalLmCheckpoint& ck, int64_t tp,
                         const CausalLmRunNames& names = {});
+// With int8 weights (WeightStore::set_int8_matrices), every input dimension a rank quantizes
+// must be a multiple of Q8_0's block of 32: hidden_size, heads x head_dim / tp, intermediate_size
+// / tp.
+void check_causal_lm_int8(const CausalLmCheckpoint& ck, int64_t tp,
+                          const CausalLmRunNames& names = {});
 std::vector<int32_t> check_causal_lm_prompt(const CausalLmCheckpoint& ck,
                                             const std::vector<int64_t>& prompt,
                                             int64_t max_new_tokens, bool allow_long_context,
