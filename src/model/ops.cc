@@ -1,11 +1,12 @@
 #include "seqpar/model/ops.h"
 
-#include <dnnl.hpp>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <dnnl.hpp>
 #include <unordered_map>
 #include <vector>
 
@@ -20,13 +21,14 @@ struct MatmulKey {
   int64_t m, n, k;
   bool bias;
   int64_t ldc;  // the row stride of y (n, or wider when y is a column block of a wider matrix)
+  int threads;  // oneDNN's team when the primitive was made (1 inside a parallel region)
   bool operator==(const MatmulKey&) const = default;
 };
 struct MatmulKeyHash {
   size_t operator()(const MatmulKey& s) const {
     return std::hash<int64_t>()(s.m) * 1000003u ^ std::hash<int64_t>()(s.n) * 10007u ^
            std::hash<int64_t>()(s.k) * 31u ^ std::hash<int64_t>()(s.ldc) * 7u ^
-           static_cast<size_t>(s.bias);
+           static_cast<size_t>(s.bias) ^ static_cast<size_t>(s.threads) << 20;
   }
 };
 
@@ -63,7 +65,8 @@ namespace {
 // y[:, j0 : j0+n) (row stride ldc) = x (m, k) · w (n, k)ᵀ + bias (n, or null); all fp32.
 void matmul_f32(const float* x, int64_t m, int64_t k, const float* w, int64_t n, const float* bias,
                 float* y, int64_t ldc) {
-  dnnl::matmul& mm = matmul_for({m, n, k, bias != nullptr, ldc});
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  dnnl::matmul& mm = matmul_for({m, n, k, bias != nullptr, ldc, threads});
   using dt = dnnl::memory::data_type;
   dnnl::memory am({{m, k}, dt::f32, dnnl::memory::dims{k, 1}}, engine(), const_cast<float*>(x));
   dnnl::memory bm({{k, n}, dt::f32, dnnl::memory::dims{1, k}}, engine(), const_cast<float*>(w));
@@ -179,25 +182,39 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
     return y;
   }
   // A weight kept in its checkpoint's 16-bit dtype, or in Q8_0: converted a block of rows at a
-  // time.
+  // time and multiplied. With a team of threads the blocks are handed out one at a time, each
+  // converted and multiplied by one thread alone (oneDNN runs single-threaded inside the team):
+  // the conversions run in parallel too, and a descheduled thread's blocks go to the others
+  // instead of every thread waiting for it at each block's barrier.
   const int64_t block_bytes = m >= kManyRows ? kConvertedBlockBytesManyRows : kConvertedBlockBytes;
-  const int64_t block = std::clamp<int64_t>(block_bytes / (4 * k) / 16 * 16, 16, n);
-  thread_local std::vector<float> converted;
-  converted.resize(static_cast<size_t>(block * k));
+  const int team = omp_in_parallel() ? 1 : omp_get_max_threads();
+  int64_t block = std::clamp<int64_t>(block_bytes / (4 * k) / 16 * 16, 16, n);
+  if (team > 1)
+    block = std::min(block, std::max<int64_t>(16, (n + 4 * team - 1) / (4 * team) / 16 * 16));
+  const int64_t blocks = (n + block - 1) / block;
   const size_t esize = dtype_size(w.dtype());
-  for (int64_t j0 = 0; j0 < n; j0 += block) {
+  const int64_t scales_per_row = q8 ? k / model_simd::kQ8Block : 0;
+  auto run_block = [&](int64_t j0) {
+    thread_local std::vector<float> converted;
     const int64_t nb = std::min(block, n - j0);
+    converted.resize(static_cast<size_t>(nb * k));
     if (q8) {
       model_simd::kernels().dequant_q8(w.data<int8_t>() + j0 * k,
-                                       w_scale.data<uint16_t>() + j0 * (k / model_simd::kQ8Block),
-                                       nb, k, converted.data());
+                                       w_scale.data<uint16_t>() + j0 * scales_per_row, nb, k,
+                                       converted.data());
     } else {
       convert(static_cast<const std::byte*>(w.raw()) + j0 * k * esize, w.dtype(), converted.data(),
               DType::kF32, static_cast<size_t>(nb * k));
     }
     matmul_f32(x.data<float>(), m, k, converted.data(), nb, b ? b + j0 : nullptr,
                y.data<float>() + j0, n);
+  };
+  if (team == 1 || blocks == 1) {
+    for (int64_t i = 0; i < blocks; ++i) run_block(i * block);
+    return y;
   }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(team)
+  for (int64_t i = 0; i < blocks; ++i) run_block(i * block);
   return y;
 }
 

@@ -196,18 +196,23 @@ namespace {
 using GemvCols = void (*)(const float* x, int64_t m, int64_t k, const uint16_t* w, int64_t n,
                           const float* bias, float* y, int64_t j0, int64_t j1);
 
-// Output columns split statically over the calling thread's OpenMP team.
+// Runs cols(j0, j1) over [0, n) on the calling thread's OpenMP team: chunks of columns handed
+// out one at a time (about 8 a thread), so that a descheduled thread's chunks go to the others.
+template <typename Cols>
+void over_columns(int64_t n, Cols&& cols) {
+  const int team = omp_in_parallel() ? 1 : omp_get_max_threads();
+  if (team == 1) return cols(0, n);
+  const int64_t chunk = std::max<int64_t>(16, (n + 8 * team - 1) / (8 * team));
+  const int64_t chunks = (n + chunk - 1) / chunk;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(team)
+  for (int64_t c = 0; c < chunks; ++c) cols(c * chunk, std::min(n, (c + 1) * chunk));
+}
+
 template <GemvCols kCols>
 void gemv(const float* x, int64_t m, int64_t k, const uint16_t* w, int64_t n, const float* bias,
           float* y) {
   SEQPAR_CHECK(m >= 1 && m <= kMaxRows, "gemv: ", m, " rows; at most ", kMaxRows);
-#pragma omp parallel
-  {
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    const int64_t per = n / nt, extra = n % nt;
-    const int64_t j0 = t * per + std::min(t, extra);
-    kCols(x, m, k, w, n, bias, y, j0, j0 + per + (t < extra ? 1 : 0));
-  }
+  over_columns(n, [&](int64_t j0, int64_t j1) { kCols(x, m, k, w, n, bias, y, j0, j1); });
 }
 
 using GemvQ8Cols = void (*)(const float* x, int64_t m, int64_t k, const int8_t* q,
@@ -219,13 +224,7 @@ void gemv_q8(const float* x, int64_t m, int64_t k, const int8_t* q, const uint16
              const float* bias, float* y) {
   SEQPAR_CHECK(m >= 1 && m <= kMaxRows, "gemv_q8: ", m, " rows; at most ", kMaxRows);
   SEQPAR_CHECK(k % kQ8Block == 0, "gemv_q8: k ", k, " is not a multiple of ", kQ8Block);
-#pragma omp parallel
-  {
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    const int64_t per = n / nt, extra = n % nt;
-    const int64_t j0 = t * per + std::min(t, extra);
-    kCols(x, m, k, q, d, n, bias, y, j0, j0 + per + (t < extra ? 1 : 0));
-  }
+  over_columns(n, [&](int64_t j0, int64_t j1) { kCols(x, m, k, q, d, n, bias, y, j0, j1); });
 }
 
 const Kernels kScalar{Isa::kScalar,

@@ -26,8 +26,9 @@ using seqpar::Isa;
 using seqpar::isa_name;
 
 // y (m, n) = x (m, k) · w (n, k, 16-bit)ᵀ + bias (n, or null); x, bias, y fp32; 1 <= m <= kMaxRows.
-// Output columns are split over the calling thread's OpenMP team; each output is one thread's
-// dot product in a fixed order, so the result does not depend on the number of threads.
+// Output columns are handed out in chunks over the calling thread's OpenMP team; each output is
+// one thread's dot product in a fixed order, so the result does not depend on the number of
+// threads.
 constexpr int64_t kMaxRows = 8;
 using Gemv16 = void (*)(const float* x, int64_t m, int64_t k, const uint16_t* w, int64_t n,
                         const float* bias, float* y);
