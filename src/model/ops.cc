@@ -118,10 +118,10 @@ Q8Weight quantize_q8_0(const Tensor& w, const std::string& name) {
         }
         a = std::max(a, std::fabs(v[i]));
       }
-      const float s = a / 127.f;
+      const float s = a / 127.f, inv = s == 0.f ? 0.f : 1.f / s;
       int8_t* qb = q + j * k + b * model_simd::kQ8Block;
       for (int64_t i = 0; i < model_simd::kQ8Block; ++i)
-        qb[i] = s == 0.f ? 0 : static_cast<int8_t>(std::round(v[i] / s));
+        qb[i] = static_cast<int8_t>(std::round(v[i] * inv));
       d[j * (k / model_simd::kQ8Block) + b] = f32_to_f16(s);
     }
   }

@@ -300,6 +300,12 @@ TEST(QuantizeQ8, MatchesTheDefinitionAndItsErrorBound) {
           const int64_t e = j * k + b * 32 + i;
           const int q = qw.q.data<int8_t>()[e];
           ASSERT_LE(std::abs(q), 127);
+          // llama.cpp's rounding: the value times the fp32 reciprocal, half away from zero.
+          const float scaled = w.at(e) * (s == 0.f ? 0.f : 1.f / s);
+          const double frac = std::fabs(scaled) - std::floor(std::fabs(scaled));
+          const int expect = static_cast<int>(std::copysign(
+              std::floor(std::fabs(scaled)) + (frac >= 0.5 ? 1 : 0), scaled));
+          ASSERT_EQ(q, expect) << dtype_name(t) << " element " << e;
           if (std::fabs(double{w.at(e)}) == a && a > 0) top = std::abs(q);
           ASSERT_EQ(double{deq[e]}, ds * q);
           const double bound = s / 2.0 * (1 + 1e-6) + 127 * std::fabs(s - ds);

@@ -1,7 +1,7 @@
 """seqpar generate --weights-dtype int8 (Q8_0 matrices quantized at load) against transformers'
 LlamaForCausalLM run on the same checkpoint with every matrix replaced by its Q8_0
 dequantization, computed here in numpy from the format's definition (blocks of 32 along each
-row: d = max|w| / 127 in float32, q = round(w / d) half away from zero, w' = float16(d) * q).
+row: d = max|w| / 127 in float32, q = round(w * (1 / d)) half away from zero, w' = float16(d) * q).
 Both sides then multiply the same numbers in float32, so the tokens must agree and the logits sit
 within the float32 bound of the other generate tests; a wrong block, scale or rounding moves them
 by the quantization step instead (about 1e-2 here)."""
@@ -26,9 +26,11 @@ def q8_0(w):
     """Q8_0 round trip of a float32 matrix (rows, k), k a multiple of 32."""
     blocks = w.reshape(w.shape[0], -1, 32).astype(np.float32)
     d = (np.abs(blocks).max(axis=2, keepdims=True) / np.float32(127)).astype(np.float32)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        x = np.where(d > 0, blocks / d, np.float32(0))
-    q = np.sign(x) * np.floor(np.abs(x) + np.float32(0.5))
+    with np.errstate(divide="ignore"):
+        inv = np.where(d > 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    x = (blocks * inv).astype(np.float32)
+    a = np.abs(x)
+    q = np.sign(x) * (np.floor(a) + np.floor(2 * (a - np.floor(a))))  # half away from zero
     return (d.astype(np.float16).astype(np.float32) * q).reshape(w.shape)
 
 

@@ -27,9 +27,10 @@ std::string model_kernel_info();
 
 // Q8_0, llama.cpp's 8-bit weight format, as two tensors: a weight w (n, k), k a multiple of 32,
 // becomes int8 values q (n, k) and one fp16 scale per block of 32 along k, d (n, k / 32), with
-// w[j, i] ≈ d[j, i / 32] · q[j, i]. Per block, as llama.cpp's converter (gguf-py) computes it:
-// a = max |w| over the block, s = a / 127 (fp32), q = round(w / s) (half away from zero) in
-// [-127, 127] (0 where s is 0), d = fp16(s).
+// w[j, i] ≈ d[j, i / 32] · q[j, i]. Per block, as llama.cpp computes it (ggml's
+// quantize_row_q8_0_ref, gguf-py's Q8_0): a = max |w| over the block, s = a / 127 (fp32),
+// q = round(w · (1 / s)) (half away from zero; 0 where s is 0) in [-127, 127], d = fp16(s): the
+// same bytes as a GGUF Q8_0 file made from the same weights.
 // Error per element: |w - d·q| <= s / 2 + 127 · |s - d|, |s - d| <= 2^-11 · s for a normal fp16
 // (and <= 2^-25 for a subnormal one).
 struct Q8Weight {
