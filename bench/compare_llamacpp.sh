@@ -101,6 +101,7 @@ gguf_dir="${model%/}-gguf"
 
 work="$(mktemp -d /tmp/compare_llamacpp.XXXXXX)"
 results="$work/results.jsonl"
+: >"$results"
 vocab="$("$py" -c "import json,sys; print(json.load(open(sys.argv[1]))['vocab_size'])" "$model/config.json")"
 ids() {  # P -> file of P token ids, as llama_bench
   "$py" -c "import sys; P, V = int(sys.argv[1]), int(sys.argv[2]); print(','.join(str((i * 7919 + 13) % V) for i in range(P)))" "$1" "$vocab" >"$work/prompt_$1.txt"
@@ -146,40 +147,40 @@ print(json.dumps({"round": int(round_), "prompt": int(P), "side": side, "config"
 EOF
   echo "compare_llamacpp: round $round, P $P, $side $config: $(tail -n 1 "$results" | cut -c1-160)" >&2
 }
-sp() {  # seqpar generate on P's prompt, extra flags after
-  local P="$1"; shift
-  "$seqpar" generate --model "$model" --prompt-ids-file "$work/prompt_$P.txt" \
-    --max-new-tokens "$((decode + 1))" --ignore-eos --json --quiet "$@"
-}
-lc() {  # llama.cpp on P's prompt, GGUF type
-  "$py" "$here/llamacpp_run.py" generate --model "$gguf_dir/model-$2.gguf" \
-    --prompt-ids-file "$work/prompt_$1.txt" --max-new-tokens "$((decode + 1))" --threads "$threads"
-}
+sp=("$seqpar" generate --model "$model" --max-new-tokens "$((decode + 1))" --ignore-eos --json
+    --quiet)
+lc=("$py" "$here/llamacpp_run.py" generate --max-new-tokens "$((decode + 1))" --threads "$threads")
 for P in $prompts; do ids "$P" >/dev/null; done
+start="$(date -u +%H:%M) UTC, load average $(cut -d' ' -f1 /proc/loadavg)"
 for round in $(seq 1 "$rounds"); do
   for P in $prompts; do
-    run "$round" "$P" seqpar "1x2 bf16" sp "$P"
-    run "$round" "$P" llama.cpp "bf16" lc "$P" bf16
-    run "$round" "$P" seqpar "tp2 bf16" sp "$P" --tp 2
+    f="$work/prompt_$P.txt"
+    run "$round" "$P" seqpar "1x2 bf16" "${sp[@]}" --prompt-ids-file "$f"
+    run "$round" "$P" llama.cpp "bf16" "${lc[@]}" --prompt-ids-file "$f" --model "$gguf_dir/model-bf16.gguf"
+    run "$round" "$P" seqpar "tp2 bf16" "${sp[@]}" --prompt-ids-file "$f" --tp 2
     if [[ "$int8" == 1 ]]; then
-      run "$round" "$P" seqpar "1x2 int8" sp "$P" --weights-dtype int8
-      run "$round" "$P" llama.cpp "q8_0" lc "$P" q8_0
-      run "$round" "$P" seqpar "tp2 int8" sp "$P" --tp 2 --weights-dtype int8
+      run "$round" "$P" seqpar "1x2 int8" "${sp[@]}" --prompt-ids-file "$f" --weights-dtype int8
+      run "$round" "$P" llama.cpp "q8_0" "${lc[@]}" --prompt-ids-file "$f" --model "$gguf_dir/model-q8_0.gguf"
+      run "$round" "$P" seqpar "tp2 int8" "${sp[@]}" --prompt-ids-file "$f" --tp 2 --weights-dtype int8
     fi
   done
 done
 
 # --- table --------------------------------------------------------------------------------------
 report="$work/report.md"
+end="$(date -u +%H:%M) UTC, load average $(cut -d' ' -f1 /proc/loadavg)"
 "$py" - "$results" "$work/check_fa_off.json" "$work/check_fa_auto.json" "$int8" "$rounds" "$decode" "$threads" "$cores" \
-  "$version" >"$report" <<'EOF'
+  "$version" "seqpar $("$seqpar" --version 2>&1 | head -n 1) (build of $(date -u -r "$seqpar" '+%F %H:%M') UTC)" \
+  "$start" "$end" >"$report" <<'EOF'
 import json, os, statistics, sys
-results, check, check_fa, int8, rounds, decode, threads, cores, version = sys.argv[1:]
+(results, check, check_fa, int8, rounds, decode, threads, cores, version, sp_version, start,
+ end) = sys.argv[1:]
 rows = [json.loads(l) for l in open(results)]
 med = statistics.median
-print(f"seqpar vs llama.cpp (llama-cpp-python {version}), {rounds} rounds, {decode} decoded "
-      f"tokens, llama.cpp {threads} threads, {cores} hardware threads. Ratio: seqpar throughput / "
-      "llama.cpp throughput against the same round's llama.cpp run (> 1: seqpar faster).\n")
+print(f"{sp_version} vs llama.cpp (llama-cpp-python {version}), {rounds} rounds, {decode} decoded "
+      f"tokens, llama.cpp {threads} threads, {cores} hardware threads; from {start} to {end}. "
+      "Ratio: seqpar throughput / llama.cpp throughput against the same round's llama.cpp run "
+      "(> 1: seqpar faster).\n")
 print("| P | seqpar | llama.cpp | prefill tok/s seqpar / llama.cpp | prefill ratio min / median "
       "| decode tok/s seqpar / llama.cpp | decode ratio min / median | peak RSS seqpar / "
       "llama.cpp (GB) |")
