@@ -62,8 +62,11 @@ while [[ $# -gt 0 ]]; do
     *) echo "compare_llamacpp: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-seqpar="$build/seqpar"
-[[ -x "$seqpar" ]] || { echo "compare_llamacpp: no $seqpar (build seqpar first)" >&2; exit 1; }
+[[ -x "$build/seqpar" ]] || { echo "compare_llamacpp: no $build/seqpar (build seqpar first)" >&2; exit 1; }
+work="$(mktemp -d /tmp/compare_llamacpp.XXXXXX)"
+# A copy, so that a rebuild of $build during the run cannot mix two builds across rounds.
+seqpar="$work/seqpar"
+cp -p "$build/seqpar" "$seqpar"
 [[ -x /usr/bin/time ]] || { echo "compare_llamacpp: needs /usr/bin/time (apt-get install time)" >&2; exit 1; }
 
 # --- llama.cpp, built once ----------------------------------------------------------------------
@@ -99,7 +102,6 @@ fi
 gguf_dir="${model%/}-gguf"
 "$py" "$here/llamacpp_gguf.py" --model "$model" --out "$gguf_dir" --gguf-py "$gguf_py" --check-q8
 
-work="$(mktemp -d /tmp/compare_llamacpp.XXXXXX)"
 results="$work/results.jsonl"
 : >"$results"
 vocab="$("$py" -c "import json,sys; print(json.load(open(sys.argv[1]))['vocab_size'])" "$model/config.json")"
