@@ -19,8 +19,8 @@
 # - Correctness, once: a 16-token prompt, 8 greedy tokens, seqpar (1 rank) on the bf16
 #   directory against llama.cpp on the F32 GGUF with an F32 K/V cache and flash attention off
 #   (with flash attention llama.cpp casts F32 K/V to f16 first, llama-graph.cpp; that run is
-#   reported too): max |logit difference|
-#   at the prompt's last position and up to the first token where they part, token agreement.
+#   reported too): max |logit difference| at the prompt's last position and up to the first
+#   token where they part, token agreement.
 # - Timing: for each prompt length P (ids (i * 7919 + 13) mod vocab, as llama_bench) and each
 #   round, one process each, in this order: seqpar 1 rank x 2 threads, llama.cpp BF16, seqpar tp 2
 #   (2 ranks as threads, 1 thread each), then, only if `seqpar generate --help` lists
@@ -62,12 +62,13 @@ while [[ $# -gt 0 ]]; do
     *) echo "compare_llamacpp: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-[[ -x "$build/seqpar" ]] || { echo "compare_llamacpp: no $build/seqpar (build seqpar first)" >&2; exit 1; }
+die() { echo "compare_llamacpp: $*" >&2; exit 1; }
+[[ -x "$build/seqpar" ]] || die "no $build/seqpar (build seqpar first)"
 work="$(mktemp -d /tmp/compare_llamacpp.XXXXXX)"
 # A copy, so that a rebuild of $build during the run cannot mix two builds across rounds.
 seqpar="$work/seqpar"
 cp -p "$build/seqpar" "$seqpar"
-[[ -x /usr/bin/time ]] || { echo "compare_llamacpp: needs /usr/bin/time (apt-get install time)" >&2; exit 1; }
+[[ -x /usr/bin/time ]] || die "needs /usr/bin/time (apt-get install time)"
 
 # --- llama.cpp, built once ----------------------------------------------------------------------
 version="${LLAMACPP_VERSION:-0.3.36}"
@@ -86,8 +87,10 @@ if ! [[ -x "$py" ]] || ! "$py" -c "import llama_cpp" 2>/dev/null; then
       "llama-cpp-python==$version" >&2
   fi
   [[ -d "$src" ]] || tar -xzf "$sdist" -C "$cache"
-  CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF" \
-    CMAKE_BUILD_PARALLEL_LEVEL=2 "$venv/bin/pip" install --no-cache-dir "$sdist" >&2
+  flags="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
+  flags+=" -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
+  CMAKE_ARGS="$flags" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+    "$venv/bin/pip" install --no-cache-dir "$sdist" >&2
 fi
 # gguf-py (the converter's writer) imports yaml
 "$py" -c "import yaml" 2>/dev/null || "$venv/bin/pip" install --no-cache-dir pyyaml >&2
@@ -104,15 +107,18 @@ gguf_dir="${model%/}-gguf"
 
 results="$work/results.jsonl"
 : >"$results"
-vocab="$("$py" -c "import json,sys; print(json.load(open(sys.argv[1]))['vocab_size'])" "$model/config.json")"
+vocab="$("$py" -c "import json, sys; print(json.load(open(sys.argv[1]))['vocab_size'])" \
+  "$model/config.json")"
 ids() {  # P -> file of P token ids, as llama_bench
-  "$py" -c "import sys; P, V = int(sys.argv[1]), int(sys.argv[2]); print(','.join(str((i * 7919 + 13) % V) for i in range(P)))" "$1" "$vocab" >"$work/prompt_$1.txt"
+  "$py" -c "import sys; P, V = map(int, sys.argv[1:]);
+print(','.join(str((i * 7919 + 13) % V) for i in range(P)))" "$1" "$vocab" >"$work/prompt_$1.txt"
   echo "$work/prompt_$1.txt"
 }
 
 cores="$(nproc --all)"
 if [[ "$cores" != "$threads" ]]; then
-  echo "compare_llamacpp: note: seqpar uses $cores threads on 1 rank ($((cores / 2)) a rank on tp 2), llama.cpp $threads" >&2
+  echo "compare_llamacpp: note: seqpar uses $cores threads on 1 rank ($((cores / 2)) a rank on" \
+    "tp 2), llama.cpp $threads" >&2
 fi
 int8=0
 if "$seqpar" generate --help 2>/dev/null | grep -q -- "--weights-dtype"; then int8=1; fi
@@ -123,8 +129,9 @@ if [[ "$check" == 1 ]]; then
   "$seqpar" generate --model "$model" --prompt-ids-file "$p16" --max-new-tokens 8 --ignore-eos \
     --json --quiet --output "$work/check_seqpar.safetensors" >"$work/check_seqpar.json"
   for fa in off auto; do
-    "$py" "$here/llamacpp_run.py" generate --model "$gguf_dir/model-f32.gguf" --prompt-ids-file "$p16" \
-      --max-new-tokens 8 --threads "$threads" --kv-type f32 --flash-attn "$fa" \
+    "$py" "$here/llamacpp_run.py" generate --model "$gguf_dir/model-f32.gguf" \
+      --prompt-ids-file "$p16" --max-new-tokens 8 --threads "$threads" --kv-type f32 \
+      --flash-attn "$fa" \
       --output "$work/check_llamacpp_fa_$fa.npz" >"$work/check_llamacpp_fa_$fa.json"
     "$py" "$here/llamacpp_run.py" compare --seqpar "$work/check_seqpar.safetensors" \
       --llamacpp "$work/check_llamacpp_fa_$fa.npz" >"$work/check_fa_$fa.json"
@@ -147,7 +154,8 @@ print(json.dumps({"round": int(round_), "prompt": int(P), "side": side, "config"
                   "rss_bytes": int(open(rss).read().split()[-1]) * 1024,
                   "tokens": j["tokens"]}))
 EOF
-  echo "compare_llamacpp: round $round, P $P, $side $config: $(tail -n 1 "$results" | cut -c1-160)" >&2
+  echo "compare_llamacpp: round $round, P $P, $side $config:" \
+    "$(tail -n 1 "$results" | cut -c1-160)" >&2
 }
 sp=("$seqpar" generate --model "$model" --max-new-tokens "$((decode + 1))" --ignore-eos --json
     --quiet)
@@ -158,12 +166,15 @@ for round in $(seq 1 "$rounds"); do
   for P in $prompts; do
     f="$work/prompt_$P.txt"
     run "$round" "$P" seqpar "1x2 bf16" "${sp[@]}" --prompt-ids-file "$f"
-    run "$round" "$P" llama.cpp "bf16" "${lc[@]}" --prompt-ids-file "$f" --model "$gguf_dir/model-bf16.gguf"
+    run "$round" "$P" llama.cpp "bf16" "${lc[@]}" --prompt-ids-file "$f" \
+      --model "$gguf_dir/model-bf16.gguf"
     run "$round" "$P" seqpar "tp2 bf16" "${sp[@]}" --prompt-ids-file "$f" --tp 2
     if [[ "$int8" == 1 ]]; then
       run "$round" "$P" seqpar "1x2 int8" "${sp[@]}" --prompt-ids-file "$f" --weights-dtype int8
-      run "$round" "$P" llama.cpp "q8_0" "${lc[@]}" --prompt-ids-file "$f" --model "$gguf_dir/model-q8_0.gguf"
-      run "$round" "$P" seqpar "tp2 int8" "${sp[@]}" --prompt-ids-file "$f" --tp 2 --weights-dtype int8
+      run "$round" "$P" llama.cpp "q8_0" "${lc[@]}" --prompt-ids-file "$f" \
+        --model "$gguf_dir/model-q8_0.gguf"
+      run "$round" "$P" seqpar "tp2 int8" "${sp[@]}" --prompt-ids-file "$f" --tp 2 \
+        --weights-dtype int8
     fi
   done
 done
@@ -171,8 +182,10 @@ done
 # --- table --------------------------------------------------------------------------------------
 report="$work/report.md"
 end="$(date -u +%H:%M) UTC, load average $(cut -d' ' -f1 /proc/loadavg)"
-"$py" - "$results" "$work/check_fa_off.json" "$work/check_fa_auto.json" "$int8" "$rounds" "$decode" "$threads" "$cores" \
-  "$version" "seqpar $("$seqpar" --version 2>&1 | head -n 1) (build of $(date -u -r "$seqpar" '+%F %H:%M') UTC)" \
+sp_build="seqpar $("$seqpar" --version 2>&1 | head -n 1)"
+sp_build+=" (build of $(date -u -r "$seqpar" '+%F %H:%M') UTC)"
+"$py" - "$results" "$work/check_fa_off.json" "$work/check_fa_auto.json" "$int8" "$rounds" \
+  "$decode" "$threads" "$cores" "$version" "$sp_build" \
   "$start" "$end" >"$report" <<'EOF'
 import json, os, statistics, sys
 (results, check, check_fa, int8, rounds, decode, threads, cores, version, sp_version, start,
@@ -192,21 +205,28 @@ if int8 == "1":
     pairs += [("1x2 int8", "q8_0"), ("tp2 int8", "q8_0")]
 for P in sorted({r["prompt"] for r in rows}):
     for sc, lcfg in pairs:
-        s = {r["round"]: r for r in rows if r["prompt"] == P and r["side"] == "seqpar" and r["config"] == sc}
-        l = {r["round"]: r for r in rows if r["prompt"] == P and r["side"] == "llama.cpp" and r["config"] == lcfg}
+        key = lambda r: (r["prompt"], r["side"], r["config"])
+        s = {r["round"]: r for r in rows if key(r) == (P, "seqpar", sc)}
+        l = {r["round"]: r for r in rows if key(r) == (P, "llama.cpp", lcfg)}
         both = sorted(set(s) & set(l))
         if not both:
             continue
         pr = [l[k]["prefill_s"] / s[k]["prefill_s"] for k in both]
         dr = [l[k]["decode_s_per_token"] / s[k]["decode_s_per_token"] for k in both]
+        def rate(side, f):
+            return med([f(side[k]) for k in both])
         print(f"| {P} | {sc} | {lcfg} "
-              f"| {med([P / s[k]['prefill_s'] for k in both]):.1f} / {med([P / l[k]['prefill_s'] for k in both]):.1f} "
+              f"| {rate(s, lambda r: P / r['prefill_s']):.1f} / "
+              f"{rate(l, lambda r: P / r['prefill_s']):.1f} "
               f"| {min(pr):.2f} / {med(pr):.2f} "
-              f"| {med([1 / s[k]['decode_s_per_token'] for k in both]):.2f} / {med([1 / l[k]['decode_s_per_token'] for k in both]):.2f} "
+              f"| {rate(s, lambda r: 1 / r['decode_s_per_token']):.2f} / "
+              f"{rate(l, lambda r: 1 / r['decode_s_per_token']):.2f} "
               f"| {min(dr):.2f} / {med(dr):.2f} "
-              f"| {max(s[k]['rss_bytes'] for k in both) / 1e9:.2f} / {max(l[k]['rss_bytes'] for k in both) / 1e9:.2f} |")
+              f"| {max(s[k]['rss_bytes'] for k in both) / 1e9:.2f} / "
+              f"{max(l[k]['rss_bytes'] for k in both) / 1e9:.2f} |")
 if int8 != "1":
-    print("\nseqpar int8 vs llama.cpp Q8_0: skipped (`seqpar generate --help` has no --weights-dtype).")
+    print("\nseqpar int8 vs llama.cpp Q8_0: skipped (`seqpar generate --help` has no "
+          "--weights-dtype).")
 if os.path.exists(check):
     c = json.load(open(check))
     print(f"\nCorrectness (16-token prompt, {c['tokens']} greedy tokens; seqpar 1 rank on bf16 "
@@ -216,7 +236,8 @@ if os.path.exists(check):
           f"{c['max_abs_logit_first']:.3g}, top-2 margin {c['argmax_margin_first']:.3g}), "
           f"{c['max_abs_logit_diff_prefix']:.3g} over the agreeing prefix. llama.cpp's flash "
           "attention off here; with it (its default, used in the timings) the max |logit diff| "
-          f"at the prompt's last position is {json.load(open(check_fa))['max_abs_logit_diff_first']:.3g}.")
+          "at the prompt's last position is "
+          f"{json.load(open(check_fa))['max_abs_logit_diff_first']:.3g}.")
 EOF
 cat "$report"
 [[ -z "$out" ]] || cp "$report" "$out"

@@ -71,7 +71,8 @@ def generate(a):
     if a.kv_type == "f32":
         cp.type_k = L.GGML_TYPE_F32
         cp.type_v = L.GGML_TYPE_F32
-    cp.flash_attn_type = {"auto": L.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": L.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    cp.flash_attn_type = {"auto": L.LLAMA_FLASH_ATTN_TYPE_AUTO,
+                          "on": L.LLAMA_FLASH_ATTN_TYPE_ENABLED,
                           "off": L.LLAMA_FLASH_ATTN_TYPE_DISABLED}[a.flash_attn]
     ctx = L.llama_init_from_model(model, cp)
     if not ctx:
