@@ -13,8 +13,8 @@
 # - llama.cpp: llama-cpp-python's source package from PyPI (version $LLAMACPP_VERSION, default
 #   0.3.36; `pip download --no-binary llama-cpp-python`), which vendors llama.cpp, built once
 #   CPU-only (GGML_NATIVE, OpenMP, CMAKE_BUILD_PARALLEL_LEVEL=2) into its own venv under
-#   ${SEQPAR_BENCH_CACHE:-~/.cache/seqpar-bench}/llamacpp/VERSION/ and reused afterwards (tens
-#   of minutes the first time on 2 cores). The runs go through its C API from Python
+#   ${SEQPAR_BENCH_CACHE:-~/.cache/seqpar-bench}/llamacpp/VERSION/ and reused afterwards (about 12
+#   minutes the first time on 2 cores). The runs go through its C API from Python
 #   (bench/llamacpp_run.py), the GGUF writer is the vendored gguf-py.
 # - Correctness, once: a 16-token prompt, 8 greedy tokens, seqpar (1 rank) on the bf16
 #   directory against llama.cpp on the F32 GGUF with an F32 K/V cache and flash attention off
