@@ -1,0 +1,244 @@
+#!/usr/bin/env bash
+# seqpar side by side with llama.cpp on the same Llama weights, interleaved, CPU only. A benchmark:
+# no build or test target calls it, and nothing here passes or fails on timing.
+#
+#   bench/compare_llamacpp.sh [--build DIR] [--rounds 5] [--prompts "256 2048"] [--decode 16]
+#                             [--quick] [--threads 2] [--model DIR] [--out FILE] [--no-check]
+#
+# What it runs:
+# - Weights: a Hugging Face bf16 directory (default /tmp/seqpar_llama3.2-1b_bf16, Llama 3.2 1B's
+#   config with seeded weights, written once by build/bench/llama_bench if missing) for seqpar,
+#   and the same weights as GGUF F32, BF16 and Q8_0 for llama.cpp (bench/llamacpp_gguf.py, into
+#   DIR-gguf/, written once).
+# - llama.cpp: llama-cpp-python's source package from PyPI (version $LLAMACPP_VERSION, default
+#   0.3.36; `pip download --no-binary llama-cpp-python`), which vendors llama.cpp, built once
+#   CPU-only (GGML_NATIVE, OpenMP, CMAKE_BUILD_PARALLEL_LEVEL=2) into its own venv under
+#   ${SEQPAR_BENCH_CACHE:-~/.cache/seqpar-bench}/llamacpp/VERSION/ and reused afterwards (about 12
+#   minutes the first time on 2 cores). The runs go through its C API from Python
+#   (bench/llamacpp_run.py), the GGUF writer is the vendored gguf-py.
+# - Correctness, once: a 16-token prompt, 8 greedy tokens, seqpar (1 rank) on the bf16
+#   directory against llama.cpp on the F32 GGUF with an F32 K/V cache and flash attention off
+#   (with flash attention llama.cpp casts F32 K/V to f16 first, llama-graph.cpp; that run is
+#   reported too): max |logit difference| at the prompt's last position and up to the first
+#   token where they part, token agreement.
+# - Timing: for each prompt length P (ids (i * 7919 + 13) mod vocab, as llama_bench) and each
+#   round, one process each, in this order: seqpar 1 rank x 2 threads, llama.cpp BF16, seqpar tp 2
+#   (2 ranks as threads, 1 thread each), then, only if `seqpar generate --help` lists
+#   --weights-dtype, seqpar int8 (1 rank, tp 2) and llama.cpp Q8_0. Each generates
+#   --decode + 1 tokens: the prompt's pass gives the first, then --decode one-token passes.
+#   Prefill and decode seconds come from each program's own clock (seqpar generate --json,
+#   llamacpp_run.py's JSON: same boundaries, no warm-up pass on either side); peak RSS from
+#   /usr/bin/time (the process: all ranks for seqpar; for llama.cpp the mapped GGUF pages it
+#   touched, plus the Python interpreter, about 40 MB).
+# - Ratios: seqpar throughput / llama.cpp throughput, per round against the same round's
+#   llama.cpp run (> 1: seqpar faster); the table gives their min and median over the rounds.
+#
+# llama.cpp runs with --threads threads (default 2); seqpar with its own rule (hardware threads /
+# ranks), which is 2 and 1 on a 2-core machine; elsewhere the script says the counts differ.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/.." && pwd)"
+build="$root/build"
+rounds=5
+prompts="256 2048"
+decode=16
+threads=2
+model="/tmp/seqpar_llama3.2-1b_bf16"
+out=""
+check=1
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --build) build="$2"; shift 2 ;;
+    --rounds) rounds="$2"; shift 2 ;;
+    --prompts) prompts="$2"; shift 2 ;;
+    --decode) decode="$2"; shift 2 ;;
+    --quick) rounds=2; prompts="256"; shift ;;
+    --threads) threads="$2"; shift 2 ;;
+    --model) model="$2"; shift 2 ;;
+    --out) out="$2"; shift 2 ;;
+    --no-check) check=0; shift ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "compare_llamacpp: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+die() { echo "compare_llamacpp: $*" >&2; exit 1; }
+[[ -x "$build/seqpar" ]] || die "no $build/seqpar (build seqpar first)"
+work="$(mktemp -d /tmp/compare_llamacpp.XXXXXX)"
+# A copy, so that a rebuild of $build during the run cannot mix two builds across rounds.
+seqpar="$work/seqpar"
+cp -p "$build/seqpar" "$seqpar"
+[[ -x /usr/bin/time ]] || die "needs /usr/bin/time (apt-get install time)"
+
+# --- llama.cpp, built once ----------------------------------------------------------------------
+version="${LLAMACPP_VERSION:-0.3.36}"
+cache="${SEQPAR_BENCH_CACHE:-$HOME/.cache/seqpar-bench}/llamacpp/$version"
+venv="$cache/venv"
+src="$cache/llama_cpp_python-$version"
+py="$venv/bin/python"
+if ! [[ -x "$py" ]] || ! "$py" -c "import llama_cpp" 2>/dev/null; then
+  echo "compare_llamacpp: building llama-cpp-python $version (CPU, -j2) into $venv" >&2
+  mkdir -p "$cache"
+  [[ -x "$py" ]] || python3 -m venv "$venv"
+  sdist="$cache/llama_cpp_python-$version.tar.gz"
+  if ! [[ -f "$sdist" ]]; then
+    # --no-binary for this package only: ':all:' would build its build tools (CMake) from source.
+    "$venv/bin/pip" download --no-deps --no-binary llama-cpp-python -d "$cache" \
+      "llama-cpp-python==$version" >&2
+  fi
+  [[ -d "$src" ]] || tar -xzf "$sdist" -C "$cache"
+  flags="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
+  flags+=" -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
+  CMAKE_ARGS="$flags" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+    "$venv/bin/pip" install --no-cache-dir "$sdist" >&2
+fi
+# gguf-py (the converter's writer) imports yaml
+"$py" -c "import yaml" 2>/dev/null || "$venv/bin/pip" install --no-cache-dir pyyaml >&2
+gguf_py="$src/vendor/llama.cpp/gguf-py"
+[[ -d "$gguf_py" ]] || tar -xzf "$cache/llama_cpp_python-$version.tar.gz" -C "$cache"
+
+# --- weights ------------------------------------------------------------------------------------
+if ! [[ -f "$model/config.json" ]]; then
+  echo "compare_llamacpp: writing $model (llama_bench: seeded Llama 3.2 1B, bf16)" >&2
+  "$build/bench/llama_bench" --dir "$model" --prompt 8 --decode 1 >/dev/null
+fi
+gguf_dir="${model%/}-gguf"
+"$py" "$here/llamacpp_gguf.py" --model "$model" --out "$gguf_dir" --gguf-py "$gguf_py" --check-q8
+
+results="$work/results.jsonl"
+: >"$results"
+vocab="$("$py" -c "import json, sys; print(json.load(open(sys.argv[1]))['vocab_size'])" \
+  "$model/config.json")"
+ids() {  # P -> file of P token ids, as llama_bench
+  "$py" -c "import sys; P, V = map(int, sys.argv[1:]);
+print(','.join(str((i * 7919 + 13) % V) for i in range(P)))" "$1" "$vocab" >"$work/prompt_$1.txt"
+  echo "$work/prompt_$1.txt"
+}
+
+cores="$(nproc --all)"
+if [[ "$cores" != "$threads" ]]; then
+  echo "compare_llamacpp: note: seqpar uses $cores threads on 1 rank ($((cores / 2)) a rank on" \
+    "tp 2), llama.cpp $threads" >&2
+fi
+int8=0
+if "$seqpar" generate --help 2>/dev/null | grep -q -- "--weights-dtype"; then int8=1; fi
+
+# --- correctness on the F32 GGUF ----------------------------------------------------------------
+if [[ "$check" == 1 ]]; then
+  p16="$(ids 16)"
+  "$seqpar" generate --model "$model" --prompt-ids-file "$p16" --max-new-tokens 8 --ignore-eos \
+    --json --quiet --output "$work/check_seqpar.safetensors" >"$work/check_seqpar.json"
+  for fa in off auto; do
+    "$py" "$here/llamacpp_run.py" generate --model "$gguf_dir/model-f32.gguf" \
+      --prompt-ids-file "$p16" --max-new-tokens 8 --threads "$threads" --kv-type f32 \
+      --flash-attn "$fa" \
+      --output "$work/check_llamacpp_fa_$fa.npz" >"$work/check_llamacpp_fa_$fa.json"
+    "$py" "$here/llamacpp_run.py" compare --seqpar "$work/check_seqpar.safetensors" \
+      --llamacpp "$work/check_llamacpp_fa_$fa.npz" >"$work/check_fa_$fa.json"
+  done
+fi
+
+# --- timing, interleaved ------------------------------------------------------------------------
+# run ROUND P SIDE CONFIG CMD...: one timed process, its JSON and peak RSS appended to results.
+run() {
+  local round="$1" P="$2" side="$3" config="$4"; shift 4
+  local log="$work/run.json" rss="$work/rss.txt"
+  /usr/bin/time -f "%M" -o "$rss" "$@" >"$log"
+  "$py" - "$log" "$rss" "$round" "$P" "$side" "$config" >>"$results" <<'EOF'
+import json, sys
+log, rss, round_, P, side, config = sys.argv[1:]
+j = json.loads(open(log).read().strip().splitlines()[-1])
+print(json.dumps({"round": int(round_), "prompt": int(P), "side": side, "config": config,
+                  "prefill_s": j["prefill_seconds"],
+                  "decode_s_per_token": j["decode_seconds_per_token"],
+                  "rss_bytes": int(open(rss).read().split()[-1]) * 1024,
+                  "tokens": j["tokens"]}))
+EOF
+  echo "compare_llamacpp: round $round, P $P, $side $config:" \
+    "$(tail -n 1 "$results" | cut -c1-160)" >&2
+}
+sp=("$seqpar" generate --model "$model" --max-new-tokens "$((decode + 1))" --ignore-eos --json
+    --quiet)
+lc=("$py" "$here/llamacpp_run.py" generate --max-new-tokens "$((decode + 1))" --threads "$threads")
+for P in $prompts; do ids "$P" >/dev/null; done
+start="$(date -u +%H:%M) UTC, load average $(cut -d' ' -f1 /proc/loadavg)"
+for round in $(seq 1 "$rounds"); do
+  for P in $prompts; do
+    f="$work/prompt_$P.txt"
+    run "$round" "$P" seqpar "1x2 bf16" "${sp[@]}" --prompt-ids-file "$f"
+    run "$round" "$P" llama.cpp "bf16" "${lc[@]}" --prompt-ids-file "$f" \
+      --model "$gguf_dir/model-bf16.gguf"
+    run "$round" "$P" seqpar "tp2 bf16" "${sp[@]}" --prompt-ids-file "$f" --tp 2
+    if [[ "$int8" == 1 ]]; then
+      run "$round" "$P" seqpar "1x2 int8" "${sp[@]}" --prompt-ids-file "$f" --weights-dtype int8
+      run "$round" "$P" llama.cpp "q8_0" "${lc[@]}" --prompt-ids-file "$f" \
+        --model "$gguf_dir/model-q8_0.gguf"
+      run "$round" "$P" seqpar "tp2 int8" "${sp[@]}" --prompt-ids-file "$f" --tp 2 \
+        --weights-dtype int8
+    fi
+  done
+done
+
+# --- table --------------------------------------------------------------------------------------
+report="$work/report.md"
+end="$(date -u +%H:%M) UTC, load average $(cut -d' ' -f1 /proc/loadavg)"
+sp_build="seqpar $("$seqpar" --version 2>&1 | head -n 1)"
+sp_build+=" (build of $(date -u -r "$seqpar" '+%F %H:%M') UTC)"
+"$py" - "$results" "$work/check_fa_off.json" "$work/check_fa_auto.json" "$int8" "$rounds" \
+  "$decode" "$threads" "$cores" "$version" "$sp_build" \
+  "$start" "$end" >"$report" <<'EOF'
+import json, os, statistics, sys
+(results, check, check_fa, int8, rounds, decode, threads, cores, version, sp_version, start,
+ end) = sys.argv[1:]
+rows = [json.loads(l) for l in open(results)]
+med = statistics.median
+print(f"{sp_version} vs llama.cpp (llama-cpp-python {version}), {rounds} rounds, {decode} decoded "
+      f"tokens, llama.cpp {threads} threads, {cores} hardware threads; from {start} to {end}. "
+      "Ratio: seqpar throughput / llama.cpp throughput against the same round's llama.cpp run "
+      "(> 1: seqpar faster).\n")
+print("| P | seqpar | llama.cpp | prefill tok/s seqpar / llama.cpp | prefill ratio min / median "
+      "| decode tok/s seqpar / llama.cpp | decode ratio min / median | peak RSS seqpar / "
+      "llama.cpp (GB) |")
+print("|---|---|---|---|---|---|---|---|")
+pairs = [("1x2 bf16", "bf16"), ("tp2 bf16", "bf16")]
+if int8 == "1":
+    pairs += [("1x2 int8", "q8_0"), ("tp2 int8", "q8_0")]
+for P in sorted({r["prompt"] for r in rows}):
+    for sc, lcfg in pairs:
+        key = lambda r: (r["prompt"], r["side"], r["config"])
+        s = {r["round"]: r for r in rows if key(r) == (P, "seqpar", sc)}
+        l = {r["round"]: r for r in rows if key(r) == (P, "llama.cpp", lcfg)}
+        both = sorted(set(s) & set(l))
+        if not both:
+            continue
+        pr = [l[k]["prefill_s"] / s[k]["prefill_s"] for k in both]
+        dr = [l[k]["decode_s_per_token"] / s[k]["decode_s_per_token"] for k in both]
+        def rate(side, f):
+            return med([f(side[k]) for k in both])
+        print(f"| {P} | {sc} | {lcfg} "
+              f"| {rate(s, lambda r: P / r['prefill_s']):.1f} / "
+              f"{rate(l, lambda r: P / r['prefill_s']):.1f} "
+              f"| {min(pr):.2f} / {med(pr):.2f} "
+              f"| {rate(s, lambda r: 1 / r['decode_s_per_token']):.2f} / "
+              f"{rate(l, lambda r: 1 / r['decode_s_per_token']):.2f} "
+              f"| {min(dr):.2f} / {med(dr):.2f} "
+              f"| {max(s[k]['rss_bytes'] for k in both) / 1e9:.2f} / "
+              f"{max(l[k]['rss_bytes'] for k in both) / 1e9:.2f} |")
+if int8 != "1":
+    print("\nseqpar int8 vs llama.cpp Q8_0: skipped (`seqpar generate --help` has no "
+          "--weights-dtype).")
+if os.path.exists(check):
+    c = json.load(open(check))
+    print(f"\nCorrectness (16-token prompt, {c['tokens']} greedy tokens; seqpar 1 rank on bf16 "
+          f"weights, llama.cpp on the F32 GGUF, F32 K/V): tokens agree {c['tokens_agree']}/"
+          f"{c['tokens']} (first {c['agree_prefix']} in a row); max |logit diff| "
+          f"{c['max_abs_logit_diff_first']:.3g} at the prompt's last position (logits up to "
+          f"{c['max_abs_logit_first']:.3g}, top-2 margin {c['argmax_margin_first']:.3g}), "
+          f"{c['max_abs_logit_diff_prefix']:.3g} over the agreeing prefix. llama.cpp's flash "
+          "attention off here; with it (its default, used in the timings) the max |logit diff| "
+          "at the prompt's last position is "
+          f"{json.load(open(check_fa))['max_abs_logit_diff_first']:.3g}.")
+EOF
+cat "$report"
+[[ -z "$out" ]] || cp "$report" "$out"
+echo "compare_llamacpp: raw results in $results" >&2
