@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstring>
 #include <dnnl.hpp>
+#include <exception>
 #include <unordered_map>
 #include <vector>
 
@@ -85,8 +86,8 @@ void matmul_f32(const float* x, int64_t m, int64_t k, const float* w, int64_t n,
 // prefill chunk): 2 MiB, a block that stays in L2/L3 while the matmul reads it; smaller blocks
 // pay oneDNN's fixed cost per call (from 16 rows of x on its jit sgemm packs and allocates per
 // call): linear() of 16..64 rows by a 8192 x 2048 bf16 weight took 2-2.7x longer with 512 KiB
-// blocks than with 2 MiB, and 8 MiB was no faster (2 threads, AMD EPYC with AVX-512). Many rows (a prefill, a
-// DiT's tokens): x is the large operand, read once per block, so blocks of up to 64 MiB (a
+// blocks than with 2 MiB, and 8 MiB was no faster (2 threads, AMD EPYC with AVX-512). Many
+// rows (a prefill, a DiT's tokens): x is the large operand, read once per block, so blocks of up to 64 MiB (a
 // whole weight of up to 16M parameters): one wide GEMM instead of hundreds of 32-column ones.
 // Measured on a Qwen-Image block (4608 tokens, bf16): 10.2 s with 512 KiB blocks, 7.9 s with
 // 64 MiB, 7.7 s with the weights stored in fp32 (bench/mmdit_step.sh).
@@ -216,8 +217,18 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
     for (int64_t i = 0; i < blocks; ++i) run_block(i * block);
     return y;
   }
+  // An exception must not leave the parallel region: the first one is kept and rethrown.
+  std::exception_ptr failure;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(team)
-  for (int64_t i = 0; i < blocks; ++i) run_block(i * block);
+  for (int64_t i = 0; i < blocks; ++i) {
+    try {
+      run_block(i * block);
+    } catch (...) {
+#pragma omp critical(seqpar_linear_failure)
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
   return y;
 }
 
