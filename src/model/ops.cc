@@ -87,9 +87,9 @@ void matmul_f32(const float* x, int64_t m, int64_t k, const float* w, int64_t n,
 // pay oneDNN's fixed cost per call (from 16 rows of x on its jit sgemm packs and allocates per
 // call): linear() of 16..64 rows by a 8192 x 2048 bf16 weight took 2-2.7x longer with 512 KiB
 // blocks than with 2 MiB, and 8 MiB was no faster (2 threads, AMD EPYC with AVX-512). Many
-// rows (a prefill, a DiT's tokens): x is the large operand, read once per block, so blocks of up to 64 MiB (a
-// whole weight of up to 16M parameters): one wide GEMM instead of hundreds of 32-column ones.
-// Measured on a Qwen-Image block (4608 tokens, bf16): 10.2 s with 512 KiB blocks, 7.9 s with
+// rows (a prefill, a DiT's tokens): x is the large operand, read once per block, so blocks of up to
+// 64 MiB (a whole weight of up to 16M parameters): one wide GEMM instead of hundreds of 32-column
+// ones. Measured on a Qwen-Image block (4608 tokens, bf16): 10.2 s with 512 KiB blocks, 7.9 s with
 // 64 MiB, 7.7 s with the weights stored in fp32 (bench/mmdit_step.sh).
 constexpr int64_t kConvertedBlockBytes = int64_t{2} << 20;
 constexpr int64_t kConvertedBlockBytesManyRows = 64 << 20;
