@@ -101,6 +101,21 @@ TEST_P(ModelKernels, GemvWithinSummationBoundOfFloat64) {
               std::string(isa_name(isa)).c_str(), worst_err, worst_ratio);
 }
 
+// call(y) writes `outputs` floats: the same bits with 2, 3 and 7 threads as with 1.
+template <typename Call>
+void expect_same_for_thread_counts(Isa isa, int64_t outputs, Call&& call) {
+  std::vector<float> one(outputs), many(outputs);
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  call(one.data());
+  for (int t : {2, 3, 7}) {
+    omp_set_num_threads(t);
+    call(many.data());
+    EXPECT_EQ(one, many) << isa_name(isa) << " with " << t << " threads";
+  }
+  omp_set_num_threads(saved);
+}
+
 TEST_P(ModelKernels, GemvDoesNotDependOnThreadCount) {
   const Isa isa = GetParam();
   if (!cpu_has(isa)) GTEST_SKIP() << "this CPU cannot run the " << isa_name(isa) << " variant";
@@ -113,16 +128,8 @@ TEST_P(ModelKernels, GemvDoesNotDependOnThreadCount) {
   for (float& v : x) v = dist(rng);
   for (float& v : b) v = dist(rng);
   for (uint16_t& v : w) v = f32_to_bf16(dist(rng));
-  std::vector<float> one(m * n), many(m * n);
-  const int saved = omp_get_max_threads();
-  omp_set_num_threads(1);
-  kern.gemv_bf16(x.data(), m, k, w.data(), n, b.data(), one.data());
-  for (int t : {2, 3, 7}) {
-    omp_set_num_threads(t);
-    kern.gemv_bf16(x.data(), m, k, w.data(), n, b.data(), many.data());
-    EXPECT_EQ(one, many) << isa_name(isa) << " with " << t << " threads";
-  }
-  omp_set_num_threads(saved);
+  expect_same_for_thread_counts(
+      isa, m * n, [&](float* y) { kern.gemv_bf16(x.data(), m, k, w.data(), n, b.data(), y); });
 }
 
 // Roundings one output of gemv_q8 passes through (simd_ops.h): within a block, the product and
@@ -222,16 +229,9 @@ TEST_P(ModelKernels, GemvQ8DoesNotDependOnThreadCount) {
   const Q8Case w = random_q8(n, k, rng);
   std::vector<float> x(m * k);
   for (float& v : x) v = dist(rng);
-  std::vector<float> one(m * n), many(m * n);
-  const int saved = omp_get_max_threads();
-  omp_set_num_threads(1);
-  kern.gemv_q8(x.data(), m, k, w.q.data(), w.d.data(), n, nullptr, one.data());
-  for (int t : {2, 3, 7}) {
-    omp_set_num_threads(t);
-    kern.gemv_q8(x.data(), m, k, w.q.data(), w.d.data(), n, nullptr, many.data());
-    EXPECT_EQ(one, many) << isa_name(isa) << " with " << t << " threads";
-  }
-  omp_set_num_threads(saved);
+  expect_same_for_thread_counts(isa, m * n, [&](float* y) {
+    kern.gemv_q8(x.data(), m, k, w.q.data(), w.d.data(), n, nullptr, y);
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, ModelKernels,
