@@ -240,5 +240,6 @@ if os.path.exists(check):
           f"{json.load(open(check_fa))['max_abs_logit_diff_first']:.3g}.")
 EOF
 cat "$report"
-[[ -z "$out" ]] || cp "$report" "$out"
+# --out: a copy beside it, renamed over it once written.
+[[ -z "$out" ]] || { cp "$report" "$out.part.$$" && mv -f "$out.part.$$" "$out"; }
 echo "compare_llamacpp: raw results in $results" >&2

@@ -25,6 +25,7 @@ and the tokens' agreement.
 import argparse
 import ctypes
 import json
+import os
 import struct
 import sys
 import time
@@ -112,9 +113,14 @@ def generate(a):
             logits.append(row.copy())
     decode_s = time.perf_counter() - t0
 
-    if a.output:
-        np.savez(a.output, tokens=np.array(tokens, dtype=np.int64),
-                 logits=np.stack(logits).astype(np.float32))
+    if a.output:  # a temporary file beside it, renamed over it once written
+        if os.path.realpath(a.output) == os.path.realpath(a.model):
+            sys.exit(f"llamacpp_run: --output {a.output} is the model file")
+        tmp = a.output + ".part"
+        with open(tmp, "wb") as f:
+            np.savez(f, tokens=np.array(tokens, dtype=np.int64),
+                     logits=np.stack(logits).astype(np.float32))
+        os.replace(tmp, a.output)
     L.llama_batch_free(batch)
     L.llama_free(ctx)
     L.llama_model_free(model)
