@@ -1,0 +1,58 @@
+// linear_bench: linear() of m rows by a (n, k) weight in the checkpoint dtypes, per row count,
+// on the calling thread's OpenMP team (OMP_NUM_THREADS sets it): the few-row decode product, and
+// from 9 rows the converted blocks multiplied by oneDNN.
+//
+//   linear_bench [--m 8,9,15,16,17,32,64] [--n 8192] [--k 2048] [--dtype bf16|fp16|int8]
+//
+// Per m: the mean time of 5 calls after a warm-up, and GFLOP/s (2·m·n·k a call). Not a test:
+// timing decides nothing.
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+#include "seqpar/core/tensor.h"
+#include "seqpar/model/ops.h"
+
+int main(int argc, char** argv) {
+  using namespace seqpar;
+  std::vector<int64_t> ms = {8, 9, 15, 16, 17, 32, 64}, ns = {8192}, ks = {2048};
+  std::string dtype = "bf16";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (i + 1 >= argc) bench::usage_error("linear_bench", a + " needs a value");
+    const std::string v = argv[++i];
+    if (a == "--m") {
+      ms = bench::parse_list("linear_bench", a, v);
+    } else if (a == "--n") {
+      ns = bench::parse_list("linear_bench", a, v);
+    } else if (a == "--k") {
+      ks = bench::parse_list("linear_bench", a, v);
+    } else if (a == "--dtype" && (v == "bf16" || v == "fp16" || v == "int8")) {
+      dtype = v;
+    } else {
+      bench::usage_error("linear_bench",
+                         "usage: linear_bench [--m 8,16] [--n 8192] [--k 2048] "
+                         "[--dtype bf16|fp16|int8]");
+    }
+  }
+  const Tensor w16 = random_normal({ns[0], ks[0]}, 2, dtype == "fp16" ? DType::kF16 : DType::kBF16);
+  const Q8Weight q8 = dtype == "int8" ? quantize_q8_0(w16, "w") : Q8Weight{};
+  const Tensor& w = dtype == "int8" ? q8.q : w16;
+  std::printf(
+      "linear of m x %lld by %lld x %lld %s weights\n| m | ms/call | GFLOP/s |\n|---|---|---|\n",
+      static_cast<long long>(ks[0]), static_cast<long long>(ns[0]), static_cast<long long>(ks[0]),
+      dtype.c_str());
+  for (const int64_t m : ms) {
+    const Tensor x = random_normal({m, ks[0]}, 1);
+    (void)linear(x, w, Tensor(), q8.d);  // warm-up: oneDNN primitives, buffers
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 5; ++i) (void)linear(x, w, Tensor(), q8.d);
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 5;
+    std::printf("| %lld | %.2f | %.1f |\n", static_cast<long long>(m), s * 1e3,
+                2.0 * m * ns[0] * ks[0] / s * 1e-9);
+  }
+  return 0;
+}
