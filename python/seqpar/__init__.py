@@ -29,6 +29,7 @@ failures raise CommError (a RuntimeError), deadlines CommTimeout (a CommError an
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
@@ -41,6 +42,12 @@ import numpy as np
 
 from . import _core
 from ._core import Comm, CommError, CommTimeout
+
+# At exit, ThreadWorld.run calls still in progress (in the script's daemon threads) are stopped
+# as Ctrl-C stops them and waited for (at most 10 s) before CPython ends daemon threads, and later
+# runs are refused. Registered before .models: atexit runs last what it got first, so the models
+# still open are closed before this.
+atexit.register(_core._stop_runs_at_exit, 10.0)
 
 __all__ = [
     "attention",

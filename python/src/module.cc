@@ -17,9 +17,11 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -432,6 +434,53 @@ struct StopFlag {
   std::atomic<bool> set{false};
 };
 
+// The ThreadWorld.run calls in progress, and whether the interpreter has begun to exit (its atexit
+// callbacks run). A run in a daemon thread must end before CPython ends daemon threads, which it
+// does wherever they next take the GIL: a rank thread ended there, inside ThreadWorld::run, takes
+// the process down (std::terminate). At exit the runs are stopped as Ctrl-C stops them and
+// waited for; later runs are refused. Never destroyed: rank threads may outlive static objects.
+struct Runs {
+  std::mutex mutex;
+  std::condition_variable ended;
+  int active = 0;                 // guarded by mutex
+  std::atomic<bool> exiting{false};
+};
+Runs& runs() {
+  static Runs* const r = new Runs;
+  return *r;
+}
+
+// One run counted from its start to its return into Python.
+class CountedRun {
+ public:
+  CountedRun() {
+    std::lock_guard<std::mutex> lock(runs().mutex);
+    if (runs().exiting.load())
+      throw std::runtime_error("ThreadWorld.run refused: the interpreter is exiting");
+    ++runs().active;
+  }
+  ~CountedRun() {
+    {
+      std::lock_guard<std::mutex> lock(runs().mutex);
+      --runs().active;
+    }
+    runs().ended.notify_all();
+  }
+  CountedRun(const CountedRun&) = delete;
+  CountedRun& operator=(const CountedRun&) = delete;
+};
+
+// atexit: stop every run in progress and wait, without the GIL, until each has returned into
+// Python (a rank inside a long kernel call finishes it first), at most `seconds`.
+void stop_runs_at_exit(double seconds) {
+  runs().exiting = true;
+  without_gil([&] {
+    std::unique_lock<std::mutex> lock(runs().mutex);
+    runs().ended.wait_for(lock, std::chrono::duration<double>(seconds),
+                          [] { return runs().active == 0; });
+  });
+}
+
 // ThreadWorld(n).run(fn): fn(comm) on n threads, one per rank, each holding the GIL only while
 // it runs Python; the results in rank order. A rank's exception (Python or seqpar) aborts the
 // others' communication and is raised here. `stop` (None or a _StopFlag): once set, the ranks
@@ -439,6 +488,7 @@ struct StopFlag {
 py::list run_threads(int n, const py::function& fn, double timeout_s, int threads,
                      const py::object& stop) {
   StopFlag* const stop_flag = stop.is_none() ? nullptr : stop.cast<StopFlag*>();
+  const CountedRun counted;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int per_rank = threads > 0 ? threads : std::max(1, cores / std::max(1, n));
   limits::check_threads(n, per_rank);  // the command line's bounds
@@ -462,6 +512,7 @@ py::list run_threads(int n, const py::function& fn, double timeout_s, int thread
   const py::module_ threading = py::module_::import("threading");
   const bool main_thread = threading.attr("current_thread")().is(threading.attr("main_thread")());
   const std::function<bool()> interrupted = [&] {
+    if (runs().exiting.load()) return true;
     if (stop_flag != nullptr && stop_flag->set.load()) return true;
     if (!main_thread) return false;
     py::gil_scoped_acquire gil;
@@ -499,10 +550,11 @@ py::list run_threads(int n, const py::function& fn, double timeout_s, int thread
               throw RaisedInRank(comm.rank(), e.what());
             }
           },
-          timeout, main_thread || stop_flag != nullptr ? interrupted : nullptr);
+          timeout, interrupted);
     });
   } catch (const Interrupted&) {
     if (PyErr_Occurred()) throw py::error_already_set();  // the pending KeyboardInterrupt
+    if (runs().exiting.load()) throw std::runtime_error("stopped: the interpreter is exiting");
     throw std::runtime_error("stopped: the caller set the ranks' stop event");
   } catch (const RaisedInRank& e) {
     const py::object& value = raised[e.rank];
@@ -701,6 +753,7 @@ PYBIND11_MODULE(_core, m) {
       .def("is_set", [](const StopFlag& f) { return f.set.load(); });
   m.def("_run_threads", &run_threads, py::arg("n"), py::arg("fn"), py::arg("timeout"),
         py::arg("threads"), py::arg("stop") = py::none());
+  m.def("_stop_runs_at_exit", &stop_runs_at_exit, py::arg("seconds"));
   m.def("_check_threads", [](int64_t ranks, int64_t threads) {
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     limits::check_threads(
