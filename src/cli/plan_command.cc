@@ -218,8 +218,8 @@ void print_divisibility(const json& j) {
   if (alts.empty()) return;
   std::printf("    nearest shapes that divide by %lld:", sp);
   for (size_t i = 0; i < alts.size(); ++i)
-    std::printf("%s %s %lld (S = %lld)", i ? "," : "", str(alts[i]["flag"]), i64(alts[i]["value"]),
-                i64(alts[i]["seq_len"]));
+    std::printf("%s --%s %lld (S = %lld)", i ? "," : "", str(alts[i]["parameter"]),
+                i64(alts[i]["value"]), i64(alts[i]["seq_len"]));
   std::printf("\n");
 }
 

@@ -361,7 +361,7 @@ std::string plan_json(const ResolvedPlanSpec& r, const Plan& plan, const Simulat
   j["remainder"] = d.remainder;
   json alts = json::array();
   for (const auto& a : d.alternatives)
-    alts.push_back({{"flag", a.flag}, {"value", a.value}, {"seq_len", a.tokens}});
+    alts.push_back({{"parameter", a.parameter}, {"value", a.value}, {"seq_len", a.tokens}});
   j["divisibility"] = {{"divides", d.remainder == 0},
                        {"shard_floor", d.shard_floor},
                        {"shard_ceil", d.shard_ceil},

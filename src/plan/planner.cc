@@ -476,7 +476,7 @@ Divisibility analyse_divisibility(const PlanRequest& req) {
 
   // Nearest shapes whose token count divides sp: each input dimension on its own, the first
   // value below and above (within 64 steps of its granularity).
-  auto add_dim = [&](const std::string& flag, int64_t value, int64_t step, int64_t min_value,
+  auto add_dim = [&](const std::string& parameter, int64_t value, int64_t step, int64_t min_value,
                      auto&& tokens_of) {
     for (int dir : {-1, 1})
       for (int64_t k = 1; k <= 64; ++k) {
@@ -489,7 +489,7 @@ Divisibility analyse_divisibility(const PlanRequest& req) {
           continue;
         }
         if (t >= sp && t % sp == 0) {
-          d.alternatives.push_back({flag, v, t});
+          d.alternatives.push_back({parameter, v, t});
           break;
         }
       }
@@ -498,16 +498,16 @@ Divisibility analyse_divisibility(const PlanRequest& req) {
   if (m != nullptr && m->family != ModelFamily::kLlm && req.height > 0) {
     const int64_t sh = m->vae_stride[1] * m->patch[1], sw = m->vae_stride[2] * m->patch[2];
     if (m->video)
-      add_dim("--frames", req.frames, m->vae_stride[0], 1,
+      add_dim("frames", req.frames, m->vae_stride[0], 1,
               [&](int64_t f) { return latent_shape(*m, f, req.height, req.width).tokens; });
-    add_dim("--height", req.height, sh, sh,
+    add_dim("height", req.height, sh, sh,
             [&](int64_t h) { return latent_shape(*m, req.frames, h, req.width).tokens; });
-    add_dim("--width", req.width, sw, sw,
+    add_dim("width", req.width, sw, sw,
             [&](int64_t x) { return latent_shape(*m, req.frames, req.height, x).tokens; });
   } else {
     const int64_t lo = w.seq / sp * sp, hi = lo + sp;
-    if (lo >= sp) d.alternatives.push_back({"--seq", lo, lo});
-    d.alternatives.push_back({"--seq", hi, hi});
+    if (lo >= sp) d.alternatives.push_back({"seq", lo, lo});
+    d.alternatives.push_back({"seq", hi, hi});
   }
   std::stable_sort(d.alternatives.begin(), d.alternatives.end(),
                    [&](const ShapeAlternative& a, const ShapeAlternative& b) {

@@ -16,7 +16,7 @@ py() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 i
 [ $rc -eq 0 ] && ok || bad "plan wan exited $rc"
 py "$tmp/wan.json" 'd["seq_len"] == 3645 and d["remainder"] == 5 and d["sequence_parallel_size"] == 8' \
   && ok || bad "wan: seq_len/remainder"
-py "$tmp/wan.json" 'd["divisibility"]["padded_seq"] == 3648 and any(a["flag"] == "--frames" and a["value"] == 29 for a in d["divisibility"]["alternatives"])' \
+py "$tmp/wan.json" 'd["divisibility"]["padded_seq"] == 3648 and any(a["parameter"] == "frames" and a["value"] == 29 for a in d["divisibility"]["alternatives"])' \
   && ok || bad "wan: padding / alternatives"
 py "$tmp/wan.json" 'len(d["meshes"]) > 0 and all(d["meshes"][i]["step_seconds"] <= d["meshes"][i+1]["step_seconds"] for i in range(len(d["meshes"])-1))' \
   && ok || bad "wan: meshes not ranked"

@@ -42,12 +42,12 @@ TEST(Planner, WanSequenceDoesNotDivideEight) {
   // height 256 (16 patch rows), width 384 (24 patch columns).
   std::set<std::pair<std::string, int64_t>> alts;
   for (const auto& a : d.alternatives) {
-    EXPECT_EQ(a.tokens % 8, 0) << a.flag << " " << a.value;
-    alts.insert({a.flag, a.value});
+    EXPECT_EQ(a.tokens % 8, 0) << a.parameter << " " << a.value;
+    alts.insert({a.parameter, a.value});
   }
-  EXPECT_TRUE(alts.count({"--frames", 29}));
-  EXPECT_TRUE(alts.count({"--height", 256}));
-  EXPECT_TRUE(alts.count({"--width", 384}));
+  EXPECT_TRUE(alts.count({"frames", 29}));
+  EXPECT_TRUE(alts.count({"height", 256}));
+  EXPECT_TRUE(alts.count({"width", 384}));
   for (size_t i = 1; i < d.alternatives.size(); ++i)
     EXPECT_LE(std::llabs(d.alternatives[i - 1].tokens - 3645),
               std::llabs(d.alternatives[i].tokens - 3645));

@@ -48,7 +48,7 @@ struct Rejection {
 
 // A shape near the requested one whose token count divides the sequence-parallel size.
 struct ShapeAlternative {
-  std::string flag;  // "--frames", "--height", "--width" or "--seq"
+  std::string parameter;  // the request's parameter: "frames", "height", "width" or "seq"
   int64_t value = 0;
   int64_t tokens = 0;
 };
