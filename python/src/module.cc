@@ -442,7 +442,7 @@ struct StopFlag {
 struct Runs {
   std::mutex mutex;
   std::condition_variable ended;
-  int active = 0;                 // guarded by mutex
+  int active = 0;  // guarded by mutex
   std::atomic<bool> exiting{false};
 };
 Runs& runs() {
