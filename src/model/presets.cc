@@ -1,5 +1,7 @@
 #include "seqpar/model/presets.h"
 
+#include <algorithm>
+
 #include "seqpar/core/error.h"
 #include "seqpar/core/limits.h"
 #include "seqpar/model/decoder.h"
@@ -109,6 +111,7 @@ const Presets& presets() {
     v.push_back(tiny);
     p.mmdits.push_back(mmdit("flux.1-dev", "FLUX.1 [dev] 12B (19 dual + 38 single stream blocks)",
                              57, 4096, 512, 12288, 16, 12'000'000'000));
+    p.mmdits.back().aliases = {"flux-dev"};
     p.mmdits.push_back(
         mmdit("qwen-image", "Qwen-Image 20B MMDiT", 60, 3584, 512, 12288, 16, 20'000'000'000));
     auto& l = p.llms;
@@ -140,13 +143,17 @@ std::string names_text(const std::vector<std::string>& names) {
   return valid;
 }
 
+bool answers_to(const ModelPreset& m, std::string_view name) {
+  return m.name == name || std::find(m.aliases.begin(), m.aliases.end(), name) != m.aliases.end();
+}
+
 // The preset named `name` of `list`, or InvalidArgument naming the valid ones.
 template <typename Config>
 const Config& find_preset(const std::vector<Config>& list, std::string_view name,
                           std::string_view kind) {
   std::vector<std::string> names;
   for (const auto& m : list) {
-    if (m.name == name) return m;
+    if (answers_to(m, name)) return m;
     names.push_back(m.name);
   }
   (void)model_preset(name);  // an unknown name: the message lists every preset
@@ -164,7 +171,7 @@ std::vector<std::string> model_preset_names() {
 
 const ModelPreset& model_preset(std::string_view name) {
   for (const ModelPreset* m : presets().all)
-    if (m->name == name) return *m;
+    if (answers_to(*m, name)) return *m;
   throw InvalidArgument(
       detail::concat("model '", name, "' is unknown; valid: ", names_text(model_preset_names())));
 }

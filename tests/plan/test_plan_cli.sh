@@ -28,6 +28,10 @@ text=$("$bin" plan --model wan2.1-t2v-14b --height 240 --width 432 --frames 33 -
 grep -q "3645 % 8 = 5" <<<"$text" && ok || bad "wan text lacks '3645 % 8 = 5'"
 grep -q "padding (--pad): to 3648" <<<"$text" && ok || bad "wan text lacks the padding"
 grep -q -- "--frames 29" <<<"$text" && ok || bad "wan text lacks the nearest frames"
+# A preset answers to its aliases: flux-dev is flux.1-dev.
+"$bin" plan --model flux-dev --height 1024 --width 1024 --ranks 2 --json >"$tmp/flux.json" \
+  && py "$tmp/flux.json" 'd["model"] == "flux.1-dev" and d["seq_len"] == 4096' \
+  && ok || bad "plan --model flux-dev is not flux.1-dev"
 
 # Strategy aliases and the softmax pin.
 "$bin" plan --ranks 4 --seq 4096 --heads 8 --strategy all-gather --json >"$tmp/ag.json" \

@@ -25,6 +25,7 @@ std::string_view model_family_name(ModelFamily f);
 
 struct ModelPreset {
   std::string name;
+  std::vector<std::string> aliases;  // other names it answers to ("flux-dev")
   std::string description;
   ModelFamily family = ModelFamily::kDiT;
   int64_t hidden = 0;    // model width
