@@ -6,7 +6,9 @@ transformer directory). Weights keep diffusers' default init (a realistic range)
 QK-norm scales, raised to 3..6 so attention is sharp: a wrong RoPE axis split, a wrong pair
 layout, the text RoPE ignored or a modulation chunk out of order moves the output far past the
 tolerance. 3 heads and 35 image tokens (a 5 x 7 latent grid) divide none of the meshes' ranks;
-txt_ids are not zeros (the pipeline's are) so that the text RoPE matters.
+txt_ids are not zeros (the pipeline's are) so that the text RoPE matters. The strict Ulysses row
+pads 35 tokens to 36 on 3 ranks, and the same row without --pad is refused (strict needs equal
+shards; uaa would run 12, 12, 11). tp 2 runs on a third checkpoint of 4 heads (3 divide no tp 2).
 
 Tolerance, fp32, relative to the reference's max |value| (measured on every mesh here and at
 timesteps 0.05..1: 2.6e-7..5.8e-7 for one call, 1.2e-6..1.4e-6 with true CFG scale 4; see
@@ -20,7 +22,9 @@ The mutations that were seen to fail (docs/models.md): the single blocks' RoPE r
 sequence were [image, text] (6e-2), shift and scale of norm1 swapped (9e-2), the single block's
 gate read from the scale chunk (1.2e-1), txt_ids ignored (1.3e-1), the text keys merged twice into
 the image queries under ring (1.3e-2), each rank's text rows rotated by the first rows' RoPE
-(9.6e-2), each rank reading the first rows of the attention's text output (2.5e-2).
+(9.6e-2), each rank reading the first rows of the attention's text output (2.5e-2), the strict
+row run as uaa (its unpadded run not refused), the 4-head checkpoint's q rows of heads 0-1 and
+2-3 swapped in one single block (tp 2, 3.2e-2).
 
 seqpar.FluxTransformer (the Python class) is checked on diffusers' call and inside diffusers'
 FluxPipeline with true CFG on a cfg 2 x ring 2 mesh (the pipeline's cond and negative calls paired;
@@ -49,11 +53,11 @@ TRUE_CFG = 4.0
 TOL, TOL_GUIDED = 2e-6, 5e-6
 
 
-def make_model(seed, guidance):
+def make_model(seed, guidance, heads=HEADS):
     torch.manual_seed(seed)
     m = FluxTransformer2DModel(
         patch_size=1, in_channels=IN_CH, num_layers=2, num_single_layers=2,
-        attention_head_dim=HEAD_DIM, num_attention_heads=HEADS, joint_attention_dim=TEXT_DIM,
+        attention_head_dim=HEAD_DIM, num_attention_heads=heads, joint_attention_dim=TEXT_DIM,
         pooled_projection_dim=POOLED, guidance_embeds=guidance, axes_dims_rope=AXES).eval()
     with torch.no_grad():
         for name, p in m.named_parameters():
@@ -158,7 +162,7 @@ def run(work, model, inputs, mesh, mpi_np=0):
 MESHES = {
     "1 rank": [],
     "ulysses 8 uaa": ["--ulysses-degree", "8", "--ulysses-mode", "uaa"],
-    "ulysses 3 strict padded": ["--ulysses-degree", "3", "--pad"],
+    "ulysses 3 strict padded": ["--ulysses-degree", "3", "--ulysses-mode", "strict", "--pad"],
     "ring 8": ["--ring-degree", "8"],
     "usp 2x4": ["--ulysses-degree", "2", "--ring-degree", "4", "--ulysses-mode", "uaa"],
     "tp 3": ["--tp", "3"],
@@ -169,6 +173,36 @@ MESHES = {
 def test_dev(work, mesh):
     err = rel_err(run(work, "dev", "in.safetensors", MESHES[mesh]), work["cond"])
     print(f"dev {mesh}: rel err {err:.2e}")
+    assert err < TOL
+
+
+def test_strict_ulysses_needs_the_padding(work):
+    """The strict row is strict: without --pad its 35 tokens on 3 ranks (12, 12, 11) are refused
+    in one line, where uaa would run them unevenly."""
+    mesh = [a for a in MESHES["ulysses 3 strict padded"] if a != "--pad"]
+    d = work["dir"]
+    r = seqpar(["--model", str(d / "dev"), "--inputs", str(d / "in.safetensors"),
+                "--output", str(d / "strict_out.safetensors"), *mesh], expect=2)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--ulysses-mode 'strict' needs equal shards" in lines[0], r.stderr
+    assert not (d / "strict_out.safetensors").exists()
+
+
+@pytest.fixture(scope="module")
+def work_tp2(work):
+    """A dev-like checkpoint of 4 heads (the others' 3 divide no tp 2), written by diffusers, and
+    its prediction on the dev inputs."""
+    m = make_model(3, True, heads=4)
+    m.save_pretrained(str(work["dir"] / "dev_4_heads"))
+    return call(m, work["inputs"])
+
+
+@pytest.mark.parametrize("mpi_np", [0, 2], ids=["threads", "mpi"])
+def test_tp2(work, work_tp2, mpi_np):
+    if mpi_np and not MPIEXEC:
+        pytest.skip("no SEQPAR_MPIEXEC")
+    err = rel_err(run(work, "dev_4_heads", "in.safetensors", ["--tp", "2"], mpi_np), work_tp2)
+    print(f"dev 4 heads tp 2 ({'mpi' if mpi_np else 'threads'}): rel err {err:.2e}")
     assert err < TOL
 
 
