@@ -11,13 +11,21 @@ the output far past the tolerance. The text is 512 tokens: diffusers splits [ima
 tokens from its end (an I2V checkpoint is refused other lengths); the image 257 CLIP tokens.
 The latents' 8 channels predict 4 (I2V concatenates the condition latents to the noise).
 
-Tolerances, fp32, relative to the reference's max |value| (measured on every mesh and both
-layouts: 6.3e-6..6.7e-6 for one call, 1.6e-5..1.7e-5 guided with scale 5; docs/models.md):
-  one call: 3e-5; guided (scale 5 amplifies the branches' difference): 1e-4.
+Tolerances, relative to the reference's max |value| (measured on every mesh and both layouts;
+docs/models.md):
+  one call, fp32: 1e-5 (measured 6.1e-6..7.0e-6);
+  guided with scale 5: 4e-5 (measured 1.6e-5..1.7e-5). The guided prediction 5c - 4u adds the
+  two branches' errors 5 and 4 times over while its max |value| is only 2.6 times the branches'
+  (12.8 against 4.9 here), so one-call errors of 1e-5 allow 9 x 4.9 / 12.8 x 1e-5 = 3.5e-5;
+  bf16 weights against diffusers on the same bf16 values in fp32: 1e-5 (measured 6.1e-6..6.4e-6;
+  seqpar computes in fp32 too).
 Breaking the image path (norm_k_img skipped, or the image attention added twice) moves every case
-to about 0.5.
+to about 0.5. The reference's latents moved by 5e-7 x randn (2.1e-5 on every one-call row,
+5.3e-5 guided) fail every fp32 case, as they would not with the earlier bounds 3e-5 and 1e-4; the
+bf16 rows against the unrounded fp32 weights fail at 8.9e-2.
 """
 
+import copy
 import json
 import os
 import subprocess
@@ -34,7 +42,7 @@ HEADS, HEAD_DIM, TEXT_DIM, IMAGE_DIM, LAYERS = 4, 20, 16, 24, 2
 IN_CH, OUT_CH = 8, 4
 GRID_LATENT = (3, 10, 18)  # 3 x 5 x 9 = 135 patches: uneven on every mesh
 TEXT_LEN, IMAGE_LEN = 512, 257
-TOL, TOL_GUIDED = 3e-5, 1e-4
+TOL, TOL_GUIDED, TOL_BF16 = 1e-5, 4e-5, 1e-5
 
 I2V_BLOCK_MAP = {**BLOCK_MAP, "attn2.add_k_proj": "cross_attn.k_img",
                  "attn2.add_v_proj": "cross_attn.v_img",
@@ -117,7 +125,8 @@ def work(tmp_path_factory):
     with torch.no_grad():
         cond = m(encoder_hidden_states=inp["encoder_hidden_states"], **kw).sample
         uncond = m(encoder_hidden_states=inp["negative_encoder_hidden_states"], **kw).sample
-    return {"dir": d, "inputs": inp, "cond": cond, "guided": uncond + 5.0 * (cond - uncond)}
+    return {"dir": d, "model": m, "inputs": inp, "cond": cond,
+            "guided": uncond + 5.0 * (cond - uncond)}
 
 
 def run_call(work, layout, mesh, inputs="in_cond.safetensors", guidance=5.0):
@@ -149,8 +158,33 @@ def test_noise_pred_fp32(work, layout, mesh):
 def test_guided_cfg2_ulysses2(work, mesh):
     got = run_call(work, "diffusers", mesh, inputs="in.safetensors")
     err = rel_err(got, work["guided"])
-    print(f"i2v guided cfg2 u2: rel err {err:.2e}")
+    print(f"i2v guided {mesh}: rel err {err:.2e}")
     assert err <= TOL_GUIDED
+
+
+@pytest.fixture(scope="module")
+def work_bf16(work):
+    """The model's weights stored in bf16 by diffusers, and diffusers' prediction with the same
+    bf16 values in an fp32 model (seqpar keeps the bf16 weights and computes in fp32)."""
+    path = work["dir"] / "bf16"
+    copy.deepcopy(work["model"]).to(torch.bfloat16).save_pretrained(str(path))
+    stored = load_file(str(path / "diffusion_pytorch_model.safetensors"))
+    up = copy.deepcopy(work["model"])
+    up.load_state_dict({k: v.float() for k, v in stored.items()})
+    inp = work["inputs"]
+    with torch.no_grad():
+        return up(hidden_states=inp["latents"], timestep=inp["timestep"],
+                  encoder_hidden_states=inp["encoder_hidden_states"],
+                  encoder_hidden_states_image=inp["encoder_hidden_states_image"]).sample
+
+
+@pytest.mark.parametrize("mesh", [[], ["--tp", "2", "--ulysses-degree", "2"]],
+                         ids=["one", "tp2_u2"])
+def test_bf16(work, work_bf16, mesh):
+    got = run_call(work, "bf16", mesh)
+    err = rel_err(got, work_bf16)
+    print(f"i2v bf16 {mesh}: rel err {err:.2e}")
+    assert err <= TOL_BF16
 
 
 def test_image_required_and_refused_in_one_line(work, tmp_path):
