@@ -8,7 +8,7 @@ layout, the text RoPE ignored or a modulation chunk out of order moves the outpu
 tolerance. 3 heads and 35 image tokens (a 5 x 7 latent grid) divide none of the meshes' ranks;
 txt_ids are not zeros (the pipeline's are) so that the text RoPE matters. The strict Ulysses row
 pads 35 tokens to 36 on 3 ranks, and the same row without --pad is refused (strict needs equal
-shards; uaa would run 12, 12, 11). tp 2 runs on a third checkpoint of 4 heads (3 divide no tp 2).
+shards; uaa would run 12, 12, 11). tp 2 runs on a third checkpoint of 4 heads (tp 2 refuses 3).
 
 Tolerance, fp32, relative to the reference's max |value| (measured on every mesh here and at
 timesteps 0.05..1: 2.6e-7..5.8e-7 for one call, 1.2e-6..1.4e-6 with true CFG scale 4; see
@@ -190,7 +190,7 @@ def test_strict_ulysses_needs_the_padding(work):
 
 @pytest.fixture(scope="module")
 def work_tp2(work):
-    """A dev-like checkpoint of 4 heads (the others' 3 divide no tp 2), written by diffusers, and
+    """A dev-like checkpoint of 4 heads (tp 2 refuses the others' 3), written by diffusers, and
     its prediction on the dev inputs."""
     m = make_model(3, True, heads=4)
     m.save_pretrained(str(work["dir"] / "dev_4_heads"))

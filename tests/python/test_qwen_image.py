@@ -216,7 +216,7 @@ def test_ulysses_splits_the_text_by_head(work):
 
 @pytest.fixture(scope="module")
 def work_tp2(work):
-    """A checkpoint of 4 heads (the other's 3 divide no tp 2), written by diffusers, and its
+    """A checkpoint of 4 heads (tp 2 refuses the other's 3), written by diffusers, and its
     reference on the two images' batch."""
     m = make_model(3, heads=4)
     m.save_pretrained(str(work["dir"] / "heads_4"))
