@@ -63,6 +63,10 @@ std::vector<double> timestep_values(const SafetensorsFile& f, const std::string&
 Inputs read_inputs(const DenoiseOptions& o, const DiTConfig& m) {
   const SafetensorsFile f(o.inputs);
   const std::string& p = o.inputs;
+  static constexpr std::string_view kInputs[] = {"latents", "timestep", "encoder_hidden_states",
+                                                 "negative_encoder_hidden_states",
+                                                 "encoder_hidden_states_image"};
+  check_tensor_names(f, kInputs, "Wan");
   auto need = [&](const std::string& name, const std::string& expected) -> Tensor {
     SEQPAR_ARG_CHECK(f.contains(name), p, ": tensor '", name, "' is missing; expected ", expected);
     return f.tensor(name, DType::kF32);

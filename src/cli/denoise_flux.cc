@@ -32,6 +32,19 @@ std::vector<float> ids_of(const SafetensorsFile& f, const std::string& name, con
 FluxRequest read_request(const DenoiseOptions& o, const FluxConfig& m) {
   const SafetensorsFile f(o.inputs);
   const std::string& p = o.inputs;
+  // FluxTransformer2DModel's call takes no text mask: every text token is attended.
+  static constexpr std::string_view kInputs[] = {"hidden_states",
+                                                 "latents",
+                                                 "encoder_hidden_states",
+                                                 "pooled_projections",
+                                                 "img_ids",
+                                                 "txt_ids",
+                                                 "timestep",
+                                                 "guidance",
+                                                 "negative_encoder_hidden_states",
+                                                 "negative_pooled_projections",
+                                                 "negative_txt_ids"};
+  check_tensor_names(f, kInputs, "FLUX.1 (it takes no text mask: every text token is attended)");
   const std::string hidden = f.contains("hidden_states") ? "hidden_states" : "latents";
   SEQPAR_ARG_CHECK(f.contains(hidden), p, ": tensor 'hidden_states' is missing; expected [B, S, ",
                    m.in_channels, "] (the packed latents)");

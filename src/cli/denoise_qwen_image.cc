@@ -38,6 +38,15 @@ std::vector<int64_t> mask_lengths(const SafetensorsFile& f, const std::string& n
 QwenImageRequest read_request(const DenoiseOptions& o, const QwenImageConfig& m) {
   const SafetensorsFile f(o.inputs);
   const std::string& p = o.inputs;
+  static constexpr std::string_view kInputs[] = {"hidden_states",
+                                                 "latents",
+                                                 "encoder_hidden_states",
+                                                 "encoder_hidden_states_mask",
+                                                 "img_shapes",
+                                                 "timestep",
+                                                 "negative_encoder_hidden_states",
+                                                 "negative_encoder_hidden_states_mask"};
+  check_tensor_names(f, kInputs, "Qwen-Image");
   const std::string hidden = f.contains("hidden_states") ? "hidden_states" : "latents";
   SEQPAR_ARG_CHECK(f.contains(hidden), p, ": tensor 'hidden_states' is missing; expected [B, S, ",
                    m.in_channels, "] (the packed latents)");

@@ -488,6 +488,17 @@ SafetensorsFiles open_safetensors_index(const std::string& index_path, const std
   return where;
 }
 
+void check_tensor_names(const SafetensorsFile& file, std::span<const std::string_view> known,
+                        std::string_view what) {
+  for (const std::string& name : file.names()) {
+    if (std::find(known.begin(), known.end(), name) != known.end()) continue;
+    std::string valid;
+    for (const std::string_view k : known) valid += (valid.empty() ? "" : ", ") + std::string(k);
+    throw InvalidArgument(detail::concat(file.path(), ": tensor '", name, "' is not an input of ",
+                                         what, "; valid: ", valid));
+  }
+}
+
 std::vector<double> tensor_values(const SafetensorsFile& file, const std::string& name) {
   const SafetensorsEntry& e = file.entry(name);
   if (e.seqpar_dtype()) {

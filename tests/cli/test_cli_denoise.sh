@@ -77,6 +77,8 @@ save(f"{d}/odd_grid.safetensors", {"latents": t([1, C, 2, 5, 10]), "encoder_hidd
 save(f"{d}/wide_text.safetensors", {"latents": lat, "encoder_hidden_states": t([1, 5, T + 1]),
                                     "timestep": ([1], [500.0])})
 save(f"{d}/no_timestep.safetensors", {"latents": lat, "encoder_hidden_states": txt})
+save(f"{d}/misnamed.safetensors", {"latents": lat, "encoder_hidden_states": txt,
+                                   "timestep": ([1], [500.0]), "negative_prompt_embeds": txt})
 save(f"{d}/scalar.safetensors", {"latents": ([], [1.0]), "encoder_hidden_states": txt,
                                  "timestep": ([1], [500.0])})
 save(f"{d}/huge.safetensors", {"latents": t([1, C, 2, 6, 10], fill=3e38),
@@ -141,6 +143,8 @@ expect_exit2 "tensor 'timestep' has dtype U8; expected F32, BF16, F16, F64, I64 
   denoise $m --inputs "$tmp/byte_timestep.safetensors"
 expect_exit2 "tensor 'timestep' is missing; expected \[1\]" \
   denoise $m --inputs "$tmp/no_timestep.safetensors"
+expect_exit2 "tensor 'negative_prompt_embeds' is not an input of Wan; valid: latents, timestep" \
+  denoise $m --inputs "$tmp/misnamed.safetensors"
 expect_exit2 "tensor 'negative_encoder_hidden_states' is missing" \
   denoise $m --inputs "$tmp/no_timestep.safetensors" --steps 2 --guidance 5
 expect_exit2 "neither a diffusers Wan checkpoint" \

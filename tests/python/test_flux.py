@@ -262,6 +262,9 @@ def test_bad_inputs(work):
     assert "'guidance'" in msg and "guidance_embeds false" in msg, msg
     msg = bad_call(work, "dev", without(inp, "pooled_projections"))
     assert "'pooled_projections' is missing" in msg, msg
+    # FLUX.1 attends every text token: a mask would be left unread, so it is refused.
+    msg = bad_call(work, "dev", {**inp, "encoder_hidden_states_mask": torch.ones(1, TEXT_LEN)})
+    assert "'encoder_hidden_states_mask' is not an input of FLUX.1" in msg, msg
 
 
 def test_bad_checkpoint(work, tmp_path):

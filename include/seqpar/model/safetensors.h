@@ -30,6 +30,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "seqpar/core/dtype.h"
@@ -137,6 +138,12 @@ SafetensorsFiles open_safetensors_index(const std::string& index_path, const std
 // Every value of tensor `name` of `file` as a double (small inputs: timesteps, masks, shapes): F32,
 // BF16, F16, F64, I64, I32, I16, I8, U8 or BOOL; InvalidArgument naming the tensor otherwise.
 std::vector<double> tensor_values(const SafetensorsFile& file, const std::string& name);
+
+// Every tensor of `file` is one of `known` (an input file's names, as the model's call spells
+// them); otherwise InvalidArgument: "PATH: tensor 'x' is not an input of WHAT; valid: ...", so no
+// tensor a user gave is silently left unread.
+void check_tensor_names(const SafetensorsFile& file, std::span<const std::string_view> known,
+                        std::string_view what);
 
 // The model loader's call: tensor `name` of `file`, checked to have exactly `expected_shape`, and
 // converted to `to`. Throws InvalidArgument (one line: file, tensor, expected and found shape,
