@@ -11,14 +11,15 @@
 //   set.
 // Steps on member r of a Ulysses group of N (n_i tokens on member i, S_g = Σ n_i):
 //   step 0: all_gather the token counts (8 bytes each); they must match the partition
-//   step 1: all_to_allv q, k, v: [B, n_r, H, D] -> [B, S_g, |heads_r|, D]  (sequence -> heads)
+//   step 1: one all_to_allv of q, k and v: [B, n_r, H, D] -> [B, S_g, |heads_r|, D]  (sequence ->
+//           heads)
 //           member j receives the query head slots [j·⌈H/N⌉, (j+1)·⌈H/N⌉) clipped to H and the
 //           kv heads they read (h / (H/Hkv): disjoint when Hkv divides by N, else replicated),
 //           expanded locally to one kv head per query head when the kernel's GQA rule on the
 //           local heads would not find them
 //   step 2: attention of the local heads over the whole group sequence (keys at the gathered
 //           positions, so masks follow global positions for every layout)
-//   step 3: all_to_allv out and lse back: [B, S_g, |heads_r|, .] -> [B, n_r, H, .]
+//   step 3: one all_to_allv of out and lse back: [B, S_g, |heads_r|, .] -> [B, n_r, H, .]
 // usp (U = ulysses_degree, R = ring_degree, N = U·R; group g: ranks g·U .. g·U+U-1): steps 0, 1
 //   and 3 in the Ulysses group; step 2 is ring_over_blocks (ring.cc) across the R members with
 //   the same Ulysses rank, each block one group's whole sequence of this member's kv heads.
@@ -65,88 +66,112 @@ void append_heads(const Tensor& x, int64_t h0, int64_t h1, int64_t w_bytes, char
   }
 }
 
-// Sequence -> heads. x (B, n_me, Hx, W): member j gets heads ranges[j]. Returns
-// (B, S_g, |ranges[me]|, W) with the tokens of member 0, then 1, ... (counts[i] each).
-Tensor seq_to_heads(Communicator& comm, const Tensor& x, std::span<const int64_t> counts,
-                    std::span<const IndexRange> ranges) {
+// What one all_to_allv carries for one tensor: member j gets heads heads[j] of x.
+struct HeadsOf {
+  const Tensor& x;
+  std::span<const IndexRange> heads;
+};
+
+// Sequence -> heads, every tensor in one all_to_allv. Each xs[t].x (B, n_me, H_t, W_t), one dtype:
+// member j gets heads xs[t].heads[j]. Returns per tensor (B, S_g, |xs[t].heads[me]|, W_t) with
+// the tokens of member 0, then 1, ... (counts[i] each). Member i's message to j: for each tensor
+// in order, its B·n_i rows of j's heads.
+std::vector<Tensor> seq_to_heads(Communicator& comm, std::span<const HeadsOf> xs,
+                                 std::span<const int64_t> counts) {
   const int n = comm.size(), me = comm.rank();
-  const int64_t B = x.dim(0), W = x.dim(3);
-  const int64_t w_bytes = W * static_cast<int64_t>(dtype_size(x.dtype()));
-  const int64_t mine = ranges[me].size();
+  const DType dt = xs[0].x.dtype();
+  const int64_t B = xs[0].x.dim(0);
   int64_t total = 0;
   for (int64_t c : counts) total += c;
-  std::vector<size_t> send_counts(n), recv_counts(n);
-  for (int j = 0; j < n; ++j) {
-    send_counts[j] = static_cast<size_t>(B * counts[me] * ranges[j].size() * w_bytes);
-    recv_counts[j] = static_cast<size_t>(B * counts[j] * mine * w_bytes);
+  std::vector<int64_t> w_bytes, mine;  // per tensor
+  for (const HeadsOf& t : xs) {
+    w_bytes.push_back(t.x.dim(3) * static_cast<int64_t>(dtype_size(dt)));
+    mine.push_back(t.heads[me].size());
   }
-  int64_t sent_heads = 0;  // kv heads shared by several members are sent to each
-  for (int j = 0; j < n; ++j) sent_heads += ranges[j].size();
-  Tensor send({B * counts[me] * sent_heads * W}, x.dtype());
-  char* p = static_cast<char*>(send.raw());
-  for (int j = 0; j < n; ++j) append_heads(x, ranges[j].begin, ranges[j].end, w_bytes, p);
-
-  Tensor out({B, total, mine, W}, x.dtype());
-  if (B == 1) {
-    comm.all_to_allv(send.raw(), send_counts, out.raw(), recv_counts);
-    return out;
-  }
-  Tensor staged({B * total * mine * W}, x.dtype());
-  comm.all_to_allv(send.raw(), send_counts, staged.raw(), recv_counts);
-  // staged holds [member i][B][n_i]; regroup to [B][member i, n_i].
-  const size_t row = static_cast<size_t>(mine * w_bytes);
-  const char* src = static_cast<const char*>(staged.raw());
-  char* dst = static_cast<char*>(out.raw());
+  std::vector<size_t> send_counts(n, 0), recv_counts(n, 0);
+  for (int j = 0; j < n; ++j)
+    for (size_t t = 0; t < xs.size(); ++t) {
+      send_counts[j] += static_cast<size_t>(B * counts[me] * xs[t].heads[j].size() * w_bytes[t]);
+      recv_counts[j] += static_cast<size_t>(B * counts[j] * mine[t] * w_bytes[t]);
+    }
+  size_t send_bytes = 0, recv_bytes = 0;
+  for (int j = 0; j < n; ++j) send_bytes += send_counts[j], recv_bytes += recv_counts[j];
+  std::vector<char> send(send_bytes), recv(recv_bytes);
+  char* p = send.data();
+  for (int j = 0; j < n; ++j)
+    for (size_t t = 0; t < xs.size(); ++t)
+      append_heads(xs[t].x, xs[t].heads[j].begin, xs[t].heads[j].end, w_bytes[t], p);
+  comm.all_to_allv(send.data(), send_counts, recv.data(), recv_counts);
+  // recv holds [member i][tensor t][B][n_i]; place each at [B][member i's tokens] of tensor t.
+  std::vector<Tensor> out;
+  for (size_t t = 0; t < xs.size(); ++t)
+    out.emplace_back(std::vector<int64_t>{B, total, mine[t], xs[t].x.dim(3)}, dt);
+  const char* src = recv.data();
   int64_t offset = 0;
   for (int i = 0; i < n; ++i) {
-    for (int64_t b = 0; b < B; ++b) {
-      std::memcpy(dst + (b * total + offset) * row, src, counts[i] * row);
-      src += counts[i] * row;
+    for (size_t t = 0; t < xs.size(); ++t) {
+      const size_t row = static_cast<size_t>(mine[t] * w_bytes[t]);
+      char* dst = static_cast<char*>(out[t].raw());
+      for (int64_t b = 0; b < B; ++b) {
+        std::memcpy(dst + (b * total + offset) * row, src, counts[i] * row);
+        src += counts[i] * row;
+      }
     }
     offset += counts[i];
   }
   return out;
 }
 
-// Heads -> sequence. y (B, S_g, |ranges[me]|, W) fp32 over the group's tokens -> (B, n_me, H, W)
-// with member j's heads at ranges[j].
-Tensor heads_to_seq(Communicator& comm, const Tensor& y, std::span<const int64_t> counts,
-                    std::span<const IndexRange> ranges, int64_t heads) {
+// Heads -> sequence in one all_to_allv: the local state (out (B, S_g, |ranges[me]|, D) and lse
+// (B, S_g, |ranges[me]|), fp32, over the group's tokens) -> out (B, n_me, H, D) and lse
+// (B, n_me, H) with member j's heads at ranges[j]. Member i's message to j: j's B·n_j rows of
+// i's heads, out then lse.
+AttnState heads_to_seq(Communicator& comm, const AttnState& y, std::span<const int64_t> counts,
+                       std::span<const IndexRange> ranges, int64_t heads) {
   const int n = comm.size(), me = comm.rank();
-  const int64_t B = y.dim(0), total = y.dim(1), mine = y.dim(2), W = y.dim(3);
-  const size_t w_bytes = static_cast<size_t>(W) * dtype_size(y.dtype());
+  const int64_t B = y.out.dim(0), total = y.out.dim(1), mine = y.out.dim(2), D = y.out.dim(3);
+  const size_t out_row = static_cast<size_t>(mine * D) * sizeof(float);
+  const size_t lse_row = static_cast<size_t>(mine) * sizeof(float);
   std::vector<size_t> send_counts(n), recv_counts(n);
+  size_t recv_bytes = 0;
   for (int j = 0; j < n; ++j) {
-    send_counts[j] = static_cast<size_t>(B * counts[j] * mine) * w_bytes;
-    recv_counts[j] = static_cast<size_t>(B * counts[me] * ranges[j].size()) * w_bytes;
+    send_counts[j] = static_cast<size_t>(B * counts[j] * mine * (D + 1)) * sizeof(float);
+    recv_counts[j] =
+        static_cast<size_t>(B * counts[me] * ranges[j].size() * (D + 1)) * sizeof(float);
+    recv_bytes += recv_counts[j];
   }
-  // Send buffer in member order: [member i][B][n_i][mine][W].
-  Tensor send({B * total * mine * W}, y.dtype());
+  // Send buffer in member order: [member i][out: B, n_i rows][lse: B, n_i rows].
+  std::vector<char> send(static_cast<size_t>(B * total) * (out_row + lse_row)), recv(recv_bytes);
   {
-    const size_t row = static_cast<size_t>(mine) * w_bytes;
-    const char* src = static_cast<const char*>(y.raw());
-    char* dst = static_cast<char*>(send.raw());
+    char* dst = send.data();
     int64_t offset = 0;
     for (int i = 0; i < n; ++i) {
-      for (int64_t b = 0; b < B; ++b) {
-        std::memcpy(dst, src + (b * total + offset) * row, counts[i] * row);
-        dst += counts[i] * row;
-      }
+      for (const auto& [t, row] : {std::pair{&y.out, out_row}, {&y.lse, lse_row}})
+        for (int64_t b = 0; b < B; ++b) {
+          std::memcpy(dst, static_cast<const char*>(t->raw()) + (b * total + offset) * row,
+                      counts[i] * row);
+          dst += counts[i] * row;
+        }
       offset += counts[i];
     }
   }
-  Tensor recv({B * counts[me] * heads * W}, y.dtype());
-  comm.all_to_allv(send.raw(), send_counts, recv.raw(), recv_counts);
-  // recv holds [member j][B][n_me][|ranges[j]|][W]; place each at its heads.
-  Tensor out({B, counts[me], heads, W}, y.dtype());
-  const char* src = static_cast<const char*>(recv.raw());
-  char* dst = static_cast<char*>(out.raw());
+  comm.all_to_allv(send.data(), send_counts, recv.data(), recv_counts);
+  // recv holds [member j][out: B·n_me rows of |ranges[j]| heads][lse: likewise]; place each at
+  // its heads.
+  AttnState out;
+  out.out = Tensor({B, counts[me], heads, D});
+  out.lse = Tensor({B, counts[me], heads});
+  const char* src = recv.data();
   for (int j = 0; j < n; ++j) {
-    const size_t chunk = static_cast<size_t>(ranges[j].size()) * w_bytes;
-    if (chunk == 0) continue;
-    for (int64_t t = 0; t < B * counts[me]; ++t) {
-      std::memcpy(dst + (t * heads + ranges[j].begin) * w_bytes, src, chunk);
-      src += chunk;
+    const int64_t h = ranges[j].size();
+    for (const auto& [t, w] : {std::pair{&out.out, D}, {&out.lse, int64_t{1}}}) {
+      const size_t chunk = static_cast<size_t>(h * w) * sizeof(float);
+      char* dst = static_cast<char*>(t->raw());
+      for (int64_t r = 0; r < B * counts[me] && chunk > 0; ++r) {
+        std::memcpy(dst + static_cast<size_t>((r * heads + ranges[j].begin) * w) * sizeof(float),
+                    src, chunk);
+        src += chunk;
+      }
     }
   }
   return out;
@@ -199,16 +224,6 @@ UlyssesLayout ulysses_layout(const Partition& part, int first_rank, int n, int64
   return l;
 }
 
-// lse (B, T, h) viewed as (B, T, h, 1) and back.
-Tensor as4(Tensor t) {
-  t.resize({t.dim(0), t.dim(1), t.dim(2), 1});
-  return t;
-}
-Tensor as3(Tensor t) {
-  t.resize({t.dim(0), t.dim(1), t.dim(2)});
-  return t;
-}
-
 // The common body: Ulysses exchange in `ucomm` (members first_rank.. of part), then `attend`
 // on the local heads, then the exchange back.
 template <typename Attend>
@@ -220,9 +235,9 @@ AttnState ulysses_body(Communicator& ucomm, const Partition& part, int first_ran
   UlyssesLayout l = ulysses_layout(part, first_rank, n, H, Hkv);
   double t0 = now_seconds();
   std::vector<int64_t> counts = exchange_counts(ucomm, l.expected, q.dim(1));
-  Tensor ql = seq_to_heads(ucomm, q, counts, l.q_heads);
-  Tensor kl = seq_to_heads(ucomm, k, counts, l.kv_heads);
-  Tensor vl = seq_to_heads(ucomm, v, counts, l.kv_heads);
+  const HeadsOf qkv[] = {{q, l.q_heads}, {k, l.kv_heads}, {v, l.kv_heads}};
+  std::vector<Tensor> local_qkv = seq_to_heads(ucomm, qkv, counts);
+  Tensor ql = std::move(local_qkv[0]), kl = std::move(local_qkv[1]), vl = std::move(local_qkv[2]);
   double t1 = now_seconds();
   const IndexRange myq = l.q_heads[me], mykv = l.kv_heads[me];
   AttnState local;
@@ -234,9 +249,7 @@ AttnState ulysses_body(Communicator& ucomm, const Partition& part, int first_ran
     local = AttnState::empty(B, ql.dim(1), 0, D);
   }
   double t2 = now_seconds();
-  AttnState out;
-  out.out = heads_to_seq(ucomm, local.out, counts, l.q_heads, H);
-  out.lse = as3(heads_to_seq(ucomm, as4(std::move(local.lse)), counts, l.q_heads, H));
+  AttnState out = heads_to_seq(ucomm, local, counts, l.q_heads, H);
   double t3 = now_seconds();
   if (stats) {
     stats->wait_seconds += (t1 - t0) + (t3 - t2);
@@ -419,10 +432,10 @@ Step exchange_step(const std::string& what, GroupMembers members, int me, int64_
 
 }  // namespace
 
-// Per group of u consecutive members: token counts, q, k, v to heads (then packing and placing
-// them: a copy of what was sent and received), attention on the member's heads (the whole group
-// sequence, or with several groups a ring of the groups' sequences across the members of one
-// Ulysses rank), out and lse back (fp32, two calls), and their copy.
+// Per group of u consecutive members: token counts, q, k and v to heads in one call (then packing
+// and placing them: a copy of what was sent and received), attention on the member's heads (the
+// whole group sequence, or with several groups a ring of the groups' sequences across the members
+// of one Ulysses rank), out and lse back (fp32, one call), and their copy.
 void add_ulysses(Schedule& s, const CallRuns& c, int u, SoftmaxMode softmax) {
   const int groups = c.n() / u;
   std::vector<IndexRange> qh(u), kvh(u);
@@ -447,15 +460,12 @@ void add_ulysses(Schedule& s, const CallRuns& c, int u, SoftmaxMode softmax) {
       steps.push_back(collective_step(OpKind::kAllGather, false, "token counts",
                                       CommGroup::kUlysses, members, 8ull * (u - 1),
                                       8ull * (u - 1)));
-      double copied = 0;
-      for (const auto& tensor : {std::pair{"q", &qh}, {"k", &kvh}, {"v", &kvh}}) {
-        const std::vector<IndexRange>* heads = tensor.second;
-        steps.push_back(exchange_step(tensor.first, members, me, 1, [&](int from, int to) {
-          return static_cast<uint64_t>(c.B * count(from) * (*heads)[to].size() * c.D * e);
-        }));
-        copied += static_cast<double>(steps.back().comm->sent + steps.back().comm->recv);
-      }
-      steps.push_back(compute_step(0, copied));
+      steps.push_back(exchange_step("q, k, v", members, me, 1, [&](int from, int to) {
+        return static_cast<uint64_t>(c.B * count(from) * (qh[to].size() + 2 * kvh[to].size()) *
+                                     c.D * e);
+      }));
+      steps.push_back(
+          compute_step(0, static_cast<double>(steps.back().comm->sent + steps.back().comm->recv)));
     }
   }
   if (groups == 1) {
@@ -477,7 +487,7 @@ void add_ulysses(Schedule& s, const CallRuns& c, int u, SoftmaxMode softmax) {
     for (int me = 0; me < u; ++me) {
       std::vector<Step>& steps = s.ranks[members[me]].steps;
       // member `from` sends member `to` the rows of to's tokens of from's heads
-      steps.push_back(exchange_step("out, lse", members, me, 2, [&](int from, int to) {
+      steps.push_back(exchange_step("out, lse", members, me, 1, [&](int from, int to) {
         return static_cast<uint64_t>(c.B * run_count(c.q[g * u + to]) * qh[from].size() *
                                      (c.D + 1) * 4);
       }));

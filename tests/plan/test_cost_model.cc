@@ -276,9 +276,9 @@ TEST(CostModelTime, UlyssesIsExposedAllToAll) {
   for (const auto& col : c.collectives) comm += col.seconds;
   EXPECT_NEAR(c.comm_s, comm, 1e-15);
   EXPECT_NEAR(c.layer_s, c.compute_s + c.comm_s, 1e-12);  // nothing overlaps
-  // q, k, v and out+lse: all_to_allv of (S/N)·(N-1)/N... each member receives 3 of its heads'
-  // tensors from 3 peers: 3 · 1024 · 2 heads · 128 · 4 bytes per tensor.
-  const double qkv = 3 * (3 * 1e-5 + 3.0 * 1024 * 2 * 128 * 4 / 1e10);
+  // q, k, v in one all_to_allv and out+lse in another: each member receives its heads' three
+  // tensors from 3 peers (3 latencies a call): 3 · 1024 · 2 heads · 128 · 4 bytes per tensor.
+  const double qkv = 3 * 1e-5 + 3 * 3.0 * 1024 * 2 * 128 * 4 / 1e10;
   const double back = 3 * 1e-5 + 3.0 * 1024 * 2 * 129 * 4 / 1e10;
   const double counts = 3 * 1e-5 + 24 / 1e10;
   EXPECT_NEAR(c.comm_s, qkv + back + counts, 1e-12);
