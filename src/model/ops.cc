@@ -8,6 +8,7 @@
 #include <cstring>
 #include <dnnl.hpp>
 #include <exception>
+#include <limits>
 #include <unordered_map>
 #include <vector>
 
@@ -232,6 +233,17 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
   return y;
 }
 
+namespace {
+
+// 1 / sqrt(v) of a norm's mean square or variance v. A v that overflows fp32 would scale the row
+// to zeros (as PyTorch does: x · rsqrt(inf) = 0), hiding the overflow from every later check;
+// it gives NaN instead, so the model's check after the norm names the layer where it happened.
+float inverse_scale(float v) {
+  return std::isfinite(v) ? 1.0f / std::sqrt(v) : std::numeric_limits<float>::quiet_NaN();
+}
+
+}  // namespace
+
 Tensor row_sum_squares(const Tensor& x) {
   const int64_t rows = rows_of(x), f = x.dim(-1);
   Tensor s({rows});
@@ -250,7 +262,7 @@ Tensor rms_norm_with_stats(const Tensor& x, const Tensor& sum_sq, int64_t full_w
   SEQPAR_CHECK(weight.empty() || weight.numel() == f, "rms_norm weight ", weight.shape_str());
   Tensor y(x.shape());
   for (int64_t r = 0; r < rows; ++r) {
-    const float inv = 1.0f / std::sqrt(sum_sq.data<float>()[r] / full_width + eps);
+    const float inv = inverse_scale(sum_sq.data<float>()[r] / full_width + eps);
     for (int64_t i = 0; i < f; ++i) {
       float v = x.data<float>()[r * f + i] * inv;
       y.data<float>()[r * f + i] = weight.empty() ? v : v * weight.data<float>()[i];
@@ -273,7 +285,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
     mean /= f;
     for (int64_t i = 0; i < f; ++i) var += (p[i] - mean) * (p[i] - mean);
     var /= f;
-    const float inv = 1.0f / std::sqrt(static_cast<float>(var) + eps);
+    const float inv = inverse_scale(static_cast<float>(var) + eps);
     float* q = y.data<float>() + r * f;
     for (int64_t i = 0; i < f; ++i) {
       float v = (p[i] - static_cast<float>(mean)) * inv;

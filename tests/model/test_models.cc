@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <random>
@@ -273,6 +274,44 @@ TEST_F(TinyLlm, NonFiniteCheckpointTensorIsRefusedAtLoad) {
       }
     }
   std::remove(path.c_str());
+}
+
+// A norm whose mean square or variance overflows fp32 scales its row by rsqrt(inf) = 0 (PyTorch's
+// answer): zeros that every later check takes for finite activations. The norms give NaN there
+// instead, so the model stops at the layer where the overflow happened.
+TEST(Norms, AnOverflowingRowIsNotFinite) {
+  Tensor x({2, 4});
+  const float rows[2][4] = {{1e20f, 1.f, 2.f, 3.f}, {1.f, 2.f, 3.f, 4.f}};
+  std::memcpy(x.data<float>(), rows, sizeof(rows));
+  for (const Tensor& y : {rms_norm(x, Tensor(), 1e-6f), layer_norm(x, Tensor(), Tensor(), 1e-6f)}) {
+    for (int i = 0; i < 4; ++i) EXPECT_TRUE(std::isnan(y.data<float>()[i])) << i;
+    for (int i = 4; i < 8; ++i) EXPECT_TRUE(std::isfinite(y.data<float>()[i])) << i;
+  }
+}
+
+// down_proj scaled so that layer 0's output is finite but the next norm's sum of squares is not:
+// generate stops there, naming it, rather than running on a row of zeros.
+TEST_F(TinyLlm, OverflowInsideANormIsNamed) {
+  const auto specs = Decoder::parameters(*preset_);
+  std::map<std::string, Tensor> tensors;
+  for (const auto& [name, t] : weights_->all()) tensors[name] = t;
+  Tensor& down = tensors.at("layers.0.mlp.down_proj.weight");
+  for (int64_t i = 0; i < down.numel(); ++i) down.data<float>()[i] *= 1e36f;
+  const std::string path = ::testing::TempDir() + "seqpar_overflow_weights.safetensors";
+  write_safetensors(path, tensors);
+  const WeightStore scaled = WeightStore::from_safetensors(path, specs);
+  std::remove(path.c_str());
+  try {
+    on_mesh({{1, 1, 1, 1}}, [&](ParallelContext& ctx) {
+      Decoder dec(*preset_, scaled, ctx);
+      return dec.generate(*prompt_, 1, ctx).tokens;
+    });
+    ADD_FAILURE() << "generate ran on overflowing activations";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layers.1.input_layernorm produced a non-finite value"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
