@@ -3,6 +3,7 @@
 // from 9 rows the converted blocks multiplied by oneDNN.
 //
 //   linear_bench [--m 8,9,15,16,17,32,64] [--n 8192] [--k 2048] [--dtype bf16|fp16|int8]
+//                [--activations fp32|bf16]
 //
 // Per m: the mean time of 5 calls after a warm-up, and GFLOP/s (2·m·n·k a call). Not a test:
 // timing decides nothing.
@@ -19,6 +20,7 @@ int main(int argc, char** argv) {
   using namespace seqpar;
   std::vector<int64_t> ms = {8, 9, 15, 16, 17, 32, 64}, ns = {8192}, ks = {2048};
   std::string dtype = "bf16";
+  DType activations = DType::kF32;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (i + 1 >= argc) bench::usage_error("linear_bench", a + " needs a value");
@@ -31,24 +33,27 @@ int main(int argc, char** argv) {
       ks = bench::parse_list("linear_bench", a, v);
     } else if (a == "--dtype" && (v == "bf16" || v == "fp16" || v == "int8")) {
       dtype = v;
+    } else if (a == "--activations" && (v == "fp32" || v == "bf16")) {
+      activations = v == "bf16" ? DType::kBF16 : DType::kF32;
     } else {
       bench::usage_error("linear_bench",
                          "usage: linear_bench [--m 8,16] [--n 8192] [--k 2048] "
-                         "[--dtype bf16|fp16|int8]");
+                         "[--dtype bf16|fp16|int8] [--activations fp32|bf16]");
     }
   }
   const Tensor w16 = random_normal({ns[0], ks[0]}, 2, dtype == "fp16" ? DType::kF16 : DType::kBF16);
   const Q8Weight q8 = dtype == "int8" ? quantize_q8_0(w16, "w") : Q8Weight{};
   const Tensor& w = dtype == "int8" ? q8.q : w16;
   std::printf(
-      "linear of m x %lld by %lld x %lld %s weights\n| m | ms/call | GFLOP/s |\n|---|---|---|\n",
+      "linear of m x %lld by %lld x %lld %s weights, %s activations\n| m | ms/call | GFLOP/s "
+      "|\n|---|---|---|\n",
       static_cast<long long>(ks[0]), static_cast<long long>(ns[0]), static_cast<long long>(ks[0]),
-      dtype.c_str());
+      dtype.c_str(), std::string(dtype_name(activations)).c_str());
   for (const int64_t m : ms) {
     const Tensor x = random_normal({m, ks[0]}, 1);
-    (void)linear(x, w, Tensor(), q8.d);  // warm-up: oneDNN primitives, buffers
+    (void)linear(x, w, Tensor(), q8.d, activations);  // warm-up: oneDNN primitives, buffers
     const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < 5; ++i) (void)linear(x, w, Tensor(), q8.d);
+    for (int i = 0; i < 5; ++i) (void)linear(x, w, Tensor(), q8.d, activations);
     const double s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 5;
     std::printf("| %lld | %.2f | %.1f |\n", static_cast<long long>(m), s * 1e3,

@@ -58,9 +58,7 @@ const SpPlan& Decoder::sp_plan() {
 
 namespace {
 // Vocabulary rows of tp rank r of n (any vocabulary size).
-IndexRange vocab_share(int64_t vocab, int r, int n) {
-  return {vocab * r / n, vocab * (r + 1) / n};
-}
+IndexRange vocab_share(int64_t vocab, int r, int n) { return {vocab * r / n, vocab * (r + 1) / n}; }
 }  // namespace
 
 Decoder::Decoder(const DecoderConfig& m, const WeightStore& ws, const ParallelContext& ctx)
@@ -86,6 +84,7 @@ Decoder::Decoder(const DecoderConfig& m, const WeightStore& ws, const ParallelCo
     hold_matrix(ws, "lm_head.weight", ws.rows("lm_head.weight", v0_, v1_), lm_head_w,
                 lm_head_scale);
   norm_ = RmsNorm::load(ws, "norm", eps);
+  activations_ = ws.activations();
   const AttentionSpec attention = m.attention();
   for (int64_t i = 0; i < m.layers; ++i) {
     const std::string l = "layers." + std::to_string(i) + ".";
@@ -143,7 +142,7 @@ Tensor Decoder::logits_of(const Tensor& h_last, Communicator& tp) const {
   const Tensor& head_scale = m_.tie_embeddings ? embed_scale : lm_head_scale;
   const Tensor h = norm_.forward(h_last);
   expect_finite(h, "norm");
-  Tensor mine = linear(h, head, Tensor(), head_scale);  // (v1 - v0)
+  Tensor mine = linear(h, head, Tensor(), head_scale, activations_);  // (v1 - v0)
   expect_finite(mine, "lm_head");
   if (tp.size() == 1) return mine;
   Tensor all({m_.vocab});
@@ -187,9 +186,9 @@ Decoder::Output Decoder::generate(const std::vector<int32_t>& prompt, const Opti
   const double t0 = now_seconds();
   // ---- the prompt: its first chunk context parallel, the rest over the cache.
   // The first chunk holds a token for every sequence-parallel rank at least.
-  const int64_t first =
-      opts.prefill_chunk > 0 ? std::min(P, std::max<int64_t>(opts.prefill_chunk, ctx.sp_size()))
-                             : P;
+  const int64_t first = opts.prefill_chunk > 0
+                            ? std::min(P, std::max<int64_t>(opts.prefill_chunk, ctx.sp_size()))
+                            : P;
   const std::span<const int32_t> tokens(prompt);
   Tensor x = prefill(tokens.first(first), turn);
   if (first < P) x = extend(tokens.subspan(first), turn);

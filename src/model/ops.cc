@@ -22,6 +22,7 @@ namespace {
 struct MatmulKey {
   int64_t m, n, k;
   bool bias;
+  bool bf16;    // x and w bf16 (fp32 accumulation and y), else all fp32
   int64_t ldc;  // the row stride of y (n, or wider when y is a column block of a wider matrix)
   int threads;  // oneDNN's team when the primitive was made (1 inside a parallel region)
   bool operator==(const MatmulKey&) const = default;
@@ -30,7 +31,8 @@ struct MatmulKeyHash {
   size_t operator()(const MatmulKey& s) const {
     return std::hash<int64_t>()(s.m) * 1000003u ^ std::hash<int64_t>()(s.n) * 10007u ^
            std::hash<int64_t>()(s.k) * 31u ^ std::hash<int64_t>()(s.ldc) * 7u ^
-           static_cast<size_t>(s.bias) ^ static_cast<size_t>(s.threads) << 20;
+           static_cast<size_t>(s.bias) ^ static_cast<size_t>(s.bf16) << 1 ^
+           static_cast<size_t>(s.threads) << 20;
   }
 };
 
@@ -40,13 +42,15 @@ dnnl::engine& engine() {
 }
 
 // y (m, n) = x (m, k) · wᵀ (w is (n, k) row-major, i.e. B (k, n) with strides {1, k}) + bias.
+// Throws dnnl::error where the CPU has no such matmul (bf16 below AVX-512).
 dnnl::matmul& matmul_for(const MatmulKey& key) {
   thread_local std::unordered_map<MatmulKey, dnnl::matmul, MatmulKeyHash> cache;
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   using dt = dnnl::memory::data_type;
-  dnnl::memory::desc a({key.m, key.k}, dt::f32, dnnl::memory::dims{key.k, 1});
-  dnnl::memory::desc b({key.k, key.n}, dt::f32, dnnl::memory::dims{1, key.k});
+  const dt in = key.bf16 ? dt::bf16 : dt::f32;
+  dnnl::memory::desc a({key.m, key.k}, in, dnnl::memory::dims{key.k, 1});
+  dnnl::memory::desc b({key.k, key.n}, in, dnnl::memory::dims{1, key.k});
   dnnl::memory::desc c({key.m, key.n}, dt::f32, dnnl::memory::dims{key.ldc, 1});
   dnnl::matmul::primitive_desc pd;
   if (key.bias) {
@@ -64,20 +68,22 @@ int64_t rows_of(const Tensor& x) { return x.numel() / x.dim(-1); }
 
 namespace {
 
-// y[:, j0 : j0+n) (row stride ldc) = x (m, k) · w (n, k)ᵀ + bias (n, or null); all fp32.
-void matmul_f32(const float* x, int64_t m, int64_t k, const float* w, int64_t n, const float* bias,
-                float* y, int64_t ldc) {
+// y[:, j0 : j0+n) (row stride ldc) = x (m, k) · w (n, k)ᵀ + bias (n, or null); y and bias fp32;
+// bf16: x and w hold bf16 (uint16_t) values, else fp32.
+void matmul(const void* x, int64_t m, int64_t k, const void* w, int64_t n, const float* bias,
+            float* y, int64_t ldc, bool bf16) {
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-  dnnl::matmul& mm = matmul_for({m, n, k, bias != nullptr, ldc, threads});
+  dnnl::matmul& mm = matmul_for({m, n, k, bias != nullptr, bf16, ldc, threads});
   using dt = dnnl::memory::data_type;
-  dnnl::memory am({{m, k}, dt::f32, dnnl::memory::dims{k, 1}}, engine(), const_cast<float*>(x));
-  dnnl::memory bm({{k, n}, dt::f32, dnnl::memory::dims{1, k}}, engine(), const_cast<float*>(w));
+  const dt in = bf16 ? dt::bf16 : dt::f32;
+  dnnl::memory am({{m, k}, in, dnnl::memory::dims{k, 1}}, engine(), const_cast<void*>(x));
+  dnnl::memory bm({{k, n}, in, dnnl::memory::dims{1, k}}, engine(), const_cast<void*>(w));
   dnnl::memory cm({{m, n}, dt::f32, dnnl::memory::dims{ldc, 1}}, engine(), y);
   std::unordered_map<int, dnnl::memory> args{
       {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
   if (bias != nullptr)
-    args.emplace(DNNL_ARG_BIAS, dnnl::memory({{1, n}, dt::f32, dnnl::memory::dims{n, 1}},
-                                             engine(), const_cast<float*>(bias)));
+    args.emplace(DNNL_ARG_BIAS, dnnl::memory({{1, n}, dt::f32, dnnl::memory::dims{n, 1}}, engine(),
+                                             const_cast<float*>(bias)));
   dnnl::stream s(engine());
   mm.execute(s, args);
   s.wait();
@@ -144,8 +150,29 @@ void dequantize_q8_0(const Tensor& q, const Tensor& d, int64_t row0, int64_t row
                                    rows, k, out);
 }
 
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& w_scale) {
+namespace {
+
+// Does oneDNN multiply bf16 by bf16 in hardware here (AVX512-BF16 or AMX)? Elsewhere it would
+// emulate, slower than the fp32 path.
+bool native_bf16_matmul() {
+  static const bool native = [] {
+    const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+    return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
+  }();
+  return native;
+}
+
+}  // namespace
+
+std::string_view bf16_activations_path() {
+  return native_bf16_matmul() ? "onednn bf16" : "fp32 of the rounded values";
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& w_scale,
+              DType activations) {
   SEQPAR_CHECK(x.dtype() == DType::kF32, "linear: x is ", dtype_name(x.dtype()), ", not fp32");
+  SEQPAR_CHECK(activations == DType::kF32 || activations == DType::kBF16, "linear: activations ",
+               dtype_name(activations), " are not fp32 or bf16");
   SEQPAR_CHECK(w.ndim() == 2 && x.dim(-1) == w.dim(1), "linear: x ", x.shape_str(), " vs w ",
                w.shape_str());
   SEQPAR_CHECK(bias.empty() || bias.dtype() == DType::kF32, "linear: the bias is not fp32");
@@ -169,8 +196,25 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
     return y;
   }
   const float* b = has_bias ? bias.data<float>() : nullptr;
+  // bf16 activations: x rounded to bf16 (to nearest even) before the product, as llama.cpp
+  // multiplies a BF16 weight. With a bf16 weight each product is exact in fp32 and the sums are
+  // fp32: oneDNN's bf16 matmul where the CPU has it (the weight read as stored, no conversion),
+  // else the fp32 paths below on the rounded values.
+  const float* xs = x.data<float>();
+  std::vector<float> rounded;
+  if (activations == DType::kBF16) {
+    std::vector<uint16_t> xb(static_cast<size_t>(m * k));
+    convert(xs, DType::kF32, xb.data(), DType::kBF16, xb.size());
+    if (w.dtype() == DType::kBF16 && m > model_simd::kMaxRows && native_bf16_matmul()) {
+      matmul(xb.data(), m, k, w.raw(), n, b, y.data<float>(), n, true);
+      return y;
+    }
+    rounded.resize(xb.size());
+    convert(xb.data(), DType::kBF16, rounded.data(), DType::kF32, rounded.size());
+    xs = rounded.data();
+  }
   if (w.dtype() == DType::kF32) {
-    matmul_f32(x.data<float>(), m, k, w.data<float>(), n, b, y.data<float>(), n);
+    matmul(xs, m, k, w.data<float>(), n, b, y.data<float>(), n, false);
     return y;
   }
   // Up to kMaxRows rows of x (decode) multiply a 16-bit weight directly: each weight is read
@@ -178,12 +222,11 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
   if (m <= model_simd::kMaxRows) {
     const model_simd::Kernels& kern = model_simd::kernels();
     if (q8) {
-      kern.gemv_q8(x.data<float>(), m, k, w.data<int8_t>(), w_scale.data<uint16_t>(), n, b,
-                   y.data<float>());
+      kern.gemv_q8(xs, m, k, w.data<int8_t>(), w_scale.data<uint16_t>(), n, b, y.data<float>());
       return y;
     }
     (w.dtype() == DType::kBF16 ? kern.gemv_bf16 : kern.gemv_f16)(
-        x.data<float>(), m, k, static_cast<const uint16_t*>(w.raw()), n, b, y.data<float>());
+        xs, m, k, static_cast<const uint16_t*>(w.raw()), n, b, y.data<float>());
     return y;
   }
   // A weight kept in its checkpoint's 16-bit dtype, or in Q8_0: converted a block of rows at a
@@ -211,8 +254,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
       convert(static_cast<const std::byte*>(w.raw()) + j0 * k * esize, w.dtype(), converted.data(),
               DType::kF32, static_cast<size_t>(nb * k));
     }
-    matmul_f32(x.data<float>(), m, k, converted.data(), nb, b ? b + j0 : nullptr,
-               y.data<float>() + j0, n);
+    matmul(xs, m, k, converted.data(), nb, b ? b + j0 : nullptr, y.data<float>() + j0, n, false);
   };
   if (team == 1 || blocks == 1) {
     for (int64_t i = 0; i < blocks; ++i) run_block(i * block);

@@ -271,7 +271,7 @@ namespace seqpar {
 std::string model_kernel_info() {
   const std::string_view gemv = model_simd::isa_name(model_simd::kernels().isa);
   return detail::concat("gemv_bf16 ", gemv, ", gemv_f16 ", gemv, ", gemv_q8 ", gemv, ", convert ",
-                        convert_isa());
+                        convert_isa(), ", bf16 activations ", bf16_activations_path());
 }
 
 }  // namespace seqpar

@@ -303,8 +303,8 @@ TEST(QuantizeQ8, MatchesTheDefinitionAndItsErrorBound) {
           // llama.cpp's rounding: the value times the fp32 reciprocal, half away from zero.
           const float scaled = w.at(e) * (s == 0.f ? 0.f : 1.f / s);
           const double frac = std::fabs(scaled) - std::floor(std::fabs(scaled));
-          const int expect = static_cast<int>(std::copysign(
-              std::floor(std::fabs(scaled)) + (frac >= 0.5 ? 1 : 0), scaled));
+          const int expect = static_cast<int>(
+              std::copysign(std::floor(std::fabs(scaled)) + (frac >= 0.5 ? 1 : 0), scaled));
           ASSERT_EQ(q, expect) << dtype_name(t) << " element " << e;
           if (std::fabs(double{w.at(e)}) == a && a > 0) top = std::abs(q);
           ASSERT_EQ(double{deq[e]}, ds * q);
@@ -372,6 +372,52 @@ TEST(QuantizeQ8, LinearOnBothPaths) {
       }
   }
   EXPECT_THROW(linear(Tensor({2, k}), qw.q, Tensor()), Error);
+}
+
+// bf16 activations: y = round_bf16(x) · wᵀ + b, every product exact in fp32 (bf16 times bf16) and
+// summed in fp32 in some order, so |y - exact| <= gamma_(k+1) · (sum |x_r w| + |b|), exact
+// computed in float64 from the rounded x. Rows 1..8 (the decode product on the rounded values)
+// and more (oneDNN's bf16 matmul where the CPU has it, bf16_activations_path()), bf16, fp16 and
+// fp32 weights; the same call with fp32 activations differs (x was not rounded there).
+TEST(BF16Activations, LinearWithinTheBoundOfTheRoundedProduct) {
+  std::mt19937 rng(23);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  std::printf("bf16 activations: %s\n", std::string(bf16_activations_path()).c_str());
+  for (const DType wdt : {DType::kBF16, DType::kF16, DType::kF32})
+    for (const int64_t k : {1, 31, 160, 2048})
+      for (const int64_t m : {1, 8, 9, 16, 100}) {
+        const int64_t n = 37;
+        Tensor x({m, k}), w32({n, k}), bias({n});
+        for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = dist(rng);
+        for (int64_t i = 0; i < w32.numel(); ++i) w32.data<float>()[i] = dist(rng) * 0.05f;
+        for (int64_t i = 0; i < n; ++i) bias.data<float>()[i] = dist(rng);
+        const Tensor w = w32.to(wdt), wf = w.to(DType::kF32),
+                     xr = x.to(DType::kBF16).to(DType::kF32);
+        const Tensor y = linear(x, w, bias, Tensor(), DType::kBF16);
+        const double u = std::ldexp(1.0, -24), g = (k + 1) * u / (1 - (k + 1) * u);
+        double worst = 0;
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t j = 0; j < n; ++j) {
+            double exact = bias.data<float>()[j], mag = std::fabs(exact);
+            for (int64_t i = 0; i < k; ++i) {
+              const double p = double{xr.data<float>()[r * k + i]} * wf.data<float>()[j * k + i];
+              exact += p;
+              mag += std::fabs(p);
+            }
+            const double err = std::fabs(y.data<float>()[r * n + j] - exact);
+            ASSERT_LE(err, g * mag)
+                << dtype_name(wdt) << " m " << m << " k " << k << " at (" << r << ", " << j << ")";
+            worst = std::max(worst, err / (g * mag));
+          }
+        if (k == 2048 && m == 100) {
+          std::printf("  %s weights, m %lld k %lld: worst error %.2e of the bound\n",
+                      std::string(dtype_name(wdt)).c_str(), static_cast<long long>(m),
+                      static_cast<long long>(k), worst);
+          const Tensor y32 = linear(x, w, bias);
+          EXPECT_NE(std::vector<float>(y32.data<float>(), y32.data<float>() + m * n),
+                    std::vector<float>(y.data<float>(), y.data<float>() + m * n));
+        }
+      }
 }
 
 }  // namespace

@@ -82,6 +82,11 @@ class WeightStore {
   // (Q8_0, ops.h: `--weights-dtype int8`). Copies of the store keep the setting.
   void set_int8_matrices(bool on) { int8_matrices_ = on; }
   bool int8_matrices() const { return int8_matrices_; }
+  // The dtype those modules round their inputs to before the product (ops.h linear()): fp32
+  // (none), or bf16 (`--activations bf16`: oneDNN's bf16 matmul on a bf16 weight where the CPU
+  // has AVX512-BF16 or AMX). Copies of the store keep the setting.
+  void set_activations(DType d) { activations_ = d; }
+  DType activations() const { return activations_; }
 
  private:
   struct FileTensor {
@@ -94,6 +99,7 @@ class WeightStore {
   std::map<std::string, FileTensor> files_;
   mutable int64_t bytes_read_ = 0;
   bool int8_matrices_ = false;
+  DType activations_ = DType::kF32;
 };
 
 }  // namespace seqpar

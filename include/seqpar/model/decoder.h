@@ -97,15 +97,15 @@ class Decoder {
     int64_t begin = 0, end = 0, cached = 0;
     Strategy strategy = Strategy::kRing;  // the first chunk: the context's; then passkv / passq
     ScheduleKind schedule = ScheduleKind::kDefault;
-    std::string reason;                   // why (choose_chunk), or "pinned"
-    double seconds = 0;                   // this rank's wall time
+    std::string reason;  // why (choose_chunk), or "pinned"
+    double seconds = 0;  // this rank's wall time
   };
   struct Output {
     std::vector<int32_t> tokens;  // the greedy tokens: one from prefill, then one per decode step
     std::vector<Tensor> logits;   // (vocab) of each generated token's step
     double prefill_seconds = 0;   // this rank's wall time
     double decode_seconds = 0;
-    bool stopped = false;  // ended at a stop token
+    bool stopped = false;       // ended at a stop token
     std::vector<Chunk> chunks;  // the prefill's chunks (one without prefill_chunk), then turns'
     std::vector<int64_t> turn_tokens;  // tokens generated per turn (the prompt's first)
   };
@@ -145,10 +145,11 @@ class Decoder {
                      const SpRuntime* sp, const KvPlacement* place, const ParallelConfig& pass);
   DecoderConfig m_;
   std::vector<float> inv_freq_;
-  int64_t v0_ = 0, v1_ = 0;          // this tp rank's vocabulary rows of embed and lm_head
-  std::vector<size_t> vocab_bytes_;  // every tp rank's logits bytes
-  Tensor embed_w, lm_head_w;         // stored dtype or int8; lm_head_w empty when tied
+  int64_t v0_ = 0, v1_ = 0;           // this tp rank's vocabulary rows of embed and lm_head
+  std::vector<size_t> vocab_bytes_;   // every tp rank's logits bytes
+  Tensor embed_w, lm_head_w;          // stored dtype or int8; lm_head_w empty when tied
   Tensor embed_scale, lm_head_scale;  // Q8_0 scales of int8 weights (WeightStore::int8_matrices)
+  DType activations_ = DType::kF32;   // lm_head's input rounded to it (WeightStore::activations)
   RmsNorm norm_;
   std::vector<Layer> layers_;
 };

@@ -18,8 +18,15 @@ namespace seqpar {
 // block of rows at a time, the block kept in cache for the matmul).
 // w may also be int8 quantized as Q8_0 with its scales w_scale (below): up to 8 rows multiply
 // the int8 values directly, more multiply blocks of rows dequantized to fp32.
+// activations kBF16: x is rounded to bf16 (to nearest even) first, as llama.cpp multiplies a BF16
+// weight; a bf16 weight times more than 8 rows is then multiplied by oneDNN's bf16 matmul where
+// the CPU has AVX512-BF16 or AMX (products exact, sums fp32), else by the fp32 paths on the
+// rounded values (the same products). kF32: x as it is.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias,
-              const Tensor& w_scale = Tensor());
+              const Tensor& w_scale = Tensor(), DType activations = DType::kF32);
+// Where linear() multiplies bf16 activations by a bf16 weight on this CPU: "onednn bf16" or
+// "fp32 of the rounded values".
+std::string_view bf16_activations_path();
 // The instruction set each of linear()'s kernels runs on this CPU, e.g. "gemv_bf16 avx512,
 // gemv_f16 avx512, gemv_q8 avx512, convert avx512" (SEQPAR_KERNEL_ISA=scalar|avx2|avx512 caps
 // them).

@@ -25,31 +25,36 @@ Linear Linear::load(const WeightStore& ws, const std::string& name, bool bias) {
   const std::string w = name + ".weight";
   hold_matrix(ws, w, ws.rows(w, 0, ws.shape(w).at(0)), l.w, l.w_scale);
   if (bias) l.b = ws.get(name + ".bias");
+  l.activations = ws.activations();
   return l;
 }
 
-Tensor Linear::forward(const Tensor& x) const { return linear(x, w, b, w_scale); }
+Tensor Linear::forward(const Tensor& x) const { return linear(x, w, b, w_scale, activations); }
 
 ColumnLinear ColumnLinear::load(const WeightStore& ws, const std::string& name, int64_t begin,
                                 int64_t end, bool bias) {
   ColumnLinear l;
   hold_matrix(ws, name + ".weight", ws.rows(name + ".weight", begin, end), l.w, l.w_scale);
   if (bias) l.b = ws.rows(name + ".bias", begin, end).to(DType::kF32);
+  l.activations = ws.activations();
   return l;
 }
 
-Tensor ColumnLinear::forward(const Tensor& x) const { return linear(x, w, b, w_scale); }
+Tensor ColumnLinear::forward(const Tensor& x) const {
+  return linear(x, w, b, w_scale, activations);
+}
 
 RowLinear RowLinear::load(const WeightStore& ws, const std::string& name, int64_t begin,
                           int64_t end, bool bias) {
   RowLinear l;
   hold_matrix(ws, name + ".weight", ws.cols(name + ".weight", begin, end), l.w, l.w_scale);
   if (bias) l.b = ws.get(name + ".bias");
+  l.activations = ws.activations();
   return l;
 }
 
 Tensor RowLinear::forward(const Tensor& x, Communicator& tp) const {
-  Tensor y = linear(x, w, Tensor(), w_scale);
+  Tensor y = linear(x, w, Tensor(), w_scale, activations);
   if (tp.size() > 1) tp.all_reduce(std::span<float>(y.data<float>(), y.numel()), ReduceOp::kSum);
   if (!b.empty()) {
     const int64_t n = b.numel(), rows = y.numel() / n;

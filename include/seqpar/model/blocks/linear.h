@@ -1,8 +1,9 @@
 // Linear layers of the blocks: whole on every rank (embeddings and heads of a DiT), or split over
 // the tensor-parallel group by output rows (column-parallel: q/k/v, FFN up) or by input columns
 // (row-parallel: o, FFN down). Weights stay in the checkpoint's dtype (ops' linear converts), or
-// become Q8_0 int8 with their scales in w_scale when the store says so (int8_matrices). Shapes
-// are per rank.
+// become Q8_0 int8 with their scales in w_scale when the store says so (int8_matrices); their
+// inputs are rounded to the store's activations dtype in the product (linear()). Shapes are per
+// rank.
 // Thread-safety: a layer is used by one rank thread; load() reads the store only.
 #pragma once
 
@@ -26,6 +27,7 @@ void hold_matrix(const WeightStore& ws, const std::string& name, Tensor read, Te
 // Weights: <name>.weight (+ .bias).
 struct Linear {
   Tensor w, b, w_scale;
+  DType activations = DType::kF32;
   static Linear load(const WeightStore& ws, const std::string& name, bool bias);
   Tensor forward(const Tensor& x) const;  // (.., in) -> (.., out)
 };
@@ -33,6 +35,7 @@ struct Linear {
 // y = x·Wᵀ + b with W (out, in): this rank holds output rows [begin, end) (column-parallel).
 struct ColumnLinear {
   Tensor w, b, w_scale;
+  DType activations = DType::kF32;
   static ColumnLinear load(const WeightStore& ws, const std::string& name, int64_t begin,
                            int64_t end, bool bias);
   Tensor forward(const Tensor& x) const;  // (.., in) -> (.., end-begin)
@@ -42,6 +45,7 @@ struct ColumnLinear {
 // (row-parallel); the bias is added once, after the reduction.
 struct RowLinear {
   Tensor w, b, w_scale;
+  DType activations = DType::kF32;
   static RowLinear load(const WeightStore& ws, const std::string& name, int64_t begin, int64_t end,
                         bool bias);
   Tensor forward(const Tensor& x, Communicator& tp) const;  // (.., end-begin) -> (.., out)
