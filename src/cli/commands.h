@@ -10,11 +10,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 
+#include "seqpar/comm/communicator.h"
 #include "seqpar/core/error.h"
 #include "seqpar/core/files.h"
 #include "seqpar/core/limits.h"
@@ -110,6 +112,35 @@ class OutputFile {
  private:
   files::AtomicOutput out_;
 };
+
+// Under MPI, a step that world rank 0 alone takes before the work (opening an output, writing the
+// weights to save) and every rank must hear the outcome of, so that no rank waits in a collective
+// for a rank that has given up. Every rank calls it; rank 0 runs step; one broadcast tells every
+// rank its exit code: 0 when step returned, 2 when it threw InvalidArgument (an output that is an
+// input of the run), 1 for any other error (a folder that does not exist). Rank 0 prints the one
+// line (and the JSON error object when json). Rank 0 decides alone: on several machines, only its
+// file system holds the output.
+inline int on_rank0_first(Communicator& world, bool json, const std::function<void()>& step) {
+  int32_t code = 0;
+  std::string line;
+  if (world.rank() == 0) {
+    try {
+      step();
+    } catch (const InvalidArgument& e) {
+      line = cli_message(e);
+      code = 2;
+    } catch (const std::exception& e) {
+      line = e.what();
+      code = 1;
+    }
+  }
+  world.broadcast(&code, sizeof(code), 0);
+  if (code != 0 && world.rank() == 0) {
+    if (json) print_json_error(line, code);
+    std::fprintf(stderr, "seqpar: error: %s\n", line.c_str());
+  }
+  return code;
+}
 
 // A file read whole (a hardware profile, a config) must be a regular file of at most
 // limits::kMaxFileBytes; `what` names the flag. Missing files are left to the reader's message.

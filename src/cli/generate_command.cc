@@ -282,15 +282,21 @@ int run_generate(const GenerateOptions& o) {
   Prepared p;
   std::unique_ptr<OutputFile> file;
   return run_on_mpi(
-      o.json,
-      [&](int world_size) {
-        p = prepare(o, world_size);
-        if (!o.output.empty() && reporting_rank())
-          file = std::make_unique<OutputFile>("--output", o.output);
-      },
+      o.json, [&](int world_size) { p = prepare(o, world_size); },
       [&](Communicator& world) {
+        // Rank 0 opens the output before any other collective; a refused one ends every rank.
+        if (!o.output.empty())
+          if (const int code = on_rank0_first(world, o.json, [&] {
+                file = std::make_unique<OutputFile>("--output", o.output);
+              }))
+            return code;
         Generated g = run_rank(world, o, p, p.ck.weights);
-        return world.rank() == 0 ? report(o, p, g, "mpi", file.get()) : 0;
+        // A failed write of the output is one line, as on threads (not rank 0's abort).
+        int code = 0;
+        if (const int failed =
+                on_rank0_first(world, o.json, [&] { code = report(o, p, g, "mpi", file.get()); }))
+          return failed;
+        return code;
       });
 }
 

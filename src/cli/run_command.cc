@@ -507,25 +507,10 @@ int run_mpi(const RunOptions& opts, std::chrono::milliseconds timeout) {
     comm.set_timeout(timeout);
     // Rank 0 opens the trace file before the work; every rank learns whether it could.
     std::optional<OutputFile> trace_out;
-    std::string open_error;
-    int32_t open_failed = 0;  // the exit code: 2 for a path that is an input, 1 otherwise
-    if (!opts.trace.empty() && comm.rank() == 0) {
-      try {
-        trace_out.emplace("--trace", opts.trace);
-      } catch (const InvalidArgument& e) {
-        open_error = cli_message(e);
-        open_failed = 2;
-      } catch (const Error& e) {
-        open_error = e.what();
-        open_failed = 1;
-      }
-    }
-    comm.broadcast(&open_failed, sizeof(open_failed), 0);
-    if (open_failed) {
-      if (opts.json && comm.rank() == 0) print_json_error(open_error, open_failed);
-      if (comm.rank() == 0) std::fprintf(stderr, "seqpar: error: %s\n", open_error.c_str());
-      return open_failed;
-    }
+    if (!opts.trace.empty())
+      if (const int code =
+              on_rank0_first(comm, opts.json, [&] { trace_out.emplace("--trace", opts.trace); }))
+        return code;
     Report report;
     if (!opts.trace.empty()) trace::start();
     run_rank(comm, run, &report, trace_out ? &*trace_out : nullptr);

@@ -31,7 +31,7 @@ mpi_rank_pid() {
   local launcher=$1 rank=$2 p q
   for _ in $(seq 600); do
     for p in $(pgrep -x seqpar); do
-      tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$rank" || continue
+      tr '\0' '\n' 2>/dev/null <"/proc/$p/environ" | grep -qx "OMPI_COMM_WORLD_RANK=$rank" || continue
       q=$p
       while [ -n "$q" ] && [ "$q" -gt 1 ] && [ "$q" != "$launcher" ]; do
         q=$(ps -o ppid= -p "$q" 2>/dev/null | tr -d ' ')

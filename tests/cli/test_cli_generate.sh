@@ -439,5 +439,34 @@ if [ -n "$mpiexec" ]; then
     ok || bad "mpi: error not printed once: $err"
 fi
 
+# Under MPI an --output refused on rank 0 (an input of the run, a folder that does not exist, a
+# full disk) ends every rank at once: one line, the threads' exit code, well within the deadline
+# (rank 1 used to wait in a collective for rank 0, which had left, until SEQPAR_TIMEOUT_S).
+if [ -n "$mpiexec" ]; then
+  good_before=$(digest "$tmp"/good/*)
+  while IFS='|' read -r code out text; do
+    [ -z "$code" ] && continue
+    t0=$SECONDS
+    err=$(SEQPAR_TIMEOUT_S=30 timeout -s KILL 90 "$mpiexec" --allow-run-as-root --oversubscribe \
+            --mca btl_vader_single_copy_mechanism none -x SEQPAR_TIMEOUT_S -n 2 \
+            "$bin" $(gen --model "$tmp/good" --prompt-ids 1,2 --tp 2 --backend mpi --output "$out") \
+            2>&1 >/dev/null </dev/null); rc=$?
+    err=$(printf '%s\n' "$err" | grep seqpar)
+    [ $rc -eq "$code" ] && [ "$err" = "seqpar: error: $text" ] && [ $((SECONDS - t0)) -lt 20 ] &&
+      ok || bad "mpi --output $out: exit $rc after $((SECONDS - t0)) s: $err"
+  done <<TABLE
+2|$tmp/good/config.json|--output '$tmp/good/config.json' is the input '$tmp/good/config.json' of this run; write the output to another file
+2|$tmp/good/model.safetensors|--output '$tmp/good/model.safetensors' is the input '$tmp/good/model.safetensors' of this run; write the output to another file
+1|$tmp/nodir/x.out|--output '$tmp/nodir/x.out': the folder '$tmp/nodir' does not exist
+1|/dev/full|--output '/dev/full': cannot write the file (No space left on device)
+TABLE
+  [ "$(digest "$tmp"/good/*)" = "$good_before" ] && ok || bad "mpi: an input changed under a refused --output"
+  err=$(timeout -s KILL 90 "$mpiexec" --allow-run-as-root --oversubscribe \
+          --mca btl_vader_single_copy_mechanism none -n 2 \
+          "$bin" $(gen --model "$tmp/good" --prompt-ids 1,2 --tp 2 --backend mpi --output "$tmp/mpi.out") \
+          2>&1 >/dev/null); rc=$?
+  [ $rc -eq 0 ] && [ -s "$tmp/mpi.out" ] && ok || bad "mpi --output: exit $rc: $err"
+fi
+
 echo "cli generate: $pass passed, $fail failed"
 [ $fail -eq 0 ]
