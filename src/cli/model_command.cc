@@ -239,6 +239,13 @@ WeightStore load_weights(const ModelOptions& o, const Resolved& r) {
   return WeightStore::random(r.specs, o.seed);
 }
 
+// --save-weights: the weights in use, written atomically.
+void save_weights(const ModelOptions& o, const WeightStore& ws) {
+  OutputFile saved("--save-weights", o.save_weights);
+  write_safetensors(saved.file(), ws.all());
+  saved.commit();
+}
+
 }  // namespace
 
 void add_model_command(CLI::App& app, ModelOptions& o) {
@@ -275,11 +282,7 @@ int run_model_command(const ModelOptions& o) {
     Resolved r = resolve(o, 0);
     const int n = r.shape.world();
     WeightStore ws = load_weights(o, r);
-    if (!o.save_weights.empty()) {
-      OutputFile saved("--save-weights", o.save_weights);
-      write_safetensors(saved.file(), ws.all());
-      saved.commit();
-    }
+    if (!o.save_weights.empty()) save_weights(o, ws);
     ModelResult got, single;
     run_on_threads(n, [&](Communicator& world) {
       ModelResult res = run_model(world, r, o, ws, r.shape);
@@ -299,6 +302,10 @@ int run_model_command(const ModelOptions& o) {
         ws = load_weights(o, r);
       },
       [&](Communicator& world) {
+        // Rank 0 saves the weights (every rank holds them all) before the run, as on threads.
+        if (!o.save_weights.empty())
+          if (const int code = on_rank0_first(world, o.json, [&] { save_weights(o, ws); }))
+            return code;
         ModelResult got = run_model(world, r, o, ws, r.shape);
         // The single-rank reference runs on rank 0 alone.
         std::unique_ptr<Communicator> alone = world.split(world.rank() == 0 ? 0 : 1, world.rank());

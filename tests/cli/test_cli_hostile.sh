@@ -119,6 +119,36 @@ expect 2 - "is not a regular file" run $small --strategy auto --cached 64 --new 
 expect 2 - "is a FIFO, not a regular file" model --preset tiny-llm --parallel-config "$tmp/fifo"
 expect 2 - "is a FIFO, not a regular file" generate --model "$tmp" --prompt-ids-file "$tmp/fifo"
 
+# Under MPI --save-weights is written by rank 0 before the run, as on threads: the same bytes; a
+# folder that does not exist or an input refused in one line with the threads' exit code, promptly
+# (rank 1 used to go on alone, and the flag was ignored).
+if [ -n "$mpiexec" ]; then
+  mpi_model() {  # mpi_model <seqpar model args...>: 2 ranks, stderr's seqpar lines; sets rc
+    local t0=$SECONDS
+    err=$(SEQPAR_TIMEOUT_S=30 timeout -s KILL 90 "$mpiexec" --allow-run-as-root --oversubscribe \
+            --mca btl_vader_single_copy_mechanism none -x SEQPAR_TIMEOUT_S -n 2 \
+            "$bin" model --preset tiny-llm --decode 1 --prompt-len 8 --tp 2 --backend mpi "$@" \
+            2>&1 >/dev/null </dev/null); rc=$?
+    err=$(printf '%s\n' "$err" | grep seqpar)
+    [ $((SECONDS - t0)) -lt 20 ] && ok || bad "mpi model $*: took $((SECONDS - t0)) s"
+  }
+  mpi_model --save-weights "$tmp/mpi_w.safetensors"
+  [ $rc -eq 0 ] && cmp -s "$tmp/mpi_w.safetensors" "$tmp/w.safetensors" && ok ||
+    bad "mpi --save-weights: exit $rc, not the threads' file: $err"
+  mpi_model --save-weights "$tmp/no/w.safetensors"
+  [ $rc -eq 1 ] && [ "$(printf '%s\n' "$err" | grep -c .)" -eq 1 ] &&
+    printf '%s' "$err" | grep -q "seqpar: error: --save-weights '$tmp/no/w.safetensors': the folder '$tmp/no' does not exist" &&
+    ok || bad "mpi --save-weights in a missing folder: exit $rc: $err"
+  mpi_model --weights "$tmp/w.safetensors" --save-weights "$tmp/w.safetensors"
+  [ $rc -eq 2 ] && [ "$(printf '%s\n' "$err" | grep -c .)" -eq 1 ] &&
+    printf '%s' "$err" | grep -q "seqpar: error: --save-weights '$tmp/w.safetensors' is the input" &&
+    [ "$(sha256sum <"$tmp/w.safetensors")" = "$before" ] &&
+    ok || bad "mpi --save-weights over its input: exit $rc: $err"
+  mpi_model --save-weights /dev/full
+  [ $rc -eq 1 ] && [ "$err" = "seqpar: error: --save-weights '/dev/full': cannot write the file (No space left on device)" ] &&
+    ok || bad "mpi --save-weights /dev/full: exit $rc: $err"
+fi
+
 # 5. Messages: what was wrong, with the valid values.
 while IFS='|' read -r code text args; do
   [ -z "$code" ] && continue
