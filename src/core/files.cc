@@ -150,7 +150,14 @@ std::string read_input(std::string_view param, const std::string& path, std::str
 
 bool is_regular_file(const std::string& path) {
   struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+  if (::stat(path.c_str(), &st) != 0) {
+    const int err = errno;
+    if (err == ENOENT || err == ENOTDIR) return false;
+    throw InvalidArgument(detail::concat(path, ": cannot open the file (", errno_text(err), ")"));
+  }
+  if (S_ISREG(st.st_mode)) return true;
+  throw InvalidArgument(detail::concat(path, " is ", kind_of(st.st_mode),
+                                       ", not a regular file (seqpar reads regular files only)"));
 }
 
 void guard_inputs(bool on) { g_guard = on; }

@@ -118,6 +118,18 @@ expect 2 - "is a FIFO, not a regular file" model --preset tiny-llm --weights "$t
 expect 2 - "is not a regular file" run $small --strategy auto --cached 64 --new 4 --hardware "$tmp/fifo"
 expect 2 - "is a FIFO, not a regular file" model --preset tiny-llm --parallel-config "$tmp/fifo"
 expect 2 - "is a FIFO, not a regular file" generate --model "$tmp" --prompt-ids-file "$tmp/fifo"
+# A FIFO (or a folder) where a model directory has its config.json or weights is refused as not a
+# regular file, without blocking; it used to read as missing.
+mkdir -p "$tmp/fifo_config" "$tmp/fifo_weights" "$tmp/dir_config/config.json"
+mkfifo "$tmp/fifo_config/config.json" "$tmp/fifo_weights/model.safetensors"
+printf '{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 16, "max_position_embeddings": 12, "rms_norm_eps": 1e-5}' \
+  >"$tmp/fifo_weights/config.json"
+expect 2 - "$tmp/fifo_config/config.json is a FIFO, not a regular file" \
+  generate --model "$tmp/fifo_config" --prompt-ids 1
+expect 2 - "$tmp/fifo_weights/model.safetensors is a FIFO, not a regular file" \
+  generate --model "$tmp/fifo_weights" --prompt-ids 1
+expect 2 - "$tmp/dir_config/config.json is a directory, not a regular file" \
+  generate --model "$tmp/dir_config" --prompt-ids 1
 
 # Under MPI --save-weights is written by rank 0 before the run, as on threads: the same bytes; a
 # folder that does not exist or an input refused in one line with the threads' exit code, promptly

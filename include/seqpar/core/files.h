@@ -36,7 +36,10 @@ int open_input(std::string_view param, const std::string& path, std::string_view
 std::string read_input(std::string_view param, const std::string& path, std::string_view what,
                        int64_t max_bytes);
 
-// True when `path` exists and is a regular file (following links); never blocks.
+// True when `path` is a regular file (following links), false when nothing is there (nor, maybe,
+// its folder). Anything else there is refused rather than taken for missing: InvalidArgument
+// "<path> is a FIFO, not a regular file (...)" (a directory, a device, a socket likewise), or
+// "<path>: cannot open the file (<errno>)" when it cannot be looked at. Never blocks.
 bool is_regular_file(const std::string& path);
 
 // Turns the refusal of outputs that are inputs on or off for the process (default off).
