@@ -46,9 +46,11 @@ sanitize: deps
 	JOBS=$(JOBS) bash scripts/sanitize.sh
 
 FUZZ_SECONDS ?= 60
+# Every target of fuzz/ (fuzz/fuzz_*.cc), or the subset FUZZ_TARGETS names.
+FUZZ_TARGETS ?= $(sort $(basename $(notdir $(wildcard fuzz/fuzz_*.cc))))
 fuzz:
 	@bash scripts/install-deps.sh fuzz
-	JOBS=$(JOBS) bash scripts/fuzz.sh $(FUZZ_SECONDS)
+	JOBS=$(JOBS) FUZZ_TARGETS="$(FUZZ_TARGETS)" bash scripts/fuzz.sh $(FUZZ_SECONDS)
 
 clean:
 	rm -rf $(BUILD)

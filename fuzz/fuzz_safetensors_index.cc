@@ -2,8 +2,6 @@
 // model.safetensors.index.json beside two real shards (a.safetensors: x, y; b.safetensors: z),
 // written once into a fresh folder. Either every tensor of the shards comes back mapped to the
 // shard that holds it, or InvalidArgument says why in one short line naming the index or shard.
-#include <unistd.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -15,19 +13,18 @@
 #include "seqpar/core/error.h"
 #include "seqpar/core/tensor.h"
 #include "seqpar/model/safetensors.h"
+#include "temp_dir.h"
 
 namespace {
 
 const std::string& folder() {
+  static const seqpar::fuzz::TempDir tmp("seqpar-fuzz-index");
   static const std::string dir = [] {
-    char templ[] = "/tmp/seqpar-fuzz-index-XXXXXX";
-    const char* d = mkdtemp(templ);
-    if (d == nullptr) std::abort();
     using seqpar::Tensor;
-    seqpar::write_safetensors(std::string(d) + "/a.safetensors",
+    seqpar::write_safetensors(tmp.path() + "/a.safetensors",
                               {{"x", Tensor({2, 3})}, {"y", Tensor({4})}});
-    seqpar::write_safetensors(std::string(d) + "/b.safetensors", {{"z", Tensor({1})}});
-    return std::string(d);
+    seqpar::write_safetensors(tmp.path() + "/b.safetensors", {{"z", Tensor({1})}});
+    return tmp.path();
   }();
   return dir;
 }

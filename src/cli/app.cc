@@ -16,8 +16,34 @@ namespace seqpar::cli {
 
 namespace {
 
-// Integers as written in decimal (CLI11 alone also takes 0x10, 0b101, +5 and '' as 0), and no
-// empty texts.
+// A real number in decimal: an optional '-', digits with an optional point (at least one digit),
+// an optional exponent (e, an optional sign, digits); or inf, infinity or nan in any case.
+bool decimal_real(std::string_view text) {
+  size_t i = !text.empty() && text[0] == '-' ? 1 : 0;
+  std::string word(text.substr(i));
+  for (char& c : word) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (word == "inf" || word == "infinity" || word == "nan") return true;
+  auto digits = [&] {
+    const size_t from = i;
+    while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
+    return i - from;
+  };
+  size_t mantissa = digits();
+  if (i < text.size() && text[i] == '.') {
+    ++i;
+    mantissa += digits();
+  }
+  if (mantissa == 0) return false;
+  if (i < text.size() && (text[i] == 'e' || text[i] == 'E')) {
+    ++i;
+    if (i < text.size() && (text[i] == '+' || text[i] == '-')) ++i;
+    if (digits() == 0) return false;
+  }
+  return i == text.size();
+}
+
+// Integers and reals as written in decimal (CLI11 alone also takes 0x10, 0b101, 0x1p3, +5 and ''
+// as 0), and no empty texts.
 void strict_values(CLI::App& app) {
   // signed: an optional leading '-'.
   auto decimal = [](bool is_signed) {
@@ -39,9 +65,18 @@ void strict_values(CLI::App& app) {
         return text.empty() ? "'' is empty; give a value or leave the flag out" : std::string();
       },
       "");
+  // Real numbers as written in decimal (1, -0.5, .5, 2e-3), or inf / nan for the command's range
+  // check to name; CLI11 alone also takes '' as 0, hex (0x10, 0x1p3) and a leading '+'.
+  const CLI::Validator real(
+      [](std::string& text) -> std::string {
+        return decimal_real(text) ? std::string()
+                                  : "'" + text + "' is not a decimal number (such as 2, 0.5, 1e-3)";
+      },
+      "");
   for (CLI::Option* opt : app.get_options()) {
     const std::string type = opt->get_type_name();
     if (type == "INT" || type == "UINT") opt->check(decimal(type == "INT"));
+    if (type == "FLOAT") opt->check(real);
     if (type == "TEXT") opt->check(non_empty);
   }
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) strict_values(*sub);

@@ -59,6 +59,20 @@ check_bad "--seq: '+5' is not a decimal integer" $base --seq +5
 check_bad "--seq: '' is not a decimal integer" $base --seq ''
 check_bad "--seed: '-1' is not a non-negative decimal integer" $base --seed -1
 check_bad "--heads: '2.5' is not a decimal integer" $base --heads 2.5
+# Reals in decimal only, on every real flag: CLI11 alone would read '' as 0 and hex floats (0x10,
+# 0x1p3); inf and nan reach the range check, which names them.
+for flag in "run $base --timeout" "model --preset tiny-dit --guidance" \
+    "plan --seq 1024 --heads 8 --memory-limit" "denoise --guidance" "denoise --guidance-2" \
+    "denoise --shift" "denoise --boundary-ratio"; do
+  for v in '' 0x10 0x1p3 +5 1e 1.5x; do
+    # shellcheck disable=SC2086
+    expect_exit2 "${flag##* }: '$v' is not a decimal number" $flag "$v"
+  done
+done
+expect_exit2 "--timeout inf is out of range" run $base --timeout inf
+expect_exit2 "--guidance nan is out of range" model --preset tiny-dit --guidance nan
+out=$("$bin" run $base --repeat 1 --timeout 2.5e1 --json 2>&1)
+[ "$(json_get "$out" timeout_s 2>/dev/null)" = 25.0 ] && ok || bad "--timeout 2.5e1: $out"
 # An empty text is no value (it used to read as the flag left out).
 check_bad "--trace: '' is empty; give a value or leave the flag out" $base --trace ''
 check_bad "--strategy: '' is empty" $base --strategy ''
