@@ -88,16 +88,19 @@ std::vector<std::string>& command_flags() {
   return flags;
 }
 
-// The long flag of `app` or its subcommands nearest to `typed` (at most two edits away, or the
-// typed text a prefix of exactly one flag), or empty.
-std::string nearest_flag(const CLI::App& app, std::string_view typed) {
+// The long flags ("--heads") of `a`, sorted, each once.
+std::vector<std::string> long_flags(const CLI::App& a) {
   std::vector<std::string> names;
-  auto collect = [&names](const CLI::App& a) {
-    for (const CLI::Option* opt : a.get_options())
-      for (const std::string& n : opt->get_lnames()) names.push_back("--" + n);
-  };
-  collect(app);
-  for (const CLI::App* sub : app.get_subcommands(nullptr)) collect(*sub);
+  for (const CLI::Option* opt : a.get_options())
+    for (const std::string& n : opt->get_lnames()) names.push_back("--" + n);
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  return names;
+}
+
+// The flag among `names` nearest to `typed` (at most two edits away, or the typed text a prefix
+// of exactly one flag), never `typed` itself; or empty.
+std::string nearest_flag(const std::vector<std::string>& names, std::string_view typed) {
   auto distance = [](std::string_view a, std::string_view b) {
     std::vector<size_t> row(b.size() + 1);
     for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
@@ -115,23 +118,50 @@ std::string nearest_flag(const CLI::App& app, std::string_view typed) {
   std::string best;
   size_t best_distance = 3;
   for (const std::string& n : names)
-    if (const size_t d = distance(typed, n); d < best_distance) best = n, best_distance = d;
+    if (const size_t d = distance(typed, n); d > 0 && d < best_distance)
+      best = n, best_distance = d;
   if (best.empty() && typed.size() >= 4) {
     size_t prefixed = 0;
     for (const std::string& n : names)
-      if (n.starts_with(typed) && n != best) best = n, ++prefixed;
+      if (n.starts_with(typed) && n != typed) best = n, ++prefixed;
     if (prefixed != 1) best.clear();
   }
   return best;
 }
 
-// " (did you mean --strategy?)" for the first unknown --flag among `extras`, or empty.
-std::string suggestion(const CLI::App& app, const std::vector<std::string>& extras) {
+// What to add to the error for the first unknown --flag among `extras`, given to the subcommand
+// `sub` (null when none was parsed): " (did you mean --strategy?)", the nearest flag that `sub`
+// (or with no subcommand, any subcommand) takes; else, for a flag that other subcommands take,
+// " (--output is a flag of denoise and generate, not of run)"; else empty.
+std::string suggestion(const CLI::App& app, const CLI::App* sub,
+                       const std::vector<std::string>& extras) {
+  std::vector<std::string> names = long_flags(app);
+  std::vector<const CLI::App*> others;
+  for (const CLI::App* s : app.get_subcommands(nullptr)) {
+    if (sub == nullptr || s == sub) {
+      const std::vector<std::string> more = long_flags(*s);
+      names.insert(names.end(), more.begin(), more.end());
+    } else {
+      others.push_back(s);
+    }
+  }
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
   for (const std::string& e : extras) {
     if (!e.starts_with("--")) continue;
     const std::string typed = e.substr(0, e.find('='));
-    if (const std::string n = nearest_flag(app, typed); !n.empty())
+    if (const std::string n = nearest_flag(names, typed); !n.empty())
       return " (did you mean " + n + "?)";
+    std::vector<std::string> takers;
+    for (const CLI::App* s : others) {
+      const std::vector<std::string> flags = long_flags(*s);
+      if (std::binary_search(flags.begin(), flags.end(), typed)) takers.push_back(s->get_name());
+    }
+    if (takers.empty()) continue;
+    std::string list;
+    for (size_t i = 0; i < takers.size(); ++i)
+      list += (i == 0 ? "" : i + 1 == takers.size() ? " and " : ", ") + takers[i];
+    return " (" + typed + " is a flag of " + list + ", not of " + sub->get_name() + ")";
   }
   return "";
 }
@@ -171,9 +201,12 @@ int parse_command_line(CLI::App& app, int argc, const char* const* argv) {
     for (auto& c : msg)
       if (c == '\n') c = ' ';
     std::vector<std::string> extras = app.remaining();
-    for (const CLI::App* sub : app.get_subcommands())
+    const CLI::App* parsed = nullptr;
+    for (const CLI::App* sub : app.get_subcommands()) {
+      parsed = sub;
       for (const std::string& x : sub->remaining()) extras.push_back(x);
-    msg += suggestion(app, extras);
+    }
+    msg += suggestion(app, parsed, extras);
     msg += " (see seqpar --help)";
     if (reporting_rank()) std::fprintf(stderr, "seqpar: error: %s\n", msg.c_str());
     // The flag may be what failed to parse, so --json anywhere on the line asks for the object.

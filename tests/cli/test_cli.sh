@@ -73,6 +73,10 @@ expect_exit2 "--timeout inf is out of range" run $base --timeout inf
 expect_exit2 "--guidance nan is out of range" model --preset tiny-dit --guidance nan
 out=$("$bin" run $base --repeat 1 --timeout 2.5e1 --json 2>&1)
 [ "$(json_get "$out" timeout_s 2>/dev/null)" = 25.0 ] && ok || bad "--timeout 2.5e1: $out"
+# A flag another subcommand takes is named as theirs, never suggested as itself.
+expect_exit2 "not expected: x --output (--output is a flag of denoise and generate, not of run)" \
+  run $base --output x
+expect_exit2 "(--prompt-ids is a flag of generate, not of model)" model --prompt-ids 1
 # An empty text is no value (it used to read as the flag left out).
 check_bad "--trace: '' is empty; give a value or leave the flag out" $base --trace ''
 check_bad "--strategy: '' is empty" $base --strategy ''
