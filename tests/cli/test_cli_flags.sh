@@ -89,6 +89,36 @@ if [ -n "$mpiexec" ]; then
   fi
 fi
 
+# denoise under MPI: a rank stopped (SIGSTOP) between the steps of a long loop is named by the
+# rank that waits for it, in the sequence-parallel exchange and in the guidance branches' gather,
+# within the deadline (SEQPAR_TIMEOUT_S=2); nothing is written. The tiny Wan checkpoint is
+# test_cli_denoise.sh's (its write.py).
+if [ -n "$mpiexec" ]; then
+  sed -n "/^cat > \"\$tmp\/write.py\" <<'EOF'\$/,/^EOF\$/p" \
+    "$(dirname "${BASH_SOURCE[0]}")/test_cli_denoise.sh" | sed '1d;$d' >"$tmp/write.py"
+  mkdir "$tmp/wan_ckpt"
+  if ! python3 "$tmp/write.py" "$tmp/wan_ckpt" >/dev/null 2>&1; then
+    bad "denoise stall: no checkpoint from test_cli_denoise.sh's write.py"
+  else
+    for mesh in "--ring-degree 2" "--cfg 2"; do
+      SEQPAR_TIMEOUT_S=2 timeout -s KILL 90 "$mpiexec" --allow-run-as-root --oversubscribe \
+        --mca btl_vader_single_copy_mechanism none -x SEQPAR_TIMEOUT_S -n 2 \
+        "$bin" denoise --model "$tmp/wan_ckpt/wan" --inputs "$tmp/wan_ckpt/in.safetensors" \
+        --steps 1000000 --output "$tmp/stalled.safetensors" --json --backend mpi $mesh \
+        >/dev/null 2>"$tmp/stall.err" </dev/null &
+      launcher=$!
+      victim=$(mpi_rank_pid $launcher 1)
+      sleep 4  # past MPI_Init and the load, inside the loop
+      [ -n "$victim" ] && kill -STOP "$victim"
+      wait $launcher; rc=$?
+      [ -n "$victim" ] && { kill -CONT "$victim"; kill -KILL "$victim"; } 2>/dev/null
+      [ $rc -ne 0 ] && [ ! -e "$tmp/stalled.safetensors" ] &&
+        grep -q "seqpar: error: rank 0: timeout after 2 s: .*which world rank 1 did not reach" "$tmp/stall.err" &&
+        ok || bad "denoise mpi $mesh: a stopped rank is not named: exit $rc: $(grep "seqpar: error" "$tmp/stall.err")"
+    done
+  fi
+fi
+
 # --guidance (dit, two guidance branches): the scale changes the output (its fingerprint
 # output_rms); the same scale gives the same run.
 dit="model --preset tiny-dit --cfg 2 --verify --json"
