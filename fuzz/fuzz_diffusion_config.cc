@@ -42,63 +42,19 @@ namespace {
 constexpr const char* kConfigFolders[] = {"", "transformer/", "high_noise_model/"};
 constexpr int kLayouts = 3;
 
-// Every key the readers read (families/wan.cc's two layouts, qwen_image.cc, flux.cc).
-constexpr const char* kKeys[] = {"_class_name",
-                                 "model_type",
-                                 "dim",
-                                 "num_heads",
-                                 "in_dim",
-                                 "out_dim",
-                                 "text_dim",
-                                 "freq_dim",
-                                 "ffn_dim",
-                                 "num_layers",
-                                 "text_len",
-                                 "eps",
-                                 "cross_attn_norm",
-                                 "qk_norm",
-                                 "patch_size",
-                                 "pos_embed_seq_len",
-                                 "num_attention_heads",
-                                 "attention_head_dim",
-                                 "in_channels",
-                                 "out_channels",
-                                 "image_dim",
-                                 "added_kv_proj_dim",
-                                 "joint_attention_dim",
-                                 "pooled_projection_dim",
-                                 "guidance_embeds",
-                                 "axes_dims_rope",
-                                 "num_single_layers"};
-// The values a retyped key takes: every JSON kind, the integers at the edges of int64 and uint64.
-constexpr const char* kValues[] = {"null",
-                                   "true",
-                                   "false",
-                                   "0",
-                                   "-1",
-                                   "1",
-                                   "2",
-                                   "3",
-                                   "1024",
-                                   "1025",
-                                   "0.5",
-                                   "1e308",
-                                   "-0.0",
-                                   "9223372036854775807",
-                                   "-9223372036854775808",
-                                   "18446744073709551615",
-                                   "\"\"",
-                                   "\"t2v\"",
-                                   "\"rms_norm_across_heads\"",
-                                   "\"WanTransformer3DModel\"",
-                                   "[]",
-                                   "[1, 2, 2]",
-                                   "[2, 2, 2]",
-                                   "[0, 2, 2]",
-                                   "[\"a\", 2, 2]",
-                                   "[16, 56, 56, 2]",
-                                   "{}",
-                                   "{\"a\": 1}"};
+// Every key the readers read (families/wan.cc's two layouts, qwen_image.cc, flux.cc), and the
+// values a retyped key takes: every JSON kind, the integers at the edges of int64 and uint64.
+constexpr const char* kKeys = R"([
+  "_class_name", "model_type", "dim", "num_heads", "in_dim", "out_dim", "text_dim", "freq_dim",
+  "ffn_dim", "num_layers", "text_len", "eps", "cross_attn_norm", "qk_norm", "patch_size",
+  "pos_embed_seq_len", "num_attention_heads", "attention_head_dim", "in_channels", "out_channels",
+  "image_dim", "added_kv_proj_dim", "joint_attention_dim", "pooled_projection_dim",
+  "guidance_embeds", "axes_dims_rope", "num_single_layers"])";
+constexpr const char* kValues = R"([
+  null, true, false, 0, -1, 1, 2, 3, 1024, 1025, 0.5, 1e308, -0.0, 9223372036854775807,
+  -9223372036854775808, 18446744073709551615, "", "t2v", "rms_norm_across_heads",
+  "WanTransformer3DModel", [], [1, 2, 2], [2, 2, 2], [0, 2, 2], ["a", 2, 2], [16, 56, 56, 2], {},
+  {"a": 1}])";
 
 // `text` with one key retyped (the key and its value picked by a hash of `text`), or `text` when it
 // is not a JSON object within the readers' limits (nlohmann's dump recurses).
@@ -110,14 +66,16 @@ std::string retyped(const std::string& text) {
   }
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return text;
+  static const nlohmann::json keys = nlohmann::json::parse(kKeys);
+  static const nlohmann::json values = nlohmann::json::parse(kValues);
   uint64_t h = 14695981039346656037ull;  // FNV-1a
   for (const char c : text) h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
-  const char* key = kKeys[h % std::size(kKeys)];
-  const size_t value = (h / std::size(kKeys)) % (std::size(kValues) + 1);
-  if (value == std::size(kValues)) {
+  const std::string& key = keys[h % keys.size()].get_ref<const std::string&>();
+  const size_t value = (h / keys.size()) % (values.size() + 1);  // values.size(): removed
+  if (value == values.size()) {
     j.erase(key);
   } else {
-    j[key] = nlohmann::json::parse(kValues[value]);
+    j[key] = values[value];
   }
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }

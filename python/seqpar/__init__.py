@@ -188,8 +188,10 @@ def _call(name, q, k, v, comm, options, return_lse):
     return (out, _wrap(qa, lse)) if return_lse else out
 
 
-_MAX_RANKS = 1 << 16   # core/limits.h: any degree
-_MAX_TOKENS = 1 << 32  # core/limits.h: a sequence, a cache, text tokens
+# core/limits.h's bounds, the command line's: any degree; the threads of this process (ranks x
+# threads per rank); a sequence, a cache, text tokens; attention heads.
+_MAX_RANKS, _MAX_THREADS, _MAX_TOKENS, _MAX_HEADS = (
+    _core._LIMITS[k] for k in ("ranks", "threads", "tokens", "heads"))
 
 
 def _int(name: str, value: Optional[int], low: int = 0, high: int = _MAX_TOKENS) -> int:
@@ -232,8 +234,14 @@ def _real(name: str, value, low: float, high: float) -> float:
 
 
 def _scale(softmax_scale: Optional[float]) -> float:
+    """softmax_scale as the library takes it: 0 for None (1/sqrt(head_dim)); 0, negatives,
+    non-finite values, bools and text are refused (0 is not read as "the default")."""
     if softmax_scale is None:
         return 0.0
+    if isinstance(softmax_scale, bool) or not isinstance(
+            softmax_scale, (int, float, np.integer, np.floating)):
+        raise ValueError(f"softmax_scale {_brief(softmax_scale)} is not a number; give a positive "
+                         "finite number (None: 1/sqrt(head_dim))")
     scale = float(softmax_scale)
     if not np.isfinite(scale) or scale <= 0:
         raise ValueError(f"softmax_scale {_brief(softmax_scale)} is invalid; give a positive finite "
@@ -318,7 +326,7 @@ def decode_attention(q, k_cache, v_cache, *, comm: Comm, strategy: Optional[str]
     if pass_ is not None:
         if strategy is not None:
             raise ValueError("give strategy (and schedule) or its older spelling pass_, not both")
-        if pass_ not in _PASSES:
+        if not isinstance(pass_, str) or pass_ not in _PASSES:
             raise ValueError(f"pass_ {_brief(pass_)} is unknown; valid: auto, q, q-ring, kv")
         strategy, schedule = _PASSES[pass_]
     options = dict(strategy=_text("strategy", strategy, "auto"),
@@ -380,6 +388,17 @@ def _set_timeout(self, seconds: float) -> None:
 
 
 Comm.set_timeout = _set_timeout
+_core_abort = Comm.abort
+
+
+def _abort(self, message: str) -> None:
+    if not isinstance(message, str):  # (pybind would answer with its "Invoked with" dump)
+        raise ValueError(f"message {_brief(message)} is not a string; give the failure's text")
+    _core_abort(self, message)
+
+
+_abort.__doc__ = _core_abort.__doc__
+Comm.abort = _abort
 
 
 class ThreadWorld:
@@ -391,13 +410,14 @@ class ThreadWorld:
     by run(). A rank's comm is valid only inside run().
 
     timeout: seconds every communication wait may take (default SEQPAR_TIMEOUT_S or 60).
-    threads: kernel threads per rank (default cores / n).
+    threads: kernel threads per rank (default cores / n); n x threads at most 4096 (the command
+    line's bound, core/limits.h) and the process limit RLIMIT_NPROC.
     """
 
     def __init__(self, n: int, *, timeout: Optional[float] = None, threads: Optional[int] = None):
         self.n = _int("ranks", n, 1, _MAX_RANKS)
         self.timeout = 0.0 if timeout is None else _seconds("timeout", timeout)
-        self.threads = _int("threads", threads, 1, _MAX_RANKS)
+        self.threads = _int("threads", threads, 1, _MAX_THREADS)
         _core._check_threads(self.n, self.threads)  # the command line's bounds, at once
 
     def run(self, fn: Callable[..., Any], *args, **kwargs) -> List[Any]:
@@ -413,6 +433,11 @@ def MpiComm(mpi4py_comm=None) -> Comm:
     and finalizing MPI. Refused when the environment announces a larger world than MPI's (a
     script started by torchrun: use TorchComm).
     """
+    # An mpi4py communicator comes from a process that imported mpi4py (none is imported here).
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi4py_comm is not None and not (mpi and isinstance(mpi4py_comm, mpi.Comm)):
+        raise ValueError(f"mpi4py_comm {_brief(mpi4py_comm)} is not an mpi4py communicator; "
+                         "valid: an mpi4py.MPI.Comm, or None (MPI.COMM_WORLD)")
     return _core._mpi_comm(mpi4py_comm)
 
 
@@ -528,8 +553,9 @@ class Mesh:
         """One dict per rank, the rows of ``seqpar mesh --json``: rank, cfg_rank, tp_rank,
         ulysses_rank, ring_rank, cp_rank, heads [first, end), tokens [first, end)."""
         return json.loads(_core._mesh_rows_json(self.cfg, self.tp, self.ring_degree,
-                                                self.ulysses_degree, self.ranks, int(heads),
-                                                int(seq)))
+                                                self.ulysses_degree, self.ranks,
+                                                _int("heads", heads, 1, _MAX_HEADS),
+                                                _int("seq", seq, 1)))
 
 
 def plan(*, ranks: int = 8, model: Optional[str] = None, seq: int = 0, heads: int = 0,

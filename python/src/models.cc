@@ -484,13 +484,21 @@ void bind_models(py::module_& m) {
           const MeshShape d = resolve_degrees({cfg, tp, ring, ulysses, sp, std::nullopt});
           return py::make_tuple(d.cfg, d.tp, d.ring, d.ulysses);
         });
-  m.def("_flow_match_schedule", [](int steps, double shift) {
-    limits::check_range("num_inference_steps", int64_t{steps}, 1, limits::kMaxSteps);
+  m.def("_flow_match_schedule", [](int64_t steps, double shift) {
+    limits::check_range("num_inference_steps", steps, 1, limits::kMaxSteps);
     SEQPAR_ARG_CHECK(std::isfinite(shift) && shift > 0 && shift <= 100, "shift ", shift,
                      " is invalid; valid: (0, 100]");
-    const FlowMatchSchedule s = flow_match_schedule(steps, shift);
+    const FlowMatchSchedule s = flow_match_schedule(static_cast<int>(steps), shift);
     return py::make_tuple(s.sigmas, s.timesteps);
   });
+  // core/limits.h's bounds, for the package's checks of its keywords (the CLI's bounds).
+  py::dict bounds;
+  bounds["ranks"] = limits::kMaxRanks;
+  bounds["threads"] = limits::kMaxThreads;
+  bounds["tokens"] = limits::kMaxTokens;
+  bounds["heads"] = limits::kMaxHeads;
+  bounds["steps"] = limits::kMaxSteps;
+  m.attr("_LIMITS") = bounds;
 }
 
 }  // namespace seqpar::python
