@@ -13,8 +13,9 @@ Two ways to run a mesh of ``ModelMesh.ranks`` ranks:
   with ``comm=seqpar.MpiComm()`` or inside ``seqpar.ThreadWorld(N).run(fn)``. Every rank returns
   the whole result.
 
-Bad arguments raise ValueError with the library's one-line message; the GIL is released while
-seqpar computes.
+Bad arguments raise ValueError (TypeError for weights_dtype's type) with a one-line message
+naming the argument, in the caller's thread before any rank sees them; a refused call leaves the
+model serving. The GIL is released while seqpar computes.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import inspect
+import os
 import queue
 import threading
 import warnings
@@ -32,6 +34,8 @@ from typing import Any, Callable, NamedTuple, Optional
 import numpy as np
 
 from . import _MAX_RANKS, _brief, _core, _flag, _text, _torch
+
+_MAX_STEPS = _core._LIMITS["steps"]  # core/limits.h: denoising steps
 
 
 @dataclass(frozen=True, init=False)
@@ -131,8 +135,10 @@ def _mesh_dict(mesh: ModelMesh) -> dict:
 class _ThreadRanks:
     """The ranks of a mesh as threads of this process that stay alive between calls: each rank
     builds its model once (make(comm)), then runs the calls it is handed (job(model)) until
-    closed. A ValueError of a call (raised alike on every rank, before any communication) leaves
-    the ranks serving; any other failure stops them."""
+    closed. A ValueError or TypeError of a call (an argument refused alike on every rank, before
+    any communication: the callers check theirs before handing a job over, and pybind's casts
+    are the only TypeErrors a rank's job can raise) leaves the ranks serving; any other failure
+    stops them."""
 
     def __init__(self, n: int, make: Callable, threads: Optional[int], timeout: Optional[float]):
         from . import ThreadWorld
@@ -157,7 +163,7 @@ class _ThreadRanks:
                     return None
                 try:
                     self._results.put((comm.rank, job(model)))
-                except ValueError as e:
+                except (ValueError, TypeError) as e:
                     self._results.put((comm.rank, e))
                 except BaseException as e:
                     self._results.put((comm.rank, e))
@@ -186,8 +192,9 @@ class _ThreadRanks:
             results[r] = value
         if errors:
             # The rank that failed first says why; the others' CommErrors only echo it.
-            first = next((e for e in errors if isinstance(e, ValueError)), errors[0])
-            if not all(isinstance(e, ValueError) for e in errors):
+            refused = (ValueError, TypeError)
+            first = next((e for e in errors if isinstance(e, refused)), errors[0])
+            if not all(isinstance(e, refused) for e in errors):
                 self._stop(first)
             raise first
         return results
@@ -241,6 +248,16 @@ class _Model:
     def _start(self, make: Callable, comm, mesh: ModelMesh, threads, timeout):
         self.mesh = mesh
         if comm is not None:
+            from . import Comm
+
+            if not isinstance(comm, Comm):
+                raise ValueError(f"comm {_brief(comm)} is not a communicator; valid: the comm "
+                                 "ThreadWorld.run hands each rank, seqpar.MpiComm(), "
+                                 "seqpar.TorchComm(), or None (the mesh's ranks as threads)")
+            if threads is not None or timeout is not None:
+                raise ValueError("threads and timeout are for the ranks from_pretrained starts "
+                                 "as threads; with comm give neither (its world's own: "
+                                 "ThreadWorld(n, threads=, timeout=), comm.set_timeout)")
             self._rank, self._ranks = make(comm), None
         else:
             self._rank, self._ranks = None, _ThreadRanks(mesh.ranks, make, threads, timeout)
@@ -272,14 +289,85 @@ def _is_torch(x) -> bool:
 
 
 def _numpy(name: str, x, dtype) -> np.ndarray:
-    """x (torch CPU tensor, NumPy array or list) as a C-contiguous NumPy array of dtype."""
+    """x (torch CPU tensor, NumPy array or list of numbers) as a C-contiguous NumPy array of
+    dtype; text, objects, complex numbers and ragged lists are refused naming `name`."""
     if _is_torch(x):
         if x.device.type != "cpu":
             raise ValueError(f"{name}: seqpar computes on the CPU; got a tensor on {x.device}")
         x = x.detach().cpu()
-        x = x.float() if dtype == np.float32 and x.is_floating_point() else x
+        if x.dtype == _torch().bfloat16:
+            x = x.float()  # (NumPy has no bfloat16)
+        if x.is_complex():
+            raise ValueError(f"{name} holds {x.dtype} values; expected real numbers")
         x = x.numpy()
-    return np.ascontiguousarray(np.asarray(x), dtype=dtype)
+    try:
+        a = np.asarray(x)
+    except (TypeError, ValueError):  # a ragged list
+        a = None
+    if a is None or a.dtype.kind not in "biuf":
+        kind = "O" if a is None else a.dtype.kind
+        what = ("is not an array of numbers" if kind == "O" else "holds text" if kind in "US"
+                else f"holds {a.dtype} values")
+        raise ValueError(f"{name} {_brief(x)} {what}; expected real numbers (a torch tensor, "
+                         "NumPy array or list of them)")
+    with np.errstate(over="ignore"):  # beyond float32's range: inf, refused below
+        out = np.ascontiguousarray(a, dtype=dtype)
+    if out.dtype.kind == "f" and not np.isfinite(out).all():
+        # Refused here, alike for every rank, rather than stopping the ranks where a layer's
+        # output turns non-finite.
+        at = np.unravel_index(int(np.flatnonzero(~np.isfinite(out))[0]), out.shape)
+        where = f" at index {[int(i) for i in at]}" if a.ndim else ""
+        raise ValueError(f"{name} holds {a.reshape(out.shape)[at]}{where}; expected finite "
+                         f"{out.dtype} numbers")
+    return out
+
+
+def _number(name: str, value, valid: str) -> float:
+    """A number keyword as a float, converted in the caller's thread: a Python or NumPy number
+    or a 0-d tensor or array of one; bools, text, None and lists are refused naming `valid`
+    (the values' range is the library's to check)."""
+    torch = _torch()
+    if _is_torch(value):
+        if value.dim() == 0 and value.dtype != torch.bool and not value.is_complex():
+            return float(value.item())
+    elif isinstance(value, (np.ndarray, np.generic)):
+        if value.ndim == 0 and value.dtype.kind in "iuf":
+            return float(value)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except OverflowError:  # an int beyond float's range: refused by the range check
+            return float("inf") if value > 0 else float("-inf")
+    raise ValueError(f"{name} {_brief(value)} is not a number; valid: {valid}")
+
+
+def _count(name: str, value, high: int) -> int:
+    """An integer keyword in 1..high; bools, floats (not truncated) and text are refused."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} {_brief(value)} is not an integer; valid: 1 to {high}")
+    if not 1 <= value <= high:
+        raise ValueError(f"{name} {_brief(value)} is out of range; valid: 1 to {high}")
+    return int(value)
+
+
+def _directory(path) -> str:
+    """from_pretrained's path: a str or os.PathLike naming a directory (a NUL in it refused, as
+    open() refuses it, rather than cut there)."""
+    name = os.fspath(path) if isinstance(path, os.PathLike) else path
+    if not isinstance(name, str):
+        raise ValueError(f"path {_brief(path)} is not a directory name; valid: a str or "
+                         "os.PathLike naming a checkpoint directory")
+    if "\0" in name:
+        raise ValueError(f"path {_brief(name)} holds a NUL character; valid: a directory name")
+    return name
+
+
+def _no_options(name: str, value) -> None:
+    """attention_kwargs / joint_attention_kwargs: None or an empty dict (seqpar's attention takes
+    no options)."""
+    if value is not None and not (isinstance(value, dict) and not value):
+        raise ValueError(f"{name} {_brief(value)} is not supported (seqpar's attention takes no "
+                         "options and no LoRA scale); valid: None or {}")
 
 
 def _token_ids(name: str, x) -> np.ndarray:
@@ -289,12 +377,24 @@ def _token_ids(name: str, x) -> np.ndarray:
         if x.device.type != "cpu":
             raise ValueError(f"{name}: seqpar computes on the CPU; got a tensor on {x.device}")
         x = x.detach().cpu().numpy()
-    a = np.asarray(x)
+    try:
+        a = np.asarray(x)
+    except (TypeError, ValueError):  # a ragged list
+        raise ValueError(f"{name} {_brief(x)} is not a list of token ids; expected integer "
+                         "token ids, shape (P,) or (1, P)") from None
     if a.size == 0:
         return a.astype(np.int64)
     if a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.integer):
         raise ValueError(f"{name} holds {a.dtype} values; expected integer token ids")
+    if isinstance(x, (list, tuple)) and _holds_bool(x):  # NumPy reads [1, True] as [1, 1]
+        raise ValueError(f"{name} holds bool values; expected integer token ids")
     return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def _holds_bool(items) -> bool:
+    """Whether a (nested) list or tuple holds a bool."""
+    return any(_holds_bool(e) if isinstance(e, (list, tuple)) else
+               isinstance(e, (bool, np.bool_)) for e in items)
 
 
 class CausalLM(_Model):
@@ -321,7 +421,7 @@ class CausalLM(_Model):
         if not isinstance(weights_dtype, str):
             raise TypeError(f"CausalLM.from_pretrained: weights_dtype must be a str, not "
                             f"{type(weights_dtype).__name__}")
-        self.path = where = str(path)  # the ranks' closures hold no reference to self
+        self.path = where = _directory(path)  # the ranks' closures hold no reference to self
         self.weights_dtype = weights_dtype
         self._start(lambda c: _core._CausalLMRank(c, where, spec, weights_dtype), comm, mesh,
                     threads, timeout)
@@ -356,6 +456,7 @@ class CausalLM(_Model):
             raise ValueError(f"max_new_tokens {_brief(n)} is out of range")
         ignore, allow = _flag("ignore_eos", ignore_eos), _flag("allow_long_context",
                                                                allow_long_context)
+        return_logits = _flag("return_logits", return_logits)
         tokens, logits, _ = self._call(
             lambda m: m.generate(prompt, n, ignore, allow))
         tokens = np.asarray(tokens, dtype=np.int64)
@@ -466,7 +567,10 @@ class WanTransformer(_Model):
         self = cls.__new__(cls)
         mesh = _mesh_of(mesh, mesh_kwargs, cls.from_pretrained)
         spec = _mesh_dict(mesh)
-        self.path = where = str(path)
+        self.path = where = _directory(path)
+        if boundary_ratio is not None:  # its range, (0, 1), the library's
+            boundary_ratio = _number("boundary_ratio", boundary_ratio,
+                                     "a number in (0, 1), or None (the checkpoint's)")
         self._start(lambda c: _core._WanTransformerRank(c, where, spec, boundary_ratio),
                     comm, mesh, threads, timeout)
         self.config = _Config(self._call(lambda m: m.config))
@@ -528,11 +632,12 @@ class WanTransformer(_Model):
                             ("encoder_hidden_states", encoder_hidden_states)):
             if value is None:
                 raise ValueError(f"forward needs {what}")
-        if attention_kwargs:
-            raise ValueError(f"attention_kwargs {_brief(attention_kwargs)} is not supported "
-                             "(seqpar's attention takes no options and no LoRA scale)")
+        _no_options("attention_kwargs", attention_kwargs)
         if return_dict is None and diffusers_call:
             return_dict = True
+        if return_dict is not None:
+            return_dict = _flag("return_dict", return_dict)
+        guidance, guidance_2 = _guidance(guidance_scale, guidance_scale_2)
         x = _numpy(name, latents, np.float32)
         text = _numpy("encoder_hidden_states", encoder_hidden_states, np.float32)
         neg = (None if negative_encoder_hidden_states is None else
@@ -553,11 +658,11 @@ class WanTransformer(_Model):
         if neg is None and self.mesh.cfg == 2 and torch_out:
             out = self._one_branch(x, t, text, image)
         else:
-            out = self._velocity(x, t, text, neg, guidance_scale, guidance_scale_2, image)
+            out = self._velocity(x, t, text, neg, guidance, guidance_2, image)
             out = _torch().from_numpy(out) if torch_out else out
         if return_dict is None:
             return out
-        return WanTransformerOutput(out) if _flag("return_dict", return_dict) else (out,)
+        return WanTransformerOutput(out) if return_dict else (out,)
 
     __call__ = forward
 
@@ -584,10 +689,11 @@ class WanTransformer(_Model):
         self._waiting = _Waiting(x, t, text, pending, image)
         return pending
 
-    def _velocity(self, x, t, text, neg, guidance, guidance_2, image=None):
+    def _velocity(self, x, t, text, neg, guidance: float, guidance_2: Optional[float],
+                  image=None):
+        """guidance, guidance_2: floats (or None), as _guidance gives them."""
         args = _wan_arguments(x, t, text, neg, image)
-        g2 = None if guidance_2 is None else float(guidance_2)
-        return _f32(self._call(lambda m: m.forward(*args, float(guidance), g2)))
+        return _f32(self._call(lambda m: m.forward(*args, guidance, guidance_2)))
 
     def _branches(self, x, t, text, neg, image=None):
         """[cond, uncond] unguided; on the cfg mesh in one parallel call."""
@@ -600,7 +706,10 @@ class WanTransformer(_Model):
         """The latents after num_inference_steps Euler steps of diffusers'
         FlowMatchEulerDiscreteScheduler (static shift), experts switched at the boundary, as
         ``seqpar denoise --steps`` and WanPipeline's loop (float32)."""
-        sigmas, timesteps = _core._flow_match_schedule(int(num_inference_steps), float(shift))
+        steps = _count("num_inference_steps", num_inference_steps, _MAX_STEPS)
+        guidance, guidance_2 = _guidance(guidance_scale, guidance_scale_2)
+        sigmas, timesteps = _core._flow_match_schedule(
+            steps, _number("shift", shift, "a number in (0, 100]"))
         x = _numpy("latents", latents, np.float32).copy()
         text = _numpy("encoder_hidden_states", encoder_hidden_states, np.float32)
         neg = (None if negative_encoder_hidden_states is None else
@@ -608,10 +717,17 @@ class WanTransformer(_Model):
                       np.float32))
         B = x.shape[0] if x.ndim >= 1 else 1
         for i, t in enumerate(timesteps):
-            v = self._velocity(x, np.full(B, t, dtype=np.float32), text, neg, guidance_scale,
-                               guidance_scale_2)
+            v = self._velocity(x, np.full(B, t, dtype=np.float32), text, neg, guidance,
+                               guidance_2)
             x += np.float32(np.float32(sigmas[i + 1]) - np.float32(sigmas[i])) * v
         return _torch().from_numpy(x) if _is_torch(latents) else x
+
+
+def _guidance(scale, scale_2) -> tuple:
+    """WanTransformer's guidance_scale and guidance_scale_2 (None: guidance_scale's) as floats."""
+    valid = "a number 0..100"
+    return (_number("guidance_scale", scale, valid),
+            None if scale_2 is None else _number("guidance_scale_2", scale_2, valid + ", or None"))
 
 
 def _text_lengths(name: str, mask, text: np.ndarray) -> list:
@@ -643,13 +759,31 @@ def _image_shapes(img_shapes) -> list:
     if not isinstance(shapes, list):
         shapes = [shapes]
     try:
-        out = [tuple(int(v) for v in s) for s in shapes]
-    except (TypeError, ValueError):
+        out = [tuple(_patches(v) for v in s) for s in shapes]
+    except TypeError:
         out = []
     if not out or any(len(s) != 3 for s in out):
         raise ValueError(f"img_shapes {_brief(img_shapes)} is not (frames, height, width) of each "
-                         "image")
+                         "image, integers counting patches")
     return out
+
+
+def _patches(v) -> int:
+    """One of img_shapes' counts: an integer (or a 0-d integer tensor or array); a bool or a float
+    (not truncated) raises TypeError, an integer beyond int64 ValueError."""
+    if _is_torch(v):
+        if v.dim() != 0 or v.is_floating_point() or v.is_complex() or v.dtype == _torch().bool:
+            raise TypeError
+        v = v.item()
+    elif isinstance(v, np.ndarray):
+        if v.ndim != 0 or v.dtype.kind not in "iu":
+            raise TypeError
+        v = v.item()
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise TypeError
+    if not -2**63 <= v < 2**63:
+        raise ValueError(f"img_shapes holds {v}, out of range; valid: counts of patches")
+    return int(v)
 
 
 class QwenImageTransformer(_Model):
@@ -668,7 +802,7 @@ class QwenImageTransformer(_Model):
         self = cls.__new__(cls)
         mesh = _mesh_of(mesh, mesh_kwargs, cls.from_pretrained)
         spec = _mesh_dict(mesh)
-        self.path = where = str(path)
+        self.path = where = _directory(path)
         self._start(lambda c: _core._QwenImageTransformerRank(c, where, spec), comm, mesh,
                     threads, timeout)
         self.config = _Config(self._call(lambda m: m.config))
@@ -705,9 +839,13 @@ class QwenImageTransformer(_Model):
         if guidance is not None:
             raise ValueError("guidance: QwenImageTransformer2DModel has no guidance embedding; "
                              "give None (true_cfg_scale guides)")
-        if attention_kwargs:
-            raise ValueError(f"attention_kwargs {_brief(attention_kwargs)} is not supported "
-                             "(seqpar's attention takes no options and no LoRA scale)")
+        _no_options("attention_kwargs", attention_kwargs)
+        return_dict = _flag("return_dict", return_dict)
+        true_cfg = _number("true_cfg_scale", true_cfg_scale, "a number 0..100")
+        if negative_encoder_hidden_states is None and \
+                negative_encoder_hidden_states_mask is not None:
+            raise ValueError("negative_encoder_hidden_states_mask is given without "
+                             "negative_encoder_hidden_states")
         x = _numpy("hidden_states", hidden_states, np.float32)
         text = _numpy("encoder_hidden_states", encoder_hidden_states, np.float32)
         lens = _text_lengths("encoder_hidden_states_mask", encoder_hidden_states_mask, text)
@@ -726,9 +864,9 @@ class QwenImageTransformer(_Model):
         if neg is None and self.mesh.cfg == 2 and torch_out:
             out = self._one_branch(call)
         else:
-            out = self._run(call, neg, neg_lens, float(true_cfg_scale))[0]
+            out = self._run(call, neg, neg_lens, true_cfg)[0]
             out = _torch().from_numpy(out) if torch_out else out
-        return WanTransformerOutput(out) if _flag("return_dict", return_dict) else (out,)
+        return WanTransformerOutput(out) if return_dict else (out,)
 
     __call__ = forward
 
@@ -832,7 +970,7 @@ class FluxTransformer(_Model):
         self = cls.__new__(cls)
         mesh = _mesh_of(mesh, mesh_kwargs, cls.from_pretrained)
         spec = _mesh_dict(mesh)
-        self.path = where = str(path)
+        self.path = where = _directory(path)
         self._start(lambda c: _core._FluxTransformerRank(c, where, spec), comm, mesh, threads,
                     timeout)
         self.config = _Config(self._call(lambda m: m.config))
@@ -876,10 +1014,14 @@ class FluxTransformer(_Model):
         if controlnet_block_samples is not None or controlnet_single_block_samples is not None:
             raise ValueError("controlnet_block_samples / controlnet_single_block_samples are not "
                              "supported (seqpar's FLUX adds no ControlNet residuals); give None")
-        if joint_attention_kwargs:
+        if joint_attention_kwargs is not None and not (isinstance(joint_attention_kwargs, dict)
+                                                       and not joint_attention_kwargs):
             raise ValueError(f"joint_attention_kwargs {_brief(joint_attention_kwargs)} is not "
                              "supported (seqpar's attention takes no options, no LoRA scale and "
-                             "no IP-Adapter)")
+                             "no IP-Adapter); valid: None or {}")
+        return_dict = _flag("return_dict", return_dict)
+        _flag("controlnet_blocks_repeat", controlnet_blocks_repeat)  # (no ControlNet to repeat)
+        true_cfg = _number("true_cfg_scale", true_cfg_scale, "a number 0..100")
         x = _numpy("hidden_states", hidden_states, np.float32)
         B = x.shape[0] if x.ndim >= 1 else 1
         text = _numpy("encoder_hidden_states", encoder_hidden_states, np.float32)
@@ -904,9 +1046,9 @@ class FluxTransformer(_Model):
         if neg is None and self.mesh.cfg == 2 and torch_out:
             out = self._one_branch(call)
         else:
-            out = self._run(call, neg, float(true_cfg_scale))[0]
+            out = self._run(call, neg, true_cfg)[0]
             out = _torch().from_numpy(out) if torch_out else out
-        return WanTransformerOutput(out) if _flag("return_dict", return_dict) else (out,)
+        return WanTransformerOutput(out) if return_dict else (out,)
 
     __call__ = forward
 
