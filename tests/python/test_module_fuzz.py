@@ -3,9 +3,14 @@ decode_attention, Partition, Mesh, ThreadWorld, plan and the models' calls given
 wrong kind or range (None, text, negatives, 2**70, NaN, infinities, floats for integers, bools,
 lists, dicts, objects, tensors of the wrong shape or dtype). Each call either works or raises
 ValueError or TypeError whose message is one line naming what was wrong, never a crash, a hang,
-another exception or pybind's "Invoked with" dump. The mutations are seeded: a failure replays."""
-import math
-import os
+another exception or pybind's "Invoked with" dump. The mutations are seeded: a failure replays.
+
+The models (CausalLM, WanTransformer, QwenImageTransformer, FluxTransformer: tiny checkpoints,
+on a mesh of threads and from_pretrained(comm=) in a ThreadWorld) are called with their arguments
+mutated the same way, tensors also by NaN, infinities, other dtypes, shapes and kinds; after the
+mutations a good call must still give its answer (no refusal stops the ranks). Finite inputs
+that overflow inside a layer (3e38) are left out: that is a failure of the run, found by the
+layer on its rank, and it stops the model's ranks by design."""
 import random
 
 import numpy as np
@@ -128,3 +133,116 @@ def test_causal_lm_calls(tmp_path):
         for _ in range(MUTATIONS_PER_ENTRY // 3):
             run_one(model.generate, mutate(rng, good))
         assert model.generate([1, 2, 3], 2).tolist() == [0, 0]  # still serving
+
+
+# ---- the diffusion models' calls and comm= ---------------------------------------------------
+
+MODEL_MUTATIONS = 200
+
+
+def tensor_mutations(t):
+    """Bad stand-ins for the tensor t: other kinds, shapes, dtypes and values."""
+    import torch
+    return [None, [], "x", 1.5, np.zeros((2,), np.float32), t[..., :1], t[:0], t[None],
+            torch.zeros(()), t.double(), t.to(torch.int32), t > 0, t.to(torch.bfloat16),
+            torch.full(t.shape, float("nan")), torch.full(t.shape, float("inf")),
+            t.numpy().astype(object), [t], torch.complex(t.float(), t.float())]
+
+
+def mutate_call(rng, good: dict, extra: dict):
+    """good with one to three arguments replaced: tensors by tensor_mutations, the rest (and the
+    keywords of extra, not in good) by BAD values."""
+    import torch
+    args = dict(good)
+    keys = sorted([*good, *extra])
+    for key in rng.sample(keys, k=rng.randint(1, 3)):
+        value = good.get(key, extra.get(key))
+        if isinstance(value, torch.Tensor) and rng.random() < 0.7:
+            args[key] = rng.choice(tensor_mutations(value))
+        else:
+            args[key] = rng.choice(BAD)
+    return args
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    from test_module_args import tiny_checkpoints
+    return tiny_checkpoints(str(tmp_path_factory.mktemp("fuzz_models")))
+
+
+# The models' calls by checkpoint: (class, mesh, the maker of its good inputs in test_module_args,
+# the call's other keywords with a good value).
+MODEL_CALLS = {
+    "wan": ("WanTransformer", dict(ring_degree=2), "wan_inputs",
+            dict(negative_encoder_hidden_states=None, guidance_scale=1.0, guidance_scale_2=None,
+                 encoder_hidden_states_image=None, attention_kwargs=None, return_dict=None)),
+    "qwen": ("QwenImageTransformer", dict(cfg=2), "qwen_inputs",
+             dict(txt_seq_lens=None, guidance=None, attention_kwargs=None, return_dict=True,
+                  negative_encoder_hidden_states=None, negative_encoder_hidden_states_mask=None,
+                  true_cfg_scale=1.0)),
+    "flux": ("FluxTransformer", dict(cfg=2), "flux_inputs",
+             dict(joint_attention_kwargs=None, controlnet_block_samples=None,
+                  controlnet_single_block_samples=None, return_dict=True,
+                  controlnet_blocks_repeat=False, negative_encoder_hidden_states=None,
+                  negative_pooled_projections=None, negative_txt_ids=None, true_cfg_scale=1.0)),
+}
+
+
+def result_of(out):
+    """A call's prediction as a plain tensor (a pending one on the cfg mesh filled)."""
+    import torch
+    out = out[0] if isinstance(out, tuple) else out
+    return torch.as_tensor(out) * 1
+
+
+@pytest.mark.filterwarnings("ignore:Passing `(img|txt)_ids` 3d")
+@pytest.mark.parametrize("name", sorted(MODEL_CALLS))
+def test_diffusion_model_calls(checkpoints, name):
+    """Every mutation of a Wan, Qwen-Image or FLUX.1 call (threads mesh) works or is refused in
+    one line; after them the good call still gives its answer (the ranks serve on)."""
+    import test_module_args
+    import torch
+    cls, mesh, inputs, extra = MODEL_CALLS[name]
+    rng = random.Random(17)
+    with getattr(seqpar, cls).from_pretrained(checkpoints[name], timeout=10, **mesh) as model:
+        good = getattr(test_module_args, inputs)(model.config)
+        want = result_of(model(**good))
+        worked = 0
+        for _ in range(MODEL_MUTATIONS):
+            args = mutate_call(rng, good, extra)
+            try:
+                result_of(model(**args))  # a pending prediction is computed here
+                worked += 1
+            except BaseException as e:  # noqa: B902 - judged below
+                assert acceptable(e), f"{type(e).__name__}: {e!s:.500} for {args!r:.800}"
+        print(f"{name}: {worked} of {MODEL_MUTATIONS} mutations worked, the others refused")
+        assert torch.equal(result_of(model(**good)), want)
+
+
+@pytest.mark.parametrize("name", ["llama", "wan", "qwen", "flux"])
+def test_from_pretrained_on_a_comm(checkpoints, name):
+    """from_pretrained(path, comm=...) with comm and the keywords mutated, on each rank of a
+    ThreadWorld alike: refused in one line or loaded; then a good load and call on that comm."""
+    cls = {"llama": "Llama", "wan": "WanTransformer", "qwen": "QwenImageTransformer",
+           "flux": "FluxTransformer"}[name]
+    good = dict(ring_degree=2, threads=None, timeout=None, tp=1, layout="contiguous")
+    if name == "wan":
+        good["boundary_ratio"] = None
+
+    def rank(comm):
+        rng = random.Random(19)  # every rank draws the same mutations
+        for _ in range(30):
+            args = mutate(rng, dict(good, comm=comm))
+            try:
+                getattr(seqpar, cls).from_pretrained(checkpoints[name], **args)
+            except BaseException as e:  # noqa: B902 - judged below
+                assert acceptable(e), f"{type(e).__name__}: {e!s:.500} for {args!r:.500}"
+        model = getattr(seqpar, cls).from_pretrained(checkpoints[name], comm=comm, ring_degree=2)
+        if name == "llama":
+            return model.generate([1, 2, 3], 2).tolist()
+        import test_module_args
+        inputs = {"wan": "wan_inputs", "qwen": "qwen_inputs", "flux": "flux_inputs"}[name]
+        return result_of(model(**getattr(test_module_args, inputs)(model.config))).tolist()
+
+    results = seqpar.ThreadWorld(2, timeout=10).run(rank)
+    assert results[0] == results[1]  # every rank the whole result
