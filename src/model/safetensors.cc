@@ -494,8 +494,8 @@ void check_tensor_names(const SafetensorsFile& file, std::span<const std::string
     if (std::find(known.begin(), known.end(), name) != known.end()) continue;
     std::string valid;
     for (const std::string_view k : known) valid += (valid.empty() ? "" : ", ") + std::string(k);
-    throw InvalidArgument(detail::concat(file.path(), ": tensor '", name, "' is not an input of ",
-                                         what, "; valid: ", valid));
+    throw InvalidArgument(detail::concat(file.path(), ": tensor '", quote_for_message(name),
+                                         "' is not an input of ", what, "; valid: ", valid));
   }
 }
 

@@ -79,6 +79,8 @@ save(f"{d}/wide_text.safetensors", {"latents": lat, "encoder_hidden_states": t([
 save(f"{d}/no_timestep.safetensors", {"latents": lat, "encoder_hidden_states": txt})
 save(f"{d}/misnamed.safetensors", {"latents": lat, "encoder_hidden_states": txt,
                                    "timestep": ([1], [500.0]), "negative_prompt_embeds": txt})
+save(f"{d}/newline_name.safetensors", {"latents": lat, "encoder_hidden_states": txt,
+                                       "timestep": ([1], [500.0]), "a\nb": txt})
 save(f"{d}/scalar.safetensors", {"latents": ([], [1.0]), "encoder_hidden_states": txt,
                                  "timestep": ([1], [500.0])})
 save(f"{d}/huge.safetensors", {"latents": t([1, C, 2, 6, 10], fill=3e38),
@@ -145,12 +147,22 @@ expect_exit2 "tensor 'timestep' is missing; expected \[1\]" \
   denoise $m --inputs "$tmp/no_timestep.safetensors"
 expect_exit2 "tensor 'negative_prompt_embeds' is not an input of Wan; valid: latents, timestep" \
   denoise $m --inputs "$tmp/misnamed.safetensors"
+expect_exit2 "tensor 'a?b' is not an input of Wan" denoise $m --inputs "$tmp/newline_name.safetensors"
 expect_exit2 "tensor 'negative_encoder_hidden_states' is missing" \
   denoise $m --inputs "$tmp/no_timestep.safetensors" --steps 2 --guidance 5
 expect_exit2 "neither a diffusers Wan checkpoint" \
   denoise --model "$tmp/neither" --inputs "$tmp/in.safetensors" --output "$tmp/o.safetensors"
 expect_exit2 "config.json: key 'num_heads' is missing; expected an integer" \
   denoise --model "$tmp/bad_config" --inputs "$tmp/in.safetensors" --output "$tmp/o.safetensors"
+# A key of the wrong JSON type, and an integer past int64: the key and its value as written.
+mkdir -p "$tmp/typed_config" "$tmp/huge_config"
+printf '{"_class_name": "WanTransformer3DModel", "qk_norm": 5}' >"$tmp/typed_config/config.json"
+printf '{"_class_name": "WanTransformer3DModel", "num_layers": 18446744073709551615}' \
+  >"$tmp/huge_config/config.json"
+expect_exit2 "config.json: key 'qk_norm' is 5; expected a string" \
+  denoise --model "$tmp/typed_config" --inputs "$tmp/in.safetensors" --output "$tmp/o.safetensors"
+expect_exit2 "config.json: key 'num_layers' is 18446744073709551615; expected 1..1024" \
+  denoise --model "$tmp/huge_config" --inputs "$tmp/in.safetensors" --output "$tmp/o.safetensors"
 expect_exit2 "tensor 'head.head.weight' has shape \[16, 11\]; expected \[16, 12\]" \
   denoise --model "$tmp/bad_shape" --inputs "$tmp/in.safetensors" --output "$tmp/o.safetensors"
 expect_exit2 "--tp 4 does not divide the 2 heads" denoise $m --inputs "$tmp/in.safetensors" --tp 4

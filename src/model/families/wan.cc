@@ -48,10 +48,22 @@ int64_t int_key(const json& c, const std::string& path, const char* key, int64_t
   }
   SEQPAR_FILE_CHECK(c[key].is_number_integer(), path, ": key '", key, "' is ", json_excerpt(c[key]),
                     "; expected an integer");
+  if (c[key].is_number_unsigned())  // above INT64_MAX it would wrap: say it as written
+    SEQPAR_FILE_CHECK(c[key].get<uint64_t>() <= static_cast<uint64_t>(hi), path, ": key '", key,
+                      "' is ", c[key].get<uint64_t>(), "; expected ", lo, "..", hi);
   const int64_t v = c[key].get<int64_t>();
   SEQPAR_FILE_CHECK(lo <= v && v <= hi, path, ": key '", key, "' is ", v, "; expected ", lo, "..",
                     hi);
   return v;
+}
+
+// String key `key` of config `path`; `fallback` when absent or null.
+std::string string_key(const json& c, const std::string& path, const char* key,
+                       const std::string& fallback) {
+  if (!c.contains(key) || c[key].is_null()) return fallback;
+  SEQPAR_FILE_CHECK(c[key].is_string(), path, ": key '", key, "' is ", json_excerpt(c[key]),
+                    "; expected a string");
+  return c[key].get<std::string>();
 }
 
 double float_key(const json& c, const std::string& path, const char* key, double fallback) {
@@ -106,14 +118,14 @@ void finish_config(DiTConfig& m, const std::string& path) {
 // ---- config readers: diffusers' transformer/config.json, Wan's own config.json ----------------
 
 DiTConfig diffusers_config(const json& c, const std::string& path) {
-  SEQPAR_FILE_CHECK(c.value("_class_name", std::string()) == "WanTransformer3DModel", path,
+  SEQPAR_FILE_CHECK(c.contains("_class_name") && c["_class_name"] == "WanTransformer3DModel", path,
                     ": key '_class_name' is ", json_excerpt(c.value("_class_name", json())),
                     "; expected \"WanTransformer3DModel\"");
   SEQPAR_FILE_CHECK(
       !c.contains("pos_embed_seq_len") || c["pos_embed_seq_len"].is_null(), path,
       ": key 'pos_embed_seq_len' is ", json_excerpt(c.value("pos_embed_seq_len", json())),
       "; first-last-frame conditioning (Wan 2.1 FLF2V) is not supported, expected null");
-  const std::string qk = c.value("qk_norm", std::string("rms_norm_across_heads"));
+  const std::string qk = string_key(c, path, "qk_norm", "rms_norm_across_heads");
   SEQPAR_FILE_CHECK(qk == "rms_norm_across_heads", path, ": key 'qk_norm' is \"",
                     quote_for_message(qk), "\"; expected \"rms_norm_across_heads\"");
   DiTConfig m = new_dit_config(path);
@@ -145,7 +157,7 @@ DiTConfig diffusers_config(const json& c, const std::string& path) {
 }
 
 DiTConfig original_config(const json& c, const std::string& path) {
-  const std::string type = c.value("model_type", std::string("t2v"));
+  const std::string type = string_key(c, path, "model_type", "t2v");
   SEQPAR_FILE_CHECK(type == "t2v" || type == "ti2v" || type == "i2v", path,
                     ": key 'model_type' is \"", quote_for_message(type),
                     "\"; supported: \"t2v\", \"ti2v\", \"i2v\" (not flf2v, vace)");
@@ -314,7 +326,7 @@ WanModel open_wan_model(const std::string& dir) {
     w.boundary_ratio = 0.875;
   } else if (files::is_regular_file(dir + "/config.json")) {
     const json c = read_json(dir + "/config.json");
-    const bool diffusers = c.value("_class_name", std::string()) == "WanTransformer3DModel";
+    const bool diffusers = c.contains("_class_name") && c["_class_name"] == "WanTransformer3DModel";
     SEQPAR_FILE_CHECK(diffusers || c.contains("dim"), dir,
                       "/config.json: key 'dim' is missing and '_class_name' is not "
                       "\"WanTransformer3DModel\"; expected a Wan transformer config (original or "
@@ -395,7 +407,8 @@ FlowMatchSchedule flow_match_schedule(int steps, double shift) {
 double wan_weight_bytes(const WanModel& model) {
   double bytes = 0;
   for (const WanExpert& e : model.experts)
-    for (const auto& [name, file] : e.tensors) bytes += static_cast<double>(file->entry(name).nbytes());
+    for (const auto& [name, file] : e.tensors)
+      bytes += static_cast<double>(file->entry(name).nbytes());
   return bytes;
 }
 
