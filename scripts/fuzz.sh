@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 SECONDS_PER_TARGET=${1:-60}
 JOBS=${JOBS:-2}
 BUILD=${FUZZ_BUILD:-build-fuzz}
-TARGETS=${FUZZ_TARGETS:-fuzz_safetensors fuzz_safetensors_index fuzz_hardware_profile fuzz_json_config fuzz_parallel_config fuzz_causal_lm_config fuzz_prompt_ids fuzz_cli}
+TARGETS=${FUZZ_TARGETS:-$(ls fuzz/fuzz_*.cc | xargs -n1 basename | sed 's/\.cc$//' | tr '\n' ' ')}
 MAX_LEN=${FUZZ_MAX_LEN:-16384}
 LAUNCHER=()
 command -v ccache >/dev/null && LAUNCHER=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
