@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""int8_accuracy: seqpar generate with --weights-dtype int8 (Q8_0 matrices) against the same
-checkpoint's own weights, greedy over N steps on one prompt.
+"""int8_accuracy: seqpar generate with --weights-dtype int8 (Q8_0 matrices), or another variant
+such as --activations bf16, against the same checkpoint's own weights in fp32 activations, greedy
+over N steps on one prompt.
 
   bench/int8_accuracy.py --seqpar build/seqpar --model DIR [--prompt 256] [--steps 64]
+                         [--variant "--activations bf16"]
 
 Reports, over the steps whose context is the same in both runs (every step up to and including
 the first whose greedy tokens differ): the largest |logit difference|, the mean and least overlap
@@ -19,10 +21,10 @@ import numpy as np
 from safetensors.numpy import load_file
 
 
-def generate(args, prompt_file, out, weights):
+def generate(args, prompt_file, out, flags):
     cmd = [args.seqpar, "generate", "--model", args.model, "--prompt-ids-file", prompt_file,
            "--max-new-tokens", str(args.steps), "--ignore-eos", "--json", "--quiet",
-           "--output", out, "--weights-dtype", weights, *args.mesh.split()]
+           "--output", out, *flags, *args.mesh.split()]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"int8_accuracy: {' '.join(cmd)} failed:\n{r.stderr}")
@@ -38,6 +40,8 @@ def main():
     p.add_argument("--prompt", type=int, default=256)
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--mesh", default="", help="extra generate flags, e.g. '--tp 2'")
+    p.add_argument("--variant", default="--weights-dtype int8",
+                   help="the compared run's generate flags (the reference has none)")
     args = p.parse_args()
     with open(os.path.join(args.model, "config.json")) as f:
         vocab = json.load(f)["vocab_size"]
@@ -46,9 +50,9 @@ def main():
         rng = np.random.default_rng(0)
         with open(prompt_file, "w") as f:
             f.write(",".join(map(str, rng.integers(0, vocab, args.prompt).tolist())))
-        s_ref, tok_ref, log_ref = generate(args, prompt_file, os.path.join(tmp, "ref.st"),
-                                           "checkpoint")
-        s_q8, tok_q8, log_q8 = generate(args, prompt_file, os.path.join(tmp, "q8.st"), "int8")
+        s_ref, tok_ref, log_ref = generate(args, prompt_file, os.path.join(tmp, "ref.st"), [])
+        s_q8, tok_q8, log_q8 = generate(args, prompt_file, os.path.join(tmp, "q8.st"),
+                                        args.variant.split())
     agree = 0
     while agree < len(tok_ref) and tok_ref[agree] == tok_q8[agree]:
         agree += 1
@@ -59,16 +63,17 @@ def main():
     spread = float(np.mean([log_ref[i].std() for i in range(same_context)]))
     result = {
         "model": args.model, "prompt": args.prompt, "steps": args.steps, "mesh": args.mesh,
+        "variant": args.variant,
         "greedy_tokens_agreeing": agree, "steps_compared": same_context,
         "max_abs_logit_error": float(err.max()), "median_step_max_abs_logit_error":
             float(np.median(err)), "logit_std": spread,
         "top10_overlap_mean": float(np.mean(top)), "top10_overlap_min": int(min(top)),
         "decode_tokens_per_second": {"checkpoint": s_ref["decode_tokens_per_second"],
-                                     "int8": s_q8["decode_tokens_per_second"]},
+                                     "variant": s_q8["decode_tokens_per_second"]},
         "prefill_tokens_per_second": {"checkpoint": s_ref["prefill_tokens_per_second"],
-                                      "int8": s_q8["prefill_tokens_per_second"]},
+                                      "variant": s_q8["prefill_tokens_per_second"]},
         "peak_resident_bytes_per_rank": {"checkpoint": s_ref["peak_resident_bytes_per_rank"],
-                                         "int8": s_q8["peak_resident_bytes_per_rank"]},
+                                         "variant": s_q8["peak_resident_bytes_per_rank"]},
     }
     print(json.dumps(result, indent=1))
 

@@ -407,24 +407,28 @@ class CausalLM(_Model):
     @classmethod
     def from_pretrained(cls, path: str, *, mesh: Optional[ModelMesh] = None, comm=None,
                         threads: Optional[int] = None, timeout: Optional[float] = None,
-                        weights_dtype: str = "checkpoint", **mesh_kwargs) -> "CausalLM":
+                        weights_dtype: str = "checkpoint", activations: str = "fp32",
+                        **mesh_kwargs) -> "CausalLM":
         """Loads `path` on the mesh (``mesh=ModelMesh(...)`` or its fields as keywords: tp,
         ring_degree, ulysses_degree, strategy, layout, ulysses_mode, pad). Without comm the ranks
         are threads of this process (threads: kernel threads per rank, timeout: seconds a
         communication wait may take); with comm (its size the mesh's ranks) this is the rank's
         model, and every rank calls this and generate alike. weights_dtype: "checkpoint" (the
         matrices as stored) or "int8" (quantized at load to llama.cpp's Q8_0, as ``seqpar
-        generate --weights-dtype int8``)."""
+        generate --weights-dtype int8``). activations: "fp32" (the linear layers' inputs as
+        computed) or "bf16" (rounded to bf16 first; with bf16 weights oneDNN's bf16 matmul where
+        the CPU has AVX512-BF16 or AMX, as ``seqpar generate --activations bf16``)."""
         self = cls.__new__(cls)
         mesh = _mesh_of(mesh, mesh_kwargs, CausalLM.from_pretrained)
         spec = _mesh_dict(mesh)
-        if not isinstance(weights_dtype, str):
-            raise TypeError(f"CausalLM.from_pretrained: weights_dtype must be a str, not "
-                            f"{type(weights_dtype).__name__}")
+        for name, value in (("weights_dtype", weights_dtype), ("activations", activations)):
+            if not isinstance(value, str):
+                raise TypeError(f"CausalLM.from_pretrained: {name} must be a str, not "
+                                f"{type(value).__name__}")
         self.path = where = _directory(path)  # the ranks' closures hold no reference to self
-        self.weights_dtype = weights_dtype
-        self._start(lambda c: _core._CausalLMRank(c, where, spec, weights_dtype), comm, mesh,
-                    threads, timeout)
+        self.weights_dtype, self.activations = weights_dtype, activations
+        self._start(lambda c: _core._CausalLMRank(c, where, spec, weights_dtype, activations),
+                    comm, mesh, threads, timeout)
         info = self._call(lambda m: (m.vocab_size, m.eos_token_ids, m.max_position_embeddings,
                                      m.family, m.architecture))
         (self.vocab_size, self.eos_token_ids, self.max_position_embeddings, self.family,

@@ -81,19 +81,22 @@ ParallelConfig mesh_of(const py::dict& d) {
 class CausalLmRank {
  public:
   CausalLmRank(py::object comm, const std::string& dir, const py::dict& mesh,
-               const std::string& weights_dtype)
+               const std::string& weights_dtype, const std::string& activations)
       : rank_(std::move(comm), mesh_of(mesh)) {
     SEQPAR_ARG_CHECK(rank_.mesh.mesh.cfg == 1, "CausalLM: cfg ", rank_.mesh.mesh.cfg,
                      " is invalid; valid: 1 (guidance branches are for diffusion models)");
     SEQPAR_ARG_CHECK(weights_dtype == "checkpoint" || weights_dtype == "int8",
                      "CausalLM: weights_dtype '", weights_dtype,
                      "' is unknown; valid: 'checkpoint', 'int8'");
+    SEQPAR_ARG_CHECK(activations == "fp32" || activations == "bf16", "CausalLM: activations '",
+                     activations, "' is unknown; valid: 'fp32', 'bf16'");
     without_gil([&] {
       ck_ = open_causal_lm(dir);
       check_causal_lm_tp(ck_, rank_.mesh.mesh.tp);
       if (weights_dtype == "int8") check_causal_lm_int8(ck_, rank_.mesh.mesh.tp);
       check_memory("from_pretrained", causal_lm_memory(ck_, rank_.mesh, 1, 1, 1).weights);
       ck_.weights.set_int8_matrices(weights_dtype == "int8");
+      ck_.weights.set_activations(parse_dtype(activations));
       decoder_ = std::make_unique<Decoder>(ck_.config, ck_.weights, rank_.ctx);
       ck_.weights = WeightStore();  // the decoder holds its slices
     });
@@ -454,7 +457,8 @@ class FluxTransformerRank {
 
 void bind_models(py::module_& m) {
   py::class_<CausalLmRank>(m, "_CausalLMRank")
-      .def(py::init<py::object, const std::string&, const py::dict&, const std::string&>())
+      .def(py::init<py::object, const std::string&, const py::dict&, const std::string&,
+                    const std::string&>())
       .def("generate", &CausalLmRank::generate)
       .def_property_readonly("vocab_size", &CausalLmRank::vocab)
       .def_property_readonly("eos_token_ids", &CausalLmRank::eos_token_ids)

@@ -245,7 +245,7 @@ struct MeshFlags {
 // How a decoder takes its prompt after the first chunk (seqpar model's llm presets, seqpar
 // generate; src/cli/mesh_run.h registers and applies them).
 struct ChunkFlags {
-  int64_t prefill_chunk = 0;      // 0: the whole prompt at once
+  int64_t prefill_chunk = 0;               // 0: the whole prompt at once
   std::string chunk_strategy = "auto";     // passkv | passq | auto (the planner's on --hardware)
   std::string chunk_schedule = "default";  // passq: default | ring
   std::string hardware = "local";          // profile auto replays the chunks' schedules on
@@ -280,6 +280,7 @@ struct GenerateOptions : MeshFlags, ChunkFlags {
   std::string output;                 // safetensors: tokens (I64 [N]), logits (F32 [N, vocab])
   std::vector<std::string> turn_ids;  // chat turns after the prompt's tokens: "4,5,6" each
   std::string weights_dtype = "checkpoint";  // checkpoint | int8 (Q8_0 matrices)
+  std::string activations = "fp32";          // fp32 | bf16 (the linear layers' inputs rounded)
   bool json = false;
   bool quiet = false;
 };

@@ -67,6 +67,8 @@ Prepared prepare(const GenerateOptions& o, int world) {
                     "takes 1");
   SEQPAR_ARG_CHECK(o.weights_dtype == "checkpoint" || o.weights_dtype == "int8",
                    "--weights-dtype '", o.weights_dtype, "' is unknown; valid: checkpoint, int8");
+  SEQPAR_ARG_CHECK(o.activations == "fp32" || o.activations == "bf16", "--activations '",
+                   o.activations, "' is unknown; valid: fp32, bf16");
   const std::vector<int64_t> ids = prompt_ids(o);
   p.ck = open_causal_lm(o.model);
   const DecoderConfig& m = p.ck.config;
@@ -137,6 +139,7 @@ Generated run_rank(Communicator& world, const GenerateOptions& o, const Prepared
   MeshComms mc(world, p.mesh.mesh);
   ParallelContext ctx = model_context(mc, p.mesh);
   weights.set_int8_matrices(o.weights_dtype == "int8");
+  weights.set_activations(parse_dtype(o.activations));
   Decoder dec(p.ck.config, weights, ctx);
   const int64_t weight_bytes = weights.bytes_read();
   weights = WeightStore();  // the last rank to let go unmaps the files
@@ -213,6 +216,7 @@ int report(const GenerateOptions& o, const Prepared& p, const Generated& g,
     j["model"] = o.model;
     j["family"] = p.ck.family->name;
     j["weights_dtype"] = o.weights_dtype;
+    j["activations"] = o.activations;
     j["prompt_tokens"] = P;
     j["new_tokens"] = n;
     j["stopped_at_eos"] = out.stopped;
@@ -322,6 +326,10 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
   g->add_option("--weights-dtype,--weights_dtype", o.weights_dtype,
                 "checkpoint | int8: the matrices as the checkpoint stores them, or quantized at "
                 "load to int8 blocks of 32 with an fp16 scale each (llama.cpp's Q8_0)");
+  g->add_option("--activations", o.activations,
+                "fp32 | bf16: the linear layers' inputs as computed, or rounded to bf16 first "
+                "(with bf16 weights: oneDNN's bf16 matmul where the CPU has AVX512-BF16 or AMX, "
+                "as llama.cpp multiplies BF16 weights; seqpar info names the path)");
   g->add_option("--turn-ids,--turn_ids", o.turn_ids,
                 "a chat turn: token ids appended after the tokens generated so far, over the "
                 "cache (in chunks of --prefill-chunk); then --max-new-tokens more (repeatable)")
