@@ -23,8 +23,9 @@
 #   token where they part, token agreement.
 # - Timing: for each prompt length P (ids (i * 7919 + 13) mod vocab, as llama_bench) and each
 #   round, one process each, in this order: seqpar 1 rank x 2 threads, llama.cpp BF16, seqpar tp 2
-#   (2 ranks as threads, 1 thread each), then, only if `seqpar generate --help` lists
-#   --weights-dtype, seqpar int8 (1 rank, tp 2) and llama.cpp Q8_0. Each generates
+#   (2 ranks as threads, 1 thread each), then, if `seqpar generate --help` lists --activations,
+#   seqpar with bf16 activations (1 rank, tp 2; against the same llama.cpp BF16 run), and, if it
+#   lists --weights-dtype, seqpar int8 (1 rank, tp 2) and llama.cpp Q8_0. Each generates
 #   --decode + 1 tokens: the prompt's pass gives the first, then --decode one-token passes.
 #   Prefill and decode seconds come from each program's own clock (seqpar generate --json,
 #   llamacpp_run.py's JSON: same boundaries, no warm-up pass on either side); peak RSS from
@@ -122,6 +123,8 @@ if [[ "$cores" != "$threads" ]]; then
 fi
 int8=0
 if "$seqpar" generate --help 2>/dev/null | grep -q -- "--weights-dtype"; then int8=1; fi
+act=0
+if "$seqpar" generate --help 2>/dev/null | grep -q -- "--activations"; then act=1; fi
 
 # --- correctness on the F32 GGUF ----------------------------------------------------------------
 if [[ "$check" == 1 ]]; then
@@ -169,6 +172,11 @@ for round in $(seq 1 "$rounds"); do
     run "$round" "$P" llama.cpp "bf16" "${lc[@]}" --prompt-ids-file "$f" \
       --model "$gguf_dir/model-bf16.gguf"
     run "$round" "$P" seqpar "tp2 bf16" "${sp[@]}" --prompt-ids-file "$f" --tp 2
+    if [[ "$act" == 1 ]]; then
+      run "$round" "$P" seqpar "1x2 bf16 act" "${sp[@]}" --prompt-ids-file "$f" --activations bf16
+      run "$round" "$P" seqpar "tp2 bf16 act" "${sp[@]}" --prompt-ids-file "$f" --tp 2 \
+        --activations bf16
+    fi
     if [[ "$int8" == 1 ]]; then
       run "$round" "$P" seqpar "1x2 int8" "${sp[@]}" --prompt-ids-file "$f" --weights-dtype int8
       run "$round" "$P" llama.cpp "q8_0" "${lc[@]}" --prompt-ids-file "$f" \
@@ -200,7 +208,8 @@ print("| P | seqpar | llama.cpp | prefill tok/s seqpar / llama.cpp | prefill rat
       "| decode tok/s seqpar / llama.cpp | decode ratio min / median | peak RSS seqpar / "
       "llama.cpp (GB) |")
 print("|---|---|---|---|---|---|---|---|")
-pairs = [("1x2 bf16", "bf16"), ("tp2 bf16", "bf16")]
+pairs = [("1x2 bf16", "bf16"), ("tp2 bf16", "bf16"), ("1x2 bf16 act", "bf16"),
+         ("tp2 bf16 act", "bf16")]
 if int8 == "1":
     pairs += [("1x2 int8", "q8_0"), ("tp2 int8", "q8_0")]
 for P in sorted({r["prompt"] for r in rows}):
