@@ -343,10 +343,12 @@ int run_mpi(const DenoiseOptions& o) {
         check_cfg(o, p, in);
       },
       [&](Communicator& world) {
-        if (world.rank() == 0) {
-          output.emplace("--output", o.output);
-          if (!o.trace.empty()) trace_out.emplace("--trace", o.trace);
-        }
+        // Rank 0 opens the outputs before any other collective; a refused one ends every rank.
+        if (const int code = on_rank0_first(world, o.json, [&] {
+              output.emplace("--output", o.output);
+              if (!o.trace.empty()) trace_out.emplace("--trace", o.trace);
+            }))
+          return code;
         if (!o.trace.empty()) {
           trace::set_rank(world.rank());
           trace::start();

@@ -224,6 +224,20 @@ if [ -n "$mpiexec" ]; then
   [ "$(printf '%s\n' "$err" | grep -c '^seqpar: error:')" -eq 1 ] &&
     printf '%s' "$err" | grep -q "tensor 'timestep' is missing" \
     && ok || bad "mpi missing timestep: not one line naming the tensor: $err"
+  # An output naming an input, or in a missing folder: every rank ends at once with the threads'
+  # one line and exit code (rank 0 decides, before any other collective), the input unchanged.
+  cp "$tmp/in.safetensors" "$tmp/in_copy.safetensors"
+  for case in "$tmp/in_copy.safetensors:2:is the input" "$tmp/nope/o.safetensors:1:"; do
+    IFS=: read -r target want text <<<"$case"
+    err=$(SEQPAR_TIMEOUT_S=30 timeout 20 "$mpiexec" --allow-run-as-root --oversubscribe \
+          --mca btl_vader_single_copy_mechanism none -n 2 "$bin" denoise $m \
+          --inputs "$tmp/in_copy.safetensors" --ring-degree 2 --backend mpi --output "$target" \
+          2>&1 >/dev/null); rc=$?
+    [ $rc -eq "$want" ] && [ "$(printf '%s\n' "$err" | grep -c '^seqpar: error:')" -eq 1 ] &&
+      ! printf '%s' "$err" | grep -q 'rank 0:' && printf '%s' "$err" | grep -q -- "$text" &&
+      cmp -s "$tmp/in.safetensors" "$tmp/in_copy.safetensors" \
+      && ok || bad "mpi --output $target: exit $rc (want $want): $err"
+  done
 fi
 
 echo "test_cli_denoise: $pass passed, $fail failed"

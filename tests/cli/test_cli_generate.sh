@@ -301,6 +301,17 @@ for mesh in "" "--ring-degree 2" "--tp 2 --ulysses-degree 2"; do
     printf '%s' "$err" | grep -q "layers.0.mlp produced a non-finite value (inf)" &&
     [ ! -e "$tmp/overflow.out" ] && ok || bad "down_proj of 3e38 ($mesh): exit $rc: $err"
 done
+# Activations that stay finite (every other weight 0.001) but whose squares overflow in the next
+# norm: a norm would scale them to zeros and the run would end with exit 0 on zeros; it names
+# the norm instead.
+make_ckpt "$tmp/overflow_norm" 2 1 '{}' '{"down_proj.weight": 3e38, "*": 0.001}'
+for mesh in "" "--tp 2"; do
+  err=$("$bin" $(gen --model "$tmp/overflow_norm" --prompt-ids 1,2,3,4) $mesh 2>&1 >/dev/null)
+  rc=$?
+  [ $rc -eq 1 ] && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] &&
+    printf '%s' "$err" | grep -q "layers.1.input_layernorm produced a non-finite value (nan)" \
+    && ok || bad "finite activations overflowing a norm ($mesh): exit $rc: $err"
+done
 
 # A checkpoint larger than the machine (829 GB of bf16 weights in a sparse file: hidden 32768,
 # intermediate 4194304) is refused from its headers before a weight is read: exit 2,
