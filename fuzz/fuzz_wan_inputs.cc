@@ -8,11 +8,7 @@
 // Either the inputs come back in the shapes the model takes (latents [B, C, F, H, W] on the patch
 // grid, text [B, L, text_dim], image [B, L_img, image_dim] for image-to-video, timestep [B] in
 // [0, 1000], every value finite), or InvalidArgument says why in one short line naming the file.
-//
-// read_wan_inputs below is src/cli/denoise_command.cc's read_inputs step for step: that one is
-// internal to the command line, so this target calls what it calls (SafetensorsFile,
-// check_tensor_names, SafetensorsFile::tensor, check_wan_inputs, tensor_values) in its order.
-// Keep the two in step until the reader moves into the model library.
+// The reader is the command line's own: read_wan_inputs (model_run.h).
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -35,13 +31,6 @@
 namespace {
 
 using namespace seqpar;
-
-struct WanInputs {
-  Tensor latents;               // [B, C, F, H, W] fp32
-  Tensor text, negative;        // [B, L, text_dim] fp32; negative empty when absent
-  Tensor image;                 // [B, L_img, image_dim] fp32; empty when absent
-  std::vector<float> timestep;  // [B]; empty in the sampling loop
-};
 
 // The models the inputs are checked against: tests/python/test_wan.py's text-to-video checkpoint
 // (patch 1x2x2), an image-to-video one, and two other patch grids; widths small, so that inputs
@@ -73,56 +62,6 @@ DiTConfig wan_model(int which) {
   }
   m.hidden = m.heads * m.head_dim;
   return m;
-}
-
-// read_inputs of src/cli/denoise_command.cc, with its DenoiseOptions reduced to the two that
-// change what it reads: steps (0: one call, a timestep per row) and the largest guidance scale.
-WanInputs read_wan_inputs(const std::string& p, const DiTConfig& m, int steps, double guidance) {
-  const SafetensorsFile f(p);
-  static constexpr std::string_view kInputs[] = {"latents", "timestep", "encoder_hidden_states",
-                                                 "negative_encoder_hidden_states",
-                                                 "encoder_hidden_states_image"};
-  check_tensor_names(f, kInputs, "Wan");
-  auto need = [&](const std::string& name, const std::string& expected) -> Tensor {
-    SEQPAR_ARG_CHECK(f.contains(name), p, ": tensor '", name, "' is missing; expected ", expected);
-    return f.tensor(name, DType::kF32);
-  };
-  const std::string grid = detail::concat("F, H, W multiples of the patch ", m.patch[0], "x",
-                                          m.patch[1], "x", m.patch[2]);
-  WanInputs in;
-  in.latents = need("latents", detail::concat("[B, ", m.in_channels, ", F, H, W] with ", grid));
-  const int64_t B = in.latents.ndim() == 5 && in.latents.dim(0) >= 1 ? in.latents.dim(0) : 1;
-  const std::string text_shape = detail::concat("[", B, ", L, ", m.text_dim, "]");
-  in.text = need("encoder_hidden_states", text_shape);
-  if (f.contains("negative_encoder_hidden_states"))
-    in.negative = f.tensor("negative_encoder_hidden_states", DType::kF32);
-  if (f.contains("encoder_hidden_states_image"))
-    in.image = f.tensor("encoder_hidden_states_image", DType::kF32);
-  check_wan_inputs(m, in.latents, in.text, in.negative, p, in.image, m.image_dim);
-  SEQPAR_ARG_CHECK(steps == 0 || guidance <= 1 || !in.negative.empty(), p,
-                   ": tensor 'negative_encoder_hidden_states' is missing; expected ", text_shape,
-                   " for --guidance ", guidance, " (> 1), or --guidance 1 for no guidance");
-  if (steps == 0) {
-    // timestep_values: F32, BF16, F16, F64, I64 or I32.
-    const std::string expected =
-        detail::concat("[", B, "] (one transformer call), or give --steps for the sampling loop");
-    SEQPAR_ARG_CHECK(f.contains("timestep"), p, ": tensor 'timestep' is missing; expected ",
-                     expected);
-    const std::string& dtype = f.entry("timestep").dtype;
-    SEQPAR_ARG_CHECK(
-        f.entry("timestep").seqpar_dtype() || dtype == "F64" || dtype == "I64" || dtype == "I32", p,
-        ": tensor 'timestep' has dtype ", dtype, "; expected F32, BF16, F16, F64, I64 or I32");
-    const std::vector<double> t = tensor_values(f, "timestep");
-    SEQPAR_ARG_CHECK(static_cast<int64_t>(t.size()) == B && f.entry("timestep").shape.size() <= 1,
-                     p, ": tensor 'timestep' has shape ", shape_text(f.entry("timestep").shape),
-                     "; expected [", B, "]");
-    for (const double v : t) {
-      SEQPAR_ARG_CHECK(std::isfinite(v) && v >= 0 && v <= 1000, p, ": tensor 'timestep' holds ", v,
-                       "; expected values in [0, 1000]");
-      in.timestep.push_back(static_cast<float>(v));
-    }
-  }
-  return in;
 }
 
 bool all_finite(const Tensor& t) {

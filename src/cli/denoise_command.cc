@@ -39,68 +39,10 @@ namespace {
 
 using nlohmann::json;
 
-struct Inputs {
-  Tensor latents;               // [B, C, F, H, W] fp32
-  Tensor text, negative;        // [B, L, text_dim] fp32; negative empty when absent
-  Tensor image;                 // [B, 257, image_dim] fp32 (image-to-video); empty when absent
-  std::vector<float> timestep;  // [B]; empty in the sampling loop
-};
-
-// The values of IN's tensor 'timestep': F32, BF16, F16 as the other inputs, F64, or integers
-// (I64, I32: diffusers' pipelines pass integer timesteps).
-std::vector<double> timestep_values(const SafetensorsFile& f, const std::string& expected) {
-  SEQPAR_ARG_CHECK(f.contains("timestep"), f.path(), ": tensor 'timestep' is missing; expected ",
-                   expected);
-  const std::string& dtype = f.entry("timestep").dtype;
-  SEQPAR_ARG_CHECK(
-      f.entry("timestep").seqpar_dtype() || dtype == "F64" || dtype == "I64" || dtype == "I32",
-      f.path(), ": tensor 'timestep' has dtype ", dtype,
-      "; expected F32, BF16, F16, F64, I64 or I32");
-  return tensor_values(f, "timestep");
-}
-
-// Reads and checks IN against the model: every problem is one line naming the tensor.
-Inputs read_inputs(const DenoiseOptions& o, const DiTConfig& m) {
-  const SafetensorsFile f(o.inputs);
-  const std::string& p = o.inputs;
-  static constexpr std::string_view kInputs[] = {"latents", "timestep", "encoder_hidden_states",
-                                                 "negative_encoder_hidden_states",
-                                                 "encoder_hidden_states_image"};
-  check_tensor_names(f, kInputs, "Wan");
-  auto need = [&](const std::string& name, const std::string& expected) -> Tensor {
-    SEQPAR_ARG_CHECK(f.contains(name), p, ": tensor '", name, "' is missing; expected ", expected);
-    return f.tensor(name, DType::kF32);
-  };
-  const std::string grid = detail::concat("F, H, W multiples of the patch ", m.patch[0], "x",
-                                          m.patch[1], "x", m.patch[2]);
-  Inputs in;
-  in.latents = need("latents", detail::concat("[B, ", m.in_channels, ", F, H, W] with ", grid));
-  const int64_t B = in.latents.ndim() == 5 && in.latents.dim(0) >= 1 ? in.latents.dim(0) : 1;
-  const std::string text_shape = detail::concat("[", B, ", L, ", m.text_dim, "]");
-  in.text = need("encoder_hidden_states", text_shape);
-  if (f.contains("negative_encoder_hidden_states"))
-    in.negative = f.tensor("negative_encoder_hidden_states", DType::kF32);
-  if (f.contains("encoder_hidden_states_image"))
-    in.image = f.tensor("encoder_hidden_states_image", DType::kF32);
-  check_wan_inputs(m, in.latents, in.text, in.negative, p, in.image, m.image_dim);
-  const double max_guidance = std::max(o.guidance, o.guidance_2.value_or(o.guidance));
-  SEQPAR_ARG_CHECK(o.steps == 0 || max_guidance <= 1 || !in.negative.empty(), p,
-                   ": tensor 'negative_encoder_hidden_states' is missing; expected ", text_shape,
-                   " for --guidance ", max_guidance, " (> 1), or --guidance 1 for no guidance");
-  if (o.steps == 0) {
-    const std::vector<double> t = timestep_values(
-        f,
-        detail::concat("[", B, "] (one transformer call), or give --steps for the sampling loop"));
-    SEQPAR_ARG_CHECK(static_cast<int64_t>(t.size()) == B && f.entry("timestep").shape.size() <= 1,
-                     p, ": tensor 'timestep' has shape ", shape_text(f.entry("timestep").shape),
-                     "; expected [", B, "]");
-    for (const double v : t) {
-      SEQPAR_ARG_CHECK(std::isfinite(v) && v >= 0 && v <= 1000, p, ": tensor 'timestep' holds ", v,
-                       "; expected values in [0, 1000]");
-      in.timestep.push_back(static_cast<float>(v));
-    }
-  }
-  return in;
+// Reads and checks IN against the model (model_run.h's read_wan_inputs).
+WanInputs read_inputs(const DenoiseOptions& o, const DiTConfig& m) {
+  return read_wan_inputs(o.inputs, m, o.steps,
+                         std::max(o.guidance, o.guidance_2.value_or(o.guidance)));
 }
 
 struct Plan {
@@ -185,8 +127,8 @@ struct RankResult {
   double load_seconds = 0;
 };
 
-RankResult run_rank(Communicator& world, const Plan& p, const Inputs& in, const DenoiseOptions& o,
-                    bool report) {
+RankResult run_rank(Communicator& world, const Plan& p, const WanInputs& in,
+                    const DenoiseOptions& o, bool report) {
   MeshComms mc(world, p.mesh.mesh);
   ParallelContext ctx = model_context(mc, p.mesh);
   RankResult res;
@@ -247,7 +189,7 @@ RankResult run_rank(Communicator& world, const Plan& p, const Inputs& in, const 
   return res;
 }
 
-int report(const DenoiseOptions& o, const Plan& p, const Inputs& in, const RankResult& r,
+int report(const DenoiseOptions& o, const Plan& p, const WanInputs& in, const RankResult& r,
            const std::string& backend, OutputFile& output) {
   const std::string out_name = o.steps == 0 ? "noise_pred" : "latents";
   write_safetensors(output.file(), {{out_name, r.output}}, {{"format", "pt"}});
@@ -295,7 +237,7 @@ int report(const DenoiseOptions& o, const Plan& p, const Inputs& in, const RankR
 }
 
 // --cfg 2 runs the two guidance branches side by side: both must be there.
-void check_cfg(const DenoiseOptions& o, const Plan& p, const Inputs& in) {
+void check_cfg(const DenoiseOptions& o, const Plan& p, const WanInputs& in) {
   SEQPAR_ARG_CHECK(p.mesh.mesh.cfg == 1 || (!in.negative.empty() && o.guidance > 1), "--cfg ",
                    p.mesh.mesh.cfg,
                    " runs the two guidance branches side by side; it needs "
@@ -305,7 +247,7 @@ void check_cfg(const DenoiseOptions& o, const Plan& p, const Inputs& in) {
 int run_threads(const DenoiseOptions& o) {
   Plan p = resolve(o, 0);
   check_memory(o, p);
-  const Inputs in = read_inputs(o, p.model.experts[0].preset);
+  const WanInputs in = read_inputs(o, p.model.experts[0].preset);
   check_cfg(o, p, in);
   // Both outputs are checked before the work (neither may be an input; their folders must take
   // a file); they appear when written.
@@ -332,7 +274,7 @@ int run_threads(const DenoiseOptions& o) {
 
 int run_mpi(const DenoiseOptions& o) {
   Plan p;
-  Inputs in;
+  WanInputs in;
   std::optional<OutputFile> output, trace_out;
   return run_on_mpi(
       o.json,

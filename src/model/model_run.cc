@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "seqpar/core/limits.h"
+#include "seqpar/model/safetensors.h"
 #include "seqpar/parallel/strategy_table.h"
 
 namespace seqpar {
@@ -230,6 +231,65 @@ void check_wan_inputs(const ModelPreset& m, const Tensor& x, const Tensor& text,
     for (int64_t i = 0; i < t->numel(); ++i)
       SEQPAR_ARG_CHECK(std::isfinite(t->data<float>()[i]), p, ": tensor '", name,
                        "' holds a non-finite value at element ", i, "; expected finite values");
+}
+
+namespace {
+
+// The values of tensor 'timestep': F32, BF16, F16 as the other inputs, F64, or integers (I64, I32:
+// diffusers' pipelines pass integer timesteps).
+std::vector<double> timestep_values(const SafetensorsFile& f, const std::string& expected) {
+  SEQPAR_ARG_CHECK(f.contains("timestep"), f.path(), ": tensor 'timestep' is missing; expected ",
+                   expected);
+  const std::string& dtype = f.entry("timestep").dtype;
+  SEQPAR_ARG_CHECK(
+      f.entry("timestep").seqpar_dtype() || dtype == "F64" || dtype == "I64" || dtype == "I32",
+      f.path(), ": tensor 'timestep' has dtype ", dtype,
+      "; expected F32, BF16, F16, F64, I64 or I32");
+  return tensor_values(f, "timestep");
+}
+
+}  // namespace
+
+WanInputs read_wan_inputs(const std::string& path, const DiTConfig& m, int64_t steps,
+                          double guidance) {
+  const SafetensorsFile f(path);
+  const std::string& p = path;
+  static constexpr std::string_view kInputs[] = {"latents", "timestep", "encoder_hidden_states",
+                                                 "negative_encoder_hidden_states",
+                                                 "encoder_hidden_states_image"};
+  check_tensor_names(f, kInputs, "Wan");
+  auto need = [&](const std::string& name, const std::string& expected) -> Tensor {
+    SEQPAR_ARG_CHECK(f.contains(name), p, ": tensor '", name, "' is missing; expected ", expected);
+    return f.tensor(name, DType::kF32);
+  };
+  const std::string grid = detail::concat("F, H, W multiples of the patch ", m.patch[0], "x",
+                                          m.patch[1], "x", m.patch[2]);
+  WanInputs in;
+  in.latents = need("latents", detail::concat("[B, ", m.in_channels, ", F, H, W] with ", grid));
+  const int64_t B = in.latents.ndim() == 5 && in.latents.dim(0) >= 1 ? in.latents.dim(0) : 1;
+  const std::string text_shape = detail::concat("[", B, ", L, ", m.text_dim, "]");
+  in.text = need("encoder_hidden_states", text_shape);
+  if (f.contains("negative_encoder_hidden_states"))
+    in.negative = f.tensor("negative_encoder_hidden_states", DType::kF32);
+  if (f.contains("encoder_hidden_states_image"))
+    in.image = f.tensor("encoder_hidden_states_image", DType::kF32);
+  check_wan_inputs(m, in.latents, in.text, in.negative, p, in.image, m.image_dim);
+  SEQPAR_ARG_CHECK(steps == 0 || guidance <= 1 || !in.negative.empty(), p,
+                   ": tensor 'negative_encoder_hidden_states' is missing; expected ", text_shape,
+                   " for guidance ", guidance, " (> 1), or guidance 1 for no guidance");
+  if (steps == 0) {
+    const std::vector<double> t = timestep_values(
+        f, detail::concat("[", B, "] (one transformer call), or steps for a sampling loop"));
+    SEQPAR_ARG_CHECK(static_cast<int64_t>(t.size()) == B && f.entry("timestep").shape.size() <= 1,
+                     p, ": tensor 'timestep' has shape ", shape_text(f.entry("timestep").shape),
+                     "; expected [", B, "]");
+    for (const double v : t) {
+      SEQPAR_ARG_CHECK(std::isfinite(v) && v >= 0 && v <= 1000, p, ": tensor 'timestep' holds ", v,
+                       "; expected values in [0, 1000]");
+      in.timestep.push_back(static_cast<float>(v));
+    }
+  }
+  return in;
 }
 
 }  // namespace seqpar

@@ -110,4 +110,19 @@ void check_wan_inputs(const ModelPreset& m, const Tensor& latents, const Tensor&
                       const Tensor& negative, const std::string& where,
                       const Tensor& image = Tensor(), int64_t image_dim = 0);
 
+// The inputs of a Wan call as `seqpar denoise --inputs` gives them (a safetensors file named as in
+// WanPipeline's transformer call), read in fp32 and checked against m.
+struct WanInputs {
+  Tensor latents;               // [B, C, F, H, W]
+  Tensor text, negative;        // [B, L, text_dim]; negative empty when absent
+  Tensor image;                 // [B, L_img, image_dim] (image-to-video); empty when absent
+  std::vector<float> timestep;  // [B] in [0, 1000]; empty for a sampling loop (steps > 0)
+};
+// Reads `path`: latents and encoder_hidden_states required; negative_encoder_hidden_states
+// required when steps > 0 and guidance > 1; timestep ([B]: F32, BF16, F16, F64, I64 or I32)
+// required when steps == 0; encoder_hidden_states_image for image-to-video; any other tensor
+// refused. InvalidArgument, one line naming the tensor and what was expected, otherwise.
+WanInputs read_wan_inputs(const std::string& path, const DiTConfig& m, int64_t steps,
+                          double guidance);
+
 }  // namespace seqpar
