@@ -111,6 +111,7 @@ std::vector<Tensor> seq_to_heads(Communicator& comm, std::span<const HeadsOf> xs
   for (int i = 0; i < n; ++i) {
     for (size_t t = 0; t < xs.size(); ++t) {
       const size_t row = static_cast<size_t>(mine[t] * w_bytes[t]);
+      if (row == 0 || counts[i] == 0) continue;  // no heads here, or no tokens there
       char* dst = static_cast<char*>(out[t].raw());
       for (int64_t b = 0; b < B; ++b) {
         std::memcpy(dst + (b * total + offset) * row, src, counts[i] * row);
@@ -147,7 +148,7 @@ AttnState heads_to_seq(Communicator& comm, const AttnState& y, std::span<const i
     int64_t offset = 0;
     for (int i = 0; i < n; ++i) {
       for (const auto& [t, row] : {std::pair{&y.out, out_row}, {&y.lse, lse_row}})
-        for (int64_t b = 0; b < B; ++b) {
+        for (int64_t b = 0; b < B && row > 0 && counts[i] > 0; ++b) {
           std::memcpy(dst, static_cast<const char*>(t->raw()) + (b * total + offset) * row,
                       counts[i] * row);
           dst += counts[i] * row;
