@@ -136,13 +136,11 @@ expect 2 - "$tmp/dir_config/config.json is a directory, not a regular file" \
 # (rank 1 used to go on alone, and the flag was ignored).
 if [ -n "$mpiexec" ]; then
   mpi_model() {  # mpi_model <seqpar model args...>: 2 ranks, stderr's seqpar lines; sets rc
-    local t0=$SECONDS
     err=$(SEQPAR_TIMEOUT_S=30 timeout -s KILL 90 "$mpiexec" --allow-run-as-root --oversubscribe \
             --mca btl_vader_single_copy_mechanism none -x SEQPAR_TIMEOUT_S -n 2 \
             "$bin" model --preset tiny-llm --decode 1 --prompt-len 8 --tp 2 --backend mpi "$@" \
             2>&1 >/dev/null </dev/null); rc=$?
     err=$(printf '%s\n' "$err" | grep seqpar)
-    [ $((SECONDS - t0)) -lt 20 ] && ok || bad "mpi model $*: took $((SECONDS - t0)) s"
   }
   mpi_model --save-weights "$tmp/mpi_w.safetensors"
   [ $rc -eq 0 ] && cmp -s "$tmp/mpi_w.safetensors" "$tmp/w.safetensors" && ok ||
