@@ -12,6 +12,9 @@ ifneq ($(shell command -v ccache),)
   export CCACHE_BASEDIR := $(CURDIR)
   # debug builds (sanitizers, fuzzing) hit the cache across checkouts too
   export CCACHE_NOHASHDIR := 1
+  # the compiler known by its content, not its file's time: a root that installs the same g++
+  # (scripts/fresh-machine-test.sh) hits the entries this machine made
+  export CCACHE_COMPILERCHECK := content
 endif
 SEQPAR = $(BUILD)/seqpar
 

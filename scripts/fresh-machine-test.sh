@@ -2,7 +2,8 @@
 # The fresh-machine test: the README's two commands on a bare Debian 12 root.
 #
 # Builds a minimal Debian 12 (bookworm) root with debootstrap (cached between runs), copies it,
-# clones this checkout's HEAD into it, mounts /proc, /sys and /dev, installs only `make`, and runs
+# clones this checkout's HEAD into it, mounts /proc, /sys and /dev, installs only `make` (and
+# ccache, where this machine has it; see CCACHE_DIR), and runs
 # `make demo` and `make test` inside it with chroot. Prints one line with the result and the time;
 # the full log stays in the cache folder. Mounts are undone and the copy removed on every exit.
 #
@@ -15,6 +16,10 @@
 #   SEQPAR_FRESH_MIRROR Debian mirror (default http://deb.debian.org/debian)
 #   PIP_CACHE_DIR       pip's cache on this machine, bind-mounted into the root when it exists, so
 #                       wheels are downloaded once per machine
+#   CCACHE_DIR          ccache's cache on this machine (default ~/.cache/ccache): where this
+#                       machine has ccache, the root gets the same package and borrows the cache,
+#                       so the files this machine built already compile as lookups (an
+#                       accelerator only: a missing header or library still fails the build)
 #   PIP_CERT, http_proxy, https_proxy, no_proxy
 #                       the network's settings, passed into the root as the machine's own (like
 #                       /etc/resolv.conf): a network whose TLS egress is re-signed by a local CA
@@ -37,6 +42,7 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 cache=${SEQPAR_FRESH_CACHE:-/var/cache/seqpar-fresh}
 mirror=${SEQPAR_FRESH_MIRROR:-http://deb.debian.org/debian}
 pip_cache=${PIP_CACHE_DIR:-$HOME/.cache/pip}
+ccache_dir=${CCACHE_DIR:-$HOME/.cache/ccache}
 suite=bookworm
 start=$(date +%s)
 
@@ -122,6 +128,12 @@ bind /dev /dev
 # Downloads are reused between runs; what is installed never is.
 bind "$cache/debs" /var/cache/apt/archives
 if [ -d "$pip_cache" ]; then bind "$pip_cache" /root/.cache/pip; fi
+tools=make
+if command -v ccache >/dev/null; then
+  mkdir -p "$ccache_dir"
+  bind "$ccache_dir" /root/.cache/ccache
+  tools="make ccache"
+fi
 
 # The network's settings, as the machine's own (not something the project installs).
 network_env=()
@@ -141,10 +153,10 @@ in_root() {
 }
 
 echo "fresh-machine: running in $root (log: $log)" >&2
-in_root 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq make' \
-  || fail "installing make in the root failed (log: $log)"
+in_root "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $tools" \
+  || fail "installing $tools in the root failed (log: $log)"
 in_root 'cd /root/seqpar && make demo' || fail "make demo failed (log: $log)"
 t_demo=$(elapsed)
 in_root 'cd /root/seqpar && make test' || fail "make test failed after make demo at $t_demo (log: $log)"
-echo "fresh-machine: PASS (Debian 12 minbase + make: make demo, make test) in $(elapsed)" \
+echo "fresh-machine: PASS (Debian 12 minbase + $tools: make demo, make test) in $(elapsed)" \
   "(make demo done at $t_demo; log: $log)"

@@ -4,6 +4,8 @@
 #   scripts/install-deps.sh        what make demo and make test need (make sanitize too: GCC's
 #                                  sanitizer runtimes come with g++)
 #   scripts/install-deps.sh fuzz   also clang and its libFuzzer runtime (make fuzz)
+#   scripts/install-deps.sh ci     also ccache (.ci/run: rebuilds of unchanged files are cache hits;
+#                                  the build never needs it)
 set -euo pipefail
 
 packages=(
@@ -16,7 +18,8 @@ packages=(
 for group in "$@"; do
   case "$group" in
     fuzz) packages+=(clang libclang-rt-14-dev) ;;
-    *) echo "install-deps: unknown group '$group' (valid: fuzz)" >&2; exit 2 ;;
+    ci) packages+=(ccache) ;;
+    *) echo "install-deps: unknown group '$group' (valid: fuzz, ci)" >&2; exit 2 ;;
   esac
 done
 
