@@ -155,8 +155,17 @@ in_root() {
 echo "fresh-machine: running in $root (log: $log)" >&2
 in_root "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $tools" \
   || fail "installing $tools in the root failed (log: $log)"
+# The counts printed at the end are the root's own (the statistics live in the shared cache).
+if [ "$tools" != make ]; then in_root 'ccache --zero-stats'; fi
 in_root 'cd /root/seqpar && make demo' || fail "make demo failed (log: $log)"
 t_demo=$(elapsed)
 in_root 'cd /root/seqpar && make test' || fail "make test failed after make demo at $t_demo (log: $log)"
+hits=""
+if [ "$tools" != make ]; then
+  in_root 'ccache --show-stats'
+  hits=$(chroot "$root" ccache --print-stats 2>/dev/null |
+    awk '$1 == "direct_cache_hit" || $1 == "preprocessed_cache_hit" { h += $2 }
+         $1 == "cache_miss" { m = $2 } END { if (h + m > 0) printf "; ccache %d hits, %d misses", h, m }')
+fi
 echo "fresh-machine: PASS (Debian 12 minbase + $tools: make demo, make test) in $(elapsed)" \
-  "(make demo done at $t_demo; log: $log)"
+  "(make demo done at $t_demo$hits; log: $log)"
