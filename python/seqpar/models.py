@@ -449,8 +449,9 @@ class CausalLM(_Model):
         if ids.ndim == 2 and ids.shape[0] == 1:
             ids = ids[0]
         if ids.ndim != 1:
-            raise ValueError(f"input_ids: expected shape (P,) or (1, P) (one prompt), got "
-                             f"{tuple(ids.shape)}")
+            raise ValueError(f"input_ids: expected shape (P,) or (1, P) (one prompt; several "
+                             f"prompts prefill together with prefill_documents, without "
+                             f"decoding), got {tuple(ids.shape)}")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)):
             raise ValueError(f"max_new_tokens {_brief(max_new_tokens)} is invalid; expected an "
                              "integer")
@@ -469,6 +470,65 @@ class CausalLM(_Model):
             torch = _torch()
             tokens, logits = torch.from_numpy(tokens), torch.from_numpy(logits.copy())
         return (tokens, logits) if return_logits else tokens
+
+    def prefill_documents(self, prompts, *, return_all_logits: bool = False,
+                          allow_long_context: bool = False):
+        """Packed documents: the prompts (a list of token id lists, arrays or tensors of shape
+        (P,) or (1, P), or a 2-D array / tensor of one prompt a row) packed one after another
+        into one sequence and prefilled in one context-parallel forward pass on the mesh, as
+        transformers runs each prompt alone: each attends only itself (causal inside it) and its
+        RoPE positions restart at 0. The mesh's strategy shards the packed sequence (every one that
+        takes documents: ring, allgather, ulysses, usp; not schedule "steal"), its layout splits
+        each document on its own (zigzag, striped; contiguous runs over the packed sequence).
+        Nothing is decoded after it: no cache is kept.
+
+        Returns (tokens, logits): tokens (D,) int64, each prompt's greedy next token, and logits
+        (D, vocab_size) float32, each prompt's last row; with return_all_logits also a list of D
+        arrays (P_i, vocab_size) float32, every row of each prompt. Torch tensors when the first
+        prompt is one, else NumPy arrays. Each prompt may be at most max_position_embeddings long
+        unless allow_long_context.
+        """
+        rows, torch_out = _prompt_list(prompts)
+        return_all = _flag("return_all_logits", return_all_logits)
+        allow = _flag("allow_long_context", allow_long_context)
+        tokens, logits, every = self._call(lambda m: m.prefill_documents(rows, return_all, allow))
+        tokens = np.asarray(tokens, dtype=np.int64)
+        logits = np.frombuffer(logits, dtype=np.float32).reshape(len(rows), self.vocab_size)
+        result = [tokens, logits.copy()]
+        if return_all:
+            flat = np.frombuffer(every, dtype=np.float32).reshape(-1, self.vocab_size)
+            ends = np.cumsum([len(r) for r in rows])
+            result.append([a.copy() for a in np.split(flat, ends[:-1])])
+        if torch_out:
+            torch = _torch()
+            result = [torch.from_numpy(r) if isinstance(r, np.ndarray) else
+                      [torch.from_numpy(a) for a in r] for r in result]
+        return tuple(result)
+
+
+def _prompt_list(prompts) -> tuple:
+    """prefill_documents' prompts as a list of token id lists, and whether they came as torch
+    tensors; one line naming prompts (or prompts[i]) for anything else."""
+    torch_in = _is_torch(prompts)
+    if torch_in or isinstance(prompts, np.ndarray):
+        ids = _token_ids("prompts", prompts)
+        if ids.ndim != 2:
+            raise ValueError(f"prompts: expected a list of token id lists or a 2-D array of one "
+                             f"prompt a row, got shape {tuple(ids.shape)}")
+        return [row.tolist() for row in ids], torch_in
+    if not isinstance(prompts, (list, tuple)):
+        raise ValueError(f"prompts {_brief(prompts)} is not a list of prompts; expected a list "
+                         "of token id lists (or arrays, tensors)")
+    rows = []
+    for i, p in enumerate(prompts):
+        ids = _token_ids(f"prompts[{i}]", p)
+        if ids.ndim == 2 and ids.shape[0] == 1:
+            ids = ids[0]
+        if ids.ndim != 1:
+            raise ValueError(f"prompts[{i}]: expected shape (P,) or (1, P) (one prompt), got "
+                             f"{tuple(ids.shape)}")
+        rows.append(ids.tolist())
+    return rows, bool(prompts) and _is_torch(prompts[0])
 
 
 # The name the class had when it ran Llama directories only; it loads every family alike.

@@ -125,6 +125,44 @@ class CausalLmRank {
     return py::make_tuple(tokens, py::bytes(logits), out.stopped);
   }
 
+  // Packed documents (Decoder::prefill_documents): (tokens [D] int64, logits [D, vocab] fp32 as
+  // bytes, every row's logits [sum of lengths, vocab] fp32 as bytes or None).
+  py::tuple prefill_documents(const std::vector<std::vector<int64_t>>& docs, bool all_logits,
+                              bool allow_long_context) {
+    rank_.check_open();
+    std::vector<std::vector<int32_t>> prompts;
+    int64_t total = 0;
+    for (size_t i = 0; i < docs.size(); ++i) {
+      CausalLmRunNames names;
+      names.prompt = detail::concat("prompts[", i, "]");
+      names.token = names.prompt + " token";
+      // Empty documents are left to check_documents (one message for them).
+      prompts.push_back(docs[i].empty() ? std::vector<int32_t>{}
+                                        : check_causal_lm_prompt(ck_, docs[i], 1, true, names));
+      total += static_cast<int64_t>(docs[i].size());
+    }
+    (void)Decoder::check_documents(ck_.config, rank_.ctx.config, prompts, allow_long_context);
+    const int64_t D = static_cast<int64_t>(prompts.size());
+    check_memory("prefill_documents",
+                 causal_lm_memory(ck_, rank_.mesh, total, total, all_logits ? total + D : D).run);
+    Decoder::DocumentsOutput out =
+        without_gil([&] { return decoder_->prefill_documents(prompts, rank_.ctx, all_logits); });
+    auto bytes_of = [&](const std::vector<Tensor>& rows) {
+      size_t n = 0;
+      for (const Tensor& t : rows) n += t.nbytes();
+      std::string b(n, '\0');
+      size_t at = 0;
+      for (const Tensor& t : rows) {
+        std::memcpy(b.data() + at, t.raw(), t.nbytes());
+        at += t.nbytes();
+      }
+      return py::bytes(b);
+    };
+    std::vector<int64_t> tokens(out.tokens.begin(), out.tokens.end());
+    return py::make_tuple(tokens, bytes_of(out.logits),
+                          all_logits ? py::object(bytes_of(out.all_logits)) : py::none());
+  }
+
   int64_t vocab() const { return ck_.config.vocab; }
 
  private:
@@ -460,6 +498,7 @@ void bind_models(py::module_& m) {
       .def(py::init<py::object, const std::string&, const py::dict&, const std::string&,
                     const std::string&>())
       .def("generate", &CausalLmRank::generate)
+      .def("prefill_documents", &CausalLmRank::prefill_documents)
       .def_property_readonly("vocab_size", &CausalLmRank::vocab)
       .def_property_readonly("eos_token_ids", &CausalLmRank::eos_token_ids)
       .def_property_readonly("max_position_embeddings", &CausalLmRank::max_positions)

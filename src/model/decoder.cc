@@ -4,8 +4,11 @@
 #include <cstring>
 #include <iterator>
 
+#include "seqpar/core/limits.h"
 #include "seqpar/core/timer.h"
 #include "seqpar/model/ops.h"
+#include "seqpar/parallel/cp_attention.h"
+#include "seqpar/parallel/strategy_table.h"
 
 namespace seqpar {
 
@@ -100,13 +103,14 @@ Decoder::Decoder(const DecoderConfig& m, const WeightStore& ws, const ParallelCo
 
 void Decoder::layer_forward(Layer& layer, Tensor& x, const Tensor& rope, ParallelContext& ctx,
                             const SpRuntime* sp, const KvPlacement* place,
-                            const ParallelConfig& pass) {
+                            const ParallelConfig& pass, const AttendOver* docs) {
   const int64_t l = &layer - layers_.data();
   const Tensor h = layer.input_norm.forward(x);
   expect_finite(h, "layers", l, "input_layernorm");
   const Tensor a =
-      place ? layer.attn.decode(h, rope, ctx, layer.cache, *place, pass.strategy, pass.schedule)
-            : layer.attn.forward(h, rope, ctx, *sp, true, &layer.cache);
+      docs    ? layer.attn.forward(h, rope, ctx, *docs)
+      : place ? layer.attn.decode(h, rope, ctx, layer.cache, *place, pass.strategy, pass.schedule)
+              : layer.attn.forward(h, rope, ctx, *sp, true, &layer.cache);
   expect_finite(a, "layers", l, "self_attn");
   add_(x, a);
   expect_finite(x, "layers", l, "self_attn's residual add");
@@ -142,11 +146,29 @@ Tensor Decoder::logits_of(const Tensor& h_last, Communicator& tp) const {
   const Tensor& head_scale = m_.tie_embeddings ? embed_scale : lm_head_scale;
   const Tensor h = norm_.forward(h_last);
   expect_finite(h, "norm");
-  Tensor mine = linear(h, head, Tensor(), head_scale, activations_);  // (v1 - v0)
+  Tensor mine = linear(h, head, Tensor(), head_scale, activations_);  // (v1 - v0) or (rows, ..)
   expect_finite(mine, "lm_head");
   if (tp.size() == 1) return mine;
-  Tensor all({m_.vocab});
-  tp.all_gatherv(mine.raw(), all.raw(), vocab_bytes_);
+  if (h_last.ndim() == 1) {
+    Tensor all({m_.vocab});
+    tp.all_gatherv(mine.raw(), all.raw(), vocab_bytes_);
+    return all;
+  }
+  // Rows: every tp rank's (rows, its vocabulary share) gathered, then interleaved by row.
+  const int64_t rows = h_last.dim(0);
+  std::vector<size_t> bytes(vocab_bytes_.size());
+  for (size_t r = 0; r < bytes.size(); ++r) bytes[r] = vocab_bytes_[r] * rows;
+  std::vector<float> blocks(static_cast<size_t>(rows * m_.vocab));
+  tp.all_gatherv(mine.raw(), blocks.data(), bytes);
+  Tensor all({rows, m_.vocab});
+  const float* src = blocks.data();
+  int64_t v0 = 0;
+  for (size_t r = 0; r < bytes.size(); ++r) {
+    const int64_t share = static_cast<int64_t>(vocab_bytes_[r] / sizeof(float));
+    for (int64_t i = 0; i < rows; ++i, src += share)
+      std::memcpy(all.data<float>() + i * m_.vocab + v0, src, share * sizeof(float));
+    v0 += share;
+  }
   return all;
 }
 
@@ -331,6 +353,136 @@ void Decoder::decode(Turn& turn, double t1) {
       turn.opts.on_token(static_cast<int64_t>(out.tokens.size()), out.prefill_seconds,
                          out.decode_seconds);
   }
+}
+
+// ---- packed documents ------------------------------------------------------------------------
+
+Placement Decoder::check_documents(const DecoderConfig& m, const ParallelConfig& c,
+                                   const std::vector<std::vector<int32_t>>& prompts,
+                                   bool allow_long_context, const DocumentNames& names) {
+  const std::string_view parameter = names.prompts;
+  SEQPAR_ARG_CHECK(!prompts.empty(), parameter, " holds no document; give at least one");
+  std::vector<int64_t> lens;
+  int64_t total = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const int64_t len = static_cast<int64_t>(prompts[i].size());
+    SEQPAR_ARG_CHECK(len >= 1, parameter, "[", i, "] is empty; every document needs at least ",
+                     "one token id");
+    for (size_t j = 0; j < prompts[i].size(); ++j)
+      SEQPAR_ARG_CHECK(prompts[i][j] >= 0 && prompts[i][j] < m.vocab, parameter, "[", i, "] token ",
+                       prompts[i][j], " at position ", j, " is outside the vocabulary (vocab_size ",
+                       m.vocab, "); valid: 0 to ", m.vocab - 1);
+    // Each document's positions restart at 0: a document, not the packed sequence, must fit.
+    SEQPAR_ARG_CHECK(m.max_positions <= 0 || len <= m.max_positions || allow_long_context,
+                     parameter, "[", i, "] holds ", len, " tokens, beyond max_position_embeddings ",
+                     m.max_positions, " of ", m.name, " (each document's positions restart at 0); ",
+                     "shorten it, or pass ", names.allow_long_context);
+    total += len;
+    SEQPAR_ARG_CHECK(total <= limits::kMaxTokens, parameter, " holds more than ",
+                     limits::kMaxTokens, " tokens together; valid: at most that many");
+    lens.push_back(len);
+  }
+  // The sequence-parallel group's view of the call, as attend() makes it (heads after tp).
+  ParallelConfig group = c;
+  group.mesh = {1, 1, c.mesh.ring, c.mesh.ulysses};
+  if (group.sp() == 1) {  // one rank attends locally (model_context)
+    group.strategy = Strategy::kLocal;
+    group.schedule = ScheduleKind::kDefault;
+    group.softmax = SoftmaxMode::kOnline;
+  }
+  const int tp = c.mesh.tp;
+  AttnShape shape;
+  shape.heads = m.heads / tp;
+  shape.kv_heads = std::max<int64_t>(1, m.kv_heads / tp);
+  shape.head_dim = m.head_dim;
+  shape.causal = true;
+  shape.seq = total;
+  shape.seq_lens = lens;
+  SEQPAR_ARG_CHECK(group.sp() <= total, parameter, " holds ", total, " tokens in ", lens.size(),
+                   " documents, fewer than the ", group.sp(), " sequence-parallel ranks; every ",
+                   "rank needs a token: use at most ", total, " ranks, or more tokens");
+  try {
+    validate_config(group, shape);
+    return place_call(group, shape);
+  } catch (const InvalidArgument& e) {  // the strategy's or the layout's refusal, said of prompts
+    throw InvalidArgument(detail::concat(parameter, " (", lens.size(), " packed documents, ", total,
+                                         " tokens) on ", group.sp(),
+                                         " sequence-parallel ranks: ", e.what()));
+  }
+}
+
+Decoder::DocumentsOutput Decoder::prefill_documents(
+    const std::vector<std::vector<int32_t>>& prompts, ParallelContext& ctx, bool all_logits) {
+  const double t0 = now_seconds();
+  const Placement place = check_documents(m_, ctx.config, prompts);
+  const Partition& part = place.part;
+  const int64_t d = m_.hidden, hd = m_.head_dim;
+  std::vector<int64_t> lens;
+  std::vector<int32_t> tokens;
+  for (const auto& p : prompts) {
+    lens.push_back(static_cast<int64_t>(p.size()));
+    tokens.insert(tokens.end(), p.begin(), p.end());
+  }
+  const int64_t total = static_cast<int64_t>(tokens.size());
+  const std::vector<int64_t> cu = cu_seqlens(lens);
+  // This rank's rows: its positions of the packed sequence, ascending (padding, >= total, last);
+  // each token's RoPE position is its offset inside its document.
+  const std::span<const int64_t> mine = part.positions(ctx.sp_rank());
+  const int64_t n = static_cast<int64_t>(mine.size());
+  std::vector<int32_t> own;
+  std::vector<int64_t> rope_pos(n, 0);  // padding rows: position 0 (masked, dropped)
+  for (int64_t i = 0; i < n; ++i) {
+    if (mine[i] >= total) continue;
+    own.push_back(tokens[mine[i]]);
+    rope_pos[i] = mine[i] - cu[document_of(cu, mine[i])];
+  }
+  Tensor x({1, n, d});  // padding rows zero
+  const Tensor e = embed(own, *ctx.tp);
+  std::memcpy(x.raw(), e.raw(), e.nbytes());
+  const Tensor table = rope(rope_pos);  // (n, hd/2, 2)
+  SEQPAR_CHECK(table.numel() == n * hd, "rope table of ", n, " rows");
+  const AttendOver over = AttendOver::documents(part, lens);
+  for (Layer& layer : layers_)
+    layer_forward(layer, x, table, ctx, nullptr, nullptr, ctx.config, &over);
+  // The last layer's rows of every rank, back in token order (padding dropped): (total, d).
+  Communicator& sp = ctx.sp->sp();
+  std::vector<size_t> counts(sp.size());
+  for (int r = 0; r < sp.size(); ++r)
+    counts[r] = static_cast<size_t>(part.count(r) * d) * sizeof(float);
+  std::vector<float> rows(static_cast<size_t>(part.seq() * d));
+  sp.all_gatherv(x.raw(), rows.data(), counts);
+  Tensor h({total, d});
+  const float* src = rows.data();
+  for (int r = 0; r < sp.size(); ++r)
+    for (int64_t p : part.positions(r)) {
+      if (p < total) std::memcpy(h.data<float>() + p * d, src, d * sizeof(float));
+      src += d;
+    }
+  // Each document's last row (or every row) through norm and lm_head.
+  DocumentsOutput out;
+  const size_t D = prompts.size();
+  Tensor last({static_cast<int64_t>(D), d});
+  for (size_t i = 0; i < D; ++i)
+    std::memcpy(last.data<float>() + i * d, h.data<float>() + (cu[i + 1] - 1) * d,
+                d * sizeof(float));
+  const Tensor logits = logits_of(last, *ctx.tp);  // (D, vocab)
+  const int64_t V = m_.vocab;
+  for (size_t i = 0; i < D; ++i) {
+    Tensor row({V});
+    std::memcpy(row.raw(), logits.data<float>() + i * V, V * sizeof(float));
+    out.tokens.push_back(argmax(row));
+    out.logits.push_back(std::move(row));
+  }
+  if (all_logits) {
+    const Tensor every = logits_of(h, *ctx.tp);  // (total, vocab)
+    for (size_t i = 0; i < D; ++i) {
+      Tensor doc({lens[i], V});
+      std::memcpy(doc.raw(), every.data<float>() + cu[i] * V, lens[i] * V * sizeof(float));
+      out.all_logits.push_back(std::move(doc));
+    }
+  }
+  out.prefill_seconds = now_seconds() - t0;
+  return out;
 }
 
 }  // namespace seqpar

@@ -9,6 +9,9 @@
 // that distributed cache (new token i is owned by sequence-parallel rank (prompt_len + i) mod N).
 // The embedding and lm_head are split over the tensor-parallel group by vocabulary rows (a
 // lookup is all-reduced, the logits all-gathered); every weight stays in its stored dtype.
+// Packed documents (prefill_documents): several prompts one after another in one sequence,
+// prefilled in one context-parallel pass, each attending itself only with RoPE positions from 0;
+// no cache is kept (decoding after it is not supported).
 // Thread-safety: one Decoder per rank thread.
 #pragma once
 
@@ -55,6 +58,12 @@ struct DecoderConfig : ModelPreset {
 // A runnable llm preset (tiny-llm, llama3-8b, ..., llama3.2-1b) as a Llama config; InvalidArgument
 // naming the valid ones.
 const DecoderConfig& decoder_preset(std::string_view name);
+
+// How Decoder::check_documents names its parameters in messages (a CLI passes its flags).
+struct DocumentNames {
+  std::string_view prompts = "prompts";
+  std::string_view allow_long_context = "allow_long_context=True";
+};
 
 class Decoder {
  public:
@@ -114,6 +123,39 @@ class Decoder {
   // The same with decode_steps steps after prefill and no stop tokens.
   Output generate(const std::vector<int32_t>& prompt, int decode_steps, ParallelContext& ctx);
 
+  // Packed documents (varlen prefill): the prompts packed one after another into one sequence
+  // (B = 1) of sum(len) tokens and prefilled in one context-parallel forward pass, as
+  // transformers would run each prompt alone: every document attends only itself (causal inside
+  // it: AttnShape::seq_lens, the attention layer's documents mask) and its RoPE positions restart
+  // at 0. The sequence is sharded over the sequence-parallel group as the attention layer places
+  // documents (place_call: Partition::documents splits each document by the layout on its own,
+  // zigzag per document; contiguous runs over the packed sequence; pad adds padding after the
+  // last document), by ctx's strategy (any that takes documents: local, ring, allgather,
+  // ulysses, usp; not ring's schedule steal), heads over tp as in generate. No K/V cache is
+  // kept: decoding after a packed prefill (several sequences' caches) is not supported.
+  struct DocumentsOutput {
+    std::vector<int32_t> tokens;     // per document: the greedy token after its last one
+    std::vector<Tensor> logits;      // per document: (vocab), its last token's logits
+    std::vector<Tensor> all_logits;  // with all_logits, per document: (length, vocab), every row
+    double prefill_seconds = 0;      // this rank's wall time
+  };
+  // prompts: D >= 1 documents of >= 1 token ids each. Every rank of the mesh makes the call with
+  // the same prompts; check_documents' refusals come before any communication, alike on every
+  // rank.
+  DocumentsOutput prefill_documents(const std::vector<std::vector<int32_t>>& prompts,
+                                    ParallelContext& ctx, bool all_logits = false);
+  // prefill_documents' checks, for callers that refuse before starting the ranks too: at least
+  // one document, none empty, every token id in the vocabulary, each document within
+  // max_position_embeddings (its positions restart at 0) unless allow_long_context, the packed
+  // tokens within core/limits.h, and the attention call on the sequence-parallel group of `c`
+  // (one sequence-parallel rank runs local, as model_context makes it): the strategy and
+  // schedule take documents, every rank holds a token of the layout. InvalidArgument of one line
+  // naming names.prompts (or names.allow_long_context) and what is valid. -> the call's
+  // placement (place_call).
+  static Placement check_documents(const DecoderConfig& m, const ParallelConfig& c,
+                                   const std::vector<std::vector<int32_t>>& prompts,
+                                   bool allow_long_context = true, const DocumentNames& names = {});
+
  private:
   // One generate call's state: where every rank's cache and queries are, the tokens cached.
   struct Turn {
@@ -136,13 +178,16 @@ class Decoder {
     KvCache cache;
   };
   Tensor embed(std::span<const int32_t> tokens, Communicator& tp) const;  // (1, n, hidden)
-  Tensor logits_of(const Tensor& h_last, Communicator& tp) const;         // (hidden) -> (vocab)
-  Tensor rope(std::span<const int64_t> positions) const;                  // (n, head_dim/2, 2)
+  // (hidden) -> (vocab), or (rows, hidden) -> (rows, vocab)
+  Tensor logits_of(const Tensor& h_last, Communicator& tp) const;
+  Tensor rope(std::span<const int64_t> positions) const;  // (n, head_dim/2, 2)
   // One layer on x (1, n, hidden), its attention over the sequence (prefill) or, with `place`,
   // over the caches by `pass` (chunks and decode).
   // Over a cache (place given) the new tokens attend by pass.strategy and pass.schedule.
+  // With `docs` (kDocuments) the layer's attention is over packed documents, no cache.
   void layer_forward(Layer& layer, Tensor& x, const Tensor& rope, ParallelContext& ctx,
-                     const SpRuntime* sp, const KvPlacement* place, const ParallelConfig& pass);
+                     const SpRuntime* sp, const KvPlacement* place, const ParallelConfig& pass,
+                     const AttendOver* docs = nullptr);
   DecoderConfig m_;
   std::vector<float> inv_freq_;
   int64_t v0_ = 0, v1_ = 0;           // this tp rank's vocabulary rows of embed and lm_head

@@ -68,7 +68,8 @@ Tensor QkNormBlock::forward(Tensor x, Communicator& tp) const {
 
 AttnState attend(const Tensor& q, const Tensor& k, const Tensor& v, ParallelContext& ctx,
                  const AttendOver& over) {
-  const bool sharded = over.kind == AttendOver::Kind::kSequence && over.sp->sharded();
+  const bool sharded = (over.kind == AttendOver::Kind::kSequence && over.sp->sharded()) ||
+                       over.kind == AttendOver::Kind::kDocuments;
   if (over.kind == AttendOver::Kind::kLocal ||
       (over.kind == AttendOver::Kind::kSequence && !sharded)) {
     AttnParams params;
@@ -86,7 +87,12 @@ AttnState attend(const Tensor& q, const Tensor& k, const Tensor& v, ParallelCont
   shape.causal = over.causal;
   shape.dtype = q.dtype();
   Placement place;
-  if (sharded) {
+  if (over.kind == AttendOver::Kind::kDocuments) {
+    group.mesh = {1, 1, ctx.sp->ring_degree(), ctx.sp->ulysses_degree()};
+    shape.seq_lens.assign(over.seq_lens.begin(), over.seq_lens.end());
+    for (int64_t len : over.seq_lens) shape.seq += len;
+    place.part = *over.part;
+  } else if (sharded) {
     group.mesh = {1, 1, ctx.sp->ring_degree(), ctx.sp->ulysses_degree()};
     shape.seq = over.sp->seq();
     place.part = over.sp->partition();
@@ -199,6 +205,14 @@ Tensor SelfAttention::forward(const Tensor& x, const Tensor& rope, ParallelConte
     cache->positions = std::move(keep);
   }
   AttnState s = attend(qh, kh, vh, ctx, AttendOver::sequence(sp, causal));
+  return o.forward(reshape(std::move(s.out), {B, n, (h1 - h0) * d}), *ctx.tp);
+}
+
+Tensor SelfAttention::forward(const Tensor& x, const Tensor& rope, ParallelContext& ctx,
+                              const AttendOver& over) const {
+  const int64_t B = x.dim(0), n = x.dim(1), d = spec.head_dim;
+  auto [qh, kh, vh] = project(x, rope, ctx);
+  AttnState s = attend(qh, kh, vh, ctx, over);
   return o.forward(reshape(std::move(s.out), {B, n, (h1 - h0) * d}), *ctx.tp);
 }
 

@@ -66,9 +66,10 @@ struct QkNormBlock {
 // What the queries of a block attend.
 struct AttendOver {
   enum class Kind {
-    kLocal,     // k and v on this rank
-    kSequence,  // the whole sequence, sharded over the sp group as sp's partition says
-    kCache,     // every rank's K/V cache (k and v: this rank's), new tokens placed by `place`
+    kLocal,      // k and v on this rank
+    kSequence,   // the whole sequence, sharded over the sp group as sp's partition says
+    kCache,      // every rank's K/V cache (k and v: this rank's), new tokens placed by `place`
+    kDocuments,  // packed documents of one sequence, sharded over the sp group by `part`
   };
   Kind kind = Kind::kLocal;
   bool causal = false;
@@ -76,6 +77,8 @@ struct AttendOver {
   const KvPlacement* place = nullptr;  // kCache
   Strategy pass = Strategy::kPassQ;    // kCache: kPassQ (queries travel) or kPassKv (caches do)
   ScheduleKind schedule = ScheduleKind::kDefault;  // kCache: pass-Q's ring of Q blocks (kRing)
+  const Partition* part = nullptr;         // kDocuments: place_call's partition of the documents
+  std::span<const int64_t> seq_lens = {};  // kDocuments: the documents' lengths, in order
 
   static AttendOver local(bool causal) { return {Kind::kLocal, causal}; }
   static AttendOver sequence(const SpRuntime& sp, bool causal) {
@@ -85,6 +88,10 @@ struct AttendOver {
                           ScheduleKind schedule = ScheduleKind::kDefault) {
     return {Kind::kCache, true, nullptr, &place, pass, schedule};
   }
+  static AttendOver documents(const Partition& part, std::span<const int64_t> seq_lens) {
+    return {Kind::kDocuments,       true,  nullptr, nullptr, Strategy::kPassQ,
+            ScheduleKind::kDefault, &part, seq_lens};
+  }
 };
 
 // softmax(q·kᵀ/sqrt(D))·v of q (B, n, H_t, D) against k, v (B, m, Hkv_t, D), as `over` says:
@@ -93,6 +100,10 @@ struct AttendOver {
 //              by ctx's configuration (strategy, schedule, softmax; on this rank when not sharded);
 //   kCache:    this rank's new tokens (place.q_pos) against every rank's cache by pass-Q (with
 //              `schedule` ring: Q blocks around the ring) or pass-KV;
+//   kDocuments: this rank's tokens of part (place_call's partition of the packed sequence: the
+//              padding after the last document, if any, at the end of each rank's rows) against
+//              their own document only (seq_lens: AttnShape::seq_lens, causal inside it) over
+//              the sp group by ctx's configuration, on one rank too;
 // both through the one entry point (parallel/cp_attention.h).
 // The only call of the attention and parallel layers' attention from the model layer.
 AttnState attend(const Tensor& q, const Tensor& k, const Tensor& v, ParallelContext& ctx,
@@ -123,6 +134,10 @@ struct SelfAttention {
   // the local K/V (post-RoPE, padding excluded) are stored in it (prefill).
   Tensor forward(const Tensor& x, const Tensor& rope, ParallelContext& ctx, const SpRuntime& sp,
                  bool causal, KvCache* cache) const;
+  // x (B, n, hidden) at this rank's positions of over.part, rope (n, D/2, 2) -> (B, n, hidden):
+  // packed documents (`over` kDocuments), no cache.
+  Tensor forward(const Tensor& x, const Tensor& rope, ParallelContext& ctx,
+                 const AttendOver& over) const;
   // Decode or a chunk of a prefill: x (B, T, hidden), the T new tokens (replicated on every rank
   // of the sp group) at positions place.q_pos of their owners. Each owner appends their K/V to
   // its cache; with pass kPassQ the queries travel to every rank's cache (schedule kRing: Q
