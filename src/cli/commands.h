@@ -275,10 +275,13 @@ struct GenerateOptions : MeshFlags, ChunkFlags {
   std::string prompt_ids;       // "1,2,3"
   std::string prompt_ids_file;  // text (whitespace or commas), .safetensors or .npy
   int64_t max_new_tokens = 16;
+  bool max_new_tokens_given = false;  // --max-new-tokens was on the command line
   bool ignore_eos = false;
   bool allow_long_context = false;
   std::string output;                 // safetensors: tokens (I64 [N]), logits (F32 [N, vocab])
   std::vector<std::string> turn_ids;  // chat turns after the prompt's tokens: "4,5,6" each
+  // Packed documents: "1,2,3" each, prefilled together (Decoder::prefill_documents), no decode.
+  std::vector<std::string> document_ids;
   std::string weights_dtype = "checkpoint";  // checkpoint | int8 (Q8_0 matrices)
   std::string activations = "fp32";          // fp32 | bf16 (the linear layers' inputs rounded)
   bool json = false;

@@ -51,9 +51,62 @@ struct Prepared {
   CausalLmCheckpoint ck;
   ParallelConfig mesh;
   std::vector<int32_t> prompt;
-  std::vector<std::vector<int32_t>> turns;  // --turn-ids
-  Decoder::Options chunking;                // --prefill-chunk, --chunk-strategy, --hardware
+  std::vector<std::vector<int32_t>> turns;      // --turn-ids
+  Decoder::Options chunking;                    // --prefill-chunk, --chunk-strategy, --hardware
+  std::vector<std::vector<int32_t>> documents;  // --document-ids: packed, prefill only
 };
+
+// --document-ids: packed documents prefilled together, nothing decoded after (one cache per
+// document is not supported). The checks of the prompt's path, said of the documents.
+void prepare_documents(const GenerateOptions& o, Prepared& p) {
+  SEQPAR_ARG_CHECK(o.prompt_ids.empty() && o.prompt_ids_file.empty(),
+                   "give one prompt (--prompt-ids or --prompt-ids-file) or packed documents ",
+                   "(--document-ids, repeated), not both");
+  SEQPAR_ARG_CHECK(o.turn_ids.empty(), "--turn-ids continue one prompt's cache; --document-ids ",
+                   "prefill packed documents and decode nothing after them (several sequences' ",
+                   "caches are not supported)");
+  SEQPAR_ARG_CHECK(!o.max_new_tokens_given || o.max_new_tokens == 1, "--max-new-tokens ",
+                   o.max_new_tokens, " with --document-ids: the packed prefill gives each ",
+                   "document's next token, and decoding after it is not supported; valid: 1 (or ",
+                   "leave it out)");
+  SEQPAR_ARG_CHECK(o.prefill_chunk == 0, "--prefill-chunk splits one prompt over its cache; ",
+                   "--document-ids prefill in one pass: leave it out");
+  p.ck = open_causal_lm(o.model);
+  const DecoderConfig& m = p.ck.config;
+  CausalLmRunNames names;
+  names.tp = "--tp";
+  names.int8 = "--weights-dtype int8";
+  check_causal_lm_tp(p.ck, p.mesh.mesh.tp, names);
+  if (o.weights_dtype == "int8") check_causal_lm_int8(p.ck, p.mesh.mesh.tp, names);
+  int64_t total = 0, longest = 0;
+  for (size_t i = 0; i < o.document_ids.size(); ++i) {
+    const std::string which = detail::concat("--document-ids[", i, "]");
+    const std::vector<int64_t> ids = parse_id_text(which, o.document_ids[i]);
+    names.prompt = which;
+    names.token = which + " token";
+    // An empty one is check_documents' to refuse.
+    p.documents.push_back(ids.empty() ? std::vector<int32_t>{}
+                                      : check_causal_lm_prompt(p.ck, ids, 1, true, names));
+    total = limits::checked_add(total, static_cast<int64_t>(ids.size()), "--document-ids tokens");
+    longest = std::max(longest, static_cast<int64_t>(ids.size()));
+  }
+  (void)Decoder::check_documents(m, p.mesh, p.documents, o.allow_long_context,
+                                 {"--document-ids", "--allow-long-context"});
+  if (m.max_positions > 0 && longest > m.max_positions && reporting_rank())
+    std::fprintf(stderr,
+                 "seqpar: warning: a document of %lld positions exceeds max_position_embeddings "
+                 "%lld of %s/config.json (--allow-long-context); the model was not trained for "
+                 "them\n",
+                 static_cast<long long>(longest), static_cast<long long>(m.max_positions),
+                 o.model.c_str());
+  const int64_t D = static_cast<int64_t>(p.documents.size());
+  const CausalLmMemory need = causal_lm_memory(p.ck, p.mesh, total, total, D);
+  limits::check_ranks_fit_memory(
+      detail::concat("generate with ", o.model, " (", limits::bytes_text(p.ck.file_bytes),
+                     " of weights, --tp ", p.mesh.mesh.tp, ", ", D, " packed documents of ", total,
+                     " tokens)"),
+      need.weights + need.run, p.mesh.mesh.world(), o.backend);
+}
 
 Prepared prepare(const GenerateOptions& o, int world) {
   Prepared p;
@@ -69,6 +122,10 @@ Prepared prepare(const GenerateOptions& o, int world) {
                    "--weights-dtype '", o.weights_dtype, "' is unknown; valid: checkpoint, int8");
   SEQPAR_ARG_CHECK(o.activations == "fp32" || o.activations == "bf16", "--activations '",
                    o.activations, "' is unknown; valid: fp32, bf16");
+  if (!o.document_ids.empty()) {
+    prepare_documents(o, p);
+    return p;
+  }
   const std::vector<int64_t> ids = prompt_ids(o);
   p.ck = open_causal_lm(o.model);
   const DecoderConfig& m = p.ck.config;
@@ -129,10 +186,14 @@ Prepared prepare(const GenerateOptions& o, int world) {
 // What the run produced (rank 0), and per-rank measures.
 struct Generated {
   Decoder::Output out;
+  Decoder::DocumentsOutput docs;                                           // --document-ids
   double prefill_seconds = 0, decode_seconds = 0;                          // slowest rank
   std::vector<int64_t> weight_bytes, resident_bytes, peak_resident_bytes;  // per rank
   int64_t bytes_sent = 0;                                                  // rank 0, all groups
 };
+
+Decoder::Output generate_prompt(Communicator& world, const GenerateOptions& o, const Prepared& p,
+                                Decoder& dec, ParallelContext& ctx, MeshComms& mc);
 
 Generated run_rank(Communicator& world, const GenerateOptions& o, const Prepared& p,
                    WeightStore& weights) {
@@ -143,6 +204,32 @@ Generated run_rank(Communicator& world, const GenerateOptions& o, const Prepared
   Decoder dec(p.ck.config, weights, ctx);
   const int64_t weight_bytes = weights.bytes_read();
   weights = WeightStore();  // the last rank to let go unmaps the files
+  Generated g;
+  if (!p.documents.empty()) {
+    world.barrier();
+    mc.reset_stats();
+    g.docs = dec.prefill_documents(p.documents, ctx);
+    g.prefill_seconds = world.all_reduce_max(g.docs.prefill_seconds);
+  } else {
+    g.out = generate_prompt(world, o, p, dec, ctx, mc);
+    g.prefill_seconds = world.all_reduce_max(g.out.prefill_seconds);
+    g.decode_seconds = world.all_reduce_max(g.out.decode_seconds);
+  }
+  g.bytes_sent = mc.stats().total_sent();
+  const int64_t mine[3] = {weight_bytes, resident_bytes(), peak_resident_bytes()};
+  std::vector<int64_t> all(3 * world.size());
+  world.all_gather(mine, sizeof(mine), all.data());
+  for (int r = 0; r < world.size(); ++r) {
+    g.weight_bytes.push_back(all[3 * r]);
+    g.resident_bytes.push_back(all[3 * r + 1]);
+    g.peak_resident_bytes.push_back(all[3 * r + 2]);
+  }
+  return g;
+}
+
+// The prompt (and its turns): prefill, then greedy decode.
+Decoder::Output generate_prompt(Communicator& world, const GenerateOptions& o, const Prepared& p,
+                                Decoder& dec, ParallelContext& ctx, MeshComms& mc) {
   Decoder::Options opts = p.chunking;
   opts.max_new_tokens = o.max_new_tokens;
   if (!o.ignore_eos) opts.stop_tokens = p.ck.eos_token_ids;
@@ -163,25 +250,13 @@ Generated run_rank(Communicator& world, const GenerateOptions& o, const Prepared
     };
   world.barrier();
   mc.reset_stats();
-  Generated g;
-  g.out = dec.generate(p.prompt, opts, ctx);
-  g.prefill_seconds = world.all_reduce_max(g.out.prefill_seconds);
-  g.decode_seconds = world.all_reduce_max(g.out.decode_seconds);
-  g.bytes_sent = mc.stats().total_sent();
-  const int64_t mine[3] = {weight_bytes, resident_bytes(), peak_resident_bytes()};
-  std::vector<int64_t> all(3 * world.size());
-  world.all_gather(mine, sizeof(mine), all.data());
-  for (int r = 0; r < world.size(); ++r) {
-    g.weight_bytes.push_back(all[3 * r]);
-    g.resident_bytes.push_back(all[3 * r + 1]);
-    g.peak_resident_bytes.push_back(all[3 * r + 2]);
-  }
-  return g;
+  return dec.generate(p.prompt, opts, ctx);
 }
 
 // tokens (I64 [N]) and logits (F32 [N, vocab]) as safetensors bytes.
-std::string output_file_bytes(const Decoder::Output& out, int64_t vocab) {
-  const int64_t n = static_cast<int64_t>(out.tokens.size());
+std::string output_file_bytes(const std::vector<int32_t>& tokens, const std::vector<Tensor>& logits,
+                              int64_t vocab) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t tb = 8 * n, lb = 4 * n * vocab;
   json h;
   h["tokens"] = {{"dtype", "I64"}, {"shape", {n}}, {"data_offsets", {0, tb}}};
@@ -193,22 +268,70 @@ std::string output_file_bytes(const Decoder::Output& out, int64_t vocab) {
   const uint64_t len = header.size();
   std::memcpy(bytes.data(), &len, 8);
   bytes += header;
-  for (int32_t t : out.tokens) {
+  for (int32_t t : tokens) {
     const int64_t v = t;
     bytes.append(reinterpret_cast<const char*>(&v), 8);
   }
-  for (const Tensor& l : out.logits) bytes.append(static_cast<const char*>(l.raw()), 4 * vocab);
+  for (const Tensor& l : logits) bytes.append(static_cast<const char*>(l.raw()), 4 * vocab);
   return bytes;
 }
 
 json list_json(const std::vector<int64_t>& v) { return json(v); }
 
+// --document-ids: each document's next token (and logits to --output).
+int report_documents(const GenerateOptions& o, const Prepared& p, const Generated& g,
+                     const std::string& backend, OutputFile* file) {
+  const Decoder::DocumentsOutput& docs = g.docs;
+  if (file) file->write(output_file_bytes(docs.tokens, docs.logits, p.ck.config.vocab));
+  std::vector<int64_t> lens;
+  int64_t total = 0;
+  for (const auto& d : p.documents) {
+    lens.push_back(static_cast<int64_t>(d.size()));
+    total += lens.back();
+  }
+  if (o.json) {
+    json j;
+    j["tokens"] = docs.tokens;
+    j["model"] = o.model;
+    j["family"] = p.ck.family->name;
+    j["weights_dtype"] = o.weights_dtype;
+    j["activations"] = o.activations;
+    j["documents"] = lens.size();
+    j["document_tokens"] = lens;
+    j["prompt_tokens"] = total;
+    j["new_tokens"] = docs.tokens.size();
+    j["prefill_seconds"] = g.prefill_seconds;
+    j["prefill_tokens_per_second"] = total / std::max(g.prefill_seconds, 1e-12);
+    add_mesh_json(j, p.mesh, backend, /*with_cfg=*/false);
+    j["bytes_sent_rank0"] = g.bytes_sent;
+    j["weight_bytes_per_rank"] = list_json(g.weight_bytes);
+    j["resident_bytes_per_rank"] = list_json(g.resident_bytes);
+    j["peak_resident_bytes_per_rank"] = list_json(g.peak_resident_bytes);
+    if (!o.output.empty()) j["output"] = o.output;
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("seqpar generate: %s on %s, %s backend, %s attention, %s layout%s\n",
+                o.model.c_str(), mesh_shape_text(p.mesh.mesh).c_str(), backend.c_str(),
+                std::string(strategy_name(p.mesh.strategy)).c_str(),
+                std::string(layout_name(p.mesh.layout)).c_str(), p.mesh.pad ? ", padded" : "");
+    std::printf("  documents %zu packed, %lld tokens, prefill %.4f s (%.1f tokens/s)\n",
+                lens.size(), static_cast<long long>(total), g.prefill_seconds,
+                total / std::max(g.prefill_seconds, 1e-12));
+    std::printf("  tokens   ");
+    for (int32_t t : docs.tokens) std::printf(" %d", t);
+    std::printf("  (each document's next token)\n");
+    if (!o.output.empty()) std::printf("  wrote     %s\n", o.output.c_str());
+  }
+  return 0;
+}
+
 int report(const GenerateOptions& o, const Prepared& p, const Generated& g,
            const std::string& backend, OutputFile* file) {
+  if (!p.documents.empty()) return report_documents(o, p, g, backend, file);
   const auto& out = g.out;
   const int64_t n = static_cast<int64_t>(out.tokens.size());
   const int64_t P = static_cast<int64_t>(p.prompt.size());
-  if (file) file->write(output_file_bytes(out, p.ck.config.vocab));
+  if (file) file->write(output_file_bytes(out.tokens, out.logits, p.ck.config.vocab));
   const double per_token = n > 1 ? g.decode_seconds / static_cast<double>(n - 1) : 0;
   if (o.json) {
     json j;
@@ -315,7 +438,8 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
   g->add_option("--prompt-ids,--prompt_ids", o.prompt_ids, "prompt token ids: 1,2,3");
   g->add_option("--prompt-ids-file,--prompt_ids_file", o.prompt_ids_file,
                 "prompt token ids: text (commas or whitespace), .npy or .safetensors integers");
-  g->add_option("--max-new-tokens,--max_new_tokens", o.max_new_tokens, "tokens to generate");
+  g->add_option("--max-new-tokens,--max_new_tokens", o.max_new_tokens, "tokens to generate")
+      ->each([&o](const std::string&) { o.max_new_tokens_given = true; });
   add_mesh_flags(g, o, false);
   g->add_flag("--ignore-eos,--ignore_eos", o.ignore_eos, "do not stop at eos_token_id");
   g->add_flag("--allow-long-context,--allow_long_context", o.allow_long_context,
@@ -333,6 +457,11 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
   g->add_option("--turn-ids,--turn_ids", o.turn_ids,
                 "a chat turn: token ids appended after the tokens generated so far, over the "
                 "cache (in chunks of --prefill-chunk); then --max-new-tokens more (repeatable)")
+      ->allow_extra_args(false);
+  g->add_option("--document-ids,--document_ids", o.document_ids,
+                "a document's token ids (repeatable): the documents packed into one sequence and "
+                "prefilled together, each attending itself with positions from 0; prints each "
+                "one's next token, decodes nothing after")
       ->allow_extra_args(false);
   g->add_flag("--json", o.json, "print one JSON object");
   g->add_flag("--quiet", o.quiet, "no progress on stderr");
