@@ -275,26 +275,13 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
   return y;
 }
 
-namespace {
-
-// 1 / sqrt(v) of a norm's mean square or variance v. A v that overflows fp32 would scale the row
-// to zeros (as PyTorch does: x · rsqrt(inf) = 0), hiding the overflow from every later check;
-// it gives NaN instead, so the model's check after the norm names the layer where it happened.
-float inverse_scale(float v) {
-  return std::isfinite(v) ? 1.0f / std::sqrt(v) : std::numeric_limits<float>::quiet_NaN();
-}
-
-}  // namespace
+// The norms and elementwise ops run the kernels of simd_ops.h (the variant kernels() chose), on
+// the calling thread's team.
 
 Tensor row_sum_squares(const Tensor& x) {
   const int64_t rows = rows_of(x), f = x.dim(-1);
   Tensor s({rows});
-  const float* p = x.data<float>();
-  for (int64_t r = 0; r < rows; ++r) {
-    double acc = 0;
-    for (int64_t i = 0; i < f; ++i) acc += static_cast<double>(p[r * f + i]) * p[r * f + i];
-    s.data<float>()[r] = static_cast<float>(acc);
-  }
+  model_simd::kernels().sum_squares(x.data<float>(), rows, f, s.data<float>());
   return s;
 }
 
@@ -302,14 +289,12 @@ Tensor rms_norm_with_stats(const Tensor& x, const Tensor& sum_sq, int64_t full_w
                            const Tensor& weight, float eps) {
   const int64_t rows = rows_of(x), f = x.dim(-1);
   SEQPAR_CHECK(weight.empty() || weight.numel() == f, "rms_norm weight ", weight.shape_str());
+  SEQPAR_CHECK(sum_sq.numel() >= rows, "rms_norm: ", sum_sq.numel(), " sums of squares for ", rows,
+               " rows");
   Tensor y(x.shape());
-  for (int64_t r = 0; r < rows; ++r) {
-    const float inv = inverse_scale(sum_sq.data<float>()[r] / full_width + eps);
-    for (int64_t i = 0; i < f; ++i) {
-      float v = x.data<float>()[r * f + i] * inv;
-      y.data<float>()[r * f + i] = weight.empty() ? v : v * weight.data<float>()[i];
-    }
-  }
+  model_simd::kernels().rms_norm(x.data<float>(), rows, f, sum_sq.data<float>(), full_width,
+                                 weight.empty() ? nullptr : weight.data<float>(), eps,
+                                 y.data<float>());
   return y;
 }
 
@@ -319,44 +304,22 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps) {
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps) {
   const int64_t rows = rows_of(x), f = x.dim(-1);
+  SEQPAR_CHECK(weight.empty() || weight.numel() == f, "layer_norm weight ", weight.shape_str());
+  SEQPAR_CHECK(bias.empty() || bias.numel() == f, "layer_norm bias ", bias.shape_str());
   Tensor y(x.shape());
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* p = x.data<float>() + r * f;
-    double mean = 0, var = 0;
-    for (int64_t i = 0; i < f; ++i) mean += p[i];
-    mean /= f;
-    for (int64_t i = 0; i < f; ++i) var += (p[i] - mean) * (p[i] - mean);
-    var /= f;
-    const float inv = inverse_scale(static_cast<float>(var) + eps);
-    float* q = y.data<float>() + r * f;
-    for (int64_t i = 0; i < f; ++i) {
-      float v = (p[i] - static_cast<float>(mean)) * inv;
-      if (!weight.empty()) v *= weight.data<float>()[i];
-      if (!bias.empty()) v += bias.data<float>()[i];
-      q[i] = v;
-    }
-  }
+  model_simd::kernels().layer_norm(
+      x.data<float>(), rows, f, weight.empty() ? nullptr : weight.data<float>(),
+      bias.empty() ? nullptr : bias.data<float>(), eps, y.data<float>());
   return y;
 }
 
-void gelu_tanh_(Tensor& x) {
-  float* p = x.data<float>();
-  for (int64_t i = 0; i < x.numel(); ++i) {
-    const float v = p[i];
-    p[i] = 0.5f * v * (1.0f + std::tanh(0.7978845608f * (v + 0.044715f * v * v * v)));
-  }
-}
+void gelu_tanh_(Tensor& x) { model_simd::kernels().gelu_tanh(x.data<float>(), x.numel()); }
 
-void silu_(Tensor& x) {
-  float* p = x.data<float>();
-  for (int64_t i = 0; i < x.numel(); ++i) p[i] = p[i] / (1.0f + std::exp(-p[i]));
-}
+void silu_(Tensor& x) { model_simd::kernels().silu(x.data<float>(), x.numel()); }
 
 void add_(Tensor& x, const Tensor& y) {
   SEQPAR_CHECK(x.numel() == y.numel(), "add_: ", x.shape_str(), " + ", y.shape_str());
-  float* p = x.data<float>();
-  const float* q = y.data<float>();
-  for (int64_t i = 0; i < x.numel(); ++i) p[i] += q[i];
+  model_simd::kernels().add(x.data<float>(), y.data<float>(), x.numel());
 }
 
 namespace {
@@ -390,28 +353,18 @@ void expect_finite(const Tensor& t, std::string_view group, int64_t index, std::
 }
 
 void modulate_(Tensor& x, const float* shift, const float* scale) {
-  const int64_t rows = rows_of(x), f = x.dim(-1);
-  float* p = x.data<float>();
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t i = 0; i < f; ++i) p[r * f + i] = p[r * f + i] * (1.0f + scale[i]) + shift[i];
+  model_simd::kernels().modulate(x.data<float>(), rows_of(x), x.dim(-1), shift, scale);
 }
 
 void gated_add_(Tensor& x, const float* gate, const Tensor& y) {
-  const int64_t rows = rows_of(x), f = x.dim(-1);
   SEQPAR_CHECK(x.numel() == y.numel(), "gated_add_ shapes");
-  float* p = x.data<float>();
-  const float* q = y.data<float>();
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t i = 0; i < f; ++i) p[r * f + i] += gate[i] * q[r * f + i];
+  model_simd::kernels().gated_add(x.data<float>(), rows_of(x), x.dim(-1), gate, y.data<float>());
 }
 
 Tensor swiglu(const Tensor& a, const Tensor& b) {
   SEQPAR_CHECK(a.shape() == b.shape(), "swiglu shapes");
   Tensor y(a.shape());
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    const float v = a.data<float>()[i];
-    y.data<float>()[i] = v / (1.0f + std::exp(-v)) * b.data<float>()[i];
-  }
+  model_simd::kernels().swiglu(a.data<float>(), b.data<float>(), a.numel(), y.data<float>());
   return y;
 }
 

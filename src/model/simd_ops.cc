@@ -6,17 +6,31 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "seqpar/core/dtype.h"
 #include "seqpar/core/error.h"
 #include "seqpar/model/ops.h"
 
+// No product and sum fused unless the code says so (vfmadd): the compiler's contraction of
+// x + g·y into an FMA would give -inf where the scalar code's rounded g·y = inf gives NaN, and the
+// non-finite outputs of every variant must be the scalar one's (simd_ops.h).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("fp-contract=off")
+#elif defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #define SEQPAR_X86_SIMD 1
 // GCC 12 reports -Wmaybe-uninitialized inside avx512fintrin.h (GCC bug 105593).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// The lambdas of simd_ops_body.inc that return vectors are called inlined, under their variant's
+// target; GCC still warns for their (unused) conversions to function pointers.
+#pragma GCC diagnostic ignored "-Wpsabi"
 #include <immintrin.h>
 #else
 #define SEQPAR_X86_SIMD 0
@@ -33,9 +47,118 @@
 
 namespace seqpar::model_simd {
 
+// The simple elementwise ops as plain loops, one copy for every variant: each variant's function
+// inlines them and the compiler vectorises them under that variant's target (GCC 12 -O3
+// -fopt-info-vec: "loop vectorized using 64 byte vectors" in the AVX-512 variant, 32 in the AVX2
+// one, 16 (SSE2) in the scalar one), so they are not written with intrinsics.
+[[gnu::always_inline]] inline void add_plain(float* x, const float* y, int64_t i0, int64_t i1) {
+  for (int64_t i = i0; i < i1; ++i) x[i] += y[i];
+}
+[[gnu::always_inline]] inline void modulate_plain(float* x, int64_t f, const float* shift,
+                                                  const float* scale, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t i = 0; i < f; ++i) x[r * f + i] = x[r * f + i] * (1.0f + scale[i]) + shift[i];
+}
+[[gnu::always_inline]] inline void gated_add_plain(float* x, int64_t f, const float* gate,
+                                                   const float* y, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t i = 0; i < f; ++i) x[r * f + i] += gate[i] * y[r * f + i];
+}
+
 // ---- portable scalar variant: the reference ----------------------------------------------------
 namespace scalar {
 constexpr int kLanes = 8;  // partial sums of one dot product
+
+void sum_squares_rows(const float* x, int64_t f, float* s, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
+    double acc = 0;
+    for (int64_t i = 0; i < f; ++i) acc += static_cast<double>(x[r * f + i]) * x[r * f + i];
+    s[r] = static_cast<float>(acc);
+  }
+}
+
+void rms_norm_rows(const float* x, int64_t f, const float* sum_sq, int64_t full_width,
+                   const float* weight, float eps, float* y, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float inv = inverse_scale(sum_sq[r] / full_width + eps);
+    for (int64_t i = 0; i < f; ++i) {
+      const float v = x[r * f + i] * inv;
+      y[r * f + i] = weight ? v * weight[i] : v;
+    }
+  }
+}
+
+void layer_norm_rows(const float* x, int64_t f, const float* weight, const float* bias, float eps,
+                     float* y, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* p = x + r * f;
+    double mean = 0, var = 0;
+    for (int64_t i = 0; i < f; ++i) mean += p[i];
+    mean /= f;
+    for (int64_t i = 0; i < f; ++i) var += (p[i] - mean) * (p[i] - mean);
+    var /= f;
+    const float inv = inverse_scale(static_cast<float>(var) + eps);
+    float* q = y + r * f;
+    for (int64_t i = 0; i < f; ++i) {
+      float v = (p[i] - static_cast<float>(mean)) * inv;
+      if (weight) v *= weight[i];
+      if (bias) v += bias[i];
+      q[i] = v;
+    }
+  }
+}
+
+void silu_range(float* x, int64_t i0, int64_t i1) {
+  for (int64_t i = i0; i < i1; ++i) x[i] = x[i] / (1.0f + std::exp(-x[i]));
+}
+
+void gelu_tanh_range(float* x, int64_t i0, int64_t i1) {
+  for (int64_t i = i0; i < i1; ++i) {
+    const float v = x[i];
+    x[i] = 0.5f * v * (1.0f + std::tanh(0.7978845608f * (v + 0.044715f * v * v * v)));
+  }
+}
+
+void swiglu_range(const float* a, const float* b, float* y, int64_t i0, int64_t i1) {
+  for (int64_t i = i0; i < i1; ++i) {
+    const float v = a[i];
+    y[i] = v / (1.0f + std::exp(-v)) * b[i];
+  }
+}
+
+void add_range(float* x, const float* y, int64_t i0, int64_t i1) { add_plain(x, y, i0, i1); }
+void modulate_rows(float* x, int64_t f, const float* shift, const float* scale, int64_t r0,
+                   int64_t r1) {
+  modulate_plain(x, f, shift, scale, r0, r1);
+}
+void gated_add_rows(float* x, int64_t f, const float* gate, const float* y, int64_t r0,
+                    int64_t r1) {
+  gated_add_plain(x, f, gate, y, r0, r1);
+}
+
+void rope_tokens(float* x, int64_t heads, int64_t d, const float* table, bool halves, int64_t t0,
+                 int64_t t1) {
+  const int64_t pairs = d / 2;
+  // Pair j is features (j·step, j·step + second).
+  const int64_t step = halves ? 1 : 2, second = halves ? pairs : 1;
+  for (int64_t t = t0; t < t1; ++t) {
+    const float* cs = table + t * pairs * 2;
+    for (int64_t h = 0; h < heads; ++h) {
+      float* row = x + (t * heads + h) * d;
+      for (int64_t j = 0; j < pairs; ++j) {
+        float& a = row[j * step];
+        float& c = row[j * step + second];
+        const float a0 = a, c0 = c;
+        a = a0 * cs[2 * j] - c0 * cs[2 * j + 1];
+        c = a0 * cs[2 * j + 1] + c0 * cs[2 * j];
+      }
+    }
+  }
+}
+
+void exp_array(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i]);
+}
 
 template <bool kF16>
 void gemv_cols(const float* x, int64_t m, int64_t k, const uint16_t* w, int64_t n,
@@ -137,6 +260,36 @@ inline V vload_i8(const int8_t* p) {
 }
 inline V vbroadcast_f16(uint16_t h) { return _mm256_set1_ps(_cvtsh_ss(h)); }
 inline void vstore(float* p, V v) { _mm256_storeu_ps(p, v); }
+inline void vstore_part(float* p, V v, int64_t n) {
+  alignas(32) float t[kW];
+  _mm256_store_ps(t, v);
+  std::memcpy(p, t, n * sizeof(float));
+}
+inline V vset1(float a) { return _mm256_set1_ps(a); }
+inline V vsub(V a, V b) { return _mm256_sub_ps(a, b); }
+inline V vdiv(V a, V b) { return _mm256_div_ps(a, b); }
+inline V vmax(V a, V b) { return _mm256_max_ps(a, b); }  // b where either is NaN
+inline V vmin(V a, V b) { return _mm256_min_ps(a, b); }  // b where either is NaN
+inline V vround(V x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline V vfloor(V x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+inline V vpow2i(V n) {
+  const __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
+}
+inline V vswap_pairs(V v) { return _mm256_permute_ps(v, 0xB1); }
+using VD = __m256d;
+inline VD vdzero() { return _mm256_setzero_pd(); }
+inline VD vdset1(double a) { return _mm256_set1_pd(a); }
+inline VD vd_lo(V v) { return _mm256_cvtps_pd(_mm256_castps256_ps128(v)); }
+inline VD vd_hi(V v) { return _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)); }
+inline VD vdadd(VD a, VD b) { return _mm256_add_pd(a, b); }
+inline VD vdsub(VD a, VD b) { return _mm256_sub_pd(a, b); }
+inline VD vdfmadd(VD a, VD b, VD c) { return _mm256_fmadd_pd(a, b, c); }
+inline double vdhsum(VD v) {
+  __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+  s = _mm_add_sd(s, _mm_unpackhi_pd(s, s));
+  return _mm_cvtsd_f64(s);
+}
 #include "simd_ops_body.inc"
 }  // namespace avx2
 #if defined(__clang__)
@@ -183,6 +336,32 @@ inline V vload_i8(const int8_t* p) {
 }
 inline V vbroadcast_f16(uint16_t h) { return _mm512_set1_ps(_cvtsh_ss(h)); }
 inline void vstore(float* p, V v) { _mm512_storeu_ps(p, v); }
+inline void vstore_part(float* p, V v, int64_t n) { _mm512_mask_storeu_ps(p, first(n), v); }
+inline V vset1(float a) { return _mm512_set1_ps(a); }
+inline V vsub(V a, V b) { return _mm512_sub_ps(a, b); }
+inline V vdiv(V a, V b) { return _mm512_div_ps(a, b); }
+inline V vmax(V a, V b) { return _mm512_max_ps(a, b); }  // b where either is NaN
+inline V vmin(V a, V b) { return _mm512_min_ps(a, b); }  // b where either is NaN
+inline V vround(V x) {
+  return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+inline V vfloor(V x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+inline V vpow2i(V n) {
+  const __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
+}
+inline V vswap_pairs(V v) { return _mm512_permute_ps(v, 0xB1); }
+using VD = __m512d;
+inline VD vdzero() { return _mm512_setzero_pd(); }
+inline VD vdset1(double a) { return _mm512_set1_pd(a); }
+inline VD vd_lo(V v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
+inline VD vd_hi(V v) {
+  return _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+inline VD vdadd(VD a, VD b) { return _mm512_add_pd(a, b); }
+inline VD vdsub(VD a, VD b) { return _mm512_sub_pd(a, b); }
+inline VD vdfmadd(VD a, VD b, VD c) { return _mm512_fmadd_pd(a, b, c); }
+inline double vdhsum(VD v) { return _mm512_reduce_add_pd(v); }
 #include "simd_ops_body.inc"
 }  // namespace avx512
 #if defined(__clang__)
@@ -227,25 +406,100 @@ void gemv_q8(const float* x, int64_t m, int64_t k, const int8_t* q, const uint16
   over_columns(n, [&](int64_t j0, int64_t j1) { kCols(x, m, k, q, d, n, bias, y, j0, j1); });
 }
 
+// Runs fn(r0, r1) over [0, rows) on the calling thread's OpenMP team, as over_columns, when the
+// rows hold at least kParallelFloats floats in all (below that, waking the team costs more than
+// it saves); else on the calling thread.
+constexpr int64_t kParallelFloats = int64_t{1} << 15;
+template <typename Rows>
+void over_rows(int64_t rows, int64_t floats_per_row, Rows&& fn) {
+  if (rows <= 0) return;
+  const int team = omp_in_parallel() ? 1 : omp_get_max_threads();
+  if (team == 1 || rows == 1 || rows * floats_per_row < kParallelFloats) return fn(0, rows);
+  const int64_t chunk = (rows + 4 * team - 1) / (4 * team);
+  const int64_t chunks = (rows + chunk - 1) / chunk;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(team)
+  for (int64_t c = 0; c < chunks; ++c) fn(c * chunk, std::min(rows, (c + 1) * chunk));
+}
+
+// The flat elementwise ops: blocks of kFlatBlock floats as the rows of over_rows.
+constexpr int64_t kFlatBlock = 4096;
+template <typename Range>
+void over_elements(int64_t n, Range&& fn) {
+  over_rows((n + kFlatBlock - 1) / kFlatBlock, kFlatBlock,
+            [&](int64_t b0, int64_t b1) { fn(b0 * kFlatBlock, std::min(n, b1 * kFlatBlock)); });
+}
+
+template <auto kRows>
+void sum_squares(const float* x, int64_t rows, int64_t f, float* s) {
+  over_rows(rows, f, [&](int64_t r0, int64_t r1) { kRows(x, f, s, r0, r1); });
+}
+template <auto kRows>
+void rms_norm(const float* x, int64_t rows, int64_t f, const float* sum_sq, int64_t full_width,
+              const float* weight, float eps, float* y) {
+  over_rows(rows, f, [&](int64_t r0, int64_t r1) {
+    kRows(x, f, sum_sq, full_width, weight, eps, y, r0, r1);
+  });
+}
+template <auto kRows>
+void layer_norm(const float* x, int64_t rows, int64_t f, const float* weight, const float* bias,
+                float eps, float* y) {
+  over_rows(rows, f, [&](int64_t r0, int64_t r1) { kRows(x, f, weight, bias, eps, y, r0, r1); });
+}
+template <auto kRange>
+void unary(float* x, int64_t n) {
+  over_elements(n, [&](int64_t i0, int64_t i1) { kRange(x, i0, i1); });
+}
+template <auto kRange>
+void swiglu(const float* a, const float* b, int64_t n, float* y) {
+  over_elements(n, [&](int64_t i0, int64_t i1) { kRange(a, b, y, i0, i1); });
+}
+template <auto kRange>
+void add(float* x, const float* y, int64_t n) {
+  over_elements(n, [&](int64_t i0, int64_t i1) { kRange(x, y, i0, i1); });
+}
+template <auto kRows>
+void modulate(float* x, int64_t rows, int64_t f, const float* shift, const float* scale) {
+  over_rows(rows, f, [&](int64_t r0, int64_t r1) { kRows(x, f, shift, scale, r0, r1); });
+}
+template <auto kRows>
+void gated_add(float* x, int64_t rows, int64_t f, const float* gate, const float* y) {
+  over_rows(rows, f, [&](int64_t r0, int64_t r1) { kRows(x, f, gate, y, r0, r1); });
+}
+template <auto kTokens>
+void rope(float* x, int64_t tokens, int64_t heads, int64_t d, const float* table, bool halves) {
+  over_rows(tokens, heads * d,
+            [&](int64_t t0, int64_t t1) { kTokens(x, heads, d, table, halves, t0, t1); });
+}
+
+// The elementwise and normalisation entries of a variant's table, from its namespace.
+#define SEQPAR_ELEMENTWISE_OPS(ns)                                                              \
+  &sum_squares<&ns::sum_squares_rows>, &rms_norm<&ns::rms_norm_rows>,                           \
+      &layer_norm<&ns::layer_norm_rows>, &unary<&ns::silu_range>, &unary<&ns::gelu_tanh_range>, \
+      &swiglu<&ns::swiglu_range>, &add<&ns::add_range>, &modulate<&ns::modulate_rows>,          \
+      &gated_add<&ns::gated_add_rows>, &rope<&ns::rope_tokens>, &ns::exp_array
+
 const Kernels kScalar{Isa::kScalar,
                       &gemv<&scalar::gemv_cols<false>>,
                       &gemv<&scalar::gemv_cols<true>>,
                       &gemv_q8<&scalar::gemv_q8_cols>,
                       &scalar::dequant_q8,
-                      scalar::kLanes};
+                      scalar::kLanes,
+                      SEQPAR_ELEMENTWISE_OPS(scalar)};
 #if SEQPAR_X86_SIMD
 const Kernels kAvx2{Isa::kAvx2,
                     &gemv<&avx2::gemv_cols<false>>,
                     &gemv<&avx2::gemv_cols<true>>,
                     &gemv_q8<&avx2::gemv_q8_cols>,
                     &avx2::dequant_q8,
-                    avx2::kW};
+                    avx2::kW,
+                    SEQPAR_ELEMENTWISE_OPS(avx2)};
 const Kernels kAvx512{Isa::kAvx512,
                       &gemv<&avx512::gemv_cols<false>>,
                       &gemv<&avx512::gemv_cols<true>>,
                       &gemv_q8<&avx512::gemv_q8_cols>,
                       &avx512::dequant_q8,
-                      avx512::kW};
+                      avx512::kW,
+                      SEQPAR_ELEMENTWISE_OPS(avx512)};
 #endif
 
 }  // namespace
@@ -272,6 +526,21 @@ std::string model_kernel_info() {
   const std::string_view gemv = model_simd::isa_name(model_simd::kernels().isa);
   return detail::concat("gemv_bf16 ", gemv, ", gemv_f16 ", gemv, ", gemv_q8 ", gemv, ", convert ",
                         convert_isa(), ", bf16 activations ", bf16_activations_path());
+}
+
+std::vector<std::pair<std::string, std::string>> model_op_paths() {
+  const std::string isa(model_simd::isa_name(model_simd::kernels().isa));
+  std::vector<std::pair<std::string, std::string>> paths;
+  for (const char* op : {"sum_squares", "rms_norm", "layer_norm", "silu", "gelu_tanh", "swiglu",
+                         "add", "modulate", "gated_add", "rope"})
+    paths.emplace_back(op, isa);
+  return paths;
+}
+
+std::string model_op_info() {
+  std::string line;
+  for (const auto& [op, isa] : model_op_paths()) line += (line.empty() ? "" : ", ") + op + " " + isa;
+  return line;
 }
 
 }  // namespace seqpar

@@ -1,6 +1,7 @@
 // Vectorized inner loops of the model's dense operations (private to src/model/): the few-row
 // product of fp32 activations with a bf16, fp16 or Q8_0 weight (decode), widened to fp32 in the
-// load, and the Q8_0 weight's dequantization (prefill).
+// load, the Q8_0 weight's dequantization (prefill), and the elementwise and normalisation ops of
+// ops.h and blocks/rope.h (norms, activations, residual adds, modulation, RoPE).
 //
 // Each routine exists for three instruction sets, like the attention kernel's (src/attention/
 // simd.h): portable scalar C++ (the reference, and the path of CPUs without AVX2), AVX2+FMA+F16C
@@ -8,10 +9,15 @@
 // time from cpuid. The environment variable SEQPAR_KERNEL_ISA (scalar|avx2|avx512) caps the
 // choice for these, for convert()'s widening (core/dtype.cc) and for the attention kernel alike.
 //
-// Thread-safety: the tables are immutable; kernels() picks its variant once.
+// Thread-safety: the tables are immutable; kernels() picks its variant once. Every routine splits
+// its rows (or columns) over the calling thread's OpenMP team, as linear() does (one thread inside
+// a parallel region: ranks as threads keep their kernels single-threaded); each output is
+// computed by one thread in a fixed order, so no result depends on the number of threads.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 
@@ -56,6 +62,76 @@ constexpr int64_t kQ8Block = 32;
 // w (rows, k) fp32 = d · q, exact (an 8-bit integer times an 11-bit significand fits in fp32).
 using DequantQ8 = void (*)(const int8_t* q, const uint16_t* d, int64_t rows, int64_t k, float* w);
 
+// ---- elementwise and normalisation ops --------------------------------------------------------
+// x (rows, f) row-major fp32 throughout. The scalar variant is the portable reference (the plain
+// loops, std::exp and std::tanh); the vector variants compute every element with the same vector
+// code wherever it lies (tails through partial loads, not a scalar loop), so neither the split of
+// rows over threads nor an element's position changes its value.
+//
+// Error bounds against the exact value of the same formula on the fp32 inputs (u = 2^-24; the
+// constants of the formulas as the scalar code writes them in fp32; outputs in the subnormal range
+// carry another absolute 2^-125). Non-finite values propagate as in the scalar code: a NaN or Inf
+// input, or an overflow, gives NaN or the same signed Inf in the same outputs.
+//   exp (vector variants)     |e - e^x| <= 5u·e^x (+2^-150 below 2^-126); +inf above 88.73, 0
+//       below -103.98, NaN for NaN: x = n·ln2 + r (Cody-Waite, two FMAs), 2^n times exp2_poly<5>
+//       (attention/exp2_poly.inc) of r·log2(e); 2^n applied in two halves, so one rounding at most.
+//   sum_squares   s[r] = Σ x[r, i]² in float64 (exact products), rounded to fp32 once:
+//       |s - Σx²| <= 1.01u·Σx² (f <= 2^24). Vector variants: kW/2-lane float64 accumulators, two
+//       of them, added, then their lanes, then the tail in order.
+//   rms_norm      y = x · inv · w, inv = inverse_scale(sum_sq[r] / full_width + eps), w optional:
+//       |y - exact| <= 5.6u·|y| (sum_sq from sum_squares: its rounding included).
+//   layer_norm    mean μ and variance Σ(x - μ)²/f in float64 (as sum_squares), inv =
+//       inverse_scale(var + eps), y = (x - fp32(μ)) · inv [· w] [+ b]:
+//       |y - exact| <= u·|y| + 6.1u·|t| + 1.1u·(|μ| + mean|x| / 32)·inv·|w|, t = (x - μ)·inv·w
+//       exact (the second term is fp32's rounding of μ, which no order of the sums avoids).
+//   silu          y = x / (1 + exp(-x)):   |y - exact| <= 7.1u·|y| + 2^-120
+//   swiglu        y = silu(a) · b:          |y - exact| <= 8.1u·|y| + 2^-120·|b|
+//   gelu_tanh     y = 0.5x·(1 + tanh(k·(x + c·x³))), k = 0.7978845608f, c = 0.044715f. Scalar:
+//       as written (tanhf within 2 ulp): |y - exact| <= 3.1u·|y| + 2.2u·|x|. Vector: the same
+//       value as x / (1 + exp(-2k·(x + c·x³))) (1 + tanh z = 2σ(2z)): |y - exact| <= 7.1u·|y| +
+//       0.92u·|x| (the argument's 4.1u relative error, through σ, costs at most 0.224·4.1u·|x|).
+//   add           x += y:                   exactly rounded
+//   modulate      x = x · (1 + scale) + shift: |y - exact| <= u·|y| + 2.01u·|x·(1 + scale)|
+//   gated_add     x += gate · y:            |y - exact| <= u·|y| + 1.01u·|gate·y|
+//   rope          per pair (a, c) and its (cos, sin): (a·cos - c·sin, a·sin + c·cos), each
+//       within 2.01u·(the sum of its two products' magnitudes) of the exact value.
+// Products and sums are never fused (simd_ops.cc is compiled with fp-contract off) but where the
+// vector code asks for an FMA (the exp, the GELU argument, the float64 sums): a fused a·b + c
+// would turn an overflowing a·b (inf - inf = NaN in the scalar code) into a finite or Inf result.
+//
+// 1 / sqrt(v) of a norm's mean square or variance v. A v that overflows fp32 would scale the row
+// to zeros (as PyTorch does: x · rsqrt(inf) = 0), hiding the overflow from every later check;
+// it gives NaN instead, so the model's check after the norm names the layer where it happened.
+inline float inverse_scale(float v) {
+  return std::isfinite(v) ? 1.0f / std::sqrt(v) : std::numeric_limits<float>::quiet_NaN();
+}
+
+// s (rows) = the row sums of squares of x (rows, f).
+using SumSquares = void (*)(const float* x, int64_t rows, int64_t f, float* s);
+// y (rows, f) = x · inverse_scale(sum_sq[r] / full_width + eps) · weight (f, or null: none).
+using RmsNorm = void (*)(const float* x, int64_t rows, int64_t f, const float* sum_sq,
+                         int64_t full_width, const float* weight, float eps, float* y);
+// y (rows, f) = LayerNorm of x over f, weight and bias (f) optional (null: none).
+using LayerNorm = void (*)(const float* x, int64_t rows, int64_t f, const float* weight,
+                           const float* bias, float eps, float* y);
+// Elementwise over n floats, in place: x = act(x).
+using Unary = void (*)(float* x, int64_t n);
+// y (n) = silu(a) · b (y may be a or b).
+using SwiGlu = void (*)(const float* a, const float* b, int64_t n, float* y);
+// x (n) += y (n) (y may be x).
+using Add = void (*)(float* x, const float* y, int64_t n);
+// x (rows, f) = x · (1 + scale) + shift, scale and shift (f) broadcast over rows.
+using Modulate = void (*)(float* x, int64_t rows, int64_t f, const float* shift,
+                          const float* scale);
+// x (rows, f) += gate (f) · y (rows, f).
+using GatedAdd = void (*)(float* x, int64_t rows, int64_t f, const float* gate, const float* y);
+// x (tokens, heads, d) rotated in place by table (tokens, d/2, 2) of (cos, sin), the same table
+// row for every head; pair j is features (2j, 2j+1) (interleaved) or (j, j + d/2) (halves).
+using Rope = void (*)(float* x, int64_t tokens, int64_t heads, int64_t d, const float* table,
+                      bool halves);
+// y (n) = exp(x) (the vector variants' exp, above; scalar: std::exp); for tests.
+using Exp = void (*)(const float* x, float* y, int64_t n);
+
 struct Kernels {
   Isa isa;
   Gemv16 gemv_bf16;
@@ -63,6 +139,17 @@ struct Kernels {
   GemvQ8 gemv_q8;
   DequantQ8 dequant_q8;
   int width;  // floats per vector (scalar: partial sums)
+  SumSquares sum_squares;
+  RmsNorm rms_norm;
+  LayerNorm layer_norm;
+  Unary silu;
+  Unary gelu_tanh;
+  SwiGlu swiglu;
+  Add add;
+  Modulate modulate;
+  GatedAdd gated_add;
+  Rope rope;
+  Exp exp;
 };
 
 // The variant in use: SEQPAR_KERNEL_ISA's choice (capped at what the CPU runs), else best_isa().

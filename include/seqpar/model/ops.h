@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "seqpar/core/tensor.h"
 
@@ -31,6 +33,12 @@ std::string_view bf16_activations_path();
 // gemv_f16 avx512, gemv_q8 avx512, convert avx512" (SEQPAR_KERNEL_ISA=scalar|avx2|avx512 caps
 // them).
 std::string model_kernel_info();
+// The instruction set each elementwise and normalisation op (below, and apply_rope_) runs on this
+// CPU, in a fixed order: {"sum_squares", "avx512"}, {"rms_norm", "avx512"}, ..., {"rope",
+// "avx512"} (SEQPAR_KERNEL_ISA caps them as it caps linear()'s).
+std::vector<std::pair<std::string, std::string>> model_op_paths();
+// The same as one line: "sum_squares avx512, rms_norm avx512, ...".
+std::string model_op_info();
 
 // Q8_0, llama.cpp's 8-bit weight format, as two tensors: a weight w (n, k), k a multiple of 32,
 // becomes int8 values q (n, k) and one fp16 scale per block of 32 along k, d (n, k / 32), with
@@ -49,6 +57,10 @@ Q8Weight quantize_q8_0(const Tensor& w, const std::string& name);
 // Rows [row0, row0 + rows) of a Q8_0 weight (q, d) as fp32, into out (rows, k); exact.
 void dequantize_q8_0(const Tensor& q, const Tensor& d, int64_t row0, int64_t rows, float* out);
 
+// The norms and elementwise ops below run the vector kernels of src/model/simd_ops.h (scalar,
+// AVX2, AVX-512, as model_op_paths() names them), whose header states each one's error bound;
+// NaN and Inf come out where the scalar loops give them, and no result depends on the thread count.
+//
 // y = x / sqrt(mean(x²) + eps) · weight, over the last dimension (weight empty: no scale).
 // sum_sq, when given, replaces the local sum of squares per row (for statistics reduced over a
 // group): then mean = sum_sq[row] / full_width.

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "seqpar/core/error.h"
+#include "simd_ops.h"
 
 namespace seqpar {
 
@@ -80,23 +81,11 @@ void apply_rope_(Tensor& x, const Tensor& table, RopePairs pairs_of) {
   const int64_t B = x.dim(0), n = x.dim(1), H = x.dim(2), D = x.dim(3), pairs = D / 2;
   SEQPAR_CHECK(table.dim(0) == n && table.dim(1) == pairs, "rope table ", table.shape_str(),
                " for x ", x.shape_str());
-  // Pair j is features (first + j·step, second + j·step).
-  const bool halves = pairs_of == RopePairs::kHalves;
-  const int64_t step = halves ? 1 : 2, second = halves ? pairs : 1;
+  // The vector kernel of simd_ops.h, on the calling thread's team (tokens split over it).
+  const model_simd::Kernels& kern = model_simd::kernels();
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < n; ++i) {
-      const float* cs = table.data<float>() + i * pairs * 2;
-      for (int64_t h = 0; h < H; ++h) {
-        float* row = x.data<float>() + ((b * n + i) * H + h) * D;
-        for (int64_t j = 0; j < pairs; ++j) {
-          float& a = row[j * step];
-          float& c = row[j * step + second];
-          const float a0 = a, c0 = c;
-          a = a0 * cs[2 * j] - c0 * cs[2 * j + 1];
-          c = a0 * cs[2 * j + 1] + c0 * cs[2 * j];
-        }
-      }
-    }
+    kern.rope(x.data<float>() + b * n * H * D, n, H, D, table.data<float>(),
+              pairs_of == RopePairs::kHalves);
 }
 
 }  // namespace seqpar
