@@ -1,4 +1,5 @@
-// seqpar info: what this build is and what it runs on (backends, CPU ISA, kernel path).
+// seqpar info: what this build is and what it runs on (backends, CPU ISA, the kernel paths of
+// attention, linear() and the model's elementwise and normalisation ops).
 #include <cstdio>
 #include <dnnl.hpp>
 #include <nlohmann/json.hpp>
@@ -44,6 +45,7 @@ int info_command(const InfoOptions& o) {
   const auto features = cpu_features();
   const std::string kernel = attention_kernel_info();
   const std::string model_kernel = model_kernel_info();
+  const auto model_ops = model_op_paths();
   const unsigned cores = std::thread::hardware_concurrency();
   if (o.json) {
     nlohmann::json j;
@@ -54,6 +56,8 @@ int info_command(const InfoOptions& o) {
     j["onednn"] = onednn;
     j["kernel"] = kernel;
     j["model_kernel"] = model_kernel;
+    j["model_ops"] = nlohmann::json::object();
+    for (const auto& [op, isa] : model_ops) j["model_ops"][op] = isa;
     std::printf("%s\n", j.dump().c_str());
     return finish_output(0);
   }
@@ -66,6 +70,7 @@ int info_command(const InfoOptions& o) {
   std::printf("  oneDNN    %s\n", onednn.c_str());
   std::printf("  kernel    %s\n", kernel.c_str());
   std::printf("  model     %s\n", model_kernel.c_str());
+  std::printf("  ops       %s\n", model_op_info().c_str());
   return finish_output(0);
 }
 

@@ -42,6 +42,10 @@ python3 -c 'import json,sys; d=json.loads(sys.argv[1]); sys.exit(0 if d["work_im
 "$bin" info | grep -q "kernel" && ok || bad "info lacks kernel line"
 "$bin" info --json | python3 -c 'import json,sys; d=json.load(sys.stdin); sys.exit(0 if "threads" in d["backends"] else 1)' \
   && ok || bad "info --json"
+# The model's elementwise and normalisation ops name their path, capped by SEQPAR_KERNEL_ISA.
+SEQPAR_KERNEL_ISA=scalar "$bin" info | grep -q "ops .*rms_norm scalar.*rope scalar" && ok || bad "info lacks the ops line"
+SEQPAR_KERNEL_ISA=scalar "$bin" info --json | python3 -c 'import json,sys; d=json.load(sys.stdin); sys.exit(0 if d["model_ops"]["swiglu"] == "scalar" else 1)' \
+  && ok || bad "info --json lacks model_ops"
 
 # 4. Bad input: exit 2, one line naming the parameter.
 check_bad() { local word=$1; shift; expect_exit2 "$word" run "$@"; }  # <word> <run args...>
