@@ -155,6 +155,49 @@ out=$("$bin" $(gen --model "$tmp/good" --prompt-ids 1,2 --turn-ids 3 --turn-ids 
   ok || bad "generate --turn-ids: $out"
 expect_exit2 "^seqpar: error: --turn-ids token 16 at position 0 is outside the vocabulary" \
   $(gen --model "$tmp/good" --prompt-ids 1 --turn-ids 16)
+# Packed documents (--document-ids, repeatable): prefilled together, each document's next token
+# (zero weights: token 0); the packed total may pass max_position_embeddings 12, a document not.
+docs() { echo generate --quiet --model "$tmp/good" "$@"; }
+out=$("$bin" $(docs --document-ids 1,2,3 --document-ids 4 --document-ids 5,6 --ring-degree 2 \
+               --layout zigzag --json --output "$tmp/docs.out") 2>&1); rc=$?
+[ $rc -eq 0 ] && [ "$(json_get "$out" tokens 2>/dev/null)" = "[0, 0, 0]" ] &&
+  [ "$(json_get "$out" document_tokens 2>/dev/null)" = "[3, 1, 2]" ] &&
+  [ "$(json_get "$out" prompt_tokens 2>/dev/null)" = 6 ] && [ -s "$tmp/docs.out" ] && ok ||
+  bad "generate --document-ids exited $rc: $out"
+out=$("$bin" $(docs --document-ids $long --document-ids 1,2,3 --json) 2>&1); rc=$?
+[ $rc -eq 0 ] && [ "$(json_get "$out" prompt_tokens 2>/dev/null)" = 14 ] && ok ||
+  bad "--document-ids past 12 positions together exited $rc: $out"
+expect_exit2 "^seqpar: error: --document-ids\[1\] holds 13 tokens, beyond max_position_embeddings 12.*--allow-long-context" \
+  $(docs --document-ids 1 --document-ids $long,12,13)
+expect_exit2 "^seqpar: error: --max-new-tokens 3 with --document-ids: .*decoding after it is not supported; valid: 1" \
+  $(docs --document-ids 1,2 --max-new-tokens 3)
+expect_exit2 "give one prompt (--prompt-ids or --prompt-ids-file) or packed documents" \
+  $(docs --document-ids 1,2 --prompt-ids 3)
+expect_exit2 "^seqpar: error: --turn-ids continue one prompt's cache" \
+  $(docs --document-ids 1,2 --turn-ids 3)
+expect_exit2 "^seqpar: error: --prefill-chunk splits one prompt" \
+  $(docs --document-ids 1,2 --prefill-chunk 1)
+expect_exit2 "^seqpar: error: --document-ids\[1\] token 16 at position 1 is outside the vocabulary" \
+  $(docs --document-ids 1,2 --document-ids 3,16)
+expect_exit2 "^seqpar: error: --document-ids\[0\]: an empty item" $(docs --document-ids ,1)
+expect_exit2 "^seqpar: error: --document-ids holds 3 tokens in 2 documents, fewer than the 4 sequence-parallel ranks" \
+  $(docs --document-ids 1,2 --document-ids 3 --ring-degree 4)
+expect_exit2 "^seqpar: error: --document-ids (2 packed documents, 5 tokens) on 2 sequence-parallel ranks: schedule 'steal' balances a single sequence" \
+  $(docs --document-ids 1,2 --document-ids 3,4,5 --ring-degree 2 --schedule steal)
+if [ -n "$mpiexec" ]; then
+  out=$(timeout -s KILL 90 "$mpiexec" --allow-run-as-root --oversubscribe \
+          --mca btl_vader_single_copy_mechanism none -n 2 \
+          "$bin" $(docs --document-ids 1,2,3 --document-ids 4 --tp 2 --backend mpi --json) 2>&1)
+  rc=$?
+  [ $rc -eq 0 ] && [ "$(json_get "$out" tokens 2>/dev/null)" = "[0, 0]" ] && ok ||
+    bad "mpi: generate --document-ids exited $rc: $out"
+  err=$(timeout -s KILL 90 "$mpiexec" --allow-run-as-root --oversubscribe \
+          --mca btl_vader_single_copy_mechanism none -n 2 \
+          "$bin" $(docs --document-ids 1 --ring-degree 2 --backend mpi) 2>&1 >/dev/null); rc=$?
+  [ $rc -eq 2 ] && [ "$(printf '%s\n' "$err" | grep -c "seqpar: error")" -eq 1 ] &&
+    printf '%s' "$err" | grep -q "fewer than the 2 sequence-parallel ranks" && ok ||
+    bad "mpi: --document-ids shorter than the ranks: exit $rc: $err"
+fi
 # Lists of ids: a comma sits between two ids.
 expect_exit2 "--prompt-ids: an empty item between two commas" $(gen --model "$tmp/good" --prompt-ids 1,,2)
 expect_exit2 "--prompt-ids: a comma ends the list" $(gen --model "$tmp/good" --prompt-ids 1,2,)
