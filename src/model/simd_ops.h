@@ -9,10 +9,11 @@
 // time from cpuid. The environment variable SEQPAR_KERNEL_ISA (scalar|avx2|avx512) caps the
 // choice for these, for convert()'s widening (core/dtype.cc) and for the attention kernel alike.
 //
-// Thread-safety: the tables are immutable; kernels() picks its variant once. Every routine splits
-// its rows (or columns) over the calling thread's OpenMP team, as linear() does (one thread inside
-// a parallel region: ranks as threads keep their kernels single-threaded); each output is
-// computed by one thread in a fixed order, so no result depends on the number of threads.
+// Thread-safety: the tables are immutable; kernels() picks its variant once. The products and the
+// elementwise and normalisation ops split their columns or rows over the calling thread's OpenMP
+// team, as linear() does (one thread inside a parallel region: ranks as threads keep their kernels
+// single-threaded); each output is computed by one thread in a fixed order, so no result depends
+// on the number of threads.
 #pragma once
 
 #include <cmath>
