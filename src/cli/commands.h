@@ -261,6 +261,10 @@ struct ModelOptions : MeshFlags, ChunkFlags {
   float guidance = 5.0f;
   int64_t prompt_len = 1024;  // llm
   int64_t decode = 16;
+  bool decode_given = false;  // --decode was on the command line
+  // llm: packed documents of these lengths (seeded tokens), prefilled together instead of
+  // --prompt-len and --decode (Decoder::prefill_documents).
+  std::vector<int64_t> seq_lens;
   uint64_t seed = 0;
   bool verify = false;
   bool json = false;

@@ -43,6 +43,23 @@ struct Resolved {
   Decoder::Options chunking;  // llm: max_new_tokens, --prefill-chunk, --chunk-strategy, --hardware
 };
 
+// --seq-lens: seeded documents of those lengths (the same on every rank and run).
+std::vector<std::vector<int32_t>> document_prompts(const ModelOptions& o, int64_t vocab) {
+  std::mt19937_64 rng(o.seed + 3);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int64_t len : o.seq_lens) {
+    prompts.emplace_back(len);
+    for (auto& t : prompts.back()) t = static_cast<int32_t>(rng() % vocab);
+  }
+  return prompts;
+}
+
+int64_t total_of(const std::vector<int64_t>& v) {
+  int64_t s = 0;
+  for (int64_t x : v) s = limits::checked_add(s, x, "--seq-lens");
+  return s;
+}
+
 // Sizes against core/limits.h, before anything is sized by them.
 void validate(const ModelOptions& o) {
   using limits::check_range;
@@ -52,6 +69,7 @@ void validate(const ModelOptions& o) {
   check_range("--steps", o.steps, 1, limits::kMaxSteps);
   check_range("--decode", o.decode, 1, limits::kMaxSteps);
   check_range("--prompt-len", o.prompt_len, 1, limits::kMaxTokens);
+  for (int64_t len : o.seq_lens) check_range("--seq-lens length", len, 1, limits::kMaxTokens);
   check_range("--guidance", static_cast<double>(o.guidance), 0.0, 100.0);
 }
 
@@ -105,21 +123,32 @@ Resolved resolve(const ModelOptions& o, int world) {
   SEQPAR_ARG_CHECK(r.preset.family == ModelFamily::kLlm || o.prefill_chunk == 0,
                    "--prefill-chunk is for llm presets (tiny-llm, llama3-8b, ...), not ",
                    r.preset.name);
+  if (!o.seq_lens.empty()) {
+    SEQPAR_ARG_CHECK(r.preset.family == ModelFamily::kLlm, "--seq-lens (packed documents) is for ",
+                     "llm presets (tiny-llm, llama3-8b, ...), not ", r.preset.name);
+    SEQPAR_ARG_CHECK(!o.decode_given && o.prefill_chunk == 0, "--seq-lens prefill packed ",
+                     "documents in one pass and decode nothing after them (several sequences' ",
+                     "caches are not supported): leave out --decode and --prefill-chunk");
+    (void)Decoder::check_documents(decoder_preset(r.preset.name), r.mesh,
+                                   document_prompts(o, r.preset.vocab), true, {"--seq-lens"});
+  }
   apply_chunk_flags(o, r.chunking);
   r.chunking.max_new_tokens = o.decode;
   r.specs = r.preset.family == ModelFamily::kDiT
                 ? DiT::parameters(dit_preset(r.preset.name))
                 : Decoder::parameters(decoder_preset(r.preset.name));
   int64_t tokens = o.prompt_len + o.decode;
+  if (!o.seq_lens.empty()) tokens = total_of(o.seq_lens);
   if (r.preset.family == ModelFamily::kDiT)
     tokens = latent_shape(r.preset, o.frames, o.height, o.width).tokens;
   check_model_memory(r, o, tokens, world == 0 ? 1 : world);
   return r;
 }
 
-// One model run on `world` (every rank calls it); rank 0's result.
+// One model run on `world` (every rank calls it); rank 0's result. `reference`: --verify's
+// one-rank run (with --seq-lens: each document alone).
 ModelResult run_model(Communicator& world, const Resolved& r, const ModelOptions& o,
-                      const WeightStore& ws, MeshShape shape) {
+                      const WeightStore& ws, MeshShape shape, bool reference) {
   const std::string what =
       shape.world() == 1 && r.shape.world() > 1 ? "the one-rank reference" : "the mesh";
   Progress progress("model", o.json || world.rank() != 0);
@@ -140,6 +169,27 @@ ModelResult run_model(Communicator& world, const Resolved& r, const ModelOptions
     DiT dit(m, ws, ctx);
     res.output = dit.sample(latent, o.steps, text, null_text, o.guidance, ctx);
     res.seq = s.tokens;
+  } else if (!o.seq_lens.empty()) {
+    // Packed documents on the mesh; the reference prefills each document alone.
+    const std::vector<std::vector<int32_t>> prompts = document_prompts(o, r.preset.vocab);
+    Decoder dec(decoder_preset(r.preset.name), ws, ctx);
+    std::vector<Tensor> logits;
+    if (reference) {
+      for (const std::vector<int32_t>& p : prompts) {
+        Decoder::Output one = dec.generate(p, 0, ctx);
+        res.tokens.push_back(one.tokens[0]);
+        logits.push_back(std::move(one.logits[0]));
+      }
+    } else {
+      Decoder::DocumentsOutput docs = dec.prefill_documents(prompts, ctx);
+      res.tokens = docs.tokens;
+      logits = std::move(docs.logits);
+    }
+    res.output = Tensor({static_cast<int64_t>(logits.size()), r.preset.vocab});
+    for (size_t i = 0; i < logits.size(); ++i)
+      std::copy_n(logits[i].data<float>(), r.preset.vocab,
+                  res.output.data<float>() + i * r.preset.vocab);
+    res.seq = total_of(o.seq_lens);
   } else {
     std::mt19937_64 rng(o.seed + 3);
     std::vector<int32_t> prompt(o.prompt_len);
@@ -203,6 +253,7 @@ int report(const ModelOptions& o, const Resolved& r, const ModelResult& got,
     j["output_rms"] = error_json(rms(got.output));
     j["ok"] = ok;
     if (r.preset.family == ModelFamily::kLlm) {
+      if (!o.seq_lens.empty()) j["seq_lens"] = o.seq_lens;
       j["tokens"] = got.tokens;
       j["tokens_match"] = single ? json(tokens_match) : json(nullptr);
       j["prefill_chunks"] = chunks_json(got.chunks);
@@ -214,6 +265,9 @@ int report(const ModelOptions& o, const Resolved& r, const ModelResult& got,
     std::printf("seqpar model: %s (%s) on %s, %s backend\n", r.preset.name.c_str(),
                 std::string(model_family_name(r.preset.family)).c_str(),
                 mesh_shape_text(r.shape).c_str(), backend.c_str());
+    if (!o.seq_lens.empty())
+      std::printf("  %zu packed documents (--seq-lens), each attending itself\n",
+                  o.seq_lens.size());
     std::printf("  %lld tokens, %s attention, %s layout%s\n", (long long)got.seq,
                 std::string(strategy_name(r.strategy)).c_str(),
                 std::string(layout_name(r.layout)).c_str(), o.pad ? ", padded" : "");
@@ -224,7 +278,8 @@ int report(const ModelOptions& o, const Resolved& r, const ModelResult& got,
       std::printf("\n");
     }
     if (single)
-      std::printf("  verify   max abs err %.3g vs one rank%s: %s\n", err,
+      std::printf("  verify   max abs err %.3g vs one rank%s%s: %s\n", err,
+                  o.seq_lens.empty() ? "" : " (each document alone)",
                   r.preset.family == ModelFamily::kLlm
                       ? (tokens_match ? ", tokens identical" : ", TOKENS DIFFER")
                       : "",
@@ -266,11 +321,18 @@ void add_model_command(CLI::App& app, ModelOptions& o) {
   m->add_option("--prompt-len,--prompt_len", o.prompt_len, "llm: prompt tokens (prefill)");
   m->add_option("--decode", o.decode,
                 "llm: tokens generated after the prompt (the prefill gives the first, each decode "
-                "step one more)");
+                "step one more)")
+      ->each([&o](const std::string&) { o.decode_given = true; });
+  m->add_option("--seq-lens,--seq_lens", o.seq_lens,
+                "llm: packed documents of these lengths (e.g. 300,1,77; seeded tokens) prefilled "
+                "together instead of --prompt-len, each attending itself; the tokens are each "
+                "one's next token, nothing decoded after")
+      ->delimiter(',');
   add_chunk_flags(m, o);
   m->add_option("--seed", o.seed, "seed of weights and inputs");
   m->add_flag("--verify", o.verify,
-              "compare with the same model on one rank (llm: the prompt whole)");
+              "compare with the same model on one rank (llm: the prompt whole; --seq-lens: each "
+              "document alone)");
   m->add_flag("--json", o.json, "print one JSON object");
   guard_integer_options(m);
 }
@@ -285,12 +347,12 @@ int run_model_command(const ModelOptions& o) {
     if (!o.save_weights.empty()) save_weights(o, ws);
     ModelResult got, single;
     run_on_threads(n, [&](Communicator& world) {
-      ModelResult res = run_model(world, r, o, ws, r.shape);
+      ModelResult res = run_model(world, r, o, ws, r.shape, false);
       if (world.rank() == 0) got = std::move(res);
     });
     if (o.verify)
       run_on_threads(
-          1, [&](Communicator& world) { single = run_model(world, r, o, ws, MeshShape{}); });
+          1, [&](Communicator& world) { single = run_model(world, r, o, ws, MeshShape{}, true); });
     return finish_output(report(o, r, got, o.verify ? &single : nullptr, "threads"));
   }
   Resolved r;
@@ -306,12 +368,12 @@ int run_model_command(const ModelOptions& o) {
         if (!o.save_weights.empty())
           if (const int code = on_rank0_first(world, o.json, [&] { save_weights(o, ws); }))
             return code;
-        ModelResult got = run_model(world, r, o, ws, r.shape);
+        ModelResult got = run_model(world, r, o, ws, r.shape, false);
         // The single-rank reference runs on rank 0 alone.
         std::unique_ptr<Communicator> alone = world.split(world.rank() == 0 ? 0 : 1, world.rank());
         if (world.rank() != 0) return 0;
         ModelResult single;
-        if (o.verify) single = run_model(*alone, r, o, ws, MeshShape{});
+        if (o.verify) single = run_model(*alone, r, o, ws, MeshShape{}, true);
         return report(o, r, got, o.verify ? &single : nullptr, "mpi");
       });
 }

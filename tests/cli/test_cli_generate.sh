@@ -198,6 +198,28 @@ if [ -n "$mpiexec" ]; then
     printf '%s' "$err" | grep -q "fewer than the 2 sequence-parallel ranks" && ok ||
     bad "mpi: --document-ids shorter than the ranks: exit $rc: $err"
 fi
+# seqpar model --seq-lens: the llm presets' packed documents (seeded), --verify comparing each
+# with that document alone on one rank.
+out=$("$bin" model --preset tiny-llm --seq-lens 30,1,7,12 --tp 2 --ring-degree 2 --layout zigzag \
+        --verify --json 2>&1); rc=$?
+[ $rc -eq 0 ] && [ "$(json_get "$out" ok 2>/dev/null)" = True ] &&
+  [ "$(json_get "$out" seq_lens 2>/dev/null)" = "[30, 1, 7, 12]" ] && ok ||
+  bad "model --seq-lens --verify exited $rc: $out"
+expect_exit2 "^seqpar: error: --seq-lens length 0 is out of range" model --preset tiny-llm --seq-lens 3,0
+expect_exit2 "^seqpar: error: --seq-lens prefill packed documents in one pass and decode nothing" \
+  model --preset tiny-llm --seq-lens 3,4 --decode 2
+expect_exit2 "^seqpar: error: --seq-lens (packed documents) is for llm presets" \
+  model --preset tiny-dit --seq-lens 3
+expect_exit2 "^seqpar: error: --seq-lens holds 3 tokens in 2 documents, fewer than the 4 sequence-parallel ranks" \
+  model --preset tiny-llm --seq-lens 1,2 --ring-degree 4
+if [ -n "$mpiexec" ]; then
+  out=$(timeout -s KILL 90 "$mpiexec" --allow-run-as-root --oversubscribe \
+          --mca btl_vader_single_copy_mechanism none -n 4 \
+          "$bin" model --preset tiny-llm --seq-lens 30,1,7,12 --tp 2 --ulysses-degree 2 --verify \
+          --backend mpi --json 2>&1); rc=$?
+  [ $rc -eq 0 ] && printf '%s' "$out" | grep -q '"ok":true' && ok ||
+    bad "mpi: model --seq-lens --verify exited $rc: $out"
+fi
 # Lists of ids: a comma sits between two ids.
 expect_exit2 "--prompt-ids: an empty item between two commas" $(gen --model "$tmp/good" --prompt-ids 1,,2)
 expect_exit2 "--prompt-ids: a comma ends the list" $(gen --model "$tmp/good" --prompt-ids 1,2,)
