@@ -7,7 +7,12 @@
 # usage: test_package.sh install|subdirectory SOURCE_DIR BUILD_DIR
 set -euo pipefail
 mode=$1 src=$2 build=$3
-tmp=$(mktemp -d)
+[ -d "$build" ] || { echo "test_package.sh: no build folder '$build'" >&2; exit 2; }
+# A fixed folder inside the build tree (not mktemp): below the checkout, ccache's base directory
+# makes the consumer's compile lines the same in every checkout, so unchanged files are lookups.
+tmp=$build/package-$mode
+rm -rf "$tmp"
+mkdir -p "$tmp"
 trap 'rm -rf "$tmp"' EXIT
 consumer=$tmp/consumer
 cp -r "$src/tests/package/consumer" "$consumer"
