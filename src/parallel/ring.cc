@@ -7,12 +7,15 @@
 // Accepts: member i of the ring holds the K/V of the tokens at block_pos[i] (any order, any
 //   lengths: every layout, uneven and padded shards, documents); this member's q (B, Sq, H, D)
 //   at q_pos and k, v (B, n_r, Hkv, D) at block_pos[r], fp32, bf16 or fp16, H a multiple of Hkv;
-//   CpOptions: causal, padding (valid_len), documents (cu_seqlens), softmax online or const-max.
+//   CpOptions: causal, padding (valid_len), documents (cu_seqlens), softmax online or const-max,
+//   kv_use (kKeep; kLend, kConsume: k and v are written during the call, contiguous storage of
+//   their own that no other thread reads meanwhile).
 // Returns: the state of q over every member's keys, out (B, Sq, H, D) and lse (B, Sq, H), fp32;
 //   adds to *stats (ring_attention resets it first).
 // Steps on member r of N (next = r+1, prev = r-1 mod N); at step s it holds the block of r-s:
 //   (const-max: all_reduce(max) of the largest key norm per (batch, kv head), const_max.cc)
-//   1. if s < N-1: irecv(prev) of the block of member r-s-1, isend(next) of the held block
+//   1. if s < N-1 (opts.kv_use kLend: s < N, the last receiving the own block back): irecv(prev)
+//      of the block of member r-s-1, isend(next) of the held block
 //   2. attend q to the held block unless the mask hides all of it; merge into the accumulator
 //      (const-max: the first block attended decides each row fixed or fallback; later blocks
 //      add the fixed rows' sums without rescaling)
@@ -25,11 +28,17 @@
 //   3      1          2          3          0
 // Bytes per member (t = 2·B·Hkv·D·e, a token's K and V; n_i tokens of member i, S = Σ n_i):
 //   sent t·(S - n_{r+1}), received t·(S - n_r), in N-1 messages of K and N-1 of V, each
-//   overlapped with a step's attention; even shards 2·S·Hkv·D·e·B·(N-1)/N each way. const-max
-//   adds 4·B·Hkv·(N-1) each way.
+//   overlapped with a step's attention; even shards 2·S·Hkv·D·e·B·(N-1)/N each way. kLend: t·S
+//   each way, N messages of each (the own block home). const-max adds 4·B·Hkv·(N-1) each way.
 // Memory: the own shard plus two receive slots, each as large as the largest block it received
-//   (CpStats::peak_kv_bytes). Zero copy (threads backend): no slot is allocated, peers' blocks
-//   are read in place (measured_kv_bytes: the own shard).
+//   (CpStats::peak_kv_bytes): 3/N of the K/V on even shards. kLend, kConsume: the own shard's
+//   storage is slot 1, so 2/N (unless a block received into it is larger than the own shard:
+//   then two slots as kKeep). Zero copy (threads backend): no slot is allocated and k, v are
+//   never written, peers' blocks are read in place (measured_kv_bytes: the own shard).
+// Where the own block goes (copies): kKeep never sends it away for good (its storage is read
+//   only); kLend lends its storage and brings the block home at step N-1 (k, v as given on
+//   return); kConsume leaves k, v holding another member's block (callers that read them no
+//   more). ring_driver.h has the slot each block lands in.
 // Limitations: causal masking skips compute, not bytes (every block travels: members further on
 //   need it); contiguous causal shards leave rank r about (2r+1)/N of the mean work (use zigzag,
 //   striped or schedule steal); the N-1 transfers are in series, so a step too short to hide
@@ -132,7 +141,11 @@ AttnState ring_over_blocks(Communicator& comm, std::span<const std::span<const i
   BlockAttention attention(q, q_pos, opts, std::move(cmax));
 
   // The ring of K/V blocks; each step attends q (then the hook's queries) to the held block.
-  RingPayload payload{{&k, &v}, {kTagK, kTagV}, {}, /*zero_copy=*/true};
+  // kLend, kConsume: the caller gave up k and v for the call (CpOptions::kv_use), so their
+  // storage is written.
+  RingPayload payload{{&k, &v}, {kTagK, kTagV}, {}, /*zero_copy=*/true, opts.kv_use};
+  if (opts.kv_use != KvUse::kKeep)
+    payload.own_storage = {const_cast<void*>(k.raw()), const_cast<void*>(v.raw())};
   for (const auto& pos : block_pos) payload.tokens.push_back(static_cast<int64_t>(pos.size()));
   auto attend_block = [&](const RingBlock& block, const std::function<void()>& progress) {
     const double t0 = now_seconds();
@@ -161,8 +174,7 @@ AttnState ring_over_blocks(Communicator& comm, std::span<const std::span<const i
 }
 
 AttnState ring_attention(Communicator& comm, const Partition& part, const Tensor& q,
-                         const Tensor& k, const Tensor& v, const CpOptions& opts,
-                         CpStats* stats) {
+                         const Tensor& k, const Tensor& v, const CpOptions& opts, CpStats* stats) {
   validate_local_shapes(comm, part, q, k, v);
   std::vector<std::span<const int64_t>> blocks(part.ranks());
   for (int i = 0; i < part.ranks(); ++i) blocks[i] = part.positions(i);
@@ -179,27 +191,35 @@ int64_t capacity_bytes(int64_t bytes) {
   return bytes <= 0 ? 0 : std::max<int64_t>(64, (bytes + 63) / 64 * 64);
 }
 
+// Transfers of the ring: N-1, or N when the own block comes home (kLend).
+int ring_transfers(int n, KvUse use) { return n <= 1 ? 0 : use == KvUse::kLend ? n : n - 1; }
+
 // What ring_over_blocks holds on member r: its own block plus two receive buffers (K and V
-// each), buffer i refilled at steps s = i (mod 2), s < n-1, growing to the largest block it
-// received. len[i]: tokens of block i; token_bytes: K or V of one token.
-int64_t ring_peak_kv(std::span<const int64_t> len, int r, int64_t token_bytes) {
+// each), buffer i refilled at the transfer steps s = i (mod 2), growing to the largest block it
+// received; with kLend or kConsume buffer 1 is the own block's storage unless a block it
+// receives is larger than the own. len[i]: tokens of block i; token_bytes: K or V of one token.
+int64_t ring_peak_kv(std::span<const int64_t> len, int r, int64_t token_bytes, KvUse use) {
   const int n = static_cast<int>(len.size());
   int64_t buf[2] = {0, 0};
-  for (int s = 0; s + 1 < n; ++s) {
+  bool own_slot = use != KvUse::kKeep && n > 1;
+  for (int s = 0; s < ring_transfers(n, use); ++s) {
     const int incoming = ((r - s - 1) % n + n) % n;
     buf[s % 2] = std::max(buf[s % 2], len[incoming] * token_bytes);
+    if (s % 2 == 1 && len[incoming] > len[r]) own_slot = false;
   }
-  return 2 * len[r] * token_bytes + 2 * (capacity_bytes(buf[0]) + capacity_bytes(buf[1]));
+  return 2 * len[r] * token_bytes +
+         2 * (capacity_bytes(buf[0]) + (own_slot ? 0 : capacity_bytes(buf[1])));
 }
 
 }  // namespace
 
-// Member i at step s (0 <= s < n) attends to the block of member i - s and, for s < n-1, sends
-// the block it holds to member i+1 while receiving that of member i-s-1 from member i-1. A step
-// after the first attended block merges its state into the accumulator.
+// Member i at step s (0 <= s < n) attends to the block of member i - s and, for s < n-1 (kLend:
+// s < n, the last bringing the own block home), sends the block it holds to member i+1 while
+// receiving that of member i-s-1 from member i-1. A step after the first attended block merges
+// its state into the accumulator.
 void add_ring(Schedule& s, const CallRuns& c, GroupMembers members,
               std::span<const PositionRuns> blocks, std::span<const PositionRuns> queries,
-              int64_t heads, int64_t kv_heads, CommGroup group, SoftmaxMode softmax) {
+              int64_t heads, int64_t kv_heads, CommGroup group, SoftmaxMode softmax, KvUse kv_use) {
   const int n = static_cast<int>(members.size());
   const int64_t token = c.B * kv_heads * c.D * static_cast<int64_t>(c.e);  // K or V of a token
   std::vector<int64_t> len(n);
@@ -218,7 +238,7 @@ void add_ring(Schedule& s, const CallRuns& c, GroupMembers members,
         if (attended) st.copy_bytes = c.merge_bytes(rows, heads);
         attended = true;
       }
-      if (step + 1 < n) {
+      if (step < ring_transfers(n, kv_use)) {
         Transfer& t = st.comm.emplace();
         t.op = OpKind::kSendRecv;
         t.what = "k, v";
@@ -231,15 +251,20 @@ void add_ring(Schedule& s, const CallRuns& c, GroupMembers members,
       }
       rs.steps.push_back(std::move(st));
     }
-    rs.peak_kv_bytes = ring_peak_kv(len, i, token);
+    rs.peak_kv_bytes = ring_peak_kv(len, i, token, kv_use);
   }
 }
 
-Schedule ring_schedule(const ParallelConfig& cfg, const AttnShape& shape) {
+Schedule ring_schedule(const ParallelConfig& cfg, const AttnShape& shape, KvUse kv_use) {
   const CallRuns c = sequence_runs(cfg, shape);
   Schedule s = empty_schedule(c);
-  add_ring(s, c, consecutive_members(0, c.n()), c.kv, c.q, c.H, c.Hkv, CommGroup::kSp, cfg.softmax);
+  add_ring(s, c, consecutive_members(0, c.n()), c.kv, c.q, c.H, c.Hkv, CommGroup::kSp, cfg.softmax,
+           kv_use);
   return s;
+}
+
+Schedule ring_schedule(const ParallelConfig& cfg, const AttnShape& shape) {
+  return ring_schedule(cfg, shape, KvUse::kKeep);
 }
 
 }  // namespace seqpar

@@ -2,7 +2,9 @@
 #include "ring_driver.h"
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "seqpar/core/error.h"
@@ -38,8 +40,23 @@ struct Transfer {
   }
 };
 
-// One member's ring: the held block, the two receive slots (copies) or the leases on borrowed
-// blocks and the sends waiting for the drain (zero copy).
+// Transfers of a ring of n members: N-1, or N when the own block comes home (kLend).
+int ring_transfers(int n, KvUse own_use) {
+  return n <= 1 ? 0 : own_use == KvUse::kLend ? n : n - 1;
+}
+
+// Whether member r's own storage serves as slot 1: its block is lent and no block received at an
+// odd step (into slot 1) is larger than its own.
+bool own_is_slot1(std::span<const int64_t> tokens, int r, KvUse own_use) {
+  const int n = static_cast<int>(tokens.size());
+  if (own_use == KvUse::kKeep || n <= 1) return false;
+  for (int s = 1; s < ring_transfers(n, own_use); s += 2)
+    if (tokens[((r - s - 1) % n + n) % n] > tokens[r]) return false;
+  return true;
+}
+
+// One member's ring: the held block, the two receive slots (copies; slot 1 the own storage when
+// lent) or the leases on borrowed blocks and the sends waiting for the drain (zero copy).
 class BlockRing {
  public:
   BlockRing(Communicator& comm, const RingPayload& payload)
@@ -49,17 +66,25 @@ class BlockRing {
         next_((comm.rank() + 1) % n_),
         prev_((comm.rank() + n_ - 1) % n_),
         parts_(static_cast<int>(payload.own.size())),
+        transfers_(ring_transfers(n_, payload.own_use)),
         borrow_(payload.zero_copy && comm.borrows() && n_ > 1),
-        sends_(borrow_ ? n_ - 1 : 0),
-        leases_(borrow_ ? n_ - 1 : 0) {
+        own_slot_(own_is_slot1(payload.tokens, comm.rank(), payload.own_use)),
+        sends_(borrow_ ? transfers_ : 0),
+        leases_(borrow_ ? transfers_ : 0) {
     SEQPAR_CHECK(parts_ >= 1 && parts_ <= static_cast<int>(kMaxRingParts) &&
                      payload.tags.size() == payload.own.size(),
                  "one tag per part, at most ", kMaxRingParts, " parts");
     SEQPAR_CHECK(static_cast<int>(payload.tokens.size()) == n_, "one block per ring member");
     held_.owner = comm.rank();
-    for (int j = 0; j < parts_; ++j) held_.parts[j] = payload.own[j];
+    for (int j = 0; j < parts_; ++j) {
+      held_.parts[j] = payload.own[j];
+      SEQPAR_CHECK(payload.own_use == KvUse::kKeep || payload.own[j]->nbytes() == 0 ||
+                       payload.own_storage[j] == payload.own[j]->raw(),
+                   "a lent block's storage is its own tensor's");
+    }
   }
 
+  int transfers() const { return transfers_; }
   bool zero_copy() const { return borrow_; }
   const RingBlock& held() const { return held_; }
   int next() const { return next_; }
@@ -88,6 +113,10 @@ class BlockRing {
         // A borrowed block occupies a receive slot as a copied one would (RingTotals::slot_bytes).
         borrowed_[slot][j] = std::max(borrowed_[slot][j], slot_capacity(in_bytes));
         t.reqs[j] = comm_.irecv_borrow(nullptr, in_bytes, prev_, tag, &t.in[j], &leases_[step][j]);
+      } else if (slot == 1 && own_slot_) {
+        void* in = payload_.own_storage[j];  // the lent own storage (own_is_slot1: it fits)
+        t.in[j] = in;
+        t.reqs[j] = comm_.irecv(in, in_bytes, prev_, tag);
       } else {
         Tensor& in = slots_[slot][j];
         in.resize(shape(j, incoming), payload_.own[j]->dtype());
@@ -116,7 +145,7 @@ class BlockRing {
   void hold(int step, int incoming, const Transfer& t) {
     held_.owner = incoming;
     for (int j = 0; j < parts_; ++j) {
-      if (borrow_) {
+      if (borrow_ || (step % 2 == 1 && own_slot_)) {  // borrowed, or in the own storage
         views_[j] = Tensor::borrow(t.in[j], shape(j, incoming), payload_.own[j]->dtype());
         held_.parts[j] = &views_[j];
       } else {
@@ -125,24 +154,35 @@ class BlockRing {
     }
   }
 
+  // kLend with copies, after step N-1's transfer: the own block, received into slot 0 (N odd),
+  // copied into the own storage if blocks were received there (in slot 1 it is home already).
+  void bring_home(const Transfer& t) {
+    if (borrow_ || !own_slot_ || (n_ - 1) % 2 == 1) return;
+    for (int j = 0; j < parts_; ++j)
+      if (payload_.own[j]->nbytes() > 0)
+        std::memcpy(payload_.own_storage[j], t.in[j], payload_.own[j]->nbytes());
+  }
+
   // After the last step (zero copy): the lease of the block held last (never forwarded), then,
   // newest first, each send waited for and the lease of the block it forwarded dropped. Returns
   // the seconds it took.
   double drain() {
     if (!borrow_) return 0;
     const double t0 = now_seconds();
-    leases_[n_ - 2] = {};
-    for (int s = n_ - 2; s >= 0; --s) {
+    leases_[transfers_ - 1] = {};
+    for (int s = transfers_ - 1; s >= 0; --s) {
       wait_all(sends_[s]);
       if (s > 0) leases_[s - 1] = {};  // the block sent at step s
     }
     return now_seconds() - t0;
   }
 
+  // Slot 1 in the own storage counts nothing (borrowed_[1] then tracks what it would hold).
   int64_t slot_bytes() const {
     int64_t total = allocated_bytes();
-    for (const auto& slot : borrowed_)
-      for (size_t b : slot) total += static_cast<int64_t>(b);
+    for (int i = 0; i < 2; ++i)
+      if (i == 0 || !own_slot_)
+        for (size_t b : borrowed_[i]) total += static_cast<int64_t>(b);
     return total;
   }
   int64_t allocated_bytes() const {
@@ -155,10 +195,11 @@ class BlockRing {
  private:
   Communicator& comm_;
   const RingPayload& payload_;
-  const int n_, next_, prev_, parts_;
-  const bool borrow_;
+  const int n_, next_, prev_, parts_, transfers_;
+  const bool borrow_, own_slot_;
   RingBlock held_;
-  // Copies: two receive slots of every part. Zero copy: views of the borrowed parts held, the
+  // Copies: two receive slots of every part (slot 1 unused when the own storage serves), views
+  // of the parts held in the own storage. Zero copy: views of the borrowed parts held, the
   // largest slot each would have needed, every step's sends and the leases on the blocks held
   // at step s+1 (sends before leases: destroyed after them, so a member unwinding on an error
   // first drops what it borrowed, and only then waits for its own lent blocks).
@@ -198,18 +239,21 @@ RingTotals ring_pass(Communicator& comm, const RingPayload& payload, const RingT
   RingTotals totals;
   for (int step = 0; step < n; ++step) {
     const int src = (r + n - step) % n, incoming = (r + n - step - 1) % n;
-    const bool last = step + 1 == n;
+    const bool last = step + 1 == n, transfers = step < ring.transfers();
     trace::Scope span(trace::enabled() ? detail::concat(names.name, " step ", step) : std::string(),
                       names.category, trace::Lane::kCompute);
     span.arg("block_of", src);
     span.arg(names.tokens_arg, payload.tokens[src]);
     Transfer next;
     next.posted_us = span.active() ? trace::now_us() : 0;
-    if (!last) ring.post(step, incoming, next);  // irecv(prev) and isend(next) of the next block
+    if (transfers) ring.post(step, incoming, next);  // irecv(prev), isend(next) of the next block
     step_fn(ring.held(), [&next] { next.progress(); });  // compute on the current block
     totals.wait_seconds += BlockRing::wait(next);        // wait
-    if (last) break;
-    if (trace::enabled()) trace_transfer(names, step, next, ring, payload.zero_copy);
+    if (transfers && trace::enabled()) trace_transfer(names, step, next, ring, payload.zero_copy);
+    if (last) {
+      if (transfers) ring.bring_home(next);  // kLend: the own block is back
+      break;
+    }
     ring.hold(step, incoming, next);  // swap buffers
   }
   if (ring.zero_copy()) {

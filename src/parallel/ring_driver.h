@@ -23,6 +23,19 @@
 // Receive slots: two, used alternately (slot s mod 2 refilled at step s), so a slot is refilled
 // only after its send and its compute finished at step s-1; each grows to the largest block it
 // received.
+// Lent own block (RingPayload::own_use kLend or kConsume, copying backends): the own block's
+// storage is slot 1 (refilled at the odd steps, the first time at step 1, after the own block's
+// send and compute at step 0 finished), so a member holds its own storage plus slot 0: 2 blocks
+// where kKeep holds 3. A member whose own storage is smaller than a block received at an odd step
+// (uneven shards) keeps it and uses two slots of its own (all members still make the same
+// transfers). kLend brings the own block home: step N-1 also transfers, the held block (that of
+// member r+1) to next and from prev the own block, which lands in the own storage when N is even
+// and in slot 0 when N is odd (then copied home after the wait): N transfers, each member sends
+// and receives one more block. kConsume makes N-1 transfers and returns with the own storage
+// holding the last block received at an odd step (that of member r-2 for N = 3 or 4; its own
+// for N <= 2).
+// With zero copy the storage is never written; kLend's step N-1 borrows too (the same bytes
+// counted), and RingTotals count slot 1 in the own storage as with copies.
 // Zero copy (RingPayload::zero_copy and comm.borrows(): ranks share memory, the threads backend):
 // every block in flight is some member's own block, which no member modifies during the call, so
 // nothing is copied: step 1 receives with irecv_borrow (the address of the sender's block, and a
@@ -39,7 +52,8 @@
 // to arrival; args bytes_sent, bytes_recv, to, from and, for zero-copy payloads, zero_copy), and
 // the drain "<name> drain" (comm lane).
 // Thread-safety: one call per member (thread or process); the payload's tensors must stay
-// unchanged until the call returns (peers may read them in place).
+// unchanged until the call returns (peers may read them in place), but for the own storage a
+// lent block's member writes (nobody else may read it during the call).
 #pragma once
 
 #include <array>
@@ -50,6 +64,7 @@
 
 #include "seqpar/comm/communicator.h"
 #include "seqpar/core/tensor.h"
+#include "seqpar/parallel/strategies.h"
 
 namespace seqpar {
 
@@ -64,6 +79,9 @@ struct RingPayload {
   std::vector<int> tags;           // the message tag of each part
   std::vector<int64_t> tokens;     // tokens of member i's block, for every member i
   bool zero_copy = false;          // borrow the blocks where the communicator shares memory
+  // kLend, kConsume: own_storage[j] is part j's writable storage (own[j]'s bytes), slot 1.
+  KvUse own_use = KvUse::kKeep;
+  std::array<void*, kMaxRingParts> own_storage{};
 };
 
 // Names of the trace events (static strings).
@@ -87,7 +105,8 @@ struct RingTotals {
   // The receive slots, every part: the storage they occupy, a borrowed block counting as if it
   // had been received into a slot (the K/V a member reads at once, whatever the backend).
   int64_t slot_bytes = 0;
-  // The receive slots' storage actually allocated (0 when every block was borrowed).
+  // The receive slots' storage actually allocated (0 when every block was borrowed). Slot 1 in
+  // the own storage (kLend, kConsume) counts in neither figure.
   int64_t allocated_bytes = 0;
 };
 

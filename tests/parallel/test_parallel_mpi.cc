@@ -10,11 +10,12 @@
 
 namespace seqpar {
 
-using seqpar::testing::Problem;
 using seqpar::testing::inputs_for;
 using seqpar::testing::max_err_lse;
+using seqpar::testing::Problem;
 
-class MpiStrategies : public ::testing::TestWithParam<std::tuple<Strategy, Layout, bool, int64_t>> {};
+class MpiStrategies : public ::testing::TestWithParam<std::tuple<Strategy, Layout, bool, int64_t>> {
+};
 
 TEST_P(MpiStrategies, MatchReferenceAndFormula) {
   auto [strategy, layout, causal, seq] = GetParam();
@@ -62,9 +63,8 @@ INSTANTIATE_TEST_SUITE_P(
 std::vector<seqpar::testing::CheckCase> mpi_cases() {
   using seqpar::testing::Op;
   std::vector<seqpar::testing::CheckCase> v;
-  const std::pair<int64_t, DType> pairs[] = {{1, DType::kF32},  {2, DType::kBF16},
-                                             {3, DType::kF16},  {2, DType::kF32},
-                                             {3, DType::kBF16}, {1, DType::kF16}};
+  const std::pair<int64_t, DType> pairs[] = {{1, DType::kF32}, {2, DType::kBF16}, {3, DType::kF16},
+                                             {2, DType::kF32}, {3, DType::kBF16}, {1, DType::kF16}};
   const Layout layouts[] = {Layout::kContiguous, Layout::kZigzag, Layout::kStriped};
   for (const auto& kind : seqpar::testing::kinds())
     for (int i = 0; i < 6; ++i) {
@@ -126,9 +126,13 @@ TEST_P(MpiSteal, MatchesReferenceAndSchedule) {
   ParallelConfig cfg;
   cfg.schedule = ScheduleKind::kSteal;
   cfg.mesh.ring = n;
-  const Schedule sched = attention_schedule(
-      cfg, {.batch = p.batch, .seq = seq, .heads = p.heads, .kv_heads = p.kv_heads,
-            .head_dim = p.head_dim, .causal = true, .dtype = dtype});
+  const Schedule sched = attention_schedule(cfg, {.batch = p.batch,
+                                                  .seq = seq,
+                                                  .heads = p.heads,
+                                                  .kv_heads = p.kv_heads,
+                                                  .head_dim = p.head_dim,
+                                                  .causal = true,
+                                                  .dtype = dtype});
   const CommPrediction want = schedule_bytes(sched, r);
   EXPECT_EQ(comms.stats().total_sent(), want.sent) << "rank " << r;
   EXPECT_EQ(comms.stats().total_recv(), want.recv) << "rank " << r;
@@ -139,5 +143,62 @@ TEST_P(MpiSteal, MatchesReferenceAndSchedule) {
 INSTANTIATE_TEST_SUITE_P(All, MpiSteal,
                          ::testing::Combine(::testing::Values(int64_t{64}, int64_t{517}),
                                             ::testing::Values(DType::kF32, DType::kBF16)));
+
+// The ring lending its own K/V's storage as a receive buffer (CpOptions::kv_use) over processes:
+// each rank's rows equal the reference; bytes, peak K/V and the storage allocated equal
+// ring_schedule(.., kv_use); kLend returns k and v as given (the own block brought home);
+// even shards hold the own shard plus one block (kKeep: plus two).
+class MpiRingKvUse : public ::testing::TestWithParam<std::tuple<KvUse, Layout, int64_t>> {};
+
+TEST_P(MpiRingKvUse, MatchesReferenceAndSchedule) {
+  auto [use, layout, seq] = GetParam();
+  auto comm = mpi_world();
+  const int n = comm->size(), r = comm->rank();
+  Problem p;
+  p.seq = seq;
+  p.batch = 2;
+  p.heads = 4;
+  p.kv_heads = 2;
+  p.head_dim = 32;
+  p.causal = true;
+  const auto& in = inputs_for(p);
+  Partition part(seq, n, layout);
+  Tensor q = shard(in.q, part, r), k = shard(in.k, part, r), v = shard(in.v, part, r);
+  CpOptions opts;
+  opts.causal = true;
+  opts.kv_use = use;
+  CpStats stats;
+  comm->stats().reset();
+  AttnState s = ring_attention(*comm, part, q, k, v, opts, &stats);
+  const ErrorBound tol = seqpar::testing::bound_for(p);
+  EXPECT_LE(max_abs_diff(s.out, shard(in.ref.out, part, r)), tol.out) << "rank " << r;
+  Tensor lse4 = in.ref.lse;
+  lse4.resize({p.batch, p.seq, p.heads, 1});
+  Tensor want_lse = shard(lse4, part, r);
+  want_lse.resize({p.batch, part.count(r), p.heads});
+  EXPECT_LE(max_err_lse(s.lse, want_lse), tol.lse) << "rank " << r;
+  if (use == KvUse::kLend) {
+    EXPECT_EQ(max_abs_diff(k, shard(in.k, part, r)), 0) << "rank " << r;
+    EXPECT_EQ(max_abs_diff(v, shard(in.v, part, r)), 0) << "rank " << r;
+  }
+  ParallelConfig cfg;
+  cfg.layout = layout;
+  cfg.mesh.ring = n;
+  const Schedule sched = ring_schedule(cfg, seqpar::testing::shape_of(p), use);
+  const CommPrediction want = schedule_bytes(sched, r);
+  EXPECT_EQ(comm->stats().total_sent(), want.sent) << "rank " << r;
+  EXPECT_EQ(comm->stats().total_recv(), want.recv) << "rank " << r;
+  EXPECT_EQ(stats.peak_kv_bytes, sched.ranks[r].peak_kv_bytes) << "rank " << r;
+  EXPECT_EQ(stats.measured_kv_bytes, stats.peak_kv_bytes) << "rank " << r;
+  if (seq % (2 * n) == 0)
+    EXPECT_EQ(stats.peak_kv_bytes, 2 * static_cast<int64_t>(k.nbytes() + v.nbytes()))
+        << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, MpiRingKvUse,
+                         ::testing::Combine(::testing::Values(KvUse::kLend, KvUse::kConsume),
+                                            ::testing::Values(Layout::kContiguous, Layout::kStriped,
+                                                              Layout::kZigzag),
+                                            ::testing::Values(int64_t{64}, int64_t{517})));
 
 }  // namespace seqpar

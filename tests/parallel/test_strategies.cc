@@ -2,13 +2,16 @@
 #include <gtest/gtest.h>
 
 #include "parallel/cp_test_util.h"
+#include "seqpar/comm/checked.h"
 
 namespace seqpar {
 
+using seqpar::testing::Inputs;
 using seqpar::testing::inputs_for;
 using seqpar::testing::max_err_lse;
 using seqpar::testing::Problem;
 using seqpar::testing::run_cp;
+using seqpar::testing::shape_of;
 
 using seqpar::testing::bound_for;
 
@@ -138,6 +141,83 @@ TEST(Strategies, RingKeepsTwoBlocksInFlight) {
   auto ag = run_cp(p, Strategy::kAllGather, Layout::kContiguous, ranks);
   for (int r = 0; r < ranks; ++r) EXPECT_EQ(ag.cp[r].peak_kv_bytes, p.seq * token_kv);
 }
+
+// CpOptions::kv_use kLend and kConsume: the own K/V's storage is one of the ring's two buffers.
+// Copying (a CheckedCommunicator, which does not borrow) and zero copy (the threads backend):
+// results as the reference's, bytes and peak K/V as ring_schedule(.., kv_use) predicts, the
+// storage allocated equal to the peak when copying, and kLend's k and v as given on return.
+// Even shards: the own shard plus one block (kKeep: plus two).
+using KvUseParam = std::tuple<KvUse, Layout, int, int64_t, bool>;  // use, layout, ranks, seq, copy
+
+class RingKvUse : public ::testing::TestWithParam<KvUseParam> {};
+
+TEST_P(RingKvUse, MatchesReferenceAndSchedule) {
+  auto [use, layout, ranks, seq, copy] = GetParam();
+  Problem p;
+  p.seq = seq;
+  p.heads = 4;
+  p.kv_heads = 2;
+  p.head_dim = 16;
+  p.causal = true;
+  const Inputs& in = inputs_for(p);
+  const Partition part(seq, ranks, layout);
+  CpOptions opts;
+  opts.causal = true;
+  opts.kv_use = use;
+  std::vector<Tensor> outs(ranks), lses(ranks);
+  std::vector<CommStats> comm_stats(ranks);
+  std::vector<CpStats> cp(ranks);
+  std::vector<int> restored(ranks, 0);
+  ThreadWorld::run(ranks, [&](Communicator& world) {
+    const int r = world.rank();
+    CheckedCommunicator checked(world);
+    Communicator& comm = copy ? static_cast<Communicator&>(checked) : world;
+    Tensor q = shard(in.q, part, r), k = shard(in.k, part, r), v = shard(in.v, part, r);
+    AttnState s = ring_attention(comm, part, q, k, v, opts, &cp[r]);
+    comm_stats[r] = comm.stats();
+    restored[r] =
+        max_abs_diff(k, shard(in.k, part, r)) == 0 && max_abs_diff(v, shard(in.v, part, r)) == 0;
+    outs[r] = std::move(s.out);
+    lses[r] = std::move(s.lse);
+    lses[r].resize({p.batch, part.count(r), p.heads, 1});
+  });
+  Tensor out = unshard(outs, part), lse = unshard(lses, part);
+  lse.resize({p.batch, p.seq, p.heads});
+  EXPECT_LE(max_abs_diff(out, in.ref.out), bound_for(p).out);
+  EXPECT_LE(max_err_lse(lse, in.ref.lse), bound_for(p).lse);
+
+  ParallelConfig cfg;
+  cfg.layout = layout;
+  cfg.mesh.ring = ranks;
+  const Schedule sched = ring_schedule(cfg, shape_of(p), use);
+  const int64_t token_kv = 2 * p.kv_heads * p.head_dim * 4;
+  for (int r = 0; r < ranks; ++r) {
+    const CommPrediction want = schedule_bytes(sched, r);
+    EXPECT_EQ(comm_stats[r].total_sent(), want.sent) << "rank " << r;
+    EXPECT_EQ(comm_stats[r].total_recv(), want.recv) << "rank " << r;
+    EXPECT_EQ(cp[r].peak_kv_bytes, sched.ranks[r].peak_kv_bytes) << "rank " << r;
+    EXPECT_EQ(cp[r].measured_kv_bytes, copy ? cp[r].peak_kv_bytes : part.count(r) * token_kv)
+        << "rank " << r;
+    if (use == KvUse::kLend || !copy) {
+      EXPECT_TRUE(restored[r]) << "rank " << r;
+    }
+    if (ranks > 1 && seq % (2 * ranks) == 0) {  // even shards, 64-byte multiples: own + a block
+      EXPECT_EQ(cp[r].peak_kv_bytes, 2 * part.count(r) * token_kv) << "rank " << r;
+    }
+  }
+  // kLend: one more block each way than kKeep, the own block home.
+  const Schedule keep = ring_schedule(cfg, shape_of(p), KvUse::kKeep);
+  for (int r = 0; r < ranks && ranks > 1 && use == KvUse::kLend; ++r)
+    EXPECT_EQ(schedule_bytes(sched, r).recv,
+              schedule_bytes(keep, r).recv + static_cast<uint64_t>(part.count(r) * token_kv));
+}
+
+INSTANTIATE_TEST_SUITE_P(All, RingKvUse,
+                         ::testing::Combine(::testing::Values(KvUse::kLend, KvUse::kConsume),
+                                            ::testing::Values(Layout::kContiguous, Layout::kZigzag),
+                                            ::testing::Values(1, 2, 3, 4, 5),
+                                            ::testing::Values(int64_t{37}, int64_t{120}),
+                                            ::testing::Bool()));
 
 TEST(Strategies, CausalWorkMatchesVisiblePairs) {
   Problem p;

@@ -92,6 +92,8 @@ Schedule attention_schedule(const ParallelConfig& c, const AttnShape& s);
 Schedule local_schedule(const ParallelConfig& c, const AttnShape& s);
 Schedule allgather_schedule(const ParallelConfig& c, const AttnShape& s);
 Schedule ring_schedule(const ParallelConfig& c, const AttnShape& s);  // const-max: key norms
+// The ring with CpOptions::kv_use = kv_use (the one above: kKeep).
+Schedule ring_schedule(const ParallelConfig& c, const AttnShape& s, KvUse kv_use);
 Schedule steal_schedule(const ParallelConfig& c, const AttnShape& s);  // ring, schedule steal
 Schedule ulysses_schedule(const ParallelConfig& c, const AttnShape& s);
 Schedule usp_schedule(const ParallelConfig& c, const AttnShape& s);

@@ -33,6 +33,15 @@
 
 namespace seqpar {
 
+// What a ring (ring, passkv, steal, usp's ring part) may do with this member's own K/V (k, v)
+// where blocks are copied (MPI; the threads backend reads peers' blocks in place and writes
+// nothing): kKeep reads them only and receives into two buffers of its own (own shard + two
+// blocks); kLend lends their storage as one of the two buffers and brings the own block home by
+// one more transfer (own shard + one block; k and v hold their values again on return, but not
+// during the call or after an error); kConsume lends it without bringing it home (k and v hold
+// some member's block on return). docs/algorithms.md "ring (pass-KV)".
+enum class KvUse { kKeep, kLend, kConsume };
+
 struct CpOptions {
   bool causal = false;
   float scale = 0.f;  // 0 = 1/sqrt(D)
@@ -47,6 +56,7 @@ struct CpOptions {
   // Packed documents (varlen): cu_seqlens (partition.h) of the documents on global positions; a
   // query attends only keys of its own document. Empty = one document.
   std::vector<int64_t> cu_seqlens;
+  KvUse kv_use = KvUse::kKeep;  // the rings' use of the caller's k and v
 };
 
 // The communicators a strategy runs on: the sequence-parallel group (N ranks) and, for usp, its
