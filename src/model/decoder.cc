@@ -177,6 +177,17 @@ Tensor Decoder::rope(std::span<const int64_t> positions) const {
 }
 
 namespace {
+// A layer's causal attention call as the sequence-parallel group sees it (heads after tp);
+// the caller sets the lengths.
+AttnShape group_call(const DecoderConfig& m, int tp) {
+  AttnShape call;
+  call.heads = m.heads / tp;
+  call.kv_heads = std::max<int64_t>(1, m.kv_heads / tp);
+  call.head_dim = m.head_dim;
+  call.causal = true;
+  return call;
+}
+
 int32_t argmax(const Tensor& logits) {
   int32_t best = 0;
   for (int64_t i = 1; i < logits.numel(); ++i)
@@ -279,12 +290,7 @@ Tensor Decoder::extend(std::span<const int32_t> tokens, Turn& turn) {
     } else {
       SEQPAR_ARG_CHECK(opts.choose_chunk != nullptr, "prefill_chunk and chat turns need a ",
                        "chunk_strategy (passkv, passq) or a chooser (auto on a hardware profile)");
-      const int tp = ctx.tp_size();
-      AttnShape call;
-      call.heads = m_.heads / tp;
-      call.kv_heads = std::max<int64_t>(1, m_.kv_heads / tp);
-      call.head_dim = m_.head_dim;
-      call.causal = true;
+      AttnShape call = group_call(m_, ctx.tp_size());
       call.cached = begin;
       call.fresh = T;
       call.seq = begin + T;
@@ -390,12 +396,7 @@ Placement Decoder::check_documents(const DecoderConfig& m, const ParallelConfig&
     group.schedule = ScheduleKind::kDefault;
     group.softmax = SoftmaxMode::kOnline;
   }
-  const int tp = c.mesh.tp;
-  AttnShape shape;
-  shape.heads = m.heads / tp;
-  shape.kv_heads = std::max<int64_t>(1, m.kv_heads / tp);
-  shape.head_dim = m.head_dim;
-  shape.causal = true;
+  AttnShape shape = group_call(m, c.mesh.tp);
   shape.seq = total;
   shape.seq_lens = lens;
   SEQPAR_ARG_CHECK(group.sp() <= total, parameter, " holds ", total, " tokens in ", lens.size(),
