@@ -65,6 +65,14 @@ void check_steal(const ParallelConfig& c, const AttnShape& s) {
                    "document");
 }
 
+// Where the planner proposes steal unpinned: work stealing balances causal work, under the online
+// softmax it runs with.
+bool steal_helps(const AttnShape& s, SoftmaxMode softmax) {
+  return s.causal && softmax == SoftmaxMode::kOnline;
+}
+// Its host bookkeeping: the pieces handed out and back (8 peers a rank), planned row by row.
+constexpr HostWork kStealHostWork{.peers_per_rank = 8, .per_token = true};
+
 // ---- the table -------------------------------------------------------------------------------
 
 constexpr ScheduleRow kLocalSchedules[] = {
@@ -77,7 +85,7 @@ constexpr ScheduleRow kRingSchedules[] = {
      ring_schedule, run_ring, nullptr},
     {ScheduleKind::kSteal,
      "causal contiguous shards: late ranks hand part of their queries' work to early ones",
-     steal_schedule, run_steal, check_steal}};
+     steal_schedule, run_steal, check_steal, steal_helps, kStealHostWork}};
 constexpr ScheduleRow kUlyssesSchedules[] = {
     {ScheduleKind::kDefault, "all-to-all sequence -> heads, attention, all-to-all back",
      ulysses_schedule, run_ulysses, nullptr}};

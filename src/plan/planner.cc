@@ -63,12 +63,6 @@ bool runs_call(const StrategyRow& row, bool over_cache) {
   return row.degrees == SpDegrees::kOne || row.over_cache == over_cache;
 }
 
-// Where an unpinned schedule beside the default is planned: where it can help. The table has no
-// trait for it: work stealing balances causal work, with the online softmax it runs with.
-bool schedule_helps(ScheduleKind k, const Workload& w, SoftmaxMode softmax) {
-  return k != ScheduleKind::kSteal || (w.causal && softmax == SoftmaxMode::kOnline);
-}
-
 // The row's position in the strategy table.
 int row_index(Strategy s) {
   const auto table = strategy_table();
@@ -153,7 +147,8 @@ std::vector<const ScheduleRow*> schedules_of(const StrategyRow& row, const PlanR
   std::vector<const ScheduleRow*> schedules;
   if (!req.schedule) {
     for (const ScheduleRow& sr : row.schedules)
-      if (schedule_helps(sr.kind, req.work, req.softmax.value_or(SoftmaxMode::kOnline)))
+      if (!sr.helps ||
+          sr.helps(workload_shape(req.work), req.softmax.value_or(SoftmaxMode::kOnline)))
         schedules.push_back(&sr);
   } else if (schedule_applies(*req.schedule, row.strategy)) {
     schedules.push_back(&schedule_row(row.strategy, *req.schedule));
@@ -617,13 +612,16 @@ PlanWork mesh_work(const Workload& w, const ParallelConfig& m) {
   const int64_t ring_ranks =
       row.gathers_kv ? 0
                      : (ulysses ? std::min(u, std::max<int64_t>(1, w.heads / m.mesh.tp)) : 1) * g;
+  // What the schedule adds (the table's HostWork; none where it does not apply: refused above).
+  const HostWork host = schedule_applies(m.schedule, m.strategy)
+                            ? schedule_row(m.strategy, m.schedule).host
+                            : HostWork{};
   const int64_t steps = n * (4 + (w.text_tokens > 0 ? 3 : 0)) + ring_ranks * g;
-  const int64_t peers = n * ((ulysses ? 4 * u : 0) + (w.decode() ? n : 0) +
-                             (m.schedule == ScheduleKind::kSteal ? 8 : 0));
+  const int64_t peers = n * ((ulysses ? 4 * u : 0) + (w.decode() ? n : 0) + host.peers_per_rank);
   const int64_t seq = m.pad && !w.decode() ? padded_seq(w.seq, m.sp(), m.layout) : w.seq;
   const int64_t positions = ulysses ? seq : 0;
   const int64_t rows =
-      (m.schedule == ScheduleKind::kSteal ? seq : 0) +
+      (host.per_token ? seq : 0) +
       (w.decode() && w.causal && m.layout == Layout::kStriped && n > 1 ? n * w.fresh : 0);
   x.steps = steps + peers;
   x.run_pairs = q_runs * kv_runs * (row.gathers_kv ? n * (ulysses ? 1 : n) : ring_ranks * g);
@@ -670,10 +668,10 @@ Plan make_plan(const PlanRequest& req) {
   SEQPAR_ARG_CHECK(req.sp >= 0 && (req.sp == 0 || (req.ulysses == 0 || req.sp % req.ulysses == 0)),
                    "sequence_parallel_size ", req.sp, " is not a multiple of ulysses_degree ",
                    req.ulysses);
-  SEQPAR_ARG_CHECK(req.sp == 0 || req.ulysses == 0 || req.ring == 0 ||
-                       req.sp == req.ulysses * req.ring,
-                   "sequence_parallel_size ", req.sp, " must equal ulysses_degree ", req.ulysses,
-                   " x ring_degree ", req.ring);
+  SEQPAR_ARG_CHECK(
+      req.sp == 0 || req.ulysses == 0 || req.ring == 0 || req.sp == req.ulysses * req.ring,
+      "sequence_parallel_size ", req.sp, " must equal ulysses_degree ", req.ulysses,
+      " x ring_degree ", req.ring);
   SEQPAR_ARG_CHECK(req.cfg >= 0 && req.tp >= 0 && req.ulysses >= 0 && req.ring >= 0 &&
                        limits::checked_product({std::max(req.cfg, 1), std::max(req.tp, 1),
                                                 std::max(req.ulysses, 1), std::max(req.ring, 1)},

@@ -5,9 +5,10 @@
 // table: the validation of a configuration, the degree defaults, the one entry point's dispatch
 // (cp_attention.h), the schedules (schedule.h attention_schedule) and the planner's enumeration.
 //
-// Adding a strategy: its run and schedule functions in a file of its own (declared in
-// strategies.h), its enum value and name (config.h, config.cc), its row here
-// (strategy_table.cc), the file in src/parallel/CMakeLists.txt.
+// Adding a strategy (or a schedule of one): its run and schedule functions in a file of its own
+// (declared in strategies.h), its enum value and name (config.h, config.cc), its row here
+// (strategy_table.cc), the file in src/parallel/CMakeLists.txt. The planner, the runner, the
+// models and the Python module find it in the table.
 // Thread-safety: the table is immutable; the functions are pure.
 #pragma once
 
@@ -42,6 +43,17 @@ using ScheduleFn = Schedule (*)(const ParallelConfig& c, const AttnShape& s);
 // every strategy shares (validate_config); null when it has none.
 using CheckFn = void (*)(const ParallelConfig& c, const AttnShape& s);
 
+// Where the planner proposes a schedule the request does not pin: where it can help.
+using HelpsFn = bool (*)(const AttnShape& s, SoftmaxMode softmax);
+
+// What a schedule adds to its strategy's host bookkeeping, for the planner's estimate of its own
+// time (plan/planner.cc mesh_work): the peers each rank exchanges with beyond the strategy's, and
+// whether it plans the sequence token by token.
+struct HostWork {
+  int64_t peers_per_rank = 0;
+  bool per_token = false;
+};
+
 // One schedule of a strategy: how its steps are ordered, what it runs.
 struct ScheduleRow {
   ScheduleKind kind;
@@ -51,6 +63,8 @@ struct ScheduleRow {
   // Where this schedule applies beyond the strategy's (null: wherever the strategy does);
   // InvalidArgument naming what does not fit.
   CheckFn check;
+  HelpsFn helps = nullptr;  // null: wherever it applies
+  HostWork host = {};
 };
 
 // The degrees of the sequence-parallel group a strategy takes.
