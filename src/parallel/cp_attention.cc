@@ -106,8 +106,10 @@ void attention(const ParallelConfig& c, const AttnShape& s, SpComms& comms, cons
   check_input("q", in.q, {B, nq, H, D}, dtype);
   check_input("k", in.k, {B, nkv, Hkv, D}, dtype);
   check_input("v", in.v, {B, nkv, Hkv, D}, dtype);
-  const CpOptions opts = cp_options(c, s, place, kernel);
+  CpOptions opts = cp_options(c, s, place, kernel);
   const int64_t T = s.text_tokens;
+  // Joint attention reads the image shard's k and v after the ring: lent, never consumed.
+  opts.kv_use = T > 0 && in.kv_use == KvUse::kConsume ? KvUse::kLend : in.kv_use;
   if (T == 0) {
     const StrategyArgs args{comms, place, in.q, in.k, in.v, opts, stats};
     AttnState state = schedule_row(c.strategy, c.schedule).run(args);
