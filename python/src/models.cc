@@ -67,14 +67,7 @@ ParallelConfig mesh_of(const py::dict& d) {
                                 d["ulysses_mode"].cast<std::string>(), d["pad"].cast<bool>());
   c.schedule = parse_schedule_kind(d["schedule"].cast<std::string>());
   c.softmax = parse_softmax_mode(d["softmax"].cast<std::string>());
-  if (c.sp() > 1) {  // one rank runs locally and takes neither
-    SEQPAR_ARG_CHECK(schedule_applies(c.schedule, c.strategy), "schedule '",
-                     schedule_kind_name(c.schedule), "' does not apply to strategy ",
-                     strategy_name(c.strategy), "; valid: 'steal' with ring, 'default'");
-    SEQPAR_ARG_CHECK(c.softmax == SoftmaxMode::kOnline || has_ring(c.strategy), "softmax '",
-                     softmax_mode_name(c.softmax), "' needs a ring: strategy ring or usp, not ",
-                     strategy_name(c.strategy));
-  }
+  if (c.sp() > 1) check_options(c);  // one rank runs locally and takes neither
   return c;
 }
 

@@ -237,10 +237,10 @@ std::string flag_words(std::string_view m) {
       {"cfg_parallel_size", "--cfg-parallel-size"},
       {"parallel_config", "--parallel-config"},
       {"sim_ranks", "--sim-ranks"}};
-  static constexpr std::string_view kWords[] = {"layout", "dtype", "softmax", "hardware", "seq",
-                                                "ranks",  "heads", "batch",   "cfg",      "tp",
-                                                "cached", "new",   "pad",     "model",    "frames",
-                                                "height", "width", "steps",   "guidance"};
+  static constexpr std::string_view kWords[] = {
+      "layout", "dtype",  "softmax", "hardware", "seq",      "ranks",   "heads",
+      "batch",  "cfg",    "tp",      "cached",   "new",      "pad",     "model",
+      "frames", "height", "width",   "steps",    "guidance", "schedule"};
   auto word_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
   std::string out;
   size_t i = 0;

@@ -19,7 +19,8 @@ namespace seqpar::cli {
 
 void add_mesh_flags(CLI::App* cmd, MeshFlags& f, bool with_cfg) {
   auto degree = [&](const std::string& names, std::optional<int64_t>& slot, const char* help) {
-    cmd->add_option_function<int64_t>(names, [&slot](int64_t v) { slot = v; }, help);
+    cmd->add_option_function<int64_t>(
+        names, [&slot](int64_t v) { slot = v; }, help);
   };
   if (with_cfg)
     degree("--cfg,--cfg-parallel-size,--cfg_parallel_size", f.cfg,
@@ -37,9 +38,7 @@ void add_mesh_flags(CLI::App* cmd, MeshFlags& f, bool with_cfg) {
       "--ulysses-mode,--ulysses_mode", [&f](const std::string& v) { f.ulysses_mode = v; },
       "strict | uaa (alias advanced_uaa)");
   cmd->add_option("--strategy", f.strategy, "ring | allgather (meshes without Ulysses)");
-  cmd->add_option("--schedule", f.schedule,
-                  "default | steal (ring, contiguous shards: late ranks hand query rows to early "
-                  "ones)");
+  cmd->add_option("--schedule", f.schedule, schedule_choices());
   cmd->add_option("--softmax", f.softmax, "online | const-max (the rings: ring, usp)");
   cmd->add_option("--layout", f.layout, "contiguous | striped | zigzag");
   cmd->add_flag("--pad", f.pad, "pad the sequence to a multiple of the sequence-parallel size");
@@ -54,9 +53,9 @@ ParallelConfig resolve_mesh(const MeshFlags& f, int world) {
   flags.ulysses = f.ulysses_degree;
   flags.sp = f.sequence_parallel_size;
   flags.ulysses_mode = f.ulysses_mode;
-  const DegreeSpec d =
-      f.parallel_config.empty() ? flags
-                                : read_parallel_config_file(f.parallel_config).merged_with(flags);
+  const DegreeSpec d = f.parallel_config.empty()
+                           ? flags
+                           : read_parallel_config_file(f.parallel_config).merged_with(flags);
   // The degrees in range before they are narrowed to int; model_mesh checks the rest.
   limits::check_range("--cfg", d.cfg.value_or(1), 1, 2);
   limits::check_range("--tp", d.tp.value_or(1), 1, limits::kMaxRanks);
@@ -70,15 +69,7 @@ ParallelConfig resolve_mesh(const MeshFlags& f, int world) {
   c.schedule = parse_schedule_kind(f.schedule);
   c.softmax = parse_softmax_mode(f.softmax);
   // The options against the strategy the degrees imply (one rank runs locally and takes none).
-  if (c.sp() > 1) {
-    SEQPAR_ARG_CHECK(schedule_applies(c.schedule, c.strategy), "--schedule ", f.schedule,
-                     " does not apply to strategy ", strategy_name(c.strategy), " (ulysses_degree ",
-                     c.mesh.ulysses, ", ring_degree ", c.mesh.ring,
-                     "); valid: steal with ring, default");
-    SEQPAR_ARG_CHECK(c.softmax == SoftmaxMode::kOnline || has_ring(c.strategy), "--softmax ",
-                     f.softmax, " needs a ring: strategy ring or usp, not ",
-                     strategy_name(c.strategy));
-  }
+  if (c.sp() > 1) check_options(c);
   SEQPAR_ARG_CHECK(world == 0 || c.world() == world, "the mesh ", mesh_shape_text(c.mesh),
                    " needs ", c.world(), " ranks but the MPI world has ", world,
                    "; launch mpirun -np ", c.world());

@@ -20,6 +20,7 @@
 #include "progress.h"
 #include "seqpar/core/error.h"
 #include "seqpar/model/presets.h"
+#include "seqpar/parallel/strategy_table.h"
 #include "seqpar/plan/plan_spec.h"
 #include "seqpar/plan/planner.h"
 #include "seqpar/plan/simulate.h"
@@ -378,8 +379,10 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
   p->add_option("--memory-limit,--memory_limit", o.memory_limit_gb,
                 "GB per rank (default: the profile's)");
   p->add_option("--dtype", o.dtype, "fp32 | bf16 | fp16 (default: the profile's)");
-  p->add_option("--cfg,--cfg-parallel-size,--cfg_parallel_size", o.cfg, "pin the cfg degree (1 or 2)");
-  p->add_option("--tp,--tensor-parallel-size,--tensor_parallel_size", o.tp, "pin the tensor-parallel degree");
+  p->add_option("--cfg,--cfg-parallel-size,--cfg_parallel_size", o.cfg,
+                "pin the cfg degree (1 or 2)");
+  p->add_option("--tp,--tensor-parallel-size,--tensor_parallel_size", o.tp,
+                "pin the tensor-parallel degree");
   p->add_option("--sequence-parallel-size,--sequence_parallel_size", o.sequence_parallel_size,
                 "pin ulysses_degree x ring_degree (any split)");
   p->add_option("--ulysses-degree,--ulysses_degree", o.ulysses_degree, "pin the ulysses degree");
@@ -391,8 +394,7 @@ void add_plan_command(CLI::App& app, PlanOptions& o) {
   p->add_option("--softmax", o.softmax,
                 "online (default) | const-max: plan ring and usp with the const-max softmax");
   p->add_option("--schedule", o.schedule,
-                "pin: default | steal (ring, causal, contiguous: work stealing) | ring (passq's "
-                "ring of Q blocks); unset: every schedule that applies");
+                "pin: " + schedule_choices() + "; unset: every schedule that applies");
   p->add_flag("--pad", o.pad, "only padded meshes");
   p->add_flag("--no-pad,--no_pad", o.no_pad, "only unpadded meshes");
   p->add_option("--cached", o.cached, "llm decode / partial prefill: cached tokens P");

@@ -436,9 +436,7 @@ void add_run_command(CLI::App& app, RunOptions& o) {
   run->add_option("--softmax", o.softmax,
                   "online | const-max (ring, usp: fixed per-row max from key norms, partial "
                   "sums added without rescaling; loose rows fall back to online)");
-  run->add_option("--schedule", o.schedule,
-                  "default | steal (ring, causal, contiguous: every rank the same work) | ring "
-                  "(passq: Q blocks around the ring)");
+  run->add_option("--schedule", o.schedule, schedule_choices());
   run->add_option("--dtype", o.dtype, "fp32 | bf16 | fp16");
   run->add_option("--backend", o.backend, "threads | mpi (launch with mpirun)");
   run->add_flag("--verify", o.verify, "compare with the single-rank reference");

@@ -251,19 +251,38 @@ void validate_config(const ParallelConfig& c, const AttnShape& s) {
     case SpDegrees::kUlyssesRing:
       break;
   }
-  // The options against the strategy.
-  if (c.softmax != SoftmaxMode::kOnline && !row.has_ring) {
+  check_options(c);
+  if (row.check) row.check(c, s);
+  if (const CheckFn check = schedule_row(st, c.schedule).check) check(c, s);
+}
+
+void check_options(const ParallelConfig& c) {
+  const Strategy st = c.strategy;
+  const std::string degrees =
+      detail::concat("ulysses_degree ", c.mesh.ulysses, ", ring_degree ", c.mesh.ring);
+  if (c.softmax != SoftmaxMode::kOnline && !has_ring(st)) {
     std::string rings;
     for (const StrategyRow& r : kTable)
       if (r.has_ring)
         rings += detail::concat(rings.empty() ? "" : " or ", "'", strategy_name(r.strategy), "'");
-    throw InvalidArgument(detail::concat("softmax '", softmax_mode_name(c.softmax),
-                                         "' needs a ring: valid with strategy ", rings,
-                                         " (its ring part), not '", strategy_name(st), "'"));
+    throw InvalidArgument(detail::concat(
+        "softmax '", softmax_mode_name(c.softmax), "' needs a ring: valid with strategy ", rings,
+        " (its ring part), not '", strategy_name(st), "' (", degrees, ")"));
   }
-  const ScheduleRow& sched = schedule_row(st, c.schedule);
-  if (row.check) row.check(c, s);
-  if (sched.check) sched.check(c, s);
+  if (!schedule_applies(c.schedule, st))
+    throw InvalidArgument(detail::concat("schedule '", schedule_kind_name(c.schedule),
+                                         "' does not apply to strategy '", strategy_name(st), "' (",
+                                         degrees, "); valid: ", schedules_text()));
+}
+
+std::string schedule_choices() {
+  std::string text = "default";
+  for (const StrategyRow& row : kTable)
+    for (const ScheduleRow& sr : row.schedules)
+      if (sr.kind != ScheduleKind::kDefault)
+        text += detail::concat(" | ", schedule_kind_name(sr.kind), " (",
+                               strategy_name(row.strategy), ": ", sr.summary, ")");
+  return text;
 }
 
 }  // namespace seqpar

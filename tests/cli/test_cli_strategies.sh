@@ -138,8 +138,8 @@ expect_ok "llm chunks passq ring" "$bin" model --preset tiny-llm --ring-degree 3
 out=$("$bin" model --preset tiny-llm --ring-degree 4 --prompt-len 100 --decode 2 --prefill-chunk 30 --hardware cpu-ethernet --verify --json)
 python3 -c 'import json,sys; d=json.loads(sys.argv[1]); c=d["prefill_chunks"][1:]; sys.exit(0 if d["ok"] and c and all("fastest replayed schedule" in x["reason"] and "schedule" in x for x in c) else 1)' "$out" \
   && ok || bad "llm chunks by auto: $out"
-check_bad "--schedule steal does not apply to --strategy usp (--ulysses-degree 2, --ring-degree 2)" model --preset tiny-dit --ring-degree 2 --ulysses-degree 2 --schedule steal
-check_bad "--softmax const-max needs a ring: --strategy ring or usp, not allgather" model --preset tiny-dit --ring-degree 2 --strategy allgather --softmax const-max
+check_bad "--schedule 'steal' does not apply to --strategy 'usp' (--ulysses-degree 2, --ring-degree 2); valid: 'steal' with ring" model --preset tiny-dit --ring-degree 2 --ulysses-degree 2 --schedule steal
+check_bad "--softmax 'const-max' needs a ring: valid with --strategy 'ring' or 'usp' (its ring part), not 'allgather'" model --preset tiny-dit --ring-degree 2 --strategy allgather --softmax const-max
 check_bad "--chunk-schedule ring does not apply to --chunk-strategy passkv" model --preset tiny-llm --ring-degree 2 --prefill-chunk 8 --chunk-strategy passkv --chunk-schedule ring
 check_bad "does not divide the 4 heads" model --preset tiny-dit --tp 3
 check_bad "4k+1" model --preset tiny-dit --frames 8

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "seqpar/parallel/config.h"
@@ -115,5 +116,11 @@ void fill_sp_degrees(ParallelConfig& c, int n, int64_t heads);
 // strategy accepts), then the strategy's and the schedule's own checks. InvalidArgument with one
 // line naming what was wrong and what would be valid.
 void validate_config(const ParallelConfig& c, const AttnShape& s);
+// The options of c (softmax, schedule) against c.strategy, where no shape is known yet (a model's
+// mesh): InvalidArgument naming the degrees and what would be valid. validate_config includes it.
+void check_options(const ParallelConfig& c);
+// "default | steal (ring: ...) | ring (passq: ...)": every schedule, with its strategy and what it
+// does, for a --schedule help text.
+std::string schedule_choices();
 
 }  // namespace seqpar
