@@ -105,6 +105,9 @@ struct AttendOver {
 //              their own document only (seq_lens: AttnShape::seq_lens, causal inside it) over
 //              the sp group by ctx's configuration, on one rank too;
 // both through the one entry point (parallel/cp_attention.h).
+// kSequence and kDocuments consume k and v (KvUse::kConsume: where blocks are copied, the rings
+// use their storage as a receive buffer, and they hold another rank's block afterwards); kCache
+// and kLocal only read them.
 // The only call of the attention and parallel layers' attention from the model layer.
 AttnState attend(const Tensor& q, const Tensor& k, const Tensor& v, ParallelContext& ctx,
                  const AttendOver& over);
