@@ -278,6 +278,25 @@ std::string output_file_bytes(const std::vector<int32_t>& tokens, const std::vec
 
 json list_json(const std::vector<int64_t>& v) { return json(v); }
 
+// The JSON fields every generate report has: the model, the precision, the mesh, the bytes and
+// memory per rank, the output file.
+json run_json(const GenerateOptions& o, const Prepared& p, const Generated& g,
+              const std::string& backend) {
+  json j;
+  j["model"] = o.model;
+  j["family"] = p.ck.family->name;
+  j["weights_dtype"] = o.weights_dtype;
+  j["activations"] = o.activations;
+  add_mesh_json(j, p.mesh, backend, /*with_cfg=*/false);
+  j["bytes_sent_rank0"] = g.bytes_sent;
+  j["weight_bytes_per_rank"] = list_json(g.weight_bytes);
+  // Under threads every rank reports the one process's.
+  j["resident_bytes_per_rank"] = list_json(g.resident_bytes);
+  j["peak_resident_bytes_per_rank"] = list_json(g.peak_resident_bytes);
+  if (!o.output.empty()) j["output"] = o.output;
+  return j;
+}
+
 // --document-ids: each document's next token (and logits to --output).
 int report_documents(const GenerateOptions& o, const Prepared& p, const Generated& g,
                      const std::string& backend, OutputFile* file) {
@@ -290,24 +309,14 @@ int report_documents(const GenerateOptions& o, const Prepared& p, const Generate
     total += lens.back();
   }
   if (o.json) {
-    json j;
+    json j = run_json(o, p, g, backend);
     j["tokens"] = docs.tokens;
-    j["model"] = o.model;
-    j["family"] = p.ck.family->name;
-    j["weights_dtype"] = o.weights_dtype;
-    j["activations"] = o.activations;
     j["documents"] = lens.size();
     j["document_tokens"] = lens;
     j["prompt_tokens"] = total;
     j["new_tokens"] = docs.tokens.size();
     j["prefill_seconds"] = g.prefill_seconds;
     j["prefill_tokens_per_second"] = total / std::max(g.prefill_seconds, 1e-12);
-    add_mesh_json(j, p.mesh, backend, /*with_cfg=*/false);
-    j["bytes_sent_rank0"] = g.bytes_sent;
-    j["weight_bytes_per_rank"] = list_json(g.weight_bytes);
-    j["resident_bytes_per_rank"] = list_json(g.resident_bytes);
-    j["peak_resident_bytes_per_rank"] = list_json(g.peak_resident_bytes);
-    if (!o.output.empty()) j["output"] = o.output;
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("seqpar generate: %s on %s, %s backend, %s attention, %s layout%s\n",
@@ -334,12 +343,8 @@ int report(const GenerateOptions& o, const Prepared& p, const Generated& g,
   if (file) file->write(output_file_bytes(out.tokens, out.logits, p.ck.config.vocab));
   const double per_token = n > 1 ? g.decode_seconds / static_cast<double>(n - 1) : 0;
   if (o.json) {
-    json j;
+    json j = run_json(o, p, g, backend);
     j["tokens"] = out.tokens;
-    j["model"] = o.model;
-    j["family"] = p.ck.family->name;
-    j["weights_dtype"] = o.weights_dtype;
-    j["activations"] = o.activations;
     j["prompt_tokens"] = P;
     j["new_tokens"] = n;
     j["stopped_at_eos"] = out.stopped;
@@ -349,13 +354,6 @@ int report(const GenerateOptions& o, const Prepared& p, const Generated& g,
     j["decode_seconds_per_token"] = n > 1 ? json(per_token) : json(nullptr);
     j["decode_tokens_per_second"] = n > 1 ? json(1.0 / std::max(per_token, 1e-12)) : json(nullptr);
     j["tokens_per_second"] = n / std::max(g.prefill_seconds + g.decode_seconds, 1e-12);
-    add_mesh_json(j, p.mesh, backend, /*with_cfg=*/false);
-    j["bytes_sent_rank0"] = g.bytes_sent;
-    j["weight_bytes_per_rank"] = list_json(g.weight_bytes);
-    // Under threads every rank reports the one process's.
-    j["resident_bytes_per_rank"] = list_json(g.resident_bytes);
-    j["peak_resident_bytes_per_rank"] = list_json(g.peak_resident_bytes);
-    if (!o.output.empty()) j["output"] = o.output;
     j["prefill_chunks"] = chunks_json(out.chunks);
     // Per turn (the prompt, then each --turn-ids): its prompt tokens and the tokens generated.
     json turns = json::array();
