@@ -278,8 +278,10 @@ def attention(q, k, v, *, comm: Comm, strategy: str = "ring", layout: str = "con
     own document; with layout "zigzag" or "striped" each document is split over the ranks on its
     own (``Partition(S, n, layout, seq_lens=...)`` shards it).
 
-    Returns the output (B, S_local, H, D) in q's kind and dtype; with return_lse also the
-    log-sum-exp (B, S_local, H), fp32, natural log. The GIL is released while seqpar computes.
+    Returns the output (B, S_local, H, D) in q's kind and dtype (ulysses and usp send it back in
+    that dtype: a bf16 call's second all-to-all carries half the bytes of an fp32 one); with
+    return_lse also the log-sum-exp (B, S_local, H), fp32, natural log. The GIL is released while
+    seqpar computes.
     ``comm.last_stats`` then holds what the call did, ``comm.last_strategy`` what ran.
     """
     if pad and (seq_len is None or _int("seq_len", seq_len) < 1):

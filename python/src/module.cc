@@ -153,15 +153,16 @@ HostBuffer to_host(Tensor&& t) {
   return b;
 }
 
-// Rows [row0, row0 + n) of every batch of `src` (B, n, ...) fp32 into rows [dst_row0, ...) of the
-// caller's `dst` (B, dst_rows, ...) in `dtype`.
+// Rows [row0, row0 + n) of every batch of `src` (B, n, ...) into rows [dst_row0, ...) of the
+// caller's `dst` (B, dst_rows, ...) in `dtype` (src fp32, or already in `dtype`).
 void write_rows(const Tensor& src, int64_t dst_rows, int64_t dst_row0, DType dtype, uintptr_t dst) {
   const int64_t B = src.dim(0), n = src.dim(1), row = src.numel() / std::max<int64_t>(1, B * n);
   char* out = reinterpret_cast<char*>(dst);
   const size_t e = dtype_size(dtype);
   for (int64_t b = 0; b < B; ++b)
-    convert(src.data<float>() + b * n * row, DType::kF32, out + ((b * dst_rows + dst_row0) * row) * e,
-            dtype, static_cast<size_t>(n * row));
+    convert(static_cast<const char*>(src.raw()) + b * n * row * dtype_size(src.dtype()),
+            src.dtype(), out + ((b * dst_rows + dst_row0) * row) * e, dtype,
+            static_cast<size_t>(n * row));
 }
 
 // Rows [row0, row0 + n) of every batch of a caller's (B, rows, ...) tensor: a view when the rows
@@ -309,7 +310,8 @@ Placement gather_placement(Communicator& comm, const AttentionArgs& a, Layout la
 // q (B, Tq + T, H, D), k, v (B, Tkv + T, Hkv, D), the last T rows being joint attention's text
 // tokens (text_tokens = T). Over a sequence Tq = Tkv, this rank's tokens; over a cache
 // (decode_attention) Tq new queries over Tkv cached rows. Writes the output into `out` (q's shape,
-// the input dtype) when out.address != 0, else returns it as an fp32 array; returns the lse
+// the input dtype, AttnShape::out_dtype) when out.address != 0, else returns it as an fp32 array;
+// returns the lse
 // (B, Tq + T, H) fp32.
 py::tuple call_attention(Comm& c, const Buffer& q, const Buffer& k, const Buffer& v,
                          const Buffer& out, const AttentionArgs& a) {
@@ -363,6 +365,9 @@ py::tuple call_attention(Comm& c, const Buffer& q, const Buffer& k, const Buffer
     shape.causal = a.causal;
     shape.dtype = dtype;
     shape.text_tokens = T;
+    // Written into the caller's tensor in its dtype: the output comes back in it (Ulysses sends
+    // it so); the lse is returned in fp32.
+    if (out.address != 0) shape.out_dtype = dtype;
     if (place.over_cache) {
       shape.fresh = 0;
       for (const auto& qp : place.cache.q_pos) shape.fresh += static_cast<int64_t>(qp.size());

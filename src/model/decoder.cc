@@ -185,6 +185,7 @@ AttnShape group_call(const DecoderConfig& m, int tp) {
   call.kv_heads = std::max<int64_t>(1, m.kv_heads / tp);
   call.head_dim = m.head_dim;
   call.causal = true;
+  call.lse = false;  // the blocks keep the output only (attend())
   return call;
 }
 

@@ -212,6 +212,9 @@ void check_config_fields(const ParallelConfig& c, const AttnShape& s) {
   SEQPAR_ARG_CHECK(!s.text_by_heads || (s.text_tokens > 0 && m.ulysses > 1), "text_by_heads ",
                    "splits the text tokens by head over a Ulysses group: it needs text_tokens ",
                    "and ulysses_degree > 1 (strategy ulysses or usp)");
+  SEQPAR_ARG_CHECK(s.out_dtype == DType::kF32 || s.out_dtype == s.dtype, "out_dtype ",
+                   dtype_name(s.out_dtype), " is neither fp32 nor the inputs' dtype ",
+                   dtype_name(s.dtype));
   const int sp = m.sp();
   if (s.over_cache()) {
     SEQPAR_ARG_CHECK(s.cached_lens.size() == s.fresh_lens.size(), "cached_lens (",

@@ -51,16 +51,25 @@ void check_input(const char* name, const Tensor& t, std::initializer_list<int64_
                    "(and the text's) must have one dtype, ", dtype_name(dtype));
 }
 
-// Moves `from` into the caller's `to` (allocated: taken; given: checked and copied).
-void write_output(const char* name, Tensor& to, Tensor&& from) {
+// Moves the state's `from` into the caller's `to` in `dtype` (fp32, or the inputs' dtype: the
+// fp32 values rounded once); allocated: taken, given: checked and written.
+void write_output(const char* name, Tensor& to, Tensor&& from, DType dtype) {
+  if (from.dtype() != dtype) from = from.to(dtype);
   if (to.empty() && to.ndim() == 0) {
     to = std::move(from);
     return;
   }
-  SEQPAR_ARG_CHECK(to.shape() == from.shape() && to.dtype() == DType::kF32, name, " is ",
+  SEQPAR_ARG_CHECK(to.shape() == from.shape() && to.dtype() == dtype, name, " is ",
                    to.shape_str(), " ", dtype_name(to.dtype()), "; expected ", from.shape_str(),
-                   " fp32");
+                   " ", dtype_name(dtype));
   if (from.nbytes() > 0) std::memcpy(to.raw(), from.raw(), from.nbytes());
+}
+
+// The lse the shape asks for (s.lse), or none: a given one is refused.
+void write_lse(const AttnShape& s, const char* name, Tensor& to, Tensor&& from) {
+  if (s.lse) return write_output(name, to, std::move(from), DType::kF32);
+  SEQPAR_ARG_CHECK(to.empty() && to.ndim() == 0, name, " is given but lse is off: leave it empty",
+                   " or set lse");
 }
 
 }  // namespace
@@ -90,6 +99,8 @@ CpOptions cp_options(const ParallelConfig& c, const AttnShape& s, const Placemen
   o.schedule = c.schedule;
   if (!place.over_cache && place.part.seq() > s.seq) o.valid_len = s.seq;
   o.cu_seqlens = shape_cu_seqlens(s);
+  o.out_dtype = s.out_dtype;
+  o.lse = s.lse;
   return o;
 }
 
@@ -113,8 +124,8 @@ void attention(const ParallelConfig& c, const AttnShape& s, SpComms& comms, cons
   if (T == 0) {
     const StrategyArgs args{comms, place, in.q, in.k, in.v, opts, stats};
     AttnState state = schedule_row(c.strategy, c.schedule).run(args);
-    write_output("out", out.out, std::move(state.out));
-    write_output("lse", out.lse, std::move(state.lse));
+    write_output("out", out.out, std::move(state.out), s.out_dtype);
+    write_lse(s, "lse", out.lse, std::move(state.lse));
     return;
   }
   SEQPAR_ARG_CHECK(in.text_q && in.text_k && in.text_v, "text_tokens ", T,
@@ -131,10 +142,10 @@ void attention(const ParallelConfig& c, const AttnShape& s, SpComms& comms, cons
                                                 *in.text_q, *in.text_k, *in.text_v, opts, stats)
                       : joint_attention(c.strategy, comms, place.part, in.q, in.k, in.v, *in.text_q,
                                         *in.text_k, *in.text_v, opts, stats);
-  write_output("out", out.out, std::move(js.image.out));
-  write_output("lse", out.lse, std::move(js.image.lse));
-  write_output("text_out", out.text_out, std::move(js.text.out));
-  write_output("text_lse", out.text_lse, std::move(js.text.lse));
+  write_output("out", out.out, std::move(js.image.out), s.out_dtype);
+  write_lse(s, "lse", out.lse, std::move(js.image.lse));
+  write_output("text_out", out.text_out, std::move(js.text.out), s.out_dtype);
+  write_lse(s, "text_lse", out.text_lse, std::move(js.text.lse));
 }
 
 }  // namespace seqpar

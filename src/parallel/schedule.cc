@@ -61,6 +61,8 @@ CallRuns sizes(const AttnShape& s) {
   c.Hkv = s.kv();
   c.D = s.head_dim;
   c.e = dtype_size(s.dtype);
+  c.out_e = dtype_size(s.out_dtype);
+  c.lse = s.lse;
   c.causal = s.causal;
   c.text_tokens = s.text_tokens;
   c.text_by_heads = s.text_by_heads;

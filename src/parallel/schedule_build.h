@@ -16,6 +16,8 @@ namespace seqpar {
 struct CallRuns {
   int64_t B = 1, H = 1, Hkv = 1, D = 1;
   size_t e = 4;  // element bytes of q, k, v
+  size_t out_e = 4;  // element bytes of the output the caller keeps (AttnShape::out_dtype)
+  bool lse = true;   // the caller keeps the lse (AttnShape::lse)
   bool causal = false;
   int64_t valid_len = 0;  // keys at positions >= valid_len are padding (0: none)
   int64_t text_tokens = 0;

@@ -7,8 +7,9 @@
 //   CpOptions: causal, padding (valid_len), documents (cu_seqlens); usp also softmax const-max
 //   (its ring part). ulysses_mode strict needs H divisible by the Ulysses degree and equal shards
 //   in each group (check_strategy_shape); uaa takes any S and H.
-// Returns: the state of the own queries, out (B, n_r, H, D) and lse (B, n_r, H), fp32; *stats
-//   set.
+// Returns: the state of the own queries, out (B, n_r, H, D) and lse (B, n_r, H), fp32; with
+//   CpOptions::out_dtype the inputs' dtype, out in it (the fp32 result rounded once, before the
+//   send), and without CpOptions::lse no lse; *stats set.
 // Steps on member r of a Ulysses group of N (n_i tokens on member i, S_g = Σ n_i):
 //   step 0: all_gather the token counts (8 bytes each); they must match the partition
 //   step 1: one all_to_allv of q, k and v: [B, n_r, H, D] -> [B, S_g, |heads_r|, D]  (sequence ->
@@ -19,7 +20,7 @@
 //           local heads would not find them
 //   step 2: attention of the local heads over the whole group sequence (keys at the gathered
 //           positions, so masks follow global positions for every layout)
-//   step 3: one all_to_allv of out and lse back: [B, S_g, |heads_r|, .] -> [B, n_r, H, .]
+//   step 3: one all_to_allv of out (and lse) back: [B, S_g, |heads_r|, .] -> [B, n_r, H, .]
 // usp (U = ulysses_degree, R = ring_degree, N = U·R; group g: ranks g·U .. g·U+U-1): steps 0, 1
 //   and 3 in the Ulysses group; step 2 is ring_over_blocks (ring.cc) across the R members with
 //   the same Ulysses rank, each block one group's whole sequence of this member's kv heads.
@@ -32,9 +33,10 @@
 //   1         G_0, H_0         G_0, H_1         G_1, H_0         G_1, H_1
 //   ring 0    G_0, H_0         G_0, H_1         G_1, H_0         G_1, H_1
 //   ring 1    G_1, H_0         G_1, H_1         G_0, H_0         G_0, H_1
-// Bytes per member (q_j, kv_j: query and kv heads of member j; e: input element size):
-//   sent     Σ_{j≠r} B·n_r·(q_j + 2·kv_j)·D·e + Σ_{j≠r} B·n_j·q_r·(D+1)·4 + 8·(N-1)
-//   received Σ_{j≠r} B·n_j·(q_r + 2·kv_r)·D·e + Σ_{j≠r} B·n_r·q_j·(D+1)·4 + 8·(N-1)
+// Bytes per member (q_j, kv_j: query and kv heads of member j; e: input element size; o: output
+// element size, 4 or e; l: 4 with the lse, else 0):
+//   sent     Σ_{j≠r} B·n_r·(q_j + 2·kv_j)·D·e + Σ_{j≠r} B·n_j·q_r·(D·o + l) + 8·(N-1)
+//   received Σ_{j≠r} B·n_j·(q_r + 2·kv_r)·D·e + Σ_{j≠r} B·n_r·q_j·(D·o + l) + 8·(N-1)
 //   usp: these within the group, plus the ring's t_u·(S - S_{g+1}) sent and t_u·(S - S_g)
 //   received, t_u = 2·B·kv_u·D·e (kv_u: the kv heads its ring carries).
 // Memory: the whole group sequence of the local kv heads (CpStats::peak_kv_bytes), plus the
@@ -44,6 +46,7 @@
 //   with H < N (or padded head slots) some members idle; kv heads that do not divide by N are
 //   sent to several members; strict usp needs every ring group's sequence of one length.
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 #include "schedule_build.h"
@@ -124,34 +127,38 @@ std::vector<Tensor> seq_to_heads(Communicator& comm, std::span<const HeadsOf> xs
 }
 
 // Heads -> sequence in one all_to_allv: the local state (out (B, S_g, |ranges[me]|, D) and lse
-// (B, S_g, |ranges[me]|), fp32, over the group's tokens) -> out (B, n_me, H, D) and lse
-// (B, n_me, H) with member j's heads at ranges[j]. Member i's message to j: j's B·n_j rows of
-// i's heads, out then lse.
+// (B, S_g, |ranges[me]|), fp32, over the group's tokens) -> out (B, n_me, H, D) in out_dtype
+// (rounded once as it is packed) and, when `with_lse`, lse (B, n_me, H) fp32, with member j's heads
+// at ranges[j]. Member i's message to j: j's B·n_j rows of i's heads, out then lse.
 AttnState heads_to_seq(Communicator& comm, const AttnState& y, std::span<const int64_t> counts,
-                       std::span<const IndexRange> ranges, int64_t heads) {
+                       std::span<const IndexRange> ranges, int64_t heads, DType out_dtype,
+                       bool with_lse) {
   const int n = comm.size(), me = comm.rank();
   const int64_t B = y.out.dim(0), total = y.out.dim(1), mine = y.out.dim(2), D = y.out.dim(3);
-  const size_t out_row = static_cast<size_t>(mine * D) * sizeof(float);
-  const size_t lse_row = static_cast<size_t>(mine) * sizeof(float);
+  const size_t oe = dtype_size(out_dtype);
+  // Per head: D output elements, then (with the lse) one fp32.
+  auto row_bytes = [&](int64_t h) {
+    return static_cast<size_t>(h) * (D * oe + (with_lse ? sizeof(float) : 0));
+  };
   std::vector<size_t> send_counts(n), recv_counts(n);
   size_t recv_bytes = 0;
   for (int j = 0; j < n; ++j) {
-    send_counts[j] = static_cast<size_t>(B * counts[j] * mine * (D + 1)) * sizeof(float);
-    recv_counts[j] =
-        static_cast<size_t>(B * counts[me] * ranges[j].size() * (D + 1)) * sizeof(float);
+    send_counts[j] = static_cast<size_t>(B * counts[j]) * row_bytes(mine);
+    recv_counts[j] = static_cast<size_t>(B * counts[me]) * row_bytes(ranges[j].size());
     recv_bytes += recv_counts[j];
   }
   // Send buffer in member order: [member i][out: B, n_i rows][lse: B, n_i rows].
-  std::vector<char> send(static_cast<size_t>(B * total) * (out_row + lse_row)), recv(recv_bytes);
+  std::vector<char> send(static_cast<size_t>(B * total) * row_bytes(mine)), recv(recv_bytes);
   {
     char* dst = send.data();
     int64_t offset = 0;
     for (int i = 0; i < n; ++i) {
-      for (const auto& [t, row] : {std::pair{&y.out, out_row}, {&y.lse, lse_row}})
-        for (int64_t b = 0; b < B && row > 0 && counts[i] > 0; ++b) {
-          std::memcpy(dst, static_cast<const char*>(t->raw()) + (b * total + offset) * row,
-                      counts[i] * row);
-          dst += counts[i] * row;
+      for (const auto& [t, w, e] : {std::tuple{&y.out, mine * D, out_dtype},
+                                    {&y.lse, with_lse ? mine : 0, DType::kF32}})
+        for (int64_t b = 0; b < B && w > 0 && counts[i] > 0; ++b) {
+          const size_t elems = static_cast<size_t>(counts[i] * w);
+          convert(t->data<float>() + (b * total + offset) * w, DType::kF32, dst, e, elems);
+          dst += elems * dtype_size(e);
         }
       offset += counts[i];
     }
@@ -160,17 +167,18 @@ AttnState heads_to_seq(Communicator& comm, const AttnState& y, std::span<const i
   // recv holds [member j][out: B·n_me rows of |ranges[j]| heads][lse: likewise]; place each at
   // its heads.
   AttnState out;
-  out.out = Tensor({B, counts[me], heads, D});
-  out.lse = Tensor({B, counts[me], heads});
+  out.out = Tensor({B, counts[me], heads, D}, out_dtype);
+  if (with_lse) out.lse = Tensor({B, counts[me], heads});
   const char* src = recv.data();
   for (int j = 0; j < n; ++j) {
     const int64_t h = ranges[j].size();
     for (const auto& [t, w] : {std::pair{&out.out, D}, {&out.lse, int64_t{1}}}) {
-      const size_t chunk = static_cast<size_t>(h * w) * sizeof(float);
+      if (t->ndim() == 0) continue;  // no lse
+      const size_t e = dtype_size(t->dtype());
+      const size_t chunk = static_cast<size_t>(h * w) * e;
       char* dst = static_cast<char*>(t->raw());
       for (int64_t r = 0; r < B * counts[me] && chunk > 0; ++r) {
-        std::memcpy(dst + static_cast<size_t>((r * heads + ranges[j].begin) * w) * sizeof(float),
-                    src, chunk);
+        std::memcpy(dst + static_cast<size_t>((r * heads + ranges[j].begin) * w) * e, src, chunk);
         src += chunk;
       }
     }
@@ -250,7 +258,7 @@ AttnState ulysses_body(Communicator& ucomm, const Partition& part, int first_ran
     local = AttnState::empty(B, ql.dim(1), 0, D);
   }
   double t2 = now_seconds();
-  AttnState out = heads_to_seq(ucomm, local, counts, l.q_heads, H);
+  AttnState out = heads_to_seq(ucomm, local, counts, l.q_heads, H, opts.out_dtype, opts.lse);
   double t3 = now_seconds();
   if (stats) {
     stats->wait_seconds += (t1 - t0) + (t3 - t2);
@@ -436,7 +444,8 @@ Step exchange_step(const std::string& what, GroupMembers members, int me, int64_
 // Per group of u consecutive members: token counts, q, k and v to heads in one call (then packing
 // and placing them: a copy of what was sent and received), attention on the member's heads (the
 // whole group sequence, or with several groups a ring of the groups' sequences across the members
-// of one Ulysses rank), out and lse back (fp32, one call), and their copy.
+// of one Ulysses rank), out (fp32 or the inputs' dtype) and the lse (when kept) back in one call,
+// and their copy.
 void add_ulysses(Schedule& s, const CallRuns& c, int u, SoftmaxMode softmax) {
   const int groups = c.n() / u;
   std::vector<IndexRange> qh(u), kvh(u);
@@ -488,10 +497,12 @@ void add_ulysses(Schedule& s, const CallRuns& c, int u, SoftmaxMode softmax) {
     for (int me = 0; me < u; ++me) {
       std::vector<Step>& steps = s.ranks[members[me]].steps;
       // member `from` sends member `to` the rows of to's tokens of from's heads
-      steps.push_back(exchange_step("out, lse", members, me, 1, [&](int from, int to) {
-        return static_cast<uint64_t>(c.B * run_count(c.q[g * u + to]) * qh[from].size() *
-                                     (c.D + 1) * 4);
-      }));
+      steps.push_back(exchange_step(c.lse ? "out, lse" : "out", members, me, 1,
+                                    [&](int from, int to) {
+                                      return static_cast<uint64_t>(
+                                          c.B * run_count(c.q[g * u + to]) * qh[from].size() *
+                                          (c.D * c.out_e + (c.lse ? 4 : 0)));
+                                    }));
       steps.push_back(
           compute_step(0, static_cast<double>(steps.back().comm->sent + steps.back().comm->recv)));
     }

@@ -129,6 +129,12 @@ AttnShape workload_shape(const Workload& w) {
     s.fresh = w.fresh;
   }
   s.dtype = w.dtype;
+  // A model's blocks keep the output in their activations' dtype and no lse (attend(),
+  // model/blocks/attention.h); a bare call keeps both in fp32 (seqpar run).
+  if (!w.attention_only) {
+    s.out_dtype = w.dtype;
+    s.lse = false;
+  }
   return s;
 }
 

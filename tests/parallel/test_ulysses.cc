@@ -187,3 +187,112 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(int64_t{48}, int64_t{53})));
 
 }  // namespace seqpar
+
+namespace seqpar {
+
+// What the caller keeps (AttnShape::out_dtype, lse) through the one entry point: the output in
+// the inputs' dtype is the fp32 result rounded once (bit for bit), so within the oracle's bound
+// plus that rounding; without the lse none comes back; ulysses and usp send only what is kept,
+// and the bytes each rank sends and receives are the schedule's (attention_schedule).
+// (strategy, ulysses degree (0: all ranks), ranks, dtype, lse, layout, (heads, kv_heads))
+using OutputParam = std::tuple<Strategy, int, int, DType, bool, Layout, std::pair<int, int>>;
+class OutputKept : public ::testing::TestWithParam<OutputParam> {};
+
+TEST_P(OutputKept, RoundedOnceAndScheduled) {
+  auto [strategy, u, ranks, dtype, lse, layout, hk] = GetParam();
+  Problem p;
+  p.batch = 2;
+  p.seq = 61;
+  p.heads = hk.first;
+  p.kv_heads = hk.second;
+  p.head_dim = 24;
+  p.causal = layout == Layout::kZigzag;
+  p.dtype = dtype;
+  const auto& in = inputs_for(p);
+  const Partition part(p.seq, ranks, layout);
+  CpOptions opts;
+  opts.causal = p.causal;
+  AttnJob job = seqpar::testing::job_for(strategy, seqpar::testing::shape_of(p), part, opts, u);
+  AttnJob kept = job;
+  kept.shape.out_dtype = dtype;
+  kept.shape.lse = lse;
+  const Schedule full = attention_schedule(job.config, job.shape);
+  const Schedule sched = attention_schedule(kept.config, kept.shape);
+  std::vector<Tensor> outs(ranks), wide(ranks);
+  std::vector<CommPrediction> measured(ranks);
+  ThreadWorld::run(ranks, [&](Communicator& comm) {
+    const int r = comm.rank();
+    const Tensor q = shard(in.q, part, r), k = shard(in.k, part, r), v = shard(in.v, part, r);
+    JobComms comms(comm, kept);
+    AttnOutputs base;
+    attention(job.config, job.shape, comms.sp(), job.place, {q, k, v}, base);
+    comms.reset_stats();
+    AttnOutputs out;
+    attention(kept.config, kept.shape, comms.sp(), kept.place, {q, k, v}, out);
+    const CommStats st = comms.stats();
+    measured[r] = {st.total_sent(), st.total_recv()};
+    EXPECT_EQ(out.out.dtype(), dtype);
+    EXPECT_EQ(out.lse.ndim() > 0, lse) << "rank " << r;
+    const Tensor rounded = base.out.to(dtype);
+    ASSERT_EQ(out.out.nbytes(), rounded.nbytes());
+    EXPECT_EQ(std::memcmp(out.out.raw(), rounded.raw(), rounded.nbytes()), 0) << "rank " << r;
+    if (lse) {
+      EXPECT_EQ(max_abs_diff(out.lse, base.lse), 0) << "rank " << r;
+    }
+    outs[r] = out.out.to(DType::kF32);
+  });
+  // The oracle: the kernel's bound, then one rounding to the output's precision (unit roundoff
+  // 2^-8 for bf16, 2^-11 for fp16).
+  const Tensor got = unshard(outs, part);
+  const double u_out = dtype == DType::kBF16 ? 0x1p-8 : dtype == DType::kF16 ? 0x1p-11 : 0;
+  const double tol = seqpar::testing::bound_for(p).out * (1 + u_out) +
+                     u_out * seqpar::testing::max_abs(in.ref.out);
+  EXPECT_LE(max_abs_diff(got, in.ref.out), tol);
+  uint64_t saved = 0;
+  for (int r = 0; r < ranks; ++r) {
+    const CommPrediction want = schedule_bytes(sched, r);
+    EXPECT_EQ(measured[r].sent, want.sent) << "rank " << r;
+    EXPECT_EQ(measured[r].recv, want.recv) << "rank " << r;
+    saved += schedule_bytes(full, r).sent - want.sent;
+  }
+  // Ulysses' second exchange: B·n_j·q_r·(D·(4 - o) + 4·!lse) fewer bytes from each member; the
+  // other strategies send no output.
+  const int64_t o = static_cast<int64_t>(dtype_size(dtype));
+  if (!uses_ulysses(strategy)) {
+    EXPECT_EQ(saved, 0u);
+  } else if (ranks > 1 && (o < 4 || !lse)) {
+    EXPECT_GT(saved, 0u);
+    const int ug = u == 0 ? ranks : u;
+    uint64_t want_saved = 0;  // every member's rows of the other members' heads
+    for (int g = 0; g < ranks / ug; ++g)
+      for (int to = 0; to < ug; ++to)
+        for (int from = 0; from < ug; ++from)
+          if (from != to)
+            want_saved += static_cast<uint64_t>(
+                p.batch * part.count(g * ug + to) * ulysses_q_heads(p.heads, ug, from).size() *
+                (p.head_dim * (4 - o) + (lse ? 0 : 4)));
+    EXPECT_EQ(saved, want_saved);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ulysses, OutputKept,
+    ::testing::Combine(::testing::Values(Strategy::kUlysses), ::testing::Values(0),
+                       ::testing::Values(2, 3, 4),
+                       ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
+                       ::testing::Bool(), ::testing::Values(Layout::kContiguous, Layout::kZigzag),
+                       ::testing::Values(std::pair{4, 4}, std::pair{6, 2}, std::pair{3, 1})));
+INSTANTIATE_TEST_SUITE_P(
+    Usp, OutputKept,
+    ::testing::Combine(::testing::Values(Strategy::kUsp), ::testing::Values(2),
+                       ::testing::Values(4), ::testing::Values(DType::kF32, DType::kBF16),
+                       ::testing::Bool(), ::testing::Values(Layout::kContiguous, Layout::kZigzag),
+                       ::testing::Values(std::pair{4, 4}, std::pair{6, 2})));
+INSTANTIATE_TEST_SUITE_P(
+    Others, OutputKept,
+    ::testing::Combine(::testing::Values(Strategy::kRing, Strategy::kAllGather),
+                       ::testing::Values(0), ::testing::Values(1, 3),
+                       ::testing::Values(DType::kBF16), ::testing::Bool(),
+                       ::testing::Values(Layout::kZigzag), ::testing::Values(std::pair{4, 2})));
+
+}  // namespace seqpar

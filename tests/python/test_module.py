@@ -114,6 +114,35 @@ def test_half_precision_in_and_out(dtype, tol):
     assert (out.double() - want).abs().max().item() < tol
 
 
+# Ulysses sends the output back in the dtype it is returned in: a bf16 or fp16 call's second
+# all-to-all carries D·2 bytes per row and head, plus the fp32 lse it returns, where an fp32 call
+# carries D·4 + 4; the result is PyTorch's.
+@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, TOL_BF16), (torch.float16, TOL_F16)])
+@pytest.mark.parametrize("strategy", ["ulysses", "usp"])
+def test_ulysses_sends_the_output_in_its_dtype(dtype, tol, strategy):
+    n, heads = 4, 8
+    q, k, v = qkv(B, S, heads, heads, D, dtype=dtype, seed=5)
+    deg = {"ulysses_degree": 2} if strategy == "usp" else {}
+
+    def fn(comm, *t):
+        out = seqpar.attention(*t, comm=comm, strategy=strategy, layout="zigzag", causal=True,
+                               **deg)
+        return out, comm.last_stats.bytes_by_op["all_to_all"][0]
+
+    part = seqpar.Partition(S, n, "zigzag")
+    results = seqpar.ThreadWorld(n).run(
+        lambda comm: fn(comm, *(part.shard(t, comm.rank) for t in (q, k, v))))
+    out = part.unshard([r[0] for r in results])
+    want, _ = reference(q, k, v, causal=True)
+    assert out.dtype == dtype
+    assert (out.double() - want).abs().max().item() < tol
+    u = 2 if strategy == "usp" else n
+    rows = S // n  # this member's tokens; each of the other u - 1 members holds heads / u heads
+    qkv_bytes = (u - 1) * B * rows * (3 * heads // u) * D * 2
+    back = (u - 1) * B * rows * (heads // u) * (D * 2 + 4)
+    assert {r[1] for r in results} == {qkv_bytes + back}
+
+
 def test_numpy_in_numpy_out():
     q, k, v = (t.numpy() for t in qkv(1, 40, 2, 2, 8, seed=3))
     out, _ = run_sharded(2, "contiguous", lambda comm, *t: seqpar.attention(

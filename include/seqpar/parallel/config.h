@@ -129,6 +129,11 @@ struct AttnShape {
   // Joint attention with the text split by head over the Ulysses group (ulysses, usp): each
   // member's text q/k/v and text output hold its Ulysses heads only (ulysses_joint_attention).
   bool text_by_heads = false;
+  // What the call returns: the output in fp32 or in dtype (out_dtype; the fp32 result rounded
+  // once, to nearest even), and the log-sum-exp (fp32) or not (lse). Ulysses sends back only
+  // these, so a bf16 output without the log-sum-exp halves its second exchange.
+  DType out_dtype = DType::kF32;
+  bool lse = true;
   int64_t kv() const { return kv_heads == 0 ? heads : kv_heads; }
   bool over_cache() const { return cached > 0 || fresh > 0; }
   bool operator==(const AttnShape&) const = default;

@@ -12,11 +12,13 @@
 //   in.q (B, |q_pos(r)|, H, D), in.k / in.v (B, |kv_pos(r)|, Hkv, D), q, k, v of one dtype;
 //   joint attention (shape.text_tokens = T): in.text_q (B, T, H, D), in.text_k / text_v
 //   (B, T, Hkv, D), the same on every rank;
-//   out.out (B, |q_pos(r)|, H, D) fp32 and out.lse (B, |q_pos(r)|, H) fp32 (natural log);
-//   with text, out.text_out (B, T, H, D) and out.text_lse (B, T, H), the same on every rank;
+//   out.out (B, |q_pos(r)|, H, D) in shape.out_dtype (fp32, or the inputs' dtype: the fp32 result
+//   rounded once) and out.lse (B, |q_pos(r)|, H) fp32 (natural log), left empty without
+//   shape.lse; with text, out.text_out (B, T, H, D) and out.text_lse (B, T, H) likewise, the same
+//   on every rank;
 //   with shape.text_by_heads the text's q, k, v and outputs hold this rank's Ulysses heads only
 //   (ulysses_q_heads / ulysses_kv_heads of its Ulysses rank, strategies.h).
-// Outputs the caller leaves empty are allocated; those it gives must have these shapes and fp32.
+// Outputs the caller leaves empty are allocated; those it gives must have these shapes and dtypes.
 // Thread-safety: one call per rank thread; the ranks of the group make the same call together.
 #pragma once
 

@@ -57,6 +57,11 @@ struct CpOptions {
   // query attends only keys of its own document. Empty = one document.
   std::vector<int64_t> cu_seqlens;
   KvUse kv_use = KvUse::kKeep;  // the rings' use of the caller's k and v
+  // What the caller keeps of the result (AttnShape::out_dtype, lse): ulysses and usp send the
+  // output back in out_dtype (the fp32 state rounded once) and the lse only when wanted, and
+  // return that (out in out_dtype, lse empty without it); the other strategies return fp32 state.
+  DType out_dtype = DType::kF32;
+  bool lse = true;
 };
 
 // The communicators a strategy runs on: the sequence-parallel group (N ranks) and, for usp, its

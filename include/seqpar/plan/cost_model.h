@@ -108,7 +108,9 @@ int ranks_on_node(const HardwareProfile& hw, int world);
 int node_of(const HardwareProfile& hw, int world_rank);
 
 // The attention shape of a workload (batch x guidance branches, every head; the cache when it
-// decodes): validate_config's shape. The cost model divides batch by cfg and heads by tp.
+// decodes): validate_config's shape. The cost model divides batch by cfg and heads by tp. What
+// the call keeps: a model's blocks the output in the workload's dtype and no lse, a bare
+// attention call (attention_only) fp32 output and lse, as `seqpar run`.
 AttnShape workload_shape(const Workload& w);
 
 // The checks of cfg and tp alone (guidance branches, a bare call's tp, and validate_config's

@@ -86,6 +86,7 @@ AttnState attend(const Tensor& q, const Tensor& k, const Tensor& v, ParallelCont
   shape.head_dim = q.dim(3);
   shape.causal = over.causal;
   shape.dtype = q.dtype();
+  shape.lse = false;  // the blocks keep the output only
   Placement place;
   if (over.kind == AttendOver::Kind::kDocuments) {
     group.mesh = {1, 1, ctx.sp->ring_degree(), ctx.sp->ulysses_degree()};

@@ -105,6 +105,7 @@ JointAttention::Result joint_attend(const StreamQkv& img, const StreamQkv& txt,
     shape.text_tokens = T;
     shape.text_by_heads = text_by_heads;
     shape.dtype = img.q.dtype();
+    shape.lse = false;  // the block keeps the outputs only
     Placement place;
     place.part = sp.partition();
     AttnOutputs out;

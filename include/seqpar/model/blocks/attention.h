@@ -107,7 +107,8 @@ struct AttendOver {
 // both through the one entry point (parallel/cp_attention.h).
 // kSequence and kDocuments consume k and v (KvUse::kConsume: where blocks are copied, the rings
 // use their storage as a receive buffer, and they hold another rank's block afterwards); kCache
-// and kLocal only read them.
+// and kLocal only read them. The state's lse is the kernel's on one rank and empty through the
+// entry point, which sends back only the output (AttnShape::lse off).
 // The only call of the attention and parallel layers' attention from the model layer.
 AttnState attend(const Tensor& q, const Tensor& k, const Tensor& v, ParallelContext& ctx,
                  const AttendOver& over);
