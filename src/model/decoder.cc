@@ -131,7 +131,7 @@ Tensor Decoder::embed(std::span<const int32_t> tokens, Communicator& tp) const {
                      " is outside the vocabulary of ", m_.vocab);
     if (tokens[i] < v0_ || tokens[i] >= v1_) continue;  // another tp rank's row
     if (!embed_scale.empty()) {
-      dequantize_q8_0(embed_w, embed_scale, tokens[i] - v0_, 1, x.data<float>() + i * d);
+      dequantize_int8(embed_w, embed_scale, tokens[i] - v0_, 1, x.data<float>() + i * d);
       continue;
     }
     convert(static_cast<const std::byte*>(embed_w.raw()) + (tokens[i] - v0_) * row_bytes,

@@ -150,6 +150,61 @@ void dequantize_q8_0(const Tensor& q, const Tensor& d, int64_t row0, int64_t row
                                    rows, k, out);
 }
 
+Int8ChannelWeight quantize_int8_channel(const Tensor& w, const std::string& name,
+                                        const Tensor& row_abs_max) {
+  SEQPAR_CHECK(w.ndim() == 2, "int8 weights: ", name, " is ", w.shape_str(), ", not a matrix");
+  const int64_t n = w.dim(0), k = w.dim(1);
+  SEQPAR_CHECK(
+      row_abs_max.empty() || (row_abs_max.dtype() == DType::kF32 && row_abs_max.numel() == n),
+      "int8 weights: ", name, " has ", n, " rows, its row maxima are ", row_abs_max.shape_str());
+  Int8ChannelWeight out{Tensor({n, k}, DType::kI8), Tensor({n})};
+  std::vector<float> row(static_cast<size_t>(k));
+  const size_t esize = dtype_size(w.dtype());
+  auto* q = out.q.data<int8_t>();
+  auto* scale = out.s.data<float>();
+  for (int64_t j = 0; j < n; ++j) {
+    convert(static_cast<const std::byte*>(w.raw()) + j * k * esize, w.dtype(), row.data(),
+            DType::kF32, static_cast<size_t>(k));
+    float a = 0.f;
+    for (int64_t i = 0; i < k; ++i) {
+      if (!std::isfinite(row[i])) {
+        throw InvalidArgument(detail::concat("int8 weights: ", name, " holds ", row[i], " at row ",
+                                             j, ", column ", i, "; valid: finite weights"));
+      }
+      a = std::max(a, std::fabs(row[i]));
+    }
+    if (!row_abs_max.empty()) {
+      SEQPAR_CHECK(row_abs_max.data<float>()[j] >= a, "int8 weights: ", name, " row ", j, " holds ",
+                   a, ", above its row maximum ", row_abs_max.data<float>()[j]);
+      a = row_abs_max.data<float>()[j];
+    }
+    const float s = a / 127.f;
+    scale[j] = s;
+    int8_t* qr = q + j * k;
+    for (int64_t i = 0; i < k; ++i)
+      qr[i] = s == 0.f ? 0 : static_cast<int8_t>(std::clamp(std::round(row[i] / s), -127.f, 127.f));
+  }
+  return out;
+}
+
+void dequantize_int8_channel(const Tensor& q, const Tensor& s, int64_t row0, int64_t rows,
+                             float* out) {
+  SEQPAR_CHECK(
+      q.dtype() == DType::kI8 && s.dtype() == DType::kF32 && q.ndim() == 2 && s.numel() == q.dim(0),
+      "dequantize_int8_channel: ", q.shape_str(), " ", dtype_name(q.dtype()), " with scales ",
+      s.shape_str(), " ", dtype_name(s.dtype()));
+  const int64_t k = q.dim(1);
+  SEQPAR_CHECK(row0 >= 0 && rows >= 0 && row0 + rows <= q.dim(0), "dequantize_int8_channel: rows [",
+               row0, ", ", row0 + rows, ") of ", q.dim(0));
+  model_simd::kernels().dequant_i8_channel(q.data<int8_t>() + row0 * k, s.data<float>() + row0,
+                                           rows, k, out);
+}
+
+void dequantize_int8(const Tensor& q, const Tensor& scale, int64_t row0, int64_t rows, float* out) {
+  if (scale.dtype() == DType::kF32) return dequantize_int8_channel(q, scale, row0, rows, out);
+  dequantize_q8_0(q, scale, row0, rows, out);
+}
+
 namespace {
 
 // Does oneDNN multiply bf16 by bf16 in hardware here (AVX512-BF16 or AMX)? Elsewhere it would
@@ -176,12 +231,19 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
   SEQPAR_CHECK(w.ndim() == 2 && x.dim(-1) == w.dim(1), "linear: x ", x.shape_str(), " vs w ",
                w.shape_str());
   SEQPAR_CHECK(bias.empty() || bias.dtype() == DType::kF32, "linear: the bias is not fp32");
-  const bool q8 = w.dtype() == DType::kI8;
-  SEQPAR_CHECK(q8 == !w_scale.empty(), "linear: scales go with int8 weights only");
-  SEQPAR_CHECK(!q8 || (w.dim(1) % model_simd::kQ8Block == 0 && w_scale.dtype() == DType::kF16 &&
-                       w_scale.ndim() == 2 && w_scale.dim(0) == w.dim(0) &&
-                       w_scale.dim(1) == w.dim(1) / model_simd::kQ8Block),
-               "linear: Q8_0 scales ", w_scale.shape_str(), " for int8 weights ", w.shape_str());
+  const bool int8 = w.dtype() == DType::kI8;
+  SEQPAR_CHECK(int8 == !w_scale.empty(), "linear: scales go with int8 weights only");
+  // Q8_0: fp16 scales (out, in / 32); per-channel: fp32 scales (out).
+  const bool q8 = int8 && w_scale.dtype() == DType::kF16;
+  const bool channel = int8 && !q8;
+  SEQPAR_CHECK(
+      !q8 || (w.dim(1) % model_simd::kQ8Block == 0 && w_scale.ndim() == 2 &&
+              w_scale.dim(0) == w.dim(0) && w_scale.dim(1) == w.dim(1) / model_simd::kQ8Block),
+      "linear: Q8_0 scales ", w_scale.shape_str(), " for int8 weights ", w.shape_str());
+  SEQPAR_CHECK(!channel || (w_scale.dtype() == DType::kF32 && w_scale.ndim() == 1 &&
+                            w_scale.dim(0) == w.dim(0)),
+               "linear: per-channel scales ", w_scale.shape_str(), " ", dtype_name(w_scale.dtype()),
+               " for int8 weights ", w.shape_str());
   const int64_t m = rows_of(x), k = w.dim(1), n = w.dim(0);
   std::vector<int64_t> shape = x.shape();
   shape.back() = n;
@@ -225,11 +287,16 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
       kern.gemv_q8(xs, m, k, w.data<int8_t>(), w_scale.data<uint16_t>(), n, b, y.data<float>());
       return y;
     }
+    if (channel) {
+      kern.gemv_i8_channel(xs, m, k, w.data<int8_t>(), w_scale.data<float>(), n, b,
+                           y.data<float>());
+      return y;
+    }
     (w.dtype() == DType::kBF16 ? kern.gemv_bf16 : kern.gemv_f16)(
         xs, m, k, static_cast<const uint16_t*>(w.raw()), n, b, y.data<float>());
     return y;
   }
-  // A weight kept in its checkpoint's 16-bit dtype, or in Q8_0: converted a block of rows at a
+  // A weight kept in its checkpoint's 16-bit dtype, or int8: converted a block of rows at a
   // time and multiplied. With a team of threads the blocks are handed out one at a time, each
   // converted and multiplied by one thread alone (oneDNN runs single-threaded inside the team):
   // the conversions run in parallel too, and a descheduled thread's blocks go to the others
@@ -250,6 +317,9 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
       model_simd::kernels().dequant_q8(w.data<int8_t>() + j0 * k,
                                        w_scale.data<uint16_t>() + j0 * scales_per_row, nb, k,
                                        converted.data());
+    } else if (channel) {
+      model_simd::kernels().dequant_i8_channel(w.data<int8_t>() + j0 * k,
+                                               w_scale.data<float>() + j0, nb, k, converted.data());
     } else {
       convert(static_cast<const std::byte*>(w.raw()) + j0 * k * esize, w.dtype(), converted.data(),
               DType::kF32, static_cast<size_t>(nb * k));

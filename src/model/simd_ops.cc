@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "seqpar/core/dtype.h"
@@ -209,6 +210,29 @@ void dequant_q8(const int8_t* q, const uint16_t* d, int64_t rows, int64_t k, flo
       w[b * kQ8Block + i] = s * static_cast<float>(q[b * kQ8Block + i]);
   }
 }
+
+void gemv_i8_channel_cols(const float* x, int64_t m, int64_t k, const int8_t* q, const float* s,
+                          int64_t n, const float* bias, float* y, int64_t j0, int64_t j1) {
+  for (int64_t j = j0; j < j1; ++j) {
+    const int8_t* row = q + j * k;
+    for (int64_t r = 0; r < m; ++r) {
+      const float* xr = x + r * k;
+      float acc[kLanes] = {};
+      for (int64_t i0 = 0; i0 < k; i0 += kLanes) {
+        const int64_t lanes = std::min<int64_t>(kLanes, k - i0);
+        for (int64_t l = 0; l < lanes; ++l) acc[l] += xr[i0 + l] * static_cast<float>(row[i0 + l]);
+      }
+      float t = 0.f;
+      for (float a : acc) t += a;
+      y[r * n + j] = t * s[j] + (bias ? bias[j] : 0.f);
+    }
+  }
+}
+
+void dequant_i8_channel(const int8_t* q, const float* s, int64_t rows, int64_t k, float* w) {
+  for (int64_t j = 0; j < rows; ++j)
+    for (int64_t i = 0; i < k; ++i) w[j * k + i] = s[j] * static_cast<float>(q[j * k + i]);
+}
 }  // namespace scalar
 
 #if SEQPAR_X86_SIMD
@@ -257,6 +281,11 @@ inline V vmul(V a, V b) { return _mm256_mul_ps(a, b); }
 inline V vload_i8(const int8_t* p) {
   return _mm256_cvtepi32_ps(
       _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline V vload_i8_part(const int8_t* p, int64_t n) {
+  alignas(8) int8_t t[kW] = {};
+  std::memcpy(t, p, n);
+  return vload_i8(t);
 }
 inline V vbroadcast_f16(uint16_t h) { return _mm256_set1_ps(_cvtsh_ss(h)); }
 inline void vstore(float* p, V v) { _mm256_storeu_ps(p, v); }
@@ -334,6 +363,9 @@ inline V vload_i8(const int8_t* p) {
   return _mm512_cvtepi32_ps(
       _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
+inline V vload_i8_part(const int8_t* p, int64_t n) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(first(n), p)));
+}
 inline V vbroadcast_f16(uint16_t h) { return _mm512_set1_ps(_cvtsh_ss(h)); }
 inline void vstore(float* p, V v) { _mm512_storeu_ps(p, v); }
 inline void vstore_part(float* p, V v, int64_t n) { _mm512_mask_storeu_ps(p, first(n), v); }
@@ -404,6 +436,17 @@ void gemv_q8(const float* x, int64_t m, int64_t k, const int8_t* q, const uint16
   SEQPAR_CHECK(m >= 1 && m <= kMaxRows, "gemv_q8: ", m, " rows; at most ", kMaxRows);
   SEQPAR_CHECK(k % kQ8Block == 0, "gemv_q8: k ", k, " is not a multiple of ", kQ8Block);
   over_columns(n, [&](int64_t j0, int64_t j1) { kCols(x, m, k, q, d, n, bias, y, j0, j1); });
+}
+
+using GemvI8ChannelCols = void (*)(const float* x, int64_t m, int64_t k, const int8_t* q,
+                                   const float* s, int64_t n, const float* bias, float* y,
+                                   int64_t j0, int64_t j1);
+
+template <GemvI8ChannelCols kCols>
+void gemv_i8_channel(const float* x, int64_t m, int64_t k, const int8_t* q, const float* s,
+                     int64_t n, const float* bias, float* y) {
+  SEQPAR_CHECK(m >= 1 && m <= kMaxRows, "gemv_i8_channel: ", m, " rows; at most ", kMaxRows);
+  over_columns(n, [&](int64_t j0, int64_t j1) { kCols(x, m, k, q, s, n, bias, y, j0, j1); });
 }
 
 // Runs fn(r0, r1) over [0, rows) on the calling thread's OpenMP team, as over_columns, when the
@@ -483,6 +526,8 @@ const Kernels kScalar{Isa::kScalar,
                       &gemv<&scalar::gemv_cols<true>>,
                       &gemv_q8<&scalar::gemv_q8_cols>,
                       &scalar::dequant_q8,
+                      &gemv_i8_channel<&scalar::gemv_i8_channel_cols>,
+                      &scalar::dequant_i8_channel,
                       scalar::kLanes,
                       SEQPAR_ELEMENTWISE_OPS(scalar)};
 #if SEQPAR_X86_SIMD
@@ -491,6 +536,8 @@ const Kernels kAvx2{Isa::kAvx2,
                     &gemv<&avx2::gemv_cols<true>>,
                     &gemv_q8<&avx2::gemv_q8_cols>,
                     &avx2::dequant_q8,
+                    &gemv_i8_channel<&avx2::gemv_i8_channel_cols>,
+                    &avx2::dequant_i8_channel,
                     avx2::kW,
                     SEQPAR_ELEMENTWISE_OPS(avx2)};
 const Kernels kAvx512{Isa::kAvx512,
@@ -498,6 +545,8 @@ const Kernels kAvx512{Isa::kAvx512,
                       &gemv<&avx512::gemv_cols<true>>,
                       &gemv_q8<&avx512::gemv_q8_cols>,
                       &avx512::dequant_q8,
+                      &gemv_i8_channel<&avx512::gemv_i8_channel_cols>,
+                      &avx512::dequant_i8_channel,
                       avx512::kW,
                       SEQPAR_ELEMENTWISE_OPS(avx512)};
 #endif
@@ -524,8 +573,9 @@ namespace seqpar {
 
 std::string model_kernel_info() {
   const std::string_view gemv = model_simd::isa_name(model_simd::kernels().isa);
-  return detail::concat("gemv_bf16 ", gemv, ", gemv_f16 ", gemv, ", gemv_q8 ", gemv, ", convert ",
-                        convert_isa(), ", bf16 activations ", bf16_activations_path());
+  return detail::concat("gemv_bf16 ", gemv, ", gemv_f16 ", gemv, ", gemv_q8 ", gemv,
+                        ", gemv_i8_channel ", gemv, ", convert ", convert_isa(),
+                        ", bf16 activations ", bf16_activations_path());
 }
 
 std::vector<std::pair<std::string, std::string>> model_op_paths() {

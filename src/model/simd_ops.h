@@ -1,7 +1,8 @@
 // Vectorized inner loops of the model's dense operations (private to src/model/): the few-row
-// product of fp32 activations with a bf16, fp16 or Q8_0 weight (decode), widened to fp32 in the
-// load, the Q8_0 weight's dequantization (prefill), and the elementwise and normalisation ops of
-// ops.h and blocks/rope.h (norms, activations, residual adds, modulation, RoPE).
+// product of fp32 activations with a bf16, fp16, Q8_0 or per-channel int8 weight (decode), widened
+// to fp32 in the load, the int8 weights' dequantization (prefill), and the elementwise and
+// normalisation ops of ops.h and blocks/rope.h (norms, activations, residual adds, modulation,
+// RoPE).
 //
 // Each routine exists for three instruction sets, like the attention kernel's (src/attention/
 // simd.h): portable scalar C++ (the reference, and the path of CPUs without AVX2), AVX2+FMA+F16C
@@ -62,6 +63,23 @@ using GemvQ8 = void (*)(const float* x, int64_t m, int64_t k, const int8_t* q, c
 constexpr int64_t kQ8Block = 32;
 // w (rows, k) fp32 = d · q, exact (an 8-bit integer times an 11-bit significand fits in fp32).
 using DequantQ8 = void (*)(const int8_t* q, const uint16_t* d, int64_t rows, int64_t k, float* w);
+
+// Per-channel int8 (ops.h): y (m, n) = x (m, k) · wᵀ + bias with w[j, i] = s[j] · q[j, i], q (n, k)
+// int8, s (n) fp32; any k >= 1, 1 <= m <= kMaxRows; columns split as above.
+// The summation of one output: t = Σ_i x[i]·q[j, i] exactly as Gemv16 sums (the int8 value widened
+// to fp32 exactly in the load; vector variants: gemv_unroll(m, width) accumulators, each lane an
+// FMA chain, the accumulators added in sequence, then the lanes by a tree of depth log2(width);
+// scalar: `width` partial sums of products, added in sequence), then y = t·s[j] (one multiply),
+// then + bias. With d the roundings of the 16-bit gemv's output for the same m and k (its product
+// or FMA chain, the accumulator adds, the lane tree, the bias), one output passes through d + 1,
+// so |y - Σ_i x_i·s_j·q_ji - b| <= γ_(d+1) · (s_j·Σ_i |x_i·q_ji| + |b|), γ_d = d·u / (1 - d·u),
+// u = 2^-24 (outputs away from fp32's subnormal range).
+using GemvI8Channel = void (*)(const float* x, int64_t m, int64_t k, const int8_t* q,
+                               const float* s, int64_t n, const float* bias, float* y);
+// w (rows, k) fp32 = s[j] · q[j, i], the product rounded once to fp32 (the same bits in every
+// variant).
+using DequantI8Channel = void (*)(const int8_t* q, const float* s, int64_t rows, int64_t k,
+                                  float* w);
 
 // ---- elementwise and normalisation ops --------------------------------------------------------
 // x (rows, f) row-major fp32 throughout. The scalar variant is the portable reference (the plain
@@ -139,6 +157,8 @@ struct Kernels {
   Gemv16 gemv_f16;
   GemvQ8 gemv_q8;
   DequantQ8 dequant_q8;
+  GemvI8Channel gemv_i8_channel;
+  DequantI8Channel dequant_i8_channel;
   int width;  // floats per vector (scalar: partial sums)
   SumSquares sum_squares;
   RmsNorm rms_norm;

@@ -4,11 +4,41 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "seqpar/model/context.h"
 #include "seqpar/model/safetensors.h"
 
 namespace seqpar {
+
+namespace {
+constexpr std::pair<WeightFormat, std::string_view> kWeightFormatNames[] = {
+    {WeightFormat::kCheckpoint, "checkpoint"},
+    {WeightFormat::kQ8_0, "int8"},
+    {WeightFormat::kInt8Channel, "int8-channel"}};
+}  // namespace
+
+std::optional<WeightFormat> weight_format_named(std::string_view name) {
+  for (const auto& [f, n] : kWeightFormatNames)
+    if (n == name) return f;
+  return std::nullopt;
+}
+
+std::string_view weight_format_name(WeightFormat f) {
+  for (const auto& [g, n] : kWeightFormatNames)
+    if (g == f) return n;
+  return "?";
+}
+
+std::string weight_format_names(std::string_view quote) {
+  std::string out;
+  for (const auto& [f, n] : kWeightFormatNames)
+    out += (out.empty() ? "" : ", ") + std::string(quote) + std::string(n) + std::string(quote);
+  return out;
+}
 
 WeightStore WeightStore::random(const std::vector<Spec>& specs, uint64_t seed) {
   WeightStore ws;
@@ -182,6 +212,30 @@ Tensor WeightStore::cols(const std::string& name, int64_t begin, int64_t end) co
     bytes_read_ += static_cast<int64_t>(out.nbytes());
     check_finite(f->file->path(), f->stored, out);
   }
+  return out;
+}
+
+Tensor WeightStore::row_abs_max(const std::string& name) const {
+  const std::vector<int64_t> s = shape(name);
+  SEQPAR_CHECK(s.size() == 2, "row_abs_max: '", name, "' is ", s.size(), "-D, not a matrix");
+  const int64_t n = s[0], k = s[1];
+  Tensor out({n});
+  // Blocks of about 1 MiB of fp32, read as rows() reads them (its finiteness check included).
+  const int64_t block = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, k));
+  const int64_t counted = bytes_read_;
+  std::vector<float> row(static_cast<size_t>(k));
+  for (int64_t r0 = 0; r0 < n; r0 += block) {
+    const int64_t r1 = std::min(n, r0 + block);
+    const Tensor t = rows(name, r0, r1);
+    for (int64_t r = r0; r < r1; ++r) {
+      convert(static_cast<const std::byte*>(t.raw()) + (r - r0) * k * dtype_size(t.dtype()),
+              t.dtype(), row.data(), DType::kF32, static_cast<size_t>(k));
+      float a = 0.f;
+      for (float v : row) a = std::max(a, std::fabs(v));
+      out.data<float>()[r] = a;
+    }
+  }
+  bytes_read_ = counted;
   return out;
 }
 

@@ -22,6 +22,9 @@
 #include <utility>
 #include <vector>
 
+#include "seqpar/core/dtype.h"
+#include "seqpar/core/error.h"
+#include "seqpar/model/ops.h"
 #include "simd_ops.h"
 
 namespace seqpar::model_simd {
@@ -407,5 +410,318 @@ TEST(ModelSimd, ResultsDoNotDependOnThreadCount) {
   omp_set_num_threads(saved);
 }
 
+// ---- per-channel int8 (ops.h quantize_int8_channel, gemv_i8_channel, dequant_i8_channel) -----
+
+// Roundings one output of gemv_i8_channel passes through (simd_ops.h): those of the 16-bit gemv for
+// the same m and k (its product or FMA chain, the accumulator adds, the lane tree, the bias), and
+// the multiply by the row's scale.
+int64_t i8_channel_roundings(const Kernels& kern, int64_t m, int64_t k) {
+  const int64_t w = kern.width;
+  int64_t d;
+  if (kern.isa == Isa::kScalar) {  // product, chain of ceil(k / w) adds, w - 1 lane adds, bias
+    d = 1 + (k + w - 1) / w + (w - 1) + 1;
+  } else {
+    const int64_t u = gemv_unroll(m, static_cast<int>(w));
+    int64_t tree = 0;
+    while ((int64_t{1} << tree) < w) ++tree;
+    d = k / (u * w) + u + (u - 1) + tree + 1;
+  }
+  return d + 1;
+}
+
+// A per-channel weight (n, k): int8 values with zeros sprinkled in, every third row all zeros
+// (its scale 0 or not), scales over 50 decades (1e-30 .. 1e20).
+struct ChannelCase {
+  std::vector<int8_t> q;
+  std::vector<float> s;
+};
+ChannelCase random_channel(int64_t n, int64_t k, std::mt19937& rng) {
+  std::uniform_int_distribution<int> qd(-127, 127), zero(0, 7);
+  std::uniform_real_distribution<float> decade(-30.f, 20.f);
+  ChannelCase c{std::vector<int8_t>(n * k), std::vector<float>(n)};
+  for (int64_t j = 0; j < n; ++j) {
+    c.s[j] = std::pow(10.f, decade(rng));
+    for (int64_t i = 0; i < k; ++i)
+      c.q[j * k + i] = j % 3 == 2 || zero(rng) == 0 ? 0 : static_cast<int8_t>(qd(rng));
+    if (j % 6 == 5) c.s[j] = 0.f;
+  }
+  return c;
+}
+
+// Every variant against float64 over k 1..2048 (tails of every length below the widest unrolled
+// step, k not a multiple of 32 or of the vector width), m 1..8, odd n, with and without bias, x
+// over six decades: within γ_d · (s·Σ|x·q| + |b|), d from the summation simd_ops.h states.
+TEST(ModelSimd, GemvI8ChannelWithinSummationBoundOfFloat64) {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  for (Isa isa : variants()) {
+    const Kernels& kern = kernels(isa);
+    std::mt19937 rng(21);
+    std::normal_distribution<float> dist(0.f, 1.f);
+    std::uniform_real_distribution<float> decade(-3.f, 3.f);
+    double worst = 0;
+    for (int64_t m = 1; m <= kMaxRows; ++m)
+      for (int64_t k : {1,  2,  3,  7,  8,  9,   15,  16,  17,  31,   32,
+                        33, 45, 63, 64, 65, 100, 127, 129, 257, 1000, 2048})
+        for (int64_t n : {1, 7, 33}) {
+          for (bool bias : {false, true}) {
+            const ChannelCase w = random_channel(n, k, rng);
+            std::vector<float> x(m * k), b(n);
+            for (float& v : x) v = dist(rng) * std::pow(10.f, decade(rng));
+            for (int64_t i = 0; i < m * k; i += 5) x[i] = 0.f;
+            for (float& v : b) v = dist(rng);
+            std::vector<float> y(m * n, NAN);
+            kern.gemv_i8_channel(x.data(), m, k, w.q.data(), w.s.data(), n,
+                                 bias ? b.data() : nullptr, y.data());
+            const double d = static_cast<double>(i8_channel_roundings(kern, m, k));
+            const double gamma = d * kU / (1 - d * kU);
+            for (int64_t r = 0; r < m; ++r)
+              for (int64_t j = 0; j < n; ++j) {
+                double dot = 0, mag = 0;
+                for (int64_t i = 0; i < k; ++i) {
+                  const double p = static_cast<double>(x[r * k + i]) * w.q[j * k + i];
+                  dot += p;
+                  mag += std::fabs(p);
+                }
+                const double bj = bias ? b[j] : 0.0;
+                const double exact = dot * w.s[j] + bj,
+                             bound = gamma * (mag * w.s[j] + std::fabs(bj));
+                const double err = std::fabs(y[r * n + j] - exact);
+                ASSERT_LE(err, bound)
+                    << isa_name(isa) << " m " << m << " k " << k << " n " << n << " bias " << bias
+                    << " at (" << r << ", " << j << "): " << y[r * n + j] << " vs " << exact;
+                if (bound > 0) worst = std::max(worst, err / bound);
+              }
+          }
+        }
+    std::printf("  gemv_i8_channel %-7s worst error / bound %.3f\n",
+                std::string(isa_name(isa)).c_str(), worst);
+  }
+  omp_set_num_threads(saved);
+}
+
+// The dequantized rows are s·q rounded once to fp32: float64's product (exact: 8 x 24 bits)
+// rounded to fp32, bit for bit, in every variant; k with tails of every length.
+TEST(ModelSimd, DequantI8ChannelIsTheRoundedProduct) {
+  for (Isa isa : variants()) {
+    std::mt19937 rng(23);
+    for (int64_t k : {1, 5, 8, 15, 16, 17, 33, 45, 100}) {
+      const int64_t rows = 7;
+      const ChannelCase w = random_channel(rows, k, rng);
+      std::vector<float> out(rows * k, NAN);
+      kernels(isa).dequant_i8_channel(w.q.data(), w.s.data(), rows, k, out.data());
+      for (int64_t i = 0; i < rows * k; ++i)
+        ASSERT_EQ(out[i], static_cast<float>(static_cast<double>(w.s[i / k]) * w.q[i]))
+            << isa_name(isa) << " k " << k << " element " << i;
+    }
+  }
+}
+
+// The same bits for 1, 2 and 3 threads (columns split over the team), m 1..8, n odd.
+TEST(ModelSimd, GemvI8ChannelDoesNotDependOnThreadCount) {
+  const int saved = omp_get_max_threads();
+  const int64_t k = 333, n = 301;
+  for (Isa isa : variants()) {
+    const Kernels& kern = kernels(isa);
+    std::mt19937 rng(25);
+    std::normal_distribution<float> dist(0.f, 1.f);
+    const ChannelCase w = random_channel(n, k, rng);
+    std::vector<float> x(kMaxRows * k), b(n);
+    for (float& v : x) v = dist(rng);
+    for (float& v : b) v = dist(rng);
+    for (int64_t m = 1; m <= kMaxRows; ++m) {
+      std::vector<float> one(m * n), many(m * n);
+      omp_set_num_threads(1);
+      kern.gemv_i8_channel(x.data(), m, k, w.q.data(), w.s.data(), n, b.data(), one.data());
+      for (int t : {2, 3}) {
+        omp_set_num_threads(t);
+        kern.gemv_i8_channel(x.data(), m, k, w.q.data(), w.s.data(), n, b.data(), many.data());
+        EXPECT_EQ(std::memcmp(one.data(), many.data(), one.size() * sizeof(float)), 0)
+            << isa_name(isa) << " m " << m << " with " << t << " threads";
+      }
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
 }  // namespace
 }  // namespace seqpar::model_simd
+
+namespace seqpar {
+namespace {
+
+// The per-element bound of ops.h: |w - s·q| <= s·(1/2 + 128u), |w - fl(s·q)| <= s·(1/2 + 255u),
+// each with another 2^-143 where s is subnormal.
+constexpr double kUnit = 0x1p-24;
+double channel_slack(float s) { return s < FLT_MIN ? 0x1p-143 : 0.0; }
+
+// quantize_int8_channel against its definition, in float64: s = fp32(max |w| / 127) per row, q the
+// fp32 quotient w / s rounded half away from zero, the largest element of a row ±127, each
+// element within the bound; on fp32, bf16 and fp16 weights, k = 45 (no block rule), rows over
+// 70 decades (up to 3e38, down to subnormals), a zero row and a row with one nonzero.
+TEST(QuantizeInt8Channel, MatchesTheDefinitionAndItsErrorBound) {
+  std::mt19937 rng(27);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  std::uniform_real_distribution<float> ed(-38.f, 30.f);
+  double worst_q = 0, worst_deq = 0;
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const int64_t n = 40, k = 45;
+    Tensor wf({n, k});
+    for (int64_t j = 0; j < n; ++j) {
+      // fp16 holds 6e-8 .. 65504; the others fp32's range
+      const float scale =
+          t == DType::kF16 ? std::pow(10.f, ed(rng) / 8.f) : std::pow(10.f, ed(rng));
+      for (int64_t i = 0; i < k; ++i) wf.data<float>()[j * k + i] = dist(rng) * scale;
+    }
+    for (int64_t i = 0; i < k; ++i) wf.data<float>()[i] = 0.f;  // a zero row
+    for (int64_t i = k; i < 2 * k; ++i) wf.data<float>()[i] = i == k + 7 ? -3.f : 0.f;
+    if (t != DType::kF16) {
+      for (int64_t i = 0; i < k; ++i) wf.data<float>()[2 * k + i] = (i % 3 - 1) * 3e38f;
+      for (int64_t i = 0; i < k; ++i) wf.data<float>()[3 * k + i] = (i % 5) * 1e-39f;
+      for (int64_t i = 0; i < k; ++i) wf.data<float>()[4 * k + i] = (i % 5) * 3e-45f;
+    }
+    const Tensor w = wf.to(t);
+    const Int8ChannelWeight qw = quantize_int8_channel(w, "w");
+    ASSERT_EQ(qw.q.dtype(), DType::kI8);
+    ASSERT_EQ(qw.s.dtype(), DType::kF32);
+    ASSERT_EQ(qw.s.shape(), (std::vector<int64_t>{n}));
+    std::vector<float> deq(n * k);
+    dequantize_int8_channel(qw.q, qw.s, 0, n, deq.data());
+    for (int64_t j = 0; j < n; ++j) {
+      double a = 0;
+      for (int64_t i = 0; i < k; ++i) a = std::max(a, std::fabs(double{w.at(j * k + i)}));
+      const float s = static_cast<float>(a) / 127.f;
+      ASSERT_EQ(qw.s.data<float>()[j], s) << dtype_name(t) << " row " << j;
+      int top = 0;
+      for (int64_t i = 0; i < k; ++i) {
+        const int64_t e = j * k + i;
+        const int q = qw.q.data<int8_t>()[e];
+        ASSERT_LE(std::abs(q), 127);
+        const float scaled = s == 0.f ? 0.f : w.at(e) / s;
+        const double frac = std::fabs(scaled) - std::floor(std::fabs(scaled));
+        const double rounded =
+            std::copysign(std::floor(std::fabs(scaled)) + (frac >= 0.5 ? 1 : 0), scaled);
+        const int expect = static_cast<int>(std::clamp(rounded, -127.0, 127.0));
+        ASSERT_EQ(q, expect) << dtype_name(t) << " element " << e << " (" << scaled << ")";
+        if (std::fabs(double{w.at(e)}) == a && a > 0) top = std::abs(q);
+        ASSERT_EQ(deq[e], static_cast<float>(double{s} * q));
+        const double err_q = std::fabs(w.at(e) - double{s} * q);
+        const double err_deq = std::fabs(w.at(e) - double{deq[e]});
+        const double bound_q = s * (0.5 + 128 * kUnit) + channel_slack(s);
+        const double bound_deq = s * (0.5 + 255 * kUnit) + channel_slack(s);
+        ASSERT_LE(err_q, bound_q) << dtype_name(t) << " element " << e;
+        ASSERT_LE(err_deq, bound_deq) << dtype_name(t) << " element " << e;
+        if (s > 0) {
+          worst_q = std::max(worst_q, err_q / bound_q);
+          worst_deq = std::max(worst_deq, err_deq / bound_deq);
+        }
+      }
+      if (a > 0 && s >= FLT_MIN) {
+        EXPECT_EQ(top, 127) << dtype_name(t) << " row " << j;
+      }
+    }
+    EXPECT_EQ(qw.q.data<int8_t>()[k + 7], -127);
+  }
+  std::printf("  quantize_int8_channel: worst |w - s·q| / bound %.3f, |w - fl(s·q)| / bound %.3f\n",
+              worst_q, worst_deq);
+}
+
+// A slice of columns quantized with the whole rows' maxima holds the same scales, and the same
+// values as those columns of the whole matrix quantized: a row-parallel rank's share.
+TEST(QuantizeInt8Channel, ColumnSlicesWithTheRowMaximaMatchTheWhole) {
+  std::mt19937 rng(29);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  const int64_t n = 9, k = 70;
+  Tensor w({n, k});
+  for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] = dist(rng);
+  const Int8ChannelWeight whole = quantize_int8_channel(w, "w");
+  Tensor amax({n});
+  for (int64_t j = 0; j < n; ++j) {
+    float a = 0.f;
+    for (int64_t i = 0; i < k; ++i) a = std::max(a, std::fabs(w.data<float>()[j * k + i]));
+    amax.data<float>()[j] = a;
+  }
+  for (auto [c0, c1] : {std::pair<int64_t, int64_t>{0, 35}, {35, 70}, {10, 11}}) {
+    Tensor part({n, c1 - c0});
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t i = c0; i < c1; ++i)
+        part.data<float>()[j * (c1 - c0) + i - c0] = w.data<float>()[j * k + i];
+    const Int8ChannelWeight q = quantize_int8_channel(part, "w", amax);
+    for (int64_t j = 0; j < n; ++j) {
+      ASSERT_EQ(q.s.data<float>()[j], whole.s.data<float>()[j]) << "row " << j;
+      for (int64_t i = c0; i < c1; ++i)
+        ASSERT_EQ(q.q.data<int8_t>()[j * (c1 - c0) + i - c0], whole.q.data<int8_t>()[j * k + i])
+            << "(" << j << ", " << i << ")";
+    }
+  }
+  Tensor small({n});
+  small.fill(1e-3f);
+  EXPECT_THROW(quantize_int8_channel(w, "w", small), Error);
+}
+
+// A non-finite weight is refused in one line naming the weight, the value and its place.
+TEST(QuantizeInt8Channel, RefusesNonFiniteWeights) {
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (float bad : {INFINITY, -INFINITY, NAN}) {
+      Tensor w({3, 7});
+      w.fill(0.5f);
+      w.data<float>()[1 * 7 + 5] = bad;
+      const Tensor wt = w.to(t);
+      try {
+        quantize_int8_channel(wt, "layers.0.self_attn.o_proj.weight");
+        ADD_FAILURE() << "no error for " << bad;
+      } catch (const InvalidArgument& e) {
+        const std::string what = e.what();
+        const std::string value = std::isnan(bad) ? "nan" : bad > 0 ? "inf" : "-inf";
+        EXPECT_EQ(what, "int8 weights: layers.0.self_attn.o_proj.weight holds " + value +
+                            " at row 1, column 5; valid: finite weights");
+        EXPECT_EQ(what.find('\n'), std::string::npos);
+      }
+    }
+  }
+}
+
+// linear() with per-channel weights (k = 45, n odd): up to 8 rows through gemv_i8_channel, more
+// through blocks dequantized for oneDNN's GEMM; both against float64 on s·q, within the bound of
+// a k-term dot product, one more rounding for the scale or the dequantized weight.
+TEST(QuantizeInt8Channel, LinearOnBothPaths) {
+  std::mt19937 rng(31);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  const int64_t k = 45, n = 71;
+  Tensor w({n, k}, DType::kBF16), bias({n});
+  for (int64_t i = 0; i < w.numel(); ++i) w.data<uint16_t>()[i] = f32_to_bf16(dist(rng) * 0.05f);
+  for (int64_t i = 0; i < k; ++i) w.data<uint16_t>()[3 * k + i] = 0;  // a zero row
+  for (int64_t i = 0; i < n; ++i) bias.data<float>()[i] = dist(rng);
+  const Int8ChannelWeight qw = quantize_int8_channel(w, "w");
+  double worst = 0;
+  for (int64_t m : {1, 3, 8, 9, 300}) {
+    Tensor x({m, k});
+    for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = dist(rng);
+    const Tensor y = linear(x, qw.q, bias, qw.s);
+    const double d = k + 3, g = d * kUnit / (1 - d * kUnit);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t j = 0; j < n; ++j) {
+        const double s = qw.s.data<float>()[j];
+        double exact = bias.data<float>()[j], mag = std::fabs(exact);
+        for (int64_t i = 0; i < k; ++i) {
+          const double p = double{x.data<float>()[r * k + i]} * s * qw.q.data<int8_t>()[j * k + i];
+          exact += p;
+          mag += std::fabs(p);
+        }
+        const double err = std::fabs(y.data<float>()[r * n + j] - exact);
+        ASSERT_LE(err, g * mag) << "m " << m << " at (" << r << ", " << j << ")";
+        worst = std::max(worst, err / (g * mag));
+      }
+  }
+  std::printf("  linear int8-channel: worst error / bound %.3f\n", worst);
+  EXPECT_THROW(linear(Tensor({2, k}), qw.q, Tensor()), Error);
+  EXPECT_THROW(linear(Tensor({2, k}), qw.q, Tensor(), Tensor({n + 1})), Error);
+  const std::string info = model_kernel_info();
+  EXPECT_NE(info.find(std::string("gemv_i8_channel ") +
+                      std::string(model_simd::isa_name(model_simd::kernels().isa))),
+            std::string::npos)
+      << info;
+}
+
+}  // namespace
+}  // namespace seqpar

@@ -3,12 +3,16 @@
 // computed from the same values in double precision.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 
+#include "seqpar/model/blocks/linear.h"
 #include "seqpar/model/context.h"
 #include "seqpar/model/ops.h"
 #include "seqpar/model/safetensors.h"
@@ -122,6 +126,92 @@ TEST_F(FileStore, NonFiniteSliceIsRefusedNamingTheTensor) {
         << e.what();
   }
   EXPECT_THROW(ws.map("x", file, "model.missing"), InvalidArgument);
+}
+
+// row_abs_max: max |w| of every row, read through the file like rows() (finiteness checked) but
+// not counted in bytes_read (nothing of it is held).
+TEST_F(FileStore, RowAbsMaxOfEveryRowCountsNoBytes) {
+  WeightStore ws;
+  ws.map("w", file_, "model.w");
+  const Tensor amax = ws.row_abs_max("w");
+  EXPECT_EQ(ws.bytes_read(), 0);
+  const Tensor w = tensors_["model.w"].to(DType::kF32);
+  ASSERT_EQ(amax.shape(), (std::vector<int64_t>{12}));
+  for (int64_t j = 0; j < 12; ++j) {
+    float a = 0.f;
+    for (int64_t i = 0; i < 10; ++i) a = std::max(a, std::fabs(w.data<float>()[j * 10 + i]));
+    EXPECT_EQ(amax.data<float>()[j], a) << "row " << j;
+  }
+  Tensor poisoned = w;
+  poisoned.data<float>()[11 * 10 + 9] = INFINITY;
+  tensors_["model.w"] = poisoned.to(DType::kBF16);
+  write_safetensors(path_, tensors_);
+  WeightStore bad;
+  bad.map("w", std::make_shared<const SafetensorsFile>(path_), "model.w");
+  EXPECT_THROW(bad.row_abs_max("w"), InvalidArgument);
+}
+
+// Per-channel int8 over a row-parallel split: each rank's columns carry the whole row's scale and
+// the whole matrix's int8 values, so the ranks' partial products add up to one rank's product
+// within the rounding of that sum; column-parallel shares are whole rows, quantized as they are.
+TEST_F(FileStore, Int8ChannelRowParallelSharesMatchOneRank) {
+  WeightStore ws;
+  ws.map("o.weight", file_, "model.w");
+  ws.set_weight_format(WeightFormat::kInt8Channel);
+  EXPECT_TRUE(ws.int8_matrices());
+  const RowLinear one = RowLinear::load(ws, "o", 0, 10, false);
+  const RowLinear a = RowLinear::load(ws, "o", 0, 3, false),
+                  b = RowLinear::load(ws, "o", 3, 10, false);
+  ASSERT_EQ(one.w.dtype(), DType::kI8);
+  ASSERT_EQ(one.w_scale.dtype(), DType::kF32);
+  for (const RowLinear* part : {&a, &b}) expect_equal_bits(part->w_scale, one.w_scale);
+  for (int64_t j = 0; j < 12; ++j)
+    for (int64_t i = 0; i < 10; ++i) {
+      const RowLinear& p = i < 3 ? a : b;
+      const int64_t c = i < 3 ? i : i - 3, width = i < 3 ? 3 : 7;
+      ASSERT_EQ(p.w.data<int8_t>()[j * width + c], one.w.data<int8_t>()[j * 10 + i])
+          << j << " " << i;
+    }
+  const Tensor x = random_tensor({2, 10}, 9);
+  Tensor xa({2, 3}), xb({2, 7});
+  for (int64_t r = 0; r < 2; ++r)
+    for (int64_t i = 0; i < 10; ++i)
+      (i < 3 ? xa.data<float>()[r * 3 + i] : xb.data<float>()[r * 7 + i - 3]) =
+          x.data<float>()[r * 10 + i];
+  const Tensor y = linear(x, one.w, Tensor(), one.w_scale);
+  const Tensor ya = linear(xa, a.w, Tensor(), a.w_scale), yb = linear(xb, b.w, Tensor(), b.w_scale);
+  for (int64_t e = 0; e < y.numel(); ++e) {
+    const int64_t r = e / 12, j = e % 12;
+    double mag = 0;
+    for (int64_t i = 0; i < 10; ++i)
+      mag += std::fabs(double{x.data<float>()[r * 10 + i]} * one.w.data<int8_t>()[j * 10 + i]);
+    mag *= one.w_scale.data<float>()[j];
+    // each side within γ_14 of the exact sum (10 products, their sums, the scale, the add)
+    const double bound = 2 * 14 * std::ldexp(1.0, -24) * mag;
+    EXPECT_LE(
+        std::fabs(double{y.data<float>()[e]} - (double{ya.data<float>()[e]} + yb.data<float>()[e])),
+        bound)
+        << "output " << e;
+  }
+  // Column-parallel shares: whole rows, the rows of the one-rank weight.
+  const ColumnLinear c = ColumnLinear::load(ws, "o", 4, 9, false);
+  for (int64_t j = 0; j < 5; ++j)
+    EXPECT_EQ(c.w_scale.data<float>()[j], one.w_scale.data<float>()[4 + j]) << "row " << j;
+}
+
+TEST(WeightFormat, NamesAndTheirList) {
+  EXPECT_EQ(weight_format_named("checkpoint"), WeightFormat::kCheckpoint);
+  EXPECT_EQ(weight_format_named("int8"), WeightFormat::kQ8_0);
+  EXPECT_EQ(weight_format_named("int8-channel"), WeightFormat::kInt8Channel);
+  EXPECT_EQ(weight_format_named("int4"), std::nullopt);
+  EXPECT_EQ(weight_format_name(WeightFormat::kInt8Channel), "int8-channel");
+  EXPECT_EQ(weight_format_names(), "checkpoint, int8, int8-channel");
+  EXPECT_EQ(weight_format_names("'"), "'checkpoint', 'int8', 'int8-channel'");
+  WeightStore ws;
+  ws.set_int8_matrices(true);
+  EXPECT_EQ(ws.weight_format(), WeightFormat::kQ8_0);
+  ws.set_int8_matrices(false);
+  EXPECT_EQ(ws.weight_format(), WeightFormat::kCheckpoint);
 }
 
 }  // namespace

@@ -8,7 +8,9 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "seqpar/comm/communicator.h"
@@ -38,6 +40,17 @@ struct ParallelContext {
 // 2, cfg rank i computes branch i and the two are exchanged (one all_gather of fp32 tensors of
 // one shape). Every rank returns {branch 0, branch 1}.
 std::array<Tensor, 2> cfg_branches(Communicator& cfg, const std::function<Tensor(int)>& branch);
+
+// How a WeightStore's modules hold their matrix weights: as the checkpoint stores them, or int8
+// quantized at load as llama.cpp's Q8_0 or per channel (ops.h).
+enum class WeightFormat { kCheckpoint, kQ8_0, kInt8Channel };
+// The names users give them (`--weights-dtype`, weights_dtype=): "checkpoint", "int8" (Q8_0),
+// "int8-channel"; nullopt for any other name.
+std::optional<WeightFormat> weight_format_named(std::string_view name);
+std::string_view weight_format_name(WeightFormat f);
+// The valid names, as one line: "checkpoint, int8, int8-channel" (quote "'": "'checkpoint',
+// 'int8', 'int8-channel'").
+std::string weight_format_names(std::string_view quote = "");
 
 // A model's parameters by name. A store holds tensors in memory (seeded presets, tensors a loader
 // transformed) or refers to tensors of mapped checkpoint files, read only when a module asks and
@@ -78,10 +91,22 @@ class WeightStore {
   // Bytes of tensor data this store has read from files (a measure of what a rank holds).
   int64_t bytes_read() const { return bytes_read_; }
   // How the modules built from this store hold their matrix weights (the linear layers, a
-  // decoder's embedding and lm_head): as read (false), or quantized to int8 as they are read
-  // (Q8_0, ops.h: `--weights-dtype int8`). Copies of the store keep the setting.
-  void set_int8_matrices(bool on) { int8_matrices_ = on; }
-  bool int8_matrices() const { return int8_matrices_; }
+  // decoder's embedding and lm_head): as read, or quantized to int8 as they are read (ops.h: Q8_0,
+  // `--weights-dtype int8`; per-channel, `--weights-dtype int8-channel`). Copies of the store
+  // keep the setting.
+  void set_weight_format(WeightFormat f) { weight_format_ = f; }
+  WeightFormat weight_format() const { return weight_format_; }
+  // The same as a switch between kCheckpoint (false) and kQ8_0 (true); int8_matrices() is true
+  // for either int8 format.
+  void set_int8_matrices(bool on) {
+    weight_format_ = on ? WeightFormat::kQ8_0 : WeightFormat::kCheckpoint;
+  }
+  bool int8_matrices() const { return weight_format_ != WeightFormat::kCheckpoint; }
+  // max |w| over each row of the 2-D tensor `name`, fp32 (rows): the per-channel scale's
+  // measure of a whole row, for a rank that holds some of its columns. Reads the whole tensor a
+  // block of rows at a time; not counted in bytes_read() (nothing of it is held). Non-finite
+  // values are refused as rows() refuses them.
+  Tensor row_abs_max(const std::string& name) const;
   // The dtype those modules round their inputs to before the product (ops.h linear()): fp32
   // (none), or bf16 (`--activations bf16`: oneDNN's bf16 matmul on a bf16 weight where the CPU
   // has AVX512-BF16 or AMX). Copies of the store keep the setting.
@@ -98,7 +123,7 @@ class WeightStore {
   std::map<std::string, Tensor> tensors_;
   std::map<std::string, FileTensor> files_;
   mutable int64_t bytes_read_ = 0;
-  bool int8_matrices_ = false;
+  WeightFormat weight_format_ = WeightFormat::kCheckpoint;
   DType activations_ = DType::kF32;
 };
 

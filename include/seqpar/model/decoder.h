@@ -193,7 +193,7 @@ class Decoder {
   int64_t v0_ = 0, v1_ = 0;           // this tp rank's vocabulary rows of embed and lm_head
   std::vector<size_t> vocab_bytes_;   // every tp rank's logits bytes
   Tensor embed_w, lm_head_w;          // stored dtype or int8; lm_head_w empty when tied
-  Tensor embed_scale, lm_head_scale;  // Q8_0 scales of int8 weights (WeightStore::int8_matrices)
+  Tensor embed_scale, lm_head_scale;  // scales of int8 weights (WeightStore::weight_format)
   DType activations_ = DType::kF32;   // lm_head's input rounded to it (WeightStore::activations)
   RmsNorm norm_;
   std::vector<Layer> layers_;

@@ -42,9 +42,10 @@ struct CausalLmRunNames {
 };
 void check_causal_lm_tp(const CausalLmCheckpoint& ck, int64_t tp,
                         const CausalLmRunNames& names = {});
-// With int8 weights (WeightStore::set_int8_matrices), every input dimension a rank quantizes
-// must be a multiple of Q8_0's block of 32: hidden_size, heads x head_dim / tp, intermediate_size
-// / tp.
+// With Q8_0 weights (WeightFormat::kQ8_0), every input dimension a rank quantizes must be a
+// multiple of Q8_0's block of 32: hidden_size, heads x head_dim / tp, intermediate_size / tp.
+// Per-channel int8 (kInt8Channel) has no such rule: any input dimension, and a row-parallel rank's
+// columns take the whole row's scale (ops.h quantize_int8_channel).
 void check_causal_lm_int8(const CausalLmCheckpoint& ck, int64_t tp,
                           const CausalLmRunNames& names = {});
 std::vector<int32_t> check_causal_lm_prompt(const CausalLmCheckpoint& ck,

@@ -18,8 +18,9 @@ namespace seqpar {
 // (out) or empty. x, bias and y are fp32; w is fp32, or bf16/fp16 as a checkpoint stores it
 // (up to 8 rows of x: widened in the load of a vectorized product; more: converted to fp32 a
 // block of rows at a time, the block kept in cache for the matmul).
-// w may also be int8 quantized as Q8_0 with its scales w_scale (below): up to 8 rows multiply
-// the int8 values directly, more multiply blocks of rows dequantized to fp32.
+// w may also be int8 with its scales w_scale (below), told apart by the scales: Q8_0 (fp16, (out,
+// in / 32)) or per-channel (fp32, (out)). Up to 8 rows multiply the int8 values directly, more
+// multiply blocks of rows dequantized to fp32.
 // activations kBF16: x is rounded to bf16 (to nearest even) first, as llama.cpp multiplies a BF16
 // weight; a bf16 weight times more than 8 rows is then multiplied by oneDNN's bf16 matmul where
 // the CPU has AVX512-BF16 or AMX (products exact, sums fp32), else by the fp32 paths on the
@@ -30,8 +31,8 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias,
 // "fp32 of the rounded values".
 std::string_view bf16_activations_path();
 // The instruction set each of linear()'s kernels runs on this CPU, e.g. "gemv_bf16 avx512,
-// gemv_f16 avx512, gemv_q8 avx512, convert avx512" (SEQPAR_KERNEL_ISA=scalar|avx2|avx512 caps
-// them).
+// gemv_f16 avx512, gemv_q8 avx512, gemv_i8_channel avx512, convert avx512"
+// (SEQPAR_KERNEL_ISA=scalar|avx2|avx512 caps them).
 std::string model_kernel_info();
 // The instruction set each elementwise and normalisation op (below, and apply_rope_) runs on this
 // CPU, in a fixed order: {"sum_squares", "avx512"}, {"rms_norm", "avx512"}, ..., {"rope",
@@ -56,6 +57,33 @@ struct Q8Weight {
 Q8Weight quantize_q8_0(const Tensor& w, const std::string& name);
 // Rows [row0, row0 + rows) of a Q8_0 weight (q, d) as fp32, into out (rows, k); exact.
 void dequantize_q8_0(const Tensor& q, const Tensor& d, int64_t row0, int64_t rows, float* out);
+
+// Per-channel int8: a weight w (n, k), any k, becomes int8 values q (n, k) and one fp32 scale per
+// output row s (n): s[j] = a / 127 (fp32) with a = max_i |w[j, i]|, q = round(w / s) (the fp32
+// quotient, rounded half away from zero, clamped to [-127, 127]; 0 where s is 0), w ≈ s[j]·q[j, i].
+// Error per element, u = 2^-24: the quotient w / s lies within 128u of the exact one (|w / s| <=
+// 127·(1 + u)), so |w - s·q| <= s·(1/2 + 128u); the product s·q in fp32 (the dequantized weight)
+// adds at most 127u·s, so |w - fl(s·q)| <= s·(1/2 + 255u). Where s is subnormal (a < 127·2^-126)
+// both carry another absolute 2^-143 (s's own rounding, times at most 127, halved).
+// row_abs_max (n, fp32), when given, holds a of each row of a larger matrix of which w is a
+// slice of columns (a row-parallel rank's share): every rank then holds the same s and the same
+// q for its columns as one rank holding the whole matrix, and the sum of the ranks' products is
+// that rank's product up to the rounding of the sum.
+struct Int8ChannelWeight {
+  Tensor q;  // int8 (n, k)
+  Tensor s;  // fp32 (n)
+};
+// w is fp32, bf16 or fp16 and finite (InvalidArgument otherwise, naming `name`); row_abs_max's
+// values at least w's own (an Error otherwise).
+Int8ChannelWeight quantize_int8_channel(const Tensor& w, const std::string& name,
+                                        const Tensor& row_abs_max = Tensor());
+// Rows [row0, row0 + rows) of a per-channel weight (q, s) as fp32 s·q (one rounding), into out
+// (rows, k).
+void dequantize_int8_channel(const Tensor& q, const Tensor& s, int64_t row0, int64_t rows,
+                             float* out);
+// Rows of either int8 format, told apart by its scales (fp16 (n, k / 32): Q8_0; fp32 (n):
+// per-channel).
+void dequantize_int8(const Tensor& q, const Tensor& scale, int64_t row0, int64_t rows, float* out);
 
 // The norms and elementwise ops below run the vector kernels of src/model/simd_ops.h (scalar,
 // AVX2, AVX-512, as model_op_paths() names them), whose header states each one's error bound;

@@ -10,14 +10,24 @@ IndexRange tp_share(int64_t count, int rank, int n) {
 }
 
 void hold_matrix(const WeightStore& ws, const std::string& name, Tensor read, Tensor& w,
-                 Tensor& w_scale) {
-  if (!ws.int8_matrices()) {
-    w = std::move(read);
-    return;
+                 Tensor& w_scale, const Tensor& row_abs_max) {
+  switch (ws.weight_format()) {
+    case WeightFormat::kCheckpoint:
+      w = std::move(read);
+      return;
+    case WeightFormat::kQ8_0: {
+      Q8Weight q = quantize_q8_0(read, name);
+      w = std::move(q.q);
+      w_scale = std::move(q.d);
+      return;
+    }
+    case WeightFormat::kInt8Channel: {
+      Int8ChannelWeight q = quantize_int8_channel(read, name, row_abs_max);
+      w = std::move(q.q);
+      w_scale = std::move(q.s);
+      return;
+    }
   }
-  Q8Weight q = quantize_q8_0(read, name);
-  w = std::move(q.q);
-  w_scale = std::move(q.d);
 }
 
 Linear Linear::load(const WeightStore& ws, const std::string& name, bool bias) {
@@ -47,7 +57,13 @@ Tensor ColumnLinear::forward(const Tensor& x) const {
 RowLinear RowLinear::load(const WeightStore& ws, const std::string& name, int64_t begin,
                           int64_t end, bool bias) {
   RowLinear l;
-  hold_matrix(ws, name + ".weight", ws.cols(name + ".weight", begin, end), l.w, l.w_scale);
+  const std::string w = name + ".weight";
+  // Per-channel int8: every rank scales its columns by the whole row's maximum, so the ranks'
+  // partial products add up to the product of the matrix quantized whole.
+  const bool whole = begin == 0 && end == ws.shape(w).at(1);
+  const Tensor row_abs_max =
+      ws.weight_format() == WeightFormat::kInt8Channel && !whole ? ws.row_abs_max(w) : Tensor();
+  hold_matrix(ws, w, ws.cols(w, begin, end), l.w, l.w_scale, row_abs_max);
   if (bias) l.b = ws.get(name + ".bias");
   l.activations = ws.activations();
   return l;

@@ -1,7 +1,8 @@
 // Linear layers of the blocks: whole on every rank (embeddings and heads of a DiT), or split over
 // the tensor-parallel group by output rows (column-parallel: q/k/v, FFN up) or by input columns
 // (row-parallel: o, FFN down). Weights stay in the checkpoint's dtype (ops' linear converts), or
-// become Q8_0 int8 with their scales in w_scale when the store says so (int8_matrices); their
+// become int8 with their scales in w_scale when the store says so (weight_format: Q8_0 or
+// per-channel; a row-parallel share per channel takes the whole row's scale); their
 // inputs are rounded to the store's activations dtype in the product (linear()). Shapes are per
 // rank.
 // Thread-safety: a layer is used by one rank thread; load() reads the store only.
@@ -18,10 +19,11 @@ namespace seqpar {
 // The contiguous share of `count` items of tp rank r of n (count divisible by n).
 IndexRange tp_share(int64_t count, int rank, int n);
 
-// A matrix weight `read` from the store under `name`, held as the store says: into w as read, or
-// quantized to Q8_0 into w (int8) and w_scale (fp16).
+// A matrix weight `read` from the store under `name`, held as the store's weight_format() says:
+// into w as read, or quantized into w (int8) and w_scale (Q8_0: fp16 (rows, cols / 32);
+// per-channel: fp32 (rows), from row_abs_max where given: ops.h quantize_int8_channel).
 void hold_matrix(const WeightStore& ws, const std::string& name, Tensor read, Tensor& w,
-                 Tensor& w_scale);
+                 Tensor& w_scale, const Tensor& row_abs_max = Tensor());
 
 // y = x·Wᵀ + b with W (out, in), the same on every rank.
 // Weights: <name>.weight (+ .bias).
