@@ -414,10 +414,12 @@ class CausalLM(_Model):
         are threads of this process (threads: kernel threads per rank, timeout: seconds a
         communication wait may take); with comm (its size the mesh's ranks) this is the rank's
         model, and every rank calls this and generate alike. weights_dtype: "checkpoint" (the
-        matrices as stored) or "int8" (quantized at load to llama.cpp's Q8_0, as ``seqpar
-        generate --weights-dtype int8``). activations: "fp32" (the linear layers' inputs as
-        computed) or "bf16" (rounded to bf16 first; with bf16 weights oneDNN's bf16 matmul where
-        the CPU has AVX512-BF16 or AMX, as ``seqpar generate --activations bf16``)."""
+        matrices as stored), "int8" (quantized at load to llama.cpp's Q8_0, as ``seqpar
+        generate --weights-dtype int8``) or "int8-channel" (int8 with one float32 scale per
+        output row, as ``--weights-dtype int8-channel``). activations: "fp32" (the linear
+        layers' inputs as computed) or "bf16" (rounded to bf16 first; with bf16 weights oneDNN's
+        bf16 matmul where the CPU has AVX512-BF16 or AMX, as ``seqpar generate --activations
+        bf16``)."""
         self = cls.__new__(cls)
         mesh = _mesh_of(mesh, mesh_kwargs, CausalLM.from_pretrained)
         spec = _mesh_dict(mesh)

@@ -78,9 +78,9 @@ class CausalLmRank {
       : rank_(std::move(comm), mesh_of(mesh)) {
     SEQPAR_ARG_CHECK(rank_.mesh.mesh.cfg == 1, "CausalLM: cfg ", rank_.mesh.mesh.cfg,
                      " is invalid; valid: 1 (guidance branches are for diffusion models)");
-    SEQPAR_ARG_CHECK(weights_dtype == "checkpoint" || weights_dtype == "int8",
-                     "CausalLM: weights_dtype '", weights_dtype,
-                     "' is unknown; valid: 'checkpoint', 'int8'");
+    const std::optional<WeightFormat> format = weight_format_named(weights_dtype);
+    SEQPAR_ARG_CHECK(format.has_value(), "CausalLM: weights_dtype '", weights_dtype,
+                     "' is unknown; valid: ", weight_format_names("'"));
     SEQPAR_ARG_CHECK(activations == "fp32" || activations == "bf16", "CausalLM: activations '",
                      activations, "' is unknown; valid: 'fp32', 'bf16'");
     without_gil([&] {
@@ -88,7 +88,7 @@ class CausalLmRank {
       check_causal_lm_tp(ck_, rank_.mesh.mesh.tp);
       if (weights_dtype == "int8") check_causal_lm_int8(ck_, rank_.mesh.mesh.tp);
       check_memory("from_pretrained", causal_lm_memory(ck_, rank_.mesh, 1, 1, 1).weights);
-      ck_.weights.set_int8_matrices(weights_dtype == "int8");
+      ck_.weights.set_weight_format(*format);
       ck_.weights.set_activations(parse_dtype(activations));
       decoder_ = std::make_unique<Decoder>(ck_.config, ck_.weights, rank_.ctx);
       ck_.weights = WeightStore();  // the decoder holds its slices

@@ -286,7 +286,7 @@ struct GenerateOptions : MeshFlags, ChunkFlags {
   std::vector<std::string> turn_ids;  // chat turns after the prompt's tokens: "4,5,6" each
   // Packed documents: "1,2,3" each, prefilled together (Decoder::prefill_documents), no decode.
   std::vector<std::string> document_ids;
-  std::string weights_dtype = "checkpoint";  // checkpoint | int8 (Q8_0 matrices)
+  std::string weights_dtype = "checkpoint";  // checkpoint | int8 (Q8_0) | int8-channel
   std::string activations = "fp32";          // fp32 | bf16 (the linear layers' inputs rounded)
   bool json = false;
   bool quiet = false;

@@ -118,8 +118,8 @@ Prepared prepare(const GenerateOptions& o, int world) {
                     ": cfg_parallel_size ", p.mesh.mesh.cfg,
                     " runs a diffusion model's two guidance branches side by side; a causal LM "
                     "takes 1");
-  SEQPAR_ARG_CHECK(o.weights_dtype == "checkpoint" || o.weights_dtype == "int8",
-                   "--weights-dtype '", o.weights_dtype, "' is unknown; valid: checkpoint, int8");
+  SEQPAR_ARG_CHECK(weight_format_named(o.weights_dtype).has_value(), "--weights-dtype '",
+                   o.weights_dtype, "' is unknown; valid: ", weight_format_names());
   SEQPAR_ARG_CHECK(o.activations == "fp32" || o.activations == "bf16", "--activations '",
                    o.activations, "' is unknown; valid: fp32, bf16");
   if (!o.document_ids.empty()) {
@@ -199,7 +199,7 @@ Generated run_rank(Communicator& world, const GenerateOptions& o, const Prepared
                    WeightStore& weights) {
   MeshComms mc(world, p.mesh.mesh);
   ParallelContext ctx = model_context(mc, p.mesh);
-  weights.set_int8_matrices(o.weights_dtype == "int8");
+  weights.set_weight_format(*weight_format_named(o.weights_dtype));
   weights.set_activations(parse_dtype(o.activations));
   Decoder dec(p.ck.config, weights, ctx);
   const int64_t weight_bytes = weights.bytes_read();
@@ -446,8 +446,9 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
                 "safetensors file: tokens (I64 [N]) and logits (F32 [N, vocab])");
   add_chunk_flags(g, o);
   g->add_option("--weights-dtype,--weights_dtype", o.weights_dtype,
-                "checkpoint | int8: the matrices as the checkpoint stores them, or quantized at "
-                "load to int8 blocks of 32 with an fp16 scale each (llama.cpp's Q8_0)");
+                "checkpoint | int8 | int8-channel: the matrices as the checkpoint stores them, "
+                "or quantized at load to int8: blocks of 32 with an fp16 scale each (int8: "
+                "llama.cpp's Q8_0), or one fp32 scale per output row (int8-channel)");
   g->add_option("--activations", o.activations,
                 "fp32 | bf16: the linear layers' inputs as computed, or rounded to bf16 first "
                 "(with bf16 weights: oneDNN's bf16 matmul where the CPU has AVX512-BF16 or AMX, "

@@ -104,7 +104,7 @@ def test_llama_int8(llama, tmp_path):
     print(f"llama int8 tp 2: max abs logit error {err:.3g}")
     assert tokens.tolist() == want_tokens and err <= TOL
     with pytest.raises(ValueError, match=r"^CausalLM: weights_dtype 'int4' is unknown; valid: "
-                       r"'checkpoint', 'int8'$"):
+                       r"'checkpoint', 'int8', 'int8-channel'$"):
         seqpar.Llama.from_pretrained(llama["path"], weights_dtype="int4")
     with pytest.raises(ValueError, match=r"^weights_dtype='int8' quantizes blocks of 32 inputs; "
                        r"the attention output's inputs per rank \(num_attention_heads x head_dim "
