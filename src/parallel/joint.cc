@@ -65,7 +65,11 @@ JointState joint_attention(Strategy strategy, SpComms& comms, const Partition& p
   // step 0 and 1
   Placement place;
   place.part = part;
-  js.image = schedule_row(strategy, opts.schedule).run({comms, place, q, k, v, opts, stats});
+  CpOptions image_opts = opts;  // the image state is merged below: fp32, with its lse
+  image_opts.out_dtype = DType::kF32;
+  image_opts.lse = true;
+  js.image =
+      schedule_row(strategy, opts.schedule).run({comms, place, q, k, v, image_opts, stats});
   double t0 = now_seconds();
   {
     KernelCall call(text_keys, image_pos, text_pos, B);
