@@ -31,6 +31,7 @@
 #include "seqpar/comm/mpi.h"
 #include "seqpar/comm/threads.h"
 #include "seqpar/core/limits.h"
+#include "seqpar/core/param_error.h"
 #include "seqpar/core/timer.h"
 #include "seqpar/parallel/cp_attention.h"
 #include "seqpar/parallel/decode.h"
@@ -652,6 +653,10 @@ PYBIND11_MODULE(_core, m) {
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
+    } catch (const ParamError& e) {  // each parameter it names as the keyword
+      PyErr_SetString(PyExc_ValueError, e.spelled([](std::string_view name) {
+                                           return front_end_name(name, FrontEnd::kPython);
+                                         }).c_str());
     } catch (const InvalidArgument& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
     } catch (const CommTimeout& e) {

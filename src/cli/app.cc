@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "seqpar/core/error.h"
+#include "seqpar/core/param_error.h"
 #include "seqpar/version.h"
 
 namespace seqpar::cli {
@@ -279,6 +280,16 @@ std::string flag_words(std::string_view m) {
 }
 
 std::string cli_message(const InvalidArgument& e) {
+  // Errors as data: each parameter the error names as its flag, where this subcommand has one.
+  if (const auto* p = dynamic_cast<const ParamError*>(&e))
+    return p->spelled([](std::string_view name) {
+      const std::string flag = "--" + front_end_name(name, FrontEnd::kCommandLine);
+      const std::vector<std::string>& flags = command_flags();
+      if (name.starts_with("-") ||
+          (!flags.empty() && std::find(flags.begin(), flags.end(), flag) == flags.end()))
+        return std::string(name);
+      return flag;
+    });
   if (const auto* file = dynamic_cast<const FileContentError*>(&e))
     return file->parameter().empty() ? file->detail()
                                      : flag_words(file->parameter()) + " " + file->detail();

@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <numeric>
 
+#include "seqpar/core/param_error.h"
+
 namespace seqpar {
 
 // Declared in error.h: a message lists at most 32 divisors (the 16 smallest, the 16 largest).
@@ -103,13 +105,15 @@ std::string max_text(int64_t max) {
 }
 
 void check_range(std::string_view name, int64_t value, int64_t lo, int64_t hi) {
-  SEQPAR_ARG_CHECK(value >= lo && value <= hi, name, " ", value, " is out of range; valid: ", lo,
-                   " to ", max_text(hi));
+  const std::string valid = detail::concat(lo, " to ", max_text(hi));
+  SEQPAR_PARAM_CHECK(value >= lo && value <= hi, std::string(name), valid, param(name), " ", value,
+                     " is out of range; valid: ", valid);
 }
 
 void check_range(std::string_view name, double value, double lo, double hi) {
-  SEQPAR_ARG_CHECK(std::isfinite(value) && value >= lo && value <= hi, name, " ", value,
-                   " is out of range; valid: ", lo, " to ", hi);
+  const std::string valid = detail::concat(lo, " to ", hi);
+  SEQPAR_PARAM_CHECK(std::isfinite(value) && value >= lo && value <= hi, std::string(name), valid,
+                     param(name), " ", value, " is out of range; valid: ", valid);
 }
 
 int64_t checked_mul(int64_t a, int64_t b, std::string_view what, int64_t max) {

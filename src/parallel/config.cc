@@ -4,6 +4,7 @@
 
 #include "seqpar/core/error.h"
 #include "seqpar/core/limits.h"
+#include "seqpar/core/param_error.h"
 
 namespace seqpar {
 
@@ -40,8 +41,9 @@ E parse_named(std::string_view kind, std::string_view name, const std::array<E, 
     if (name_of(e) == c) return e;
     valid += detail::concat(valid.empty() ? "" : ", ", name_of(e));
   }
-  throw InvalidArgument(detail::concat(parameter.empty() ? kind : parameter, " '", name,
-                                       "' is unknown; valid: ", valid));
+  const std::string_view p = parameter.empty() ? kind : parameter;
+  throw ParamError(std::string(p), valid,
+                   detail::concat(param(p), " '", name, "' is unknown; valid: ", valid));
 }
 
 }  // namespace
@@ -172,13 +174,17 @@ void check_lengths(const char* name, const std::vector<int64_t>& lens, int64_t t
                    const char* total_name) {
   int64_t sum = 0;
   for (size_t i = 0; i < lens.size(); ++i) {
-    SEQPAR_ARG_CHECK(lens[i] >= 1 && lens[i] <= limits::kMaxTokens, name, "[", i, "] = ", lens[i],
-                     " is invalid; every length must be 1 to ", limits::kMaxTokens);
+    SEQPAR_PARAM_CHECK(lens[i] >= 1 && lens[i] <= limits::kMaxTokens, name,
+                       detail::concat("1 to ", limits::kMaxTokens), param(name), "[", i, "] = ",
+                       lens[i], " is invalid; every length must be 1 to ", limits::kMaxTokens);
     sum += lens[i];
-    SEQPAR_ARG_CHECK(sum <= limits::kMaxTokens, name, " sums past ", limits::kMaxTokens, " tokens");
+    SEQPAR_PARAM_CHECK(sum <= limits::kMaxTokens, name,
+                       detail::concat("at most ", limits::kMaxTokens, " tokens in all"),
+                       param(name), " sums past ", limits::kMaxTokens, " tokens");
   }
-  SEQPAR_ARG_CHECK(sum == total, name, " sum to ", sum, " but ", total_name, " is ", total,
-                   "; the lengths must add up to ", total_name);
+  SEQPAR_PARAM_CHECK(sum == total, name, detail::concat("lengths summing to ", total),
+                     param(name), " sum to ", sum, " but ", param(total_name), " is ", total,
+                     "; the lengths must add up to ", param(total_name));
 }
 
 }  // namespace
@@ -190,8 +196,10 @@ void check_config_fields(const ParallelConfig& c, const AttnShape& s) {
   const std::pair<const char*, int> degrees[] = {
       {"cfg", m.cfg}, {"tp", m.tp}, {"ring_degree", m.ring}, {"ulysses_degree", m.ulysses}};
   for (const auto& [name, d] : degrees)
-    SEQPAR_ARG_CHECK(d >= 1, name, " ", d, " is invalid; every degree (cfg, tp, ring_degree, ",
-                     "ulysses_degree) must be at least 1");
+    SEQPAR_PARAM_CHECK(d >= 1, name, "at least 1", param(name), " ", d,
+                       " is invalid; every degree (", param("cfg"), ", ", param("tp"), ", ",
+                       param("ring_degree"), ", ", param("ulysses_degree"),
+                       ") must be at least 1");
   (void)limits::checked_product({m.cfg, m.tp, m.ring, m.ulysses},
                                 "ranks of cfg x tp x ring_degree x ulysses_degree",
                                 limits::kMaxRanks);
@@ -201,49 +209,63 @@ void check_config_fields(const ParallelConfig& c, const AttnShape& s) {
   check_range("kv_heads", s.kv(), 1, limits::kMaxHeads);
   check_range("head_dim", s.head_dim, 1, limits::kMaxHeadDim);
   check_range("text_tokens", s.text_tokens, 0, limits::kMaxTokens);
-  SEQPAR_ARG_CHECK(s.heads % s.kv() == 0, "heads ", s.heads, " is not divisible by kv_heads ",
-                   s.kv(), "; valid kv_heads: ", divisors_text(s.heads));
-  SEQPAR_ARG_CHECK(s.heads % m.tp == 0, "tp ", m.tp, " does not divide the ", s.heads,
-                   " heads; valid tp: ", divisors_text(s.heads));
-  SEQPAR_ARG_CHECK(s.kv() % m.tp == 0 || m.tp % s.kv() == 0, "tp ", m.tp,
-                   " neither divides nor is a multiple of the ", s.kv(), " kv_heads");
-  SEQPAR_ARG_CHECK(s.text_tokens == 0 || !s.causal, "text_tokens (joint attention) are ",
-                   "bidirectional; drop causal");
-  SEQPAR_ARG_CHECK(!s.text_by_heads || (s.text_tokens > 0 && m.ulysses > 1), "text_by_heads ",
-                   "splits the text tokens by head over a Ulysses group: it needs text_tokens ",
-                   "and ulysses_degree > 1 (strategy ulysses or usp)");
-  SEQPAR_ARG_CHECK(s.out_dtype == DType::kF32 || s.out_dtype == s.dtype, "out_dtype ",
-                   dtype_name(s.out_dtype), " is neither fp32 nor the inputs' dtype ",
-                   dtype_name(s.dtype));
+  SEQPAR_PARAM_CHECK(s.heads % s.kv() == 0, "kv_heads", divisors_text(s.heads), param("heads"),
+                     " ", s.heads, " is not divisible by ", param("kv_heads"), " ", s.kv(),
+                     "; valid ", param("kv_heads"), ": ", divisors_text(s.heads));
+  SEQPAR_PARAM_CHECK(s.heads % m.tp == 0, "tp", divisors_text(s.heads), param("tp"), " ", m.tp,
+                     " does not divide the ", s.heads, " heads; valid ", param("tp"), ": ",
+                     divisors_text(s.heads));
+  SEQPAR_PARAM_CHECK(s.kv() % m.tp == 0 || m.tp % s.kv() == 0, "tp",
+                     "a divisor or a multiple of kv_heads", param("tp"), " ", m.tp,
+                     " neither divides nor is a multiple of the ", s.kv(), " kv_heads");
+  SEQPAR_PARAM_CHECK(s.text_tokens == 0 || !s.causal, "causal", "false", param("text_tokens"),
+                     " (joint attention) are bidirectional; drop ", param("causal"));
+  SEQPAR_PARAM_CHECK(!s.text_by_heads || (s.text_tokens > 0 && m.ulysses > 1), "text_by_heads",
+                     "text_tokens and ulysses_degree > 1", param("text_by_heads"),
+                     " splits the text tokens by head over a Ulysses group: it needs ",
+                     param("text_tokens"), " and ", param("ulysses_degree"),
+                     " > 1 (strategy ulysses or usp)");
+  SEQPAR_PARAM_CHECK(s.out_dtype == DType::kF32 || s.out_dtype == s.dtype, "out_dtype",
+                     detail::concat("fp32 or ", dtype_name(s.dtype)), param("out_dtype"), " ",
+                     dtype_name(s.out_dtype), " is neither fp32 nor the inputs' dtype ",
+                     dtype_name(s.dtype));
   const int sp = m.sp();
   if (s.over_cache()) {
-    SEQPAR_ARG_CHECK(s.cached_lens.size() == s.fresh_lens.size(), "cached_lens (",
-                     s.cached_lens.size(), " requests) and fresh_lens (", s.fresh_lens.size(),
-                     " requests) must have one length per request");
+    SEQPAR_PARAM_CHECK(s.cached_lens.size() == s.fresh_lens.size(), "fresh_lens",
+                       detail::concat(s.cached_lens.size(), " lengths"), param("cached_lens"),
+                       " (", s.cached_lens.size(), " requests) and ", param("fresh_lens"), " (",
+                       s.fresh_lens.size(), " requests) must have one length per request");
     if (!s.cached_lens.empty()) {  // first: cached and new are their sums
       check_lengths("cached_lens", s.cached_lens, s.cached, "cached");
       check_lengths("fresh_lens", s.fresh_lens, s.fresh, "new");
     }
     check_range("cached", s.cached, 1, limits::kMaxTokens);
     check_range("new", s.fresh, 1, limits::kMaxTokens);
-    SEQPAR_ARG_CHECK(s.cached >= sp, "cached ", s.cached, " is too small: each of the ", sp,
-                     " sequence-parallel ranks needs at least one cached token");
-    SEQPAR_ARG_CHECK(!c.pad && s.text_tokens == 0, "a K/V cache (cached, new) takes no pad ",
-                     "and no text_tokens");
-    SEQPAR_ARG_CHECK(s.seq_lens.empty(), "seq_lens describe a sequence; over a K/V cache give ",
-                     "cached_lens and fresh_lens (one per request)");
+    SEQPAR_PARAM_CHECK(s.cached >= sp, "cached", detail::concat("at least ", sp),
+                       param("cached"), " ", s.cached, " is too small: each of the ", sp,
+                       " sequence-parallel ranks needs at least one cached token");
+    SEQPAR_PARAM_CHECK(!c.pad && s.text_tokens == 0, c.pad ? "pad" : "text_tokens", "none",
+                       "a K/V cache (", param("cached"), ", ", param("new"), ") takes no ",
+                       param("pad"), " and no ", param("text_tokens"));
+    SEQPAR_PARAM_CHECK(s.seq_lens.empty(), "seq_lens", "none", param("seq_lens"),
+                       " describe a sequence; over a K/V cache give ", param("cached_lens"),
+                       " and ", param("fresh_lens"), " (one per request)");
     return;
   }
-  SEQPAR_ARG_CHECK(
-      s.cached_lens.empty() && s.fresh_lens.empty(), "cached_lens and fresh_lens ",
-      "describe requests over a K/V cache (cached, new); over a sequence give seq_lens");
+  SEQPAR_PARAM_CHECK(s.cached_lens.empty() && s.fresh_lens.empty(),
+                     s.cached_lens.empty() ? "fresh_lens" : "cached_lens", "none",
+                     param("cached_lens"), " and ", param("fresh_lens"),
+                     " describe requests over a K/V cache (", param("cached"), ", ",
+                     param("new"), "); over a sequence give ", param("seq_lens"));
   check_range("seq", s.seq, 1, limits::kMaxTokens);
-  SEQPAR_ARG_CHECK(sp <= s.seq, sp, " sequence-parallel ranks exceed seq ", s.seq,
-                   "; every rank needs a real token: at most ", s.seq, " ranks");
+  SEQPAR_PARAM_CHECK(sp <= s.seq, "seq", detail::concat("at least ", sp), sp,
+                     " sequence-parallel ranks exceed ", param("seq"), " ", s.seq,
+                     "; every rank needs a real token: at most ", s.seq, " ranks");
   if (!s.seq_lens.empty()) {
     check_lengths("seq_lens", s.seq_lens, s.seq, "seq");
-    SEQPAR_ARG_CHECK(s.text_tokens == 0, "text_tokens (joint attention) with seq_lens (packed ",
-                     "documents) is not supported; give one or the other");
+    SEQPAR_PARAM_CHECK(s.text_tokens == 0, "text_tokens", "0 with seq_lens",
+                       param("text_tokens"), " (joint attention) with ", param("seq_lens"),
+                       " (packed documents) is not supported; give one or the other");
     (void)sequence_partition(c, s);  // every rank holds a token
   }
 }

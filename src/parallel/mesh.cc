@@ -4,17 +4,20 @@
 
 #include "seqpar/core/error.h"
 #include "seqpar/core/limits.h"
+#include "seqpar/core/param_error.h"
 
 namespace seqpar {
 
 namespace {
 
 std::string flags_text(const MeshShape& s) {
-  return detail::concat("cfg ", s.cfg, " x tp ", s.tp, " x ring_degree ", s.ring,
-                        " x ulysses_degree ", s.ulysses);
+  return detail::concat(param("cfg"), " ", s.cfg, " x ", param("tp"), " ", s.tp, " x ",
+                        param("ring_degree"), " ", s.ring, " x ", param("ulysses_degree"), " ",
+                        s.ulysses);
 }
 
-// What would fit a world of n ranks, given the degrees the user chose.
+// What would fit a world of n ranks, given the degrees the user chose (param() names: for a
+// ParamError's message).
 std::string world_hint(const MeshShape& s, int n) {
   const int outer = s.cfg * s.tp;
   if (n % outer == 0) {
@@ -29,8 +32,9 @@ std::string world_hint(const MeshShape& s, int n) {
       }
       pairs += detail::concat(pairs.empty() ? "" : ", ", d[i], " x ", sp / d[i]);
     }
-    return detail::concat("with cfg ", s.cfg, " tp ", s.tp,
-                          ", ulysses_degree x ring_degree must be ", sp, " (", pairs, ")");
+    return detail::concat("with ", param("cfg"), " ", s.cfg, " ", param("tp"), " ", s.tp, ", ",
+                          param("ulysses_degree"), " x ", param("ring_degree"), " must be ", sp,
+                          " (", pairs, ")");
   }
   return detail::concat("every degree must divide ", n, ": ", divisors_text(n),
                         ", and their product equal ", n);
@@ -43,17 +47,24 @@ Mesh::Mesh(MeshShape shape, int world_size) : shape_(shape) {
                                                  {"tp", shape.tp},
                                                  {"ring_degree", shape.ring},
                                                  {"ulysses_degree", shape.ulysses}};
-  for (const auto& [flag, d] : degrees)
-    SEQPAR_ARG_CHECK(d >= 1, flag, " ", d, " is invalid; every degree (cfg, tp, ",
-                     "ring_degree, ulysses_degree) must be at least 1");
+  for (const auto& [name, d] : degrees)
+    SEQPAR_PARAM_CHECK(d >= 1, name, "at least 1", param(name), " ", d,
+                       " is invalid; every degree (", param("cfg"), ", ", param("tp"), ", ",
+                       param("ring_degree"), ", ", param("ulysses_degree"),
+                       ") must be at least 1");
   (void)limits::checked_product({shape.cfg, shape.tp, shape.ring, shape.ulysses},
-                                detail::concat("the world size ", flags_text(shape)),
+                                detail::concat("the world size cfg ", shape.cfg, " x tp ",
+                                               shape.tp, " x ring_degree ", shape.ring,
+                                               " x ulysses_degree ", shape.ulysses),
                                 limits::kMaxRanks);
-  SEQPAR_ARG_CHECK(world_size >= 0 && world_size <= limits::kMaxRanks, "ranks ", world_size,
-                   " is invalid; valid: 1 to ", limits::max_text(limits::kMaxRanks));
-  SEQPAR_ARG_CHECK(world_size == 0 || world_size == shape.world(), flags_text(shape), " = ",
-                   shape.world(), " ranks, but the world size (ranks) is ", world_size, "; ",
-                   world_hint(shape, world_size));
+  SEQPAR_PARAM_CHECK(world_size >= 0 && world_size <= limits::kMaxRanks, "ranks",
+                     detail::concat("1 to ", limits::max_text(limits::kMaxRanks)), param("ranks"),
+                     " ", world_size, " is invalid; valid: 1 to ",
+                     limits::max_text(limits::kMaxRanks));
+  SEQPAR_PARAM_CHECK(world_size == 0 || world_size == shape.world(), "ranks",
+                     detail::concat(shape.world()), flags_text(shape), " = ", shape.world(),
+                     " ranks, but the world size (", param("ranks"), ") is ", world_size, "; ",
+                     world_hint(shape, world_size));
 }
 
 MeshCoord Mesh::coord(int rank) const {
@@ -81,21 +92,27 @@ int Mesh::rank_of(int cfg_rank, int tp_rank, int ring_rank, int ulysses_rank) co
 }
 
 void Mesh::check(int64_t heads, int64_t seq) const {
-  SEQPAR_ARG_CHECK(heads >= 1, "heads ", heads, " is invalid; it must be at least 1");
-  SEQPAR_ARG_CHECK(heads % shape_.tp == 0, "heads ", heads, " is not divisible by tp ",
-                   shape_.tp, "; valid tp for ", heads, " heads: ", divisors_text(heads));
-  SEQPAR_ARG_CHECK(seq >= 1, "seq ", seq, " is invalid; it must be at least 1");
-  SEQPAR_ARG_CHECK(seq >= shape_.sp(), "seq ", seq,
-                   " is shorter than the sequence-parallel size ", shape_.sp(),
-                   " (ulysses_degree ", shape_.ulysses, " x ring_degree ", shape_.ring,
-                   "): every sp rank needs a token; valid: seq >= ", shape_.sp(),
-                   ", or ulysses_degree x ring_degree <= ", seq);
+  SEQPAR_PARAM_CHECK(heads >= 1, "heads", "at least 1", param("heads"), " ", heads,
+                     " is invalid; it must be at least 1");
+  SEQPAR_PARAM_CHECK(heads % shape_.tp == 0, "tp", divisors_text(heads), param("heads"), " ",
+                     heads, " is not divisible by ", param("tp"), " ", shape_.tp, "; valid ",
+                     param("tp"), " for ", heads, " heads: ", divisors_text(heads));
+  SEQPAR_PARAM_CHECK(seq >= 1, "seq", "at least 1", param("seq"), " ", seq,
+                     " is invalid; it must be at least 1");
+  SEQPAR_PARAM_CHECK(seq >= shape_.sp(), "seq", detail::concat("at least ", shape_.sp()),
+                     param("seq"), " ", seq, " is shorter than the sequence-parallel size ",
+                     shape_.sp(), " (", param("ulysses_degree"), " ", shape_.ulysses, " x ",
+                     param("ring_degree"), " ", shape_.ring,
+                     "): every sp rank needs a token; valid: ", param("seq"),
+                     " >= ", shape_.sp(), ", or ", param("ulysses_degree"), " x ",
+                     param("ring_degree"), " <= ", seq);
 }
 
 IndexRange Mesh::heads(int64_t heads, int tp_rank) const {
-  SEQPAR_ARG_CHECK(heads >= 1 && heads % shape_.tp == 0, "heads ", heads,
-                   " is not divisible by tp ", shape_.tp, "; valid tp for ", heads,
-                   " heads: ", divisors_text(heads));
+  SEQPAR_PARAM_CHECK(heads >= 1 && heads % shape_.tp == 0, "tp", divisors_text(heads),
+                     param("heads"), " ", heads, " is not divisible by ", param("tp"), " ",
+                     shape_.tp, "; valid ", param("tp"), " for ", heads, " heads: ",
+                     divisors_text(heads));
   SEQPAR_CHECK(tp_rank >= 0 && tp_rank < shape_.tp, "tp_rank ", tp_rank, " of ", shape_.tp);
   const int64_t per = heads / shape_.tp;
   return {tp_rank * per, (tp_rank + 1) * per};
@@ -103,7 +120,8 @@ IndexRange Mesh::heads(int64_t heads, int tp_rank) const {
 
 IndexRange Mesh::tokens(int64_t seq, int cp_rank) const {
   const int n = shape_.sp();
-  SEQPAR_ARG_CHECK(seq >= n, "seq ", seq, " is shorter than the sequence-parallel size ", n);
+  SEQPAR_PARAM_CHECK(seq >= n, "seq", detail::concat("at least ", n), param("seq"), " ", seq,
+                     " is shorter than the sequence-parallel size ", n);
   SEQPAR_CHECK(cp_rank >= 0 && cp_rank < n, "cp_rank ", cp_rank, " of ", n);
   // As Partition(seq, n, kContiguous): the first seq mod n ranks hold one token more.
   const int64_t base = seq / n, extra = seq % n;

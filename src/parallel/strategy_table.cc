@@ -6,6 +6,7 @@
 
 #include "seqpar/core/error.h"
 #include "seqpar/core/limits.h"
+#include "seqpar/core/param_error.h"
 #include "seqpar/parallel/decode.h"
 
 namespace seqpar {
@@ -57,12 +58,14 @@ void check_ulysses(const ParallelConfig& c, const AttnShape& s) {
 
 // ring's schedule steal: contiguous shards of one sequence.
 void check_steal(const ParallelConfig& c, const AttnShape& s) {
-  SEQPAR_ARG_CHECK(c.layout == Layout::kContiguous,
-                   "schedule 'steal' balances contiguous shards; layout '", layout_name(c.layout),
-                   "' is not: use layout 'contiguous' (or zigzag without steal)");
-  SEQPAR_ARG_CHECK(s.seq_lens.empty(), "schedule 'steal' balances a single sequence; with ",
-                   "seq_lens (packed documents) use layout 'zigzag', which is balanced per ",
-                   "document");
+  SEQPAR_PARAM_CHECK(c.layout == Layout::kContiguous, "layout", "contiguous", param("schedule"),
+                     " 'steal' balances contiguous shards; ", param("layout"), " '",
+                     layout_name(c.layout), "' is not: use ", param("layout"),
+                     " 'contiguous' (or zigzag without steal)");
+  SEQPAR_PARAM_CHECK(s.seq_lens.empty(), "schedule", "default", param("schedule"),
+                     " 'steal' balances a single sequence; with ", param("seq_lens"),
+                     " (packed documents) use ", param("layout"),
+                     " 'zigzag', which is balanced per document");
 }
 
 // Where the planner proposes steal unpinned: work stealing balances causal work, under the online
@@ -152,9 +155,10 @@ const StrategyRow& strategy_row(Strategy s) {
 const ScheduleRow& schedule_row(Strategy s, ScheduleKind k) {
   for (const ScheduleRow& sr : strategy_row(s).schedules)
     if (sr.kind == k) return sr;
-  throw InvalidArgument(detail::concat("schedule '", schedule_kind_name(k),
-                                       "' does not apply to strategy '", strategy_name(s),
-                                       "'; valid: ", schedules_text()));
+  throw ParamError("schedule", schedules_text(),
+                   detail::concat(param("schedule"), " '", schedule_kind_name(k),
+                                  "' does not apply to ", param("strategy"), " '",
+                                  strategy_name(s), "'; valid: ", schedules_text()));
 }
 
 bool runs_over_cache(Strategy s) { return strategy_row(s).over_cache; }
@@ -174,9 +178,10 @@ Strategy strategy_for_degrees(int ulysses, int ring, Strategy ring_axis) {
       ulysses > 1 ? (ring > 1 ? SpDegrees::kUlyssesRing : SpDegrees::kUlysses) : SpDegrees::kRing;
   if (want == SpDegrees::kRing) {
     const StrategyRow& row = strategy_row(ring_axis);
-    SEQPAR_ARG_CHECK(row.degrees == SpDegrees::kRing && !row.over_cache, "strategy ",
-                     strategy_name(ring_axis), " needs ulysses_degree > 1; with only ",
-                     "ring_degree valid: ", strategies_text(false));
+    SEQPAR_PARAM_CHECK(row.degrees == SpDegrees::kRing && !row.over_cache, "strategy",
+                       strategies_text(false), param("strategy"), " ", strategy_name(ring_axis),
+                       " needs ", param("ulysses_degree"), " > 1; with only ",
+                       param("ring_degree"), " valid: ", strategies_text(false));
     return ring_axis;
   }
   for (const StrategyRow& row : kTable)
@@ -186,7 +191,9 @@ Strategy strategy_for_degrees(int ulysses, int ring, Strategy ring_axis) {
 
 void fill_sp_degrees(ParallelConfig& c, int n, int64_t heads) {
   int u = c.mesh.ulysses, r = c.mesh.ring;
-  SEQPAR_ARG_CHECK(u >= 0 && r >= 0, "ulysses_degree and ring_degree must be positive");
+  SEQPAR_PARAM_CHECK(u >= 0 && r >= 0, u < 0 ? "ulysses_degree" : "ring_degree", "at least 1",
+                     param("ulysses_degree"), " and ", param("ring_degree"),
+                     " must be positive");
   switch (strategy_row(c.strategy).degrees) {
     case SpDegrees::kUlyssesRing:
       if (u == 0 && r == 0) {
@@ -196,23 +203,25 @@ void fill_sp_degrees(ParallelConfig& c, int n, int64_t heads) {
       }
       if (u == 0) u = r > 0 && n % r == 0 ? n / r : 0;
       if (r == 0) r = u > 0 && n % u == 0 ? n / u : 0;
-      SEQPAR_ARG_CHECK(u > 0 && r > 0 && int64_t{u} * r == n, "ulysses_degree ", c.mesh.ulysses,
-                       " x ring_degree ", c.mesh.ring, " must equal the ", n,
-                       " ranks; valid ulysses degrees: ", divisors_text(n));
+      SEQPAR_PARAM_CHECK(u > 0 && r > 0 && int64_t{u} * r == n, "ulysses_degree",
+                         divisors_text(n), param("ulysses_degree"), " ", c.mesh.ulysses, " x ",
+                         param("ring_degree"), " ", c.mesh.ring, " must equal the ", n,
+                         " ranks; valid ulysses degrees: ", divisors_text(n));
       break;
     case SpDegrees::kUlysses:
-      SEQPAR_ARG_CHECK((u == 0 || u == n) && (r == 0 || r == 1), "strategy ",
-                       strategy_name(c.strategy), " uses all ", n,
-                       " ranks as one Ulysses group; for ulysses_degree ", u, " ring_degree ", r,
-                       " use strategy usp");
+      SEQPAR_PARAM_CHECK((u == 0 || u == n) && (r == 0 || r == 1), "strategy", "usp",
+                         param("strategy"), " ", strategy_name(c.strategy), " uses all ", n,
+                         " ranks as one Ulysses group; for ", param("ulysses_degree"), " ", u,
+                         " ", param("ring_degree"), " ", r, " use ", param("strategy"), " usp");
       u = n;
       r = 1;
       break;
     case SpDegrees::kOne:
     case SpDegrees::kRing:
-      SEQPAR_ARG_CHECK((u == 0 || u == 1) && (r == 0 || r == n), "strategy ",
-                       strategy_name(c.strategy), " takes no ulysses_degree or ring_degree; ",
-                       "use strategy usp to combine them");
+      SEQPAR_PARAM_CHECK((u == 0 || u == 1) && (r == 0 || r == n), "strategy", "usp",
+                         param("strategy"), " ", strategy_name(c.strategy), " takes no ",
+                         param("ulysses_degree"), " or ", param("ring_degree"), "; use ",
+                         param("strategy"), " usp to combine them");
       u = 1;
       r = n;
   }
@@ -225,28 +234,32 @@ void validate_config(const ParallelConfig& c, const AttnShape& s) {
   const StrategyRow& row = strategy_row(st);
   // The kind of call first: a strategy over a sequence given a cache, or the other way round.
   if (s.over_cache() && !row.over_cache && row.degrees != SpDegrees::kOne)
-    throw InvalidArgument(detail::concat(
-        "strategy ", strategy_name(st),
-        " does not run over a K/V cache (cached, new); valid: ", strategies_text(true)));
-  SEQPAR_ARG_CHECK(s.over_cache() || !row.over_cache, "strategy ", strategy_name(st),
-                   " runs over a K/V cache: cached ", s.cached, " and new ", s.fresh,
-                   " must both be at least 1");
+    throw ParamError("strategy", strategies_text(true),
+                     detail::concat(param("strategy"), " ", strategy_name(st),
+                                    " does not run over a K/V cache (", param("cached"), ", ",
+                                    param("new"), "); valid: ", strategies_text(true)));
+  SEQPAR_PARAM_CHECK(s.over_cache() || !row.over_cache, s.cached < 1 ? "cached" : "new",
+                     "at least 1", param("strategy"), " ", strategy_name(st),
+                     " runs over a K/V cache: ", param("cached"), " ", s.cached, " and ",
+                     param("new"), " ", s.fresh, " must both be at least 1");
   check_config_fields(c, s);
   // The strategy against the degrees.
   const MeshShape& m = c.mesh;
   switch (row.degrees) {
     case SpDegrees::kOne:
-      SEQPAR_ARG_CHECK(m.sp() == 1, "strategy ", strategy_name(st),
-                       " needs one sequence-parallel rank, not ", m.sp());
+      SEQPAR_PARAM_CHECK(m.sp() == 1, "sequence_parallel_size", "1", param("strategy"), " ",
+                         strategy_name(st), " needs one sequence-parallel rank, not ", m.sp());
       break;
     case SpDegrees::kRing:
-      SEQPAR_ARG_CHECK(m.ulysses == 1, "strategy ", strategy_name(st), " takes no ",
-                       "ulysses_degree (", m.ulysses, "); use strategy usp to combine ",
-                       "ulysses_degree and ring_degree");
+      SEQPAR_PARAM_CHECK(m.ulysses == 1, "ulysses_degree", "1", param("strategy"), " ",
+                         strategy_name(st), " takes no ", param("ulysses_degree"), " (",
+                         m.ulysses, "); use ", param("strategy"), " usp to combine ",
+                         param("ulysses_degree"), " and ", param("ring_degree"));
       break;
     case SpDegrees::kUlysses:
-      SEQPAR_ARG_CHECK(m.ring == 1, "strategy ", strategy_name(st), " uses the whole ",
-                       "sequence-parallel group; ring_degree ", m.ring, " needs strategy usp");
+      SEQPAR_PARAM_CHECK(m.ring == 1, "ring_degree", "1", param("strategy"), " ",
+                         strategy_name(st), " uses the whole sequence-parallel group; ",
+                         param("ring_degree"), " ", m.ring, " needs ", param("strategy"), " usp");
       break;
     case SpDegrees::kUlyssesRing:
       break;
@@ -258,21 +271,25 @@ void validate_config(const ParallelConfig& c, const AttnShape& s) {
 
 void check_options(const ParallelConfig& c) {
   const Strategy st = c.strategy;
-  const std::string degrees =
-      detail::concat("ulysses_degree ", c.mesh.ulysses, ", ring_degree ", c.mesh.ring);
+  const std::string degrees = detail::concat(param("ulysses_degree"), " ", c.mesh.ulysses, ", ",
+                                             param("ring_degree"), " ", c.mesh.ring);
   if (c.softmax != SoftmaxMode::kOnline && !has_ring(st)) {
     std::string rings;
     for (const StrategyRow& r : kTable)
       if (r.has_ring)
         rings += detail::concat(rings.empty() ? "" : " or ", "'", strategy_name(r.strategy), "'");
-    throw InvalidArgument(detail::concat(
-        "softmax '", softmax_mode_name(c.softmax), "' needs a ring: valid with strategy ", rings,
-        " (its ring part), not '", strategy_name(st), "' (", degrees, ")"));
+    throw ParamError("softmax", "online",
+                     detail::concat(param("softmax"), " '", softmax_mode_name(c.softmax),
+                                    "' needs a ring: valid with ", param("strategy"), " ", rings,
+                                    " (its ring part), not '", strategy_name(st), "' (", degrees,
+                                    ")"));
   }
   if (!schedule_applies(c.schedule, st))
-    throw InvalidArgument(detail::concat("schedule '", schedule_kind_name(c.schedule),
-                                         "' does not apply to strategy '", strategy_name(st), "' (",
-                                         degrees, "); valid: ", schedules_text()));
+    throw ParamError("schedule", schedules_text(),
+                     detail::concat(param("schedule"), " '", schedule_kind_name(c.schedule),
+                                    "' does not apply to ", param("strategy"), " '",
+                                    strategy_name(st), "' (", degrees, "); valid: ",
+                                    schedules_text()));
 }
 
 std::string schedule_choices() {

@@ -11,6 +11,7 @@
 
 #include "seqpar/core/error.h"
 #include "seqpar/core/limits.h"
+#include "seqpar/core/param_error.h"
 #include "seqpar/parallel/strategy_table.h"
 
 namespace seqpar {
@@ -40,7 +41,8 @@ const ModelPreset& preset_or_hint(const std::string& name) {
 // Every size against core/limits.h, before anything is sized by it.
 void validate(const PlanSpec& o) {
   using limits::check_range;
-  SEQPAR_ARG_CHECK(o.ranks >= 1, "ranks ", o.ranks, " is invalid; it must be at least 1");
+  SEQPAR_PARAM_CHECK(o.ranks >= 1, "ranks", "at least 1", param("ranks"), " ", o.ranks,
+                     " is invalid; it must be at least 1");
   check_range("ranks", o.ranks, 1, limits::kMaxRanks);
   check_range("batch", o.batch, 1, limits::kMaxBatch);
   check_range("seq", o.seq, 0, limits::kMaxTokens);
@@ -59,9 +61,9 @@ void validate(const PlanSpec& o) {
         std::pair{"ring_degree", o.ring_degree},
         std::pair{"sequence_parallel_size", o.sequence_parallel_size}})
     check_range(name, v, 0, limits::kMaxRanks);
-  SEQPAR_ARG_CHECK(
+  SEQPAR_PARAM_CHECK(
       std::isfinite(o.memory_limit_gb) && o.memory_limit_gb >= 0 && o.memory_limit_gb <= 1e9,
-      "memory_limit ", o.memory_limit_gb,
+      "memory_limit", "0 to 1e9", param("memory_limit"), " ", o.memory_limit_gb,
       " is invalid; give GB per rank, 0 to 1e9 (0: the profile's)");
 }
 
@@ -176,8 +178,9 @@ json choice_json(const PassChoice& c) {
 
 ResolvedPlanSpec resolve_plan_spec(const PlanSpec& o, HardwareProfile hw) {
   validate(o);
-  SEQPAR_ARG_CHECK((o.cached > 0) == (o.fresh > 0),
-                   "decode / partial prefill needs both cached P and new T tokens (at least 1)");
+  SEQPAR_PARAM_CHECK((o.cached > 0) == (o.fresh > 0), o.cached > 0 ? "new" : "cached",
+                     "at least 1", "decode / partial prefill needs both ", param("cached"),
+                     " P and ", param("new"), " T tokens (at least 1)");
   ResolvedPlanSpec r;
   PlanRequest& req = r.req;
   req.hw = std::move(hw);
@@ -191,16 +194,23 @@ ResolvedPlanSpec resolve_plan_spec(const PlanSpec& o, HardwareProfile hw) {
     const ModelPreset& m = preset_or_hint(o.model);
     int64_t tokens = o.seq;
     if (m.family == ModelFamily::kLlm) {
-      SEQPAR_ARG_CHECK(o.height == 0 && o.width == 0 && o.frames == 0, "model '", m.name,
-                       "' is a language model: give seq (prompt tokens) or cached and new, not "
-                       "frames, height and width");
-      SEQPAR_ARG_CHECK(decode || tokens >= 1, "model '", m.name,
-                       "' needs seq (prompt tokens) or cached P and new T");
+      SEQPAR_PARAM_CHECK(o.height == 0 && o.width == 0 && o.frames == 0,
+                         o.frames != 0 ? "frames" : o.height != 0 ? "height" : "width", "none",
+                         param("model"), " '", m.name, "' is a language model: give ",
+                         param("seq"), " (prompt tokens) or ", param("cached"), " and ",
+                         param("new"), ", not ", param("frames"), ", ", param("height"), " and ",
+                         param("width"));
+      SEQPAR_PARAM_CHECK(decode || tokens >= 1, "seq", "at least 1", param("model"), " '",
+                         m.name, "' needs ", param("seq"), " (prompt tokens) or ",
+                         param("cached"), " P and ", param("new"), " T");
     } else {
-      SEQPAR_ARG_CHECK(!decode, "cached and new are for language models; ", m.name, " is a ",
-                       model_family_name(m.family));
+      SEQPAR_PARAM_CHECK(!decode, "cached", "none", param("cached"), " and ", param("new"),
+                         " are for language models; ", m.name, " is a ",
+                         model_family_name(m.family));
       if (o.height > 0 || o.width > 0) {
-        SEQPAR_ARG_CHECK(o.height > 0 && o.width > 0, "height and width go together");
+        SEQPAR_PARAM_CHECK(o.height > 0 && o.width > 0, o.height > 0 ? "width" : "height",
+                           "at least 1", param("height"), " and ", param("width"),
+                           " go together");
         const int64_t frames = o.frames > 0 ? o.frames : 1;
         r.latent = latent_shape(m, frames, o.height, o.width);
         tokens = r.latent->tokens;
@@ -209,13 +219,15 @@ ResolvedPlanSpec resolve_plan_spec(const PlanSpec& o, HardwareProfile hw) {
         req.width = o.width;
         req.preset = &m;
       }
-      SEQPAR_ARG_CHECK(tokens >= 1, "model '", m.name,
-                       "' needs height and width (and frames for video), or seq tokens");
+      SEQPAR_PARAM_CHECK(tokens >= 1, "seq", "at least 1", param("model"), " '", m.name,
+                         "' needs ", param("height"), " and ", param("width"), " (and ",
+                         param("frames"), " for video), or ", param("seq"), " tokens");
     }
     const int64_t text = m.family == ModelFamily::kMMDiT ? o.text_tokens.value_or(m.text_len) : 0;
-    SEQPAR_ARG_CHECK(o.text_tokens.value_or(0) == 0 || m.family == ModelFamily::kMMDiT,
-                     "text_tokens is for mmdit models (joint attention); ", m.name, " is a ",
-                     model_family_name(m.family));
+    SEQPAR_PARAM_CHECK(o.text_tokens.value_or(0) == 0 || m.family == ModelFamily::kMMDiT,
+                       "text_tokens", "0", param("text_tokens"),
+                       " is for mmdit models (joint attention); ", m.name, " is a ",
+                       model_family_name(m.family));
     req.work = model_workload(m, tokens, o.batch, dtype, o.guidance, text, o.cached, o.fresh);
   } else {
     SEQPAR_ARG_CHECK(
@@ -226,10 +238,12 @@ ResolvedPlanSpec resolve_plan_spec(const PlanSpec& o, HardwareProfile hw) {
           return v;
         }(),
         ") or a bare attention shape: seq and heads (kv_heads, head_dim, causal)");
-    SEQPAR_ARG_CHECK(decode || o.seq >= 1, "seq ", o.seq, " is invalid; it must be at least 1");
+    SEQPAR_PARAM_CHECK(decode || o.seq >= 1, "seq", "at least 1", param("seq"), " ", o.seq,
+                       " is invalid; it must be at least 1");
     const int64_t kv = o.kv_heads == 0 ? o.heads : o.kv_heads;
-    SEQPAR_ARG_CHECK(kv >= 1 && o.heads % kv == 0, "heads ", o.heads,
-                     " is not divisible by kv_heads ", kv);
+    SEQPAR_PARAM_CHECK(kv >= 1 && o.heads % kv == 0, "kv_heads", divisors_text(o.heads),
+                       param("heads"), " ", o.heads, " is not divisible by ", param("kv_heads"),
+                       " ", kv, "; valid ", param("kv_heads"), ": ", divisors_text(o.heads));
     req.work = attention_workload(o.seq, o.heads, kv, o.head_dim, o.batch, o.causal || decode,
                                   dtype, o.text_tokens.value_or(0), o.cached, o.fresh);
   }
@@ -263,10 +277,14 @@ std::vector<int> parse_sizes(const std::string& s) {
   const std::optional<int64_t> first = limits::parse_int64(s.substr(0, colon));
   const std::optional<int64_t> last =
       colon == std::string::npos ? first : limits::parse_int64(s.substr(colon + 1));
-  SEQPAR_ARG_CHECK(first && last, "sim_ranks '", s, "' is invalid; give FIRST:LAST, e.g. 8:1024");
-  SEQPAR_ARG_CHECK(*first >= 1 && *last >= *first && *last <= kMaxSimRanks, "sim_ranks '", s,
-                   "' is invalid; give FIRST:LAST with 1 <= FIRST <= LAST <= ",
-                   limits::max_text(kMaxSimRanks), ", e.g. 8:1024");
+  SEQPAR_PARAM_CHECK(first && last, "sim_ranks", "FIRST:LAST", param("sim_ranks"), " '", s,
+                     "' is invalid; give FIRST:LAST, e.g. 8:1024");
+  SEQPAR_PARAM_CHECK(*first >= 1 && *last >= *first && *last <= kMaxSimRanks, "sim_ranks",
+                     detail::concat("FIRST:LAST, 1 <= FIRST <= LAST <= ",
+                                    limits::max_text(kMaxSimRanks)),
+                     param("sim_ranks"), " '", s,
+                     "' is invalid; give FIRST:LAST with 1 <= FIRST <= LAST <= ",
+                     limits::max_text(kMaxSimRanks), ", e.g. 8:1024");
   return doubling_sizes(static_cast<int>(*first), static_cast<int>(*last));
 }
 

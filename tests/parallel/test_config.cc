@@ -5,10 +5,12 @@
 
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <string>
 
 #include "seqpar/core/error.h"
 #include "seqpar/core/limits.h"
+#include "seqpar/core/param_error.h"
 #include "seqpar/parallel/config.h"
 #include "seqpar/parallel/config_file.h"
 #include "seqpar/parallel/strategy_table.h"
@@ -162,6 +164,67 @@ TEST(Validate, EachRuleNamesWhatWasWrong) {
     const std::string got = error_of([&] { validate_config(b.c, b.s); });
     EXPECT_NE(got.find(want), std::string::npos) << "want '" << want << "', got '" << got << "'";
   }
+}
+
+// Errors as data (core/param_error.h): each rule's error names the parameter that was wrong and
+// what would be valid, and spells every parameter it mentions as the front end asks; what()
+// keeps the vocabulary's names and no marks.
+TEST(Validate, ErrorsCarryTheParameter) {
+  struct Case {
+    std::string parameter, expected, command_line;
+    std::function<void(Base&)> breaks;
+  };
+  const Case cases[] = {
+      {"ring_degree", "at least 1", "--ring-degree 0 is invalid; every degree (--cfg, --tp, "
+       "--ring-degree, --ulysses-degree) must be at least 1", [](Base& b) { b.c.mesh.ring = 0; }},
+      {"kv_heads", "1, 2, 4, 8", "--heads 8 is not divisible by --kv-heads 3; valid --kv-heads: "
+       "1, 2, 4, 8", [](Base& b) { b.s.kv_heads = 3; }},
+      {"tp", "1, 2, 4, 8", "--tp 3 does not divide the 8 heads; valid --tp: 1, 2, 4, 8",
+       [](Base& b) { b.c.mesh.tp = 3; }},
+      {"sequence_parallel_size", "1", "--strategy local needs one sequence-parallel rank, not 4",
+       [](Base& b) { b.c.strategy = Strategy::kLocal; }},
+      {"ulysses_degree", "1", "--strategy ring takes no --ulysses-degree (2); use --strategy usp "
+       "to combine --ulysses-degree and --ring-degree", [](Base& b) { b.c.mesh.ulysses = 2; }},
+      {"softmax", "online", "--softmax 'const-max' needs a ring",
+       [](Base& b) { b.c.strategy = Strategy::kAllGather, b.c.softmax = SoftmaxMode::kConstMax; }},
+      {"causal", "false", "--text-tokens (joint attention) are bidirectional; drop --causal",
+       [](Base& b) { b.s.text_tokens = 3, b.s.causal = true; }},
+      {"cached", "at least 4", "--cached 3 is too small",
+       [](Base& b) { b.c.strategy = Strategy::kPassKv, b.s.cached = 3, b.s.fresh = 1; }},
+      {"cached", "at least 1", "runs over a K/V cache: --cached 0 and --new 0 must both be",
+       [](Base& b) { b.c.strategy = Strategy::kPassQ; }},
+      {"seq", "at least 4", "4 sequence-parallel ranks exceed --seq 3", [](Base& b) { b.s.seq = 3; }},
+      {"heads", "1 to 65536 (2^16)", "--heads 0 is out of range; valid: 1 to 65536 (2^16)",
+       [](Base& b) { b.s.heads = 0; }},
+      {"fresh_lens", "lengths summing to 2", "--new-lens sum to 3 but --new is 2",
+       [](Base& b) {
+         b.c.strategy = Strategy::kPassKv, b.s.cached = 8, b.s.fresh = 2;
+         b.s.cached_lens = {4, 4}, b.s.fresh_lens = {1, 2};
+       }},
+  };
+  auto as_flag = [](std::string_view n) {
+    return "--" + front_end_name(n, FrontEnd::kCommandLine);
+  };
+  for (const Case& c : cases) {
+    Base b;
+    c.breaks(b);
+    try {
+      validate_config(b.c, b.s);
+      ADD_FAILURE() << "no error for " << c.command_line;
+    } catch (const ParamError& e) {
+      EXPECT_EQ(e.parameter(), c.parameter) << e.what();
+      EXPECT_EQ(e.expected(), c.expected) << e.what();
+      const std::string cli = e.spelled(as_flag), plain = e.what();
+      EXPECT_NE(cli.find(c.command_line), std::string::npos) << cli;
+      EXPECT_EQ(plain.find_first_of("\x01\x02"), std::string::npos) << plain;
+      EXPECT_EQ(plain, e.spelled([](std::string_view n) { return std::string(n); }));
+    }
+  }
+  EXPECT_EQ(front_end_name("fresh_lens", FrontEnd::kCommandLine), "new-lens");
+  EXPECT_EQ(front_end_name("fresh_lens", FrontEnd::kPython), "fresh_lens");
+  EXPECT_EQ(front_end_name("ulysses_degree", FrontEnd::kPython), "ulysses_degree");
+  EXPECT_EQ(front_end_name("ulysses_degree", FrontEnd::kCommandLine), "ulysses-degree");
+  EXPECT_EQ(front_end_name("--seq", FrontEnd::kCommandLine), "--seq");
 }
 
 TEST(ConfigFile, JsonFlatAndNested) {

@@ -353,3 +353,20 @@ def test_non_regular_files_refused(tmp_path, paths):
                               "JSON file", message
         else:  # names the directory (the library's message names the file and what it is)
             assert name.split(" ", 1)[1] in message, (name, message)
+
+
+def test_errors_name_the_keywords():
+    """The library's errors carry the parameters they name as data; Python spells them as its
+    keywords (the command line as its flags, e.g. --kv-heads), the whole message one line."""
+    with pytest.raises(ValueError) as e:
+        seqpar.plan(ranks=4, seq=64, heads=8, kv_heads=3, head_dim=16)
+    assert str(e.value) == "heads 8 is not divisible by kv_heads 3; valid kv_heads: 1, 2, 4, 8"
+    q = np.zeros((1, 8, 4, 8), np.float32)
+
+    def rank(comm):
+        with pytest.raises(ValueError) as err:
+            seqpar.attention(q, q, q, comm=comm, strategy="ring", ulysses_degree=2)
+        return str(err.value)
+
+    assert set(seqpar.ThreadWorld(4).run(rank)) == {
+        "strategy ring takes no ulysses_degree or ring_degree; use strategy usp to combine them"}
