@@ -11,6 +11,10 @@ but far more tightly than either agrees with the unrounded model (2e-2): the tes
 same greedy tokens, a logit error within TOL of the rounded reference, and less than half the
 distance to the unrounded one (a run that skipped the rounding would sit at 2e-6 from the plain
 model and 2e-2 from the rounded one). Also the Python module's keyword and the flag's refusal."""
+import json
+import os
+import subprocess
+
 import numpy as np
 import pytest
 import torch
@@ -18,7 +22,15 @@ from transformers import LlamaForCausalLM
 
 import llama_ref as L
 
-TOL = 1.5e-2  # measured: 3e-3 to 9e-3 against the rounded reference (printed)
+# Measured against the rounded reference (printed): 3e-3 to 9e-3 where oneDNN's bf16 matmul runs
+# on AVX512-BF16 (or the fp32 path runs); with AMX its sums take another order, more elements
+# round to a neighbouring bf16 value, and the checkpoint with biases measured 5.2e-2 at the first
+# step and 6.9e-2 at the sixth (1.1e-5 with oneDNN capped below AMX, ONEDNN_MAX_CPU_ISA=
+# AVX512_CORE_BF16). The half-way test below tells a rounded run from an unrounded one either way.
+_AMX = "amx-bf16" in json.loads(subprocess.run(
+    [os.environ["SEQPAR_BIN"], "info", "--json"], capture_output=True, text=True,
+    check=True).stdout)["cpu_features"]
+TOL = 8e-2 if _AMX else 1.5e-2
 NEW = 6
 
 CHECKPOINTS = {
