@@ -33,13 +33,15 @@ int main(int argc, char** argv) {
   namespace ms = seqpar::model_simd;
   std::vector<int64_t> ks = {2048}, ns = {8192, 2048}, ms_rows = {1};
   seqpar::DType dtype = seqpar::DType::kBF16;
+  bool channel = false;  // int8-channel: per-channel int8 (gemv_i8_channel), else Q8_0
   int threads = 1, rounds = 5;
   double min_time = 0.2;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
       std::printf(
-          "gemv_bench [--k 2048] [--n 8192,2048] [--m 1] [--dtype bf16] [--threads 1] "
+          "gemv_bench [--k 2048] [--n 8192,2048] [--m 1] [--dtype bf16|fp16|int8|int8-channel] "
+          "[--threads 1] "
           "[--rounds 5] [--min-time 0.2]\n");
       return 0;
     }
@@ -52,11 +54,12 @@ int main(int argc, char** argv) {
     } else if (a == "--m") {
       ms_rows = seqpar::bench::parse_list("gemv_bench", a, v);
     } else if (a == "--dtype") {
-      dtype = v == "fp16"   ? seqpar::DType::kF16
-              : v == "int8" ? seqpar::DType::kI8
-                            : seqpar::DType::kBF16;
-      if (v != "fp16" && v != "bf16" && v != "int8")
-        usage_error("--dtype '" + v + "' is invalid; valid: bf16, fp16, int8");
+      dtype = v == "fp16"                          ? seqpar::DType::kF16
+              : v == "int8" || v == "int8-channel" ? seqpar::DType::kI8
+                                                   : seqpar::DType::kBF16;
+      channel = v == "int8-channel";
+      if (v != "fp16" && v != "bf16" && v != "int8" && v != "int8-channel")
+        usage_error("--dtype '" + v + "' is invalid; valid: bf16, fp16, int8, int8-channel");
     } else if (a == "--threads") {
       threads = std::atoi(v.c_str());
     } else if (a == "--rounds") {
@@ -77,7 +80,8 @@ int main(int argc, char** argv) {
   for (ms::Isa isa : {ms::Isa::kScalar, ms::Isa::kAvx2, ms::Isa::kAvx512})
     if (ms::cpu_has(isa)) isas.push_back(isa);
   std::printf("gemv %s weights, %d thread(s), best of %d interleaved rounds\n",
-              std::string(seqpar::dtype_name(dtype)).c_str(), threads, rounds);
+              channel ? "int8-channel" : std::string(seqpar::dtype_name(dtype)).c_str(), threads,
+              rounds);
   std::printf("| m | k | n | variant | us/call | GB/s of weights | vs scalar |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
   for (int64_t m : ms_rows)
@@ -87,7 +91,10 @@ int main(int argc, char** argv) {
         const bool q8 = dtype == seqpar::DType::kI8;
         const seqpar::Tensor w =
             seqpar::random_normal({n, k}, 2, q8 ? seqpar::DType::kBF16 : dtype);
-        const seqpar::Q8Weight wq = q8 ? seqpar::quantize_q8_0(w, "w") : seqpar::Q8Weight{};
+        const seqpar::Q8Weight wq =
+            q8 && !channel ? seqpar::quantize_q8_0(w, "w") : seqpar::Q8Weight{};
+        const seqpar::Int8ChannelWeight wc =
+            channel ? seqpar::quantize_int8_channel(w, "w") : seqpar::Int8ChannelWeight{};
         std::vector<float> y(m * n);
         const auto* wp = static_cast<const uint16_t*>(w.raw());
         std::vector<double> best(isas.size(), 1e30);
@@ -97,7 +104,10 @@ int main(int argc, char** argv) {
             const ms::Gemv16 f = dtype == seqpar::DType::kBF16 ? kern.gemv_bf16 : kern.gemv_f16;
             const double t = seqpar::bench::time_per_call(
                 [&] {
-                  if (q8) {
+                  if (channel) {
+                    kern.gemv_i8_channel(x.data<float>(), m, k, wc.q.data<int8_t>(),
+                                         wc.s.data<float>(), n, nullptr, y.data());
+                  } else if (q8) {
                     kern.gemv_q8(x.data<float>(), m, k, wq.q.data<int8_t>(), wq.d.data<uint16_t>(),
                                  n, nullptr, y.data());
                   } else {
@@ -111,7 +121,11 @@ int main(int argc, char** argv) {
           std::printf("| %lld | %lld | %lld | %s | %.1f | %.1f | %.2fx |\n",
                       static_cast<long long>(m), static_cast<long long>(k),
                       static_cast<long long>(n), std::string(ms::isa_name(isas[v])).c_str(),
-                      best[v] * 1e6, (q8 ? 34.0 / 32 : 2.0) * n * k / best[v] * 1e-9,
+                      best[v] * 1e6,
+                      (channel ? 1.0 + 4.0 / k
+                       : q8    ? 34.0 / 32
+                               : 2.0) *
+                          n * k / best[v] * 1e-9,
                       best[0] / best[v]);
       }
   return 0;
