@@ -4,6 +4,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "seqpar/core/param_error.h"
 #include "seqpar/parallel/position_runs.h"
 
 namespace seqpar {
@@ -31,10 +32,13 @@ void append_range(std::vector<int64_t>& v, int64_t begin, int64_t end) {
 }  // namespace
 
 Partition::Partition(int64_t seq, int ranks, Layout layout) : seq_(seq), layout_(layout) {
-  SEQPAR_ARG_CHECK(seq >= 1, "seq ", seq, " is invalid; it must be at least 1");
-  SEQPAR_ARG_CHECK(ranks >= 1, "ranks ", ranks, " is invalid; it must be at least 1");
-  SEQPAR_ARG_CHECK(ranks <= seq, "ranks ", ranks, " exceeds seq ", seq,
-                   "; every rank needs a token: use at most ", seq, " ranks");
+  SEQPAR_PARAM_CHECK(seq >= 1, "seq", "at least 1", param("seq"), " ", seq,
+                     " is invalid; it must be at least 1");
+  SEQPAR_PARAM_CHECK(ranks >= 1, "ranks", "at least 1", param("ranks"), " ", ranks,
+                     " is invalid; it must be at least 1");
+  SEQPAR_PARAM_CHECK(ranks <= seq, "ranks", detail::concat("at most ", seq), param("ranks"), " ",
+                     ranks, " exceeds ", param("seq"), " ", seq,
+                     "; every rank needs a token: use at most ", seq, " ranks");
   positions_.resize(ranks);
   for (int r = 0; r < ranks; ++r) {
     auto& pos = positions_[r];
@@ -96,9 +100,11 @@ Partition Partition::from_positions(std::vector<std::vector<int64_t>> positions)
 Partition Partition::documents(std::span<const int64_t> seq_lens, int64_t seq, int ranks,
                                Layout layout) {
   const std::vector<int64_t> cu = cu_seqlens(seq_lens);
-  SEQPAR_ARG_CHECK(ranks >= 1, "ranks ", ranks, " is invalid; it must be at least 1");
-  SEQPAR_ARG_CHECK(seq >= cu.back(), "seq ", seq, " is shorter than the ", cu.back(),
-                   " tokens of seq_lens");
+  SEQPAR_PARAM_CHECK(ranks >= 1, "ranks", "at least 1", param("ranks"), " ", ranks,
+                     " is invalid; it must be at least 1");
+  SEQPAR_PARAM_CHECK(seq >= cu.back(), "seq", detail::concat("at least ", cu.back()), param("seq"),
+                     " ", seq, " is shorter than the ", cu.back(), " tokens of ",
+                     param("seq_lens"));
   std::vector<int64_t> starts(cu.begin(), cu.end() - 1), lens(seq_lens.begin(), seq_lens.end());
   if (seq > cu.back()) {  // padding: one more piece after the last document
     starts.push_back(cu.back());
@@ -110,9 +116,11 @@ Partition Partition::documents(std::span<const int64_t> seq_lens, int64_t seq, i
     for (const PositionRun& run : runs[r])
       for (int64_t i = 0; i < run.count; ++i) pos[r].push_back(run.start + i * run.stride);
     std::sort(pos[r].begin(), pos[r].end());
-    SEQPAR_ARG_CHECK(!pos[r].empty(), "rank ", r, " of ", ranks, " would hold no token of the ",
-                     seq_lens.size(), " documents in seq_lens split by layout ",
-                     layout_name(layout), " per document; use fewer ranks or longer documents");
+    SEQPAR_PARAM_CHECK(!pos[r].empty(), "ranks", "fewer ranks or longer documents", "rank ", r,
+                       " of ", ranks, " would hold no token of the ", seq_lens.size(),
+                       " documents in ", param("seq_lens"), " split by ", param("layout"), " ",
+                       layout_name(layout),
+                       " per document; use fewer ranks or longer documents");
   }
   Partition part = from_positions(std::move(pos));
   part.layout_ = layout;
@@ -123,9 +131,11 @@ std::vector<int64_t> cu_seqlens(std::span<const int64_t> seq_lens) {
   std::vector<int64_t> cu(1, 0);
   cu.reserve(seq_lens.size() + 1);
   for (size_t i = 0; i < seq_lens.size(); ++i) {
-    SEQPAR_ARG_CHECK(seq_lens[i] >= 1, "seq_lens[", i, "] = ", seq_lens[i],
-                     " is invalid; every document length must be at least 1");
-    SEQPAR_ARG_CHECK(cu.back() <= INT64_MAX - seq_lens[i], "seq_lens sum overflows");
+    SEQPAR_PARAM_CHECK(seq_lens[i] >= 1, "seq_lens", "lengths of at least 1", param("seq_lens"),
+                       "[", i, "] = ", seq_lens[i],
+                       " is invalid; every document length must be at least 1");
+    SEQPAR_PARAM_CHECK(cu.back() <= INT64_MAX - seq_lens[i], "seq_lens", "a sum within int64",
+                       param("seq_lens"), " sum overflows");
     cu.push_back(cu.back() + seq_lens[i]);
   }
   return cu;
