@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "seqpar/core/error.h"
+#include "seqpar/core/param_error.h"
 #include "seqpar/parallel/decode.h"
 #include "seqpar/parallel/strategy_table.h"
 
@@ -16,11 +17,14 @@ namespace {
 void check_placement(const ParallelConfig& c, const AttnShape& s, SpComms& comms,
                      const Placement& place) {
   const int n = comms.sp().size();
-  SEQPAR_ARG_CHECK(c.sp() == n, "ulysses_degree ", c.mesh.ulysses, " x ring_degree ", c.mesh.ring,
-                   " must equal the ", n, " ranks of the sequence-parallel group");
-  SEQPAR_ARG_CHECK(!uses_ulysses(c.strategy) || comms.ulysses_degree() == c.mesh.ulysses,
-                   "the communicators' Ulysses groups have ", comms.ulysses_degree(),
-                   " ranks but ulysses_degree is ", c.mesh.ulysses);
+  SEQPAR_PARAM_CHECK(c.sp() == n, "ulysses_degree", detail::concat("a divisor of ", n),
+                     param("ulysses_degree"), " ", c.mesh.ulysses, " x ", param("ring_degree"),
+                     " ", c.mesh.ring, " must equal the ", n,
+                     " ranks of the sequence-parallel group");
+  SEQPAR_PARAM_CHECK(!uses_ulysses(c.strategy) || comms.ulysses_degree() == c.mesh.ulysses,
+                     "ulysses_degree", detail::concat(comms.ulysses_degree()),
+                     "the communicators' Ulysses groups have ", comms.ulysses_degree(),
+                     " ranks but ", param("ulysses_degree"), " is ", c.mesh.ulysses);
   SEQPAR_ARG_CHECK(place.over_cache == s.over_cache(), "the placement is over a ",
                    place.over_cache ? "K/V cache" : "sequence", " but the shape is over a ",
                    s.over_cache() ? "K/V cache (cached, new)" : "sequence");
@@ -32,12 +36,16 @@ void check_placement(const ParallelConfig& c, const AttnShape& s, SpComms& comms
       kv += static_cast<int64_t>(place.cache.kv_pos[r].size());
       q += static_cast<int64_t>(place.cache.q_pos[r].size());
     }
-    SEQPAR_ARG_CHECK(kv == s.cached + s.fresh && q == s.fresh, "the placement holds ", kv,
-                     " K/V tokens and ", q, " queries; cached ", s.cached, " and new ", s.fresh,
-                     " need ", s.cached + s.fresh, " and ", s.fresh);
+    SEQPAR_PARAM_CHECK(kv == s.cached + s.fresh && q == s.fresh, q != s.fresh ? "new" : "cached",
+                       detail::concat(q != s.fresh ? q : kv - q), "the placement holds ", kv,
+                       " K/V tokens and ", q, " queries; ", param("cached"), " ", s.cached,
+                       " and ", param("new"), " ", s.fresh, " need ", s.cached + s.fresh, " and ",
+                       s.fresh);
   } else {
-    SEQPAR_ARG_CHECK(place.part.seq() >= s.seq, "the placement's sequence holds ", place.part.seq(),
-                     " tokens, fewer than seq ", s.seq);
+    SEQPAR_PARAM_CHECK(place.part.seq() >= s.seq, "seq",
+                       detail::concat("at most ", place.part.seq()),
+                       "the placement's sequence holds ", place.part.seq(), " tokens, fewer than ",
+                       param("seq"), " ", s.seq);
   }
 }
 
@@ -68,8 +76,8 @@ void write_output(const char* name, Tensor& to, Tensor&& from, DType dtype) {
 // The lse the shape asks for (s.lse), or none: a given one is refused.
 void write_lse(const AttnShape& s, const char* name, Tensor& to, Tensor&& from) {
   if (s.lse) return write_output(name, to, std::move(from), DType::kF32);
-  SEQPAR_ARG_CHECK(to.empty() && to.ndim() == 0, name, " is given but lse is off: leave it empty",
-                   " or set lse");
+  SEQPAR_PARAM_CHECK(to.empty() && to.ndim() == 0, "lse", "true", name, " is given but ",
+                     param("lse"), " is off: leave it empty or set ", param("lse"));
 }
 
 }  // namespace
@@ -128,8 +136,9 @@ void attention(const ParallelConfig& c, const AttnShape& s, SpComms& comms, cons
     write_lse(s, "lse", out.lse, std::move(state.lse));
     return;
   }
-  SEQPAR_ARG_CHECK(in.text_q && in.text_k && in.text_v, "text_tokens ", T,
-                   " (joint attention) needs text_q, text_k and text_v");
+  SEQPAR_PARAM_CHECK(in.text_q && in.text_k && in.text_v, "text_tokens", "0 without text tensors",
+                     param("text_tokens"), " ", T,
+                     " (joint attention) needs text_q, text_k and text_v");
   // The text's heads: all of them, or (text_by_heads) this Ulysses member's.
   const int u = comms.ulysses_degree(), me = comms.ulysses().rank();
   const int64_t Ht = s.text_by_heads ? ulysses_q_heads(H, u, me).size() : H;

@@ -13,6 +13,7 @@
 
 #include "seqpar/core/error.h"
 #include "seqpar/core/limits.h"
+#include "seqpar/core/param_error.h"
 #include "seqpar/parallel/schedule.h"
 #include "seqpar/parallel/strategy_table.h"
 
@@ -476,12 +477,15 @@ class MeshModel {
 }  // namespace
 
 void check_mesh_degrees(const Workload& w, int cfg, int tp) {
-  SEQPAR_ARG_CHECK(cfg == 1 || cfg == w.cfg_branches, "cfg ", cfg, " needs ", cfg,
-                   " guidance branches; ", w.model, " runs ", w.cfg_branches,
-                   w.cfg_branches == 1 ? " (cfg 1 only)" : " (cfg 1 or 2)");
-  SEQPAR_ARG_CHECK(tp == 1 || !w.attention_only, "tp ", tp,
-                   ": a bare attention call (seq and heads without a model) plans sequence "
-                   "parallelism only; use tp 1");
+  SEQPAR_PARAM_CHECK(cfg == 1 || cfg == w.cfg_branches, "cfg",
+                     w.cfg_branches == 1 ? "1" : "1 or 2", param("cfg"), " ", cfg, " needs ",
+                     cfg, " guidance branches; ", w.model, " runs ", w.cfg_branches, " (",
+                     param("cfg"),
+                     w.cfg_branches == 1 ? " 1 only)" : " 1 or 2)");
+  SEQPAR_PARAM_CHECK(tp == 1 || !w.attention_only, "tp", "1", param("tp"), " ", tp,
+                     ": a bare attention call (", param("seq"), " and ", param("heads"),
+                     " without a model) plans sequence parallelism only; use ", param("tp"),
+                     " 1");
   ParallelConfig c;  // the degrees alone: one sequence-parallel rank
   c.mesh.cfg = cfg;
   c.mesh.tp = tp;

@@ -9,6 +9,7 @@
 
 #include "seqpar/core/error.h"
 #include "seqpar/core/limits.h"
+#include "seqpar/core/param_error.h"
 #include "seqpar/parallel/strategy_table.h"
 
 namespace seqpar {
@@ -663,15 +664,20 @@ PlanWork plan_work(const PlanRequest& req, int world) {
 }
 
 Plan make_plan(const PlanRequest& req) {
-  SEQPAR_ARG_CHECK(req.world >= 1 && req.world <= limits::kMaxRanks, "ranks ", req.world,
-                   " is invalid; valid: 1 to ", limits::max_text(limits::kMaxRanks));
-  SEQPAR_ARG_CHECK(req.sp >= 0 && (req.sp == 0 || (req.ulysses == 0 || req.sp % req.ulysses == 0)),
-                   "sequence_parallel_size ", req.sp, " is not a multiple of ulysses_degree ",
-                   req.ulysses);
-  SEQPAR_ARG_CHECK(
+  SEQPAR_PARAM_CHECK(req.world >= 1 && req.world <= limits::kMaxRanks, "ranks",
+                     detail::concat("1 to ", limits::max_text(limits::kMaxRanks)), param("ranks"),
+                     " ", req.world, " is invalid; valid: 1 to ",
+                     limits::max_text(limits::kMaxRanks));
+  SEQPAR_PARAM_CHECK(
+      req.sp >= 0 && (req.sp == 0 || (req.ulysses == 0 || req.sp % req.ulysses == 0)),
+      "sequence_parallel_size", detail::concat("a multiple of ulysses_degree ", req.ulysses),
+      param("sequence_parallel_size"), " ", req.sp, " is not a multiple of ",
+      param("ulysses_degree"), " ", req.ulysses);
+  SEQPAR_PARAM_CHECK(
       req.sp == 0 || req.ulysses == 0 || req.ring == 0 || req.sp == req.ulysses * req.ring,
-      "sequence_parallel_size ", req.sp, " must equal ulysses_degree ", req.ulysses,
-      " x ring_degree ", req.ring);
+      "sequence_parallel_size", detail::concat(int64_t{req.ulysses} * req.ring),
+      param("sequence_parallel_size"), " ", req.sp, " must equal ", param("ulysses_degree"), " ",
+      req.ulysses, " x ", param("ring_degree"), " ", req.ring);
   SEQPAR_ARG_CHECK(req.cfg >= 0 && req.tp >= 0 && req.ulysses >= 0 && req.ring >= 0 &&
                        limits::checked_product({std::max(req.cfg, 1), std::max(req.tp, 1),
                                                 std::max(req.ulysses, 1), std::max(req.ring, 1)},
