@@ -61,9 +61,9 @@ inline void print_json_error(const std::string& message, int exit_code) {
 // The library names a parameter as its API does ("head_dim 0 is invalid", "strategy 'x' is
 // unknown", "ulysses_degree 3 does not divide ..."); the command line reports it as the flag that
 // sets it ("--head-dim 0 is invalid"). A ParamError (core/param_error.h) says which words are
-// parameters; for the other errors' prose this guesses. Mapped: the snake_case names, strategy and causal
-// anywhere ("use strategy usp", "drop causal"), and the other one-word names (seq, heads, ...)
-// where they name a value: at the start of the message, before a number or a quoted value, or
+// parameters; for the other errors' prose this guesses. Mapped: the snake_case names, strategy and
+// causal anywhere ("use strategy usp", "drop causal"), and the other one-word names (seq, heads,
+// ...) where they name a value: at the start of the message, before a number or a quoted value, or
 // alone in parentheses. Once run_subcommand runs a subcommand, only the flags it has.
 std::string flag_words(std::string_view message);
 // The one line the command line prints for e: a ParamError's message with each parameter it names

@@ -175,15 +175,16 @@ void check_lengths(const char* name, const std::vector<int64_t>& lens, int64_t t
   int64_t sum = 0;
   for (size_t i = 0; i < lens.size(); ++i) {
     SEQPAR_PARAM_CHECK(lens[i] >= 1 && lens[i] <= limits::kMaxTokens, name,
-                       detail::concat("1 to ", limits::kMaxTokens), param(name), "[", i, "] = ",
-                       lens[i], " is invalid; every length must be 1 to ", limits::kMaxTokens);
+                       detail::concat("1 to ", limits::kMaxTokens), param(name), "[", i,
+                       "] = ", lens[i], " is invalid; every length must be 1 to ",
+                       limits::kMaxTokens);
     sum += lens[i];
     SEQPAR_PARAM_CHECK(sum <= limits::kMaxTokens, name,
                        detail::concat("at most ", limits::kMaxTokens, " tokens in all"),
                        param(name), " sums past ", limits::kMaxTokens, " tokens");
   }
-  SEQPAR_PARAM_CHECK(sum == total, name, detail::concat("lengths summing to ", total),
-                     param(name), " sum to ", sum, " but ", param(total_name), " is ", total,
+  SEQPAR_PARAM_CHECK(sum == total, name, detail::concat("lengths summing to ", total), param(name),
+                     " sum to ", sum, " but ", param(total_name), " is ", total,
                      "; the lengths must add up to ", param(total_name));
 }
 
@@ -198,8 +199,7 @@ void check_config_fields(const ParallelConfig& c, const AttnShape& s) {
   for (const auto& [name, d] : degrees)
     SEQPAR_PARAM_CHECK(d >= 1, name, "at least 1", param(name), " ", d,
                        " is invalid; every degree (", param("cfg"), ", ", param("tp"), ", ",
-                       param("ring_degree"), ", ", param("ulysses_degree"),
-                       ") must be at least 1");
+                       param("ring_degree"), ", ", param("ulysses_degree"), ") must be at least 1");
   (void)limits::checked_product({m.cfg, m.tp, m.ring, m.ulysses},
                                 "ranks of cfg x tp x ring_degree x ulysses_degree",
                                 limits::kMaxRanks);
@@ -209,9 +209,9 @@ void check_config_fields(const ParallelConfig& c, const AttnShape& s) {
   check_range("kv_heads", s.kv(), 1, limits::kMaxHeads);
   check_range("head_dim", s.head_dim, 1, limits::kMaxHeadDim);
   check_range("text_tokens", s.text_tokens, 0, limits::kMaxTokens);
-  SEQPAR_PARAM_CHECK(s.heads % s.kv() == 0, "kv_heads", divisors_text(s.heads), param("heads"),
-                     " ", s.heads, " is not divisible by ", param("kv_heads"), " ", s.kv(),
-                     "; valid ", param("kv_heads"), ": ", divisors_text(s.heads));
+  SEQPAR_PARAM_CHECK(s.heads % s.kv() == 0, "kv_heads", divisors_text(s.heads), param("heads"), " ",
+                     s.heads, " is not divisible by ", param("kv_heads"), " ", s.kv(), "; valid ",
+                     param("kv_heads"), ": ", divisors_text(s.heads));
   SEQPAR_PARAM_CHECK(s.heads % m.tp == 0, "tp", divisors_text(s.heads), param("tp"), " ", m.tp,
                      " does not divide the ", s.heads, " heads; valid ", param("tp"), ": ",
                      divisors_text(s.heads));
@@ -232,8 +232,8 @@ void check_config_fields(const ParallelConfig& c, const AttnShape& s) {
   const int sp = m.sp();
   if (s.over_cache()) {
     SEQPAR_PARAM_CHECK(s.cached_lens.size() == s.fresh_lens.size(), "fresh_lens",
-                       detail::concat(s.cached_lens.size(), " lengths"), param("cached_lens"),
-                       " (", s.cached_lens.size(), " requests) and ", param("fresh_lens"), " (",
+                       detail::concat(s.cached_lens.size(), " lengths"), param("cached_lens"), " (",
+                       s.cached_lens.size(), " requests) and ", param("fresh_lens"), " (",
                        s.fresh_lens.size(), " requests) must have one length per request");
     if (!s.cached_lens.empty()) {  // first: cached and new are their sums
       check_lengths("cached_lens", s.cached_lens, s.cached, "cached");
@@ -241,8 +241,8 @@ void check_config_fields(const ParallelConfig& c, const AttnShape& s) {
     }
     check_range("cached", s.cached, 1, limits::kMaxTokens);
     check_range("new", s.fresh, 1, limits::kMaxTokens);
-    SEQPAR_PARAM_CHECK(s.cached >= sp, "cached", detail::concat("at least ", sp),
-                       param("cached"), " ", s.cached, " is too small: each of the ", sp,
+    SEQPAR_PARAM_CHECK(s.cached >= sp, "cached", detail::concat("at least ", sp), param("cached"),
+                       " ", s.cached, " is too small: each of the ", sp,
                        " sequence-parallel ranks needs at least one cached token");
     SEQPAR_PARAM_CHECK(!c.pad && s.text_tokens == 0, c.pad ? "pad" : "text_tokens", "none",
                        "a K/V cache (", param("cached"), ", ", param("new"), ") takes no ",
@@ -255,16 +255,16 @@ void check_config_fields(const ParallelConfig& c, const AttnShape& s) {
   SEQPAR_PARAM_CHECK(s.cached_lens.empty() && s.fresh_lens.empty(),
                      s.cached_lens.empty() ? "fresh_lens" : "cached_lens", "none",
                      param("cached_lens"), " and ", param("fresh_lens"),
-                     " describe requests over a K/V cache (", param("cached"), ", ",
-                     param("new"), "); over a sequence give ", param("seq_lens"));
+                     " describe requests over a K/V cache (", param("cached"), ", ", param("new"),
+                     "); over a sequence give ", param("seq_lens"));
   check_range("seq", s.seq, 1, limits::kMaxTokens);
   SEQPAR_PARAM_CHECK(sp <= s.seq, "seq", detail::concat("at least ", sp), sp,
                      " sequence-parallel ranks exceed ", param("seq"), " ", s.seq,
                      "; every rank needs a real token: at most ", s.seq, " ranks");
   if (!s.seq_lens.empty()) {
     check_lengths("seq_lens", s.seq_lens, s.seq, "seq");
-    SEQPAR_PARAM_CHECK(s.text_tokens == 0, "text_tokens", "0 with seq_lens",
-                       param("text_tokens"), " (joint attention) with ", param("seq_lens"),
+    SEQPAR_PARAM_CHECK(s.text_tokens == 0, "text_tokens", "0 with seq_lens", param("text_tokens"),
+                       " (joint attention) with ", param("seq_lens"),
                        " (packed documents) is not supported; give one or the other");
     (void)sequence_partition(c, s);  // every rank holds a token
   }

@@ -18,9 +18,8 @@ void check_placement(const ParallelConfig& c, const AttnShape& s, SpComms& comms
                      const Placement& place) {
   const int n = comms.sp().size();
   SEQPAR_PARAM_CHECK(c.sp() == n, "ulysses_degree", detail::concat("a divisor of ", n),
-                     param("ulysses_degree"), " ", c.mesh.ulysses, " x ", param("ring_degree"),
-                     " ", c.mesh.ring, " must equal the ", n,
-                     " ranks of the sequence-parallel group");
+                     param("ulysses_degree"), " ", c.mesh.ulysses, " x ", param("ring_degree"), " ",
+                     c.mesh.ring, " must equal the ", n, " ranks of the sequence-parallel group");
   SEQPAR_PARAM_CHECK(!uses_ulysses(c.strategy) || comms.ulysses_degree() == c.mesh.ulysses,
                      "ulysses_degree", detail::concat(comms.ulysses_degree()),
                      "the communicators' Ulysses groups have ", comms.ulysses_degree(),
@@ -38,9 +37,8 @@ void check_placement(const ParallelConfig& c, const AttnShape& s, SpComms& comms
     }
     SEQPAR_PARAM_CHECK(kv == s.cached + s.fresh && q == s.fresh, q != s.fresh ? "new" : "cached",
                        detail::concat(q != s.fresh ? q : kv - q), "the placement holds ", kv,
-                       " K/V tokens and ", q, " queries; ", param("cached"), " ", s.cached,
-                       " and ", param("new"), " ", s.fresh, " need ", s.cached + s.fresh, " and ",
-                       s.fresh);
+                       " K/V tokens and ", q, " queries; ", param("cached"), " ", s.cached, " and ",
+                       param("new"), " ", s.fresh, " need ", s.cached + s.fresh, " and ", s.fresh);
   } else {
     SEQPAR_PARAM_CHECK(place.part.seq() >= s.seq, "seq",
                        detail::concat("at most ", place.part.seq()),
@@ -67,9 +65,9 @@ void write_output(const char* name, Tensor& to, Tensor&& from, DType dtype) {
     to = std::move(from);
     return;
   }
-  SEQPAR_ARG_CHECK(to.shape() == from.shape() && to.dtype() == dtype, name, " is ",
-                   to.shape_str(), " ", dtype_name(to.dtype()), "; expected ", from.shape_str(),
-                   " ", dtype_name(dtype));
+  SEQPAR_ARG_CHECK(to.shape() == from.shape() && to.dtype() == dtype, name, " is ", to.shape_str(),
+                   " ", dtype_name(to.dtype()), "; expected ", from.shape_str(), " ",
+                   dtype_name(dtype));
   if (from.nbytes() > 0) std::memcpy(to.raw(), from.raw(), from.nbytes());
 }
 

@@ -68,8 +68,7 @@ JointState joint_attention(Strategy strategy, SpComms& comms, const Partition& p
   CpOptions image_opts = opts;  // the image state is merged below: fp32, with its lse
   image_opts.out_dtype = DType::kF32;
   image_opts.lse = true;
-  js.image =
-      schedule_row(strategy, opts.schedule).run({comms, place, q, k, v, image_opts, stats});
+  js.image = schedule_row(strategy, opts.schedule).run({comms, place, q, k, v, image_opts, stats});
   double t0 = now_seconds();
   {
     KernelCall call(text_keys, image_pos, text_pos, B);

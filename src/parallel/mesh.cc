@@ -50,13 +50,12 @@ Mesh::Mesh(MeshShape shape, int world_size) : shape_(shape) {
   for (const auto& [name, d] : degrees)
     SEQPAR_PARAM_CHECK(d >= 1, name, "at least 1", param(name), " ", d,
                        " is invalid; every degree (", param("cfg"), ", ", param("tp"), ", ",
-                       param("ring_degree"), ", ", param("ulysses_degree"),
-                       ") must be at least 1");
-  (void)limits::checked_product({shape.cfg, shape.tp, shape.ring, shape.ulysses},
-                                detail::concat("the world size cfg ", shape.cfg, " x tp ",
-                                               shape.tp, " x ring_degree ", shape.ring,
-                                               " x ulysses_degree ", shape.ulysses),
-                                limits::kMaxRanks);
+                       param("ring_degree"), ", ", param("ulysses_degree"), ") must be at least 1");
+  (void)limits::checked_product(
+      {shape.cfg, shape.tp, shape.ring, shape.ulysses},
+      detail::concat("the world size cfg ", shape.cfg, " x tp ", shape.tp, " x ring_degree ",
+                     shape.ring, " x ulysses_degree ", shape.ulysses),
+      limits::kMaxRanks);
   SEQPAR_PARAM_CHECK(world_size >= 0 && world_size <= limits::kMaxRanks, "ranks",
                      detail::concat("1 to ", limits::max_text(limits::kMaxRanks)), param("ranks"),
                      " ", world_size, " is invalid; valid: 1 to ",
@@ -94,25 +93,24 @@ int Mesh::rank_of(int cfg_rank, int tp_rank, int ring_rank, int ulysses_rank) co
 void Mesh::check(int64_t heads, int64_t seq) const {
   SEQPAR_PARAM_CHECK(heads >= 1, "heads", "at least 1", param("heads"), " ", heads,
                      " is invalid; it must be at least 1");
-  SEQPAR_PARAM_CHECK(heads % shape_.tp == 0, "tp", divisors_text(heads), param("heads"), " ",
-                     heads, " is not divisible by ", param("tp"), " ", shape_.tp, "; valid ",
-                     param("tp"), " for ", heads, " heads: ", divisors_text(heads));
+  SEQPAR_PARAM_CHECK(heads % shape_.tp == 0, "tp", divisors_text(heads), param("heads"), " ", heads,
+                     " is not divisible by ", param("tp"), " ", shape_.tp, "; valid ", param("tp"),
+                     " for ", heads, " heads: ", divisors_text(heads));
   SEQPAR_PARAM_CHECK(seq >= 1, "seq", "at least 1", param("seq"), " ", seq,
                      " is invalid; it must be at least 1");
   SEQPAR_PARAM_CHECK(seq >= shape_.sp(), "seq", detail::concat("at least ", shape_.sp()),
                      param("seq"), " ", seq, " is shorter than the sequence-parallel size ",
                      shape_.sp(), " (", param("ulysses_degree"), " ", shape_.ulysses, " x ",
                      param("ring_degree"), " ", shape_.ring,
-                     "): every sp rank needs a token; valid: ", param("seq"),
-                     " >= ", shape_.sp(), ", or ", param("ulysses_degree"), " x ",
-                     param("ring_degree"), " <= ", seq);
+                     "): every sp rank needs a token; valid: ", param("seq"), " >= ", shape_.sp(),
+                     ", or ", param("ulysses_degree"), " x ", param("ring_degree"), " <= ", seq);
 }
 
 IndexRange Mesh::heads(int64_t heads, int tp_rank) const {
   SEQPAR_PARAM_CHECK(heads >= 1 && heads % shape_.tp == 0, "tp", divisors_text(heads),
                      param("heads"), " ", heads, " is not divisible by ", param("tp"), " ",
-                     shape_.tp, "; valid ", param("tp"), " for ", heads, " heads: ",
-                     divisors_text(heads));
+                     shape_.tp, "; valid ", param("tp"), " for ", heads,
+                     " heads: ", divisors_text(heads));
   SEQPAR_CHECK(tp_rank >= 0 && tp_rank < shape_.tp, "tp_rank ", tp_rank, " of ", shape_.tp);
   const int64_t per = heads / shape_.tp;
   return {tp_rank * per, (tp_rank + 1) * per};

@@ -119,8 +119,7 @@ Partition Partition::documents(std::span<const int64_t> seq_lens, int64_t seq, i
     SEQPAR_PARAM_CHECK(!pos[r].empty(), "ranks", "fewer ranks or longer documents", "rank ", r,
                        " of ", ranks, " would hold no token of the ", seq_lens.size(),
                        " documents in ", param("seq_lens"), " split by ", param("layout"), " ",
-                       layout_name(layout),
-                       " per document; use fewer ranks or longer documents");
+                       layout_name(layout), " per document; use fewer ranks or longer documents");
   }
   Partition part = from_positions(std::move(pos));
   part.layout_ = layout;

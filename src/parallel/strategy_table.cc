@@ -155,10 +155,10 @@ const StrategyRow& strategy_row(Strategy s) {
 const ScheduleRow& schedule_row(Strategy s, ScheduleKind k) {
   for (const ScheduleRow& sr : strategy_row(s).schedules)
     if (sr.kind == k) return sr;
-  throw ParamError("schedule", schedules_text(),
-                   detail::concat(param("schedule"), " '", schedule_kind_name(k),
-                                  "' does not apply to ", param("strategy"), " '",
-                                  strategy_name(s), "'; valid: ", schedules_text()));
+  throw ParamError(
+      "schedule", schedules_text(),
+      detail::concat(param("schedule"), " '", schedule_kind_name(k), "' does not apply to ",
+                     param("strategy"), " '", strategy_name(s), "'; valid: ", schedules_text()));
 }
 
 bool runs_over_cache(Strategy s) { return strategy_row(s).over_cache; }
@@ -180,8 +180,8 @@ Strategy strategy_for_degrees(int ulysses, int ring, Strategy ring_axis) {
     const StrategyRow& row = strategy_row(ring_axis);
     SEQPAR_PARAM_CHECK(row.degrees == SpDegrees::kRing && !row.over_cache, "strategy",
                        strategies_text(false), param("strategy"), " ", strategy_name(ring_axis),
-                       " needs ", param("ulysses_degree"), " > 1; with only ",
-                       param("ring_degree"), " valid: ", strategies_text(false));
+                       " needs ", param("ulysses_degree"), " > 1; with only ", param("ring_degree"),
+                       " valid: ", strategies_text(false));
     return ring_axis;
   }
   for (const StrategyRow& row : kTable)
@@ -192,8 +192,7 @@ Strategy strategy_for_degrees(int ulysses, int ring, Strategy ring_axis) {
 void fill_sp_degrees(ParallelConfig& c, int n, int64_t heads) {
   int u = c.mesh.ulysses, r = c.mesh.ring;
   SEQPAR_PARAM_CHECK(u >= 0 && r >= 0, u < 0 ? "ulysses_degree" : "ring_degree", "at least 1",
-                     param("ulysses_degree"), " and ", param("ring_degree"),
-                     " must be positive");
+                     param("ulysses_degree"), " and ", param("ring_degree"), " must be positive");
   switch (strategy_row(c.strategy).degrees) {
     case SpDegrees::kUlyssesRing:
       if (u == 0 && r == 0) {
@@ -203,16 +202,16 @@ void fill_sp_degrees(ParallelConfig& c, int n, int64_t heads) {
       }
       if (u == 0) u = r > 0 && n % r == 0 ? n / r : 0;
       if (r == 0) r = u > 0 && n % u == 0 ? n / u : 0;
-      SEQPAR_PARAM_CHECK(u > 0 && r > 0 && int64_t{u} * r == n, "ulysses_degree",
-                         divisors_text(n), param("ulysses_degree"), " ", c.mesh.ulysses, " x ",
-                         param("ring_degree"), " ", c.mesh.ring, " must equal the ", n,
+      SEQPAR_PARAM_CHECK(u > 0 && r > 0 && int64_t{u} * r == n, "ulysses_degree", divisors_text(n),
+                         param("ulysses_degree"), " ", c.mesh.ulysses, " x ", param("ring_degree"),
+                         " ", c.mesh.ring, " must equal the ", n,
                          " ranks; valid ulysses degrees: ", divisors_text(n));
       break;
     case SpDegrees::kUlysses:
       SEQPAR_PARAM_CHECK((u == 0 || u == n) && (r == 0 || r == 1), "strategy", "usp",
                          param("strategy"), " ", strategy_name(c.strategy), " uses all ", n,
-                         " ranks as one Ulysses group; for ", param("ulysses_degree"), " ", u,
-                         " ", param("ring_degree"), " ", r, " use ", param("strategy"), " usp");
+                         " ranks as one Ulysses group; for ", param("ulysses_degree"), " ", u, " ",
+                         param("ring_degree"), " ", r, " use ", param("strategy"), " usp");
       u = n;
       r = 1;
       break;
@@ -252,14 +251,14 @@ void validate_config(const ParallelConfig& c, const AttnShape& s) {
       break;
     case SpDegrees::kRing:
       SEQPAR_PARAM_CHECK(m.ulysses == 1, "ulysses_degree", "1", param("strategy"), " ",
-                         strategy_name(st), " takes no ", param("ulysses_degree"), " (",
-                         m.ulysses, "); use ", param("strategy"), " usp to combine ",
-                         param("ulysses_degree"), " and ", param("ring_degree"));
+                         strategy_name(st), " takes no ", param("ulysses_degree"), " (", m.ulysses,
+                         "); use ", param("strategy"), " usp to combine ", param("ulysses_degree"),
+                         " and ", param("ring_degree"));
       break;
     case SpDegrees::kUlysses:
-      SEQPAR_PARAM_CHECK(m.ring == 1, "ring_degree", "1", param("strategy"), " ",
-                         strategy_name(st), " uses the whole sequence-parallel group; ",
-                         param("ring_degree"), " ", m.ring, " needs ", param("strategy"), " usp");
+      SEQPAR_PARAM_CHECK(m.ring == 1, "ring_degree", "1", param("strategy"), " ", strategy_name(st),
+                         " uses the whole sequence-parallel group; ", param("ring_degree"), " ",
+                         m.ring, " needs ", param("strategy"), " usp");
       break;
     case SpDegrees::kUlyssesRing:
       break;
@@ -278,18 +277,18 @@ void check_options(const ParallelConfig& c) {
     for (const StrategyRow& r : kTable)
       if (r.has_ring)
         rings += detail::concat(rings.empty() ? "" : " or ", "'", strategy_name(r.strategy), "'");
-    throw ParamError("softmax", "online",
-                     detail::concat(param("softmax"), " '", softmax_mode_name(c.softmax),
-                                    "' needs a ring: valid with ", param("strategy"), " ", rings,
-                                    " (its ring part), not '", strategy_name(st), "' (", degrees,
-                                    ")"));
+    throw ParamError(
+        "softmax", "online",
+        detail::concat(param("softmax"), " '", softmax_mode_name(c.softmax),
+                       "' needs a ring: valid with ", param("strategy"), " ", rings,
+                       " (its ring part), not '", strategy_name(st), "' (", degrees, ")"));
   }
   if (!schedule_applies(c.schedule, st))
-    throw ParamError("schedule", schedules_text(),
-                     detail::concat(param("schedule"), " '", schedule_kind_name(c.schedule),
-                                    "' does not apply to ", param("strategy"), " '",
-                                    strategy_name(st), "' (", degrees, "); valid: ",
-                                    schedules_text()));
+    throw ParamError(
+        "schedule", schedules_text(),
+        detail::concat(param("schedule"), " '", schedule_kind_name(c.schedule),
+                       "' does not apply to ", param("strategy"), " '", strategy_name(st), "' (",
+                       degrees, "); valid: ", schedules_text()));
 }
 
 std::string schedule_choices() {

@@ -153,8 +153,8 @@ AttnState heads_to_seq(Communicator& comm, const AttnState& y, std::span<const i
     char* dst = send.data();
     int64_t offset = 0;
     for (int i = 0; i < n; ++i) {
-      for (const auto& [t, w, e] : {std::tuple{&y.out, mine * D, out_dtype},
-                                    {&y.lse, with_lse ? mine : 0, DType::kF32}})
+      for (const auto& [t, w, e] :
+           {std::tuple{&y.out, mine * D, out_dtype}, {&y.lse, with_lse ? mine : 0, DType::kF32}})
         for (int64_t b = 0; b < B && w > 0 && counts[i] > 0; ++b) {
           const size_t elems = static_cast<size_t>(counts[i] * w);
           convert(t->data<float>() + (b * total + offset) * w, DType::kF32, dst, e, elems);
@@ -497,12 +497,11 @@ void add_ulysses(Schedule& s, const CallRuns& c, int u, SoftmaxMode softmax) {
     for (int me = 0; me < u; ++me) {
       std::vector<Step>& steps = s.ranks[members[me]].steps;
       // member `from` sends member `to` the rows of to's tokens of from's heads
-      steps.push_back(exchange_step(c.lse ? "out, lse" : "out", members, me, 1,
-                                    [&](int from, int to) {
-                                      return static_cast<uint64_t>(
-                                          c.B * run_count(c.q[g * u + to]) * qh[from].size() *
-                                          (c.D * c.out_e + (c.lse ? 4 : 0)));
-                                    }));
+      steps.push_back(
+          exchange_step(c.lse ? "out, lse" : "out", members, me, 1, [&](int from, int to) {
+            return static_cast<uint64_t>(c.B * run_count(c.q[g * u + to]) * qh[from].size() *
+                                         (c.D * c.out_e + (c.lse ? 4 : 0)));
+          }));
       steps.push_back(
           compute_step(0, static_cast<double>(steps.back().comm->sent + steps.back().comm->recv)));
     }

@@ -477,15 +477,13 @@ class MeshModel {
 }  // namespace
 
 void check_mesh_degrees(const Workload& w, int cfg, int tp) {
-  SEQPAR_PARAM_CHECK(cfg == 1 || cfg == w.cfg_branches, "cfg",
-                     w.cfg_branches == 1 ? "1" : "1 or 2", param("cfg"), " ", cfg, " needs ",
-                     cfg, " guidance branches; ", w.model, " runs ", w.cfg_branches, " (",
-                     param("cfg"),
+  SEQPAR_PARAM_CHECK(cfg == 1 || cfg == w.cfg_branches, "cfg", w.cfg_branches == 1 ? "1" : "1 or 2",
+                     param("cfg"), " ", cfg, " needs ", cfg, " guidance branches; ", w.model,
+                     " runs ", w.cfg_branches, " (", param("cfg"),
                      w.cfg_branches == 1 ? " 1 only)" : " 1 or 2)");
   SEQPAR_PARAM_CHECK(tp == 1 || !w.attention_only, "tp", "1", param("tp"), " ", tp,
                      ": a bare attention call (", param("seq"), " and ", param("heads"),
-                     " without a model) plans sequence parallelism only; use ", param("tp"),
-                     " 1");
+                     " without a model) plans sequence parallelism only; use ", param("tp"), " 1");
   ParallelConfig c;  // the degrees alone: one sequence-parallel rank
   c.mesh.cfg = cfg;
   c.mesh.tp = tp;

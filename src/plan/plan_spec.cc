@@ -178,9 +178,9 @@ json choice_json(const PassChoice& c) {
 
 ResolvedPlanSpec resolve_plan_spec(const PlanSpec& o, HardwareProfile hw) {
   validate(o);
-  SEQPAR_PARAM_CHECK((o.cached > 0) == (o.fresh > 0), o.cached > 0 ? "new" : "cached",
-                     "at least 1", "decode / partial prefill needs both ", param("cached"),
-                     " P and ", param("new"), " T tokens (at least 1)");
+  SEQPAR_PARAM_CHECK((o.cached > 0) == (o.fresh > 0), o.cached > 0 ? "new" : "cached", "at least 1",
+                     "decode / partial prefill needs both ", param("cached"), " P and ",
+                     param("new"), " T tokens (at least 1)");
   ResolvedPlanSpec r;
   PlanRequest& req = r.req;
   req.hw = std::move(hw);
@@ -195,22 +195,23 @@ ResolvedPlanSpec resolve_plan_spec(const PlanSpec& o, HardwareProfile hw) {
     int64_t tokens = o.seq;
     if (m.family == ModelFamily::kLlm) {
       SEQPAR_PARAM_CHECK(o.height == 0 && o.width == 0 && o.frames == 0,
-                         o.frames != 0 ? "frames" : o.height != 0 ? "height" : "width", "none",
-                         param("model"), " '", m.name, "' is a language model: give ",
+                         o.frames != 0   ? "frames"
+                         : o.height != 0 ? "height"
+                                         : "width",
+                         "none", param("model"), " '", m.name, "' is a language model: give ",
                          param("seq"), " (prompt tokens) or ", param("cached"), " and ",
                          param("new"), ", not ", param("frames"), ", ", param("height"), " and ",
                          param("width"));
-      SEQPAR_PARAM_CHECK(decode || tokens >= 1, "seq", "at least 1", param("model"), " '",
-                         m.name, "' needs ", param("seq"), " (prompt tokens) or ",
-                         param("cached"), " P and ", param("new"), " T");
+      SEQPAR_PARAM_CHECK(decode || tokens >= 1, "seq", "at least 1", param("model"), " '", m.name,
+                         "' needs ", param("seq"), " (prompt tokens) or ", param("cached"),
+                         " P and ", param("new"), " T");
     } else {
       SEQPAR_PARAM_CHECK(!decode, "cached", "none", param("cached"), " and ", param("new"),
                          " are for language models; ", m.name, " is a ",
                          model_family_name(m.family));
       if (o.height > 0 || o.width > 0) {
         SEQPAR_PARAM_CHECK(o.height > 0 && o.width > 0, o.height > 0 ? "width" : "height",
-                           "at least 1", param("height"), " and ", param("width"),
-                           " go together");
+                           "at least 1", param("height"), " and ", param("width"), " go together");
         const int64_t frames = o.frames > 0 ? o.frames : 1;
         r.latent = latent_shape(m, frames, o.height, o.width);
         tokens = r.latent->tokens;
@@ -219,9 +220,9 @@ ResolvedPlanSpec resolve_plan_spec(const PlanSpec& o, HardwareProfile hw) {
         req.width = o.width;
         req.preset = &m;
       }
-      SEQPAR_PARAM_CHECK(tokens >= 1, "seq", "at least 1", param("model"), " '", m.name,
-                         "' needs ", param("height"), " and ", param("width"), " (and ",
-                         param("frames"), " for video), or ", param("seq"), " tokens");
+      SEQPAR_PARAM_CHECK(tokens >= 1, "seq", "at least 1", param("model"), " '", m.name, "' needs ",
+                         param("height"), " and ", param("width"), " (and ", param("frames"),
+                         " for video), or ", param("seq"), " tokens");
     }
     const int64_t text = m.family == ModelFamily::kMMDiT ? o.text_tokens.value_or(m.text_len) : 0;
     SEQPAR_PARAM_CHECK(o.text_tokens.value_or(0) == 0 || m.family == ModelFamily::kMMDiT,
@@ -279,12 +280,12 @@ std::vector<int> parse_sizes(const std::string& s) {
       colon == std::string::npos ? first : limits::parse_int64(s.substr(colon + 1));
   SEQPAR_PARAM_CHECK(first && last, "sim_ranks", "FIRST:LAST", param("sim_ranks"), " '", s,
                      "' is invalid; give FIRST:LAST, e.g. 8:1024");
-  SEQPAR_PARAM_CHECK(*first >= 1 && *last >= *first && *last <= kMaxSimRanks, "sim_ranks",
-                     detail::concat("FIRST:LAST, 1 <= FIRST <= LAST <= ",
-                                    limits::max_text(kMaxSimRanks)),
-                     param("sim_ranks"), " '", s,
-                     "' is invalid; give FIRST:LAST with 1 <= FIRST <= LAST <= ",
-                     limits::max_text(kMaxSimRanks), ", e.g. 8:1024");
+  SEQPAR_PARAM_CHECK(
+      *first >= 1 && *last >= *first && *last <= kMaxSimRanks, "sim_ranks",
+      detail::concat("FIRST:LAST, 1 <= FIRST <= LAST <= ", limits::max_text(kMaxSimRanks)),
+      param("sim_ranks"), " '", s,
+      "' is invalid; give FIRST:LAST with 1 <= FIRST <= LAST <= ", limits::max_text(kMaxSimRanks),
+      ", e.g. 8:1024");
   return doubling_sizes(static_cast<int>(*first), static_cast<int>(*last));
 }
 

@@ -175,16 +175,22 @@ TEST(Validate, ErrorsCarryTheParameter) {
     std::function<void(Base&)> breaks;
   };
   const Case cases[] = {
-      {"ring_degree", "at least 1", "--ring-degree 0 is invalid; every degree (--cfg, --tp, "
-       "--ring-degree, --ulysses-degree) must be at least 1", [](Base& b) { b.c.mesh.ring = 0; }},
-      {"kv_heads", "1, 2, 4, 8", "--heads 8 is not divisible by --kv-heads 3; valid --kv-heads: "
-       "1, 2, 4, 8", [](Base& b) { b.s.kv_heads = 3; }},
+      {"ring_degree", "at least 1",
+       "--ring-degree 0 is invalid; every degree (--cfg, --tp, "
+       "--ring-degree, --ulysses-degree) must be at least 1",
+       [](Base& b) { b.c.mesh.ring = 0; }},
+      {"kv_heads", "1, 2, 4, 8",
+       "--heads 8 is not divisible by --kv-heads 3; valid --kv-heads: "
+       "1, 2, 4, 8",
+       [](Base& b) { b.s.kv_heads = 3; }},
       {"tp", "1, 2, 4, 8", "--tp 3 does not divide the 8 heads; valid --tp: 1, 2, 4, 8",
        [](Base& b) { b.c.mesh.tp = 3; }},
       {"sequence_parallel_size", "1", "--strategy local needs one sequence-parallel rank, not 4",
        [](Base& b) { b.c.strategy = Strategy::kLocal; }},
-      {"ulysses_degree", "1", "--strategy ring takes no --ulysses-degree (2); use --strategy usp "
-       "to combine --ulysses-degree and --ring-degree", [](Base& b) { b.c.mesh.ulysses = 2; }},
+      {"ulysses_degree", "1",
+       "--strategy ring takes no --ulysses-degree (2); use --strategy usp "
+       "to combine --ulysses-degree and --ring-degree",
+       [](Base& b) { b.c.mesh.ulysses = 2; }},
       {"softmax", "online", "--softmax 'const-max' needs a ring",
        [](Base& b) { b.c.strategy = Strategy::kAllGather, b.c.softmax = SoftmaxMode::kConstMax; }},
       {"causal", "false", "--text-tokens (joint attention) are bidirectional; drop --causal",
@@ -193,7 +199,8 @@ TEST(Validate, ErrorsCarryTheParameter) {
        [](Base& b) { b.c.strategy = Strategy::kPassKv, b.s.cached = 3, b.s.fresh = 1; }},
       {"cached", "at least 1", "runs over a K/V cache: --cached 0 and --new 0 must both be",
        [](Base& b) { b.c.strategy = Strategy::kPassQ; }},
-      {"seq", "at least 4", "4 sequence-parallel ranks exceed --seq 3", [](Base& b) { b.s.seq = 3; }},
+      {"seq", "at least 4", "4 sequence-parallel ranks exceed --seq 3",
+       [](Base& b) { b.s.seq = 3; }},
       {"heads", "1 to 65536 (2^16)", "--heads 0 is out of range; valid: 1 to 65536 (2^16)",
        [](Base& b) { b.s.heads = 0; }},
       {"fresh_lens", "lengths summing to 2", "--new-lens sum to 3 but --new is 2",

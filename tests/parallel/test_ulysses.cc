@@ -268,9 +268,9 @@ TEST_P(OutputKept, RoundedOnceAndScheduled) {
       for (int to = 0; to < ug; ++to)
         for (int from = 0; from < ug; ++from)
           if (from != to)
-            want_saved += static_cast<uint64_t>(
-                p.batch * part.count(g * ug + to) * ulysses_q_heads(p.heads, ug, from).size() *
-                (p.head_dim * (4 - o) + (lse ? 0 : 4)));
+            want_saved += static_cast<uint64_t>(p.batch * part.count(g * ug + to) *
+                                                ulysses_q_heads(p.heads, ug, from).size() *
+                                                (p.head_dim * (4 - o) + (lse ? 0 : 4)));
     EXPECT_EQ(saved, want_saved);
   }
 }
@@ -279,15 +279,16 @@ INSTANTIATE_TEST_SUITE_P(
     Ulysses, OutputKept,
     ::testing::Combine(::testing::Values(Strategy::kUlysses), ::testing::Values(0),
                        ::testing::Values(2, 3, 4),
-                       ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
-                       ::testing::Bool(), ::testing::Values(Layout::kContiguous, Layout::kZigzag),
+                       ::testing::Values(DType::kF32, DType::kBF16, DType::kF16), ::testing::Bool(),
+                       ::testing::Values(Layout::kContiguous, Layout::kZigzag),
                        ::testing::Values(std::pair{4, 4}, std::pair{6, 2}, std::pair{3, 1})));
-INSTANTIATE_TEST_SUITE_P(
-    Usp, OutputKept,
-    ::testing::Combine(::testing::Values(Strategy::kUsp), ::testing::Values(2),
-                       ::testing::Values(4), ::testing::Values(DType::kF32, DType::kBF16),
-                       ::testing::Bool(), ::testing::Values(Layout::kContiguous, Layout::kZigzag),
-                       ::testing::Values(std::pair{4, 4}, std::pair{6, 2})));
+INSTANTIATE_TEST_SUITE_P(Usp, OutputKept,
+                         ::testing::Combine(::testing::Values(Strategy::kUsp), ::testing::Values(2),
+                                            ::testing::Values(4),
+                                            ::testing::Values(DType::kF32, DType::kBF16),
+                                            ::testing::Bool(),
+                                            ::testing::Values(Layout::kContiguous, Layout::kZigzag),
+                                            ::testing::Values(std::pair{4, 4}, std::pair{6, 2})));
 INSTANTIATE_TEST_SUITE_P(
     Others, OutputKept,
     ::testing::Combine(::testing::Values(Strategy::kRing, Strategy::kAllGather),

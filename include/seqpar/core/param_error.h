@@ -55,8 +55,8 @@ std::string front_end_name(std::string_view name, FrontEnd f);
 
 // Throws seqpar::ParamError(parameter, expected, message) when cond is false; the message is the
 // concatenation of the remaining arguments, param() names marked.
-#define SEQPAR_PARAM_CHECK(cond, parameter, expected, ...)                                   \
-  do {                                                                                       \
-    if (!(cond))                                                                             \
+#define SEQPAR_PARAM_CHECK(cond, parameter, expected, ...)                                    \
+  do {                                                                                        \
+    if (!(cond))                                                                              \
       throw ::seqpar::ParamError(parameter, expected, ::seqpar::detail::concat(__VA_ARGS__)); \
   } while (0)
