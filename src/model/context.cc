@@ -2,10 +2,13 @@
 
 #include <cstring>
 
+#include "seqpar/core/param_error.h"
+
 namespace seqpar {
 
 std::array<Tensor, 2> cfg_branches(Communicator& cfg, const std::function<Tensor(int)>& branch) {
-  SEQPAR_ARG_CHECK(cfg.size() <= 2, "cfg ", cfg.size(), " is invalid; valid: 1, 2");
+  SEQPAR_PARAM_CHECK(cfg.size() <= 2, "cfg", "", param("cfg"), " ", cfg.size(),
+                     " is invalid; valid: 1, 2");
   if (cfg.size() == 1) return {branch(0), branch(1)};
   const Tensor mine = branch(cfg.rank());
   Tensor both({2, mine.numel()});

@@ -5,6 +5,7 @@
 #include <iterator>
 
 #include "seqpar/core/limits.h"
+#include "seqpar/core/param_error.h"
 #include "seqpar/core/timer.h"
 #include "seqpar/model/ops.h"
 #include "seqpar/parallel/cp_attention.h"
@@ -68,11 +69,12 @@ Decoder::Decoder(const DecoderConfig& m, const WeightStore& ws, const ParallelCo
     : m_(m), inv_freq_(rope_inv_freq(m.head_dim, m.rope_theta, m.rope_scaling)) {
   SEQPAR_ARG_CHECK(m.family == ModelFamily::kLlm, "model ", m.name, " is not a decoder");
   const int tp = ctx.tp_size();
-  SEQPAR_ARG_CHECK(m.heads % tp == 0 && (m.kv_heads % tp == 0 || tp % m.kv_heads == 0), "tp ", tp,
-                   " must divide the ", m.heads, " heads, and divide or be a multiple of the ",
-                   m.kv_heads, " kv heads of ", m.name);
-  SEQPAR_ARG_CHECK(m.ffn_dim % tp == 0, "tp ", tp, " must divide the intermediate size ", m.ffn_dim,
-                   " of ", m.name);
+  SEQPAR_PARAM_CHECK(m.heads % tp == 0 && (m.kv_heads % tp == 0 || tp % m.kv_heads == 0), "tp", "",
+                     param("tp"), " ", tp, " must divide the ", m.heads,
+                     " heads, and divide or be a multiple of the ", m.kv_heads, " kv heads of ",
+                     m.name);
+  SEQPAR_PARAM_CHECK(m.ffn_dim % tp == 0, "tp", "", param("tp"), " ", tp,
+                     " must divide the intermediate size ", m.ffn_dim, " of ", m.name);
   auto [v0, v1] = vocab_share(m.vocab, ctx.tp_rank(), tp);
   v0_ = v0;
   v1_ = v1;
@@ -209,10 +211,11 @@ Decoder::Output Decoder::generate(const std::vector<int32_t>& prompt, const Opti
                                   ParallelContext& ctx) {
   const int64_t P = static_cast<int64_t>(prompt.size());
   SEQPAR_ARG_CHECK(P >= 1, "the prompt is empty");
-  SEQPAR_ARG_CHECK(opts.max_new_tokens >= 1, "max_new_tokens ", opts.max_new_tokens,
-                   " is invalid; valid: 1 or more");
-  SEQPAR_ARG_CHECK(opts.prefill_chunk >= 0, "prefill_chunk ", opts.prefill_chunk,
-                   " is invalid; valid: 0 (the whole prompt at once) or more");
+  SEQPAR_PARAM_CHECK(opts.max_new_tokens >= 1, "max_new_tokens", "", param("max_new_tokens"), " ",
+                     opts.max_new_tokens, " is invalid; valid: 1 or more");
+  SEQPAR_PARAM_CHECK(opts.prefill_chunk >= 0, "prefill_chunk", "", param("prefill_chunk"), " ",
+                     opts.prefill_chunk,
+                     " is invalid; valid: 0 (the whole prompt at once) or more");
   for (size_t t = 0; t < opts.next_turns.size(); ++t)
     SEQPAR_ARG_CHECK(!opts.next_turns[t].empty(), "turn ", t + 2, " of the chat is empty");
   Output out;

@@ -5,6 +5,7 @@
 #include <iterator>
 #include <string>
 
+#include "seqpar/core/param_error.h"
 #include "seqpar/model/ops.h"
 
 namespace seqpar {
@@ -96,8 +97,8 @@ const SpPlan& DiT::sp_plan() {
 
 DiT::DiT(const DiTConfig& m, const WeightStore& ws, const ParallelContext& ctx) : m_(m) {
   SEQPAR_ARG_CHECK(m.family == ModelFamily::kDiT, "model ", m.name, " is not a DiT");
-  SEQPAR_ARG_CHECK(m.heads % ctx.tp_size() == 0, "tp ", ctx.tp_size(), " does not divide the ",
-                   m.heads, " heads of ", m.name);
+  SEQPAR_PARAM_CHECK(m.heads % ctx.tp_size() == 0, "tp", "", param("tp"), " ", ctx.tp_size(),
+                     " does not divide the ", m.heads, " heads of ", m.name);
   const float eps = static_cast<float>(m.eps);
   patch_embedding_ = PatchEmbedding::load(ws, "patch_embedding", m.patch);
   text_in_ = Linear::load(ws, "text_embedding.0", true);
@@ -237,7 +238,8 @@ Tensor DiT::guided(const Tensor& latent, float t, const Tensor& text, const Tens
 
 Tensor DiT::sample(Tensor latent, int steps, const Tensor& text, const Tensor& null_text,
                    float guidance, ParallelContext& ctx) const {
-  SEQPAR_ARG_CHECK(steps >= 1, "steps ", steps, " is invalid; it must be at least 1");
+  SEQPAR_PARAM_CHECK(steps >= 1, "steps", "", param("steps"), " ", steps,
+                     " is invalid; it must be at least 1");
   for (int i = 0; i < steps; ++i) {
     const float sigma = 1.0f - static_cast<float>(i) / steps;
     const float next = 1.0f - static_cast<float>(i + 1) / steps;

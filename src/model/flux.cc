@@ -4,6 +4,7 @@
 #include <cmath>
 #include <iterator>
 
+#include "seqpar/core/param_error.h"
 #include "seqpar/model/ops.h"
 
 namespace seqpar {
@@ -136,10 +137,10 @@ const SpPlan& Flux::sp_plan() {
 
 Flux::Flux(const FluxConfig& m, const WeightStore& ws, const ParallelContext& ctx) : m_(m) {
   const int tp = ctx.tp_size();
-  SEQPAR_ARG_CHECK(m.heads % tp == 0, "tp ", tp, " does not divide the ", m.heads, " heads of ",
-                   m.name);
-  SEQPAR_ARG_CHECK(m.ffn_dim % tp == 0, "tp ", tp, " does not divide the ", m.ffn_dim,
-                   " MLP columns of ", m.name);
+  SEQPAR_PARAM_CHECK(m.heads % tp == 0, "tp", "", param("tp"), " ", tp, " does not divide the ",
+                     m.heads, " heads of ", m.name);
+  SEQPAR_PARAM_CHECK(m.ffn_dim % tp == 0, "tp", "", param("tp"), " ", tp, " does not divide the ",
+                     m.ffn_dim, " MLP columns of ", m.name);
   const auto [h0, h1] = tp_share(m.heads, ctx.tp_rank(), tp);
   h0_ = h0;
   h1_ = h1;

@@ -4,6 +4,7 @@
 
 #include "seqpar/core/error.h"
 #include "seqpar/core/limits.h"
+#include "seqpar/core/param_error.h"
 #include "seqpar/model/decoder.h"
 #include "seqpar/model/dit.h"
 
@@ -194,20 +195,23 @@ LatentShape latent_shape(const ModelPreset& m, int64_t frames, int64_t height, i
     limits::check_range(flag, v, 1, limits::kMaxPixels);
   if (m.video) {
     const int64_t below = (frames - 1) / st * st + 1;
-    SEQPAR_ARG_CHECK((frames - 1) % st == 0, "frames ", frames, " does not fit ", m.name,
-                     "'s temporal VAE stride ", st, ": frames must be ", st,
-                     "k+1; nearest: ", below, " or ", below + st);
+    SEQPAR_PARAM_CHECK((frames - 1) % st == 0, "frames", "", param("frames"), " ", frames,
+                       " does not fit ", m.name, "'s temporal VAE stride ", st, ": frames must be ",
+                       st, "k+1; nearest: ", below, " or ", below + st);
   } else {
-    SEQPAR_ARG_CHECK(frames == 1, "frames ", frames, ": ", m.name, " is an image model; use 1");
+    SEQPAR_PARAM_CHECK(frames == 1, "frames", "", param("frames"), " ", frames, ": ", m.name,
+                       " is an image model; use 1");
   }
   auto nearest = [](int64_t x, int64_t m) {
     const int64_t lo = x / m * m;
     return detail::concat(lo > 0 ? std::to_string(lo) + " or " : std::string(), lo + m);
   };
-  SEQPAR_ARG_CHECK(height % sh == 0, "height ", height, " is not a multiple of ", sh,
-                   " (VAE stride x patch) for ", m.name, "; nearest: ", nearest(height, sh));
-  SEQPAR_ARG_CHECK(width % sw == 0, "width ", width, " is not a multiple of ", sw,
-                   " (VAE stride x patch) for ", m.name, "; nearest: ", nearest(width, sw));
+  SEQPAR_PARAM_CHECK(height % sh == 0, "height", "", param("height"), " ", height,
+                     " is not a multiple of ", sh, " (VAE stride x patch) for ", m.name,
+                     "; nearest: ", nearest(height, sh));
+  SEQPAR_PARAM_CHECK(width % sw == 0, "width", "", param("width"), " ", width,
+                     " is not a multiple of ", sw, " (VAE stride x patch) for ", m.name,
+                     "; nearest: ", nearest(width, sw));
   LatentShape s;
   s.latent_frames = m.video ? (frames - 1) / st + 1 : 1;
   s.latent_height = height / m.vae_stride[1];

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <iterator>
 
+#include "seqpar/core/param_error.h"
 #include "seqpar/model/blocks/modulation.h"
 #include "seqpar/model/ops.h"
 
@@ -136,8 +137,8 @@ const SpPlan& QwenImage::sp_plan() {
 QwenImage::QwenImage(const QwenImageConfig& m, const WeightStore& ws, const ParallelContext& ctx)
     : m_(m) {
   const int tp = ctx.tp_size();
-  SEQPAR_ARG_CHECK(m.heads % tp == 0, "tp ", tp, " does not divide the ", m.heads, " heads of ",
-                   m.name);
+  SEQPAR_PARAM_CHECK(m.heads % tp == 0, "tp", "", param("tp"), " ", tp, " does not divide the ",
+                     m.heads, " heads of ", m.name);
   img_in_ = Linear::load(ws, "img_in", true);
   txt_in_ = Linear::load(ws, "txt_in", true);
   txt_norm_ = RmsNorm::load(ws, "txt_norm", static_cast<float>(m.eps));

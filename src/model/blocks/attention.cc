@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "seqpar/attention/attention.h"
+#include "seqpar/core/param_error.h"
 #include "seqpar/model/ops.h"
 #include "seqpar/parallel/cp_attention.h"
 
@@ -149,10 +150,10 @@ void KvCache::append(const Tensor& k_new, const Tensor& v_new, std::span<const i
 SelfAttention SelfAttention::load(const WeightStore& ws, const std::string& prefix,
                                   const AttentionSpec& spec, const ParallelContext& ctx) {
   const int t = ctx.tp_rank(), n = ctx.tp_size();
-  SEQPAR_ARG_CHECK(spec.heads % n == 0 && (spec.kv_heads % n == 0 || n % spec.kv_heads == 0), "tp ",
-                   n, " must divide the ", spec.heads,
-                   " attention heads, and divide or be a multiple of the ", spec.kv_heads,
-                   " kv heads");
+  SEQPAR_PARAM_CHECK(spec.heads % n == 0 && (spec.kv_heads % n == 0 || n % spec.kv_heads == 0),
+                     "tp", "", param("tp"), " ", n, " must divide the ", spec.heads,
+                     " attention heads, and divide or be a multiple of the ", spec.kv_heads,
+                     " kv heads");
   SEQPAR_ARG_CHECK(spec.qk_norm != QkNorm::kAcrossHeads || spec.kv_heads % n == 0,
                    "a QK-norm across heads needs the ", spec.kv_heads, " kv heads divisible by tp ",
                    n);
@@ -276,8 +277,9 @@ Tensor SelfAttention::decode(const Tensor& x, const Tensor& rope, ParallelContex
 CrossAttention CrossAttention::load(const WeightStore& ws, const std::string& prefix,
                                     const AttentionSpec& spec, const ParallelContext& ctx,
                                     bool image_kv) {
-  SEQPAR_ARG_CHECK(spec.heads % ctx.tp_size() == 0 && spec.kv_heads == spec.heads, "tp ",
-                   ctx.tp_size(), " must divide the ", spec.heads, " heads of a cross-attention");
+  SEQPAR_PARAM_CHECK(spec.heads % ctx.tp_size() == 0 && spec.kv_heads == spec.heads, "tp", "",
+                     param("tp"), " ", ctx.tp_size(), " must divide the ", spec.heads,
+                     " heads of a cross-attention");
   CrossAttention a;
   a.spec = spec;
   auto [h0, h1] = tp_share(spec.heads, ctx.tp_rank(), ctx.tp_size());

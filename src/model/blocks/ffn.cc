@@ -1,5 +1,6 @@
 #include "seqpar/model/blocks/ffn.h"
 
+#include "seqpar/core/param_error.h"
 #include "seqpar/model/ops.h"
 
 namespace seqpar {
@@ -36,8 +37,8 @@ std::vector<WeightStore::Spec> FeedForward::parameters(const std::string& name, 
 
 FeedForward FeedForward::load(const WeightStore& ws, const std::string& name, Kind kind,
                               int64_t inner, bool bias, const ParallelContext& ctx) {
-  SEQPAR_ARG_CHECK(inner % ctx.tp_size() == 0, "tp ", ctx.tp_size(),
-                   " must divide the FFN's inner width ", inner);
+  SEQPAR_PARAM_CHECK(inner % ctx.tp_size() == 0, "tp", "", param("tp"), " ", ctx.tp_size(),
+                     " must divide the FFN's inner width ", inner);
   const FfnNames n = names_of(name, kind);
   FeedForward f;
   f.kind = kind;

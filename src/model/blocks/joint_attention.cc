@@ -1,6 +1,7 @@
 #include "seqpar/model/blocks/joint_attention.h"
 
 #include "seqpar/attention/attention.h"
+#include "seqpar/core/param_error.h"
 #include "seqpar/model/ops.h"
 #include "seqpar/parallel/cp_attention.h"
 
@@ -30,8 +31,9 @@ JointAttention JointAttention::load(const WeightStore& ws, const std::string& pr
   SEQPAR_CHECK(image_spec.heads == text_spec.heads && image_spec.head_dim == text_spec.head_dim &&
                    image_spec.kv_heads == image_spec.heads && text_spec.kv_heads == text_spec.heads,
                "joint attention: both streams need the same heads (no GQA)");
-  SEQPAR_ARG_CHECK(image_spec.heads % ctx.tp_size() == 0, "tp ", ctx.tp_size(), " must divide the ",
-                   image_spec.heads, " heads of a joint attention");
+  SEQPAR_PARAM_CHECK(image_spec.heads % ctx.tp_size() == 0, "tp", "", param("tp"), " ",
+                     ctx.tp_size(), " must divide the ", image_spec.heads,
+                     " heads of a joint attention");
   JointAttention a;
   a.image_spec = image_spec;
   a.text_spec = text_spec;

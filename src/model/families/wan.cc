@@ -12,6 +12,7 @@
 #include "seqpar/core/files.h"
 #include "seqpar/core/json_limits.h"
 #include "seqpar/core/limits.h"
+#include "seqpar/core/param_error.h"
 #include "seqpar/model/dit.h"
 #include "seqpar/model/ops.h"
 
@@ -383,7 +384,8 @@ WeightStore wan_weights(const WanExpert& e) {
 }
 
 FlowMatchSchedule flow_match_schedule(int steps, double shift) {
-  SEQPAR_ARG_CHECK(steps >= 1, "steps ", steps, " is invalid; it must be at least 1");
+  SEQPAR_PARAM_CHECK(steps >= 1, "steps", "", param("steps"), " ", steps,
+                     " is invalid; it must be at least 1");
   SEQPAR_ARG_CHECK(std::isfinite(shift) && shift > 0, "shift ", shift,
                    " is invalid; it must be > 0");
   // The scheduler's training sigmas are fp32: sigma_min = shifted(1/1000), sigma_max = 1.
