@@ -161,26 +161,32 @@ void exp_array(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i]);
 }
 
-template <bool kF16>
-void gemv_cols(const float* x, int64_t m, int64_t k, const uint16_t* w, int64_t n,
-               const float* bias, float* y, int64_t j0, int64_t j1) {
+// y[r, j] = (Σ_i x[r, i]·widen(w[j, i]))·scale[j] + bias[j] (scale null: no scale), the sum in
+// kLanes partial sums added in sequence: the 16-bit and the per-channel int8 products.
+template <typename W, typename Widen>
+void gemv_lanes(const float* x, int64_t m, int64_t k, const W* w, int64_t n, const float* scale,
+                const float* bias, float* y, int64_t j0, int64_t j1, Widen widen) {
   for (int64_t j = j0; j < j1; ++j) {
-    const uint16_t* row = w + j * k;
+    const W* row = w + j * k;
     for (int64_t r = 0; r < m; ++r) {
       const float* xr = x + r * k;
       float acc[kLanes] = {};
       for (int64_t i0 = 0; i0 < k; i0 += kLanes) {
         const int64_t lanes = std::min<int64_t>(kLanes, k - i0);
-        for (int64_t l = 0; l < lanes; ++l) {
-          const float wf = kF16 ? f16_to_f32(row[i0 + l]) : bf16_to_f32(row[i0 + l]);
-          acc[l] += xr[i0 + l] * wf;
-        }
+        for (int64_t l = 0; l < lanes; ++l) acc[l] += xr[i0 + l] * widen(row[i0 + l]);
       }
-      float s = 0.f;
-      for (float a : acc) s += a;
-      y[r * n + j] = s + (bias ? bias[j] : 0.f);
+      float t = 0.f;
+      for (float a : acc) t += a;
+      y[r * n + j] = (scale ? t * scale[j] : t) + (bias ? bias[j] : 0.f);
     }
   }
+}
+
+template <bool kF16>
+void gemv_cols(const float* x, int64_t m, int64_t k, const uint16_t* w, int64_t n,
+               const float* bias, float* y, int64_t j0, int64_t j1) {
+  gemv_lanes(x, m, k, w, n, nullptr, bias, y, j0, j1,
+             [](uint16_t v) { return kF16 ? f16_to_f32(v) : bf16_to_f32(v); });
 }
 
 void gemv_q8_cols(const float* x, int64_t m, int64_t k, const int8_t* q, const uint16_t* d,
@@ -213,20 +219,7 @@ void dequant_q8(const int8_t* q, const uint16_t* d, int64_t rows, int64_t k, flo
 
 void gemv_i8_channel_cols(const float* x, int64_t m, int64_t k, const int8_t* q, const float* s,
                           int64_t n, const float* bias, float* y, int64_t j0, int64_t j1) {
-  for (int64_t j = j0; j < j1; ++j) {
-    const int8_t* row = q + j * k;
-    for (int64_t r = 0; r < m; ++r) {
-      const float* xr = x + r * k;
-      float acc[kLanes] = {};
-      for (int64_t i0 = 0; i0 < k; i0 += kLanes) {
-        const int64_t lanes = std::min<int64_t>(kLanes, k - i0);
-        for (int64_t l = 0; l < lanes; ++l) acc[l] += xr[i0 + l] * static_cast<float>(row[i0 + l]);
-      }
-      float t = 0.f;
-      for (float a : acc) t += a;
-      y[r * n + j] = t * s[j] + (bias ? bias[j] : 0.f);
-    }
-  }
+  gemv_lanes(x, m, k, q, n, s, bias, y, j0, j1, [](int8_t v) { return static_cast<float>(v); });
 }
 
 void dequant_i8_channel(const int8_t* q, const float* s, int64_t rows, int64_t k, float* w) {
