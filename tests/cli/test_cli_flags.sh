@@ -92,8 +92,9 @@ fi
 # denoise under MPI: a rank stopped (SIGSTOP) between the steps of a long loop is named by the
 # rank that waits for it, in the sequence-parallel exchange and in the guidance branches' gather,
 # within the deadline (SEQPAR_TIMEOUT_S=2); nothing is written. Where rank 0 waits depends on
-# where rank 1 stopped: a ring step's receive from rank 1, or a collective rank 1 did not reach. The tiny Wan checkpoint is
-# test_cli_denoise.sh's (its write.py).
+# where rank 1 stopped: a ring step's receive from or send to rank 1 (a send larger than MPI's
+# eager limit waits for the receiver), or a collective rank 1 did not reach. The tiny Wan
+# checkpoint is test_cli_denoise.sh's (its write.py).
 if [ -n "$mpiexec" ]; then
   sed -n "/^cat > \"\$tmp\/write.py\" <<'EOF'\$/,/^EOF\$/p" \
     "$(dirname "${BASH_SOURCE[0]}")/test_cli_denoise.sh" | sed '1d;$d' >"$tmp/write.py"
@@ -114,7 +115,7 @@ if [ -n "$mpiexec" ]; then
       wait $launcher; rc=$?
       [ -n "$victim" ] && { kill -CONT "$victim"; kill -KILL "$victim"; } 2>/dev/null
       [ $rc -ne 0 ] && [ ! -e "$tmp/stalled.safetensors" ] &&
-        grep -qE "seqpar: error: rank 0: timeout after 2 s: .*(which world rank 1 did not reach|waiting for recv from rank 1 )" "$tmp/stall.err" &&
+        grep -qE "seqpar: error: rank 0: timeout after 2 s: .*(which world rank 1 did not reach|waiting for (recv from|send to) rank 1 )" "$tmp/stall.err" &&
         ok || bad "denoise mpi $mesh: a stopped rank is not named: exit $rc: $(grep "seqpar: error" "$tmp/stall.err")"
     done
   fi
