@@ -175,6 +175,9 @@ python3 -c 'import json,sys; m=json.loads(sys.argv[1])["meshes"]; sys.exit(0 if 
 out=$("$bin" plan --model wan2.1-t2v-14b --height 240 --width 432 --frames 33 --ranks 8 --sequence-parallel-size 4 --json)
 python3 -c 'import json,sys; m=json.loads(sys.argv[1])["meshes"]; sys.exit(0 if m and all(x["ulysses_degree"] * x["ring_degree"] == 4 for x in m) and len({x["ulysses_degree"] for x in m}) > 1 else 1)' "$out" && ok || bad "plan --sequence-parallel-size 4: $out"
 expect_exit2 "--sequence-parallel-size 4 must equal --ulysses-degree 2 x --ring-degree 1" plan --seq 4096 --heads 8 --ranks 4 --sequence-parallel-size 4 --ulysses-degree 2 --ring-degree 1
+# Errors as data (core/param_error.h): every parameter the library's error names is printed as
+# the flag, also where no value follows it (which no guess from the prose would find).
+expect_exit2 "--model 'llama3-8b' is a language model: give --seq (prompt tokens) or --cached and --new, not --frames, --height and --width" plan --model llama3-8b --frames 5
 
 # plan --top N prints N ranked rows (and --json details N meshes' collectives).
 wan="plan --model wan2.1-t2v-14b --height 240 --width 432 --frames 33 --ranks 8"
