@@ -104,6 +104,22 @@ constexpr int64_t kManyRows = 256;
 
 }  // namespace
 
+namespace {
+
+// Row j of a weight w (n, k) as fp32 into row (k); InvalidArgument naming `name`, the value and
+// its place where it is not finite.
+void finite_row(const Tensor& w, int64_t j, const std::string& name, std::vector<float>& row) {
+  const int64_t k = w.dim(1);
+  convert(static_cast<const std::byte*>(w.raw()) + j * k * dtype_size(w.dtype()), w.dtype(),
+          row.data(), DType::kF32, static_cast<size_t>(k));
+  for (int64_t i = 0; i < k; ++i)
+    if (!std::isfinite(row[i]))
+      throw InvalidArgument(detail::concat("int8 weights: ", name, " holds ", row[i], " at row ", j,
+                                           ", column ", i, "; valid: finite weights"));
+}
+
+}  // namespace
+
 Q8Weight quantize_q8_0(const Tensor& w, const std::string& name) {
   SEQPAR_CHECK(w.ndim() == 2, "int8 weights: ", name, " is ", w.shape_str(), ", not a matrix");
   const int64_t n = w.dim(0), k = w.dim(1);
@@ -113,22 +129,14 @@ Q8Weight quantize_q8_0(const Tensor& w, const std::string& name) {
   }
   Q8Weight out{Tensor({n, k}, DType::kI8), Tensor({n, k / model_simd::kQ8Block}, DType::kF16)};
   std::vector<float> row(static_cast<size_t>(k));
-  const size_t esize = dtype_size(w.dtype());
   auto* q = out.q.data<int8_t>();
   auto* d = out.d.data<uint16_t>();
   for (int64_t j = 0; j < n; ++j) {
-    convert(static_cast<const std::byte*>(w.raw()) + j * k * esize, w.dtype(), row.data(),
-            DType::kF32, static_cast<size_t>(k));
+    finite_row(w, j, name, row);
     for (int64_t b = 0; b < k / model_simd::kQ8Block; ++b) {
       const float* v = row.data() + b * model_simd::kQ8Block;
       float a = 0.f;
-      for (int64_t i = 0; i < model_simd::kQ8Block; ++i) {
-        if (!std::isfinite(v[i])) {
-          throw InvalidArgument(detail::concat("int8 weights: ", name, " holds ", v[i], " at row ",
-                                               j, ", column ", b * model_simd::kQ8Block + i));
-        }
-        a = std::max(a, std::fabs(v[i]));
-      }
+      for (int64_t i = 0; i < model_simd::kQ8Block; ++i) a = std::max(a, std::fabs(v[i]));
       const float s = a / 127.f, inv = s == 0.f ? 0.f : 1.f / s;
       int8_t* qb = q + j * k + b * model_simd::kQ8Block;
       for (int64_t i = 0; i < model_simd::kQ8Block; ++i)
@@ -159,20 +167,12 @@ Int8ChannelWeight quantize_int8_channel(const Tensor& w, const std::string& name
       "int8 weights: ", name, " has ", n, " rows, its row maxima are ", row_abs_max.shape_str());
   Int8ChannelWeight out{Tensor({n, k}, DType::kI8), Tensor({n})};
   std::vector<float> row(static_cast<size_t>(k));
-  const size_t esize = dtype_size(w.dtype());
   auto* q = out.q.data<int8_t>();
   auto* scale = out.s.data<float>();
   for (int64_t j = 0; j < n; ++j) {
-    convert(static_cast<const std::byte*>(w.raw()) + j * k * esize, w.dtype(), row.data(),
-            DType::kF32, static_cast<size_t>(k));
+    finite_row(w, j, name, row);
     float a = 0.f;
-    for (int64_t i = 0; i < k; ++i) {
-      if (!std::isfinite(row[i])) {
-        throw InvalidArgument(detail::concat("int8 weights: ", name, " holds ", row[i], " at row ",
-                                             j, ", column ", i, "; valid: finite weights"));
-      }
-      a = std::max(a, std::fabs(row[i]));
-    }
+    for (float v : row) a = std::max(a, std::fabs(v));
     if (!row_abs_max.empty()) {
       SEQPAR_CHECK(row_abs_max.data<float>()[j] >= a, "int8 weights: ", name, " row ", j, " holds ",
                    a, ", above its row maximum ", row_abs_max.data<float>()[j]);

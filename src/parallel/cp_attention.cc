@@ -105,8 +105,9 @@ CpOptions cp_options(const ParallelConfig& c, const AttnShape& s, const Placemen
   o.schedule = c.schedule;
   if (!place.over_cache && place.part.seq() > s.seq) o.valid_len = s.seq;
   o.cu_seqlens = shape_cu_seqlens(s);
-  o.out_dtype = s.out_dtype;
-  o.lse = s.lse;
+  const AttnShape kept = image_call(s);  // what the strategy returns
+  o.out_dtype = kept.out_dtype;
+  o.lse = kept.lse;
   return o;
 }
 

@@ -65,10 +65,9 @@ JointState joint_attention(Strategy strategy, SpComms& comms, const Partition& p
   // step 0 and 1
   Placement place;
   place.part = part;
-  CpOptions image_opts = opts;  // the image state is merged below: fp32, with its lse
-  image_opts.out_dtype = DType::kF32;
-  image_opts.lse = true;
-  js.image = schedule_row(strategy, opts.schedule).run({comms, place, q, k, v, image_opts, stats});
+  SEQPAR_CHECK(opts.out_dtype == DType::kF32 && opts.lse,
+               "joint_attention: the image state it merges must be fp32 with its lse (image_call)");
+  js.image = schedule_row(strategy, opts.schedule).run({comms, place, q, k, v, opts, stats});
   double t0 = now_seconds();
   {
     KernelCall call(text_keys, image_pos, text_pos, B);
@@ -154,6 +153,15 @@ void add_joint_text(Schedule& s, const CallRuns& c) {
     text.replicated = true;
     rs.steps.push_back(text);
   }
+}
+
+AttnShape image_call(const AttnShape& s) {
+  AttnShape image = s;
+  if (s.text_tokens > 0 && !s.text_by_heads) {
+    image.out_dtype = DType::kF32;
+    image.lse = true;
+  }
+  return image;
 }
 
 void add_joint_text_schedule(Schedule& image, const ParallelConfig& cfg, const AttnShape& shape) {

@@ -204,12 +204,7 @@ Schedule attention_schedule(const ParallelConfig& c, const AttnShape& s) {
   ParallelConfig sp = c;  // s is the sequence-parallel group's view: tp and cfg are applied
   sp.mesh.cfg = sp.mesh.tp = 1;
   validate_config(sp, s);
-  AttnShape image = s;  // joint attention with the text on every rank merges the image state
-  if (s.text_tokens > 0 && !s.text_by_heads) {
-    image.out_dtype = DType::kF32;
-    image.lse = true;
-  }
-  Schedule out = schedule_row(c.strategy, c.schedule).schedule(sp, image);
+  Schedule out = schedule_row(c.strategy, c.schedule).schedule(sp, image_call(s));
   if (s.text_tokens > 0) add_joint_text_schedule(out, sp, s);
   return out;
 }

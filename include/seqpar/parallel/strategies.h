@@ -160,6 +160,10 @@ JointState joint_attention(Strategy strategy, SpComms& comms, const Partition& p
                            const Tensor& q, const Tensor& k, const Tensor& v,
                            const Tensor& text_q, const Tensor& text_k, const Tensor& text_v,
                            const CpOptions& opts, CpStats* stats = nullptr);
+// What the strategy attending the image keeps for shape s (AttnShape::out_dtype, lse): with the
+// text on every rank, joint_attention merges that state afterwards, so fp32 with its lse; else
+// what s keeps (with the text split by head the merges come before Ulysses sends back).
+AttnShape image_call(const AttnShape& s);
 
 // Joint attention with the text split by head over the Ulysses group (strategies ulysses and usp):
 // text_q (B, T, |ulysses_q_heads(H, U, u)|, D) and text_k/v (B, T, |ulysses_kv_heads|, D) hold
