@@ -58,6 +58,16 @@ void Tensor::resize(std::vector<int64_t> shape, DType dtype) {
   dtype_ = dtype;
 }
 
+void Tensor::reserve(size_t bytes) {
+  if (bytes <= capacity_ && data_ && !is_borrowed()) return;
+  Tensor grown({static_cast<int64_t>((std::max(bytes, nbytes()) + 63) / 64 * 64)}, DType::kI8);
+  if (nbytes() > 0) std::memcpy(grown.raw(), raw(), nbytes());
+  grown.shape_ = std::move(shape_);
+  grown.numel_ = numel_;
+  grown.dtype_ = dtype_;
+  *this = std::move(grown);
+}
+
 Tensor::Tensor(const Tensor& other) : Tensor(other.shape_, other.dtype_) {
   if (other.nbytes() > 0) std::memcpy(raw(), other.raw(), nbytes());
 }

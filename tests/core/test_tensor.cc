@@ -48,6 +48,27 @@ TEST(Tensor, ResizeReusesStorage) {
   EXPECT_GE(t.capacity_bytes(), t.nbytes());
 }
 
+// reserve() grows the storage and keeps the contents; a resize within it keeps the old elements
+// when the shape grows along the first dimension (what an appending K/V cache relies on).
+TEST(Tensor, ReserveKeepsContents) {
+  Tensor t({3, 2});
+  for (int64_t i = 0; i < 6; ++i) t.data<float>()[i] = static_cast<float>(i + 1);
+  t.reserve(1000);
+  EXPECT_GE(t.capacity_bytes(), 1000u);
+  EXPECT_EQ(t.dim(0), 3);
+  const void* p = t.raw();
+  t.resize({5, 2});
+  EXPECT_EQ(t.raw(), p);
+  for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(t.at(i), static_cast<float>(i + 1));
+  t.reserve(8);  // already large enough: nothing moves
+  EXPECT_EQ(t.raw(), p);
+  std::vector<float> data = {1, 2};
+  Tensor view = Tensor::borrow(data.data(), {2}, DType::kF32);
+  view.reserve(4);  // a view becomes an owning copy
+  EXPECT_FALSE(view.is_borrowed());
+  EXPECT_EQ(view.at(1), 2.f);
+}
+
 TEST(Tensor, RejectsNegativeDims) { EXPECT_THROW(Tensor({2, -1}), Error); }
 
 // A borrowed view reads someone else's bytes in place, never frees them, and copies or resizes

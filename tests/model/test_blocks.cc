@@ -39,6 +39,38 @@ double max_diff(const Tensor& got, const std::vector<double>& want) {
   return e;
 }
 
+// Appending to a K/V cache token by token (a decode) and in chunks, batch 2, through several
+// growths of its storage, equals the tokens concatenated; positions follow.
+TEST(Blocks, KvCacheAppendEqualsConcatenation) {
+  const int64_t B = 2, H = 3, D = 4;
+  std::vector<int64_t> steps = {5, 1, 1, 3, 1, 1, 1, 7, 1, 1, 1, 1, 2, 1};
+  KvCache cache;
+  std::vector<std::vector<float>> want_k(B), want_v(B);  // per batch, token-major rows of H·D
+  int64_t n = 0;
+  for (size_t s = 0; s < steps.size(); ++s) {
+    const int64_t m = steps[s];
+    Tensor k = random_normal({B, m, H, D}, 100 + s), v = random_normal({B, m, H, D}, 200 + s);
+    std::vector<int64_t> pos(m);
+    for (int64_t i = 0; i < m; ++i) pos[i] = n + i;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < m * H * D; ++i) {
+        want_k[b].push_back(k.at(b * m * H * D + i));
+        want_v[b].push_back(v.at(b * m * H * D + i));
+      }
+    cache.append(k, v, pos);
+    n += m;
+    ASSERT_EQ(cache.k.shape(), (std::vector<int64_t>{B, n, H, D}));
+    ASSERT_EQ(cache.v.shape(), cache.k.shape());
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < n * H * D; ++i) {
+        ASSERT_EQ(cache.k.at(b * n * H * D + i), want_k[b][i]) << "step " << s << " batch " << b;
+        ASSERT_EQ(cache.v.at(b * n * H * D + i), want_v[b][i]) << "step " << s << " batch " << b;
+      }
+  }
+  ASSERT_EQ(static_cast<int64_t>(cache.positions.size()), n);
+  for (int64_t i = 0; i < n; ++i) EXPECT_EQ(cache.positions[i], i);
+}
+
 TEST(Blocks, PerHeadQkNormEqualsNaive) {
   const int64_t heads = 3, D = 8;
   WeightStore ws;

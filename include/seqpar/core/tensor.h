@@ -62,11 +62,15 @@ class Tensor {
   // Copy converted to another dtype.
   Tensor to(DType dtype) const;
   void fill(float value);
-  // Changes the shape (and dtype) in place, reusing the storage when it is large enough (the
-  // contents are then unspecified); otherwise reallocates. Lets a receive buffer hold blocks of
-  // varying length without new allocations.
+  // Changes the shape (and dtype) in place, reusing the storage when it is large enough (its
+  // bytes are then left as they were: a shape grown along the first dimension keeps the old
+  // elements, anything else reads as unspecified); otherwise reallocates zero-filled. Lets a
+  // receive buffer hold blocks of varying length without new allocations.
   void resize(std::vector<int64_t> shape, DType dtype);
   void resize(std::vector<int64_t> shape) { resize(std::move(shape), dtype_); }
+  // Grows the storage to at least `bytes`, keeping the shape and the contents (a view becomes an
+  // owning copy), so that later resize() calls up to that size do not reallocate.
+  void reserve(size_t bytes);
   size_t capacity_bytes() const { return capacity_; }
   std::string shape_str() const;  // "[2, 128, 8, 64]"
 

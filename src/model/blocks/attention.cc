@@ -124,24 +124,30 @@ AttnState attend(const Tensor& q, const Tensor& k, const Tensor& v, ParallelCont
 // ---- caches --------------------------------------------------------------------------------
 
 namespace {
-// Concatenates a (B, n, H, D) and b (B, m, H, D) along tokens.
-Tensor concat_tokens(const Tensor& a, const Tensor& b) {
-  if (a.empty() && a.ndim() != 4) return b;
+// Appends b (B, m, H, D) after the n tokens of a (B, n, H, D), in place. The storage grows by half
+// again when full, so a decode step copies its own rows (and, for B > 1, moves each batch's rows
+// up) rather than the whole cache into a new one.
+void append_tokens(Tensor& a, const Tensor& b) {
+  if (a.empty() && a.ndim() != 4) {
+    a = b;
+    return;
+  }
   const int64_t B = b.dim(0), n = a.dim(1), m = b.dim(1), row = b.dim(2) * b.dim(3);
-  Tensor c({B, n + m, b.dim(2), b.dim(3)});
-  for (int64_t bb = 0; bb < B; ++bb) {
-    std::memcpy(c.data<float>() + bb * (n + m) * row, a.data<float>() + bb * n * row,
-                n * row * sizeof(float));
-    std::memcpy(c.data<float>() + (bb * (n + m) + n) * row, b.data<float>() + bb * m * row,
+  const size_t need = static_cast<size_t>(B * (n + m) * row) * sizeof(float);
+  if (need > a.capacity_bytes()) a.reserve(std::max(need, a.capacity_bytes() / 2 * 3));
+  a.resize({B, n + m, b.dim(2), b.dim(3)});
+  float* c = a.data<float>();
+  for (int64_t bb = B - 1; bb >= 0; --bb) {  // the last batch first: rows only move up
+    if (bb > 0) std::memmove(c + bb * (n + m) * row, c + bb * n * row, n * row * sizeof(float));
+    std::memcpy(c + (bb * (n + m) + n) * row, b.data<float>() + bb * m * row,
                 m * row * sizeof(float));
   }
-  return c;
 }
 }  // namespace
 
 void KvCache::append(const Tensor& k_new, const Tensor& v_new, std::span<const int64_t> pos) {
-  k = concat_tokens(k, k_new);
-  v = concat_tokens(v, v_new);
+  append_tokens(k, k_new);
+  append_tokens(v, v_new);
   positions.insert(positions.end(), pos.begin(), pos.end());
 }
 
