@@ -350,6 +350,14 @@ def _count(name: str, value, high: int) -> int:
     return int(value)
 
 
+def _name_keyword(where: str, name: str, value) -> str:
+    """A keyword whose value is a name (weights_dtype, activations): a str, else TypeError naming
+    where it was given; which names are valid is the library's to say."""
+    if not isinstance(value, str):
+        raise TypeError(f"{where}: {name} must be a str, not {type(value).__name__}")
+    return value
+
+
 def _directory(path) -> str:
     """from_pretrained's path: a str or os.PathLike naming a directory (a NUL in it refused, as
     open() refuses it, rather than cut there)."""
@@ -424,9 +432,7 @@ class CausalLM(_Model):
         mesh = _mesh_of(mesh, mesh_kwargs, CausalLM.from_pretrained)
         spec = _mesh_dict(mesh)
         for name, value in (("weights_dtype", weights_dtype), ("activations", activations)):
-            if not isinstance(value, str):
-                raise TypeError(f"CausalLM.from_pretrained: {name} must be a str, not "
-                                f"{type(value).__name__}")
+            _name_keyword("CausalLM.from_pretrained", name, value)
         self.path = where = _directory(path)  # the ranks' closures hold no reference to self
         self.weights_dtype, self.activations = weights_dtype, activations
         self._start(lambda c: _core._CausalLMRank(c, where, spec, weights_dtype, activations),
@@ -626,10 +632,13 @@ class WanTransformer(_Model):
     @classmethod
     def from_pretrained(cls, path: str, *, mesh: Optional[ModelMesh] = None, comm=None,
                         boundary_ratio: Optional[float] = None, threads: Optional[int] = None,
-                        timeout: Optional[float] = None, **mesh_kwargs) -> "WanTransformer":
+                        timeout: Optional[float] = None, activations: str = "fp32",
+                        **mesh_kwargs) -> "WanTransformer":
         """Loads `path` on the mesh (``mesh=ModelMesh(...)`` or its fields as keywords, cfg
         included). Two-expert models switch at boundary_ratio x 1000 (default: the
-        checkpoint's). Threads or comm as in CausalLM.from_pretrained."""
+        checkpoint's). Threads or comm, and activations ("fp32" or "bf16": every linear layer's
+        input rounded to bf16 first, as ``seqpar denoise --activations bf16``), as in
+        CausalLM.from_pretrained."""
         self = cls.__new__(cls)
         mesh = _mesh_of(mesh, mesh_kwargs, cls.from_pretrained)
         spec = _mesh_dict(mesh)
@@ -637,7 +646,10 @@ class WanTransformer(_Model):
         if boundary_ratio is not None:  # its range, (0, 1), the library's
             boundary_ratio = _number("boundary_ratio", boundary_ratio,
                                      "a number in (0, 1), or None (the checkpoint's)")
-        self._start(lambda c: _core._WanTransformerRank(c, where, spec, boundary_ratio),
+        self.activations = _name_keyword("WanTransformer.from_pretrained", "activations",
+                                         activations)
+        self._start(lambda c: _core._WanTransformerRank(c, where, spec, boundary_ratio,
+                                                        activations),
                     comm, mesh, threads, timeout)
         self.config = _Config(self._call(lambda m: m.config))
         self._waiting = None  # the one-branch call on the cfg mesh whose partner may come
@@ -862,15 +874,17 @@ class QwenImageTransformer(_Model):
     @classmethod
     def from_pretrained(cls, path: str, *, mesh: Optional[ModelMesh] = None, comm=None,
                         threads: Optional[int] = None, timeout: Optional[float] = None,
-                        **mesh_kwargs) -> "QwenImageTransformer":
+                        activations: str = "fp32", **mesh_kwargs) -> "QwenImageTransformer":
         """Loads `path` on the mesh (``mesh=ModelMesh(...)`` or its fields as keywords, cfg
-        included). Threads or comm as in CausalLM.from_pretrained."""
+        included). Threads or comm, and activations, as in WanTransformer.from_pretrained."""
         self = cls.__new__(cls)
         mesh = _mesh_of(mesh, mesh_kwargs, cls.from_pretrained)
         spec = _mesh_dict(mesh)
         self.path = where = _directory(path)
-        self._start(lambda c: _core._QwenImageTransformerRank(c, where, spec), comm, mesh,
-                    threads, timeout)
+        self.activations = _name_keyword("QwenImageTransformer.from_pretrained", "activations",
+                                         activations)
+        self._start(lambda c: _core._QwenImageTransformerRank(c, where, spec, activations), comm,
+                    mesh, threads, timeout)
         self.config = _Config(self._call(lambda m: m.config))
         self._waiting = None  # the one-branch call on the cfg mesh whose partner may come
         return self
@@ -1030,15 +1044,17 @@ class FluxTransformer(_Model):
     @classmethod
     def from_pretrained(cls, path: str, *, mesh: Optional[ModelMesh] = None, comm=None,
                         threads: Optional[int] = None, timeout: Optional[float] = None,
-                        **mesh_kwargs) -> "FluxTransformer":
+                        activations: str = "fp32", **mesh_kwargs) -> "FluxTransformer":
         """Loads `path` on the mesh (``mesh=ModelMesh(...)`` or its fields as keywords, cfg
-        included). Threads or comm as in CausalLM.from_pretrained."""
+        included). Threads or comm, and activations, as in WanTransformer.from_pretrained."""
         self = cls.__new__(cls)
         mesh = _mesh_of(mesh, mesh_kwargs, cls.from_pretrained)
         spec = _mesh_dict(mesh)
         self.path = where = _directory(path)
-        self._start(lambda c: _core._FluxTransformerRank(c, where, spec), comm, mesh, threads,
-                    timeout)
+        self.activations = _name_keyword("FluxTransformer.from_pretrained", "activations",
+                                         activations)
+        self._start(lambda c: _core._FluxTransformerRank(c, where, spec, activations), comm, mesh,
+                    threads, timeout)
         self.config = _Config(self._call(lambda m: m.config))
         # (the one-branch call on the cfg mesh whose partner may come, its PendingPrediction)
         self._waiting: Optional[tuple] = None

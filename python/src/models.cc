@@ -71,6 +71,15 @@ ParallelConfig mesh_of(const py::dict& d) {
   return c;
 }
 
+// The activations keyword (every model's from_pretrained) as a dtype; ValueError naming where
+// (the class) and the valid names.
+DType activations_keyword(std::string_view where, const std::string& activations) {
+  const std::optional<DType> d = activations_named(activations);
+  SEQPAR_ARG_CHECK(d.has_value(), where, ": activations '", activations,
+                   "' is unknown; valid: ", activations_names("'"));
+  return *d;
+}
+
 class CausalLmRank {
  public:
   CausalLmRank(py::object comm, const std::string& dir, const py::dict& mesh,
@@ -81,15 +90,14 @@ class CausalLmRank {
     const std::optional<WeightFormat> format = weight_format_named(weights_dtype);
     SEQPAR_ARG_CHECK(format.has_value(), "CausalLM: weights_dtype '", weights_dtype,
                      "' is unknown; valid: ", weight_format_names("'"));
-    SEQPAR_ARG_CHECK(activations == "fp32" || activations == "bf16", "CausalLM: activations '",
-                     activations, "' is unknown; valid: 'fp32', 'bf16'");
+    const DType act = activations_keyword("CausalLM", activations);
     without_gil([&] {
       ck_ = open_causal_lm(dir);
       check_causal_lm_tp(ck_, rank_.mesh.mesh.tp);
       if (weights_dtype == "int8") check_causal_lm_int8(ck_, rank_.mesh.mesh.tp);
       check_memory("from_pretrained", causal_lm_memory(ck_, rank_.mesh, 1, 1, 1).weights);
       ck_.weights.set_weight_format(*format);
-      ck_.weights.set_activations(parse_dtype(activations));
+      ck_.weights.set_activations(act);
       decoder_ = std::make_unique<Decoder>(ck_.config, ck_.weights, rank_.ctx);
       ck_.weights = WeightStore();  // the decoder holds its slices
     });
@@ -189,8 +197,9 @@ Tensor f32_view(uintptr_t address, const std::vector<int64_t>& shape) {
 class WanTransformerRank {
  public:
   WanTransformerRank(py::object comm, const std::string& dir, const py::dict& mesh,
-                     py::object boundary_ratio)
+                     py::object boundary_ratio, const std::string& activations)
       : rank_(std::move(comm), mesh_of(mesh)) {
+    const DType act = activations_keyword("WanTransformer", activations);
     if (!boundary_ratio.is_none()) {
       const double r = boundary_ratio.cast<double>();
       SEQPAR_ARG_CHECK(r > 0 && r < 1, "boundary_ratio ", r, " is invalid; valid: (0, 1)");
@@ -198,6 +207,7 @@ class WanTransformerRank {
     }
     without_gil([&] {
       model_ = open_wan_model(dir);
+      model_.activations = act;
       const DiTConfig& m = model_.experts[0].preset;
       SEQPAR_ARG_CHECK(m.heads % rank_.mesh.mesh.tp == 0, "tp ", rank_.mesh.mesh.tp,
                        " does not divide the ", m.heads, " heads of ", dir,
@@ -345,10 +355,13 @@ py::tuple mmdit_call(const Rank& model, const Request& r, ParallelContext& ctx,
 // row, guided as QwenImagePipeline's true CFG when negative states are given.
 class QwenImageTransformerRank {
  public:
-  QwenImageTransformerRank(py::object comm, const std::string& dir, const py::dict& mesh)
+  QwenImageTransformerRank(py::object comm, const std::string& dir, const py::dict& mesh,
+                           const std::string& activations)
       : rank_(std::move(comm), mesh_of(mesh)) {
+    const DType act = activations_keyword("QwenImageTransformer", activations);
     without_gil([&] {
       ck_ = open_qwen_image(dir);
+      ck_.activations = act;
       const QwenImageConfig& m = ck_.config;
       SEQPAR_ARG_CHECK(m.heads % rank_.mesh.mesh.tp == 0, "tp ", rank_.mesh.mesh.tp,
                        " does not divide the ", m.heads, " heads of ", dir,
@@ -412,10 +425,13 @@ class QwenImageTransformerRank {
 // guided as FluxPipeline's true CFG when negative states are given.
 class FluxTransformerRank {
  public:
-  FluxTransformerRank(py::object comm, const std::string& dir, const py::dict& mesh)
+  FluxTransformerRank(py::object comm, const std::string& dir, const py::dict& mesh,
+                      const std::string& activations)
       : rank_(std::move(comm), mesh_of(mesh)) {
+    const DType act = activations_keyword("FluxTransformer", activations);
     without_gil([&] {
       ck_ = open_flux(dir);
+      ck_.activations = act;
       const FluxConfig& m = ck_.config;
       SEQPAR_ARG_CHECK(m.heads % rank_.mesh.mesh.tp == 0, "tp ", rank_.mesh.mesh.tp,
                        " does not divide the ", m.heads, " heads of ", dir,
@@ -498,17 +514,18 @@ void bind_models(py::module_& m) {
       .def_property_readonly("family", &CausalLmRank::family)
       .def_property_readonly("architecture", &CausalLmRank::architecture);
   py::class_<WanTransformerRank>(m, "_WanTransformerRank")
-      .def(py::init<py::object, const std::string&, const py::dict&, py::object>())
+      .def(py::init<py::object, const std::string&, const py::dict&, py::object,
+                    const std::string&>())
       .def("forward", &WanTransformerRank::forward)
       .def("branches", &WanTransformerRank::branches)
       .def("check", &WanTransformerRank::check)
       .def_property_readonly("config", &WanTransformerRank::config);
   py::class_<QwenImageTransformerRank>(m, "_QwenImageTransformerRank")
-      .def(py::init<py::object, const std::string&, const py::dict&>())
+      .def(py::init<py::object, const std::string&, const py::dict&, const std::string&>())
       .def("forward", &QwenImageTransformerRank::forward)
       .def_property_readonly("config", &QwenImageTransformerRank::config);
   py::class_<FluxTransformerRank>(m, "_FluxTransformerRank")
-      .def(py::init<py::object, const std::string&, const py::dict&>())
+      .def(py::init<py::object, const std::string&, const py::dict&, const std::string&>())
       .def("forward", &FluxTransformerRank::forward)
       .def_property_readonly("config", &FluxTransformerRank::config);
   m.def("_check_model_mesh", [](const py::dict& mesh) { (void)mesh_of(mesh); });

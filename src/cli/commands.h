@@ -295,6 +295,10 @@ struct GenerateOptions : MeshFlags, ChunkFlags {
   bool quiet = false;
 };
 void add_generate_command(CLI::App& app, GenerateOptions& opts);
+// --activations (generate and denoise): the flag's help text, and its value as a dtype
+// (InvalidArgument naming the valid names).
+extern const char* const kActivationsHelp;
+DType activations_flag(const std::string& value);
 int generate_command(const GenerateOptions& opts);
 
 // seqpar denoise: a Wan checkpoint on latents and text embeddings from a safetensors file: one
@@ -303,6 +307,7 @@ struct DenoiseOptions : MeshFlags {
   std::string model, inputs, output;
   int64_t steps = 0;  // 0: one transformer call at the inputs' timestep
   double guidance = 5.0;
+  std::string activations = "fp32";      // fp32 | bf16 (the linear layers' inputs rounded)
   std::optional<double> guidance_2;      // A14B's low-noise expert (unset: --guidance)
   double shift = 5.0;                    // the scheduler's flow shift
   std::optional<double> boundary_ratio;  // unset: the checkpoint's

@@ -70,6 +70,7 @@ Plan resolve(const DenoiseOptions& o, int world) {
                    "--boundary-ratio ", o.boundary_ratio.value_or(0), " is invalid; valid: (0, 1)");
   Plan p;
   p.model = open_wan_model(o.model);
+  p.model.activations = activations_flag(o.activations);
   const DiTConfig& m = p.model.experts[0].preset;
   p.mesh = resolve_mesh(o, world);
   SEQPAR_ARG_CHECK(m.heads % p.mesh.mesh.tp == 0, "--tp ", p.mesh.mesh.tp, " does not divide the ",
@@ -208,6 +209,7 @@ int report(const DenoiseOptions& o, const Plan& p, const WanInputs& in, const Ra
     j["batch"] = in.latents.dim(0);
     j["tokens"] = tokens;
     j["steps"] = o.steps;
+    j["activations"] = o.activations;
     j["output"] = o.output;
     j["output_tensor"] = out_name;
     j["seconds"] = total;
@@ -332,6 +334,7 @@ void add_denoise_command(CLI::App& app, DenoiseOptions& o) {
   d->add_option_function<double>(
       "--boundary-ratio,--boundary_ratio", [&o](double v) { o.boundary_ratio = v; },
       "two-expert models: switch at timestep ratio x 1000 (default: the checkpoint's)");
+  d->add_option("--activations", o.activations, kActivationsHelp);
   d->add_flag("--json", o.json, "print one JSON object");
   d->add_option("--trace", o.trace, "write a Chrome/Perfetto trace (JSON) of the steps");
   guard_integer_options(d);

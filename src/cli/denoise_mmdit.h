@@ -48,6 +48,7 @@ Plan<Family> resolve(const DenoiseOptions& o, int world) {
                    o.guidance, " is invalid; valid: 0..100");
   Plan<Family> p;
   p.ck = Family::open(o.model);
+  p.ck.activations = activations_flag(o.activations);
   p.mesh = resolve_mesh(o, world);
   const auto& m = p.ck.config;
   SEQPAR_ARG_CHECK(m.heads % p.mesh.mesh.tp == 0, "--tp ", p.mesh.mesh.tp, " does not divide the ",
@@ -114,6 +115,7 @@ int report(const DenoiseOptions& o, const Plan<Family>& p, const typename Family
     j["text_tokens"] = r.text.dim(1);
     j["guided"] = guided;
     j["steps"] = 0;
+    j["activations"] = o.activations;
     j["output"] = o.output;
     j["output_tensor"] = "noise_pred";
     j["seconds"] = res.seconds;

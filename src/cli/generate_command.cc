@@ -120,8 +120,7 @@ Prepared prepare(const GenerateOptions& o, int world) {
                     "takes 1");
   SEQPAR_ARG_CHECK(weight_format_named(o.weights_dtype).has_value(), "--weights-dtype '",
                    o.weights_dtype, "' is unknown; valid: ", weight_format_names());
-  SEQPAR_ARG_CHECK(o.activations == "fp32" || o.activations == "bf16", "--activations '",
-                   o.activations, "' is unknown; valid: fp32, bf16");
+  activations_flag(o.activations);
   if (!o.document_ids.empty()) {
     prepare_documents(o, p);
     return p;
@@ -200,7 +199,7 @@ Generated run_rank(Communicator& world, const GenerateOptions& o, const Prepared
   MeshComms mc(world, p.mesh.mesh);
   ParallelContext ctx = model_context(mc, p.mesh);
   weights.set_weight_format(*weight_format_named(o.weights_dtype));
-  weights.set_activations(parse_dtype(o.activations));
+  weights.set_activations(activations_flag(o.activations));
   Decoder dec(p.ck.config, weights, ctx);
   const int64_t weight_bytes = weights.bytes_read();
   weights = WeightStore();  // the last rank to let go unmaps the files
@@ -427,6 +426,18 @@ int run_generate(const GenerateOptions& o) {
 
 }  // namespace
 
+const char* const kActivationsHelp =
+    "fp32 | bf16: the linear layers' inputs as computed, or rounded to bf16 first (with bf16 "
+    "weights: oneDNN's bf16 matmul where the CPU has AVX512-BF16 or AMX, as llama.cpp multiplies "
+    "BF16 weights; seqpar info names the path)";
+
+DType activations_flag(const std::string& value) {
+  const std::optional<DType> d = activations_named(value);
+  SEQPAR_ARG_CHECK(d.has_value(), "--activations '", value,
+                   "' is unknown; valid: ", activations_names());
+  return *d;
+}
+
 void add_generate_command(CLI::App& app, GenerateOptions& o) {
   CLI::App* g = app.add_subcommand(
       "generate",
@@ -449,10 +460,7 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
                 "checkpoint | int8 | int8-channel: the matrices as the checkpoint stores them, "
                 "or quantized at load to int8: blocks of 32 with an fp16 scale each (int8: "
                 "llama.cpp's Q8_0), or one fp32 scale per output row (int8-channel)");
-  g->add_option("--activations", o.activations,
-                "fp32 | bf16: the linear layers' inputs as computed, or rounded to bf16 first "
-                "(with bf16 weights: oneDNN's bf16 matmul where the CPU has AVX512-BF16 or AMX, "
-                "as llama.cpp multiplies BF16 weights; seqpar info names the path)");
+  g->add_option("--activations", o.activations, kActivationsHelp);
   g->add_option("--turn-ids,--turn_ids", o.turn_ids,
                 "a chat turn: token ids appended after the tokens generated so far, over the "
                 "cache (in chunks of --prefill-chunk); then --max-new-tokens more (repeatable)")

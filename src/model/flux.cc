@@ -135,7 +135,8 @@ const SpPlan& Flux::sp_plan() {
   return plan;
 }
 
-Flux::Flux(const FluxConfig& m, const WeightStore& ws, const ParallelContext& ctx) : m_(m) {
+Flux::Flux(const FluxConfig& m, const WeightStore& ws, const ParallelContext& ctx)
+    : m_(m), activations_(ws.activations()) {
   const int tp = ctx.tp_size();
   SEQPAR_PARAM_CHECK(m.heads % tp == 0, "tp", "", param("tp"), " ", tp, " does not divide the ",
                      m.heads, " heads of ", m.name);
@@ -201,8 +202,8 @@ std::vector<float> Flux::modulation(const ColumnLinear& mod, int64_t rows, const
 
 Tensor Flux::single_out(const SingleBlock& s, const Tensor& attn, const Tensor& mlp,
                         Communicator& tp) const {
-  Tensor y = linear(attn, s.out_attn, Tensor());
-  add_(y, linear(mlp, s.out_mlp, Tensor()));
+  Tensor y = linear(attn, s.out_attn, Tensor(), Tensor(), activations_);
+  add_(y, linear(mlp, s.out_mlp, Tensor(), Tensor(), activations_));
   if (tp.size() > 1) tp.all_reduce(std::span<float>(y.data<float>(), y.numel()), ReduceOp::kSum);
   const int64_t n = s.out_b.numel(), rows = y.numel() / n;
   for (int64_t r = 0; r < rows; ++r)

@@ -152,6 +152,7 @@ std::array<Tensor, N> by_timestep(const Tensor& latents, const std::vector<float
 WanRank::WanRank(const WanModel& model, const ParallelContext& ctx) {
   for (const WanExpert& e : model.experts) {
     WeightStore ws = wan_weights(e);
+    ws.set_activations(model.activations);
     dits_.emplace_back(e.preset, ws, ctx);
     weight_bytes_ += ws.bytes_read();
   }

@@ -33,6 +33,17 @@ std::string_view weight_format_name(WeightFormat f) {
   return "?";
 }
 
+std::optional<DType> activations_named(std::string_view name) {
+  if (name == "fp32") return DType::kF32;
+  if (name == "bf16") return DType::kBF16;
+  return std::nullopt;
+}
+
+std::string activations_names(std::string_view quote) {
+  const std::string q(quote);
+  return q + "fp32" + q + ", " + q + "bf16" + q;
+}
+
 std::string weight_format_names(std::string_view quote) {
   std::string out;
   for (const auto& [f, n] : kWeightFormatNames)

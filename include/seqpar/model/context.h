@@ -51,6 +51,11 @@ std::string_view weight_format_name(WeightFormat f);
 // The valid names, as one line: "checkpoint, int8, int8-channel" (quote "'": "'checkpoint',
 // 'int8', 'int8-channel'").
 std::string weight_format_names(std::string_view quote = "");
+// The dtypes the linear layers' inputs may be rounded to (WeightStore::set_activations), by the
+// names users give them (`--activations`, activations=): "fp32" (as computed) or "bf16";
+// nullopt for any other name. activations_names() lists them as weight_format_names() does.
+std::optional<DType> activations_named(std::string_view name);
+std::string activations_names(std::string_view quote = "");
 
 // A model's parameters by name. A store holds tensors in memory (seeded presets, tensors a loader
 // transformed) or refers to tensors of mapped checkpoint files, read only when a module asks and

@@ -107,6 +107,7 @@ class Flux {
 
   FluxConfig m_;
   int64_t h0_ = 0, h1_ = 0;
+  DType activations_ = DType::kF32;  // proj_out's inputs rounded to it (WeightStore::activations)
   Linear x_embedder_, context_embedder_, time_fc1_, time_fc2_, guidance_fc1_, guidance_fc2_,
       text_fc1_, text_fc2_, norm_out_, proj_out_;
   std::vector<DoubleBlock> blocks_;
@@ -121,6 +122,9 @@ struct FluxCheckpoint {
   std::string dir;  // the transformer directory
   FluxConfig config;
   SafetensorsFiles tensors;  // stored name -> its file
+  // The linear layers' inputs as computed (fp32) or rounded to bf16 (WeightStore::activations;
+  // `seqpar denoise --activations`), set before flux_weights().
+  DType activations = DType::kF32;
 };
 
 // Opens the config and weight files. InvalidArgument in one line naming the file, key or tensor

@@ -99,6 +99,9 @@ struct QwenImageCheckpoint {
   std::string dir;  // the transformer directory
   QwenImageConfig config;
   SafetensorsFiles tensors;  // stored name -> its file
+  // The linear layers' inputs as computed (fp32) or rounded to bf16 (WeightStore::activations;
+  // `seqpar denoise --activations`), set before qwen_image_weights().
+  DType activations = DType::kF32;
 };
 
 // Opens the config and weight files (tensors read later, on request). InvalidArgument in one

@@ -53,6 +53,9 @@ struct WanExpert {
 struct WanModel {
   std::vector<WanExpert> experts;
   std::optional<double> boundary_ratio;  // set when there are two experts
+  // The linear layers' inputs (the patch embedding's included) as computed (fp32) or rounded to
+  // bf16 (WeightStore::activations; `seqpar denoise --activations`), for every expert.
+  DType activations = DType::kF32;
 };
 
 // Detects the layout of `dir` and opens its configs and weight files (tensors read later, on

@@ -64,7 +64,9 @@ FluxCheckpoint open_flux(const std::string& dir) {
 }
 
 WeightStore flux_weights(const FluxCheckpoint& ck) {
-  return map_diffusers_weights(ck.tensors, Flux::parameters(ck.config), flux_stored_name);
+  WeightStore ws = map_diffusers_weights(ck.tensors, Flux::parameters(ck.config), flux_stored_name);
+  ws.set_activations(ck.activations);
+  return ws;
 }
 
 }  // namespace seqpar

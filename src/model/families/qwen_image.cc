@@ -64,8 +64,10 @@ QwenImageCheckpoint open_qwen_image(const std::string& dir) {
 }
 
 WeightStore qwen_image_weights(const QwenImageCheckpoint& ck) {
-  return map_diffusers_weights(ck.tensors, QwenImage::parameters(ck.config),
-                               qwen_image_stored_name);
+  WeightStore ws =
+      map_diffusers_weights(ck.tensors, QwenImage::parameters(ck.config), qwen_image_stored_name);
+  ws.set_activations(ck.activations);
+  return ws;
 }
 
 double qwen_image_weight_bytes(const QwenImageCheckpoint& ck) {
