@@ -6,6 +6,7 @@
 
 #include "seqpar/core/cpu_isa.h"
 #include "seqpar/core/error.h"
+#include "seqpar/core/param_error.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define SEQPAR_X86_SIMD 1
@@ -33,7 +34,9 @@ DType parse_dtype(std::string_view s) {
   if (s == "fp32" || s == "f32" || s == "float32") return DType::kF32;
   if (s == "bf16" || s == "bfloat16") return DType::kBF16;
   if (s == "fp16" || s == "f16" || s == "float16") return DType::kF16;
-  throw InvalidArgument(detail::concat("dtype '", s, "' is unknown; valid: fp32, bf16, fp16"));
+  throw ParamError(
+      "dtype", "fp32, bf16, fp16",
+      detail::concat(param("dtype"), " '", s, "' is unknown; valid: fp32, bf16, fp16"));
 }
 
 uint16_t f32_to_f16(float f) {

@@ -15,6 +15,7 @@
 
 #include "seqpar/core/error.h"
 #include "seqpar/core/limits.h"
+#include "seqpar/core/param_error.h"
 
 namespace seqpar::files {
 namespace {
@@ -42,9 +43,10 @@ std::string errno_text(int err) { return std::strerror(err); }
 
 // How messages begin about a file: "<param> '<path>'" (then " is ...", ": ..."), or, when param is
 // empty, "<path>:" (then " ...").
+// The file named by param (marked, core/param_error.h) or, without one, by its path.
 std::string about(std::string_view param, const std::string& path, bool then_is) {
   if (param.empty()) return path + ":";
-  return detail::concat(param, " '", path, "'", then_is ? "" : ":");
+  return detail::concat(seqpar::param(param), " '", path, "'", then_is ? "" : ":");
 }
 
 const char* kind_of(mode_t mode) {
@@ -90,20 +92,22 @@ mode_t current_umask() {
 }  // namespace
 
 int open_input(std::string_view param, const std::string& path, std::string_view what) {
-  SEQPAR_ARG_CHECK(!path.empty(), param, " is empty; give ", what);
+  if (path.empty())
+    throw_marked(param.empty() ? detail::concat("the path is empty; give ", what)
+                               : detail::concat(seqpar::param(param), " is empty; give ", what));
   // O_NONBLOCK: opening a FIFO for reading returns at once instead of waiting for a writer.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int err = errno;
-    throw InvalidArgument(
+    throw_marked(
         detail::concat(about(param, path, false), " cannot open the file (", errno_text(err), ")"));
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     const mode_t mode = st.st_mode;
     ::close(fd);
-    throw InvalidArgument(detail::concat(about(param, path, true), " is ", kind_of(mode),
-                                         ", not a regular file; give ", what));
+    throw_marked(detail::concat(about(param, path, true), " is ", kind_of(mode),
+                                ", not a regular file; give ", what));
   }
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   Registry& r = registry();
@@ -120,8 +124,8 @@ std::string read_input(std::string_view param, const std::string& path, std::str
   struct stat st {};
   if (::fstat(fd, &st) == 0 && st.st_size > max_bytes) {
     ::close(fd);
-    throw InvalidArgument(detail::concat(about(param, path, true), " is ", st.st_size,
-                                         " bytes; at most ", limits::max_text(max_bytes)));
+    throw_marked(detail::concat(about(param, path, true), " is ", st.st_size, " bytes; at most ",
+                                limits::max_text(max_bytes)));
   }
   std::string text;
   text.reserve(static_cast<size_t>(st.st_size));
@@ -133,15 +137,15 @@ std::string read_input(std::string_view param, const std::string& path, std::str
       if (errno == EINTR) continue;
       const int err = errno;
       ::close(fd);
-      throw InvalidArgument(detail::concat(about(param, path, false), " cannot read the file (",
-                                           errno_text(err), ")"));
+      throw_marked(detail::concat(about(param, path, false), " cannot read the file (",
+                                  errno_text(err), ")"));
     }
     text.append(buf, static_cast<size_t>(n));
     if (static_cast<int64_t>(text.size()) > max_bytes) {  // grew while being read
       ::close(fd);
-      throw InvalidArgument(detail::concat(about(param, path, true), " is over ",
-                                           limits::max_text(max_bytes), " bytes; at most ",
-                                           limits::max_text(max_bytes)));
+      throw_marked(detail::concat(about(param, path, true), " is over ",
+                                  limits::max_text(max_bytes), " bytes; at most ",
+                                  limits::max_text(max_bytes)));
     }
   }
   ::close(fd);

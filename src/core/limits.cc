@@ -119,16 +119,16 @@ void check_range(std::string_view name, double value, double lo, double hi) {
 int64_t checked_mul(int64_t a, int64_t b, std::string_view what, int64_t max) {
   SEQPAR_CHECK(a >= 0 && b >= 0, what, ": negative factor");
   int64_t r = 0;
-  SEQPAR_ARG_CHECK(!__builtin_mul_overflow(a, b, &r) && r <= max, what, " (", a, " x ", b,
-                   ") exceeds the maximum ", max_text(max));
+  if (__builtin_mul_overflow(a, b, &r) || r > max)
+    throw_marked(detail::concat(what, " (", a, " x ", b, ") exceeds the maximum ", max_text(max)));
   return r;
 }
 
 int64_t checked_add(int64_t a, int64_t b, std::string_view what, int64_t max) {
   SEQPAR_CHECK(a >= 0 && b >= 0, what, ": negative term");
   int64_t r = 0;
-  SEQPAR_ARG_CHECK(!__builtin_add_overflow(a, b, &r) && r <= max, what, " (", a, " + ", b,
-                   ") exceeds the maximum ", max_text(max));
+  if (__builtin_add_overflow(a, b, &r) || r > max)
+    throw_marked(detail::concat(what, " (", a, " + ", b, ") exceeds the maximum ", max_text(max)));
   return r;
 }
 
@@ -137,8 +137,8 @@ int64_t checked_product(std::initializer_list<int64_t> factors, std::string_view
   int64_t r = 1;
   for (int64_t f : factors) {
     SEQPAR_CHECK(f >= 0, what, ": negative factor");
-    SEQPAR_ARG_CHECK(!__builtin_mul_overflow(r, f, &r) && r <= max, what, " exceeds the maximum ",
-                     max_text(max));
+    if (__builtin_mul_overflow(r, f, &r) || r > max)
+      throw_marked(detail::concat(what, " exceeds the maximum ", max_text(max)));
   }
   return r;
 }
@@ -235,10 +235,10 @@ void check_threads(int64_t ranks, int64_t threads) {
   check_range("ranks", ranks, 1, kMaxRanks);
   check_range("threads", threads, 1, kMaxThreads);
   const int64_t max = max_threads();
-  SEQPAR_ARG_CHECK(ranks * threads <= max, "ranks ", ranks, " x threads ", threads, " = ",
-                   ranks * threads, " threads in one process exceeds the maximum ", max,
-                   " (core/limits.h and RLIMIT_NPROC); use fewer ranks or threads, or the mpi ",
-                   "backend");
+  SEQPAR_PARAM_CHECK(
+      ranks * threads <= max, "ranks", "", param("ranks"), " ", ranks, " x ", param("threads"), " ",
+      threads, " = ", ranks * threads, " threads in one process exceeds the maximum ", max,
+      " (core/limits.h and RLIMIT_NPROC); use fewer ranks or threads, or the mpi ", "backend");
 }
 
 }  // namespace limits

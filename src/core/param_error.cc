@@ -48,6 +48,13 @@ std::string ParamError::spelled(const std::function<std::string(std::string_view
   return spell_marked(marked_, spell);
 }
 
+void throw_marked(const std::string& marked, std::string expected) {
+  const size_t open = marked.find(kOpen);
+  const size_t close = open == std::string::npos ? open : marked.find(kClose, open);
+  if (close == std::string::npos) throw InvalidArgument(marked);
+  throw ParamError(marked.substr(open + 1, close - open - 1), std::move(expected), marked);
+}
+
 std::string front_end_name(std::string_view name, FrontEnd f) {
   if (!name.empty() && name.front() == '-') return std::string(name);
   for (const Spelling& s : kSpellings) {

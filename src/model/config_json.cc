@@ -7,6 +7,7 @@
 #include "seqpar/core/files.h"
 #include "seqpar/core/json_limits.h"
 #include "seqpar/core/limits.h"
+#include "seqpar/core/param_error.h"
 
 namespace seqpar {
 
@@ -53,12 +54,14 @@ void check_model_dir(const std::string& dir, const char* expected) {
   const bool hub_id = slash != std::string::npos && slash > 0 && slash + 1 < dir.size() &&
                       dir.find('/', slash + 1) == std::string::npos && dir[0] != '.';
   if (hub_id)
-    throw InvalidArgument(
-        detail::concat("model ", dir,
+    throw ParamError(
+        "model", "",
+        detail::concat(param("model"), " ", dir,
                        ": not a directory; seqpar reads local directories and downloads nothing: "
                        "fetch a hub model first (huggingface-cli download ",
                        dir, " --local-dir DIR) and give DIR"));
-  throw InvalidArgument(detail::concat("model ", dir, ": not a directory; give ", expected));
+  throw ParamError("model", expected,
+                   detail::concat(param("model"), " ", dir, ": not a directory; give ", expected));
 }
 
 ConfigJson ConfigJson::parse(const std::string& text, const std::string& path) {

@@ -67,7 +67,8 @@ IndexRange vocab_share(int64_t vocab, int r, int n) { return {vocab * r / n, voc
 
 Decoder::Decoder(const DecoderConfig& m, const WeightStore& ws, const ParallelContext& ctx)
     : m_(m), inv_freq_(rope_inv_freq(m.head_dim, m.rope_theta, m.rope_scaling)) {
-  SEQPAR_ARG_CHECK(m.family == ModelFamily::kLlm, "model ", m.name, " is not a decoder");
+  SEQPAR_PARAM_CHECK(m.family == ModelFamily::kLlm, "model", "", param("model"), " ", m.name,
+                     " is not a decoder");
   const int tp = ctx.tp_size();
   SEQPAR_PARAM_CHECK(m.heads % tp == 0 && (m.kv_heads % tp == 0 || tp % m.kv_heads == 0), "tp", "",
                      param("tp"), " ", tp, " must divide the ", m.heads,
@@ -292,8 +293,10 @@ Tensor Decoder::extend(std::span<const int32_t> tokens, Turn& turn) {
       chunk.strategy = *opts.chunk_strategy;
       chunk.schedule = opts.chunk_schedule;
     } else {
-      SEQPAR_ARG_CHECK(opts.choose_chunk != nullptr, "prefill_chunk and chat turns need a ",
-                       "chunk_strategy (passkv, passq) or a chooser (auto on a hardware profile)");
+      SEQPAR_PARAM_CHECK(opts.choose_chunk != nullptr, "chunk_strategy", "passkv, passq",
+                         param("prefill_chunk"), " and chat turns need a ", param("chunk_strategy"),
+                         " (passkv, passq) or a chooser (auto on a ", param("hardware"),
+                         " profile)");
       AttnShape call = group_call(m_, ctx.tp_size());
       call.cached = begin;
       call.fresh = T;
@@ -409,7 +412,12 @@ Placement Decoder::check_documents(const DecoderConfig& m, const ParallelConfig&
   try {
     validate_config(group, shape);
     return place_call(group, shape);
-  } catch (const InvalidArgument& e) {  // the strategy's or the layout's refusal, said of prompts
+  } catch (const ParamError& e) {  // the strategy's or the layout's refusal, said of prompts
+    throw ParamError(
+        e.parameter(), e.expected(),
+        detail::concat(parameter, " (", lens.size(), " packed documents, ", total, " tokens) on ",
+                       group.sp(), " sequence-parallel ranks: ", e.marked()));
+  } catch (const InvalidArgument& e) {
     throw InvalidArgument(detail::concat(parameter, " (", lens.size(), " packed documents, ", total,
                                          " tokens) on ", group.sp(),
                                          " sequence-parallel ranks: ", e.what()));

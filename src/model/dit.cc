@@ -96,7 +96,8 @@ const SpPlan& DiT::sp_plan() {
 }
 
 DiT::DiT(const DiTConfig& m, const WeightStore& ws, const ParallelContext& ctx) : m_(m) {
-  SEQPAR_ARG_CHECK(m.family == ModelFamily::kDiT, "model ", m.name, " is not a DiT");
+  SEQPAR_PARAM_CHECK(m.family == ModelFamily::kDiT, "model", "", param("model"), " ", m.name,
+                     " is not a DiT");
   SEQPAR_PARAM_CHECK(m.heads % ctx.tp_size() == 0, "tp", "", param("tp"), " ", ctx.tp_size(),
                      " does not divide the ", m.heads, " heads of ", m.name);
   const float eps = static_cast<float>(m.eps);

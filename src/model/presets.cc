@@ -158,8 +158,9 @@ const Config& find_preset(const std::vector<Config>& list, std::string_view name
     names.push_back(m.name);
   }
   (void)model_preset(name);  // an unknown name: the message lists every preset
-  throw InvalidArgument(
-      detail::concat("model '", name, "' is not a ", kind, " preset; valid: ", names_text(names)));
+  throw ParamError("model", names_text(names),
+                   detail::concat(param("model"), " '", name, "' is not a ", kind,
+                                  " preset; valid: ", names_text(names)));
 }
 
 }  // namespace
@@ -173,8 +174,9 @@ std::vector<std::string> model_preset_names() {
 const ModelPreset& model_preset(std::string_view name) {
   for (const ModelPreset* m : presets().all)
     if (answers_to(*m, name)) return *m;
-  throw InvalidArgument(
-      detail::concat("model '", name, "' is unknown; valid: ", names_text(model_preset_names())));
+  throw ParamError("model", names_text(model_preset_names()),
+                   detail::concat(param("model"), " '", name,
+                                  "' is unknown; valid: ", names_text(model_preset_names())));
 }
 
 const DecoderConfig& decoder_preset(std::string_view name) {
@@ -186,8 +188,8 @@ const DiTConfig& dit_preset(std::string_view name) {
 }
 
 LatentShape latent_shape(const ModelPreset& m, int64_t frames, int64_t height, int64_t width) {
-  SEQPAR_ARG_CHECK(m.family != ModelFamily::kLlm, "model ", m.name,
-                   " is a language model; give a token count, not frames x height x width");
+  SEQPAR_PARAM_CHECK(m.family != ModelFamily::kLlm, "model", "", param("model"), " ", m.name,
+                     " is a language model; give a token count, not frames x height x width");
   const int64_t st = m.vae_stride[0], sh = m.vae_stride[1] * m.patch[1],
                 sw = m.vae_stride[2] * m.patch[2];
   for (auto [flag, v] :

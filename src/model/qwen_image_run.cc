@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "seqpar/core/param_error.h"
 #include "seqpar/model/ops.h"
 #include "seqpar/model/qwen_image.h"
 
@@ -62,8 +63,9 @@ void check_qwen_image_request(const QwenImageConfig& m, const QwenImageRequest& 
   check_text(m, r.text, r.text_lens, B, "encoder_hidden_states", where);
   if (!r.negative.empty())
     check_text(m, r.negative, r.negative_lens, B, "negative_encoder_hidden_states", where);
-  SEQPAR_ARG_CHECK(std::isfinite(r.guidance) && r.guidance >= 0 && r.guidance <= 100, where,
-                   "guidance ", r.guidance, " is invalid; valid: 0..100");
+  SEQPAR_PARAM_CHECK(std::isfinite(r.guidance) && r.guidance >= 0 && r.guidance <= 100, "guidance",
+                     "0..100", where, param("guidance"), " ", r.guidance,
+                     " is invalid; valid: 0..100");
 }
 
 namespace {

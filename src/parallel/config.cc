@@ -200,9 +200,11 @@ void check_config_fields(const ParallelConfig& c, const AttnShape& s) {
     SEQPAR_PARAM_CHECK(d >= 1, name, "at least 1", param(name), " ", d,
                        " is invalid; every degree (", param("cfg"), ", ", param("tp"), ", ",
                        param("ring_degree"), ", ", param("ulysses_degree"), ") must be at least 1");
-  (void)limits::checked_product({m.cfg, m.tp, m.ring, m.ulysses},
-                                "ranks of cfg x tp x ring_degree x ulysses_degree",
-                                limits::kMaxRanks);
+  (void)limits::checked_product(
+      {m.cfg, m.tp, m.ring, m.ulysses},
+      detail::concat("ranks of ", param("cfg"), " x ", param("tp"), " x ", param("ring_degree"),
+                     " x ", param("ulysses_degree")),
+      limits::kMaxRanks);
   // Shape.
   check_range("batch", s.batch, 1, limits::kMaxBatch);
   check_range("heads", s.heads, 1, limits::kMaxHeads);

@@ -10,6 +10,7 @@
 #include "seqpar/core/files.h"
 #include "seqpar/core/json_limits.h"
 #include "seqpar/core/limits.h"
+#include "seqpar/core/param_error.h"
 
 namespace seqpar {
 
@@ -238,14 +239,17 @@ MeshShape resolve_degrees(const DegreeSpec& d) {
   if (d.ring && d.ulysses) {
     m.ring = narrow("ring_degree", d.ring, 1);
     m.ulysses = narrow("ulysses_degree", d.ulysses, 1);
-    SEQPAR_ARG_CHECK(int64_t{m.ring} * m.ulysses == sp, "sequence_parallel_size ", sp,
-                     " must equal ulysses_degree x ring_degree = ", m.ulysses, " x ", m.ring);
+    SEQPAR_PARAM_CHECK(int64_t{m.ring} * m.ulysses == sp, "sequence_parallel_size",
+                       detail::concat(int64_t{m.ring} * m.ulysses), param("sequence_parallel_size"),
+                       " ", sp, " must equal ", param("ulysses_degree"), " x ",
+                       param("ring_degree"), " = ", m.ulysses, " x ", m.ring);
   } else if (d.ulysses || d.ring) {
     const int given =
         narrow(d.ulysses ? "ulysses_degree" : "ring_degree", d.ulysses ? d.ulysses : d.ring, 1);
-    SEQPAR_ARG_CHECK(sp % given == 0, d.ulysses ? "ulysses_degree " : "ring_degree ", given,
-                     " does not divide sequence_parallel_size ", sp,
-                     "; valid: ", divisors_text(sp));
+    const char* name = d.ulysses ? "ulysses_degree" : "ring_degree";
+    SEQPAR_PARAM_CHECK(sp % given == 0, name, divisors_text(sp), param(name), " ", given,
+                       " does not divide ", param("sequence_parallel_size"), " ", sp,
+                       "; valid: ", divisors_text(sp));
     (d.ulysses ? m.ulysses : m.ring) = given;
     (d.ulysses ? m.ring : m.ulysses) = sp / given;
   } else {

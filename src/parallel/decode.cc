@@ -44,6 +44,7 @@
 #include <cstring>
 
 #include "schedule_build.h"
+#include "seqpar/core/param_error.h"
 #include "seqpar/core/timer.h"
 #include "strategy_common.h"
 
@@ -55,9 +56,11 @@ int64_t new_token_share(int64_t fresh, int ranks, int rank) {
 }
 
 KvPlacement decode_placement(int64_t cached, int64_t fresh, int ranks, Layout layout) {
-  SEQPAR_ARG_CHECK(cached >= ranks, "cached ", cached, " is too small: each of the ", ranks,
-                   " ranks needs at least one cached token");
-  SEQPAR_ARG_CHECK(fresh >= 1, "new ", fresh, " is invalid; it must be at least 1");
+  SEQPAR_PARAM_CHECK(cached >= ranks, "cached", detail::concat("at least ", ranks), param("cached"),
+                     " ", cached, " is too small: each of the ", ranks,
+                     " ranks needs at least one cached token");
+  SEQPAR_PARAM_CHECK(fresh >= 1, "new", "at least 1", param("new"), " ", fresh,
+                     " is invalid; it must be at least 1");
   Partition cache(cached, ranks, layout);
   KvPlacement p;
   p.kv_pos.resize(ranks);
@@ -77,17 +80,21 @@ KvPlacement decode_placement(int64_t cached, int64_t fresh, int ranks, Layout la
 
 RequestRuns request_runs(std::span<const int64_t> cached_lens, std::span<const int64_t> fresh_lens,
                          int ranks, Layout layout) {
-  SEQPAR_ARG_CHECK(!cached_lens.empty() && cached_lens.size() == fresh_lens.size(), "cached_lens (",
-                   cached_lens.size(), ") and fresh_lens (", fresh_lens.size(),
-                   ") must give one length per request, at least one request");
-  SEQPAR_ARG_CHECK(ranks >= 1, "ranks ", ranks, " is invalid; it must be at least 1");
+  SEQPAR_PARAM_CHECK(!cached_lens.empty() && cached_lens.size() == fresh_lens.size(), "cached_lens",
+                     "", param("cached_lens"), " (", cached_lens.size(), ") and ",
+                     param("fresh_lens"), " (", fresh_lens.size(),
+                     ") must give one length per request, at least one request");
+  SEQPAR_PARAM_CHECK(ranks >= 1, "ranks", "at least 1", param("ranks"), " ", ranks,
+                     " is invalid; it must be at least 1");
   // Request i occupies [off_i, off_i + P_i + T_i): its cache split by `layout` (the caches as
   // pieces of piece_layout_runs), its new tokens split as decode_placement splits them.
   const size_t m = cached_lens.size();
   std::vector<int64_t> starts(m), offsets(m + 1, 0);
   for (size_t i = 0; i < m; ++i) {
-    SEQPAR_ARG_CHECK(cached_lens[i] >= 1 && fresh_lens[i] >= 1, "request ", i, ": cached_lens ",
-                     cached_lens[i], " and fresh_lens ", fresh_lens[i], " must both be at least 1");
+    SEQPAR_PARAM_CHECK(cached_lens[i] >= 1 && fresh_lens[i] >= 1,
+                       cached_lens[i] >= 1 ? "fresh_lens" : "cached_lens", "at least 1", "request ",
+                       i, ": ", param("cached_lens"), " ", cached_lens[i], " and ",
+                       param("fresh_lens"), " ", fresh_lens[i], " must both be at least 1");
     starts[i] = offsets[i];
     offsets[i + 1] = offsets[i] + cached_lens[i] + fresh_lens[i];
   }
@@ -113,9 +120,10 @@ RequestRuns request_runs(std::span<const int64_t> cached_lens, std::span<const i
     }
   }
   for (int r = 0; r < ranks; ++r)
-    SEQPAR_ARG_CHECK(!out.kv[r].empty(), "rank ", r, " of ", ranks, " would hold no K/V token of ",
-                     "the ", m, " requests (cached_lens, fresh_lens); use fewer ranks or longer ",
-                     "caches");
+    SEQPAR_PARAM_CHECK(!out.kv[r].empty(), "ranks", "", "rank ", r, " of ", ranks,
+                       " would hold no K/V token of the ", m, " requests (", param("cached_lens"),
+                       ", ", param("fresh_lens"), "); use fewer ", param("ranks"),
+                       " or longer caches");
   return out;
 }
 
@@ -171,8 +179,8 @@ void validate_placement(const Communicator& comm, const KvPlacement& place, cons
                    "rank ", r, " holds ", q.dim(1), " queries and ", k.dim(1),
                    " keys; the placement says ", place.q_pos[r].size(), " and ",
                    place.kv_pos[r].size());
-  SEQPAR_ARG_CHECK(q.dim(2) % k.dim(2) == 0, "heads ", q.dim(2), " not divisible by kv_heads ",
-                   k.dim(2));
+  SEQPAR_PARAM_CHECK(q.dim(2) % k.dim(2) == 0, "kv_heads", divisors_text(q.dim(2)), param("heads"),
+                     " ", q.dim(2), " not divisible by ", param("kv_heads"), " ", k.dim(2));
 }
 
 AttnState passq_attention(Communicator& comm, const KvPlacement& place, const Tensor& q,

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "schedule_build.h"
+#include "seqpar/core/param_error.h"
 #include "seqpar/core/timer.h"
 #include "seqpar/parallel/strategy_table.h"
 #include "strategy_common.h"
@@ -42,8 +43,9 @@ JointState joint_attention(Strategy strategy, SpComms& comms, const Partition& p
                            const Tensor& text_q, const Tensor& text_k, const Tensor& text_v,
                            const CpOptions& opts, CpStats* stats) {
   Communicator& comm = comms.sp();
-  SEQPAR_ARG_CHECK(!opts.causal,
-                   "joint attention (text tokens) is bidirectional; causal must be false");
+  SEQPAR_PARAM_CHECK(!opts.causal, "causal", "false",
+                     "joint attention (text tokens) is bidirectional; ", param("causal"),
+                     " must be false");
   SEQPAR_ARG_CHECK(opts.cu_seqlens.empty(), "joint attention (text tokens) with packed ",
                    "documents (cu_seqlens) is not supported; give one or the other");
   SEQPAR_ARG_CHECK(text_q.ndim() == 4 && text_k.ndim() == 4 && text_k.shape() == text_v.shape() &&

@@ -53,8 +53,9 @@ Mesh::Mesh(MeshShape shape, int world_size) : shape_(shape) {
                        param("ring_degree"), ", ", param("ulysses_degree"), ") must be at least 1");
   (void)limits::checked_product(
       {shape.cfg, shape.tp, shape.ring, shape.ulysses},
-      detail::concat("the world size cfg ", shape.cfg, " x tp ", shape.tp, " x ring_degree ",
-                     shape.ring, " x ulysses_degree ", shape.ulysses),
+      detail::concat("the world size ", param("cfg"), " ", shape.cfg, " x ", param("tp"), " ",
+                     shape.tp, " x ", param("ring_degree"), " ", shape.ring, " x ",
+                     param("ulysses_degree"), " ", shape.ulysses),
       limits::kMaxRanks);
   SEQPAR_PARAM_CHECK(world_size >= 0 && world_size <= limits::kMaxRanks, "ranks",
                      detail::concat("1 to ", limits::max_text(limits::kMaxRanks)), param("ranks"),

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "seqpar/core/error.h"
+#include "seqpar/core/param_error.h"
 #include "seqpar/parallel/partition.h"
 
 namespace seqpar {
@@ -58,8 +59,9 @@ int64_t causal_pairs(const PositionRun& q, const PositionRun& k) {
 }  // namespace
 
 PositionRuns layout_runs(int64_t seq, int ranks, Layout layout, int rank) {
-  SEQPAR_ARG_CHECK(seq >= 1 && ranks >= 1 && ranks <= seq && rank >= 0 && rank < ranks,
-                   "layout_runs: seq ", seq, ", ranks ", ranks, ", rank ", rank);
+  SEQPAR_PARAM_CHECK(seq >= 1 && ranks >= 1 && ranks <= seq && rank >= 0 && rank < ranks,
+                     seq >= 1 && ranks <= seq ? "ranks" : "seq", "", "layout_runs: ", param("seq"),
+                     " ", seq, ", ", param("ranks"), " ", ranks, ", rank ", rank);
   switch (layout) {
     case Layout::kContiguous: {
       const int64_t b = chunk_start(seq, ranks, rank), e = chunk_start(seq, ranks, rank + 1);
@@ -189,8 +191,9 @@ int64_t visible_pairs(const PositionRuns& q, const PositionRuns& k, bool causal,
 std::vector<PositionRuns> piece_layout_runs(std::span<const int64_t> starts,
                                             std::span<const int64_t> lens, int ranks,
                                             Layout layout) {
-  SEQPAR_ARG_CHECK(starts.size() == lens.size() && ranks >= 1, "piece_layout_runs: ", starts.size(),
-                   " starts, ", lens.size(), " lengths, ranks ", ranks);
+  SEQPAR_PARAM_CHECK(starts.size() == lens.size() && ranks >= 1, "ranks", "",
+                     "piece_layout_runs: ", starts.size(), " starts, ", lens.size(), " lengths, ",
+                     param("ranks"), " ", ranks);
   SEQPAR_ARG_CHECK(layout != Layout::kCustom, "piece_layout_runs: a custom layout has no rule");
   const int64_t n = ranks;
   std::vector<PositionRuns> out(ranks);

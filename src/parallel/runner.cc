@@ -9,6 +9,7 @@
 #include "seqpar/attention/attention.h"
 #include "seqpar/core/error.h"
 #include "seqpar/core/limits.h"
+#include "seqpar/core/param_error.h"
 #include "seqpar/core/process_memory.h"
 #include "seqpar/core/timer.h"
 #include "seqpar/core/trace.h"
@@ -110,8 +111,9 @@ Tensor with_text(uint64_t seed, const AttnShape& s, SyntheticTensor image, Synth
 }  // namespace
 
 AttnJob resolve_job(ParallelConfig config, const AttnShape& shape, int ranks, bool verify) {
-  SEQPAR_ARG_CHECK(ranks >= 1 && ranks <= limits::kMaxRanks, "ranks ", ranks,
-                   " is out of range; valid: 1 to ", limits::kMaxRanks);
+  SEQPAR_PARAM_CHECK(ranks >= 1 && ranks <= limits::kMaxRanks, "ranks",
+                     detail::concat("1 to ", limits::kMaxRanks), param("ranks"), " ", ranks,
+                     " is out of range; valid: 1 to ", limits::kMaxRanks);
   AttnJob job;
   job.shape = shape;
   if (shape.over_cache() && in_range(shape.cached, 0, limits::kMaxTokens) &&

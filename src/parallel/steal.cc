@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "schedule_build.h"
+#include "seqpar/core/param_error.h"
 #include "seqpar/core/timer.h"
 #include "steal_plan.h"
 #include "strategy_common.h"
@@ -145,10 +146,10 @@ StealPlan steal_plan(const Partition& part, bool causal, int64_t valid_len) {
     const auto pos = part.positions(r);
     count[r] = static_cast<int64_t>(pos.size());
     first[r] = pos.empty() ? 0 : pos.front();
-    SEQPAR_ARG_CHECK(pos.empty() || pos.back() - pos.front() + 1 == count[r],
-                     "schedule 'steal' needs contiguous shards; rank ", r, " of layout '",
-                     layout_name(part.layout()), "' holds positions ", pos.front(), "..",
-                     pos.back(), " with gaps");
+    SEQPAR_PARAM_CHECK(pos.empty() || pos.back() - pos.front() + 1 == count[r], "layout",
+                       "contiguous", param("schedule"), " 'steal' needs contiguous shards; rank ",
+                       r, " of ", param("layout"), " '", layout_name(part.layout()),
+                       "' holds positions ", pos.front(), "..", pos.back(), " with gaps");
   }
   return steal_plan(first, count, causal, valid_len > 0 ? valid_len : part.seq());
 }
@@ -158,8 +159,9 @@ StealPlan steal_plan(const Partition& part, bool causal, int64_t valid_len) {
 AttnState steal_attention(Communicator& comm, const Partition& part, const Tensor& q,
                           const Tensor& k, const Tensor& v, const CpOptions& opts, CpStats* stats) {
   validate_local_shapes(comm, part, q, k, v);
-  SEQPAR_ARG_CHECK(opts.softmax == SoftmaxMode::kOnline, "schedule 'steal' runs with softmax ",
-                   "'online', not '", softmax_mode_name(opts.softmax), "'");
+  SEQPAR_PARAM_CHECK(opts.softmax == SoftmaxMode::kOnline, "softmax", "online", param("schedule"),
+                     " 'steal' runs with ", param("softmax"), " 'online', not '",
+                     softmax_mode_name(opts.softmax), "'");
   const StealPlan plan = steal_plan(part, opts.causal, opts.valid_len);
   if (plan.pieces.empty()) return ring_attention(comm, part, q, k, v, opts, stats);
   if (stats) *stats = CpStats{};
@@ -296,9 +298,9 @@ Schedule steal_schedule_of(const CallRuns& c) {
   for (int r = 0; r < n; ++r) {
     count[r] = run_count(c.q[r]);
     first[r] = count[r] == 0 ? 0 : run_min(c.q[r]);
-    SEQPAR_ARG_CHECK(count[r] == 0 || run_max(c.q[r]) - first[r] + 1 == count[r],
-                     "schedule 'steal' needs contiguous shards; rank ", r, " holds positions ",
-                     first[r], "..", run_max(c.q[r]), " with gaps");
+    SEQPAR_PARAM_CHECK(count[r] == 0 || run_max(c.q[r]) - first[r] + 1 == count[r], "layout",
+                       "contiguous", param("schedule"), " 'steal' needs contiguous shards; rank ",
+                       r, " holds positions ", first[r], "..", run_max(c.q[r]), " with gaps");
   }
   const StealPlan plan = steal_plan(first, count, c.causal, c.valid_len > 0 ? c.valid_len : c.seq);
   Schedule s = empty_schedule(c);
@@ -361,10 +363,12 @@ Schedule steal_schedule_of(const CallRuns& c) {
 }
 
 Schedule steal_schedule(const ParallelConfig& cfg, const AttnShape& shape) {
-  SEQPAR_ARG_CHECK(cfg.softmax == SoftmaxMode::kOnline, "schedule 'steal' runs with softmax ",
-                   "'online', not '", softmax_mode_name(cfg.softmax), "'");
-  SEQPAR_ARG_CHECK(cfg.layout == Layout::kContiguous, "schedule 'steal' balances contiguous ",
-                   "shards; layout '", layout_name(cfg.layout), "' is not");
+  SEQPAR_PARAM_CHECK(cfg.softmax == SoftmaxMode::kOnline, "softmax", "online", param("schedule"),
+                     " 'steal' runs with ", param("softmax"), " 'online', not '",
+                     softmax_mode_name(cfg.softmax), "'");
+  SEQPAR_PARAM_CHECK(cfg.layout == Layout::kContiguous, "layout", "contiguous", param("schedule"),
+                     " 'steal' balances contiguous shards; ", param("layout"), " '",
+                     layout_name(cfg.layout), "' is not");
   return steal_schedule_of(sequence_runs(cfg, shape));
 }
 

@@ -3,16 +3,17 @@
 #include <numeric>
 
 #include "schedule_build.h"
+#include "seqpar/core/param_error.h"
 #include "seqpar/parallel/strategy_table.h"
 #include "strategy_common.h"
 
 namespace seqpar {
 
 void check_softmax_mode(Strategy strategy, const CpOptions& opts) {
-  SEQPAR_ARG_CHECK(opts.softmax == SoftmaxMode::kOnline || has_ring(strategy),
-                   "softmax 'const-max' needs a ring: valid with strategy 'ring' or 'usp' (its "
-                   "ring part), not '",
-                   strategy_name(strategy), "'");
+  SEQPAR_PARAM_CHECK(opts.softmax == SoftmaxMode::kOnline || has_ring(strategy), "softmax",
+                     "online", param("softmax"), " 'const-max' needs a ring: valid with ",
+                     param("strategy"), " 'ring' or 'usp' (its ring part), not '",
+                     strategy_name(strategy), "'");
 }
 
 // ---- communicators -------------------------------------------------------------------------
@@ -20,9 +21,9 @@ void check_softmax_mode(Strategy strategy, const CpOptions& opts) {
 SpComms::SpComms(Communicator& sp, int ulysses_degree)
     : sp_(sp), ulysses_degree_(ulysses_degree == 0 ? sp.size() : ulysses_degree) {
   const int n = sp.size();
-  SEQPAR_ARG_CHECK(ulysses_degree_ >= 1 && n % ulysses_degree_ == 0, "ulysses_degree ",
-                   ulysses_degree_, " does not divide the ", n,
-                   " ranks; valid: ", divisors_text(n));
+  SEQPAR_PARAM_CHECK(ulysses_degree_ >= 1 && n % ulysses_degree_ == 0, "ulysses_degree",
+                     divisors_text(n), param("ulysses_degree"), " ", ulysses_degree_,
+                     " does not divide the ", n, " ranks; valid: ", divisors_text(n));
   if (ulysses_degree_ != n) ulysses_ = sp.split(sp.rank() / ulysses_degree_, sp.rank());
   if (ulysses_degree_ != 1) ring_ = sp.split(sp.rank() % ulysses_degree_, sp.rank());
 }
@@ -83,8 +84,9 @@ void validate_local_shapes(const Communicator& comm, const Partition& part, cons
                    " must have the same shape");
   SEQPAR_ARG_CHECK(q.dim(0) == k.dim(0) && q.dim(3) == k.dim(3), "q ", q.shape_str(), " and k ",
                    k.shape_str(), " must agree on batch and head_dim");
-  SEQPAR_ARG_CHECK(k.dim(2) >= 1 && q.dim(2) % k.dim(2) == 0, "heads ", q.dim(2),
-                   " is not divisible by kv_heads ", k.dim(2));
+  SEQPAR_PARAM_CHECK(k.dim(2) >= 1 && q.dim(2) % k.dim(2) == 0, "kv_heads", divisors_text(q.dim(2)),
+                     param("heads"), " ", q.dim(2), " is not divisible by ", param("kv_heads"), " ",
+                     k.dim(2));
   SEQPAR_ARG_CHECK(q.dtype() == k.dtype() && k.dtype() == v.dtype(), "q, k, v must have one dtype");
 }
 
@@ -94,8 +96,9 @@ void check_strategy_shape(Strategy strategy, const Partition& part, int64_t head
   check_softmax_mode(strategy, opts);
   if (!uses_ulysses(strategy)) return;
   const int u = strategy == Strategy::kUlysses ? n : (ulysses_degree == 0 ? n : ulysses_degree);
-  SEQPAR_ARG_CHECK(u >= 1 && n % u == 0, "ulysses_degree ", u, " does not divide the ", n,
-                   " ranks; valid: ", divisors_text(n));
+  SEQPAR_PARAM_CHECK(u >= 1 && n % u == 0, "ulysses_degree", divisors_text(n),
+                     param("ulysses_degree"), " ", u, " does not divide the ", n,
+                     " ranks; valid: ", divisors_text(n));
   if (opts.ulysses_mode == UlyssesMode::kStrict) {
     // Degrees that would work: for ulysses (degree = ranks) those dividing heads and sequence;
     // for usp the divisors of the ranks that divide the heads.
@@ -105,22 +108,25 @@ void check_strategy_shape(Strategy strategy, const Partition& part, int64_t head
                                                        : n % d == 0 && heads % d == 0;
       if (fits) valid += (valid.empty() ? "" : ", ") + std::to_string(d);
     }
-    SEQPAR_ARG_CHECK(heads % u == 0, "ulysses_mode 'strict' needs heads ", heads,
-                     " divisible by the Ulysses degree ", u,
-                     "; valid degrees here: ", valid.empty() ? "none" : valid,
-                     "; or use ulysses_mode 'uaa'");
+    SEQPAR_PARAM_CHECK(heads % u == 0, "ulysses_mode", "uaa", param("ulysses_mode"),
+                       " 'strict' needs ", param("heads"), " ", heads,
+                       " divisible by the Ulysses degree ", u,
+                       "; valid degrees here: ", valid.empty() ? "none" : valid, "; or use ",
+                       param("ulysses_mode"), " 'uaa'");
     // The all-to-all of strict mode needs equal shards inside each Ulysses group.
     for (int r = 0; r < n; ++r) {
       const int first = r / u * u;
-      SEQPAR_ARG_CHECK(part.count(r) == part.count(first), "ulysses_mode 'strict' needs equal ",
-                       "shards in a Ulysses group, but rank ", first, " holds ", part.count(first),
-                       " tokens and rank ", r, " holds ", part.count(r), " (seq ", part.seq(),
-                       " on ", n, " ranks, remainder ", part.seq() % n, "); ",
-                       part.seq() % n != 0 || part.layout() == Layout::kCustom
-                           ? detail::concat("pad to ", (part.seq() + n - 1) / n * n,
-                                            " tokens (pad), or use ulysses_mode 'uaa'")
-                           : std::string("packed documents (seq_lens) split per document: "
-                                         "use layout 'contiguous', or ulysses_mode 'uaa'"));
+      SEQPAR_PARAM_CHECK(
+          part.count(r) == part.count(first), "ulysses_mode", "uaa", param("ulysses_mode"),
+          " 'strict' needs equal shards in a Ulysses group, but rank ", first, " holds ",
+          part.count(first), " tokens and rank ", r, " holds ", part.count(r), " (", param("seq"),
+          " ", part.seq(), " on ", n, " ranks, remainder ", part.seq() % n, "); ",
+          part.seq() % n != 0 || part.layout() == Layout::kCustom
+              ? detail::concat("pad to ", (part.seq() + n - 1) / n * n, " tokens (", param("pad"),
+                               "), or use ", param("ulysses_mode"), " 'uaa'")
+              : detail::concat("packed documents (", param("seq_lens"),
+                               ") split per document: use ", param("layout"), " 'contiguous', or ",
+                               param("ulysses_mode"), " 'uaa'"));
     }
   }
   if (strategy == Strategy::kUsp && opts.ulysses_mode == UlyssesMode::kStrict) {
@@ -132,11 +138,12 @@ void check_strategy_shape(Strategy strategy, const Partition& part, int64_t head
       lengths.push_back(len);
     }
     for (size_t g = 1; g < lengths.size(); ++g)
-      SEQPAR_ARG_CHECK(lengths[g] == lengths[0],
-                       "usp ring groups hold different lengths after "
-                       "the Ulysses exchange (group 0: ",
-                       lengths[0], " tokens, group ", g, ": ", lengths[g],
-                       "); make seq divisible by the ranks or use ulysses_mode 'uaa'");
+      SEQPAR_PARAM_CHECK(lengths[g] == lengths[0], "ulysses_mode", "uaa",
+                         "usp ring groups hold different lengths after "
+                         "the Ulysses exchange (group 0: ",
+                         lengths[0], " tokens, group ", g, ": ", lengths[g], "); make ",
+                         param("seq"), " divisible by the ranks or use ", param("ulysses_mode"),
+                         " 'uaa'");
   }
 }
 

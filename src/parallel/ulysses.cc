@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "schedule_build.h"
+#include "seqpar/core/param_error.h"
 #include "seqpar/core/timer.h"
 #include "strategy_common.h"
 
@@ -327,9 +328,10 @@ JointState ulysses_joint_attention(Strategy strategy, SpComms& comms, const Part
                                    const Tensor& q, const Tensor& k, const Tensor& v,
                                    const Tensor& text_q, const Tensor& text_k, const Tensor& text_v,
                                    const CpOptions& opts, CpStats* stats) {
-  SEQPAR_ARG_CHECK(strategy == Strategy::kUlysses || strategy == Strategy::kUsp,
-                   "text split by head needs a Ulysses group: strategy ulysses or usp, not ",
-                   strategy_name(strategy));
+  SEQPAR_PARAM_CHECK(strategy == Strategy::kUlysses || strategy == Strategy::kUsp, "strategy",
+                     "ulysses, usp",
+                     "text split by head needs a Ulysses group: ", param("strategy"),
+                     " ulysses or usp, not ", strategy_name(strategy));
   SEQPAR_ARG_CHECK(!opts.causal && opts.cu_seqlens.empty(),
                    "joint attention (text tokens) is bidirectional, without documents");
   Communicator& sp = comms.sp();

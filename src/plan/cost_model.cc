@@ -29,7 +29,9 @@ void check_workload_limits(const Workload& w) {
   limits::check_range("seq", w.seq, 0, limits::kMaxTokens);
   limits::check_range("text_tokens", w.text_tokens, 0, limits::kMaxTokens);
   limits::check_range("cross_tokens", w.cross_tokens, 0, limits::kMaxTokens);
-  const int64_t s = checked_add(w.seq, w.text_tokens, "tokens (seq + text_tokens)");
+  const int64_t s =
+      checked_add(w.seq, w.text_tokens,
+                  detail::concat("tokens (", param("seq"), " + ", param("text_tokens"), ")"));
   const int64_t b = checked_product({w.batch, w.cfg_branches}, "batch x guidance branches");
   // Every int64 count of the model is at most one of these (times small constants).
   (void)checked_product({b, w.heads, s, std::max(s, w.cross_tokens)},
@@ -181,14 +183,15 @@ class MeshModel {
   // (cfg against the guidance branches, tp of a bare call, usp with both degrees above 1, one
   // sp rank is local), and the shape the sequence-parallel group sees.
   void validate() {
-    SEQPAR_ARG_CHECK(w_.heads >= 1 && w_.kv_heads >= 1 && w_.heads % w_.kv_heads == 0 &&
-                         w_.head_dim >= 1 && w_.batch >= 1 && w_.seq >= 1,
-                     "the workload needs heads divisible by kv heads, head_dim, batch and tokens");
+    SEQPAR_PARAM_CHECK(w_.heads >= 1 && w_.kv_heads >= 1 && w_.heads % w_.kv_heads == 0 &&
+                           w_.head_dim >= 1 && w_.batch >= 1 && w_.seq >= 1,
+                       "heads", "", "the workload needs heads divisible by kv heads, ",
+                       param("head_dim"), ", ", param("batch"), " and tokens");
     check_mesh_degrees(w_, m_.mesh.cfg, m_.mesh.tp);
     validate_config(m_, workload_shape(w_));
     N_ = m_.sp();
-    SEQPAR_ARG_CHECK(N_ > 1 || m_.strategy == Strategy::kLocal,
-                     "one sequence-parallel rank: strategy local only");
+    SEQPAR_PARAM_CHECK(N_ > 1 || m_.strategy == Strategy::kLocal, "strategy", "local",
+                       "one sequence-parallel rank: ", param("strategy"), " local only");
     SEQPAR_ARG_CHECK(m_.strategy != Strategy::kUsp || (m_.mesh.ulysses > 1 && m_.mesh.ring > 1),
                      "usp needs a ulysses degree and a ring degree above 1");
     shape_ = workload_shape(w_);

@@ -12,6 +12,7 @@
 #include "seqpar/core/files.h"
 #include "seqpar/core/json_limits.h"
 #include "seqpar/core/limits.h"
+#include "seqpar/core/param_error.h"
 
 namespace seqpar {
 
@@ -54,9 +55,9 @@ bool file_exists(const std::string& path) { return ::access(path.c_str(), F_OK) 
 
 // Never blocks (a FIFO is refused, not opened for reading).
 HardwareProfile read_profile_file(const std::string& path) {
-  SEQPAR_ARG_CHECK(file_exists(path), "hardware '", path, "'",
-                   ": cannot read the file; valid names: ", names_text(),
-                   ", or a path to a profile JSON file");
+  SEQPAR_PARAM_CHECK(file_exists(path), "hardware", "", param("hardware"), " '", path, "'",
+                     ": cannot read the file; valid names: ", names_text(),
+                     ", or a path to a profile JSON file");
   return hardware_profile_from_json(
       files::read_input("hardware", path, "a profile JSON file", limits::kMaxFileBytes), path);
 }
@@ -93,8 +94,9 @@ std::vector<std::string> hardware_profile_names() {
 HardwareProfile hardware_profile(std::string_view name) {
   for (const auto& p : builtin_profiles())
     if (p.name == name) return p;
-  throw InvalidArgument(detail::concat("hardware '", name, "' is unknown; valid: ", names_text(),
-                                       ", or a path to a profile JSON file"));
+  throw ParamError("hardware", "",
+                   detail::concat(param("hardware"), " '", name, "' is unknown; valid: ",
+                                  names_text(), ", or a path to a profile JSON file"));
 }
 
 std::string user_profile_dir() {
@@ -108,8 +110,8 @@ std::string user_profile_dir() {
 
 HardwareProfile load_hardware_profile(std::string_view name_or_path) {
   const std::string s(name_or_path);
-  SEQPAR_ARG_CHECK(!s.empty(), "hardware is empty; valid: ", names_text(),
-                   ", or a path to a profile JSON file");
+  SEQPAR_PARAM_CHECK(!s.empty(), "hardware", "", param("hardware"),
+                     " is empty; valid: ", names_text(), ", or a path to a profile JSON file");
   const bool is_path = s.find('/') != std::string::npos ||
                        (s.size() > 5 && s.compare(s.size() - 5, 5, ".json") == 0);
   if (is_path) return read_profile_file(s);
@@ -125,6 +127,8 @@ HardwareProfile load_hardware_profile(std::string_view name_or_path) {
 
 HardwareProfile hardware_profile_from_json(std::string_view text, std::string_view source) {
   const std::string label = detail::concat("hardware profile ", source);
+  // The messages below name the profile as the parameter that gave it.
+  const std::string marked = detail::concat(param("hardware"), " profile ", source);
   check_json_limits(text, label, kHardwareProfileLimits);
   json j;
   try {
@@ -132,10 +136,11 @@ HardwareProfile hardware_profile_from_json(std::string_view text, std::string_vi
   } catch (const json::exception& e) {
     // A syntax error, or a number out of range (1e400: out_of_range, not parse_error). nlohmann
     // quotes the whole offending token: keep the message short.
-    throw InvalidArgument(detail::concat(
-        label, " is not valid JSON: ", quote_for_message(e.what(), kParseErrorChars)));
+    throw ParamError("hardware", "",
+                     detail::concat(marked, " is not valid JSON: ",
+                                    quote_for_message(e.what(), kParseErrorChars)));
   }
-  SEQPAR_ARG_CHECK(j.is_object(), "hardware profile ", source, " must be a JSON object");
+  SEQPAR_PARAM_CHECK(j.is_object(), "hardware", "", marked, " must be a JSON object");
   HardwareProfile p;
   p.source = std::string(source);
   std::vector<std::string> known;
@@ -157,28 +162,27 @@ HardwareProfile hardware_profile_from_json(std::string_view text, std::string_vi
         field = it->get<std::string>();
       }
     } catch (const std::exception& e) {
-      throw InvalidArgument(detail::concat("hardware profile ", source, ": field \"", key,
-                                           "\" has the wrong type (", json_excerpt(*it), ")"));
+      throw ParamError("hardware", "",
+                       detail::concat(marked, ": field \"", key, "\" has the wrong type (",
+                                      json_excerpt(*it), ")"));
     }
   });
   for (auto it = j.begin(); it != j.end(); ++it)
-    SEQPAR_ARG_CHECK(std::find(known.begin(), known.end(), it.key()) != known.end(),
-                     "hardware profile ", source, ": unknown field \"", quote_for_message(it.key()),
-                     "\"");
-  SEQPAR_ARG_CHECK(!p.name.empty(), "hardware profile ", source, " lacks \"name\"");
-  SEQPAR_ARG_CHECK(p.attention_flops > 0 && p.intra_node_bw > 0 && p.inter_node_bw > 0,
-                   "hardware profile ", source, " needs positive \"attention_flops\", ",
-                   "\"intra_node_bw\" and \"inter_node_bw\"");
-  SEQPAR_ARG_CHECK(p.latency_s >= 0 && p.inter_node_latency_s >= 0 && p.gemm_flops >= 0 &&
-                       p.local_copy_bw >= 0 && p.memory_bytes >= 0 && p.cores_per_node >= 0,
-                   "hardware profile ", source,
-                   ": rates, latencies and sizes must not be negative");
-  SEQPAR_ARG_CHECK(p.overlap >= 0 && p.overlap <= 1, "hardware profile ", source,
-                   ": \"overlap\" must be between 0 and 1");
-  SEQPAR_ARG_CHECK(p.thread_efficiency > 0 && p.thread_efficiency <= 1, "hardware profile ", source,
-                   ": \"thread_efficiency\" must be in (0, 1]");
-  SEQPAR_ARG_CHECK(p.dtype == "fp32" || p.dtype == "bf16" || p.dtype == "fp16", "hardware profile ",
-                   source, ": \"dtype\" must be fp32, bf16 or fp16");
+    SEQPAR_PARAM_CHECK(std::find(known.begin(), known.end(), it.key()) != known.end(), "hardware",
+                       "", marked, ": unknown field \"", quote_for_message(it.key()), "\"");
+  SEQPAR_PARAM_CHECK(!p.name.empty(), "hardware", "", marked, " lacks \"name\"");
+  SEQPAR_PARAM_CHECK(p.attention_flops > 0 && p.intra_node_bw > 0 && p.inter_node_bw > 0,
+                     "hardware", "", marked, " needs positive \"attention_flops\", ",
+                     "\"intra_node_bw\" and \"inter_node_bw\"");
+  SEQPAR_PARAM_CHECK(p.latency_s >= 0 && p.inter_node_latency_s >= 0 && p.gemm_flops >= 0 &&
+                         p.local_copy_bw >= 0 && p.memory_bytes >= 0 && p.cores_per_node >= 0,
+                     "hardware", "", marked, ": rates, latencies and sizes must not be negative");
+  SEQPAR_PARAM_CHECK(p.overlap >= 0 && p.overlap <= 1, "hardware", "", marked,
+                     ": \"overlap\" must be between 0 and 1");
+  SEQPAR_PARAM_CHECK(p.thread_efficiency > 0 && p.thread_efficiency <= 1, "hardware", "", marked,
+                     ": \"thread_efficiency\" must be in (0, 1]");
+  SEQPAR_PARAM_CHECK(p.dtype == "fp32" || p.dtype == "bf16" || p.dtype == "fp16", "hardware", "",
+                     marked, ": \"dtype\" must be fp32, bf16 or fp16");
   return p;
 }
 

@@ -32,9 +32,10 @@ const ModelPreset& preset_or_hint(const std::string& name) {
   } catch (const InvalidArgument&) {
     std::string valid;
     for (const auto& n : model_preset_names()) valid += (valid.empty() ? "" : ", ") + n;
-    throw InvalidArgument(detail::concat(
-        "model '", name, "' is unknown; nearest: ", nearest_name(name, model_preset_names()),
-        " (valid: ", valid, ")"));
+    throw ParamError(
+        "model", valid,
+        detail::concat(param("model"), " '", name, "' is unknown; nearest: ",
+                       nearest_name(name, model_preset_names()), " (valid: ", valid, ")"));
   }
 }
 
@@ -256,7 +257,9 @@ ResolvedPlanSpec resolve_plan_spec(const PlanSpec& o, HardwareProfile hw) {
   (void)limits::checked_product(
       {std::max<int64_t>(o.cfg, 1), std::max<int64_t>(o.tp, 1),
        std::max<int64_t>(o.ulysses_degree, 1), std::max<int64_t>(o.ring_degree, 1)},
-      "the ranks of cfg x tp x ulysses_degree x ring_degree", limits::kMaxRanks);
+      detail::concat("the ranks of ", param("cfg"), " x ", param("tp"), " x ",
+                     param("ulysses_degree"), " x ", param("ring_degree")),
+      limits::kMaxRanks);
   if (!o.strategy.empty()) req.strategy = parse_strategy(o.strategy);
   if (!o.layout.empty()) req.layout = parse_layout(o.layout);
   if (!o.ulysses_mode.empty()) req.ulysses_mode = parse_ulysses_mode(o.ulysses_mode);
@@ -312,12 +315,13 @@ std::vector<int> simulation_sizes(const std::string& sim_ranks, const PlanReques
       largest_simulated_size(req.work, sizes, m.layout, m.cfg, m.tp, kMaxPlanWork - plan);
   PlanWork with_plan = plan_work(req, req.world);
   with_plan += work;
-  SEQPAR_ARG_CHECK(!given && last > 0, "sim_ranks ", sizes.front(), ":", sizes.back(),
-                   ": simulating at ", req.work.seq, " tokens beside the plan means costing ",
-                   with_plan.text(), ", more than the limit of about ",
-                   kMaxPlanWork / 1'000'000'000.0, " s; ",
-                   last > 0 ? detail::concat("sim_ranks ", sizes.front(), ":", last)
-                            : std::string("plan fewer tokens"));
+  SEQPAR_PARAM_CHECK(!given && last > 0, "sim_ranks",
+                     last > 0 ? detail::concat(sizes.front(), ":", last) : std::string(),
+                     param("sim_ranks"), " ", sizes.front(), ":", sizes.back(), ": simulating at ",
+                     req.work.seq, " tokens beside the plan means costing ", with_plan.text(),
+                     ", more than the limit of about ", kMaxPlanWork / 1'000'000'000.0, " s; ",
+                     last > 0 ? detail::concat(param("sim_ranks"), " ", sizes.front(), ":", last)
+                              : std::string("plan fewer tokens"));
   char seconds[32];
   std::snprintf(seconds, sizeof seconds, "%.2g", static_cast<double>(with_plan.ns) / 1e9);
   *note = detail::concat(sizes.back(), " ranks would take about ", seconds,

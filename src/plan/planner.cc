@@ -16,6 +16,12 @@ namespace seqpar {
 
 namespace {
 
+// A refused mesh's reason: as the error says it, and marked (core/param_error.h).
+Rejection rejection(const ParallelConfig& m, const InvalidArgument& e) {
+  const auto* p = dynamic_cast<const ParamError*>(&e);
+  return {m, false, e.what(), p ? p->marked() : std::string(e.what())};
+}
+
 std::vector<int> divisors(int x) {
   std::vector<int> d;
   for (int64_t v : limits::divisors(x)) d.push_back(static_cast<int>(v));
@@ -119,7 +125,7 @@ std::vector<MeshShape> meshes_of(const PlanRequest& req, Reject&& reject_degrees
       } catch (const InvalidArgument& e) {
         ParallelConfig m;
         m.mesh = {.cfg = cfg, .tp = tp, .ring = 0, .ulysses = 0};
-        reject_degrees(m, e.what());
+        reject_degrees(rejection(m, e));
         continue;
       }
       const int sp = req.world / cfg / tp;
@@ -255,11 +261,13 @@ Enumerated enumerate_and_cost(const PlanRequest& req, bool stop_when_runs = fals
           MeshCost c = cost_mesh(req.work, m, req.hw, req.memory_limit);
           (c.fits_memory ? out.fit : out.over).push_back(std::move(c));
         } catch (const InvalidArgument& e) {
-          g.rejected.push_back({m, false, e.what()});
+          g.rejected.push_back(rejection(m, e));
         }
       },
-      [&](const ParallelConfig& m, const std::string& reason) {
-        groups.push_back({{{m, true, reason}}, 1, tie_order(m)});
+      [&](Rejection r) {
+        r.any_layout = true;
+        const auto order = tie_order(r.config);
+        groups.push_back({{std::move(r)}, 1, order});
       });
   auto in_order = [](const auto& a, const auto& b) {
     return tie_order(a.config) < tie_order(b.config);
@@ -339,7 +347,7 @@ std::string nearest_running_worlds(const PlanRequest& req, int64_t* budget) {
     const std::optional<bool> r = runs(w2);
     if (!r) break;
     if (*r) {
-      s = detail::concat("ranks ", w2);
+      s = detail::concat(param("ranks"), " ", w2);
       break;
     }
   }
@@ -349,7 +357,7 @@ std::string nearest_running_worlds(const PlanRequest& req, int64_t* budget) {
     const std::optional<bool> r = runs(w2);
     if (!r) break;
     if (*r) {
-      s += detail::concat(s.empty() ? "" : " or ", "ranks ", w2);
+      s += detail::concat(s.empty() ? "" : " or ", param("ranks"), " ", w2);
       break;
     }
   }
@@ -390,7 +398,10 @@ std::string what_fits(const PlanRequest& req) {
   if (!unpinned.empty()) {
     std::string pin = "pin";
     for (size_t i = 0; i < unpinned.size(); ++i)
-      pin += detail::concat(i == 0 ? " " : i + 1 == unpinned.size() ? " and " : ", ", unpinned[i]);
+      pin += detail::concat(i == 0                     ? " "
+                            : i + 1 == unpinned.size() ? " and "
+                                                       : ", ",
+                            param(unpinned[i]));
     ways.push_back(pin);
   }
   auto fits = [](const PlanRequest& r, int world) {
@@ -399,7 +410,7 @@ std::string what_fits(const PlanRequest& req) {
   };
   for (int w2 = req.world / 2; w2 >= 2; w2 /= 2)
     if (fits(req, w2)) {
-      ways.push_back(detail::concat("ranks ", w2));
+      ways.push_back(detail::concat(param("ranks"), " ", w2));
       break;
     }
   PlanRequest r2 = req;
@@ -408,7 +419,7 @@ std::string what_fits(const PlanRequest& req) {
     tokens /= 2;
     if (r2.work.decode()) r2.work.seq = r2.work.cached + r2.work.fresh;
     if (fits(r2, req.world)) {
-      ways.push_back(detail::concat(r2.work.decode() ? "new " : "seq ", tokens));
+      ways.push_back(detail::concat(param(r2.work.decode() ? "new" : "seq"), " ", tokens));
       break;
     }
   }
@@ -656,8 +667,7 @@ PlanWork plan_work(const PlanRequest& req, int world) {
   r.world = world;
   PlanWork work;
   enumerate(
-      r, [&](const ParallelConfig& m) { work += mesh_work(r.work, m); },
-      [](const ParallelConfig&, const std::string&) {});
+      r, [&](const ParallelConfig& m) { work += mesh_work(r.work, m); }, [](const Rejection&) {});
   if (r.work.decode())
     for (const ParallelConfig& m : decode_meshes(r, world)) work += mesh_work(r.work, m);
   return work;
@@ -685,9 +695,10 @@ Plan make_plan(const PlanRequest& req) {
                    "the pinned degrees must be 0 (any) or more");
   check_workload_limits(req.work);
   const PlanWork work = plan_work(req, req.world);
-  SEQPAR_ARG_CHECK(work.ns <= kMaxPlanWork, "planning ", req.world, " ranks at ", req.work.seq,
-                   " tokens means costing ", work.text(), ", more than the limit of about ",
-                   kMaxPlanWork / 1'000'000'000.0, " s; ", what_fits(req));
+  if (work.ns > kMaxPlanWork)
+    throw_marked(detail::concat(
+        "planning ", req.world, " ranks at ", req.work.seq, " tokens means costing ", work.text(),
+        ", more than the limit of about ", kMaxPlanWork / 1'000'000'000.0, " s; ", what_fits(req)));
   int64_t budget = kMaxPlanWork - work.ns;  // for the searches of a nearest world size
   Plan plan;
   plan.request = req;
@@ -702,16 +713,17 @@ Plan make_plan(const PlanRequest& req) {
   const HardwareProfile& hw = req.hw;
   for (const auto* list : {&plan.ranked, &plan.over_memory})
     for (const MeshCost& c : *list)
-      SEQPAR_ARG_CHECK(std::isfinite(c.step_s), "hardware profile ", hw.name,
-                       " predicts a step time that is not finite for ", config_label(c.config),
-                       ": its rates (attention_flops ", hw.attention_flops, ", gemm_flops ",
-                       hw.gemm_flops, ", intra_node_bw ", hw.intra_node_bw, ", inter_node_bw ",
-                       hw.inter_node_bw, ", local_copy_bw ", hw.local_copy_bw,
-                       ") are too small for ", what, "; give FLOP/s and bytes/s");
+      SEQPAR_PARAM_CHECK(std::isfinite(c.step_s), "hardware", "", param("hardware"), " profile ",
+                         hw.name, " predicts a step time that is not finite for ",
+                         config_label(c.config), ": its rates (attention_flops ",
+                         hw.attention_flops, ", gemm_flops ", hw.gemm_flops, ", intra_node_bw ",
+                         hw.intra_node_bw, ", inter_node_bw ", hw.inter_node_bw, ", local_copy_bw ",
+                         hw.local_copy_bw, ") are too small for ", what,
+                         "; give FLOP/s and bytes/s");
   if (plan.ranked.empty() && plan.over_memory.empty()) {
     std::string reason =
-        plan.rejected.empty() ? "the pins leave no mesh" : plan.rejected.front().reason;
-    throw InvalidArgument(
+        plan.rejected.empty() ? "the pins leave no mesh" : plan.rejected.front().marked;
+    throw_marked(
         detail::concat("no mesh of ", req.world, " ranks can run ", what, ": ", reason,
                        "; nearest world sizes that run: ", nearest_running_worlds(req, &budget)));
   }
@@ -720,15 +732,16 @@ Plan make_plan(const PlanRequest& req) {
     MeshCost best;
     const int w2 = nearest_fitting_world(req, &budget, &best);
     const std::string alt =
-        w2 > 0    ? detail::concat("ranks ", w2, " (", config_label(best.config), ", ",
+        w2 > 0    ? detail::concat(param("ranks"), " ", w2, " (", config_label(best.config), ", ",
                                    gb(best.memory_bytes), " per rank)")
         : w2 == 0 ? std::string("no world size up to 64x fits")
                   : std::string("no world size fits before the search reaches the work limit");
-    throw InvalidArgument(detail::concat(
-        "no mesh of ", req.world, " ranks fits ", what, " in ", gb(smallest.memory_limit),
-        " per rank: the smallest needs ", gb(smallest.memory_bytes), " (",
-        config_label(smallest.config), "); nearest: ", alt, ", or memory_limit ",
-        gb_limit(smallest.memory_bytes), " (GB)"));
+    throw ParamError("memory_limit", gb_limit(smallest.memory_bytes),
+                     detail::concat("no mesh of ", req.world, " ranks fits ", what, " in ",
+                                    gb(smallest.memory_limit), " per rank: the smallest needs ",
+                                    gb(smallest.memory_bytes), " (", config_label(smallest.config),
+                                    "); nearest: ", alt, ", or ", param("memory_limit"), " ",
+                                    gb_limit(smallest.memory_bytes), " (GB)"));
   }
   return plan;
 }

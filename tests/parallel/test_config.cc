@@ -8,11 +8,13 @@
 #include <functional>
 #include <string>
 
+#include "seqpar/core/dtype.h"
 #include "seqpar/core/error.h"
 #include "seqpar/core/limits.h"
 #include "seqpar/core/param_error.h"
 #include "seqpar/parallel/config.h"
 #include "seqpar/parallel/config_file.h"
+#include "seqpar/parallel/mesh.h"
 #include "seqpar/parallel/strategy_table.h"
 
 namespace seqpar {
@@ -203,6 +205,13 @@ TEST(Validate, ErrorsCarryTheParameter) {
        [](Base& b) { b.s.seq = 3; }},
       {"heads", "1 to 65536 (2^16)", "--heads 0 is out of range; valid: 1 to 65536 (2^16)",
        [](Base& b) { b.s.heads = 0; }},
+      {"ulysses_mode", "uaa",
+       "--ulysses-mode 'strict' needs --heads 6 divisible by the Ulysses degree 4; valid degrees "
+       "here: 1, 2; or use --ulysses-mode 'uaa'",
+       [](Base& b) {
+         b.c.strategy = Strategy::kUlysses, b.c.mesh = {1, 1, 1, 4}, b.s.heads = 6,
+         b.s.kv_heads = 6, b.c.ulysses_mode = UlyssesMode::kStrict;
+       }},
       {"fresh_lens", "lengths summing to 2", "--new-lens sum to 3 but --new is 2",
        [](Base& b) {
          b.c.strategy = Strategy::kPassKv, b.s.cached = 8, b.s.fresh = 2;
@@ -232,6 +241,70 @@ TEST(Validate, ErrorsCarryTheParameter) {
   EXPECT_EQ(front_end_name("ulysses_degree", FrontEnd::kPython), "ulysses_degree");
   EXPECT_EQ(front_end_name("ulysses_degree", FrontEnd::kCommandLine), "ulysses-degree");
   EXPECT_EQ(front_end_name("--seq", FrontEnd::kCommandLine), "--seq");
+}
+
+// The library's other parameter checks (the degrees of a parallel config, dtype, threads, the
+// mesh's size, sums and products of named counts) carry their parameter the same way.
+TEST(Validate, LibraryChecksCarryTheParameter) {
+  struct Case {
+    std::string parameter, expected, command_line;
+    std::function<void()> fails;
+  };
+  auto spec = [](std::optional<int64_t> sp, std::optional<int64_t> u, std::optional<int64_t> r) {
+    DegreeSpec d;
+    d.sp = sp, d.ulysses = u, d.ring = r;
+    return d;
+  };
+  const Case cases[] = {
+      {"sequence_parallel_size", "6",
+       "--sequence-parallel-size 4 must equal --ulysses-degree x --ring-degree = 2 x 3",
+       [&] { (void)resolve_degrees(spec(4, 2, 3)); }},
+      {"ulysses_degree", "1, 2, 4", "--ulysses-degree 3 does not divide --sequence-parallel-size 4",
+       [&] { (void)resolve_degrees(spec(4, 3, std::nullopt)); }},
+      {"ring_degree", "1, 2, 4", "--ring-degree 3 does not divide --sequence-parallel-size 4",
+       [&] { (void)resolve_degrees(spec(4, std::nullopt, 3)); }},
+      {"dtype", "fp32, bf16, fp16", "--dtype 'int8' is unknown; valid: fp32, bf16, fp16",
+       [] { (void)parse_dtype("int8"); }},
+      {"ranks", "", "--ranks 100 x --threads 100 = 10000 threads in one process",
+       [] { limits::check_threads(100, 100); }},
+      {"cfg", "", "the world size --cfg 1 x --tp 2 x --ring-degree 256 x --ulysses-degree 256",
+       [] {
+         (void)Mesh(MeshShape{1, 2, 256, 256});
+       }},
+      {"seq", "", "tokens (--seq + --text-tokens) (9223372036854775807 + 1) exceeds",
+       [] {
+         (void)limits::checked_add(
+             INT64_MAX, 1,
+             detail::concat("tokens (", param("seq"), " + ", param("text_tokens"), ")"));
+       }},
+  };
+  auto as_flag = [](std::string_view n) {
+    return "--" + front_end_name(n, FrontEnd::kCommandLine);
+  };
+  for (const Case& c : cases) {
+    try {
+      c.fails();
+      ADD_FAILURE() << "no error for " << c.command_line;
+    } catch (const ParamError& e) {
+      EXPECT_EQ(e.parameter(), c.parameter) << e.what();
+      EXPECT_EQ(e.expected(), c.expected) << e.what();
+      const std::string cli = e.spelled(as_flag), plain = e.what();
+      EXPECT_NE(cli.find(c.command_line), std::string::npos) << cli;
+      EXPECT_EQ(plain.find_first_of("\x01\x02"), std::string::npos) << plain;
+    } catch (const InvalidArgument& e) {
+      ADD_FAILURE() << "prose, not a ParamError, for " << c.command_line << ": " << e.what();
+    }
+  }
+  // A count named in prose stays prose.
+  try {
+    (void)limits::checked_add(INT64_MAX, 1, "parameter count");
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(dynamic_cast<const ParamError*>(&e), nullptr) << e.what();
+    EXPECT_STREQ(
+        e.what(),
+        "parameter count (9223372036854775807 + 1) exceeds the maximum 9223372036854775807");
+  }
 }
 
 TEST(ConfigFile, JsonFlatAndNested) {

@@ -45,7 +45,8 @@ void check_range(std::string_view name, int64_t value, int64_t lo, int64_t hi);
 void check_range(std::string_view name, double value, double lo, double hi);
 
 // a·b and a+b for non-negative a, b; InvalidArgument naming `what` if the result exceeds
-// INT64_MAX (or `max` when given, with the maximum in the message).
+// INT64_MAX (or `max` when given, with the maximum in the message): a ParamError where `what`
+// names parameters with param() (core/param_error.h), the first of them its parameter.
 int64_t checked_mul(int64_t a, int64_t b, std::string_view what,
                     int64_t max = std::numeric_limits<int64_t>::max());
 int64_t checked_add(int64_t a, int64_t b, std::string_view what,

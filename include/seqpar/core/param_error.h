@@ -36,6 +36,8 @@ class ParamError : public InvalidArgument {
   ParamError(std::string parameter, std::string expected, const std::string& marked);
   const std::string& parameter() const { return parameter_; }
   const std::string& expected() const { return expected_; }
+  // The message as concatenated, names marked: for a message that quotes this one.
+  const std::string& marked() const { return marked_; }
   // The message with every parameter name as spell(name) writes it.
   std::string spelled(const std::function<std::string(std::string_view)>& spell) const;
 
@@ -50,6 +52,11 @@ class ParamError : public InvalidArgument {
 // named "new", as both front ends spell them.
 enum class FrontEnd { kCommandLine, kPython };
 std::string front_end_name(std::string_view name, FrontEnd f);
+
+// For a message whose names come from its caller (a `what` that may hold param() names): throws
+// ParamError(the first name `marked` holds, expected, marked), or InvalidArgument(marked) where it
+// holds none.
+[[noreturn]] void throw_marked(const std::string& marked, std::string expected = "");
 
 }  // namespace seqpar
 

@@ -44,6 +44,8 @@ struct Rejection {
   ParallelConfig config;
   bool any_layout = false;  // the reason holds for every layout (config.layout is not meaningful)
   std::string reason;
+  // The reason with the parameters it names marked (core/param_error.h), for an error quoting it.
+  std::string marked;
 };
 
 // A shape near the requested one whose token count divides the sequence-parallel size.

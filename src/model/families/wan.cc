@@ -334,10 +334,12 @@ WanModel open_wan_model(const std::string& dir) {
                       "diffusers)");
     w.experts.push_back(open_expert(dir, diffusers ? WanLayout::kDiffusers : WanLayout::kOriginal));
   } else {
-    throw InvalidArgument(detail::concat(
-        "model ", dir,
-        ": neither a diffusers Wan checkpoint (model_index.json or transformer/config.json) nor "
-        "an original one (config.json, or high_noise_model/ and low_noise_model/)"));
+    throw ParamError(
+        "model", "",
+        detail::concat(param("model"), " ", dir,
+                       ": neither a diffusers Wan checkpoint (model_index.json or "
+                       "transformer/config.json) nor "
+                       "an original one (config.json, or high_noise_model/ and low_noise_model/)"));
   }
   if (w.experts.size() == 2) {
     const DiTConfig &a = w.experts[0].preset, &b = w.experts[1].preset;
@@ -386,8 +388,8 @@ WeightStore wan_weights(const WanExpert& e) {
 FlowMatchSchedule flow_match_schedule(int steps, double shift) {
   SEQPAR_PARAM_CHECK(steps >= 1, "steps", "", param("steps"), " ", steps,
                      " is invalid; it must be at least 1");
-  SEQPAR_ARG_CHECK(std::isfinite(shift) && shift > 0, "shift ", shift,
-                   " is invalid; it must be > 0");
+  SEQPAR_PARAM_CHECK(std::isfinite(shift) && shift > 0, "shift", "", param("shift"), " ", shift,
+                     " is invalid; it must be > 0");
   // The scheduler's training sigmas are fp32: sigma_min = shifted(1/1000), sigma_max = 1.
   const float s = static_cast<float>(shift), t_min = 1.0f / 1000.0f;
   const float sigma_min = s * t_min / (1.0f + (s - 1.0f) * t_min);
