@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "seqpar/core/limits.h"
+#include "seqpar/core/param_error.h"
 #include "seqpar/model/safetensors.h"
 #include "seqpar/parallel/strategy_table.h"
 
@@ -18,9 +19,11 @@ ParallelConfig model_mesh(int cfg, int tp, int ring_degree, int ulysses_degree,
   check_range("tp", int64_t{tp}, 1, limits::kMaxRanks);
   check_range("ring_degree", int64_t{ring_degree}, 1, limits::kMaxRanks);
   check_range("ulysses_degree", int64_t{ulysses_degree}, 1, limits::kMaxRanks);
-  (void)limits::checked_product({cfg, tp, ring_degree, ulysses_degree},
-                                "ranks of cfg x tp x ring_degree x ulysses_degree",
-                                limits::kMaxRanks);
+  (void)limits::checked_product(
+      {cfg, tp, ring_degree, ulysses_degree},
+      detail::concat("ranks of ", param("cfg"), " x ", param("tp"), " x ", param("ring_degree"),
+                     " x ", param("ulysses_degree")),
+      limits::kMaxRanks);
   ParallelConfig c;
   c.mesh = {cfg, tp, ring_degree, ulysses_degree};
   c.layout = parse_layout(layout);
@@ -46,11 +49,11 @@ ParallelContext model_context(MeshComms& mc, const ParallelConfig& c) {
 
 void check_causal_lm_tp(const CausalLmCheckpoint& ck, int64_t tp, const CausalLmRunNames& names) {
   const DecoderConfig& m = ck.config;
-  SEQPAR_ARG_CHECK(
+  SEQPAR_PARAM_CHECK(
       m.heads % tp == 0 && (m.kv_heads % tp == 0 || tp % m.kv_heads == 0) && m.ffn_dim % tp == 0,
-      names.tp, " ", tp, " must divide num_attention_heads ", m.heads, " and intermediate_size ",
-      m.ffn_dim, ", and divide or be a multiple of num_key_value_heads ", m.kv_heads, " (", ck.dir,
-      "/config.json)");
+      names.tp, "", param(names.tp), " ", tp, " must divide num_attention_heads ", m.heads,
+      " and intermediate_size ", m.ffn_dim, ", and divide or be a multiple of num_key_value_heads ",
+      m.kv_heads, " (", ck.dir, "/config.json)");
 }
 
 void check_causal_lm_int8(const CausalLmCheckpoint& ck, int64_t tp, const CausalLmRunNames& names) {
@@ -81,10 +84,11 @@ std::vector<int32_t> check_causal_lm_prompt(const CausalLmCheckpoint& ck,
   limits::check_range("prompt tokens", static_cast<int64_t>(ids.size()), 1, limits::kMaxTokens);
   // Positions 0 .. P + N - 2 enter the model (the last new token is not fed back).
   const int64_t last = static_cast<int64_t>(ids.size()) + max_new_tokens - 1;
-  SEQPAR_ARG_CHECK(last <= m.max_positions || allow_long_context, "the prompt (", ids.size(),
-                   " tokens) and ", names.max_new_tokens, " ", max_new_tokens, " need ", last,
-                   " positions, beyond max_position_embeddings ", m.max_positions, " of ", config,
-                   "; shorten them, or pass ", names.allow_long_context);
+  SEQPAR_PARAM_CHECK(last <= m.max_positions || allow_long_context, names.max_new_tokens, "",
+                     "the prompt (", ids.size(), " tokens) and ", param(names.max_new_tokens), " ",
+                     max_new_tokens, " need ", last, " positions, beyond max_position_embeddings ",
+                     m.max_positions, " of ", config, "; shorten them, or pass ",
+                     names.allow_long_context);
   return std::vector<int32_t>(ids.begin(), ids.end());
 }
 
@@ -275,9 +279,10 @@ WanInputs read_wan_inputs(const std::string& path, const DiTConfig& m, int64_t s
   if (f.contains("encoder_hidden_states_image"))
     in.image = f.tensor("encoder_hidden_states_image", DType::kF32);
   check_wan_inputs(m, in.latents, in.text, in.negative, p, in.image, m.image_dim);
-  SEQPAR_ARG_CHECK(steps == 0 || guidance <= 1 || !in.negative.empty(), p,
-                   ": tensor 'negative_encoder_hidden_states' is missing; expected ", text_shape,
-                   " for guidance ", guidance, " (> 1), or guidance 1 for no guidance");
+  SEQPAR_PARAM_CHECK(steps == 0 || guidance <= 1 || !in.negative.empty(), "guidance", "1", p,
+                     ": tensor 'negative_encoder_hidden_states' is missing; expected ", text_shape,
+                     " for ", param("guidance"), " ", guidance, " (> 1), or ", param("guidance"),
+                     " 1 for no guidance");
   if (steps == 0) {
     const std::vector<double> t = timestep_values(
         f, detail::concat("[", B, "] (one transformer call), or steps for a sampling loop"));
