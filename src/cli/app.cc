@@ -218,82 +218,22 @@ int parse_command_line(CLI::App& app, int argc, const char* const* argv) {
   return -1;
 }
 
-std::string flag_words(std::string_view m) {
-  static constexpr std::pair<std::string_view, std::string_view> kSnake[] = {
-      {"head_dim", "--head-dim"},
-      {"kv_heads", "--kv-heads"},
-      {"ulysses_degree", "--ulysses-degree"},
-      {"ring_degree", "--ring-degree"},
-      {"ulysses_mode", "--ulysses-mode"},
-      {"text_tokens", "--text-tokens"},
-      {"seq_lens", "--seq-lens"},
-      {"cached_lens", "--cached-lens"},
-      {"fresh_lens", "--new-lens"},
-      {"memory_limit", "--memory-limit"},
-      {"ranks_per_node", "--ranks-per-node"},
-      {"strategy", "--strategy"},
-      {"causal", "--causal"},
-      {"sequence_parallel_size", "--sequence-parallel-size"},
-      {"tensor_parallel_size", "--tensor-parallel-size"},
-      {"cfg_parallel_size", "--cfg-parallel-size"},
-      {"parallel_config", "--parallel-config"},
-      {"sim_ranks", "--sim-ranks"}};
-  static constexpr std::string_view kWords[] = {
-      "layout", "dtype",  "softmax", "hardware", "seq",      "ranks",   "heads",
-      "batch",  "cfg",    "tp",      "cached",   "new",      "pad",     "model",
-      "frames", "height", "width",   "steps",    "guidance", "schedule"};
-  auto word_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
-  std::string out;
-  size_t i = 0;
-  while (i < m.size()) {
-    if (!word_char(m[i]) || (i > 0 && (word_char(m[i - 1]) || m[i - 1] == '-'))) {
-      out += m[i++];
-      continue;
-    }
-    size_t end = i;
-    while (end < m.size() && word_char(m[end])) ++end;
-    const std::string_view w = m.substr(i, end - i);
-    std::string_view flag;
-    for (const auto& [name, f] : kSnake)
-      if (w == name) flag = f;
-    const bool names_value =
-        i == 0 ||
-        (end + 1 < m.size() && m[end] == ' ' &&
-         (std::isdigit(static_cast<unsigned char>(m[end + 1])) || m[end + 1] == '\'' ||
-          (m[end + 1] == '-' && end + 2 < m.size() &&
-           std::isdigit(static_cast<unsigned char>(m[end + 2]))))) ||
-        (i > 0 && m[i - 1] == '(' && end < m.size() && m[end] == ')');
-    std::string as_flag;
-    if (!flag.empty())
-      as_flag = flag;
-    else if (names_value && std::find(std::begin(kWords), std::end(kWords), w) != std::end(kWords))
-      as_flag = "--" + std::string(w);
-    // A parameter the running subcommand has no flag for (denoise reads heads from the
-    // checkpoint) stays a word.
-    const std::vector<std::string>& flags = command_flags();
-    if (!flags.empty() && std::find(flags.begin(), flags.end(), as_flag) == flags.end())
-      as_flag.clear();
-    out += as_flag.empty() ? std::string(w) : as_flag;
-    i = end;
-  }
-  return out;
+std::string flag_name(std::string_view name) {
+  const std::string flag = "--" + front_end_name(name, FrontEnd::kCommandLine);
+  const std::vector<std::string>& flags = command_flags();
+  if (name.starts_with("-") ||
+      (!flags.empty() && std::find(flags.begin(), flags.end(), flag) == flags.end()))
+    return std::string(name);
+  return flag;
 }
 
 std::string cli_message(const InvalidArgument& e) {
   // Errors as data: each parameter the error names as its flag, where this subcommand has one.
-  if (const auto* p = dynamic_cast<const ParamError*>(&e))
-    return p->spelled([](std::string_view name) {
-      const std::string flag = "--" + front_end_name(name, FrontEnd::kCommandLine);
-      const std::vector<std::string>& flags = command_flags();
-      if (name.starts_with("-") ||
-          (!flags.empty() && std::find(flags.begin(), flags.end(), flag) == flags.end()))
-        return std::string(name);
-      return flag;
-    });
+  if (const auto* p = dynamic_cast<const ParamError*>(&e)) return p->spelled(flag_name);
   if (const auto* file = dynamic_cast<const FileContentError*>(&e))
     return file->parameter().empty() ? file->detail()
-                                     : flag_words(file->parameter()) + " " + file->detail();
-  return flag_words(e.what());
+                                     : flag_name(file->parameter()) + " " + file->detail();
+  return e.what();
 }
 
 int run_subcommand(const CLI::App& app, const Options& opts) {

@@ -58,18 +58,13 @@ inline void print_json_error(const std::string& message, int exit_code) {
   std::fflush(stdout);
 }
 
-// The library names a parameter as its API does ("head_dim 0 is invalid", "strategy 'x' is
-// unknown", "ulysses_degree 3 does not divide ..."); the command line reports it as the flag that
-// sets it ("--head-dim 0 is invalid"). A ParamError (core/param_error.h) says which words are
-// parameters; for the other errors' prose this guesses. Mapped: the snake_case names, strategy and
-// causal anywhere ("use strategy usp", "drop causal"), and the other one-word names (seq, heads,
-// ...) where they name a value: at the start of the message, before a number or a quoted value, or
-// alone in parentheses. Once run_subcommand runs a subcommand, only the flags it has.
-std::string flag_words(std::string_view message);
+// A parameter of the vocabulary (core/param_error.h) as the command line spells it: its flag
+// (front_end_name) where the running subcommand has one (once run_subcommand runs it), else the
+// name as it is; a name that is already a flag ("--output") as it is.
+std::string flag_name(std::string_view name);
 // The one line the command line prints for e: a ParamError's message with each parameter it names
-// as the flag (front_end_name) where the subcommand has one, else flag_words of the message, except
-// that a FileContentError's detail (the file's own keys) is kept as it is after its parameter's
-// flag.
+// as flag_name spells it; a FileContentError's parameter so, then its detail (the file's own keys)
+// as it is; any other error's message as it is.
 std::string cli_message(const InvalidArgument& e);
 
 // Runs a command's body; with json, an escaping error is printed as the JSON error object (exit

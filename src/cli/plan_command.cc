@@ -317,8 +317,11 @@ void print_simulation(const json& sim, const json& hw) {
               str(sim["layout"]), i64(sizes.front()), i64(sizes.back()));
   if (i64(sim["ranks_per_node"]) > 0)
     std::printf(", %lld ranks per node", i64(sim["ranks_per_node"]));
-  if (!sim["note"].get_ref<const std::string&>().empty())
-    std::printf(" (%s)", flag_words(sim["note"].get_ref<const std::string&>()).c_str());
+  // The note (plan_spec.cc simulation_sizes) names the sizes as the vocabulary does, sim_ranks.
+  std::string note = sim["note"].get<std::string>();
+  if (const size_t at = note.find("sim_ranks"); at != std::string::npos)
+    note.replace(at, std::string_view("sim_ranks").size(), flag_name("sim_ranks"));
+  if (!note.empty()) std::printf(" (%s)", note.c_str());
   std::printf("\n  %-6s", "ranks");
   for (const json& c : sim["curves"])
     std::printf(" %22s", detail::concat(str(c["strategy"]), " step (exp)").c_str());

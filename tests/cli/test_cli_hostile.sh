@@ -80,7 +80,7 @@ while IFS='|' read -r code text args; do
   expect "$code" - "$text" $args
 done <<'TABLE'
 2|threads in one process exceeds the maximum|run --ranks 65536 --seq 65536 --heads 1 --head-dim 1
-2|threads in one process exceeds the maximum|run --ranks 100 --threads 100 --seq 1000
+2|--ranks 100 x --threads 100 = 10000 threads in one process exceeds the maximum|run --ranks 100 --threads 100 --seq 1000
 2|--threads 100000 is out of range|run --threads 100000
 TABLE
 
