@@ -108,6 +108,7 @@ CpOptions cp_options(const ParallelConfig& c, const AttnShape& s, const Placemen
   const AttnShape kept = image_call(s);  // what the strategy returns
   o.out_dtype = kept.out_dtype;
   o.lse = kept.lse;
+  o.kv_use = kept.kv_use;
   return o;
 }
 
@@ -126,8 +127,6 @@ void attention(const ParallelConfig& c, const AttnShape& s, SpComms& comms, cons
   check_input("v", in.v, {B, nkv, Hkv, D}, dtype);
   CpOptions opts = cp_options(c, s, place, kernel);
   const int64_t T = s.text_tokens;
-  // Joint attention reads the image shard's k and v after the ring: lent, never consumed.
-  opts.kv_use = T > 0 && in.kv_use == KvUse::kConsume ? KvUse::kLend : in.kv_use;
   if (T == 0) {
     const StrategyArgs args{comms, place, in.q, in.k, in.v, opts, stats};
     AttnState state = schedule_row(c.strategy, c.schedule).run(args);

@@ -163,6 +163,8 @@ AttnShape image_call(const AttnShape& s) {
     image.out_dtype = DType::kF32;
     image.lse = true;
   }
+  // Joint attention reads the image shard's k and v after the ring: lent, never consumed.
+  if (s.text_tokens > 0 && s.kv_use == KvUse::kConsume) image.kv_use = KvUse::kLend;
   return image;
 }
 

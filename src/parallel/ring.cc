@@ -191,9 +191,6 @@ int64_t capacity_bytes(int64_t bytes) {
   return bytes <= 0 ? 0 : std::max<int64_t>(64, (bytes + 63) / 64 * 64);
 }
 
-// Transfers of the ring: N-1, or N when the own block comes home (kLend).
-int ring_transfers(int n, KvUse use) { return n <= 1 ? 0 : use == KvUse::kLend ? n : n - 1; }
-
 // What ring_over_blocks holds on member r: its own block plus two receive buffers (K and V
 // each), buffer i refilled at the transfer steps s = i (mod 2), growing to the largest block it
 // received; with kLend or kConsume buffer 1 is the own block's storage unless a block it
@@ -219,7 +216,8 @@ int64_t ring_peak_kv(std::span<const int64_t> len, int r, int64_t token_bytes, K
 // its state into the accumulator.
 void add_ring(Schedule& s, const CallRuns& c, GroupMembers members,
               std::span<const PositionRuns> blocks, std::span<const PositionRuns> queries,
-              int64_t heads, int64_t kv_heads, CommGroup group, SoftmaxMode softmax, KvUse kv_use) {
+              int64_t heads, int64_t kv_heads, CommGroup group, SoftmaxMode softmax) {
+  const KvUse kv_use = c.kv_use;
   const int n = static_cast<int>(members.size());
   const int64_t token = c.B * kv_heads * c.D * static_cast<int64_t>(c.e);  // K or V of a token
   std::vector<int64_t> len(n);
@@ -255,16 +253,11 @@ void add_ring(Schedule& s, const CallRuns& c, GroupMembers members,
   }
 }
 
-Schedule ring_schedule(const ParallelConfig& cfg, const AttnShape& shape, KvUse kv_use) {
+Schedule ring_schedule(const ParallelConfig& cfg, const AttnShape& shape) {
   const CallRuns c = sequence_runs(cfg, shape);
   Schedule s = empty_schedule(c);
-  add_ring(s, c, consecutive_members(0, c.n()), c.kv, c.q, c.H, c.Hkv, CommGroup::kSp, cfg.softmax,
-           kv_use);
+  add_ring(s, c, consecutive_members(0, c.n()), c.kv, c.q, c.H, c.Hkv, CommGroup::kSp, cfg.softmax);
   return s;
-}
-
-Schedule ring_schedule(const ParallelConfig& cfg, const AttnShape& shape) {
-  return ring_schedule(cfg, shape, KvUse::kKeep);
 }
 
 }  // namespace seqpar

@@ -40,11 +40,6 @@ struct Transfer {
   }
 };
 
-// Transfers of a ring of n members: N-1, or N when the own block comes home (kLend).
-int ring_transfers(int n, KvUse own_use) {
-  return n <= 1 ? 0 : own_use == KvUse::kLend ? n : n - 1;
-}
-
 // Whether member r's own storage serves as slot 1: its block is lent and no block received at an
 // odd step (into slot 1) is larger than its own.
 bool own_is_slot1(std::span<const int64_t> tokens, int r, KvUse own_use) {
@@ -231,6 +226,10 @@ void trace_transfer(const RingTraceNames& names, int step, const Transfer& t, co
 }
 
 }  // namespace
+
+int ring_transfers(int n, KvUse own_use) {
+  return n <= 1 ? 0 : own_use == KvUse::kLend ? n : n - 1;
+}
 
 RingTotals ring_pass(Communicator& comm, const RingPayload& payload, const RingTraceNames& names,
                      const RingStepFn& step_fn) {

@@ -119,4 +119,8 @@ using RingStepFn =
 RingTotals ring_pass(Communicator& comm, const RingPayload& payload, const RingTraceNames& names,
                      const RingStepFn& step);
 
+// Transfers of a ring of n members: N-1, or N when the own block comes home (KvUse::kLend). The
+// driver's steps and the schedules' (add_ring) both count them here.
+int ring_transfers(int n, KvUse own_use);
+
 }  // namespace seqpar

@@ -169,19 +169,16 @@ RankCall run_attention_call(JobComms& comms, const AttnJob& job, const RankInput
   comms.reset_stats();
   const double t0 = now_seconds();
   const bool text = job.shape.text_tokens > 0;
-  // Where blocks are copied (MPI) the ring lends the inputs' K/V storage as a receive buffer and
-  // brings it home (kLend: 2 shards of K/V instead of 3, one more block each way); the threads
-  // backend reads blocks in place, so there it keeps them (kKeep, the schedules' figures).
-  const KvUse kv_use = comms.comm().borrows() ? KvUse::kKeep : KvUse::kLend;
+  AttnShape shape = job.shape;
+  shape.kv_use = runner_kv_use(comms.comm().borrows());
   const AttnInputs inputs{in.q,
                           in.k,
                           in.v,
                           text ? &in.text_q : nullptr,
                           text ? &in.text_k : nullptr,
-                          text ? &in.text_v : nullptr,
-                          kv_use};
+                          text ? &in.text_v : nullptr};
   AttnOutputs out;
-  attention(job.config, job.shape, comms.sp(), job.place, inputs, out, &call.cp, job.kernel);
+  attention(job.config, shape, comms.sp(), job.place, inputs, out, &call.cp, job.kernel);
   call.state = {std::move(out.out), std::move(out.lse)};
   call.text = {std::move(out.text_out), std::move(out.text_lse)};
   call.seconds = now_seconds() - t0;

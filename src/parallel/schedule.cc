@@ -63,6 +63,7 @@ CallRuns sizes(const AttnShape& s) {
   c.e = dtype_size(s.dtype);
   c.out_e = dtype_size(s.out_dtype);
   c.lse = s.lse;
+  c.kv_use = s.kv_use;
   c.causal = s.causal;
   c.text_tokens = s.text_tokens;
   c.text_by_heads = s.text_by_heads;

@@ -18,6 +18,7 @@ struct CallRuns {
   size_t e = 4;  // element bytes of q, k, v
   size_t out_e = 4;  // element bytes of the output the caller keeps (AttnShape::out_dtype)
   bool lse = true;   // the caller keeps the lse (AttnShape::lse)
+  KvUse kv_use = KvUse::kKeep;  // what the rings do with the own k and v (AttnShape::kv_use)
   bool causal = false;
   int64_t valid_len = 0;  // keys at positions >= valid_len are padding (0: none)
   int64_t text_tokens = 0;
@@ -70,13 +71,12 @@ Step compute_step(int64_t work, double copy_bytes = 0);
 void add_allgather(Schedule& s, const CallRuns& c);
 // ring.cc: the ring over `members` (sp ranks, ring order), member i holding the K/V block
 // blocks[i] of kv_heads heads per token and the queries queries[i] of `heads` heads; sets each
-// member's peak K/V. const-max adds the key norms' all-reduce first (const_max.cc); kv_use as
+// member's peak K/V. const-max adds the key norms' all-reduce first (const_max.cc); c.kv_use as
 // CpOptions::kv_use (kLend: one more transfer, the own block home; kLend, kConsume: one buffer
 // less).
 void add_ring(Schedule& s, const CallRuns& c, GroupMembers members,
               std::span<const PositionRuns> blocks, std::span<const PositionRuns> queries,
-              int64_t heads, int64_t kv_heads, CommGroup group, SoftmaxMode softmax,
-              KvUse kv_use = KvUse::kKeep);
+              int64_t heads, int64_t kv_heads, CommGroup group, SoftmaxMode softmax);
 // const_max.cc: the all-reduce (max) of B·kv_heads fp32 key norms over `members`.
 Step key_norms_step(const CallRuns& c, GroupMembers members, int64_t kv_heads, CommGroup group);
 // ulysses.cc: Ulysses inside groups of u consecutive ranks, then (groups > 1) a ring across

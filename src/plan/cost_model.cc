@@ -14,6 +14,7 @@
 #include "seqpar/core/error.h"
 #include "seqpar/core/limits.h"
 #include "seqpar/core/param_error.h"
+#include "seqpar/parallel/runner.h"
 #include "seqpar/parallel/schedule.h"
 #include "seqpar/parallel/strategy_table.h"
 
@@ -133,11 +134,20 @@ AttnShape workload_shape(const Workload& w) {
   }
   s.dtype = w.dtype;
   // A model's blocks keep the output in their activations' dtype and no lse (attend(),
-  // model/blocks/attention.h); a bare call keeps both in fp32 (seqpar run).
+  // model/blocks/attention.h); a bare call keeps both in fp32 (seqpar run). Self-attention over
+  // a sequence gives up its fresh k and v (KvUse::kConsume: 2 shards of K/V where blocks are
+  // copied); joint blocks and a cache keep theirs.
   if (!w.attention_only) {
     s.out_dtype = w.dtype;
     s.lse = false;
+    s.kv_use = w.text_tokens == 0 && !w.decode() ? KvUse::kConsume : KvUse::kKeep;
   }
+  return s;
+}
+
+AttnShape workload_shape(const Workload& w, const HardwareProfile& hw) {
+  AttnShape s = workload_shape(w);
+  if (w.attention_only) s.kv_use = runner_kv_use(hw.shared_node);
   return s;
 }
 
@@ -194,7 +204,7 @@ class MeshModel {
                        "one sequence-parallel rank: ", param("strategy"), " local only");
     SEQPAR_ARG_CHECK(m_.strategy != Strategy::kUsp || (m_.mesh.ulysses > 1 && m_.mesh.ring > 1),
                      "usp needs a ulysses degree and a ring degree above 1");
-    shape_ = workload_shape(w_);
+    shape_ = workload_shape(w_, hw_);
     shape_.batch = w_.batch * (w_.cfg_branches / m_.mesh.cfg);
     shape_.heads = w_.heads / m_.mesh.tp;
     shape_.kv_heads = std::max<int64_t>(1, w_.kv_heads / m_.mesh.tp);  // replicated past kv heads

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "parallel/cp_test_util.h"
+#include "seqpar/comm/checked.h"
 #include "seqpar/parallel/schedule.h"
 
 namespace seqpar {
@@ -119,5 +120,93 @@ TEST(Schedule, UspGroupsAndRingSteps) {
     EXPECT_EQ(exchanges, 3) << "rank " << r;   // counts, q + k + v, out + lse
   }
 }
+
+// What the caller gives up of its k and v (AttnShape::kv_use) through the one entry point, where
+// blocks are copied (a CheckedCommunicator, which does not borrow): every strategy that runs a
+// ring over k and v (ring, schedule steal, usp's ring part, joint attention's image ring) sends,
+// receives and holds at peak what attention_schedule predicts for that kv_use (kLend: one more
+// block each way, the own block brought home; joint attention lends what it is given to consume),
+// the others as with kKeep; the output is the reference's, and kKeep and kLend give k and v back
+// as given. (strategy, schedule, ulysses degree, text tokens, kv_use)
+using KvUseCase = std::tuple<Strategy, ScheduleKind, int, int64_t, KvUse>;
+class DoorKvUse : public ::testing::TestWithParam<KvUseCase> {};
+
+TEST_P(DoorKvUse, AsScheduled) {
+  auto [strategy, schedule, u, text, use] = GetParam();
+  const int ranks = 4;
+  Problem p;
+  p.batch = 2;
+  p.seq = 64;
+  p.heads = 4;
+  p.kv_heads = 2;
+  p.head_dim = 16;
+  p.causal = text == 0;
+  const auto& in = seqpar::testing::inputs_for(p);
+  const Partition part(p.seq, ranks, Layout::kContiguous);
+  CpOptions opts;
+  opts.causal = p.causal;
+  opts.schedule = schedule;
+  AttnShape shape = seqpar::testing::shape_of(p);
+  shape.text_tokens = text;
+  shape.kv_use = use;
+  const AttnJob job = seqpar::testing::job_for(strategy, shape, part, opts, u);
+  const Schedule sched = attention_schedule(job.config, job.shape);
+  const Tensor tq = random_normal({p.batch, text, p.heads, p.head_dim}, 7);
+  const Tensor tk = random_normal({p.batch, text, p.kv_heads, p.head_dim}, 8);
+  const Tensor tv = random_normal({p.batch, text, p.kv_heads, p.head_dim}, 9);
+  std::vector<Tensor> outs(ranks);
+  std::vector<CommStats> stats(ranks);
+  std::vector<CpStats> cp(ranks);
+  std::vector<int> given_back(ranks, 0);
+  ThreadWorld::run(ranks, [&](Communicator& world) {
+    const int r = world.rank();
+    CheckedCommunicator checked(world);
+    JobComms comms(checked, job);
+    Tensor q = shard(in.q, part, r), k = shard(in.k, part, r), v = shard(in.v, part, r);
+    const bool joint = text > 0;
+    AttnOutputs out;
+    attention(job.config, job.shape, comms.sp(), job.place,
+              {q, k, v, joint ? &tq : nullptr, joint ? &tk : nullptr, joint ? &tv : nullptr}, out,
+              &cp[r], job.kernel);
+    stats[r] = comms.stats();
+    given_back[r] =
+        max_abs_diff(k, shard(in.k, part, r)) == 0 && max_abs_diff(v, shard(in.v, part, r)) == 0;
+    outs[r] = std::move(out.out);
+  });
+  if (text == 0) {
+    EXPECT_LE(max_abs_diff(unshard(outs, part), in.ref.out), seqpar::testing::bound_for(p).out);
+  }
+  for (int r = 0; r < ranks; ++r) {
+    const CommPrediction want = schedule_bytes(sched, r);
+    EXPECT_EQ(stats[r].total_sent(), want.sent) << "rank " << r;
+    EXPECT_EQ(stats[r].total_recv(), want.recv) << "rank " << r;
+    EXPECT_EQ(cp[r].peak_kv_bytes, sched.ranks[r].peak_kv_bytes) << "rank " << r;
+    if (use != KvUse::kConsume || text > 0) {
+      EXPECT_TRUE(given_back[r]) << "rank " << r;
+    }
+  }
+  // kLend, and kConsume in joint attention: one more block each way than kKeep on a ring.
+  AttnJob keep = job;
+  keep.shape.kv_use = KvUse::kKeep;
+  const Schedule kept = attention_schedule(keep.config, keep.shape);
+  const bool lent = use == KvUse::kLend || (use == KvUse::kConsume && text > 0);
+  const bool ring = strategy == Strategy::kRing || strategy == Strategy::kUsp;
+  for (int r = 0; r < ranks; ++r) {
+    const uint64_t extra = schedule_bytes(sched, r).recv - schedule_bytes(kept, r).recv;
+    EXPECT_EQ(extra > 0, lent && ring) << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, DoorKvUse,
+    ::testing::Combine(::testing::Values(Strategy::kRing, Strategy::kUsp, Strategy::kAllGather),
+                       ::testing::Values(ScheduleKind::kDefault), ::testing::Values(2),
+                       ::testing::Values(int64_t{0}, int64_t{5}),
+                       ::testing::Values(KvUse::kKeep, KvUse::kLend, KvUse::kConsume)));
+INSTANTIATE_TEST_SUITE_P(
+    Steal, DoorKvUse,
+    ::testing::Combine(::testing::Values(Strategy::kRing), ::testing::Values(ScheduleKind::kSteal),
+                       ::testing::Values(1), ::testing::Values(int64_t{0}),
+                       ::testing::Values(KvUse::kKeep, KvUse::kLend, KvUse::kConsume)));
 
 }  // namespace seqpar

@@ -146,8 +146,8 @@ INSTANTIATE_TEST_SUITE_P(All, MpiSteal,
 
 // The ring lending its own K/V's storage as a receive buffer (CpOptions::kv_use) over processes:
 // each rank's rows equal the reference; bytes, peak K/V and the storage allocated equal
-// ring_schedule(.., kv_use); kLend returns k and v as given (the own block brought home);
-// even shards hold the own shard plus one block (kKeep: plus two).
+// ring_schedule with AttnShape::kv_use; kLend returns k and v as given (the own block brought
+// home); even shards hold the own shard plus one block (kKeep: plus two).
 class MpiRingKvUse : public ::testing::TestWithParam<std::tuple<KvUse, Layout, int64_t>> {};
 
 TEST_P(MpiRingKvUse, MatchesReferenceAndSchedule) {
@@ -184,15 +184,18 @@ TEST_P(MpiRingKvUse, MatchesReferenceAndSchedule) {
   ParallelConfig cfg;
   cfg.layout = layout;
   cfg.mesh.ring = n;
-  const Schedule sched = ring_schedule(cfg, seqpar::testing::shape_of(p), use);
+  AttnShape shape = seqpar::testing::shape_of(p);
+  shape.kv_use = use;
+  const Schedule sched = ring_schedule(cfg, shape);
   const CommPrediction want = schedule_bytes(sched, r);
   EXPECT_EQ(comm->stats().total_sent(), want.sent) << "rank " << r;
   EXPECT_EQ(comm->stats().total_recv(), want.recv) << "rank " << r;
   EXPECT_EQ(stats.peak_kv_bytes, sched.ranks[r].peak_kv_bytes) << "rank " << r;
   EXPECT_EQ(stats.measured_kv_bytes, stats.peak_kv_bytes) << "rank " << r;
-  if (seq % (2 * n) == 0)
+  if (seq % (2 * n) == 0) {
     EXPECT_EQ(stats.peak_kv_bytes, 2 * static_cast<int64_t>(k.nbytes() + v.nbytes()))
         << "rank " << r;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(All, MpiRingKvUse,

@@ -144,7 +144,7 @@ TEST(Strategies, RingKeepsTwoBlocksInFlight) {
 
 // CpOptions::kv_use kLend and kConsume: the own K/V's storage is one of the ring's two buffers.
 // Copying (a CheckedCommunicator, which does not borrow) and zero copy (the threads backend):
-// results as the reference's, bytes and peak K/V as ring_schedule(.., kv_use) predicts, the
+// results as the reference's, bytes and peak K/V as ring_schedule predicts (AttnShape::kv_use), the
 // storage allocated equal to the peak when copying, and kLend's k and v as given on return.
 // Even shards: the own shard plus one block (kKeep: plus two).
 using KvUseParam = std::tuple<KvUse, Layout, int, int64_t, bool>;  // use, layout, ranks, seq, copy
@@ -189,7 +189,9 @@ TEST_P(RingKvUse, MatchesReferenceAndSchedule) {
   ParallelConfig cfg;
   cfg.layout = layout;
   cfg.mesh.ring = ranks;
-  const Schedule sched = ring_schedule(cfg, shape_of(p), use);
+  AttnShape shape = shape_of(p);
+  shape.kv_use = use;
+  const Schedule sched = ring_schedule(cfg, shape);
   const int64_t token_kv = 2 * p.kv_heads * p.head_dim * 4;
   for (int r = 0; r < ranks; ++r) {
     const CommPrediction want = schedule_bytes(sched, r);
@@ -206,7 +208,7 @@ TEST_P(RingKvUse, MatchesReferenceAndSchedule) {
     }
   }
   // kLend: one more block each way than kKeep, the own block home.
-  const Schedule keep = ring_schedule(cfg, shape_of(p), KvUse::kKeep);
+  const Schedule keep = ring_schedule(cfg, shape_of(p));  // kKeep
   for (int r = 0; r < ranks && ranks > 1 && use == KvUse::kLend; ++r)
     EXPECT_EQ(schedule_bytes(sched, r).recv,
               schedule_bytes(keep, r).recv + static_cast<uint64_t>(part.count(r) * token_kv));

@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "seqpar/comm/checked.h"
 #include "seqpar/comm/threads.h"
 #include "seqpar/parallel/cp_attention.h"
 #include "seqpar/plan/cost_model.h"
@@ -27,7 +28,9 @@ inline Tensor random_rows(int64_t b, int64_t n, int64_t h, int64_t d, DType dtyp
 
 // The workload must be attention_only (the shapes of one call); cfg = tp = 1. The call goes
 // through the one entry point (cp_attention.h), as every other attention does.
-inline Measured measure(const Workload& w, const ParallelConfig& m) {
+// The call as the cost model predicts it on profile hw (workload_shape(w, hw): what it gives up of
+// k and v), where blocks are copied (a CheckedCommunicator) unless hw is a shared node's threads.
+inline Measured measure(const Workload& w, const ParallelConfig& m, const HardwareProfile& hw) {
   const int n = m.sp();
   Measured out;
   out.comm.resize(n);
@@ -35,8 +38,11 @@ inline Measured measure(const Workload& w, const ParallelConfig& m) {
   const int64_t B = w.batch, H = w.heads, Hkv = w.kv_heads, D = w.head_dim, T = w.text_tokens;
   AttnShape shape{B, w.seq, H, Hkv, D, w.causal, T, w.cached, w.fresh, w.dtype};
   if (w.decode()) shape.seq = w.cached + w.fresh;
+  shape.kv_use = workload_shape(w, hw).kv_use;
   const Placement place = place_call(m, shape);
-  ThreadWorld::run(n, [&](Communicator& comm) {
+  ThreadWorld::run(n, [&](Communicator& world) {
+    CheckedCommunicator checked(world);
+    Communicator& comm = hw.shared_node ? world : static_cast<Communicator&>(checked);
     const int r = comm.rank();
     const int64_t nq = static_cast<int64_t>(place.q_pos(r).size());
     const int64_t nkv = static_cast<int64_t>(place.kv_pos(r).size());

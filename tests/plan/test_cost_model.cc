@@ -46,7 +46,7 @@ void expect_matches(const Workload& w, const ParallelConfig& m) {
                (w.text_tokens ? " text" : "") +
                (m.softmax == SoftmaxMode::kConstMax ? " const-max" : ""));
   const MeshCost c = cost_mesh(w, m, test_profile());
-  const testing::Measured got = measure(w, m);
+  const testing::Measured got = measure(w, m, test_profile());
   ASSERT_EQ(c.ranks.size(), got.comm.size());
   for (size_t r = 0; r < c.ranks.size(); ++r) {
     EXPECT_EQ(c.ranks[r].sent, got.comm[r].total_sent()) << "rank " << r;
@@ -208,7 +208,9 @@ TEST(CostModelBytes, ConstMaxKeyNorms) {
 TEST(CostModelTime, RingOverlapsTransferWithCompute) {
   // N = 2, S = 2048 non-causal, H = 8, D = 128, fp32: each step attends 1024 x 1024 x 8
   // scores = 4·128·8·2^20 flops = 4.295 ms at 1 TFLOP/s; a K/V block is 1024·2·8·128·4 bytes =
-  // 8.39 MB = 0.839 ms + 10 us at 10 GB/s, hidden behind the first step's compute.
+  // 8.39 MB = 0.839 ms + 10 us at 10 GB/s. The profile copies blocks, so seqpar run's call lends
+  // its K/V (kLend): two transfers, the peer's block behind the first step's compute and the own
+  // block home behind the second's.
   Workload w = attention_workload(2048, 8, 8, 128, 1, false, DType::kF32);
   ParallelConfig m;
   m.strategy = Strategy::kRing;
@@ -219,16 +221,22 @@ TEST(CostModelTime, RingOverlapsTransferWithCompute) {
   MeshCost c = cost_mesh(w, m, hw);
   EXPECT_NEAR(c.layer_s, 2 * step, 1e-12);
   EXPECT_NEAR(c.compute_s, 2 * step, 1e-12);
-  EXPECT_NEAR(c.comm_s, xfer, 1e-12);
+  EXPECT_NEAR(c.comm_s, 2 * xfer, 1e-12);
   EXPECT_NEAR(c.exposed_comm_s, 0, 1e-12);
-  hw.overlap = 0;  // threads backend: the copy is paid on the rank's own time
+  hw.overlap = 0;  // no overlap: the copies are paid on the rank's own time
   c = cost_mesh(w, m, hw);
-  EXPECT_NEAR(c.layer_s, 2 * step + xfer, 1e-12);
+  EXPECT_NEAR(c.layer_s, 2 * step + 2 * xfer, 1e-12);
   hw.overlap = 1;
-  hw.intra_node_bw = 1e9;  // slow link: the transfer (8.39 ms) outlasts the step's compute
+  hw.intra_node_bw = 1e9;  // slow link: each transfer (8.39 ms) outlasts its step's compute
   c = cost_mesh(w, m, hw);
   const double slow = 1e-5 + 1024.0 * 2 * 8 * 128 * 4 / 1e9;
-  EXPECT_NEAR(c.layer_s, slow + step, 1e-12);
+  EXPECT_NEAR(c.layer_s, 2 * slow, 1e-12);
+  // A shared node's threads read the peer's block in place (kKeep): one transfer.
+  hw = test_profile();
+  hw.shared_node = true;
+  hw.cores_per_node = 2;
+  c = cost_mesh(w, m, hw);
+  EXPECT_NEAR(c.comm_s, xfer, 1e-12);
 }
 
 TEST(CostModelTime, AllGatherThenCompute) {
@@ -249,7 +257,8 @@ TEST(CostModelTime, AllGatherThenCompute) {
 
 TEST(CostModelTime, TwoLevelNetwork) {
   // 16 ranks of a ring with 8 ranks per node: the hops 7 -> 8 and 15 -> 0 cross nodes, so the
-  // ring is paced by the between-node link; with 16 per node it is not.
+  // ring is paced by the between-node link; with 16 per node it is not. 16 transfers: seqpar
+  // run's call lends its K/V where blocks are copied (the 16th brings the own block home).
   Workload w = attention_workload(16384, 8, 8, 128, 1, false, DType::kBF16);
   ParallelConfig m;
   m.strategy = Strategy::kRing;
@@ -262,7 +271,7 @@ TEST(CostModelTime, TwoLevelNetwork) {
   MeshCost one = cost_mesh(w, m, hw);
   EXPECT_FALSE(one.collectives.at(0).inter_node);
   const double block = 1024.0 * 2 * 8 * 128 * 2;
-  EXPECT_NEAR(one.layer_s, 15 * (1e-5 + block / 1e10) + one.compute_s / 16, one.layer_s * 0.02);
+  EXPECT_NEAR(one.layer_s, 16 * (1e-5 + block / 1e10) + one.compute_s / 16, one.layer_s * 0.02);
   EXPECT_GT(two.layer_s, 5 * one.layer_s);
 }
 

@@ -301,9 +301,15 @@ TEST(Planner, StealScheduleOfferedAndPinned) {
   for (const MeshCost& c : pinned.ranked) {
     EXPECT_EQ(c.config.schedule, ScheduleKind::kSteal) << config_label(c.config);
     EXPECT_EQ(c.config.strategy, Strategy::kRing) << config_label(c.config);
-    const Schedule s = attention_schedule(c.config, {.batch = 1, .seq = 8192, .heads = 8,
-                                                     .kv_heads = 2, .head_dim = 128,
-                                                     .causal = true, .dtype = DType::kBF16});
+    // h100 copies blocks: seqpar run's ring lends its k and v (AttnShape::kv_use kLend).
+    const Schedule s = attention_schedule(c.config, {.batch = 1,
+                                                     .seq = 8192,
+                                                     .heads = 8,
+                                                     .kv_heads = 2,
+                                                     .head_dim = 128,
+                                                     .causal = true,
+                                                     .dtype = DType::kBF16,
+                                                     .kv_use = KvUse::kLend});
     for (int r = 0; r < s.sp(); ++r) {
       EXPECT_EQ(c.ranks[r].sent, schedule_bytes(s, r).sent) << "rank " << r;
       EXPECT_EQ(c.ranks[r].recv, schedule_bytes(s, r).recv) << "rank " << r;

@@ -108,6 +108,15 @@ struct ParallelConfig {
 // " steal" (a schedule kind other than default) when set.
 std::string config_label(const ParallelConfig& c);
 
+// What a ring (ring, passkv, steal, usp's ring part) may do with this member's own K/V (k, v)
+// where blocks are copied (MPI; the threads backend reads peers' blocks in place and writes
+// nothing): kKeep reads them only and receives into two buffers of its own (own shard + two
+// blocks); kLend lends their storage as one of the two buffers and brings the own block home by
+// one more transfer (own shard + one block; k and v hold their values again on return, but not
+// during the call or after an error); kConsume lends it without bringing it home (k and v hold
+// some member's block on return). docs/algorithms.md "ring (pass-KV)".
+enum class KvUse { kKeep, kLend, kConsume };
+
 // One attention call: B sequences of `seq` sharded tokens (over a cache: seq = cached + fresh),
 // H query heads and Hkv key/value heads of D dimensions (kv_heads 0: heads), and T replicated text
 // tokens of joint attention.
@@ -134,6 +143,9 @@ struct AttnShape {
   // these, so a bf16 output without the log-sum-exp halves its second exchange.
   DType out_dtype = DType::kF32;
   bool lse = true;
+  // What the caller gives up: its k and v (KvUse above; kKeep, kLend, kConsume). The ring reads
+  // it where blocks are copied, and the schedules predict its transfers and peak K/V from it.
+  KvUse kv_use = KvUse::kKeep;
   int64_t kv() const { return kv_heads == 0 ? heads : kv_heads; }
   bool over_cache() const { return cached > 0 || fresh > 0; }
   bool operator==(const AttnShape&) const = default;

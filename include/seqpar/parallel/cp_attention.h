@@ -55,12 +55,11 @@ struct AttnInputs {
   const Tensor* text_q = nullptr;  // joint attention only
   const Tensor* text_k = nullptr;
   const Tensor* text_v = nullptr;
-  // What the rings may do with k and v where blocks are copied (CpOptions::kv_use, strategies.h):
-  // kKeep reads them; kLend writes them during the call and returns them as given (K/V memory 2
-  // shards instead of 3, one more block each way); kConsume leaves them holding another rank's
-  // block (as kLend with joint attention, which reads them again). The schedules
-  // (attention_schedule) predict kKeep.
-  KvUse kv_use = KvUse::kKeep;
+  // What the rings may do with k and v where blocks are copied is the shape's kv_use
+  // (AttnShape::kv_use: kLend writes them during the call and returns them as given, K/V memory 2
+  // shards instead of 3 and one more block each way; kConsume leaves them holding another rank's
+  // block, as kLend with joint attention, which reads them again), so that the schedules
+  // (attention_schedule) predict what the call does.
 };
 struct AttnOutputs {
   Tensor out, lse;

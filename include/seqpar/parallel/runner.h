@@ -99,6 +99,11 @@ struct RankCall {
 // barrier (the ranks start together), the statistics reset, the call, timed. Errors of the
 // strategy propagate (InvalidArgument for a shape it cannot run).
 RankCall run_attention_call(JobComms& comms, const AttnJob& job, const RankInputs& in);
+// What the call gives up of its k and v (AttnShape::kv_use): where blocks are copied (MPI,
+// borrows false) the ring lends their storage as a receive buffer and brings it home (kLend: 2
+// shards of K/V instead of 3, one more block each way); where ranks read peers' blocks in place
+// (the threads backend) it keeps them (kKeep). The planner predicts a bare call the same way.
+inline KvUse runner_kv_use(bool borrows) { return borrows ? KvUse::kKeep : KvUse::kLend; }
 
 // One rank's times over a job's timed calls.
 struct CallTimes {

@@ -85,15 +85,14 @@ int64_t schedule_work(const Schedule& s, int rank);
 
 // The schedule of config c (its sequence-parallel part: degrees, strategy, layout, softmax,
 // padding) on shape s, heads as the group sees them (after tp): validate_config's checks, then
-// dispatches on c.strategy; text_tokens > 0 appends joint attention's text part.
+// dispatches on c.strategy; text_tokens > 0 appends joint attention's text part. The rings'
+// transfers and peak K/V follow s.kv_use (kLend: one more block each way, the own one home).
 Schedule attention_schedule(const ParallelConfig& c, const AttnShape& s);
 
 // Each strategy's schedule (c.strategy is not consulted). Over a sharded sequence:
 Schedule local_schedule(const ParallelConfig& c, const AttnShape& s);
 Schedule allgather_schedule(const ParallelConfig& c, const AttnShape& s);
-Schedule ring_schedule(const ParallelConfig& c, const AttnShape& s);  // const-max: key norms
-// The ring with CpOptions::kv_use = kv_use (the one above: kKeep).
-Schedule ring_schedule(const ParallelConfig& c, const AttnShape& s, KvUse kv_use);
+Schedule ring_schedule(const ParallelConfig& c, const AttnShape& s);   // const-max: key norms
 Schedule steal_schedule(const ParallelConfig& c, const AttnShape& s);  // ring, schedule steal
 Schedule ulysses_schedule(const ParallelConfig& c, const AttnShape& s);
 Schedule usp_schedule(const ParallelConfig& c, const AttnShape& s);

@@ -33,15 +33,6 @@
 
 namespace seqpar {
 
-// What a ring (ring, passkv, steal, usp's ring part) may do with this member's own K/V (k, v)
-// where blocks are copied (MPI; the threads backend reads peers' blocks in place and writes
-// nothing): kKeep reads them only and receives into two buffers of its own (own shard + two
-// blocks); kLend lends their storage as one of the two buffers and brings the own block home by
-// one more transfer (own shard + one block; k and v hold their values again on return, but not
-// during the call or after an error); kConsume lends it without bringing it home (k and v hold
-// some member's block on return). docs/algorithms.md "ring (pass-KV)".
-enum class KvUse { kKeep, kLend, kConsume };
-
 struct CpOptions {
   bool causal = false;
   float scale = 0.f;  // 0 = 1/sqrt(D)
@@ -162,7 +153,9 @@ JointState joint_attention(Strategy strategy, SpComms& comms, const Partition& p
                            const CpOptions& opts, CpStats* stats = nullptr);
 // What the strategy attending the image keeps for shape s (AttnShape::out_dtype, lse): with the
 // text on every rank, joint_attention merges that state afterwards, so fp32 with its lse; else
-// what s keeps (with the text split by head the merges come before Ulysses sends back).
+// what s keeps (with the text split by head the merges come before Ulysses sends back). And what
+// its rings do with k and v (AttnShape::kv_use): joint attention reads them again afterwards, so
+// kConsume becomes kLend.
 AttnShape image_call(const AttnShape& s);
 
 // Joint attention with the text split by head over the Ulysses group (strategies ulysses and usp):

@@ -110,8 +110,13 @@ int node_of(const HardwareProfile& hw, int world_rank);
 // The attention shape of a workload (batch x guidance branches, every head; the cache when it
 // decodes): validate_config's shape. The cost model divides batch by cfg and heads by tp. What
 // the call keeps: a model's blocks the output in the workload's dtype and no lse, a bare
-// attention call (attention_only) fp32 output and lse, as `seqpar run`.
+// attention call (attention_only) fp32 output and lse, as `seqpar run`. What it gives up of its k
+// and v (AttnShape::kv_use): a model's self-attention over a sequence its fresh k and v
+// (kConsume), joint blocks and a cache nothing (kKeep); a bare call nothing here, and on profile
+// hw (the second form, the cost model's) what `seqpar run` lends where blocks are copied
+// (runner_kv_use: every profile but a shared node's threads).
 AttnShape workload_shape(const Workload& w);
+AttnShape workload_shape(const Workload& w, const HardwareProfile& hw);
 
 // The checks of cfg and tp alone (guidance branches, a bare call's tp, and validate_config's
 // checks of the heads and kv heads they split). Throws InvalidArgument with the reason.

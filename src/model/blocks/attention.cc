@@ -114,10 +114,10 @@ AttnState attend(const Tensor& q, const Tensor& k, const Tensor& v, ParallelCont
   // after the call (a prefill's cache holds its own copy): where blocks are copied the rings may
   // use their storage as a receive buffer (K/V memory 2 shards instead of 3, no more bytes). Over a
   // cache they are the cache: kept.
-  const KvUse kv_use = over.kind == AttendOver::Kind::kCache ? KvUse::kKeep : KvUse::kConsume;
+  shape.kv_use = over.kind == AttendOver::Kind::kCache ? KvUse::kKeep : KvUse::kConsume;
   AttnOutputs out;
-  attention(group, shape, *ctx.sp, place, {q, k, v, nullptr, nullptr, nullptr, kv_use}, out,
-            nullptr, {ctx.cp.scale, ctx.cp.block_q, ctx.cp.block_k});
+  attention(group, shape, *ctx.sp, place, {q, k, v}, out, nullptr,
+            {ctx.cp.scale, ctx.cp.block_q, ctx.cp.block_k});
   return {std::move(out.out), std::move(out.lse)};
 }
 
