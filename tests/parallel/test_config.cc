@@ -168,6 +168,27 @@ TEST(Validate, EachRuleNamesWhatWasWrong) {
   }
 }
 
+// Runs `fails` and checks its error carries `parameter` and `expected` as data, spells as
+// `command_line` (somewhere in it) on the command line, and has no marks in what().
+void expect_param_error(const std::function<void()>& fails, const std::string& parameter,
+                        const std::string& expected, const std::string& command_line) {
+  try {
+    fails();
+    ADD_FAILURE() << "no error for " << command_line;
+  } catch (const ParamError& e) {
+    EXPECT_EQ(e.parameter(), parameter) << e.what();
+    EXPECT_EQ(e.expected(), expected) << e.what();
+    const std::string cli = e.spelled(
+        [](std::string_view n) { return "--" + front_end_name(n, FrontEnd::kCommandLine); });
+    const std::string plain = e.what();
+    EXPECT_NE(cli.find(command_line), std::string::npos) << cli;
+    EXPECT_EQ(plain.find_first_of("\x01\x02"), std::string::npos) << plain;
+    EXPECT_EQ(plain, e.spelled([](std::string_view n) { return std::string(n); }));
+  } catch (const InvalidArgument& e) {
+    ADD_FAILURE() << "prose, not a ParamError, for " << command_line << ": " << e.what();
+  }
+}
+
 // Errors as data (core/param_error.h): each rule's error names the parameter that was wrong and
 // what would be valid, and spells every parameter it mentions as the front end asks; what()
 // keeps the vocabulary's names and no marks.
@@ -218,23 +239,14 @@ TEST(Validate, ErrorsCarryTheParameter) {
          b.s.cached_lens = {4, 4}, b.s.fresh_lens = {1, 2};
        }},
   };
-  auto as_flag = [](std::string_view n) {
-    return "--" + front_end_name(n, FrontEnd::kCommandLine);
-  };
   for (const Case& c : cases) {
-    Base b;
-    c.breaks(b);
-    try {
-      validate_config(b.c, b.s);
-      ADD_FAILURE() << "no error for " << c.command_line;
-    } catch (const ParamError& e) {
-      EXPECT_EQ(e.parameter(), c.parameter) << e.what();
-      EXPECT_EQ(e.expected(), c.expected) << e.what();
-      const std::string cli = e.spelled(as_flag), plain = e.what();
-      EXPECT_NE(cli.find(c.command_line), std::string::npos) << cli;
-      EXPECT_EQ(plain.find_first_of("\x01\x02"), std::string::npos) << plain;
-      EXPECT_EQ(plain, e.spelled([](std::string_view n) { return std::string(n); }));
-    }
+    expect_param_error(
+        [&] {
+          Base b;
+          c.breaks(b);
+          validate_config(b.c, b.s);
+        },
+        c.parameter, c.expected, c.command_line);
   }
   EXPECT_EQ(front_end_name("fresh_lens", FrontEnd::kCommandLine), "new-lens");
   EXPECT_EQ(front_end_name("fresh_lens", FrontEnd::kPython), "fresh_lens");
@@ -278,23 +290,7 @@ TEST(Validate, LibraryChecksCarryTheParameter) {
              detail::concat("tokens (", param("seq"), " + ", param("text_tokens"), ")"));
        }},
   };
-  auto as_flag = [](std::string_view n) {
-    return "--" + front_end_name(n, FrontEnd::kCommandLine);
-  };
-  for (const Case& c : cases) {
-    try {
-      c.fails();
-      ADD_FAILURE() << "no error for " << c.command_line;
-    } catch (const ParamError& e) {
-      EXPECT_EQ(e.parameter(), c.parameter) << e.what();
-      EXPECT_EQ(e.expected(), c.expected) << e.what();
-      const std::string cli = e.spelled(as_flag), plain = e.what();
-      EXPECT_NE(cli.find(c.command_line), std::string::npos) << cli;
-      EXPECT_EQ(plain.find_first_of("\x01\x02"), std::string::npos) << plain;
-    } catch (const InvalidArgument& e) {
-      ADD_FAILURE() << "prose, not a ParamError, for " << c.command_line << ": " << e.what();
-    }
-  }
+  for (const Case& c : cases) expect_param_error(c.fails, c.parameter, c.expected, c.command_line);
   // A count named in prose stays prose.
   try {
     (void)limits::checked_add(INT64_MAX, 1, "parameter count");
