@@ -164,6 +164,19 @@ sp=("$seqpar" generate --model "$model" --max-new-tokens "$((decode + 1))" --ign
     --quiet)
 lc=("$py" "$here/llamacpp_run.py" generate --max-new-tokens "$((decode + 1))" --threads "$threads")
 for P in $prompts; do ids "$P" >/dev/null; done
+# llama.cpp's Q8_0 weights repacked for AMX (its AMX buffer type, chosen where the CPU has AMX)
+# end in a general protection fault in libggml-cpu on some machines (llama-cpp-python 0.3.36);
+# probed once with a 2-token prompt, and if it crashes the Q8_0 runs keep plain CPU buffers.
+q8_flags=()
+if [[ "$int8" == 1 ]]; then
+  ids 2 >/dev/null
+  if ! "${lc[@]}" --prompt-ids-file "$work/prompt_2.txt" --max-new-tokens 1 \
+      --model "$gguf_dir/model-q8_0.gguf" >/dev/null 2>&1; then
+    q8_flags=(--no-extra-bufts)
+    echo "compare_llamacpp: llama.cpp's Q8_0 run with its repacked (AMX) weights failed here;" \
+      "the Q8_0 runs use plain CPU buffers (--no-extra-bufts)" >&2
+  fi
+fi
 start="$(date -u +%H:%M) UTC, load average $(cut -d' ' -f1 /proc/loadavg)"
 for round in $(seq 1 "$rounds"); do
   for P in $prompts; do
@@ -180,7 +193,7 @@ for round in $(seq 1 "$rounds"); do
     if [[ "$int8" == 1 ]]; then
       run "$round" "$P" seqpar "1x2 int8" "${sp[@]}" --prompt-ids-file "$f" --weights-dtype int8
       run "$round" "$P" llama.cpp "q8_0" "${lc[@]}" --prompt-ids-file "$f" \
-        --model "$gguf_dir/model-q8_0.gguf"
+        --model "$gguf_dir/model-q8_0.gguf" "${q8_flags[@]}"
       run "$round" "$P" seqpar "tp2 int8" "${sp[@]}" --prompt-ids-file "$f" --tp 2 \
         --weights-dtype int8
     fi
@@ -194,16 +207,19 @@ sp_build="seqpar $("$seqpar" --version 2>&1 | head -n 1)"
 sp_build+=" (build of $(date -u -r "$seqpar" '+%F %H:%M') UTC)"
 "$py" - "$results" "$work/check_fa_off.json" "$work/check_fa_auto.json" "$int8" "$rounds" \
   "$decode" "$threads" "$cores" "$version" "$sp_build" \
-  "$start" "$end" >"$report" <<'EOF'
+  "$start" "$end" "${q8_flags[*]:-}" >"$report" <<'EOF'
 import json, os, statistics, sys
 (results, check, check_fa, int8, rounds, decode, threads, cores, version, sp_version, start,
- end) = sys.argv[1:]
+ end, q8_flags) = sys.argv[1:]
 rows = [json.loads(l) for l in open(results)]
 med = statistics.median
 print(f"{sp_version} vs llama.cpp (llama-cpp-python {version}), {rounds} rounds, {decode} decoded "
       f"tokens, llama.cpp {threads} threads, {cores} hardware threads; from {start} to {end}. "
       "Ratio: seqpar throughput / llama.cpp throughput against the same round's llama.cpp run "
       "(> 1: seqpar faster).\n")
+if q8_flags:
+    print(f"llama.cpp's Q8_0 runs: {q8_flags} (its AMX-repacked Q8_0 weights crashed on this "
+          "machine).\n")
 print("| P | seqpar | llama.cpp | prefill tok/s seqpar / llama.cpp | prefill ratio min / median "
       "| decode tok/s seqpar / llama.cpp | decode ratio min / median | peak RSS seqpar / "
       "llama.cpp (GB) |")

@@ -58,6 +58,8 @@ def generate(a):
     mp = L.llama_model_default_params()
     if not a.mmap:
         mp.load_mode = L.LLAMA_LOAD_MODE_NONE  # read into memory at load, as seqpar does
+    if a.no_extra_bufts:
+        mp.use_extra_bufts = False  # no repacked (AMX, CPU_REPACK) weight buffers
     model = L.llama_model_load_from_file(a.model.encode(), mp)
     if not model:
         raise SystemExit(f"llamacpp_run: cannot load {a.model}")
@@ -127,6 +129,7 @@ def generate(a):
     steps = max(n_new - 1, 1)
     print(json.dumps({
         "model": a.model, "threads": a.threads, "kv_type": a.kv_type, "mmap": a.mmap,
+        "extra_bufts": not a.no_extra_bufts,
         "flash_attn": a.flash_attn,
         "prompt_tokens": len(prompt), "new_tokens": n_new, "load_seconds": load_s,
         "prefill_seconds": prefill_s, "prefill_tokens_per_second": len(prompt) / prefill_s,
@@ -189,6 +192,9 @@ def main():
     g.add_argument("--kv-type", choices=["f16", "f32"], default="f16")
     g.add_argument("--flash-attn", choices=["auto", "on", "off"], default="auto")
     g.add_argument("--mmap", action="store_true", help="map the GGUF (llama.cpp's default)")
+    g.add_argument("--no-extra-bufts", action="store_true",
+                   help="llama.cpp's weights in plain CPU buffers, not repacked for AMX or "
+                        "CPU_REPACK (use_extra_bufts false)")
     g.add_argument("--output", default=None, help=".npz: tokens and logits")
     g.add_argument("--verbose", action="store_true", help="llama.cpp's log on stderr")
     c = sub.add_parser("compare")
