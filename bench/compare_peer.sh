@@ -6,7 +6,7 @@
 # ranks reaches 0.8 of two one-thread GEMM rates".
 #
 #   bench/compare_peer.sh [--build DIR] [--seqs "4096 16384"] [--reps 2] [--rounds 2]
-#                         [--peer PATH] [--backend threads|mpi] [--out FILE]
+#                         [--peer PATH] [--peer-python PY] [--backend threads|mpi] [--out FILE]
 #
 # Prints a markdown table (also written to --out if given). Both sides: 2 ranks, 1 thread per rank,
 # the same shapes, contiguous shards (seqpar's zigzag layout adds one row for causal ring), median
@@ -15,8 +15,11 @@
 # exposed_comm_fraction (worst rank), the lowest over the rounds.
 # GFLOP/s count 4·D flops per visible score element on both sides (causal: half the square).
 #
-# The peer needs Debian's python3-torch (installed here with apt-get if missing; only this
-# benchmark needs it, so it is not in scripts/install-deps.sh). python3-torch calls whatever
+# The peer runs on the PyTorch of the references' environment (BUILD/pyenv, made by make test;
+# PyTorch 2.8: the peer then uses PyTorch's CPU flash-attention kernel for every block), or on
+# --peer-python PY. Without that environment it needs Debian's python3-torch (PyTorch 1.13: plain
+# matmuls, a much weaker peer; installed here with apt-get if missing; only this benchmark needs
+# it, so it is not in scripts/install-deps.sh). python3-torch calls whatever
 # libblas.so.3 Debian has selected; if that is the reference BLAS (about 20x slower than OpenBLAS
 # here) the script installs libopenblas0-pthread, which is what a user of python3-torch gets as
 # soon as any package pulls OpenBLAS in. OPENBLAS_CORETYPE=SkylakeX is set for the peer only, and
@@ -31,6 +34,7 @@ seqs="4096 16384"
 reps=2
 rounds=2
 peer="$root/../shared/peer/torch_cp_peer.py"
+py=""
 backend="threads"
 out=""
 while [[ $# -gt 0 ]]; do
@@ -40,6 +44,7 @@ while [[ $# -gt 0 ]]; do
     --reps) reps="$2"; shift 2 ;;
     --rounds) rounds="$2"; shift 2 ;;
     --peer) peer="$2"; shift 2 ;;
+    --peer-python) py="$2"; shift 2 ;;
     --backend) backend="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
@@ -55,18 +60,30 @@ done
 [[ -f "$peer" ]] || { echo "compare_peer.sh: peer script $peer not found (--peer PATH)" >&2; exit 2; }
 
 as_root() { if [[ $(id -u) -eq 0 ]]; then "$@"; else sudo "$@"; fi; }
-py=/usr/bin/python3
-if ! "$py" -c "import torch" 2>/dev/null; then
-  echo "installing python3-torch (Debian) for the peer ..." >&2
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y python3-torch >&2
+if [[ -z "$py" && -x "$build/pyenv/bin/python" ]] && "$build/pyenv/bin/python" -c "import torch" 2>/dev/null; then
+  py="$build/pyenv/bin/python"
 fi
-blas="$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || true)"
-if [[ "$blas" != *openblas* && "$blas" != *blis* ]]; then
-  echo "libblas.so.3 is the reference BLAS ($blas); installing libopenblas0-pthread ..." >&2
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y libopenblas0-pthread >&2
+debian_torch=0
+if [[ -z "$py" || "$py" == /usr/bin/python3 ]]; then
+  debian_torch=1
+  py=/usr/bin/python3
+  if ! "$py" -c "import torch" 2>/dev/null; then
+    echo "installing python3-torch (Debian) for the peer ..." >&2
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y python3-torch >&2
+  fi
+fi
+blas="$("$py" -c 'import torch; print(torch.__config__.show().split("BLAS_INFO=")[1].split(",")[0])' 2>/dev/null || echo "?")"
+if [[ "$debian_torch" == 1 ]]; then
   blas="$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || true)"
+  if [[ "$blas" != *openblas* && "$blas" != *blis* ]]; then
+    echo "libblas.so.3 is the reference BLAS ($blas); installing libopenblas0-pthread ..." >&2
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y libopenblas0-pthread >&2
+    blas="$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || true)"
+  fi
 fi
-if [[ -n "${PEER_OPENBLAS_CORETYPE+x}" ]]; then
+if [[ "$debian_torch" == 0 ]]; then
+  coretype=""  # PyTorch's own BLAS (oneMKL in the PyPI wheel), not Debian's OpenBLAS
+elif [[ -n "${PEER_OPENBLAS_CORETYPE+x}" ]]; then
   coretype="$PEER_OPENBLAS_CORETYPE"
 elif grep -qw avx512f /proc/cpuinfo; then
   coretype="SkylakeX"
@@ -111,16 +128,20 @@ run_seqpar() {  # strategy seq causal layout -> gflops (and the exposed fraction
   echo "$(field gflops <<<"$j") $(field exposed_comm_fraction <<<"$j")"
 }
 
-# Peak bytes one peer rank holds for the score matrices: about 3 copies of (H, S/2, keys) fp32.
+# Peak bytes one peer rank holds for the score matrices: with plain matmuls (PyTorch < 2.2, and
+# causal allgather, whose offset mask the flash kernel does not take) about 3 copies of
+# (H, S/2, keys) fp32; PyTorch's CPU flash-attention kernel holds none (its blocks).
+peer_flash="$("$py" -c 'import torch; print(int(hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")))' 2>/dev/null || echo 0)"
 peer_bytes() {
-  local strategy=$1 seq=$2 keys
+  local strategy=$1 seq=$2 causal=$3 keys
+  if [[ "$peer_flash" == 1 && ( "$strategy" == ring || "$causal" == 0 ) ]]; then echo 0; return; fi
   if [[ "$strategy" == allgather ]]; then keys=$seq; else keys=$((seq / 2)); fi
   echo $((3 * 8 * (seq / 2) * keys * 4))
 }
 
 run_peer() {  # strategy seq causal -> gflops, or "skip"
   local strategy=$1 seq=$2 causal=$3 need avail args
-  need=$((2 * $(peer_bytes "$strategy" "$seq")))
+  need=$((2 * $(peer_bytes "$strategy" "$seq" "$causal")))
   avail=$(($(awk '/MemAvailable/ {print $2}' /proc/meminfo) * 1024))
   if (( need > avail * 8 / 10 )); then
     echo "skip:$((need >> 30))"
