@@ -214,7 +214,7 @@ def test_the_call_diffusers_makes(wan):
 def test_mesh_keywords(wan):
     path = os.path.join(wan["wan21"]["path"], "transformer")
     with pytest.raises(ValueError, match=r"^WanTransformer.from_pretrained: keyword 'cfg_size' is "
-                       r"unknown; valid: mesh, comm, boundary_ratio, threads, timeout, tp, "
+                       r"unknown; valid: mesh, comm, boundary_ratio, threads, timeout, activations, tp, "
                        r"tensor_parallel_size, .*cfg_parallel_size"):
         seqpar.WanTransformer.from_pretrained(path, cfg_size=2)
     with pytest.raises(ValueError, match=r"^CausalLM.from_pretrained: keyword 'ring' is unknown"):
