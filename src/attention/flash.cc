@@ -48,6 +48,7 @@
 
 #include "seqpar/attention/attention.h"
 #include "seqpar/core/error.h"
+#include "seqpar/core/tensor_view.h"
 #include "seqpar/core/trace.h"
 #include "simd.h"
 
@@ -349,8 +350,28 @@ struct Workspace {
 
 // ---- one call's constants -----------------------------------------------------------------------
 
+// Where element (b, token, head, 0) of a (B, S, H, D) view lies: b·b + token·s + head·h elements
+// from its start (D is contiguous).
+struct Strides {
+  int64_t b, s, h;
+  int64_t at(int64_t bb, int64_t token, int64_t head) const {
+    return bb * b + token * s + head * h;
+  }
+};
+Strides strides_of(const TensorView& x) {
+  return {x.stride(0), x.stride(1), x.ndim() > 2 ? x.stride(2) : 0};
+}
+
+// Where a call writes its state: out (B, Sq, H, D) and lse (B, Sq, H), fp32, any strides.
+struct OutRows {
+  float* out;
+  float* lse;
+  Strides o, l;
+};
+
 struct Problem {
-  const Tensor *q, *k, *v;
+  const char *q, *k, *v;  // the inputs' first elements
+  Strides qs, ks, vs;
   int64_t nb, sq, nh, d, sk, nkv, group;
   int64_t bq, bk, ld_s;  // block sizes; row stride of the score block
   int64_t nqb, nkb;
@@ -378,37 +399,47 @@ void store_elems(const Problem& p, const void* from, void* to, int64_t n) {
   }
 }
 
-// Makes `rows` rows of d elements (source row stride src_ld elements, storage in_type) available
-// as a contiguous (rows, d) block of the matmul type: the source itself when it already is one,
-// else a copy (or conversion to fp32) into dst. Returns the block.
-const void* pack_rows(const Problem& p, const void* src, int64_t src_ld, int64_t rows, void* dst,
-                      int64_t d) {
+// Makes `rows` tokens of `heads` heads of d elements each (source: token r, head g at
+// r·row_ld + g·head_ld elements, storage in_type) available as a contiguous (rows·heads, d) block
+// of the matmul type, a token's heads adjacent: the source itself when it already is one, else a
+// copy (or conversion to fp32) into dst. Returns the block.
+const void* pack_rows(const Problem& p, const void* src, int64_t row_ld, int64_t rows,
+                      int64_t heads, int64_t head_ld, void* dst) {
+  const int64_t d = p.d;
   const bool same_type = p.in_type == DType::kF32 || p.bf16_mm;
-  if (src_ld == d) {  // contiguous rows: the source itself, or one conversion of the whole block
-    if (same_type) return src;
-    store_elems(p, src, dst, rows * d);
+  const size_t in_esz = dtype_size(p.in_type), out_esz = same_type ? in_esz : 4;
+  if (heads > 1 && head_ld != d) {  // heads apart in memory: one row of d at a time
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t g = 0; g < heads; ++g)
+        store_elems(p, static_cast<const char*>(src) + (r * row_ld + g * head_ld) * in_esz,
+                    static_cast<char*>(dst) + (r * heads + g) * d * out_esz, d);
     return dst;
   }
-  const size_t in_esz = dtype_size(p.in_type), out_esz = same_type ? in_esz : 4;
+  const int64_t width = heads * d;
+  if (row_ld == width) {  // contiguous rows: the source itself, or one conversion of the block
+    if (same_type) return src;
+    store_elems(p, src, dst, rows * width);
+    return dst;
+  }
   for (int64_t r = 0; r < rows; ++r) {
-    store_elems(p, static_cast<const char*>(src) + r * src_ld * in_esz,
-                static_cast<char*>(dst) + r * d * out_esz, d);
+    store_elems(p, static_cast<const char*>(src) + r * row_ld * in_esz,
+                static_cast<char*>(dst) + r * width * out_esz, width);
   }
   return dst;
 }
 
-// Packs `rows` rows of nhk heads (source row stride src_ld elements; head h at h·d in a row) as
-// nhk contiguous (rows, d) blocks of the matmul type, head after head, reading the source in
-// memory order (row by row). One head: pack_rows (which may return the source itself).
+// Packs `rows` rows of nhk heads (source row stride src_ld elements; head h at h·head_ld in a
+// row) as nhk contiguous (rows, d) blocks of the matmul type, head after head, reading the source
+// in memory order (row by row). One head: pack_rows (which may return the source itself).
 const void* pack_heads(const Problem& p, const void* src, int64_t src_ld, int64_t rows, int64_t nhk,
-                       void* dst) {
+                       int64_t head_ld, void* dst) {
   const int64_t d = p.d;
-  if (nhk == 1) return pack_rows(p, src, src_ld, rows, dst, d);
+  if (nhk == 1) return pack_rows(p, src, src_ld, rows, 1, head_ld, dst);
   const size_t in_esz = dtype_size(p.in_type);
   const size_t out_esz = p.in_type == DType::kF32 || p.bf16_mm ? in_esz : 4;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t h = 0; h < nhk; ++h) {
-      store_elems(p, static_cast<const char*>(src) + (r * src_ld + h * d) * in_esz,
+      store_elems(p, static_cast<const char*>(src) + (r * src_ld + h * head_ld) * in_esz,
                   static_cast<char*>(dst) + (h * rows + r) * d * out_esz, d);
     }
   }
@@ -517,16 +548,16 @@ ItemTiles item_tiles(const Problem& p, const Item& it, Workspace& ws) {
   return t;
 }
 
-// Step 0: every tile's Q as a contiguous (rows, d) block of the matmul type (a token's gs heads
-// are adjacent in q (B, Sq, H, D)); query rows with an Inf or NaN flagged in qbad (NaN at the
-// end if they see any key) and zeroed; no row poisoned yet.
+// Step 0: every tile's Q as a contiguous (rows, d) block of the matmul type, a token's gs heads
+// adjacent (as they are in a dense q (B, Sq, H, D): then the tile may be q itself); query rows
+// with an Inf or NaN flagged in qbad (NaN at the end if they see any key) and zeroed; no row
+// poisoned yet.
 void pack_q_tiles(const Problem& p, ItemTiles& t) {
   const int64_t d = p.d;
   const size_t in_esz = dtype_size(p.in_type);
-  const char* qsrc = static_cast<const char*>(p.q->raw());
   for (int64_t x = 0; x < t.count; ++x) {
-    const char* src = qsrc + t.state_row(x, 0) * d * in_esz;
-    t.q[x] = pack_rows(p, src, p.nh * d, t.tokens(x), t.qbuf + x * t.tr * d * t.esz, t.gs * d);
+    const char* src = p.q + p.qs.at(t.b, t.i0(x), t.head(x)) * in_esz;
+    t.q[x] = pack_rows(p, src, p.qs.s, t.tokens(x), t.gs, p.qs.h, t.qbuf + x * t.tr * d * t.esz);
   }
   std::fill_n(t.poison, t.count * t.tr, uint8_t{0});
   for (int64_t x = 0; x < t.count; ++x) {
@@ -621,13 +652,12 @@ void list_padding_keys(const Problem& p, const ItemTiles& t, int64_t kb, KeyBloc
 void pack_kv(const Problem& p, const ItemTiles& t, KeyBlock& blk, Workspace& ws) {
   const int64_t d = p.d, size = t.nhk * p.bk * d * static_cast<int64_t>(t.esz);
   const size_t in_esz = dtype_size(p.in_type);
-  const int64_t kv_off = ((t.b * p.sk + blk.k0) * p.nkv + t.hk0) * d;
-  const char* ksrc = static_cast<const char*>(p.k->raw()) + kv_off * in_esz;
-  const char* vsrc = static_cast<const char*>(p.v->raw()) + kv_off * in_esz;
-  blk.k =
-      static_cast<const char*>(pack_heads(p, ksrc, p.nkv * d, blk.nk, t.nhk, ws.k.get<char>(size)));
-  blk.v =
-      static_cast<const char*>(pack_heads(p, vsrc, p.nkv * d, blk.nk, t.nhk, ws.v.get<char>(size)));
+  const char* ksrc = p.k + p.ks.at(t.b, blk.k0, t.hk0) * in_esz;
+  const char* vsrc = p.v + p.vs.at(t.b, blk.k0, t.hk0) * in_esz;
+  blk.k = static_cast<const char*>(
+      pack_heads(p, ksrc, p.ks.s, blk.nk, t.nhk, p.ks.h, ws.k.get<char>(size)));
+  blk.v = static_cast<const char*>(
+      pack_heads(p, vsrc, p.vs.s, blk.nk, t.nhk, p.vs.h, ws.v.get<char>(size)));
 }
 
 // Keys with a non-finite K or V element, listed per kv head and zeroed in the packed blocks.
@@ -812,21 +842,24 @@ void poison_tile_rows(const Problem& p, ItemTiles& t, int64_t x, int64_t rows, i
 // Step 2: out (B, Sq, H, D) = O / l and lse (B, Sq, H) = (m + log2 l)·ln 2 for the item's rows;
 // rows that saw no key stay empty (out 0, lse -inf), poisoned rows and rows whose running max
 // is +inf or NaN are NaN. Fixed rows: row_sum (l relative to the bound) and row_flags.
-void write_rows(const Problem& p, const ItemTiles& t, float* out, float* lse, float* row_sum,
+void write_rows(const Problem& p, const ItemTiles& t, const OutRows& dst, float* row_sum,
                 uint8_t* row_flags) {
   constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
   const int64_t d = p.d;
   for (int64_t x = 0; x < t.count; ++x) {
     for (int64_t r = 0; r < t.rows(x); ++r) {
       const double l = t.l[x * t.tr + r];
-      const int64_t row = t.state_row(x, r);
+      const int64_t row = t.state_row(x, r);  // of the dense (B, Sq, H) row_max, row_sum, ...
+      const int64_t token = t.i0(x) + r / t.gs, head = t.head(x) + r % t.gs;
+      float* out = dst.out + dst.o.at(t.b, token, head);
+      float& lse = dst.lse[dst.l.at(t.b, token, head)];
       // NaN for a row that saw a non-finite input, or whose running max is +inf or NaN (logits
       // of finite inputs that overflow fp32: 2^(inf - inf), as IEEE arithmetic would have it).
       const float mr = t.m[x * t.tr + r];
       if (t.poison[x * t.tr + r] || std::isnan(mr) ||
           mr == std::numeric_limits<float>::infinity()) {
-        std::fill_n(out + row * d, d, kNaN);
-        lse[row] = kNaN;
+        std::fill_n(out, d, kNaN);
+        lse = kNaN;
         if (p.row_max != nullptr && fixed_max_log2(p.row_max[row]) != kNegInf) {
           // Its sums are not relative to the bound: callers that add sums must merge instead.
           if (row_sum != nullptr) row_sum[row] = kNaN;
@@ -842,16 +875,20 @@ void write_rows(const Problem& p, const ItemTiles& t, float* out, float* lse, fl
           if (row_flags != nullptr && mr != m0) row_flags[row] |= AttnParams::kRowMaxExceeded;
         }
       }
-      if (!(l > 0)) continue;  // saw no key: stays empty (out 0, lse -inf)
-      p.kern->scale_copy(t.o + (x * t.tr + r) * d, static_cast<float>(1.0 / l), out + row * d, d);
-      lse[row] = static_cast<float>(mr * kLn2 + std::log(l));
+      if (!(l > 0)) {  // saw no key: empty (out 0, lse -inf)
+        std::fill_n(out, d, 0.f);
+        lse = kNegInf;
+        continue;
+      }
+      p.kern->scale_copy(t.o + (x * t.tr + r) * d, static_cast<float>(1.0 / l), out, d);
+      lse = static_cast<float>(mr * kLn2 + std::log(l));
     }
   }
 }
 
 // The item's rows of the state over its key blocks (the steps at the top of this file). With
 // p.row_max, also writes row_sum and row_flags (kRowMaxExceeded only) of its fixed rows.
-void run_item(const Problem& p, const Item& it, float* out, float* lse, float* row_sum,
+void run_item(const Problem& p, const Item& it, const OutRows& dst, float* row_sum,
               uint8_t* row_flags, Workspace& ws, bool calling_thread) {
   // Step 0: the tiles' Q packed, the accumulators reset.
   ItemTiles tiles = item_tiles(p, it, ws);
@@ -895,7 +932,7 @@ void run_item(const Problem& p, const Item& it, float* out, float* lse, float* r
   }
 
   // Step 2: normalize and write out (B, Sq, H, D) and lse (B, Sq, H).
-  write_rows(p, tiles, out, lse, row_sum, row_flags);
+  write_rows(p, tiles, dst, row_sum, row_flags);
 }
 
 Workspace& thread_workspace() {
@@ -905,16 +942,56 @@ Workspace& thread_workspace() {
 
 }  // namespace
 
-AttnState flash_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+namespace {
+
+// The state's shapes for these inputs; InvalidArgument when out or lse is not one.
+void check_outputs(const TensorView& q, const MutableTensorView& out,
+                   const MutableTensorView& lse) {
+  const std::vector<int64_t> o = q.shape(), l = {q.dim(0), q.dim(1), q.dim(2)};
+  SEQPAR_ARG_CHECK(out.shape() == o && out.dtype() == DType::kF32 && out.stride(3) == 1,
+                   "attention out is ", out.shape_str(), " ", dtype_name(out.dtype()),
+                   " with head_dim stride ", out.ndim() == 4 ? out.stride(3) : 0,
+                   "; valid: ", shape_text(o), " fp32 with head_dim stride 1");
+  SEQPAR_ARG_CHECK(lse.shape() == l && lse.dtype() == DType::kF32, "attention lse is ",
+                   lse.shape_str(), " ", dtype_name(lse.dtype()), "; valid: ", shape_text(l),
+                   " fp32");
+}
+
+// A view whose head_dim elements are adjacent: x itself, or a packed copy held in `keep`.
+TensorView dense_rows(const TensorView& x, Tensor& keep) {
+  if (x.stride(3) == 1 || x.dim(3) <= 1) return x;
+  keep = x.contiguous();
+  return keep;
+}
+
+}  // namespace
+
+AttnState flash_attention(const TensorView& q, const TensorView& k, const TensorView& v,
                           const AttnParams& params) {
-  trace::Scope span("attention", "kernel", trace::Lane::kCompute);  // --trace: one kernel call
-  span.arg("queries", q.ndim() == 4 ? q.dim(1) : 0);
-  span.arg("keys", k.ndim() == 4 ? k.dim(1) : 0);
   validate_attention_inputs(q, k, v, params.mask);
+  AttnState st{Tensor(q.shape()), Tensor({q.dim(0), q.dim(1), q.dim(2)})};
+  flash_attention_into(q, k, v, params, st.out, st.lse);
+  return st;
+}
+
+void flash_attention_into(const TensorView& q_in, const TensorView& k_in, const TensorView& v_in,
+                          const AttnParams& params, const MutableTensorView& out,
+                          const MutableTensorView& lse_out) {
+  trace::Scope span("attention", "kernel", trace::Lane::kCompute);  // --trace: one kernel call
+  span.arg("queries", q_in.ndim() == 4 ? q_in.dim(1) : 0);
+  span.arg("keys", k_in.ndim() == 4 ? k_in.dim(1) : 0);
+  validate_attention_inputs(q_in, k_in, v_in, params.mask);
+  check_outputs(q_in, out, lse_out);
+  Tensor q_keep, k_keep, v_keep;
+  const TensorView q = dense_rows(q_in, q_keep), k = dense_rows(k_in, k_keep),
+                   v = dense_rows(v_in, v_keep);
   Problem p{};
-  p.q = &q;
-  p.k = &k;
-  p.v = &v;
+  p.q = static_cast<const char*>(q.raw());
+  p.k = static_cast<const char*>(k.raw());
+  p.v = static_cast<const char*>(v.raw());
+  p.qs = strides_of(q);
+  p.ks = strides_of(k);
+  p.vs = strides_of(v);
   p.nb = q.dim(0);
   p.sq = q.dim(1);
   p.nh = q.dim(2);
@@ -922,7 +999,8 @@ AttnState flash_attention(const Tensor& q, const Tensor& k, const Tensor& v,
   p.sk = k.dim(1);
   p.nkv = k.dim(2);
   p.group = p.nh / p.nkv;
-  AttnState st = AttnState::empty(p.nb, p.sq, p.nh, p.d);
+  const OutRows dst_rows{out.mutable_data<float>(), lse_out.mutable_data<float>(), strides_of(out),
+                         strides_of(lse_out)};
 
   // Fixed row maxima: outputs start at 0; loose rows are flagged from the final lse.
   const int64_t n_rows = p.nb * p.sq * p.nh;
@@ -941,17 +1019,20 @@ AttnState flash_attention(const Tensor& q, const Tensor& k, const Tensor& v,
   std::fill(params.row_flags.begin(), params.row_flags.end(), uint8_t{0});
   auto flag_loose_rows = [&] {
     if (params.row_flags.empty()) return;
-    const float* lse = st.lse.data<float>();
     for (int64_t i = 0; i < n_rows; ++i) {
       const float m = params.row_max[i];
-      if (fixed_max_log2(m) == kNegInf) continue;          // online row
-      if (!(m - lse[i] <= AttnParams::kRowMaxLooseLimit))  // also lse = -inf (sum 0)
+      if (fixed_max_log2(m) == kNegInf) continue;  // online row
+      const float lse = dst_rows.lse[dst_rows.l.at(i / (p.sq * p.nh), i / p.nh % p.sq, i % p.nh)];
+      if (!(m - lse <= AttnParams::kRowMaxLooseLimit))  // also lse = -inf (sum 0)
         params.row_flags[i] |= AttnParams::kRowMaxLoose;
     }
   };
-  if (p.nb == 0 || p.sq == 0 || p.sk == 0) {
+  if (p.nb == 0 || p.sq == 0 || p.sk == 0) {  // the empty state: out 0, lse -inf
+    const AttnState empty = AttnState::empty(p.nb, p.sq, p.nh, p.d);
+    out.copy_from(empty.out);
+    lse_out.copy_from(empty.lse);
     flag_loose_rows();
-    return st;
+    return;
   }
 
   SEQPAR_ARG_CHECK(std::isfinite(params.scale) && params.scale >= 0.f, "attention scale ",
@@ -1007,6 +1088,15 @@ AttnState flash_attention(const Tensor& q, const Tensor& k, const Tensor& v,
   const int64_t n_items = n_base * n_ksplits;
   std::vector<AttnState> partial(static_cast<size_t>(n_ksplits - 1));
   for (AttnState& ps : partial) ps = AttnState::empty(p.nb, p.sq, p.nh, p.d);
+  // With key splits the first split's state is dense too, merged with the others and then
+  // written out; else the items write the caller's rows directly.
+  AttnState first = n_ksplits > 1 ? AttnState::empty(p.nb, p.sq, p.nh, p.d) : AttnState{};
+  auto dense_rows_of = [&](AttnState& st) {
+    return OutRows{st.out.data<float>(), st.lse.data<float>(), strides_of(st.out),
+                   strides_of(st.lse)};
+  };
+  std::vector<OutRows> split_rows{n_ksplits > 1 ? dense_rows_of(first) : dst_rows};
+  for (AttnState& ps : partial) split_rows.push_back(dense_rows_of(ps));
   // Key splits of fixed rows: each split's row sums and flags, added / OR-ed afterwards.
   const bool split_fixed = fixed && n_ksplits > 1;
   std::vector<float> split_sum(split_fixed && !params.row_sum.empty() ? partial.size() * n_rows : 0,
@@ -1032,21 +1122,30 @@ AttnState flash_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                   std::min(p.group, (gc + 1) * g_per_item),
                   p.nkb * ks / n_ksplits,
                   p.nkb * (ks + 1) / n_ksplits};
-    AttnState& dst = ks == 0 ? st : partial[ks - 1];
     float* sum = params.row_sum.empty() ? nullptr
                  : ks == 0              ? params.row_sum.data()
                                         : split_sum.data() + (ks - 1) * n_rows;
     uint8_t* flags = params.row_flags.empty() ? nullptr
                      : ks == 0                ? params.row_flags.data()
                                               : split_flags.data() + (ks - 1) * n_rows;
-    run_item(p, it, dst.out.data<float>(), dst.lse.data<float>(), sum, flags, thread_workspace(),
-             calling_thread);
+    run_item(p, it, split_rows[ks], sum, flags, thread_workspace(), calling_thread);
   };
 
+  // Key splits: merged into the first, written to the caller's rows.
+  auto finish = [&] {
+    if (n_ksplits > 1) {
+      for (const AttnState& ps : partial) merge_into(first, ps);
+      out.copy_from(first.out);
+      lse_out.copy_from(first.lse);
+    }
+    for (size_t x = 0; x < split_sum.size(); ++x) params.row_sum[x % n_rows] += split_sum[x];
+    for (size_t x = 0; x < split_flags.size(); ++x) params.row_flags[x % n_rows] |= split_flags[x];
+    flag_loose_rows();
+  };
   if (threads == 1 || n_items == 1) {
     for (int64_t it = 0; it < n_items; ++it) run(it, true);
-    flag_loose_rows();
-    return st;
+    finish();
+    return;
   }
   // Exceptions must not cross the OpenMP region: keep the first, stop handing out work.
   std::exception_ptr error;
@@ -1064,11 +1163,7 @@ AttnState flash_attention(const Tensor& q, const Tensor& k, const Tensor& v,
     }
   }
   if (error) std::rethrow_exception(error);
-  for (const AttnState& ps : partial) merge_into(st, ps);
-  for (size_t x = 0; x < split_sum.size(); ++x) params.row_sum[x % n_rows] += split_sum[x];
-  for (size_t x = 0; x < split_flags.size(); ++x) params.row_flags[x % n_rows] |= split_flags[x];
-  flag_loose_rows();
-  return st;
+  finish();
 }
 
 std::string attention_kernel_info() {

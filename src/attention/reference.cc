@@ -58,7 +58,7 @@ double dot(const float* a, const float* b, int64_t n) {
 
 }  // namespace
 
-void validate_attention_inputs(const Tensor& q, const Tensor& k, const Tensor& v,
+void validate_attention_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
                                const MaskSpec& mask) {
   SEQPAR_ARG_CHECK(q.ndim() == 4, "q must be 4-D (batch, seq, heads, head_dim); got shape ",
                    q.shape_str());
@@ -68,11 +68,11 @@ void validate_attention_inputs(const Tensor& q, const Tensor& k, const Tensor& v
                    v.shape_str());
   const int64_t b = q.dim(0), sq = q.dim(1), h = q.dim(2), d = q.dim(3);
   const int64_t sk = k.dim(1), hkv = k.dim(2);
-  SEQPAR_ARG_CHECK(k.dim(0) == b && v.dim(0) == b, "batch: q has ", b, " rows but k has ",
-                   k.dim(0), " and v has ", v.dim(0), "; valid: ", b);
+  SEQPAR_ARG_CHECK(k.dim(0) == b && v.dim(0) == b, "batch: q has ", b, " rows but k has ", k.dim(0),
+                   " and v has ", v.dim(0), "; valid: ", b);
   SEQPAR_ARG_CHECK(d >= 1, "head_dim ", d, " is invalid; valid: >= 1");
-  SEQPAR_ARG_CHECK(k.dim(3) == d && v.dim(3) == d, "head_dim: q has ", d, " but k has ",
-                   k.dim(3), " and v has ", v.dim(3), "; valid: ", d);
+  SEQPAR_ARG_CHECK(k.dim(3) == d && v.dim(3) == d, "head_dim: q has ", d, " but k has ", k.dim(3),
+                   " and v has ", v.dim(3), "; valid: ", d);
   SEQPAR_ARG_CHECK(v.dim(1) == sk && v.dim(2) == hkv, "v shape ", v.shape_str(),
                    " must equal k shape ", k.shape_str());
   SEQPAR_ARG_CHECK(h >= 1, "heads ", h, " is invalid; valid: >= 1");
@@ -93,15 +93,16 @@ void validate_attention_inputs(const Tensor& q, const Tensor& k, const Tensor& v
   check_span(mask.k_segment.size(), sk, "k_segment", "no segments");
 }
 
-AttnState reference_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
-                              const AttnParams& params) {
+AttnState reference_attention(const TensorView& q_in, const TensorView& k_in,
+                              const TensorView& v_in, const AttnParams& params) {
   validate_attention_inputs(q_in, k_in, v_in, params.mask);
   const int64_t nb = q_in.dim(0), sq = q_in.dim(1), nh = q_in.dim(2), d = q_in.dim(3);
   const int64_t sk = k_in.dim(1), nkv = k_in.dim(2);
   const int64_t group = nh / nkv;
   const double scale = params.scale != 0.f ? params.scale : 1.0 / std::sqrt(static_cast<double>(d));
   // fp32 copies (exact for bf16/fp16 inputs).
-  const Tensor q = q_in.to(DType::kF32), k = k_in.to(DType::kF32), v = v_in.to(DType::kF32);
+  const Tensor q = q_in.contiguous().to(DType::kF32), k = k_in.contiguous().to(DType::kF32),
+               v = v_in.contiguous().to(DType::kF32);
   const float* qp = q.data<float>();
   const float* kp = k.data<float>();
   const float* vp = v.data<float>();

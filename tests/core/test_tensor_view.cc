@@ -42,8 +42,8 @@ TEST(TensorView, NarrowAndTransposeReadTheRightElements) {
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
     const Tensor t = coded(2, 5, 6, 3).to(dt);  // codes up to 1e6 are not exact in bf16: compare
     const Tensor ref = t.to(DType::kF32);       // against the stored values
-    for (auto [dim, b0, len] : {std::tuple{2, 1, 3}, std::tuple{1, 2, 2}, std::tuple{0, 1, 1},
-                                std::tuple{3, 1, 2}}) {
+    for (auto [dim, b0, len] :
+         {std::tuple{2, 1, 3}, std::tuple{1, 2, 2}, std::tuple{0, 1, 1}, std::tuple{3, 1, 2}}) {
       const Tensor c = TensorView(t).narrow(dim, b0, len).contiguous();
       ASSERT_EQ(c.dtype(), dt);
       int64_t i = 0;

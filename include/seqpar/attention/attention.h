@@ -3,6 +3,9 @@
 //
 // Shapes (token-major):
 //   q (B, Sq, H, D)   k, v (B, Sk, Hkv, D)   -> AttnState{out (B, Sq, H, D), lse (B, Sq, H)}
+// q, k and v are views (core/tensor_view.h; a Tensor converts): any strides, so a head slice of
+// a wider tensor or PyTorch's (B, H, S, D) memory is read where it lies (the kernel packs its
+// blocks anyway; only a head_dim that is not contiguous is packed once first).
 // GQA: query head h reads KV head h / (H / Hkv); Hkv must divide H.
 // Masks are defined on global token positions (MaskSpec), so every layout uses the same kernel.
 // Thread-safety: functions are reentrant; a call uses only its arguments and thread-local caches.
@@ -15,6 +18,7 @@
 
 #include "seqpar/attention/state.h"
 #include "seqpar/core/tensor.h"
+#include "seqpar/core/tensor_view.h"
 
 namespace seqpar {
 
@@ -67,12 +71,17 @@ struct AttnParams {
 // Blockwise online-softmax attention (flash attention) for fp32 or bf16/fp16 inputs (q, k, v
 // of one dtype), fp32 accumulation. Fully masked blocks are skipped. Throws InvalidArgument on
 // shape mismatches.
-AttnState flash_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+AttnState flash_attention(const TensorView& q, const TensorView& k, const TensorView& v,
                           const AttnParams& params = {});
+// The same, written into the caller's memory: out (B, Sq, H, D) fp32 with a contiguous head_dim
+// and lse (B, Sq, H) fp32, any other strides (e.g. rows of a larger output, or (B, H, S, D)).
+void flash_attention_into(const TensorView& q, const TensorView& k, const TensorView& v,
+                          const AttnParams& params, const MutableTensorView& out,
+                          const MutableTensorView& lse);
 
 // The oracle: naive attention with double accumulation, one (b, h, query) row at a time.
-// Inputs of any dtype (converted to fp32 values exactly). Slow: O(B·Sq·Sk·H·D).
-AttnState reference_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+// Inputs of any dtype and strides (converted to fp32 values exactly). Slow: O(B·Sq·Sk·H·D).
+AttnState reference_attention(const TensorView& q, const TensorView& k, const TensorView& v,
                               const AttnParams& params = {});
 
 // Number of (b, h, q, k) score elements that the mask leaves visible: the attention work, for
@@ -85,7 +94,7 @@ int64_t visible_score_elements(int64_t batch, int64_t heads, int64_t sq, int64_t
 std::string attention_kernel_info();
 
 // Checks q/k/v shapes and dtypes and the mask's spans; throws InvalidArgument naming what is wrong.
-void validate_attention_inputs(const Tensor& q, const Tensor& k, const Tensor& v,
+void validate_attention_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
                                const MaskSpec& mask);
 
 }  // namespace seqpar
