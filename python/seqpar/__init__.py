@@ -99,7 +99,8 @@ def _torch_dtypes(torch):
 
 
 class _Arg:
-    """One tensor argument as the core reads it: contiguous memory by address, kept alive."""
+    """One tensor argument as the core reads it: memory by address with its strides (in
+    elements; a transposed or sliced tensor is read where it lies), kept alive."""
 
     def __init__(self, name: str, x: Any):
         torch = _torch()
@@ -111,16 +112,17 @@ class _Arg:
                 raise ValueError(f"{name}: dtype {x.dtype} is not supported; valid: float32, "
                                  "bfloat16, float16")
             x = x.detach()
-            if not x.is_contiguous():
-                x = x.contiguous()  # the one copy seqpar makes of an input
             self.kind, self.dtype, self.address = "torch", dtypes[x.dtype], x.data_ptr()
+            self.strides = [int(s) for s in x.stride()]
         elif isinstance(x, np.ndarray):
             names = {np.dtype(np.float32): "fp32", np.dtype(np.float16): "fp16"}
             if x.dtype not in names:
                 raise ValueError(f"{name}: dtype {x.dtype} is not supported; valid: float32, "
                                  "float16 (bfloat16 through torch)")
-            x = np.ascontiguousarray(x)  # no copy when already C-contiguous
+            if any(s < 0 or s % x.itemsize for s in x.strides):
+                x = np.ascontiguousarray(x)  # reversed or unaligned strides: one copy
             self.kind, self.dtype = "numpy", names[x.dtype]
+            self.strides = [s // x.itemsize for s in x.strides]
             self.address = x.__array_interface__["data"][0]
         else:
             raise ValueError(f"{name}: expected a torch.Tensor or numpy.ndarray, got "
@@ -132,7 +134,7 @@ class _Arg:
         self.shape = [int(d) for d in x.shape]
 
     def buffer(self):
-        return _core._Buffer(self.address, self.shape)
+        return _core._Buffer(self.address, self.shape, self.strides)
 
 
 def _same_kind(args: Sequence[_Arg]) -> None:

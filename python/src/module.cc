@@ -115,10 +115,11 @@ class Comm {
   std::unique_ptr<SpComms> sp_;
 };
 
-// A contiguous tensor of the caller's, by address.
+// A tensor of the caller's, by address: its shape and strides (elements; empty: row-major).
 struct Buffer {
   uintptr_t address = 0;
   std::vector<int64_t> shape;
+  std::vector<int64_t> strides;
 };
 
 // Memory of seqpar's (a result Tensor, a list of positions) that Python reads through the buffer
@@ -154,31 +155,9 @@ HostBuffer to_host(Tensor&& t) {
   return b;
 }
 
-// Rows [row0, row0 + n) of every batch of `src` (B, n, ...) into rows [dst_row0, ...) of the
-// caller's `dst` (B, dst_rows, ...) in `dtype` (src fp32, or already in `dtype`).
-void write_rows(const Tensor& src, int64_t dst_rows, int64_t dst_row0, DType dtype, uintptr_t dst) {
-  const int64_t B = src.dim(0), n = src.dim(1), row = src.numel() / std::max<int64_t>(1, B * n);
-  char* out = reinterpret_cast<char*>(dst);
-  const size_t e = dtype_size(dtype);
-  for (int64_t b = 0; b < B; ++b)
-    convert(static_cast<const char*>(src.raw()) + b * n * row * dtype_size(src.dtype()),
-            src.dtype(), out + ((b * dst_rows + dst_row0) * row) * e, dtype,
-            static_cast<size_t>(n * row));
-}
-
-// Rows [row0, row0 + n) of every batch of a caller's (B, rows, ...) tensor: a view when the rows
-// are contiguous (B == 1 or all rows), else a copy.
-Tensor rows_of(const Buffer& b, DType dtype, int64_t row0, int64_t n) {
-  const int64_t B = b.shape[0], rows = b.shape[1], row = b.shape[2] * b.shape[3];
-  const size_t e = dtype_size(dtype);
-  const char* base = reinterpret_cast<const char*>(b.address);
-  if (B == 1 || (row0 == 0 && n == rows))
-    return Tensor::borrow(base + row0 * row * e, {B, n, b.shape[2], b.shape[3]}, dtype);
-  Tensor t({B, n, b.shape[2], b.shape[3]}, dtype);
-  for (int64_t i = 0; i < B; ++i)
-    std::memcpy(static_cast<char*>(t.raw()) + i * n * row * e, base + (i * rows + row0) * row * e,
-                n * row * e);
-  return t;
+// A caller's tensor as a view of its memory (strides as it gave them).
+TensorView view_of(const Buffer& b, DType dtype) {
+  return TensorView::strided(reinterpret_cast<const void*>(b.address), b.shape, b.strides, dtype);
 }
 
 int64_t options_hash(const std::string& s) {
@@ -192,8 +171,7 @@ std::string seq_lens_text(const std::vector<int64_t>& seq_lens) {
   return s;
 }
 
-void record(Comm& c, const CommStats& s, const CpStats& cps, double seconds,
-            std::array<uintptr_t, 3> addresses) {
+void record(Comm& c, const CommStats& s, const CpStats& cps, double seconds) {
   CallStats& st = c.last;
   st = CallStats{};
   st.bytes_sent = s.total_sent();
@@ -210,7 +188,8 @@ void record(Comm& c, const CommStats& s, const CpStats& cps, double seconds,
   st.measured_kv_bytes = cps.measured_kv_bytes;
   st.work = cps.work;
   st.fallback_rows = cps.fallback_rows;
-  st.input_addresses = addresses;
+  for (size_t i = 0; i < 3; ++i)
+    st.input_addresses[i] = reinterpret_cast<uintptr_t>(cps.input_addresses[i]);
 }
 
 std::string shape_text(const std::vector<int64_t>& shape) {
@@ -391,43 +370,39 @@ py::tuple call_attention(Comm& c, const Buffer& q, const Buffer& k, const Buffer
     }
     SpComms& comms = c.sp_comms(config.mesh.ulysses);
 
-    const Tensor qi = rows_of(q, dtype, 0, rows - T), ki = rows_of(k, dtype, 0, kv_rows - T),
-                 vi = rows_of(v, dtype, 0, kv_rows - T);
-    const Tensor tq = T > 0 ? rows_of(q, dtype, rows - T, T) : Tensor(),
-                 tk = T > 0 ? rows_of(k, dtype, kv_rows - T, T) : Tensor(),
-                 tv = T > 0 ? rows_of(v, dtype, kv_rows - T, T) : Tensor();
+    // The caller's rows as views: this rank's tokens, then the text's (no copy; the entry point
+    // packs a view that is not dense). Outputs written into the caller's tensor (or, fp32, into
+    // the result handed back), the lse into one (B, rows, H) array.
+    const int64_t q_rows = rows - T;
+    const TensorView qv = view_of(q, dtype), kv = view_of(k, dtype), vv = view_of(v, dtype);
+    AttnInputs in{qv.narrow(1, 0, q_rows), kv.narrow(1, 0, kv_rows - T),
+                  vv.narrow(1, 0, kv_rows - T)};
+    std::optional<Tensor> result;
+    if (out.address == 0 && T > 0) result.emplace(std::vector<int64_t>{B, rows, H, D});
+    const MutableTensorView out_all =
+        out.address != 0 ? MutableTensorView::strided(reinterpret_cast<void*>(out.address),
+                                                      out.shape, out.strides, dtype)
+        : result         ? MutableTensorView(*result)
+                         : MutableTensorView();
+    Tensor lse = T > 0 ? Tensor({B, rows, H}) : Tensor();
+    AttnOutputs res;
+    if (out_all.ndim() > 0) res.out_into = out_all.narrow(1, 0, q_rows);
+    if (T > 0) {
+      in.text_q = qv.narrow(1, q_rows, T);
+      in.text_k = kv.narrow(1, kv_rows - T, T);
+      in.text_v = vv.narrow(1, kv_rows - T, T);
+      res.text_out_into = out_all.narrow(1, q_rows, T);
+      res.lse_into = MutableTensorView(lse).narrow(1, 0, q_rows);
+      res.text_lse_into = MutableTensorView(lse).narrow(1, q_rows, T);
+    }
     CpStats cps;
     comms.reset_stats();
     const double t0 = now_seconds();
-    AttnOutputs res;
-    attention(config, shape, comms, place,
-              {qi, ki, vi, T > 0 ? &tq : nullptr, T > 0 ? &tk : nullptr, T > 0 ? &tv : nullptr},
-              res, &cps, {static_cast<float>(a.scale), 0, 0});
-    record(c, comms.stats(), cps, now_seconds() - t0,
-           {reinterpret_cast<uintptr_t>(qi.raw()), reinterpret_cast<uintptr_t>(ki.raw()),
-            reinterpret_cast<uintptr_t>(vi.raw())});
+    attention(config, shape, comms, place, in, res, &cps, {static_cast<float>(a.scale), 0, 0});
+    record(c, comms.stats(), cps, now_seconds() - t0);
     c.last_strategy = candidate_label(config);
-
-    const int64_t q_rows = rows - T;
-    Tensor lse = std::move(res.lse);
-    if (T > 0) {  // this rank's rows, then the text rows
-      Tensor both({B, rows, H}, DType::kF32);
-      write_rows(lse, rows, 0, DType::kF32, reinterpret_cast<uintptr_t>(both.raw()));
-      write_rows(res.text_lse, rows, q_rows, DType::kF32, reinterpret_cast<uintptr_t>(both.raw()));
-      lse = std::move(both);
-    }
-    std::optional<Tensor> result;
-    if (out.address != 0) {
-      write_rows(res.out, rows, 0, dtype, out.address);
-      if (T > 0) write_rows(res.text_out, rows, q_rows, dtype, out.address);
-    } else if (T > 0) {
-      result.emplace(std::vector<int64_t>{B, rows, H, D}, DType::kF32);
-      write_rows(res.out, rows, 0, DType::kF32, reinterpret_cast<uintptr_t>(result->raw()));
-      write_rows(res.text_out, rows, q_rows, DType::kF32,
-                 reinterpret_cast<uintptr_t>(result->raw()));
-    } else {
-      result.emplace(std::move(res.out));
-    }
+    if (T == 0) lse = std::move(res.lse);
+    if (out.address == 0 && T == 0) result.emplace(std::move(res.out));
     return {std::move(result), std::move(lse)};
   });
   py::object o = done.result ? py::cast(to_host(std::move(*done.result))) : py::object(py::none());
@@ -672,9 +647,11 @@ PYBIND11_MODULE(_core, m) {
       .def_buffer([](HostBuffer& b) { return b.info(); });
 
   py::class_<Buffer>(m, "_Buffer")
-      .def(py::init([](uintptr_t address, std::vector<int64_t> shape) {
-        return Buffer{address, std::move(shape)};
-      }));
+      .def(py::init([](uintptr_t address, std::vector<int64_t> shape,
+                       std::vector<int64_t> strides) {
+             return Buffer{address, std::move(shape), std::move(strides)};
+           }),
+           py::arg("address"), py::arg("shape"), py::arg("strides") = std::vector<int64_t>{});
 
   py::class_<AttentionArgs>(m, "_AttentionArgs")
       .def(py::init<>())

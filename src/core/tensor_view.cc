@@ -63,6 +63,7 @@ TensorView::TensorView(const Tensor& t)
 
 TensorView TensorView::strided(const void* data, std::vector<int64_t> shape,
                                std::vector<int64_t> strides, DType dtype, Device device) {
+  if (strides.empty() && !shape.empty()) strides = row_major_strides(shape);
   SEQPAR_ARG_CHECK(shape.size() == strides.size(), "a view of shape ", shape_text(shape), " has ",
                    strides.size(), " strides; valid: one per dimension (", shape.size(), ")");
   for (size_t i = 0; i < shape.size(); ++i)

@@ -47,19 +47,32 @@ void check_placement(const ParallelConfig& c, const AttnShape& s, SpComms& comms
   }
 }
 
-// A tensor the caller gave: its shape; one left empty: allocated.
-void check_input(const char* name, const Tensor& t, std::initializer_list<int64_t> shape,
-                 DType dtype) {
+// An input the caller gave, checked against its shape and dtype, as the dense tensor the
+// strategies read: the caller's memory when the view is dense, else one packed copy.
+Tensor dense_input(const char* name, const TensorView& t, std::initializer_list<int64_t> shape,
+                   DType dtype) {
   const std::vector<int64_t> want(shape);
-  SEQPAR_ARG_CHECK(t.shape() == want, name, " is ", t.shape_str(), "; expected ",
-                   Tensor(want, DType::kF32).shape_str(), " on this rank");
+  SEQPAR_ARG_CHECK(t.shape() == want, name, " is ", t.shape_str(), "; expected ", shape_text(want),
+                   " on this rank");
   SEQPAR_ARG_CHECK(t.dtype() == dtype, name, " is ", dtype_name(t.dtype()), "; q, k and v ",
                    "(and the text's) must have one dtype, ", dtype_name(dtype));
+  return t.contiguous();
 }
 
-// Moves the state's `from` into the caller's `to` in `dtype` (fp32, or the inputs' dtype: the
-// fp32 values rounded once); allocated: taken, given: checked and written.
-void write_output(const char* name, Tensor& to, Tensor&& from, DType dtype) {
+bool given(const TensorView& v) { return v.ndim() > 0; }
+
+// Moves the state's `from` into the caller's output in `dtype` (fp32, or the inputs' dtype: the
+// fp32 values rounded once): a view given: written there; else a Tensor given: checked and
+// written; else: taken.
+void write_output(const char* name, Tensor& to, const MutableTensorView& into, Tensor&& from,
+                  DType dtype) {
+  if (given(into)) {
+    SEQPAR_ARG_CHECK(into.shape() == from.shape() && into.dtype() == dtype, name, " is ",
+                     into.shape_str(), " ", dtype_name(into.dtype()), "; expected ",
+                     from.shape_str(), " ", dtype_name(dtype));
+    into.copy_from(from);
+    return;
+  }
   if (from.dtype() != dtype) from = from.to(dtype);
   if (to.empty() && to.ndim() == 0) {
     to = std::move(from);
@@ -72,10 +85,12 @@ void write_output(const char* name, Tensor& to, Tensor&& from, DType dtype) {
 }
 
 // The lse the shape asks for (s.lse), or none: a given one is refused.
-void write_lse(const AttnShape& s, const char* name, Tensor& to, Tensor&& from) {
-  if (s.lse) return write_output(name, to, std::move(from), DType::kF32);
-  SEQPAR_PARAM_CHECK(to.empty() && to.ndim() == 0, "lse", "true", name, " is given but ",
-                     param("lse"), " is off: leave it empty or set ", param("lse"));
+void write_lse(const AttnShape& s, const char* name, Tensor& to, const MutableTensorView& into,
+               Tensor&& from) {
+  if (s.lse) return write_output(name, to, into, std::move(from), DType::kF32);
+  SEQPAR_PARAM_CHECK(to.empty() && to.ndim() == 0 && !given(into), "lse", "true", name,
+                     " is given but ", param("lse"), " is off: leave it empty or set ",
+                     param("lse"));
 }
 
 }  // namespace
@@ -122,37 +137,38 @@ void attention(const ParallelConfig& c, const AttnShape& s, SpComms& comms, cons
   const int64_t nq = static_cast<int64_t>(place.q_pos(r).size());
   const int64_t nkv = static_cast<int64_t>(place.kv_pos(r).size());
   const DType dtype = in.q.dtype();
-  check_input("q", in.q, {B, nq, H, D}, dtype);
-  check_input("k", in.k, {B, nkv, Hkv, D}, dtype);
-  check_input("v", in.v, {B, nkv, Hkv, D}, dtype);
+  const Tensor q = dense_input("q", in.q, {B, nq, H, D}, dtype);
+  const Tensor k = dense_input("k", in.k, {B, nkv, Hkv, D}, dtype);
+  const Tensor v = dense_input("v", in.v, {B, nkv, Hkv, D}, dtype);
   CpOptions opts = cp_options(c, s, place, kernel);
   const int64_t T = s.text_tokens;
   if (T == 0) {
-    const StrategyArgs args{comms, place, in.q, in.k, in.v, opts, stats};
+    const StrategyArgs args{comms, place, q, k, v, opts, stats};
     AttnState state = schedule_row(c.strategy, c.schedule).run(args);
-    write_output("out", out.out, std::move(state.out), s.out_dtype);
-    write_lse(s, "lse", out.lse, std::move(state.lse));
+    if (stats != nullptr) stats->input_addresses = {q.raw(), k.raw(), v.raw()};
+    write_output("out", out.out, out.out_into, std::move(state.out), s.out_dtype);
+    write_lse(s, "lse", out.lse, out.lse_into, std::move(state.lse));
     return;
   }
-  SEQPAR_PARAM_CHECK(in.text_q && in.text_k && in.text_v, "text_tokens", "0 without text tensors",
-                     param("text_tokens"), " ", T,
+  SEQPAR_PARAM_CHECK(given(in.text_q) && given(in.text_k) && given(in.text_v), "text_tokens",
+                     "0 without text tensors", param("text_tokens"), " ", T,
                      " (joint attention) needs text_q, text_k and text_v");
   // The text's heads: all of them, or (text_by_heads) this Ulysses member's.
   const int u = comms.ulysses_degree(), me = comms.ulysses().rank();
   const int64_t Ht = s.text_by_heads ? ulysses_q_heads(H, u, me).size() : H;
   const int64_t Hkvt = s.text_by_heads ? ulysses_kv_heads(H, Hkv, u, me).size() : Hkv;
-  check_input("text_q", *in.text_q, {B, T, Ht, D}, dtype);
-  check_input("text_k", *in.text_k, {B, T, Hkvt, D}, dtype);
-  check_input("text_v", *in.text_v, {B, T, Hkvt, D}, dtype);
-  JointState js = s.text_by_heads
-                      ? ulysses_joint_attention(c.strategy, comms, place.part, in.q, in.k, in.v,
-                                                *in.text_q, *in.text_k, *in.text_v, opts, stats)
-                      : joint_attention(c.strategy, comms, place.part, in.q, in.k, in.v, *in.text_q,
-                                        *in.text_k, *in.text_v, opts, stats);
-  write_output("out", out.out, std::move(js.image.out), s.out_dtype);
-  write_lse(s, "lse", out.lse, std::move(js.image.lse));
-  write_output("text_out", out.text_out, std::move(js.text.out), s.out_dtype);
-  write_lse(s, "text_lse", out.text_lse, std::move(js.text.lse));
+  const Tensor tq = dense_input("text_q", in.text_q, {B, T, Ht, D}, dtype);
+  const Tensor tk = dense_input("text_k", in.text_k, {B, T, Hkvt, D}, dtype);
+  const Tensor tv = dense_input("text_v", in.text_v, {B, T, Hkvt, D}, dtype);
+  JointState js =
+      s.text_by_heads
+          ? ulysses_joint_attention(c.strategy, comms, place.part, q, k, v, tq, tk, tv, opts, stats)
+          : joint_attention(c.strategy, comms, place.part, q, k, v, tq, tk, tv, opts, stats);
+  if (stats != nullptr) stats->input_addresses = {q.raw(), k.raw(), v.raw()};
+  write_output("out", out.out, out.out_into, std::move(js.image.out), s.out_dtype);
+  write_lse(s, "lse", out.lse, out.lse_into, std::move(js.image.lse));
+  write_output("text_out", out.text_out, out.text_out_into, std::move(js.text.out), s.out_dtype);
+  write_lse(s, "text_lse", out.text_lse, out.text_lse_into, std::move(js.text.lse));
 }
 
 }  // namespace seqpar

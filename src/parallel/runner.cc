@@ -171,12 +171,12 @@ RankCall run_attention_call(JobComms& comms, const AttnJob& job, const RankInput
   const bool text = job.shape.text_tokens > 0;
   AttnShape shape = job.shape;
   shape.kv_use = runner_kv_use(comms.comm().borrows());
-  const AttnInputs inputs{in.q,
-                          in.k,
-                          in.v,
-                          text ? &in.text_q : nullptr,
-                          text ? &in.text_k : nullptr,
-                          text ? &in.text_v : nullptr};
+  AttnInputs inputs{in.q, in.k, in.v};
+  if (text) {
+    inputs.text_q = in.text_q;
+    inputs.text_k = in.text_k;
+    inputs.text_v = in.text_v;
+  }
   AttnOutputs out;
   attention(job.config, shape, comms.sp(), job.place, inputs, out, &call.cp, job.kernel);
   call.state = {std::move(out.out), std::move(out.lse)};

@@ -43,6 +43,7 @@
 
 #include "schedule_build.h"
 #include "seqpar/core/param_error.h"
+#include "seqpar/core/tensor_view.h"
 #include "seqpar/core/timer.h"
 #include "steal_plan.h"
 #include "strategy_common.h"
@@ -62,35 +63,9 @@ int64_t row_cost(int64_t p, bool causal, int64_t keys) {
 }
 
 // Bytes of one row (dimension 1) of x (B, n, ...).
-size_t row_bytes(const Tensor& x) {
-  size_t b = dtype_size(x.dtype());
-  for (int i = 2; i < x.ndim(); ++i) b *= static_cast<size_t>(x.dim(i));
-  return b;
-}
-
-// Rows [begin, end) of x (B, n, ...) -> (B, end - begin, ...).
-Tensor copy_rows(const Tensor& x, int64_t begin, int64_t end) {
-  std::vector<int64_t> shape = x.shape();
-  shape[1] = end - begin;
-  Tensor out(shape, x.dtype());
-  const size_t rb = row_bytes(x);
-  const auto* src = static_cast<const char*>(x.raw());
-  auto* dst = static_cast<char*>(out.raw());
-  for (int64_t b = 0; b < x.dim(0); ++b)
-    std::memcpy(dst + b * (end - begin) * rb, src + (b * x.dim(1) + begin) * rb,
-                (end - begin) * rb);
-  return out;
-}
-
-// dst rows [begin, begin + m) <- src (B, m, ...).
-void put_rows(Tensor& dst, int64_t begin, const Tensor& src) {
-  const size_t rb = row_bytes(dst);
-  SEQPAR_CHECK(row_bytes(src) == rb && src.dim(0) == dst.dim(0), "row shapes");
-  const int64_t m = src.dim(1);
-  const auto* s = static_cast<const char*>(src.raw());
-  auto* d = static_cast<char*>(dst.raw());
-  for (int64_t b = 0; b < dst.dim(0); ++b)
-    std::memcpy(d + (b * dst.dim(1) + begin) * rb, s + b * m * rb, m * rb);
+// Rows [begin, end) of x (B, n, ...): a view of x (dense when B is 1).
+TensorView rows_of(const Tensor& x, int64_t begin, int64_t end) {
+  return TensorView(x).narrow(1, begin, end - begin);
 }
 
 }  // namespace
@@ -208,7 +183,7 @@ AttnState steal_attention(Communicator& comm, const Partition& part, const Tenso
     h.recv_q = comm.irecv(h.q.raw(), h.q.nbytes(), h.piece->owner, tag_q(h.index));
   }
   for (Given& g : given) {
-    g.q = copy_rows(q, g.piece->begin, g.piece->end);
+    g.q = rows_of(q, g.piece->begin, g.piece->end).contiguous();  // sent as one block
     g.back.out = Tensor({B, g.piece->rows(), H, D});
     g.back.lse = Tensor({B, g.piece->rows(), H});
     g.recv_out =
@@ -243,7 +218,7 @@ AttnState steal_attention(Communicator& comm, const Partition& part, const Tenso
       compute += now_seconds() - t0;
     }
   };
-  const Tensor q_keep = keep == rows ? Tensor() : copy_rows(q, 0, keep);
+  const Tensor q_keep = keep == rows ? Tensor() : rows_of(q, 0, keep).contiguous();
   AttnState own = ring_over_blocks(comm, blocks, part.positions(r).first(keep),
                                    keep == rows ? q : q_keep, k, v, opts, stats, on_block);
 
@@ -261,8 +236,8 @@ AttnState steal_attention(Communicator& comm, const Partition& part, const Tenso
     const double t0 = now_seconds();
     result.out = Tensor({B, rows, H, D});
     result.lse = Tensor({B, rows, H});
-    put_rows(result.out, 0, own.out);
-    put_rows(result.lse, 0, own.lse);
+    MutableTensorView(result.out).narrow(1, 0, keep).copy_from(own.out);
+    MutableTensorView(result.lse).narrow(1, 0, keep).copy_from(own.lse);
     compute += now_seconds() - t0;
   }
   for (Given& g : given) {
@@ -272,8 +247,9 @@ AttnState steal_attention(Communicator& comm, const Partition& part, const Tenso
     g.send_q.wait();
     wait += now_seconds() - t;
     const double t0 = now_seconds();
-    put_rows(result.out, g.piece->begin, g.back.out);
-    put_rows(result.lse, g.piece->begin, g.back.lse);
+    const int64_t n = g.piece->rows();
+    MutableTensorView(result.out).narrow(1, g.piece->begin, n).copy_from(g.back.out);
+    MutableTensorView(result.lse).narrow(1, g.piece->begin, n).copy_from(g.back.lse);
     compute += now_seconds() - t0;
   }
   t = now_seconds();

@@ -166,8 +166,8 @@ TEST_P(DoorKvUse, AsScheduled) {
     const bool joint = text > 0;
     AttnOutputs out;
     attention(job.config, job.shape, comms.sp(), job.place,
-              {q, k, v, joint ? &tq : nullptr, joint ? &tk : nullptr, joint ? &tv : nullptr}, out,
-              &cp[r], job.kernel);
+              joint ? AttnInputs{q, k, v, tq, tk, tv} : AttnInputs{q, k, v}, out, &cp[r],
+              job.kernel);
     stats[r] = comms.stats();
     given_back[r] =
         max_abs_diff(k, shard(in.k, part, r)) == 0 && max_abs_diff(v, shard(in.v, part, r)) == 0;

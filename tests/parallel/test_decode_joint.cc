@@ -203,8 +203,8 @@ TEST(Joint, TextByHeadsMatchesReference) {
                    tv = tokens(v, S, T, kvh.begin, kvh.end);
       AttnOutputs out;
       attention(config, shape, comms, place,
-                {shard(iq, place.part, r), shard(ik, place.part, r), shard(iv, place.part, r), &tq,
-                 &tk, &tv},
+                {shard(iq, place.part, r), shard(ik, place.part, r), shard(iv, place.part, r), tq, tk,
+                 tv},
                 out);
       stats[r] = comms.stats();
       outs[r] = std::move(out.out);

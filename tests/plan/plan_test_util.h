@@ -1,5 +1,5 @@
-// Runs one distributed attention on threads for a planner Workload and ParallelConfig, and returns what
-// every rank measured (CommStats after SpComms is built, CpStats): the oracle the cost model's
+// Runs one distributed attention on threads for a planner Workload and ParallelConfig, and returns
+// what every rank measured (CommStats after SpComms is built, CpStats): the oracle the cost model's
 // predictions are checked against.
 #pragma once
 
@@ -56,8 +56,7 @@ inline Measured measure(const Workload& w, const ParallelConfig& m, const Hardwa
     comm.barrier();
     comms.reset_stats();
     AttnOutputs result;
-    attention(m, shape, comms, place,
-              {q, k, v, T > 0 ? &tq : nullptr, T > 0 ? &tk : nullptr, T > 0 ? &tv : nullptr},
+    attention(m, shape, comms, place, T > 0 ? AttnInputs{q, k, v, tq, tk, tv} : AttnInputs{q, k, v},
               result, &out.cp[r]);
     out.comm[r] = comms.stats();
   });

@@ -176,10 +176,12 @@ def test_uneven_contiguous_shards_and_padding():
     assert (out[:, :50].double() - want).abs().max().item() < TOL_F32
 
 
-def test_joint_attention_with_replicated_text():
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, TOL_F32), (torch.bfloat16, TOL_BF16)])
+def test_joint_attention_with_replicated_text(dtype, tol):
+    """The text rows of a batch of 2 (rows apart in memory) read and written in place."""
     T = 6
-    q, k, v = qkv(2, 32, 2, 2, 8, seed=5)
-    tq, tk, tv = qkv(2, T, 2, 2, 8, seed=6)
+    q, k, v = qkv(2, 32, 2, 2, 8, dtype=dtype, seed=5)
+    tq, tk, tv = qkv(2, T, 2, 2, 8, dtype=dtype, seed=6)
     part = seqpar.Partition(32, 2)
 
     def rank(comm):
@@ -189,9 +191,29 @@ def test_joint_attention_with_replicated_text():
     outs = seqpar.ThreadWorld(2).run(rank)
     want, _ = reference(*(torch.cat([a, b], dim=1) for a, b in ((q, tq), (k, tk), (v, tv))))
     image = part.unshard([o[:, :-T] for o in outs])
-    assert (image.double() - want[:, :32]).abs().max().item() < TOL_F32
+    assert image.dtype == dtype
+    assert (image.double() - want[:, :32]).abs().max().item() < tol
     for o in outs:
-        assert (o[:, -T:].double() - want[:, 32:]).abs().max().item() < TOL_F32
+        assert (o[:, -T:].double() - want[:, 32:]).abs().max().item() < tol
+
+
+@pytest.mark.parametrize("strategy,n", [("ring", 1), ("ring", 2), ("allgather", 3),
+                                        ("ulysses", 2)])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, TOL_F32), (torch.bfloat16, TOL_BF16)])
+def test_strided_inputs_are_read_where_they_lie(strategy, n, dtype, tol):
+    """PyTorch's own (B, H, S, D) layout passed as .transpose(1, 2), and q, k, v as head slices of
+    one fused projection: no .contiguous() on the caller's side, the result PyTorch's."""
+    q, k, v = qkv(B, S, H, HKV, D, dtype=dtype, seed=12)
+    head_first = tuple(t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    fused = torch.cat([q, k, v], dim=2)  # (B, S, H + 2·HKV, D)
+    sliced = (fused[:, :, :H], fused[:, :, H:H + HKV], fused[:, :, H + HKV:])
+    want, _ = reference(q, k, v, causal=True)
+    for x in (head_first, sliced):
+        assert not any(t.is_contiguous() for t in x)
+        out, _ = run_sharded(n, "contiguous", lambda comm, *t: seqpar.attention(
+            *t, comm=comm, strategy=strategy, causal=True), x)
+        assert out.dtype == dtype and out.shape == q.shape
+        assert (out.double() - want).abs().max().item() < tol
 
 
 @pytest.mark.parametrize("pass_", ["q", "q-ring", "kv", "auto"])

@@ -35,8 +35,8 @@ class TensorView {
   TensorView() = default;
   // The whole of t (row-major strides, host). Implicit, so a Tensor goes wherever a view does.
   TensorView(const Tensor& t);  // NOLINT(google-explicit-constructor)
-  // A view of `data` with the given shape and strides (elements, each >= 0). InvalidArgument when
-  // the two lengths differ or a dimension or stride is negative.
+  // A view of `data` with the given shape and strides (elements, each >= 0; none: row-major).
+  // InvalidArgument when the two lengths differ or a dimension or stride is negative.
   static TensorView strided(const void* data, std::vector<int64_t> shape,
                             std::vector<int64_t> strides, DType dtype,
                             Device device = Device::kHost);

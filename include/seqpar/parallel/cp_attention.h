@@ -18,13 +18,18 @@
 //   on every rank;
 //   with shape.text_by_heads the text's q, k, v and outputs hold this rank's Ulysses heads only
 //   (ulysses_q_heads / ulysses_kv_heads of its Ulysses rank, strategies.h).
-// Outputs the caller leaves empty are allocated; those it gives must have these shapes and dtypes.
+// Inputs are views (core/tensor_view.h; a Tensor converts): any strides, e.g. rows of a larger
+// tensor or PyTorch's (B, H, S, D) memory. The strategies read a dense view in place and get a
+// strided one packed once (CpStats::input_addresses says which). Outputs the caller leaves empty
+// are allocated; those it gives (a Tensor, or a view of its memory with any strides) must have
+// these shapes and dtypes and are written in place.
 // Thread-safety: one call per rank thread; the ranks of the group make the same call together.
 #pragma once
 
 #include <cstdint>
 
 #include "seqpar/core/tensor.h"
+#include "seqpar/core/tensor_view.h"
 #include "seqpar/parallel/config.h"
 #include "seqpar/parallel/partition.h"
 #include "seqpar/parallel/strategies.h"
@@ -49,12 +54,8 @@ CpOptions cp_options(const ParallelConfig& c, const AttnShape& s, const Placemen
 
 // The caller's tensors, borrowed for the call.
 struct AttnInputs {
-  const Tensor& q;
-  const Tensor& k;
-  const Tensor& v;
-  const Tensor* text_q = nullptr;  // joint attention only
-  const Tensor* text_k = nullptr;
-  const Tensor* text_v = nullptr;
+  TensorView q, k, v;
+  TensorView text_q, text_k, text_v;  // joint attention only (else left without a shape)
   // What the rings may do with k and v where blocks are copied is the shape's kv_use
   // (AttnShape::kv_use: kLend writes them during the call and returns them as given, K/V memory 2
   // shards instead of 3 and one more block each way; kConsume leaves them holding another rank's
@@ -64,6 +65,10 @@ struct AttnInputs {
 struct AttnOutputs {
   Tensor out, lse;
   Tensor text_out, text_lse;  // joint attention only
+  // Where given (a shape), the output is written into the caller's memory there instead, and the
+  // Tensor above stays empty: out views in shape.out_dtype with a contiguous head_dim, lse views
+  // fp32.
+  MutableTensorView out_into, lse_into, text_out_into, text_lse_into;
 };
 
 // Attention of this rank's queries over the whole sequence (or cache) as config c runs shape s.

@@ -19,6 +19,7 @@
 // Thread-safety: one call per rank thread; ranks run the same call concurrently.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -109,6 +110,9 @@ struct CpStats {
   // const-max softmax: query rows (b, token, head) of this rank that ran with the online
   // softmax after their first block (bound too loose, or exceeded); 0 with online softmax.
   int64_t fallback_rows = 0;
+  // Where the strategy read q, k and v (the entry point's dense views): the caller's memory, or
+  // the copy the entry point packed a strided input into.
+  std::array<const void*, 3> input_addresses{};
 };
 
 AttnState allgather_attention(Communicator& comm, const Partition& part, const Tensor& q,

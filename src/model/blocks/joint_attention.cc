@@ -111,7 +111,7 @@ JointAttention::Result joint_attend(const StreamQkv& img, const StreamQkv& txt,
     Placement place;
     place.part = sp.partition();
     AttnOutputs out;
-    attention(group, shape, *ctx.sp, place, {img.q, img.k, img.v, &txt.q, &txt.k, &txt.v}, out,
+    attention(group, shape, *ctx.sp, place, {img.q, img.k, img.v, txt.q, txt.k, txt.v}, out,
               nullptr, {ctx.cp.scale, ctx.cp.block_q, ctx.cp.block_k});
     image_out = reshape(std::move(out.out), {B, n, h * d});
     text_out = reshape(std::move(out.text_out), {B, T, ht * d});
