@@ -61,14 +61,15 @@ Tensor gather_tokens(Communicator& comm, const Partition& part, const Tensor& x)
 
 }  // namespace
 
-AttnState allgather_attention(Communicator& comm, const Partition& part, const Tensor& q,
-                              const Tensor& k, const Tensor& v, const CpOptions& opts,
+AttnState allgather_attention(Communicator& comm, const Partition& part, const TensorView& q,
+                              const TensorView& k, const TensorView& v, const CpOptions& opts,
                               CpStats* stats) {
   validate_local_shapes(comm, part, q, k, v);
   const int r = comm.rank();
   double t0 = now_seconds();
-  Tensor k_full = gather_tokens(comm, part, k);
-  Tensor v_full = gather_tokens(comm, part, v);
+  // q is read where it lies; k and v are sent as they are when dense, else packed once.
+  Tensor k_full = gather_tokens(comm, part, k.contiguous());
+  Tensor v_full = gather_tokens(comm, part, v.contiguous());
   double t1 = now_seconds();
   const std::vector<int64_t> k_pos = part.concatenated_positions();
   KernelCall call(opts, part.positions(r), k_pos, q.dim(0));

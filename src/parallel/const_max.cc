@@ -68,8 +68,10 @@ double norm(const float* x, int64_t d) {
 
 }  // namespace
 
-std::vector<float> const_max_row_bounds(Communicator& comm, const Tensor& q, const Tensor& k,
-                                        std::span<const int64_t> k_pos, const CpOptions& opts) {
+std::vector<float> const_max_row_bounds(Communicator& comm, const TensorView& q_in,
+                                        const Tensor& k, std::span<const int64_t> k_pos,
+                                        const CpOptions& opts) {
+  const Tensor q = q_in.contiguous();  // read once, as dense rows
   const int64_t B = q.dim(0), Sq = q.dim(1), H = q.dim(2), D = q.dim(3);
   const int64_t Sk = k.dim(1), Hkv = k.dim(2), group = H / Hkv;
   SEQPAR_CHECK(static_cast<int64_t>(k_pos.size()) == Sk, "one position per key");

@@ -47,16 +47,14 @@ void check_placement(const ParallelConfig& c, const AttnShape& s, SpComms& comms
   }
 }
 
-// An input the caller gave, checked against its shape and dtype, as the dense tensor the
-// strategies read: the caller's memory when the view is dense, else one packed copy.
-Tensor dense_input(const char* name, const TensorView& t, std::initializer_list<int64_t> shape,
-                   DType dtype) {
+// An input the caller gave, checked against its shape and dtype.
+void check_input(const char* name, const TensorView& t, std::initializer_list<int64_t> shape,
+                 DType dtype) {
   const std::vector<int64_t> want(shape);
   SEQPAR_ARG_CHECK(t.shape() == want, name, " is ", t.shape_str(), "; expected ", shape_text(want),
                    " on this rank");
   SEQPAR_ARG_CHECK(t.dtype() == dtype, name, " is ", dtype_name(t.dtype()), "; q, k and v ",
                    "(and the text's) must have one dtype, ", dtype_name(dtype));
-  return t.contiguous();
 }
 
 bool given(const TensorView& v) { return v.ndim() > 0; }
@@ -137,15 +135,15 @@ void attention(const ParallelConfig& c, const AttnShape& s, SpComms& comms, cons
   const int64_t nq = static_cast<int64_t>(place.q_pos(r).size());
   const int64_t nkv = static_cast<int64_t>(place.kv_pos(r).size());
   const DType dtype = in.q.dtype();
-  const Tensor q = dense_input("q", in.q, {B, nq, H, D}, dtype);
-  const Tensor k = dense_input("k", in.k, {B, nkv, Hkv, D}, dtype);
-  const Tensor v = dense_input("v", in.v, {B, nkv, Hkv, D}, dtype);
+  check_input("q", in.q, {B, nq, H, D}, dtype);
+  check_input("k", in.k, {B, nkv, Hkv, D}, dtype);
+  check_input("v", in.v, {B, nkv, Hkv, D}, dtype);
   CpOptions opts = cp_options(c, s, place, kernel);
   const int64_t T = s.text_tokens;
-  if (T == 0) {
-    const StrategyArgs args{comms, place, q, k, v, opts, stats};
+  if (T == 0) {  // the views as given: each strategy reads them where they lie or packs them
+    const StrategyArgs args{comms, place, in.q, in.k, in.v, opts, stats};
     AttnState state = schedule_row(c.strategy, c.schedule).run(args);
-    if (stats != nullptr) stats->input_addresses = {q.raw(), k.raw(), v.raw()};
+    if (stats != nullptr) stats->input_addresses = {in.q.raw(), in.k.raw(), in.v.raw()};
     write_output("out", out.out, out.out_into, std::move(state.out), s.out_dtype);
     write_lse(s, "lse", out.lse, out.lse_into, std::move(state.lse));
     return;
@@ -157,14 +155,20 @@ void attention(const ParallelConfig& c, const AttnShape& s, SpComms& comms, cons
   const int u = comms.ulysses_degree(), me = comms.ulysses().rank();
   const int64_t Ht = s.text_by_heads ? ulysses_q_heads(H, u, me).size() : H;
   const int64_t Hkvt = s.text_by_heads ? ulysses_kv_heads(H, Hkv, u, me).size() : Hkv;
-  const Tensor tq = dense_input("text_q", in.text_q, {B, T, Ht, D}, dtype);
-  const Tensor tk = dense_input("text_k", in.text_k, {B, T, Hkvt, D}, dtype);
-  const Tensor tv = dense_input("text_v", in.text_v, {B, T, Hkvt, D}, dtype);
-  JointState js =
-      s.text_by_heads
-          ? ulysses_joint_attention(c.strategy, comms, place.part, q, k, v, tq, tk, tv, opts, stats)
-          : joint_attention(c.strategy, comms, place.part, q, k, v, tq, tk, tv, opts, stats);
-  if (stats != nullptr) stats->input_addresses = {q.raw(), k.raw(), v.raw()};
+  check_input("text_q", in.text_q, {B, T, Ht, D}, dtype);
+  check_input("text_k", in.text_k, {B, T, Hkvt, D}, dtype);
+  check_input("text_v", in.text_v, {B, T, Hkvt, D}, dtype);
+  JointState js;
+  if (s.text_by_heads) {  // takes dense tensors: a dense view as it is, else packed once
+    const Tensor q = in.q.contiguous(), k = in.k.contiguous(), v = in.v.contiguous();
+    js = ulysses_joint_attention(c.strategy, comms, place.part, q, k, v, in.text_q.contiguous(),
+                                 in.text_k.contiguous(), in.text_v.contiguous(), opts, stats);
+    if (stats != nullptr) stats->input_addresses = {q.raw(), k.raw(), v.raw()};
+  } else {  // the views as given
+    js = joint_attention(c.strategy, comms, place.part, in.q, in.k, in.v, in.text_q, in.text_k,
+                         in.text_v, opts, stats);
+    if (stats != nullptr) stats->input_addresses = {in.q.raw(), in.k.raw(), in.v.raw()};
+  }
   write_output("out", out.out, out.out_into, std::move(js.image.out), s.out_dtype);
   write_lse(s, "lse", out.lse, out.lse_into, std::move(js.image.lse));
   write_output("text_out", out.text_out, out.text_out_into, std::move(js.text.out), s.out_dtype);

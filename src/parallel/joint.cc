@@ -39,9 +39,9 @@
 namespace seqpar {
 
 JointState joint_attention(Strategy strategy, SpComms& comms, const Partition& part,
-                           const Tensor& q, const Tensor& k, const Tensor& v,
-                           const Tensor& text_q, const Tensor& text_k, const Tensor& text_v,
-                           const CpOptions& opts, CpStats* stats) {
+                           const TensorView& q, const TensorView& k, const TensorView& v,
+                           const TensorView& text_q, const TensorView& text_k,
+                           const TensorView& text_v, const CpOptions& opts, CpStats* stats) {
   Communicator& comm = comms.sp();
   SEQPAR_PARAM_CHECK(!opts.causal, "causal", "false",
                      "joint attention (text tokens) is bidirectional; ", param("causal"),

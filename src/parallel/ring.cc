@@ -66,7 +66,7 @@ constexpr RingTraceNames kTraceNames{"ring", "ring", "keys"};
 // softmax the ConstMaxAccumulator. work: the visible score elements computed.
 class BlockAttention {
  public:
-  BlockAttention(const Tensor& q, std::span<const int64_t> q_pos, const CpOptions& opts,
+  BlockAttention(const TensorView& q, std::span<const int64_t> q_pos, const CpOptions& opts,
                  std::optional<ConstMaxAccumulator> cmax)
       : q_(q), q_pos_(q_pos), opts_(opts), cmax_(std::move(cmax)) {}
 
@@ -111,7 +111,7 @@ class BlockAttention {
   int64_t work() const { return work_; }
 
  private:
-  const Tensor& q_;
+  TensorView q_;  // read by the kernel where it lies
   std::span<const int64_t> q_pos_;
   const CpOptions& opts_;
   std::optional<ConstMaxAccumulator> cmax_;
@@ -123,7 +123,7 @@ class BlockAttention {
 }  // namespace
 
 AttnState ring_over_blocks(Communicator& comm, std::span<const std::span<const int64_t>> block_pos,
-                           std::span<const int64_t> q_pos, const Tensor& q, const Tensor& k,
+                           std::span<const int64_t> q_pos, const TensorView& q, const Tensor& k,
                            const Tensor& v, const CpOptions& opts, CpStats* stats,
                            const RingBlockHook& on_block) {
   const int n = comm.size(), r = comm.rank();
@@ -173,13 +173,16 @@ AttnState ring_over_blocks(Communicator& comm, std::span<const std::span<const i
   return acc;
 }
 
-AttnState ring_attention(Communicator& comm, const Partition& part, const Tensor& q,
-                         const Tensor& k, const Tensor& v, const CpOptions& opts, CpStats* stats) {
+AttnState ring_attention(Communicator& comm, const Partition& part, const TensorView& q,
+                         const TensorView& k, const TensorView& v, const CpOptions& opts,
+                         CpStats* stats) {
   validate_local_shapes(comm, part, q, k, v);
   std::vector<std::span<const int64_t>> blocks(part.ranks());
   for (int i = 0; i < part.ranks(); ++i) blocks[i] = part.positions(i);
   if (stats) *stats = CpStats{};
-  return ring_over_blocks(comm, blocks, part.positions(comm.rank()), q, k, v, opts, stats);
+  // q is read where it lies; k and v travel as blocks: dense as given, else packed once.
+  return ring_over_blocks(comm, blocks, part.positions(comm.rank()), q, k.contiguous(),
+                          v.contiguous(), opts, stats);
 }
 
 // ---- schedule -------------------------------------------------------------------------------

@@ -63,9 +63,9 @@ int64_t row_cost(int64_t p, bool causal, int64_t keys) {
 }
 
 // Bytes of one row (dimension 1) of x (B, n, ...).
-// Rows [begin, end) of x (B, n, ...): a view of x (dense when B is 1).
-TensorView rows_of(const Tensor& x, int64_t begin, int64_t end) {
-  return TensorView(x).narrow(1, begin, end - begin);
+// Rows [begin, end) of x (B, n, ...): a view of x (dense when x is and B is 1).
+TensorView rows_of(const TensorView& x, int64_t begin, int64_t end) {
+  return x.narrow(1, begin, end - begin);
 }
 
 }  // namespace
@@ -131,14 +131,17 @@ StealPlan steal_plan(const Partition& part, bool causal, int64_t valid_len) {
 
 // ---- the run ---------------------------------------------------------------------------------
 
-AttnState steal_attention(Communicator& comm, const Partition& part, const Tensor& q,
-                          const Tensor& k, const Tensor& v, const CpOptions& opts, CpStats* stats) {
-  validate_local_shapes(comm, part, q, k, v);
+AttnState steal_attention(Communicator& comm, const Partition& part, const TensorView& q,
+                          const TensorView& k_in, const TensorView& v_in, const CpOptions& opts,
+                          CpStats* stats) {
+  validate_local_shapes(comm, part, q, k_in, v_in);
   SEQPAR_PARAM_CHECK(opts.softmax == SoftmaxMode::kOnline, "softmax", "online", param("schedule"),
                      " 'steal' runs with ", param("softmax"), " 'online', not '",
                      softmax_mode_name(opts.softmax), "'");
   const StealPlan plan = steal_plan(part, opts.causal, opts.valid_len);
-  if (plan.pieces.empty()) return ring_attention(comm, part, q, k, v, opts, stats);
+  if (plan.pieces.empty()) return ring_attention(comm, part, q, k_in, v_in, opts, stats);
+  // k and v travel as ring blocks: dense as given, else packed once.
+  const Tensor k = k_in.contiguous(), v = v_in.contiguous();
   if (stats) *stats = CpStats{};
 
   const int n = comm.size(), r = comm.rank();
@@ -218,9 +221,9 @@ AttnState steal_attention(Communicator& comm, const Partition& part, const Tenso
       compute += now_seconds() - t0;
     }
   };
-  const Tensor q_keep = keep == rows ? Tensor() : rows_of(q, 0, keep).contiguous();
-  AttnState own = ring_over_blocks(comm, blocks, part.positions(r).first(keep),
-                                   keep == rows ? q : q_keep, k, v, opts, stats, on_block);
+  // The kept rows, read in place by the kernel.
+  AttnState own = ring_over_blocks(comm, blocks, part.positions(r).first(keep), rows_of(q, 0, keep),
+                                   k, v, opts, stats, on_block);
 
   // 3. States back to their owners; this rank's rows assembled.
   double t = now_seconds();

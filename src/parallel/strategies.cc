@@ -70,8 +70,8 @@ int64_t ulysses_kernel_kv_heads(int64_t heads, int64_t kv_heads, int n, int j) {
   return standard_gqa(q, kv, heads / kv_heads) ? kv.size() : q.size();
 }
 
-void validate_local_shapes(const Communicator& comm, const Partition& part, const Tensor& q,
-                           const Tensor& k, const Tensor& v) {
+void validate_local_shapes(const Communicator& comm, const Partition& part, const TensorView& q,
+                           const TensorView& k, const TensorView& v) {
   SEQPAR_ARG_CHECK(part.ranks() == comm.size(), "partition has ", part.ranks(),
                    " ranks but the communicator has ", comm.size());
   const int64_t n = part.count(comm.rank());

@@ -13,8 +13,8 @@
 namespace seqpar {
 
 // Throws InvalidArgument if the local q/k/v do not fit this rank's share of the partition.
-void validate_local_shapes(const Communicator& comm, const Partition& part, const Tensor& q,
-                           const Tensor& k, const Tensor& v);
+void validate_local_shapes(const Communicator& comm, const Partition& part, const TensorView& q,
+                           const TensorView& k, const TensorView& v);
 
 // True if the kernel's GQA rule on local heads (local query head i reads local kv head
 // i / (|q| / |kv|)) gives every query head of q (global query head h reads kv head h / group)
@@ -74,7 +74,7 @@ AttnState merge_packed_partials(const float* packed, int members, int64_t batch,
 // with K(b, hk) the largest norm of a key of kv head hk over every member's block, all-reduced
 // (max) as B·Hkv fp32 values. Keys at positions >= opts.valid_len (padding) are left out.
 // q (B, Sq, H, D), k (B, Sk, Hkv, D) at positions k_pos  ->  (B, Sq, H).
-std::vector<float> const_max_row_bounds(Communicator& comm, const Tensor& q, const Tensor& k,
+std::vector<float> const_max_row_bounds(Communicator& comm, const TensorView& q, const Tensor& k,
                                         std::span<const int64_t> k_pos, const CpOptions& opts);
 
 // The attention state of one set of query rows (B, Sq, H) over key blocks that arrive one by
@@ -126,7 +126,7 @@ using RingBlockHook = std::function<void(int src, const Tensor& k, const Tensor&
 // K/V block of the tokens at block_pos[i] (any order); this member's queries are at q_pos. Adds
 // to *stats (does not reset it).
 AttnState ring_over_blocks(Communicator& comm, std::span<const std::span<const int64_t>> block_pos,
-                           std::span<const int64_t> q_pos, const Tensor& q, const Tensor& k,
+                           std::span<const int64_t> q_pos, const TensorView& q, const Tensor& k,
                            const Tensor& v, const CpOptions& opts, CpStats* stats,
                            const RingBlockHook& on_block = {});
 

@@ -14,10 +14,11 @@ namespace seqpar {
 namespace {
 
 // ---- run functions: each strategy's entry on the arguments every one gets -------------------
+// The strategies over a cache take dense tensors (a dense view as it is, else packed once).
 
 AttnState run_local(const StrategyArgs& a) {  // one rank: over its own cache, or its tokens
   if (a.place.over_cache)
-    return passq_attention(a.comms.sp(), a.place.cache, a.q, a.k, a.v, a.opts, a.stats);
+    return passq_attention(a.comms.sp(), a.place.cache, a.q.contiguous(), a.k.contiguous(), a.v.contiguous(), a.opts, a.stats);
   return ring_attention(a.comms.sp(), a.place.part, a.q, a.k, a.v, a.opts, a.stats);
 }
 AttnState run_allgather(const StrategyArgs& a) {
@@ -36,13 +37,13 @@ AttnState run_usp(const StrategyArgs& a) {
   return usp_attention(a.comms, a.place.part, a.q, a.k, a.v, a.opts, a.stats);
 }
 AttnState run_passkv(const StrategyArgs& a) {
-  return passkv_attention(a.comms.sp(), a.place.cache, a.q, a.k, a.v, a.opts, a.stats);
+  return passkv_attention(a.comms.sp(), a.place.cache, a.q.contiguous(), a.k.contiguous(), a.v.contiguous(), a.opts, a.stats);
 }
 AttnState run_passq(const StrategyArgs& a) {
-  return passq_attention(a.comms.sp(), a.place.cache, a.q, a.k, a.v, a.opts, a.stats);
+  return passq_attention(a.comms.sp(), a.place.cache, a.q.contiguous(), a.k.contiguous(), a.v.contiguous(), a.opts, a.stats);
 }
 AttnState run_passq_ring(const StrategyArgs& a) {
-  return passq_ring_attention(a.comms.sp(), a.place.cache, a.q, a.k, a.v, a.opts, a.stats);
+  return passq_ring_attention(a.comms.sp(), a.place.cache, a.q.contiguous(), a.k.contiguous(), a.v.contiguous(), a.opts, a.stats);
 }
 
 // ---- checks of a strategy or schedule of its own ---------------------------------------------

@@ -58,23 +58,40 @@ namespace seqpar {
 
 namespace {
 
-// x (B, T, Hx, W) -> the copy of heads [h0, h1): (B, T, h1-h0, W), appended to out.
-void append_heads(const Tensor& x, int64_t h0, int64_t h1, int64_t w_bytes, char*& out) {
-  const int64_t rows = x.dim(0) * x.dim(1), hx = x.dim(2);
-  const char* src = static_cast<const char*>(x.raw());
+// x (B, T, Hx, W), any strides but a contiguous W -> the copy of heads [h0, h1):
+// (B, T, h1-h0, W), appended to out.
+void append_heads(const TensorView& x, int64_t h0, int64_t h1, int64_t w_bytes, char*& out) {
+  const size_t esz = dtype_size(x.dtype());
+  const char* base = static_cast<const char*>(x.raw());
+  const int64_t sb = x.stride(0) * esz, st = x.stride(1) * esz, sh = x.stride(2) * esz;
   const size_t chunk = static_cast<size_t>((h1 - h0) * w_bytes);
   if (chunk == 0) return;
-  for (int64_t t = 0; t < rows; ++t) {
-    std::memcpy(out, src + (t * hx + h0) * w_bytes, chunk);
-    out += chunk;
-  }
+  for (int64_t b = 0; b < x.dim(0); ++b)
+    for (int64_t t = 0; t < x.dim(1); ++t) {
+      const char* row = base + b * sb + t * st + h0 * sh;
+      if (sh == w_bytes) {  // the heads adjacent: one copy
+        std::memcpy(out, row, chunk);
+        out += chunk;
+        continue;
+      }
+      for (int64_t h = h0; h < h1; ++h, out += w_bytes)
+        std::memcpy(out, row + (h - h0) * sh, w_bytes);
+    }
 }
 
-// What one all_to_allv carries for one tensor: member j gets heads heads[j] of x.
+// What one all_to_allv carries for one tensor: member j gets heads heads[j] of x (its W
+// contiguous).
 struct HeadsOf {
-  const Tensor& x;
+  TensorView x;
   std::span<const IndexRange> heads;
 };
+
+// x itself when its last dimension is contiguous, else a packed copy held in keep.
+TensorView contiguous_rows(const TensorView& x, Tensor& keep) {
+  if (x.stride(3) == 1 || x.dim(3) <= 1) return x;
+  keep = x.contiguous();
+  return keep;
+}
 
 // Sequence -> heads, every tensor in one all_to_allv. Each xs[t].x (B, n_me, H_t, W_t), one dtype:
 // member j gets heads xs[t].heads[j]. Returns per tensor (B, S_g, |xs[t].heads[me]|, W_t) with
@@ -238,14 +255,18 @@ UlyssesLayout ulysses_layout(const Partition& part, int first_rank, int n, int64
 // on the local heads, then the exchange back.
 template <typename Attend>
 AttnState ulysses_body(Communicator& ucomm, const Partition& part, int first_rank,
-                       const Tensor& q, const Tensor& k, const Tensor& v, const CpOptions& opts,
-                       CpStats* stats, Attend&& attend) {
+                       const TensorView& q, const TensorView& k, const TensorView& v,
+                       const CpOptions& opts, CpStats* stats, Attend&& attend) {
   const int n = ucomm.size(), me = ucomm.rank();
   const int64_t B = q.dim(0), H = q.dim(2), Hkv = k.dim(2), D = q.dim(3);
   UlyssesLayout l = ulysses_layout(part, first_rank, n, H, Hkv);
   double t0 = now_seconds();
   std::vector<int64_t> counts = exchange_counts(ucomm, l.expected, q.dim(1));
-  const HeadsOf qkv[] = {{q, l.q_heads}, {k, l.kv_heads}, {v, l.kv_heads}};
+  // q, k and v are read where they lie as they are packed for the exchange.
+  Tensor keep[3];
+  const HeadsOf qkv[] = {{contiguous_rows(q, keep[0]), l.q_heads},
+                         {contiguous_rows(k, keep[1]), l.kv_heads},
+                         {contiguous_rows(v, keep[2]), l.kv_heads}};
   std::vector<Tensor> local_qkv = seq_to_heads(ucomm, qkv, counts);
   Tensor ql = std::move(local_qkv[0]), kl = std::move(local_qkv[1]), vl = std::move(local_qkv[2]);
   double t1 = now_seconds();
@@ -275,8 +296,8 @@ AttnState ulysses_body(Communicator& ucomm, const Partition& part, int first_ran
 
 }  // namespace
 
-AttnState ulysses_attention(Communicator& comm, const Partition& part, const Tensor& q,
-                            const Tensor& k, const Tensor& v, const CpOptions& opts,
+AttnState ulysses_attention(Communicator& comm, const Partition& part, const TensorView& q,
+                            const TensorView& k, const TensorView& v, const CpOptions& opts,
                             CpStats* stats) {
   validate_local_shapes(comm, part, q, k, v);
   check_strategy_shape(Strategy::kUlysses, part, q.dim(2), k.dim(2), comm.size(), opts);
@@ -297,8 +318,9 @@ AttnState ulysses_attention(Communicator& comm, const Partition& part, const Ten
                       });
 }
 
-AttnState usp_attention(SpComms& comms, const Partition& part, const Tensor& q, const Tensor& k,
-                        const Tensor& v, const CpOptions& opts, CpStats* stats) {
+AttnState usp_attention(SpComms& comms, const Partition& part, const TensorView& q,
+                        const TensorView& k, const TensorView& v, const CpOptions& opts,
+                        CpStats* stats) {
   Communicator& sp = comms.sp();
   validate_local_shapes(sp, part, q, k, v);
   const int u = comms.ulysses_degree(), groups = comms.ring_degree();

@@ -4,6 +4,8 @@
 //
 // Shapes on rank r (n_r = part.count(r) tokens at global positions part.positions(r)):
 //   q (B, n_r, H, D)   k, v (B, n_r, Hkv, D)   -> AttnState{out (B, n_r, H, D), lse (B, n_r, H)}
+// The sequence strategies take views of any strides (core/tensor_view.h): q is read where it lies,
+// k and v packed once where they travel as blocks and are not dense (ring, allgather, steal).
 // Costs per rank (e = element bytes; docs/algorithms.md):
 //   allgather: K and V gathered in one bulk op each; sent 2·B·n_r·Hkv·D·e·(N-1),
 //              received 2·B·(S-n_r)·Hkv·D·e. K/V memory: the full sequence.
@@ -110,35 +112,36 @@ struct CpStats {
   // const-max softmax: query rows (b, token, head) of this rank that ran with the online
   // softmax after their first block (bound too loose, or exceeded); 0 with online softmax.
   int64_t fallback_rows = 0;
-  // Where the strategy read q, k and v (the entry point's dense views): the caller's memory, or
-  // the copy the entry point packed a strided input into.
+  // What the entry point handed the strategy as q, k and v: the caller's memory, or (joint
+  // attention, the cache strategies) the copy it packed a strided input into.
   std::array<const void*, 3> input_addresses{};
 };
 
-AttnState allgather_attention(Communicator& comm, const Partition& part, const Tensor& q,
-                              const Tensor& k, const Tensor& v, const CpOptions& opts,
+AttnState allgather_attention(Communicator& comm, const Partition& part, const TensorView& q,
+                              const TensorView& k, const TensorView& v, const CpOptions& opts,
                               CpStats* stats = nullptr);
 
-AttnState ring_attention(Communicator& comm, const Partition& part, const Tensor& q,
-                         const Tensor& k, const Tensor& v, const CpOptions& opts,
+AttnState ring_attention(Communicator& comm, const Partition& part, const TensorView& q,
+                         const TensorView& k, const TensorView& v, const CpOptions& opts,
                          CpStats* stats = nullptr);
 
 // ring with schedule steal (docs/algorithms.md "steal"): contiguous shards, causal; the work of
 // the ranks that hold late tokens is split so that every rank computes the same visible score
 // elements, partial states returned to the owners and merged by LSE. Non-causal: ring_attention.
-AttnState steal_attention(Communicator& comm, const Partition& part, const Tensor& q,
-                          const Tensor& k, const Tensor& v, const CpOptions& opts,
+AttnState steal_attention(Communicator& comm, const Partition& part, const TensorView& q,
+                          const TensorView& k, const TensorView& v, const CpOptions& opts,
                           CpStats* stats = nullptr);
 
 // ulysses: all-to-all [B, n_r, H, D] -> [B, S, H/N, D] (sequence to heads), full-sequence
 // attention on the local heads, all-to-all back (heads to sequence) of out and lse.
-AttnState ulysses_attention(Communicator& comm, const Partition& part, const Tensor& q,
-                            const Tensor& k, const Tensor& v, const CpOptions& opts,
+AttnState ulysses_attention(Communicator& comm, const Partition& part, const TensorView& q,
+                            const TensorView& k, const TensorView& v, const CpOptions& opts,
                             CpStats* stats = nullptr);
 
 // usp: ulysses inside groups of U consecutive ranks, ring across the R = N/U groups.
-AttnState usp_attention(SpComms& comms, const Partition& part, const Tensor& q, const Tensor& k,
-                        const Tensor& v, const CpOptions& opts, CpStats* stats = nullptr);
+AttnState usp_attention(SpComms& comms, const Partition& part, const TensorView& q,
+                        const TensorView& k, const TensorView& v, const CpOptions& opts,
+                        CpStats* stats = nullptr);
 
 // Joint attention (MMDiT dual stream): the image tokens are sharded by `part`, the T text tokens
 // are replicated on every rank (text_q (B, T, H, D), text_k/v (B, T, Hkv, D), the same on every
@@ -152,9 +155,10 @@ struct JointState {
   AttnState text;
 };
 JointState joint_attention(Strategy strategy, SpComms& comms, const Partition& part,
-                           const Tensor& q, const Tensor& k, const Tensor& v,
-                           const Tensor& text_q, const Tensor& text_k, const Tensor& text_v,
-                           const CpOptions& opts, CpStats* stats = nullptr);
+                           const TensorView& q, const TensorView& k, const TensorView& v,
+                           const TensorView& text_q, const TensorView& text_k,
+                           const TensorView& text_v, const CpOptions& opts,
+                           CpStats* stats = nullptr);
 // What the strategy attending the image keeps for shape s (AttnShape::out_dtype, lse): with the
 // text on every rank, joint_attention merges that state afterwards, so fp32 with its lse; else
 // what s keeps (with the text split by head the merges come before Ulysses sends back). And what

@@ -30,9 +30,9 @@ namespace seqpar {
 struct StrategyArgs {
   SpComms& comms;
   const Placement& place;
-  const Tensor& q;
-  const Tensor& k;
-  const Tensor& v;
+  const TensorView& q;  // any strides: the sequence strategies read them where they lie
+  const TensorView& k;
+  const TensorView& v;
   const CpOptions& opts;
   CpStats* stats;
 };
