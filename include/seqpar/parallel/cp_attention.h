@@ -21,9 +21,10 @@
 // Inputs are views (core/tensor_view.h; a Tensor converts): any strides, e.g. rows of a larger
 // tensor, head slices of a fused projection or PyTorch's (B, H, S, D) memory. The sequence
 // strategies read them where they lie (q always; k and v are packed once where they travel as
-// blocks and are not dense); joint attention and the cache strategies get a strided view packed
-// once. Outputs the caller leaves empty are allocated; those it gives (a Tensor, or a view of its
-// memory with any strides) must have these shapes and dtypes and are written in place.
+// blocks and are not dense), joint attention with the text on every rank too; the cache
+// strategies and the text split by head get a strided view packed once. Outputs the caller
+// leaves empty are allocated; those it gives (a Tensor, or a view of its memory with any strides)
+// must have these shapes and dtypes and are written in place.
 // Thread-safety: one call per rank thread; the ranks of the group make the same call together.
 #pragma once
 
