@@ -18,10 +18,14 @@ namespace {
 
 #if SEQPAR_X86
 // F16C from CPUID leaf 1 (ECX bit 29): not every compiler's __builtin_cpu_supports names it. The
-// AVX check beside it covers the OS's support for the YMM state.
+// AVX check beside it covers the OS's support for the YMM state. Read once: CPUID is slow, and in
+// a virtual machine it traps to the hypervisor, while the kernels ask on every call.
 bool cpu_has_f16c() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+  static const bool has = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+  }();
+  return has;
 }
 #endif
 

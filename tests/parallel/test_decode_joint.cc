@@ -217,9 +217,10 @@ TEST(Joint, TextByHeadsMatchesReference) {
         << what;
     for (int r = 0; r < c.ranks; ++r) {
       const IndexRange qh = ulysses_q_heads(c.H, c.ulysses, r % c.ulysses);
-      if (qh.size() > 0)
+      if (qh.size() > 0) {
         EXPECT_LE(max_abs_diff(texts[r], tokens(ref.out, S, T, qh.begin, qh.end)), kTol)
             << what << ": text on rank " << r;
+      }
       const CommPrediction want = schedule_bytes(schedule, r);
       EXPECT_EQ(stats[r].total_sent(), want.sent) << what << ": bytes sent by rank " << r;
     }

@@ -57,7 +57,7 @@ CpOptions cp_options(const ParallelConfig& c, const AttnShape& s, const Placemen
 // The caller's tensors, borrowed for the call.
 struct AttnInputs {
   TensorView q, k, v;
-  TensorView text_q, text_k, text_v;  // joint attention only (else left without a shape)
+  TensorView text_q = {}, text_k = {}, text_v = {};  // joint attention only (else no shape)
   // What the rings may do with k and v where blocks are copied is the shape's kv_use
   // (AttnShape::kv_use: kLend writes them during the call and returns them as given, K/V memory 2
   // shards instead of 3 and one more block each way; kConsume leaves them holding another rank's
