@@ -8,8 +8,10 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -130,6 +132,66 @@ TEST_P(ModelKernels, GemvDoesNotDependOnThreadCount) {
   for (uint16_t& v : w) v = f32_to_bf16(dist(rng));
   expect_same_for_thread_counts(
       isa, m * n, [&](float* y) { kern.gemv_bf16(x.data(), m, k, w.data(), n, b.data(), y); });
+}
+
+// The columns are read several at a time as separate streams (gemv_streams): each output must
+// have the bits of the same column multiplied on its own, for every row count, in all three
+// weight formats, with run lengths that leave 0 to 3 columns over.
+TEST_P(ModelKernels, GemvStreamsGiveTheBitsOfOneColumnAtATime) {
+  const Isa isa = GetParam();
+  if (!cpu_has(isa)) GTEST_SKIP() << "this CPU cannot run the " << isa_name(isa) << " variant";
+  const Kernels& kern = kernels(isa);
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  const int64_t k = 96 + 5;  // whole steps, whole vectors and a tail
+  const int64_t kq = 96;     // Q8_0: whole blocks
+  for (int64_t m = 1; m <= kMaxRows; ++m)
+    for (int64_t n : {2, 3, 4, 5, 6, 7, 9, 13, 64}) {
+      std::vector<float> x(m * k), b(n), s(n), y(m * n), one(m);
+      std::vector<uint16_t> w(n * k), d(n * kq / kQ8Block);
+      std::vector<int8_t> q(n * k);
+      for (float& v : x) v = dist(rng);
+      for (float& v : b) v = dist(rng);
+      for (float& v : s) v = std::fabs(dist(rng));
+      for (uint16_t& v : w) v = f32_to_bf16(dist(rng));
+      for (uint16_t& v : d) v = f32_to_f16(0.01f * std::fabs(dist(rng)));
+      for (int8_t& v : q) v = static_cast<int8_t>(std::clamp(dist(rng) * 40.f, -127.f, 127.f));
+      const auto expect = [&](const char* what, auto&& all, auto&& column) {
+        all(y.data());
+        for (int64_t j = 0; j < n; ++j) {
+          column(j, one.data());
+          for (int64_t r = 0; r < m; ++r)
+            ASSERT_EQ(std::memcmp(&y[r * n + j], &one[r], sizeof(float)), 0)
+                << what << " " << isa_name(isa) << " m " << m << " n " << n << " at (" << r
+                << ", " << j << "): " << y[r * n + j] << " vs " << one[r];
+        }
+      };
+      expect(
+          "bf16", [&](float* o) { kern.gemv_bf16(x.data(), m, k, w.data(), n, b.data(), o); },
+          [&](int64_t j, float* o) { kern.gemv_bf16(x.data(), m, k, &w[j * k], 1, &b[j], o); });
+      expect(
+          "f16", [&](float* o) { kern.gemv_f16(x.data(), m, k, w.data(), n, nullptr, o); },
+          [&](int64_t j, float* o) { kern.gemv_f16(x.data(), m, k, &w[j * k], 1, nullptr, o); });
+      expect(
+          "int8 per channel",
+          [&](float* o) { kern.gemv_i8_channel(x.data(), m, k, q.data(), s.data(), n, b.data(), o); },
+          [&](int64_t j, float* o) {
+            kern.gemv_i8_channel(x.data(), m, k, &q[j * k], &s[j], 1, &b[j], o);
+          });
+      // Q8_0 reads x with row stride kq: the first kq of each row of x, rows packed.
+      std::vector<float> xq(m * kq);
+      for (int64_t r = 0; r < m; ++r)
+        std::copy_n(&x[r * k], kq, &xq[r * kq]);
+      expect(
+          "Q8_0",
+          [&](float* o) { kern.gemv_q8(xq.data(), m, kq, q.data(), d.data(), n, b.data(), o); },
+          [&](int64_t j, float* o) {
+            kern.gemv_q8(xq.data(), m, kq, &q[j * kq], &d[j * kq / kQ8Block], 1, &b[j], o);
+          });
+    }
+  omp_set_num_threads(saved);
 }
 
 // Roundings one output of gemv_q8 passes through (simd_ops.h): within a block, the product and
