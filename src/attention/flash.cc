@@ -957,13 +957,6 @@ void check_outputs(const TensorView& q, const MutableTensorView& out,
                    " fp32");
 }
 
-// A view whose head_dim elements are adjacent: x itself, or a packed copy held in `keep`.
-TensorView dense_rows(const TensorView& x, Tensor& keep) {
-  if (x.stride(3) == 1 || x.dim(3) <= 1) return x;
-  keep = x.contiguous();
-  return keep;
-}
-
 }  // namespace
 
 AttnState flash_attention(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -983,8 +976,9 @@ void flash_attention_into(const TensorView& q_in, const TensorView& k_in, const 
   validate_attention_inputs(q_in, k_in, v_in, params.mask);
   check_outputs(q_in, out, lse_out);
   Tensor q_keep, k_keep, v_keep;
-  const TensorView q = dense_rows(q_in, q_keep), k = dense_rows(k_in, k_keep),
-                   v = dense_rows(v_in, v_keep);
+  // The kernel packs its blocks from any row and head strides; only head_dim must be dense.
+  const TensorView q = q_in.last_dim_dense(q_keep), k = k_in.last_dim_dense(k_keep),
+                   v = v_in.last_dim_dense(v_keep);
   Problem p{};
   p.q = static_cast<const char*>(q.raw());
   p.k = static_cast<const char*>(k.raw());

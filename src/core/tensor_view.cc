@@ -128,6 +128,12 @@ Tensor TensorView::contiguous() const {
   return t;
 }
 
+TensorView TensorView::last_dim_dense(Tensor& keep) const {
+  if (ndim() == 0 || stride(-1) == 1 || dim(-1) <= 1) return *this;
+  keep = contiguous();
+  return keep;
+}
+
 MutableTensorView::MutableTensorView(Tensor& t) : TensorView(t) {}
 
 MutableTensorView MutableTensorView::strided(void* data, std::vector<int64_t> shape,

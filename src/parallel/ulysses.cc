@@ -86,13 +86,6 @@ struct HeadsOf {
   std::span<const IndexRange> heads;
 };
 
-// x itself when its last dimension is contiguous, else a packed copy held in keep.
-TensorView contiguous_rows(const TensorView& x, Tensor& keep) {
-  if (x.stride(3) == 1 || x.dim(3) <= 1) return x;
-  keep = x.contiguous();
-  return keep;
-}
-
 // Sequence -> heads, every tensor in one all_to_allv. Each xs[t].x (B, n_me, H_t, W_t), one dtype:
 // member j gets heads xs[t].heads[j]. Returns per tensor (B, S_g, |xs[t].heads[me]|, W_t) with
 // the tokens of member 0, then 1, ... (counts[i] each). Member i's message to j: for each tensor
@@ -264,9 +257,9 @@ AttnState ulysses_body(Communicator& ucomm, const Partition& part, int first_ran
   std::vector<int64_t> counts = exchange_counts(ucomm, l.expected, q.dim(1));
   // q, k and v are read where they lie as they are packed for the exchange.
   Tensor keep[3];
-  const HeadsOf qkv[] = {{contiguous_rows(q, keep[0]), l.q_heads},
-                         {contiguous_rows(k, keep[1]), l.kv_heads},
-                         {contiguous_rows(v, keep[2]), l.kv_heads}};
+  const HeadsOf qkv[] = {{q.last_dim_dense(keep[0]), l.q_heads},
+                         {k.last_dim_dense(keep[1]), l.kv_heads},
+                         {v.last_dim_dense(keep[2]), l.kv_heads}};
   std::vector<Tensor> local_qkv = seq_to_heads(ucomm, qkv, counts);
   Tensor ql = std::move(local_qkv[0]), kl = std::move(local_qkv[1]), vl = std::move(local_qkv[2]);
   double t1 = now_seconds();

@@ -71,6 +71,27 @@ TEST(TensorView, NarrowAndTransposeReadTheRightElements) {
         for (int64_t d = 0; d < 5; ++d) EXPECT_EQ(c.at(i++), code(b, h, s, d));
 }
 
+// last_dim_dense: the view itself where the last dimension's elements are adjacent (a head slice,
+// [B, H, S, D] seen as [B, S, H, D]), a packed copy where they are not (a transposed last pair).
+TEST(TensorView, LastDimDenseCopiesOnlyWhereItMust) {
+  const Tensor bhsd = coded(2, 4, 3, 5);
+  Tensor keep;
+  const TensorView bshd = TensorView(bhsd).transpose(1, 2);
+  EXPECT_EQ(bshd.last_dim_dense(keep).raw(), bhsd.raw());
+  EXPECT_EQ(TensorView(bhsd).narrow(1, 1, 2).last_dim_dense(keep).raw(),
+            TensorView(bhsd).narrow(1, 1, 2).raw());
+  EXPECT_EQ(keep.numel(), 0);
+  const TensorView swapped = TensorView(bhsd).transpose(2, 3);  // (b, h, d, s)
+  const TensorView dense = swapped.last_dim_dense(keep);
+  EXPECT_EQ(dense.raw(), keep.raw());
+  EXPECT_TRUE(dense.is_contiguous());
+  int64_t i = 0;
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t h = 0; h < 4; ++h)
+      for (int64_t d = 0; d < 5; ++d)
+        for (int64_t s = 0; s < 3; ++s) EXPECT_EQ(keep.at(i++), code(b, h, s, d));
+}
+
 TEST(TensorView, CopyFromWritesOnlyTheView) {
   Tensor dst({2, 4, 3, 2}, DType::kBF16);
   dst.fill(-1.f);

@@ -5,6 +5,7 @@
 // transformers and diffusers in tests/python.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <vector>
 
@@ -37,6 +38,40 @@ double max_diff(const Tensor& got, const std::vector<double>& want) {
   double e = 0;
   for (int64_t i = 0; i < got.numel(); ++i) e = std::max(e, std::fabs(got.at(i) - want[i]));
   return e;
+}
+
+// rope_3d against its definition per token (diffusers' Wan rotary embedding: pair k of an axis of
+// width w rotates by coordinate · theta^(-2k / 2w), in float64, then cos and sin rounded to fp32),
+// bit for bit: every position of a grid, one rank's shard of it, positions past the last frame,
+// and positions so sparse that each is computed on its own.
+TEST(Rope, ThreeDIsTheDefinitionOfEachToken) {
+  for (int64_t head_dim : {12, 128}) {
+    const std::array<int64_t, 3> grid = {3, 4, 5};
+    std::vector<int64_t> all(60), shard, sparse = {7, 1000003, 20000000}, past = {58, 59, 60, 75};
+    for (int64_t i = 0; i < 60; ++i) all[i] = i;
+    for (int64_t i = 13; i < 40; i += 2) shard.push_back(i);
+    for (const auto& positions : {all, shard, sparse, past}) {
+      const Tensor t = rope_3d(positions, grid, head_dim, 10000.0);
+      const int64_t pairs = head_dim / 2, ph = pairs / 3, pw = pairs / 3;
+      const int64_t width[3] = {pairs - ph - pw, ph, pw};
+      ASSERT_EQ(t.shape(), (std::vector<int64_t>{static_cast<int64_t>(positions.size()), pairs, 2}));
+      for (size_t i = 0; i < positions.size(); ++i) {
+        const int64_t p = positions[i];
+        const int64_t coord[3] = {p / 20, p / 5 % 4, p % 5};
+        int64_t j = 0;
+        for (int axis = 0; axis < 3; ++axis)
+          for (int64_t k = 0; k < width[axis]; ++k, ++j) {
+            const double angle = static_cast<double>(coord[axis]) *
+                                 std::pow(10000.0, -2.0 * static_cast<double>(k) /
+                                                       static_cast<double>(2 * width[axis]));
+            ASSERT_EQ(t.at((i * pairs + j) * 2), static_cast<float>(std::cos(angle)))
+                << "position " << p << " pair " << j;
+            ASSERT_EQ(t.at((i * pairs + j) * 2 + 1), static_cast<float>(std::sin(angle)))
+                << "position " << p << " pair " << j;
+          }
+      }
+    }
+  }
 }
 
 // Appending to a K/V cache token by token (a decode) and in chunks, batch 2, through several

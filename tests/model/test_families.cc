@@ -31,7 +31,7 @@ std::string config_text(const std::string& architecture, const std::string& mode
   std::string text = "{\"architectures\": [\"" + architecture + "\"], \"model_type\": \"" +
                      model_type + "\"";
   for (const auto& [key, value] : base)
-    if (extra.find("\"" + std::string(key) + "\":") == std::string::npos)
+    if (extra.find(std::string("\"").append(key).append("\":")) == std::string::npos)
       text += ", \"" + std::string(key) + "\": " + value;
   return text + (extra.empty() ? "" : ", " + extra) + "}";
 }

@@ -66,6 +66,9 @@ class TensorView {
   // The elements as a row-major Tensor: a borrowed view of the same memory when the view is
   // contiguous (host), else an owning packed copy.
   Tensor contiguous() const;
+  // This view when its last dimension's elements are adjacent, else a view of a packed copy
+  // held in `keep` (which must outlive the result).
+  TensorView last_dim_dense(Tensor& keep) const;
 
  protected:
   int axis(int i) const { return i < 0 ? i + ndim() : i; }

@@ -1,7 +1,9 @@
 #include "seqpar/model/blocks/rope.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
+#include <vector>
 
 #include "seqpar/core/error.h"
 #include "simd_ops.h"
@@ -61,18 +63,46 @@ Tensor rope_3d(std::span<const int64_t> positions, std::array<int64_t, 3> grid, 
                double theta) {
   const int64_t n = static_cast<int64_t>(positions.size()), pairs = head_dim / 2;
   const int64_t ph = pairs / 3, pw = pairs / 3, pf = pairs - ph - pw;
+  const int64_t width[3] = {pf, ph, pw};
+  const auto coord_of = [&](int64_t p, int axis) {
+    return axis == 0 ? p / (grid[1] * grid[2]) : axis == 1 ? p / grid[2] % grid[1] : p % grid[2];
+  };
   Tensor t({n, pairs, 2});
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t p = positions[i];
-    const int64_t coord[3] = {p / (grid[1] * grid[2]), p / grid[2] % grid[1], p % grid[2]};
-    const int64_t width[3] = {pf, ph, pw};
-    int64_t j = 0;
-    for (int axis = 0; axis < 3; ++axis)
-      for (int64_t k = 0; k < width[axis]; ++k, ++j) {
-        const double angle = coord[axis] * std::pow(theta, -2.0 * k / (2 * width[axis]));
-        t.data<float>()[(i * pairs + j) * 2] = static_cast<float>(std::cos(angle));
-        t.data<float>()[(i * pairs + j) * 2 + 1] = static_cast<float>(std::sin(angle));
+  float* out = t.data<float>();
+  // An entry depends only on its axis' coordinate and its pair: cos and sin are computed once for
+  // each coordinate in the positions' range (a 720p video's 75600 tokens use 21 + 45 + 80) and
+  // copied to every token that has it. A range wider than the token count is computed per token.
+  int64_t j0 = 0;
+  for (int axis = 0; axis < 3; ++axis) {
+    const int64_t w = width[axis];
+    std::vector<double> freq(w);
+    for (int64_t k = 0; k < w; ++k) freq[k] = std::pow(theta, -2.0 * k / (2 * w));
+    const auto entry = [&](int64_t c, int64_t k, float* cs) {
+      const double angle = c * freq[k];
+      cs[0] = static_cast<float>(std::cos(angle));
+      cs[1] = static_cast<float>(std::sin(angle));
+    };
+    int64_t lo = 0, hi = -1;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t c = coord_of(positions[i], axis);
+      lo = i == 0 ? c : std::min(lo, c);
+      hi = i == 0 ? c : std::max(hi, c);
+    }
+    const bool once = hi - lo < n;
+    std::vector<float> table(once ? (hi - lo + 1) * w * 2 : 0);
+    if (once)
+      for (int64_t c = lo; c <= hi; ++c)
+        for (int64_t k = 0; k < w; ++k) entry(c, k, &table[((c - lo) * w + k) * 2]);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t c = coord_of(positions[i], axis);
+      float* row = out + (i * pairs + j0) * 2;
+      if (once) {
+        std::copy_n(&table[(c - lo) * w * 2], w * 2, row);
+      } else {
+        for (int64_t k = 0; k < w; ++k) entry(c, k, row + k * 2);
       }
+    }
+    j0 += w;
   }
   return t;
 }
