@@ -11,7 +11,9 @@
 // The in-place activations (silu, gelu_tanh) restore their input before each call, so that
 // repeated calls do not drive it to subnormals; their rows include that copy, whose time is the
 // `copy` row. add, modulate and gated_add run with zero y, shift, scale and gate, so that the
-// values stay as they are. Not a test: timing decides nothing.
+// values stay as they are. A second table times the RoPE tables and the timestep embedding the
+// ops read (built on one thread, no variants), for the same row counts. Not a test: timing
+// decides nothing.
 #include <omp.h>
 
 #include <algorithm>
@@ -25,6 +27,8 @@
 
 #include "bench_util.h"
 #include "seqpar/core/tensor.h"
+#include "seqpar/model/blocks/rope.h"
+#include "seqpar/model/ops.h"
 #include "simd_ops.h"
 
 namespace {
@@ -147,5 +151,25 @@ int main(int argc, char** argv) {
                       best[v] * 1e9 / static_cast<double>(n), best[0] / best[v]);
       }
     }
+  // The tables the ops read, built once per forward pass on the calling thread (no variants):
+  // RoPE for `rows` tokens, 1-D (head_dim / 2 frequencies) and 3-D (positions 0.. on a 720p Wan
+  // 2.1 video's grid, 21 x 45 x 80, head_dim 128), and one timestep embedding of 256 channels.
+  std::printf("\n| table | rows | us/call |\n|---|---|---|\n");
+  for (int64_t rows : rows_list) {
+    std::vector<int64_t> pos(rows);
+    for (int64_t i = 0; i < rows; ++i) pos[i] = i;
+    const std::vector<float> inv_freq = seqpar::rope_inv_freq(head_dim, 500000.0);
+    const std::vector<std::pair<std::string, std::function<void()>>> tables = {
+        {"rope_1d", [&] { seqpar::rope_1d(pos, inv_freq); }},
+        {"rope_3d", [&] { seqpar::rope_3d(pos, {21, 45, 80}, 128, 10000.0); }},
+        {"timestep_embedding", [&] { seqpar::timestep_embedding(999.f, 256); }}};
+    for (const auto& [name, fn] : tables) {
+      double best = 1e30;
+      for (int r = 0; r < rounds; ++r)
+        best = std::min(best, seqpar::bench::time_per_call(fn, min_time));
+      std::printf("| %s | %lld | %.2f |\n", name.c_str(), static_cast<long long>(rows),
+                  best * 1e6);
+    }
+  }
   return 0;
 }
