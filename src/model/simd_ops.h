@@ -59,16 +59,15 @@ constexpr int gemv_unroll(int64_t m, int width) {
 // Xeon with AVX-512, best of 2 rounds) went from 11.1 to 16.2-17.0 GB/s on one thread and from
 // 22.2 to 31.2-33.7 on two; Q8_0 at n 262144 from 13.2-13.6 to 15.2-15.4 and from 26.2-26.6 to
 // 29.2-29.9.
-constexpr int gemv_streams(int64_t m, int width) {
-  const int budget = width >= 16 ? 16 : 8;
-  const int s = budget / (static_cast<int>(m) * gemv_unroll(m, width));
+constexpr int streams_for(int64_t accumulators_per_column, int width) {
+  const int s = (width >= 16 ? 16 : 8) / static_cast<int>(accumulators_per_column);
   return s < 1 ? 1 : s > 4 ? 4 : s;
+}
+constexpr int gemv_streams(int64_t m, int width) {
+  return streams_for(m * gemv_unroll(m, width), width);
 }
 // The same for the Q8_0 product (one accumulator per row and column).
-constexpr int gemv_q8_streams(int64_t m, int width) {
-  const int s = (width >= 16 ? 16 : 8) / static_cast<int>(m);
-  return s < 1 ? 1 : s > 4 ? 4 : s;
-}
+constexpr int gemv_q8_streams(int64_t m, int width) { return streams_for(m, width); }
 
 // Q8_0 (ops.h): y (m, n) = x (m, k) · wᵀ + bias with w[j, i] = d[j, i / 32] · q[j, i], q (n, k)
 // int8, d (n, k / 32) fp16; k a multiple of 32, 1 <= m <= kMaxRows; columns split as above.
