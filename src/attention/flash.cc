@@ -66,6 +66,9 @@ constexpr int64_t kDefaultBlockK = 256;
 constexpr int64_t kMaxTilesPerItem = 16;
 // At most this many query rows per kv head (Sq · group) make a call K/V-bound (decode).
 constexpr int64_t kStreamRows = 64;
+// K/V read in place (kv_in_place): the default key block holds about this many bytes of K and V
+// of all kv heads, so that it stays in L2 from the non-finite check to the products.
+constexpr int64_t kInPlaceBlockBytes = 256 * 1024;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr double kLog2e = 1.44269504088896340736;
 constexpr double kLn2 = 0.69314718055994530942;
@@ -452,18 +455,10 @@ const void* pack_heads(const Problem& p, const void* src, int64_t src_ld, int64_
 // numbers (and 0·NaN cannot leak into rows that do not see a key through P·V), and every query
 // row that sees one is set to NaN at the end.
 
-// Whether d elements of the matmul type (fp32, or bf16 for the bf16 matmul) hold an Inf or a NaN
-// (exponent bits all set). Branch-free, so the compiler vectorizes it.
+// Whether d elements of the matmul type (fp32, or bf16 for the bf16 matmul) hold an Inf or a NaN.
 bool any_nonfinite(const Problem& p, const void* x, int64_t d) {
-  unsigned bad = 0;
-  if (p.bf16_mm) {
-    const auto* u = static_cast<const uint16_t*>(x);
-    for (int64_t i = 0; i < d; ++i) bad |= (u[i] & 0x7f80u) == 0x7f80u;
-  } else {
-    const auto* u = static_cast<const uint32_t*>(x);
-    for (int64_t i = 0; i < d; ++i) bad |= (u[i] & 0x7f800000u) == 0x7f800000u;
-  }
-  return bad != 0;
+  return p.bf16_mm ? p.kern->any_nonfinite_bf16(static_cast<const uint16_t*>(x), d)
+                   : p.kern->any_nonfinite_f32(static_cast<const float*>(x), d);
 }
 
 // Makes `block` (bytes, a packed block that may be the caller's input itself) writable by copying
@@ -617,11 +612,15 @@ bool classify_query_blocks(const Problem& p, const ItemTiles& t, int64_t kb,
 }
 
 // One key block as the item's tiles read it: K and V of its nk keys for the item's nhk kv heads,
-// packed, with what the masks need of its keys.
+// packed or read in place, with what the masks need of its keys.
 struct KeyBlock {
-  int64_t k0, nk;          // first key, keys
-  const char* k;           // nhk blocks (nk, d) of the matmul type, kv head after kv head
-  const char* v;           // the same for V
+  int64_t k0, nk;  // first key, keys
+  // K of key j, kv head h (d elements of the matmul type) at k + (h·k_hs + j·k_rs)·esz: packed,
+  // nhk blocks (nk, d) head after head (k_rs d, k_hs nk·d); in place, the caller's rows.
+  const char* k;
+  int64_t k_rs, k_hs;
+  const char* v;  // the same for V
+  int64_t v_rs, v_hs;
   const int64_t* invalid;  // padding keys (block offsets), n_invalid of them
   int64_t n_invalid;
   const int64_t* bad;  // per kv head h: bad[h·bk + x], x < nbad[h], keys with an Inf or NaN
@@ -630,8 +629,8 @@ struct KeyBlock {
   const int64_t* seg;
   const uint8_t* valid;
 
-  const void* k_head(int64_t h, int64_t d, size_t esz) const { return k + h * nk * d * esz; }
-  const void* v_head(int64_t h, int64_t d, size_t esz) const { return v + h * nk * d * esz; }
+  const void* k_head(int64_t h, size_t esz) const { return k + h * k_hs * esz; }
+  const void* v_head(int64_t h, size_t esz) const { return v + h * v_hs * esz; }
 };
 
 // The padding keys of the block (offsets into it, for rows whose run comes from positions and
@@ -647,42 +646,75 @@ void list_padding_keys(const Problem& p, const ItemTiles& t, int64_t kb, KeyBloc
   blk.invalid = invalid;
 }
 
+// Whether the items read K and V of their key blocks where they are: few query rows (decode),
+// where reading K/V is the cost and packing would read and write all of it once more, with fp32
+// K/V and the few-row products (oneDNN's products on bf16 rows in place were slower than on
+// packed blocks).
+bool kv_in_place(const Problem& p) { return p.small_mm && p.in_type == DType::kF32; }
+
 // K and V of the block, (B, Sk, Hkv, D) -> nhk blocks (nk, d) of the matmul type, packed once for
-// all the item's kv heads, reading the rows in memory order.
+// all the item's kv heads, reading the rows in memory order; or the caller's rows (kv_in_place).
 void pack_kv(const Problem& p, const ItemTiles& t, KeyBlock& blk, Workspace& ws) {
   const int64_t d = p.d, size = t.nhk * p.bk * d * static_cast<int64_t>(t.esz);
   const size_t in_esz = dtype_size(p.in_type);
   const char* ksrc = p.k + p.ks.at(t.b, blk.k0, t.hk0) * in_esz;
   const char* vsrc = p.v + p.vs.at(t.b, blk.k0, t.hk0) * in_esz;
+  if (kv_in_place(p)) {
+    blk.k = ksrc;
+    blk.v = vsrc;
+    blk.k_rs = p.ks.s;
+    blk.k_hs = p.ks.h;
+    blk.v_rs = p.vs.s;
+    blk.v_hs = p.vs.h;
+    return;
+  }
   blk.k = static_cast<const char*>(
       pack_heads(p, ksrc, p.ks.s, blk.nk, t.nhk, p.ks.h, ws.k.get<char>(size)));
   blk.v = static_cast<const char*>(
       pack_heads(p, vsrc, p.vs.s, blk.nk, t.nhk, p.vs.h, ws.v.get<char>(size)));
+  blk.k_rs = blk.v_rs = d;
+  blk.k_hs = blk.v_hs = blk.nk * d;
 }
 
-// Keys with a non-finite K or V element, listed per kv head and zeroed in the packed blocks.
+// Keys with a non-finite K or V element, listed per kv head and zeroed in the packed blocks (a
+// block read in place is packed first).
 void zero_nonfinite_keys(const Problem& p, const ItemTiles& t, KeyBlock& blk, Workspace& ws) {
   const int64_t d = p.d, bk = p.bk, nhk = t.nhk, nk = blk.nk;
   const size_t esz = t.esz;
   int64_t* badk = ws.badk.get<int64_t>(nhk * bk);
   int64_t* nbadk = ws.nbadk.get<int64_t>(nhk);
+  // Key after key, each key's heads together: the caller's rows are read in memory order, and
+  // where a key's heads are adjacent (read in place) they are checked at once, then one by one
+  // only if some element is not finite.
+  std::fill(nbadk, nbadk + nhk, 0);
   bool any_bad_key = false;
-  for (int64_t h = 0; h < nhk; ++h) {
-    int64_t n = 0;
-    for (int64_t j = 0; j < nk; ++j) {
-      const int64_t off = (h * nk + j) * d * esz;
-      if (any_nonfinite(p, blk.k + off, d) || any_nonfinite(p, blk.v + off, d)) {
-        badk[h * bk + n++] = j;
+  const bool heads_adjacent = blk.k_hs == d && blk.v_hs == d;
+  for (int64_t j = 0; j < nk; ++j) {
+    if (heads_adjacent && !any_nonfinite(p, blk.k + j * blk.k_rs * esz, nhk * d) &&
+        !any_nonfinite(p, blk.v + j * blk.v_rs * esz, nhk * d)) {
+      continue;
+    }
+    for (int64_t h = 0; h < nhk; ++h) {
+      if (any_nonfinite(p, blk.k + (h * blk.k_hs + j * blk.k_rs) * esz, d) ||
+          any_nonfinite(p, blk.v + (h * blk.v_hs + j * blk.v_rs) * esz, d)) {
+        badk[h * bk + nbadk[h]++] = j;
+        any_bad_key = true;
       }
     }
-    nbadk[h] = n;
-    any_bad_key = any_bad_key || n > 0;
   }
   blk.bad = badk;
   blk.nbad = nbadk;
   if (!any_bad_key) return;
-  char* kw = writable(blk.k, nhk * nk * d * esz, ws.k.get<char>(nhk * bk * d * esz));
-  char* vw = writable(blk.v, nhk * nk * d * esz, ws.v.get<char>(nhk * bk * d * esz));
+  // Writable packed copies (the block may be the caller's rows, or packed in the buffers already).
+  auto packed_copy = [&](const char* x, int64_t rs, int64_t hs, char* buf) {
+    if (x == buf) return buf;
+    for (int64_t h = 0; h < nhk; ++h)
+      for (int64_t j = 0; j < nk; ++j)
+        std::memcpy(buf + (h * nk + j) * d * esz, x + (h * hs + j * rs) * esz, d * esz);
+    return buf;
+  };
+  char* kw = packed_copy(blk.k, blk.k_rs, blk.k_hs, ws.k.get<char>(nhk * bk * d * esz));
+  char* vw = packed_copy(blk.v, blk.v_rs, blk.v_hs, ws.v.get<char>(nhk * bk * d * esz));
   for (int64_t h = 0; h < nhk; ++h) {
     for (int64_t x = 0; x < nbadk[h]; ++x) {
       const int64_t off = (h * nk + badk[h * bk + x]) * d * esz;
@@ -692,6 +724,8 @@ void zero_nonfinite_keys(const Problem& p, const ItemTiles& t, KeyBlock& blk, Wo
   }
   blk.k = kw;
   blk.v = vw;
+  blk.k_rs = blk.v_rs = d;
+  blk.k_hs = blk.v_hs = nk * d;
 }
 
 // For general masks: the block's keys' positions, segments and validity, gathered once for the
@@ -769,15 +803,15 @@ void mask_rows(const Problem& p, const KeyBlock& blk, int64_t kb, int64_t i0, in
   }
 }
 
-// Step 1, per tile: S = Q·Kᵀ, (rows, d) · (nk, d)ᵀ -> s (rows, nk), row stride ld_s.
+// Step 1, per tile: S = Q·Kᵀ, (rows, d) · (nk, d)ᵀ -> s (rows, nk), row stride ld_s; K's rows k_rs apart.
 void tile_scores(const Problem& p, const ItemTiles& t, int64_t x, int64_t rows, const void* kblk,
-                 int64_t nk, float* s) {
+                 int64_t k_rs, int64_t nk, float* s) {
   if (p.small_mm) {
-    p.kern->small_qk(t.qt + x * p.d * t.rp, t.rp, rows, static_cast<const float*>(kblk), p.d, nk,
+    p.kern->small_qk(t.qt + x * p.d * t.rp, t.rp, rows, static_cast<const float*>(kblk), k_rs, nk,
                      p.d, s, p.ld_s);
     return;
   }
-  MatmulShape qk{rows, nk, p.d, p.d, 1, p.d, p.ld_s, p.mm_type, false};
+  MatmulShape qk{rows, nk, p.d, p.d, 1, k_rs, p.ld_s, p.mm_type, false};
   thread_matmul_cache().run(qk, t.q[x], kblk, s);
 }
 
@@ -808,15 +842,16 @@ void tile_softmax(const Problem& p, ItemTiles& t, int64_t x, int64_t rows, const
   }
 }
 
-// Step 1, per tile: O += P·V, (rows, nk) · (nk, d) -> O (rows, d); P is s (fp32) or p16 (bf16).
-void tile_pv(const Problem& p, ItemTiles& t, int64_t x, int64_t rows, const void* vblk, int64_t nk,
-             const float* s, const uint16_t* p16) {
+// Step 1, per tile: O += P·V, (rows, nk) · (nk, d) -> O (rows, d); P is s (fp32) or p16 (bf16); V's
+// rows v_rs apart.
+void tile_pv(const Problem& p, ItemTiles& t, int64_t x, int64_t rows, const void* vblk,
+             int64_t v_rs, int64_t nk, const float* s, const uint16_t* p16) {
   float* o = t.o + x * t.tr * p.d;
   if (p.small_mm) {
-    p.kern->small_pv(s, p.ld_s, rows, static_cast<const float*>(vblk), p.d, nk, p.d, o);
+    p.kern->small_pv(s, p.ld_s, rows, static_cast<const float*>(vblk), v_rs, nk, p.d, o);
     return;
   }
-  MatmulShape pv{rows, p.d, nk, p.ld_s, p.d, 1, p.d, p.mm_type, true};
+  MatmulShape pv{rows, p.d, nk, p.ld_s, v_rs, 1, p.d, p.mm_type, true};
   thread_matmul_cache().run(pv, p.bf16_mm ? static_cast<const void*>(p16) : s, vblk, o);
 }
 
@@ -917,13 +952,13 @@ void run_item(const Problem& p, const Item& it, const OutRows& dst, float* row_s
       mask_rows(p, blk, kb, i0, tokens, mask);
       const int64_t rows = tokens * tiles.gs;
       for (int64_t h = 0; h < tiles.nhk; ++h) {
-        const void* kblk = blk.k_head(h, p.d, tiles.esz);
-        const void* vblk = blk.v_head(h, p.d, tiles.esz);
+        const void* kblk = blk.k_head(h, tiles.esz);
+        const void* vblk = blk.v_head(h, tiles.esz);
         for (int64_t gt = 0; gt < tiles.ngt; ++gt) {
           const int64_t x = tiles.index(qt, h, gt);
-          tile_scores(p, tiles, x, rows, kblk, blk.nk, s);     // S = Q·Kᵀ
-          tile_softmax(p, tiles, x, rows, blk, mask, s, p16);  // mask, online softmax: P
-          tile_pv(p, tiles, x, rows, vblk, blk.nk, s, p16);    // O += P·V
+          tile_scores(p, tiles, x, rows, kblk, blk.k_rs, blk.nk, s);  // S = Q·Kᵀ
+          tile_softmax(p, tiles, x, rows, blk, mask, s, p16);         // mask, online softmax: P
+          tile_pv(p, tiles, x, rows, vblk, blk.v_rs, blk.nk, s, p16);  // O += P·V
           poison_tile_rows(p, tiles, x, rows, h, blk, mask);   // non-finite inputs
         }
       }
@@ -1035,16 +1070,25 @@ void flash_attention_into(const TensorView& q_in, const TensorView& k_in, const 
                    ", ", params.block_k, ") are invalid; valid: >= 1, or 0 for the default");
   const double scale = params.scale != 0.f ? params.scale : 1.0 / std::sqrt(double(p.d));
   p.c = static_cast<float>(scale * 1.44269504088896340736);  // log2(e)
+  p.in_type = q.dtype();
+  p.bf16_mm = p.in_type == DType::kBF16 && use_bf16_matmul();
+  p.mm_type = p.bf16_mm ? memory::data_type::bf16 : memory::data_type::f32;
+  // Few query rows per kv head (decode): reading K/V from memory is the cost, so an item takes
+  // every kv head and walks the key blocks in memory order (one head's slice of every row, 2·D
+  // bytes every 2·Hkv·D, streams at a fraction of the bandwidth); threads split the keys.
+  const bool stream_kv = p.sq * p.group <= kStreamRows;
+  p.stack_heads = stream_kv;
+  p.small_mm = stream_kv && !p.bf16_mm && use_small_matmuls();
   p.bq = params.block_q > 0 ? params.block_q : kDefaultBlockQ;
-  p.bk = params.block_k > 0 ? params.block_k : kDefaultBlockK;
+  p.bk = params.block_k > 0     ? params.block_k
+         : kv_in_place(p) ? std::clamp<int64_t>(kInPlaceBlockBytes / (2 * p.nkv * p.d * 4), 16,
+                                                  kDefaultBlockK)
+                          : kDefaultBlockK;
   p.bq = std::min(p.bq, p.sq);
   p.bk = std::min(p.bk, p.sk);
   p.ld_s = simd::round_up_row(p.bk);
   p.nqb = (p.sq + p.bq - 1) / p.bq;
   p.nkb = (p.sk + p.bk - 1) / p.bk;
-  p.in_type = q.dtype();
-  p.bf16_mm = p.in_type == DType::kBF16 && use_bf16_matmul();
-  p.mm_type = p.bf16_mm ? memory::data_type::bf16 : memory::data_type::f32;
   p.kern = &simd::kernels();
   p.row_update = p.in_type == DType::kF32 ? p.kern->row_update_deg5 : p.kern->row_update_deg3;
   const MaskPlan plan(params.mask, p.nb, p.sq, p.sk, p.bq, p.bk);
@@ -1056,14 +1100,8 @@ void flash_attention_into(const TensorView& q_in, const TensorView& k_in, const 
   // packing; halve them until there are a few items per thread. With still fewer items than
   // threads (decode, short queries), the key blocks are split too: each split yields a partial
   // state and the partials are merged by LSE (merge_into), like ring steps.
-  // Few query rows per kv head (decode): reading K/V from memory is the cost, so an item takes
-  // every kv head and walks the key blocks in memory order (one head's slice of every row, 2·D
-  // bytes every 2·Hkv·D, streams at a fraction of the bandwidth); threads split the keys.
   const int64_t threads = omp_in_parallel() ? 1 : std::max(1, omp_get_max_threads());
-  const bool stream_kv = p.sq * p.group <= kStreamRows;
   const int64_t hk_per_item = stream_kv ? p.nkv : 1;
-  p.stack_heads = stream_kv;
-  p.small_mm = stream_kv && !p.bf16_mm && use_small_matmuls();
   const int64_t n_hkchunks = (p.nkv + hk_per_item - 1) / hk_per_item;
   const int64_t g_per_item = std::min(p.group, kMaxTilesPerItem);
   const int64_t n_gchunks = (p.group + g_per_item - 1) / g_per_item;

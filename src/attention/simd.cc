@@ -168,7 +168,8 @@ namespace {
   Kernels {                                                                        \
     isa, &ns::row_update_f32<5>, &ns::row_update_f32<3>, &ns::row_update_bf16<3>,  \
         &ns::exp2_array<5>, &ns::exp2_array<3>, &ns::scale_copy, &ns::bf16_to_f32, \
-        &ns::f16_to_f32, &ns::f32_to_bf16, &ns::small_qk, &ns::small_pv            \
+        &ns::f16_to_f32, &ns::f32_to_bf16, &ns::any_nonfinite_f32,                 \
+        &ns::any_nonfinite_bf16, &ns::small_qk, &ns::small_pv                      \
   }
 
 const Kernels kScalar = SEQPAR_KERNEL_TABLE(scalar, Isa::kScalar);

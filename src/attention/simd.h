@@ -65,6 +65,9 @@ struct Kernels {
   void (*f16_to_f32)(const uint16_t* src, float* dst, int64_t n);
   // fp32 -> bf16, round to nearest even.
   void (*f32_to_bf16)(const float* src, uint16_t* dst, int64_t n);
+  // Whether any of n fp32 or bf16 elements is an Inf or a NaN.
+  bool (*any_nonfinite_f32)(const float* x, int64_t n);
+  bool (*any_nonfinite_bf16)(const uint16_t* x, int64_t n);
   // Few-row matmuls for decode shapes (rows <= 64): register-blocked FMA loops on fp32 blocks,
   // which, unlike a general GEMM, need no packing of their own on every call:
   //   small_qk: S (rows × n, row stride ld_s) = Q·Kᵀ, with qt = Qᵀ (d × rp; rp = rows rounded

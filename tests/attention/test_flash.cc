@@ -877,6 +877,32 @@ TEST(Simd, ConversionsMatchScalar) {
   }
 }
 
+// Each length up to 70 (whole vectors and tails of every width), one element non-finite at each
+// position in turn, or none: the answer of std::isfinite over the elements.
+TEST(Simd, AnyNonFiniteFindsEachElement) {
+  const float kinds[3] = {kInf, -kInf, std::numeric_limits<float>::quiet_NaN()};
+  const float finite[4] = {3.38e38f, -1e-40f, 0.f, -0.f};  // near the largest, subnormal, zeros
+  for (simd::Isa isa : cpu_isas()) {
+    const simd::Kernels& k = simd::kernels(isa);
+    for (int64_t n = 0; n <= 70; ++n) {
+      std::vector<float> f(n);
+      std::vector<uint16_t> bf(n);
+      for (int64_t i = 0; i < n; ++i) f[i] = finite[i % 4];
+      for (int64_t bad = -1; bad < n; ++bad)
+        for (float x : kinds) {
+          if (bad >= 0) f[bad] = x;
+          for (int64_t i = 0; i < n; ++i) bf[i] = f32_to_bf16(f[i]);
+          const bool want = bad >= 0;
+          ASSERT_EQ(k.any_nonfinite_f32(f.data(), n), want)
+              << simd::isa_name(isa) << " n " << n << " at " << bad << " " << x;
+          ASSERT_EQ(k.any_nonfinite_bf16(bf.data(), n), want)
+              << simd::isa_name(isa) << " bf16 n " << n << " at " << bad << " " << x;
+          if (bad >= 0) f[bad] = finite[bad % 4];
+        }
+    }
+  }
+}
+
 TEST(Simd, RowUpdateRescalesWhenTheMaxMovesFar) {
   // Two blocks for one row: the second block's max is 20 (log2 units) above the first's, so the
   // stale max must move and the accumulator be rescaled; the result equals exact softmax.
