@@ -11,7 +11,8 @@
 //        range (each row sees one contiguous run of keys: causal with sorted positions,
 //        sorted segments) or general (per-element mask) (classify_query_blocks, mask_rows);
 //        pack K and V of kb for the item's kv heads once (converted to the matmul dtype) and
-//        reuse them for every tile (load_key_block);
+//        reuse them for every tile, or with fp32 decode shapes read them in place
+//        (load_key_block);
 //        for each tile that is not skipped:
 //          tile_scores:      S = Q·Kᵀ, oneDNN matmul (rows × nk, K = D)
 //          tile_softmax:     mask S, then per row the online softmax update with a stale
@@ -1225,7 +1226,9 @@ std::string attention_kernel_info() {
     }
     s += detail::concat("; decode shapes (Sq x H/Hkv <= ", kStreamRows,
                         "): all kv heads per item in memory order, few-row FMA loops",
-                        use_bf16_matmul() ? " (fp32/fp16 inputs)" : "");
+                        use_bf16_matmul() ? " (fp32/fp16 inputs)" : "",
+                        ", fp32 K/V read in place (key blocks of ", kInPlaceBlockBytes / 1024,
+                        " KiB of K and V)");
     return s;
   }();
   return info;
