@@ -804,7 +804,8 @@ void mask_rows(const Problem& p, const KeyBlock& blk, int64_t kb, int64_t i0, in
   }
 }
 
-// Step 1, per tile: S = Q·Kᵀ, (rows, d) · (nk, d)ᵀ -> s (rows, nk), row stride ld_s; K's rows k_rs apart.
+// Step 1, per tile: S = Q·Kᵀ, (rows, d) · (nk, d)ᵀ -> s (rows, nk), row stride ld_s; K's rows
+// k_rs apart.
 void tile_scores(const Problem& p, const ItemTiles& t, int64_t x, int64_t rows, const void* kblk,
                  int64_t k_rs, int64_t nk, float* s) {
   if (p.small_mm) {
@@ -957,10 +958,10 @@ void run_item(const Problem& p, const Item& it, const OutRows& dst, float* row_s
         const void* vblk = blk.v_head(h, tiles.esz);
         for (int64_t gt = 0; gt < tiles.ngt; ++gt) {
           const int64_t x = tiles.index(qt, h, gt);
-          tile_scores(p, tiles, x, rows, kblk, blk.k_rs, blk.nk, s);  // S = Q·Kᵀ
-          tile_softmax(p, tiles, x, rows, blk, mask, s, p16);         // mask, online softmax: P
+          tile_scores(p, tiles, x, rows, kblk, blk.k_rs, blk.nk, s);   // S = Q·Kᵀ
+          tile_softmax(p, tiles, x, rows, blk, mask, s, p16);          // mask, online softmax: P
           tile_pv(p, tiles, x, rows, vblk, blk.v_rs, blk.nk, s, p16);  // O += P·V
-          poison_tile_rows(p, tiles, x, rows, h, blk, mask);   // non-finite inputs
+          poison_tile_rows(p, tiles, x, rows, h, blk, mask);           // non-finite inputs
         }
       }
     }
@@ -1081,10 +1082,12 @@ void flash_attention_into(const TensorView& q_in, const TensorView& k_in, const 
   p.stack_heads = stream_kv;
   p.small_mm = stream_kv && !p.bf16_mm && use_small_matmuls();
   p.bq = params.block_q > 0 ? params.block_q : kDefaultBlockQ;
-  p.bk = params.block_k > 0     ? params.block_k
-         : kv_in_place(p) ? std::clamp<int64_t>(kInPlaceBlockBytes / (2 * p.nkv * p.d * 4), 16,
-                                                  kDefaultBlockK)
-                          : kDefaultBlockK;
+  // The default key block; with K/V read in place, about kInPlaceBlockBytes of K and V.
+  const int64_t default_bk =
+      kv_in_place(p)
+          ? std::clamp<int64_t>(kInPlaceBlockBytes / (2 * p.nkv * p.d * 4), 16, kDefaultBlockK)
+          : kDefaultBlockK;
+  p.bk = params.block_k > 0 ? params.block_k : default_bk;
   p.bq = std::min(p.bq, p.sq);
   p.bk = std::min(p.bk, p.sk);
   p.ld_s = simd::round_up_row(p.bk);
