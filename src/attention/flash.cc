@@ -617,7 +617,8 @@ bool classify_query_blocks(const Problem& p, const ItemTiles& t, int64_t kb,
 struct KeyBlock {
   int64_t k0, nk;  // first key, keys
   // K of key j, kv head h (d elements of the matmul type) at k + (h·k_hs + j·k_rs)·esz: packed,
-  // nhk blocks (nk, d) head after head (k_rs d, k_hs nk·d); in place, the caller's rows.
+  // nhk blocks (nk, d) head after head (k_rs d, k_hs nk·d), or for the few-row loops key after
+  // key, a key's heads adjacent (k_rs nhk·d, k_hs d); in place, the caller's rows.
   const char* k;
   int64_t k_rs, k_hs;
   const char* v;  // the same for V
@@ -654,7 +655,9 @@ void list_padding_keys(const Problem& p, const ItemTiles& t, int64_t kb, KeyBloc
 bool kv_in_place(const Problem& p) { return p.small_mm && p.in_type == DType::kF32; }
 
 // K and V of the block, (B, Sk, Hkv, D) -> nhk blocks (nk, d) of the matmul type, packed once for
-// all the item's kv heads, reading the rows in memory order; or the caller's rows (kv_in_place).
+// all the item's kv heads, reading the rows in memory order; for the few-row loops converted
+// key by key in the caller's order (one call per key where its heads are adjacent), or the
+// caller's rows themselves (kv_in_place).
 void pack_kv(const Problem& p, const ItemTiles& t, KeyBlock& blk, Workspace& ws) {
   const int64_t d = p.d, size = t.nhk * p.bk * d * static_cast<int64_t>(t.esz);
   const size_t in_esz = dtype_size(p.in_type);
@@ -667,6 +670,15 @@ void pack_kv(const Problem& p, const ItemTiles& t, KeyBlock& blk, Workspace& ws)
     blk.k_hs = p.ks.h;
     blk.v_rs = p.vs.s;
     blk.v_hs = p.vs.h;
+    return;
+  }
+  if (p.small_mm) {  // converted key by key, a key's heads adjacent
+    blk.k = static_cast<const char*>(
+        pack_rows(p, ksrc, p.ks.s, blk.nk, t.nhk, p.ks.h, ws.k.get<char>(size)));
+    blk.v = static_cast<const char*>(
+        pack_rows(p, vsrc, p.vs.s, blk.nk, t.nhk, p.vs.h, ws.v.get<char>(size)));
+    blk.k_rs = blk.v_rs = t.nhk * d;
+    blk.k_hs = blk.v_hs = d;
     return;
   }
   blk.k = static_cast<const char*>(
@@ -706,27 +718,28 @@ void zero_nonfinite_keys(const Problem& p, const ItemTiles& t, KeyBlock& blk, Wo
   blk.bad = badk;
   blk.nbad = nbadk;
   if (!any_bad_key) return;
-  // Writable packed copies (the block may be the caller's rows, or packed in the buffers already).
-  auto packed_copy = [&](const char* x, int64_t rs, int64_t hs, char* buf) {
-    if (x == buf) return buf;
-    for (int64_t h = 0; h < nhk; ++h)
-      for (int64_t j = 0; j < nk; ++j)
-        std::memcpy(buf + (h * nk + j) * d * esz, x + (h * hs + j * rs) * esz, d * esz);
+  // Writable copies: the block as it is where it already lies in the buffers (packed), else
+  // packed head-major into them (the caller's rows, or the caller's block itself).
+  auto make_writable = [&](const char*& x, int64_t& rs, int64_t& hs, char* buf) {
+    if (x != buf) {
+      for (int64_t h = 0; h < nhk; ++h)
+        for (int64_t j = 0; j < nk; ++j)
+          std::memcpy(buf + (h * nk + j) * d * esz, x + (h * hs + j * rs) * esz, d * esz);
+      x = buf;
+      rs = d;
+      hs = nk * d;
+    }
     return buf;
   };
-  char* kw = packed_copy(blk.k, blk.k_rs, blk.k_hs, ws.k.get<char>(nhk * bk * d * esz));
-  char* vw = packed_copy(blk.v, blk.v_rs, blk.v_hs, ws.v.get<char>(nhk * bk * d * esz));
+  char* kw = make_writable(blk.k, blk.k_rs, blk.k_hs, ws.k.get<char>(nhk * bk * d * esz));
+  char* vw = make_writable(blk.v, blk.v_rs, blk.v_hs, ws.v.get<char>(nhk * bk * d * esz));
   for (int64_t h = 0; h < nhk; ++h) {
     for (int64_t x = 0; x < nbadk[h]; ++x) {
-      const int64_t off = (h * nk + badk[h * bk + x]) * d * esz;
-      std::memset(kw + off, 0, d * esz);
-      std::memset(vw + off, 0, d * esz);
+      const int64_t j = badk[h * bk + x];
+      std::memset(kw + (h * blk.k_hs + j * blk.k_rs) * esz, 0, d * esz);
+      std::memset(vw + (h * blk.v_hs + j * blk.v_rs) * esz, 0, d * esz);
     }
   }
-  blk.k = kw;
-  blk.v = vw;
-  blk.k_rs = blk.v_rs = d;
-  blk.k_hs = blk.v_hs = nk * d;
 }
 
 // For general masks: the block's keys' positions, segments and validity, gathered once for the
@@ -1073,18 +1086,18 @@ void flash_attention_into(const TensorView& q_in, const TensorView& k_in, const 
   const double scale = params.scale != 0.f ? params.scale : 1.0 / std::sqrt(double(p.d));
   p.c = static_cast<float>(scale * 1.44269504088896340736);  // log2(e)
   p.in_type = q.dtype();
-  p.bf16_mm = p.in_type == DType::kBF16 && use_bf16_matmul();
-  p.mm_type = p.bf16_mm ? memory::data_type::bf16 : memory::data_type::f32;
   // Few query rows per kv head (decode): reading K/V from memory is the cost, so an item takes
   // every kv head and walks the key blocks in memory order (one head's slice of every row, 2·D
   // bytes every 2·Hkv·D, streams at a fraction of the bandwidth); threads split the keys.
   const bool stream_kv = p.sq * p.group <= kStreamRows;
+  p.bf16_mm = p.in_type == DType::kBF16 && use_bf16_matmul();
+  p.mm_type = p.bf16_mm ? memory::data_type::bf16 : memory::data_type::f32;
   p.stack_heads = stream_kv;
   p.small_mm = stream_kv && !p.bf16_mm && use_small_matmuls();
   p.bq = params.block_q > 0 ? params.block_q : kDefaultBlockQ;
   // The default key block; with K/V read in place, about kInPlaceBlockBytes of K and V.
   const int64_t default_bk =
-      kv_in_place(p)
+      p.small_mm
           ? std::clamp<int64_t>(kInPlaceBlockBytes / (2 * p.nkv * p.d * 4), 16, kDefaultBlockK)
           : kDefaultBlockK;
   p.bk = params.block_k > 0 ? params.block_k : default_bk;
