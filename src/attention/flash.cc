@@ -822,8 +822,8 @@ void mask_rows(const Problem& p, const KeyBlock& blk, int64_t kb, int64_t i0, in
 void tile_scores(const Problem& p, const ItemTiles& t, int64_t x, int64_t rows, const void* kblk,
                  int64_t k_rs, int64_t nk, float* s) {
   if (p.small_mm) {
-    p.kern->small_qk(t.qt + x * p.d * t.rp, t.rp, rows, static_cast<const float*>(kblk), k_rs, nk,
-                     p.d, s, p.ld_s);
+    p.kern->small_qk(static_cast<const float*>(t.q[x]), t.qt + x * p.d * t.rp, t.rp, rows,
+                     static_cast<const float*>(kblk), k_rs, nk, p.d, s, p.ld_s);
     return;
   }
   MatmulShape qk{rows, nk, p.d, p.d, 1, k_rs, p.ld_s, p.mm_type, false};

@@ -43,6 +43,7 @@ inline V vfmadd(V a, V b, V c) {
 }
 inline float hmax(V v) { return v; }
 inline float hsum(V v) { return v; }
+inline V vsum_lanes(const V* v) { return v[0]; }
 inline V vround(V x) { return std::nearbyint(x); }
 inline V vpow2i(V n) {
   const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
@@ -85,6 +86,13 @@ inline float hsum(V v) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
   return _mm_cvtss_f32(s);
+}
+// Lane i: the sum of v[i]'s lanes, for the 8 vectors v[0, 8).
+inline V vsum_lanes(const V* v) {
+  const __m256 ab = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  const __m256 cd = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  // ab's low half: v[0..3] over lanes 0-3, its high half over lanes 4-7; cd the same for v[4..7].
+  return _mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20), _mm256_permute2f128_ps(ab, cd, 0x31));
 }
 inline V vround(V x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline V vpow2i(V n) {
@@ -133,6 +141,15 @@ inline V vmin(V a, V b) { return _mm512_min_ps(a, b); }
 inline V vfmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
 inline float hmax(V v) { return _mm512_reduce_max_ps(v); }
 inline float hsum(V v) { return _mm512_reduce_add_ps(v); }
+// Lane i: the sum of v[i]'s lanes, for the 16 vectors v[0, 16): each folded to 8 lanes, then as
+// AVX2's vsum_lanes on each half.
+inline V vsum_lanes(const V* v) {
+  __m256 h[16];
+  for (int i = 0; i < 16; ++i)
+    h[i] = _mm256_add_ps(_mm512_castps512_ps256(v[i]), _mm512_extractf32x8_ps(v[i], 1));
+  return _mm512_insertf32x8(_mm512_castps256_ps512(avx2::vsum_lanes(h)), avx2::vsum_lanes(h + 8),
+                            1);
+}
 inline V vround(V x) {
   return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }

@@ -70,12 +70,14 @@ struct Kernels {
   bool (*any_nonfinite_bf16)(const uint16_t* x, int64_t n);
   // Few-row matmuls for decode shapes (rows <= 64): register-blocked FMA loops on fp32 blocks,
   // which, unlike a general GEMM, need no packing of their own on every call:
-  //   small_qk: S (rows × n, row stride ld_s) = Q·Kᵀ, with qt = Qᵀ (d × rp; rp = rows rounded
-  //             up to small_row_align(), padding columns zero) and k (n × d, row stride ld_k);
+  //   small_qk: S (rows × n, row stride ld_s) = Q·Kᵀ, with q (rows × d, row stride d), qt = Qᵀ
+  //             (d × rp; rp = rows rounded up to small_row_align(), padding columns zero) and k
+  //             (n × d, row stride ld_k); up to 4 rows take q with D in the vector lanes, more
+  //             take qt with the rows in the lanes;
   //   small_pv: O (rows × d, row stride d) += P (rows × n, row stride ld_p) · V (n × d, row
   //             stride ld_v).
-  void (*small_qk)(const float* qt, int64_t rp, int64_t rows, const float* k, int64_t ld_k,
-                   int64_t n, int64_t d, float* s, int64_t ld_s);
+  void (*small_qk)(const float* q, const float* qt, int64_t rp, int64_t rows, const float* k,
+                   int64_t ld_k, int64_t n, int64_t d, float* s, int64_t ld_s);
   void (*small_pv)(const float* p, int64_t ld_p, int64_t rows, const float* v, int64_t ld_v,
                    int64_t n, int64_t d, float* o);
 };

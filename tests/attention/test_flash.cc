@@ -903,6 +903,60 @@ TEST(Simd, AnyNonFiniteFindsEachElement) {
   }
 }
 
+// The few-row products of decode shapes against float64: S = Q·Kᵀ (up to 4 rows with D in the
+// lanes, more with the rows in the lanes) and O += P·V, for rows 1-9, keys 1-37, head dims with
+// and without a tail, K and V rows further apart than D; every ISA the CPU runs. Each element
+// within the summation bound γ_n·Σ|a·b| (n the products summed, u = 2^-24), beside the
+// accumulated O's own rounding for P·V.
+TEST(Simd, SmallProductsWithinSummationBound) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  auto gamma = [](int64_t n) {
+    const double u = std::ldexp(1.0, -24);
+    return n * u / (1 - n * u);
+  };
+  for (simd::Isa isa : cpu_isas()) {
+    const simd::Kernels& kern = simd::kernels(isa);
+    for (int64_t d : {8, 16, 40, 64, 128})
+      for (int64_t rows = 1; rows <= 9; ++rows)
+        for (int64_t n : {1, 3, 4, 5, 17, 37}) {
+          const int64_t ld = d + 5, rp = simd::round_up_row(rows), ld_s = simd::round_up_row(n);
+          std::vector<float> q(rows * d), qt(d * rp, 0.f), k(n * ld), v(n * ld), p(rows * ld_s);
+          for (float& x : q) x = nd(rng);
+          for (float& x : k) x = nd(rng);
+          for (float& x : v) x = nd(rng);
+          for (float& x : p) x = std::fabs(nd(rng));
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < d; ++c) qt[c * rp + r] = q[r * d + c];
+          std::vector<float> sc(rows * ld_s, -7.f), o(rows * d);
+          for (float& x : o) x = nd(rng);
+          const std::vector<float> o0 = o;
+          kern.small_qk(q.data(), qt.data(), rp, rows, k.data(), ld, n, d, sc.data(), ld_s);
+          kern.small_pv(p.data(), ld_s, rows, v.data(), ld, n, d, o.data());
+          const std::string what = std::string(simd::isa_name(isa)) + " d " + std::to_string(d) +
+                                   " rows " + std::to_string(rows) + " n " + std::to_string(n);
+          for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t j = 0; j < n; ++j) {
+              double want = 0, mag = 0;
+              for (int64_t c = 0; c < d; ++c) {
+                want += double(q[r * d + c]) * k[j * ld + c];
+                mag += std::fabs(double(q[r * d + c]) * k[j * ld + c]);
+              }
+              ASSERT_LE(std::fabs(sc[r * ld_s + j] - want), gamma(d) * mag) << what << " S " << r;
+            }
+            for (int64_t c = 0; c < d; ++c) {
+              double want = o0[r * d + c], mag = std::fabs(o0[r * d + c]);
+              for (int64_t j = 0; j < n; ++j) {
+                want += double(p[r * ld_s + j]) * v[j * ld + c];
+                mag += std::fabs(double(p[r * ld_s + j]) * v[j * ld + c]);
+              }
+              ASSERT_LE(std::fabs(o[r * d + c] - want), gamma(n + 1) * mag) << what << " O " << r;
+            }
+          }
+        }
+  }
+}
+
 TEST(Simd, RowUpdateRescalesWhenTheMaxMovesFar) {
   // Two blocks for one row: the second block's max is 20 (log2 units) above the first's, so the
   // stale max must move and the accumulator be rescaled; the result equals exact softmax.
