@@ -16,9 +16,13 @@
 //   split           an all-gather of (color, key), then dist.new_group per color, ascending
 // Waiting: a collective's Work is polled (is_completed, the GIL released between polls) until
 // it is done, its deadline passes, or another rank announced a failure. torch offers no
-// completion test of a point-to-point Work, so a Request's wait blocks in Work.wait(deadline)
-// with the GIL released; it ends early only when the peer process exits (gloo closes the
-// connection), and then reports the peer's announced message if there is one.
+// completion test of a point-to-point Work, so a Request's wait hands Work.wait(deadline) to a
+// Python daemon thread (one per communicator) and polls the same way meanwhile.
+// A peer process that ends closes its gloo connections, but gloo does not end a wait whose
+// message was in flight on that connection (seen with torch 2.8: a send then waits out the
+// deadline). So a wait longer than kProbeAfter also checks, every kProbeEvery, the connection to
+// each rank it waits on: an irecv of a tag no op uses (kProbeTag) throws at once when gloo has
+// closed that connection, and is otherwise left posted (a few bytes in gloo on either side).
 // abort(message) writes "<rank>\n<message>" under this world's key in the default group's store
 // (the torchrun rendezvous store); every op start and every collective poll reads the key (at
 // most every kStorePoll), so the other ranks fail with CommError "rank R failed: message".
@@ -35,12 +39,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -62,6 +69,11 @@ using detail::concat;
 
 // How often a waiting rank reads the abort key of the store (a round trip to the store's host).
 constexpr auto kStorePoll = std::chrono::milliseconds(20);
+// When a waiting rank begins to check the connections to the ranks it waits on, and how often.
+constexpr auto kProbeAfter = std::chrono::milliseconds(500);
+constexpr auto kProbeEvery = std::chrono::milliseconds(500);
+// The tag of those checks (the library's tags are small).
+constexpr int kProbeTag = 0x7fffffff;
 
 // A reference to a Python object held by C++ code that may run without the GIL: dropped with the
 // GIL taken, or leaked once the interpreter is exiting (Python objects are gone then).
@@ -100,6 +112,7 @@ class PyRef {
 struct TorchApi {
   py::object dist, frombuffer, empty, timedelta, uint8, sum, max;
   py::object elem_dtypes[3];  // Communicator::Elem: kF32, kF64, kI64
+  py::object probe;           // the buffer of the connection checks (never written)
 };
 
 const TorchApi& torch_api() {
@@ -116,6 +129,7 @@ const TorchApi& torch_api() {
     a->elem_dtypes[0] = torch.attr("float32");
     a->elem_dtypes[1] = torch.attr("float64");
     a->elem_dtypes[2] = torch.attr("int64");
+    a->probe = a->empty(1, py::arg("dtype") = a->uint8);
     return a;
   }();
   return *api;
@@ -150,6 +164,113 @@ void abandon(py::object work) {
   static auto* kept = new std::vector<PyRef>;
   kept->emplace_back(std::move(work));
 }
+
+// The connection of `group` to global rank `peer` as gloo sees it: empty while open, else the
+// first line of gloo's error ("Connection closed by peer ..."). GIL held.
+std::string connection_error(py::handle group, int peer) {
+  const TorchApi& t = torch_api();
+  try {
+    t.dist.attr("irecv")(t.probe, peer, py::arg("group") = group, py::arg("tag") = kProbeTag);
+    return {};
+  } catch (const py::error_already_set& e) {
+    return first_line(e);
+  }
+}
+
+// Waits for point-to-point Works, one at a time in the order given, on a Python daemon thread
+// started at the first; the rank's thread polls a Job meanwhile. A Job its rank stopped waiting
+// for (after a failure) keeps its Work until gloo ends the wait (its deadline at the latest).
+class Waiter {
+ public:
+  struct Job {
+    PyRef work;
+    std::chrono::milliseconds timeout;
+    bool done = false;  // done and error: under the waiter's mutex
+    std::string error;  // the first line of Work.wait's exception
+  };
+
+  Waiter() : s_(std::make_shared<State>()) {}
+  Waiter(const Waiter&) = delete;
+  Waiter& operator=(const Waiter&) = delete;
+  // Ends the thread once it has no job. Not while the interpreter exits: a thread woken then
+  // is ended by CPython as it asks for the GIL, so it sleeps on (a daemon) instead.
+  ~Waiter() {
+    {
+      std::lock_guard<std::mutex> lock(s_->m);
+      s_->stop = true;
+    }
+    if (!interpreter_exiting()) s_->posted.notify_all();
+  }
+
+  // GIL held.
+  std::shared_ptr<Job> submit(PyRef work, std::chrono::milliseconds timeout) {
+    if (!started_) {
+      const std::shared_ptr<State> s = s_;
+      py::module_::import("threading")
+          .attr("Thread")(py::arg("target") = py::cpp_function([s] { serve(*s); }),
+                          py::arg("name") = "seqpar-torch-wait", py::arg("daemon") = true)
+          .attr("start")();
+      started_ = true;
+    }
+    auto job = std::make_shared<Job>();
+    job->work = std::move(work);
+    job->timeout = timeout;
+    {
+      std::lock_guard<std::mutex> lock(s_->m);
+      s_->jobs.push_back(job);
+    }
+    s_->posted.notify_one();
+    return job;
+  }
+
+  // Whether `job` is done, waiting for it at most `limit` (without the GIL).
+  bool wait_for(const Job& job, std::chrono::microseconds limit) {
+    std::unique_lock<std::mutex> lock(s_->m);
+    return s_->finished.wait_for(lock, limit, [&] { return job.done; });
+  }
+
+ private:
+  struct State {
+    std::mutex m;
+    std::condition_variable posted, finished;
+    std::deque<std::shared_ptr<Job>> jobs;
+    bool stop = false;
+  };
+
+  // The daemon thread (GIL held, released while idle and inside Work.wait).
+  static void serve(State& s) {
+    for (;;) {
+      const std::shared_ptr<Job> job = without_gil([&] {
+        std::unique_lock<std::mutex> lock(s.m);
+        s.posted.wait(lock, [&] { return s.stop || !s.jobs.empty(); });
+        std::shared_ptr<Job> next;
+        if (!s.jobs.empty()) {
+          next = std::move(s.jobs.front());
+          s.jobs.pop_front();
+        }
+        return next;
+      });
+      if (!job) return;  // stopped with nothing to wait for
+      std::string error;
+      try {
+        job->work.get().attr("wait")(timedelta(job->timeout));
+      } catch (const py::error_already_set& e) {
+        error = first_line(e);
+        if (error.empty()) error = "Work.wait failed";
+      }
+      {
+        std::lock_guard<std::mutex> lock(s.m);
+        job->error = std::move(error);
+        job->done = true;
+      }
+      s.finished.notify_all();
+      job->work.reset();
+    }
+  }
+
+  std::shared_ptr<State> s_;
+  bool started_ = false;  // GIL held
+};
 
 // What a TorchComm and every communicator split from it share: the abort key in the store and
 // this rank's knowledge of a failure. Used with the GIL held.
@@ -227,8 +348,64 @@ struct TorchCore {
   std::shared_ptr<TorchWorld> world;
   rules::StatsLink link;
   std::deque<std::shared_ptr<SelfMessage>> self_sends, self_recvs;  // not yet matched
+  Waiter waiter;
 
   std::string who() const { return rules::rank_label(rank, world->rank(), is_world); }
+};
+
+// What a waiting rank checks between polls (GIL held): a failure another rank announced, the
+// connections to the ranks it waits on (from kProbeAfter on), the deadline and Ctrl-C. check()
+// throws PeerFailed, CommError or CommTimeout naming the failure (announced to the others when
+// it is this rank's), or error_already_set for Ctrl-C.
+class WaitWatch {
+ public:
+  WaitWatch(TorchCore& core, std::string what, std::vector<int> peers,
+            std::chrono::milliseconds timeout)
+      : core_(core),
+        what_(std::move(what)),
+        peers_(std::move(peers)),
+        timeout_(timeout),
+        start_(Clock::now()),
+        next_probe_(start_ + kProbeAfter) {}
+
+  void check() {
+    core_.world->check();
+    const auto now = Clock::now();
+    if (now >= next_probe_) {
+      next_probe_ = now + kProbeEvery;
+      for (int peer : peers_) {
+        const std::string closed = connection_error(core_.group.get(), core_.members[peer]);
+        if (closed.empty()) continue;
+        core_.world->check(true);  // the peer's own message, if it announced one before ending
+        fail(concat(core_.who(), " ", what_, " failed: the connection to rank ", peer,
+                    " is closed (", closed, ")"));
+      }
+    }
+    if (now - start_ >= timeout_) {
+      const std::string msg = rules::timeout_message(timeout_, core_.who(), what_);
+      core_.world->abort(msg);
+      throw CommTimeout(msg);
+    }
+    if (PyErr_CheckSignals() != 0) {  // Ctrl-C on the main thread: stop, tell the others
+      core_.world->abort(concat("interrupted in ", what_));
+      throw py::error_already_set();
+    }
+  }
+
+  // Whether the deadline has passed.
+  bool expired() const { return Clock::now() - start_ >= timeout_; }
+
+ private:
+  [[noreturn]] void fail(const std::string& msg) {
+    core_.world->abort(msg);
+    throw CommError(msg);
+  }
+
+  TorchCore& core_;
+  std::string what_;
+  std::vector<int> peers_;  // ranks of the communicator
+  std::chrono::milliseconds timeout_;
+  Clock::time_point start_, next_probe_;
 };
 
 class TorchRequest final : public RequestImpl {
@@ -242,7 +419,8 @@ class TorchRequest final : public RequestImpl {
         peer_(peer),
         tag_(tag),
         timeout_(timeout) {}
-  // A Work dropped unfinished (after a failure) is kept: gloo may still complete it.
+  // A Work dropped without a wait is kept: gloo may still complete it (a waited one is the
+  // waiter's).
   ~TorchRequest() override {
     if (!done_ && work_ && !interpreter_exiting()) {
       py::gil_scoped_acquire gil;
@@ -259,36 +437,40 @@ class TorchRequest final : public RequestImpl {
                       "comm", trace::Lane::kComm);
     span.arg("bytes", static_cast<int64_t>(bytes_));
     rules::WaitClock clock(core_->link.stats);
-    py::gil_scoped_acquire gil;
+    std::optional<WaitWatch> watch;
     try {
-      core_->world->check();
+      std::shared_ptr<Waiter::Job> job;
+      {
+        py::gil_scoped_acquire gil;
+        core_->world->check();
+        watch.emplace(*core_, describe(), std::vector<int>{peer_}, timeout_);
+        job = core_->waiter.submit(std::move(work_), timeout_);
+      }
+      // Woken at once when done, without taking the GIL; between polls, the watch's checks.
+      while (!core_->waiter.wait_for(*job, kStorePoll)) {
+        py::gil_scoped_acquire gil;
+        watch->check();
+      }
+      if (!job->error.empty()) {
+        py::gil_scoped_acquire gil;
+        core_->world->check(true);  // a peer that announced its failure, then exited
+        if (watch->expired()) {
+          const std::string msg = rules::timeout_message(timeout_, core_->who(), describe());
+          core_->world->abort(msg);
+          throw CommTimeout(msg);
+        }
+        const std::string msg = concat(core_->who(), " ", describe(), " failed: ", job->error);
+        core_->world->abort(msg);
+        throw CommError(msg);
+      }
     } catch (const CommError& e) {
       error_ = e.what();
       throw;
-    }
-    const auto start = Clock::now();
-    try {
-      // Blocks with the GIL released (torch's binding releases it); gloo ends it at the deadline.
-      work_.get().attr("wait")(timedelta(timeout_));
-    } catch (const py::error_already_set& e) {
-      const std::string why = first_line(e);
-      try {
-        core_->world->check(true);  // a peer that announced its failure, then exited
-      } catch (const CommError& peer) {
-        error_ = peer.what();
-        throw;
-      }
-      if (Clock::now() - start >= timeout_) {
-        error_ = rules::timeout_message(timeout_, core_->who(), describe());
-        core_->world->abort(error_);
-        throw CommTimeout(error_);
-      }
-      error_ = concat(core_->who(), " ", describe(), " failed: ", why);
-      core_->world->abort(error_);
-      throw CommError(error_);
+    } catch (const py::error_already_set&) {
+      error_ = concat(core_->who(), " ", describe(), " was interrupted");
+      throw;
     }
     done_ = true;
-    work_.reset();
   }
 
   // torch has no completion test of a point-to-point Work (is_completed turns true only once
@@ -567,8 +749,10 @@ class TorchCommunicator final : public Communicator {
   // (GIL held, released while sleeping between polls).
   template <typename Post>
   void run(OpKind kind, Post&& post) {
-    const auto start = Clock::now();
-    const auto deadline = start + timeout();
+    std::vector<int> peers;
+    for (int r = 0; r < size(); ++r)
+      if (r != rank()) peers.push_back(r);
+    WaitWatch watch(*core_, group_what(kind), std::move(peers), timeout());
     py::object work;
     try {
       work = post();
@@ -587,21 +771,10 @@ class TorchCommunicator final : public Communicator {
       }
       if (done) return;
       try {
-        core_->world->check();
-      } catch (const CommError&) {
+        watch.check();
+      } catch (...) {
         abandon(std::move(work));
         throw;
-      }
-      if (Clock::now() >= deadline) {
-        abandon(std::move(work));
-        const std::string msg = rules::timeout_message(timeout(), core_->who(), group_what(kind));
-        core_->world->abort(msg);
-        throw CommTimeout(msg);
-      }
-      if (PyErr_CheckSignals() != 0) {  // Ctrl-C on the main thread: stop, tell the others
-        abandon(std::move(work));
-        core_->world->abort(concat("interrupted in ", group_what(kind)));
-        throw py::error_already_set();
       }
       // Short sleeps first (latency), longer ones on long waits (other processes compute).
       const auto nap = i < 200    ? std::chrono::microseconds(20)

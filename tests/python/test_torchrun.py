@@ -5,9 +5,11 @@ the ranks, one scenario per launch, so torch is imported as few times as possibl
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -102,9 +104,10 @@ def test_mpi_comm_refuses_and_abort_reaches_the_others():
     print(said)
 
 
-def two_processes(*args):
+def two_processes(*args, on_start=None):
     """torchrun_check.py on 2 plain processes with torchrun's environment (torchrun itself would
-    stop one rank as soon as the other ends; this checks what seqpar does)."""
+    stop one rank as soon as the other ends; this checks what seqpar does). on_start(procs) runs
+    once both have started."""
     port = str(free_port())
     procs = [subprocess.Popen([sys.executable, CHECK, *args], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True,
@@ -112,12 +115,33 @@ def two_processes(*args):
                                            RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
                                            LOCAL_WORLD_SIZE="2"))
              for r in range(2)]
+    if on_start:
+        on_start(procs)
     return procs, [p.communicate(timeout=LAUNCH_TIMEOUT)[0] for p in procs]
 
 
-@pytest.mark.parametrize("how", ["exception", "killed"])
+def kill_once_stopped(procs):
+    """Once rank 1 has stopped itself (state T): let it run 2 ms in every 20 for a second, so
+    that its transfers crawl and rank 0 waits on one in flight, then SIGKILL it while stopped."""
+    stat = f"/proc/{procs[1].pid}/stat"
+    deadline = time.monotonic() + LAUNCH_TIMEOUT
+    while time.monotonic() < deadline and procs[1].poll() is None:
+        with open(stat) as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                break
+        time.sleep(0.05)
+    for _ in range(50):
+        procs[1].send_signal(signal.SIGCONT)
+        time.sleep(0.002)
+        procs[1].send_signal(signal.SIGSTOP)
+        time.sleep(0.018)
+    procs[1].kill()
+
+
+@pytest.mark.parametrize("how", ["exception", "killed", "stopped"])
 def test_a_rank_that_ends_fails_the_others(how):
-    procs, outs = two_processes("crash", how)
+    procs, outs = two_processes("crash", how,
+                                on_start=kill_once_stopped if how == "stopped" else None)
     assert procs[0].returncode == 0 and "reaches rank 0 ok" in outs[0], "\n".join(outs)
     assert procs[1].returncode != 0, outs[1]
     print(outs[0])

@@ -8,7 +8,9 @@ with its environment). One scenario per launch, named by argv[1]:
   refuse            (2 ranks) MpiComm() refuses a torchrun world; then rank 1 announces a failure
                     with comm.abort and stays alive while rank 0 waits in a collective.
   crash HOW         (2 ranks) rank 1 ends while rank 0 waits: an uncaught exception
-                    ("exception") or SIGKILL in the middle of a ring attention ("killed").
+                    ("exception"), SIGKILL in the middle of a ring attention ("killed"), or
+                    SIGSTOP there, then SIGKILL from the test while stopped ("stopped": its
+                    messages are then in flight, which gloo alone never ends).
   late              (2 ranks) rank 1 arrives after rank 0's deadline: a timeout on rank 0, its
                     announcement on rank 1.
 
@@ -228,26 +230,30 @@ def late():
 def crash(how):
     """Rank 1 ends mid-job: "exception" raises uncaught (announced by TorchComm's excepthook,
     then the process exits) while rank 0 waits in a collective; "killed" dies by SIGKILL in the
-    middle of a long ring attention (nothing announced; gloo closes its connections)."""
+    middle of a long ring attention (nothing announced; gloo closes its connections); "stopped"
+    stops itself there for the test to kill."""
     comm = seqpar.TorchComm()
     r = comm.rank
     small = [seqpar.Partition(32, 2).shard(t, r) for t in qkv(1, 32, 2, 2, 16)]
     seqpar.attention(*small, comm=comm, strategy="ring")  # the world works
-    S = 32 if how == "exception" else 4096
+    # killed, stopped: calls that mostly move K/V (8 MB a message, 1 flop a byte), so rank 1
+    # likely ends with messages in flight
+    S, H, D, calls = (32, 2, 16, 20) if how == "exception" else (4, 4096, 256, 2000)
     part = seqpar.Partition(S, 2)
-    x = [part.shard(t, r) for t in qkv(1, S, 8, 8, 64)]
+    x = [part.shard(t, r) for t in qkv(1, S, H, H, D)]
     if r == 1 and how == "exception":
         time.sleep(1)  # rank 0 is waiting by now
         raise RuntimeError("injected failure on rank 1")
     if r == 1:
-        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+        sig = signal.SIGKILL if how == "killed" else signal.SIGSTOP
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), sig)).start()
     try:
-        for _ in range(20):
-            seqpar.attention(*x, comm=comm, strategy="ring" if how == "killed" else "allgather")
+        for _ in range(calls):
+            seqpar.attention(*x, comm=comm, strategy="allgather" if how == "exception" else "ring")
         report(r, f"rank 1 {how} reaches rank 0", False, "the calls returned")
     except seqpar.CommError as e:
         say(f"rank {r}: CommError: {e}")
-        # killed: gloo's "Connection closed by peer" or "Connection reset by peer"
+        # killed, stopped: gloo's "Connection closed by peer" or "Connection reset by peer"
         want = ("rank 1 failed: RuntimeError: injected failure on rank 1" if how == "exception"
                 else "by peer")
         report(r, f"rank 1 {how} reaches rank 0", want in str(e))
