@@ -17,6 +17,7 @@ with its environment). One scenario per launch, named by argv[1]:
 Every rank prints "rank R: <case> ... ok" or "... FAILED" per check and exits 1 on a failure.
 """
 
+import datetime
 import json
 import os
 import signal
@@ -194,9 +195,11 @@ def refuse():
     part = seqpar.Partition(32, 2)
     x = [part.shard(t, r) for t in (q, k, v)]
     seqpar.attention(*x, comm=comm, strategy="ring")  # the world works
+    store = torch.distributed.distributed_c10d._get_default_store()
     if r == 1:
         comm.abort("injected failure on rank 1")
-        time.sleep(30)  # alive: rank 0 learns of the failure from the store, not a closed socket
+        # alive until rank 0 is done: it learns of the failure from the store, not a closed socket
+        store.wait(["rank 0 done"], datetime.timedelta(seconds=120))
         return
     try:
         seqpar.attention(*x, comm=comm, strategy="allgather")
@@ -204,12 +207,14 @@ def refuse():
     except seqpar.CommError as e:
         say(f"rank {r}: CommError: {e}")
         report(r, "abort reaches rank 0", "rank 1 failed: injected failure on rank 1" in str(e))
-    os._exit(1 if failed else 0)  # without waiting for rank 1's sleep
+    store.set("rank 0 done", "1")
+    os._exit(1 if failed else 0)  # without the store's teardown
 
 
 def late():
     """Rank 1 arrives 3 s late at a call while rank 0 waits with a 1 s deadline: rank 0 raises
-    CommTimeout, rank 1 then fails with rank 0's announced timeout."""
+    CommTimeout, rank 1 then fails with rank 0's announced timeout (read from the store rank 0
+    keeps)."""
     comm = seqpar.TorchComm()
     r = comm.rank
     x = [seqpar.Partition(32, 2).shard(t, r) for t in qkv(1, 32, 2, 2, 16)]
@@ -225,6 +230,12 @@ def late():
         want = ("timeout after 1 s: rank 0 waiting for" if r == 0 else
                 "rank 0 failed: timeout after 1 s: rank 0 waiting for")
         report(r, "a late rank", want in str(e) and isinstance(e, seqpar.CommTimeout) == (r == 0))
+    # Rank 0 hosts the store (plain processes): it stays until rank 1 has read the announcement.
+    store = torch.distributed.distributed_c10d._get_default_store()
+    if r == 1:
+        store.set("late: rank 1 done", "1")
+    else:
+        store.wait(["late: rank 1 done"], datetime.timedelta(seconds=120))
 
 
 def crash(how):
