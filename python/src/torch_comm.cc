@@ -17,7 +17,7 @@
 // Waiting: a collective's Work is polled (is_completed, the GIL released between polls) until
 // it is done, its deadline passes, or another rank announced a failure. torch offers no
 // completion test of a point-to-point Work, so a Request's wait hands Work.wait(deadline) to a
-// Python daemon thread (one per communicator) and polls the same way meanwhile.
+// thread (one per communicator) and polls the same way meanwhile.
 // A peer process that ends closes its gloo connections, but gloo does not end a wait whose
 // message was in flight on that connection (seen with torch 2.8: a send then waits out the
 // deadline). So a wait longer than kProbeAfter also checks, every kProbeEvery, the connection to
@@ -177,9 +177,13 @@ std::string connection_error(py::handle group, int peer) {
   }
 }
 
-// Waits for point-to-point Works, one at a time in the order given, on a Python daemon thread
+// Waits for point-to-point Works, one at a time in the order given, on a thread of its own
 // started at the first; the rank's thread polls a Job meanwhile. A Job its rank stopped waiting
 // for (after a failure) keeps its Work until gloo ends the wait (its deadline at the latest).
+// The thread holds the GIL only to call Work.wait (whose binding releases it while waiting) and
+// ends without Python, so ending it never races the interpreter's exit. A wait that returns
+// while the interpreter exits (a Job abandoned after a failure whose wait ends in those
+// milliseconds) is ended there by CPython.
 class Waiter {
  public:
   struct Job {
@@ -192,26 +196,19 @@ class Waiter {
   Waiter() : s_(std::make_shared<State>()) {}
   Waiter(const Waiter&) = delete;
   Waiter& operator=(const Waiter&) = delete;
-  // Ends the thread once it has no job. Not while the interpreter exits: a thread woken then
-  // is ended by CPython as it asks for the GIL, so it sleeps on (a daemon) instead.
+  // The thread ends once it has no job; it is not waited for (a Job may hold it until its
+  // deadline).
   ~Waiter() {
     {
       std::lock_guard<std::mutex> lock(s_->m);
       s_->stop = true;
     }
-    if (!interpreter_exiting()) s_->posted.notify_all();
+    s_->posted.notify_all();
+    if (thread_.joinable()) thread_.detach();
   }
 
-  // GIL held.
   std::shared_ptr<Job> submit(PyRef work, std::chrono::milliseconds timeout) {
-    if (!started_) {
-      const std::shared_ptr<State> s = s_;
-      py::module_::import("threading")
-          .attr("Thread")(py::arg("target") = py::cpp_function([s] { serve(*s); }),
-                          py::arg("name") = "seqpar-torch-wait", py::arg("daemon") = true)
-          .attr("start")();
-      started_ = true;
-    }
+    if (!thread_.joinable()) thread_ = std::thread(serve, s_);
     auto job = std::make_shared<Job>();
     job->work = std::move(work);
     job->timeout = timeout;
@@ -237,39 +234,38 @@ class Waiter {
     bool stop = false;
   };
 
-  // The daemon thread (GIL held, released while idle and inside Work.wait).
-  static void serve(State& s) {
+  static void serve(std::shared_ptr<State> s) {
     for (;;) {
-      const std::shared_ptr<Job> job = without_gil([&] {
-        std::unique_lock<std::mutex> lock(s.m);
-        s.posted.wait(lock, [&] { return s.stop || !s.jobs.empty(); });
-        std::shared_ptr<Job> next;
-        if (!s.jobs.empty()) {
-          next = std::move(s.jobs.front());
-          s.jobs.pop_front();
-        }
-        return next;
-      });
-      if (!job) return;  // stopped with nothing to wait for
+      std::shared_ptr<Job> job;
+      {
+        std::unique_lock<std::mutex> lock(s->m);
+        s->posted.wait(lock, [&] { return s->stop || !s->jobs.empty(); });
+        if (s->jobs.empty()) return;  // stopped with nothing to wait for
+        job = std::move(s->jobs.front());
+        s->jobs.pop_front();
+      }
       std::string error;
-      try {
-        job->work.get().attr("wait")(timedelta(job->timeout));
-      } catch (const py::error_already_set& e) {
-        error = first_line(e);
-        if (error.empty()) error = "Work.wait failed";
+      {
+        py::gil_scoped_acquire gil;
+        try {
+          job->work.get().attr("wait")(timedelta(job->timeout));
+        } catch (const py::error_already_set& e) {
+          error = first_line(e);
+          if (error.empty()) error = "Work.wait failed";
+        }
       }
       {
-        std::lock_guard<std::mutex> lock(s.m);
+        std::lock_guard<std::mutex> lock(s->m);
         job->error = std::move(error);
         job->done = true;
       }
-      s.finished.notify_all();
-      job->work.reset();
+      s->finished.notify_all();
+      job->work.reset();  // takes the GIL itself
     }
   }
 
   std::shared_ptr<State> s_;
-  bool started_ = false;  // GIL held
+  std::thread thread_;
 };
 
 // What a TorchComm and every communicator split from it share: the abort key in the store and

@@ -13,6 +13,8 @@ with its environment). One scenario per launch, named by argv[1]:
                     messages are then in flight, which gloo alone never ends).
   late              (2 ranks) rank 1 arrives after rank 0's deadline: a timeout on rank 0, its
                     announcement on rank 1.
+  exit              (2 ranks) a ring through a TorchComm dropped just before the script exits
+                    (its waiting thread then ends while the interpreter exits).
 
 Every rank prints "rank R: <case> ... ok" or "... FAILED" per check and exits 1 on a failure.
 """
@@ -270,7 +272,18 @@ def crash(how):
         report(r, f"rank 1 {how} reaches rank 0", want in str(e))
 
 
+def exit_after_ring():
+    def ring():
+        comm = seqpar.TorchComm()
+        x = [seqpar.Partition(64, 2).shard(t, comm.rank) for t in qkv(1, 64, 2, 2, 16)]
+        for _ in range(3):
+            seqpar.attention(*x, comm=comm, strategy="ring")
+        return comm.rank
+
+    report(ring(), "exit after a ring", True)
+
+
 if __name__ == "__main__":
     {"main": lambda: main(sys.argv[2]), "refuse": refuse,
-     "crash": lambda: crash(sys.argv[2]), "late": late}[sys.argv[1]]()
+     "crash": lambda: crash(sys.argv[2]), "late": late, "exit": exit_after_ring}[sys.argv[1]]()
     sys.exit(1 if failed else 0)
