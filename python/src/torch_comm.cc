@@ -253,14 +253,16 @@ class Waiter {
           error = first_line(e);
           if (error.empty()) error = "Work.wait failed";
         }
+        job->work.reset();
       }
+      // Done only now: the rank's thread may go on to the interpreter's exit, and this thread
+      // touches no Python object after.
       {
         std::lock_guard<std::mutex> lock(s->m);
         job->error = std::move(error);
         job->done = true;
       }
       s->finished.notify_all();
-      job->work.reset();  // takes the GIL itself
     }
   }
 
