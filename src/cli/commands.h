@@ -281,6 +281,7 @@ struct GenerateOptions : MeshFlags, ChunkFlags {
   bool ignore_eos = false;
   bool allow_long_context = false;
   std::string output;                 // safetensors: tokens (I64 [N]), logits (F32 [N, vocab])
+  std::string trace;                  // Chrome/Perfetto JSON of prefill and decode (after load)
   std::vector<std::string> turn_ids;  // chat turns after the prompt's tokens: "4,5,6" each
   // Packed documents: "1,2,3" each, prefilled together (Decoder::prefill_documents), no decode.
   std::vector<std::string> document_ids;

@@ -20,10 +20,12 @@
 #include "seqpar/core/json_limits.h"
 #include "seqpar/core/process_memory.h"
 #include "seqpar/core/timer.h"
+#include "seqpar/core/trace.h"
 #include "seqpar/model/causal_lm.h"
 #include "seqpar/model/decoder.h"
 #include "seqpar/model/model_run.h"
 #include "seqpar/model/safetensors.h"
+#include "trace_file.h"
 
 namespace seqpar::cli {
 
@@ -189,13 +191,16 @@ struct Generated {
   double prefill_seconds = 0, decode_seconds = 0;                          // slowest rank
   std::vector<int64_t> weight_bytes, resident_bytes, peak_resident_bytes;  // per rank
   int64_t bytes_sent = 0;                                                  // rank 0, all groups
+  std::string trace_error;  // --trace could not be written (the report still prints)
 };
 
 Decoder::Output generate_prompt(Communicator& world, const GenerateOptions& o, const Prepared& p,
                                 Decoder& dec, ParallelContext& ctx, MeshComms& mc);
 
+// --trace: recording starts on every rank after the weights are loaded, so the timeline holds
+// the prefill and the decoded tokens; `trace_out` is rank 0's file (null on the others).
 Generated run_rank(Communicator& world, const GenerateOptions& o, const Prepared& p,
-                   WeightStore& weights) {
+                   WeightStore& weights, OutputFile* trace_out) {
   MeshComms mc(world, p.mesh.mesh);
   ParallelContext ctx = model_context(mc, p.mesh);
   weights.set_weight_format(*weight_format_named(o.weights_dtype));
@@ -204,6 +209,13 @@ Generated run_rank(Communicator& world, const GenerateOptions& o, const Prepared
   const int64_t weight_bytes = weights.bytes_read();
   weights = WeightStore();  // the last rank to let go unmaps the files
   Generated g;
+  if (!o.trace.empty()) {
+    trace::set_rank(world.rank());
+    world.barrier();
+    // One recorder per process: on threads rank 0 clears it for all.
+    if (world.backend() == "mpi" || world.rank() == 0) trace::start();
+    world.barrier();
+  }
   if (!p.documents.empty()) {
     world.barrier();
     mc.reset_stats();
@@ -214,6 +226,7 @@ Generated run_rank(Communicator& world, const GenerateOptions& o, const Prepared
     g.prefill_seconds = world.all_reduce_max(g.out.prefill_seconds);
     g.decode_seconds = world.all_reduce_max(g.out.decode_seconds);
   }
+  if (!o.trace.empty()) write_trace(world, trace_out, &g.trace_error);
   g.bytes_sent = mc.stats().total_sent();
   const int64_t mine[3] = {weight_bytes, resident_bytes(), peak_resident_bytes()};
   std::vector<int64_t> all(3 * world.size());
@@ -293,6 +306,7 @@ json run_json(const GenerateOptions& o, const Prepared& p, const Generated& g,
   j["resident_bytes_per_rank"] = list_json(g.resident_bytes);
   j["peak_resident_bytes_per_rank"] = list_json(g.peak_resident_bytes);
   if (!o.output.empty()) j["output"] = o.output;
+  if (!o.trace.empty()) j["trace"] = o.trace;
   return j;
 }
 
@@ -329,13 +343,13 @@ int report_documents(const GenerateOptions& o, const Prepared& p, const Generate
     for (int32_t t : docs.tokens) std::printf(" %d", t);
     std::printf("  (each document's next token)\n");
     if (!o.output.empty()) std::printf("  wrote     %s\n", o.output.c_str());
+    if (!o.trace.empty()) std::printf("  trace     %s\n", o.trace.c_str());
   }
   return 0;
 }
 
-int report(const GenerateOptions& o, const Prepared& p, const Generated& g,
-           const std::string& backend, OutputFile* file) {
-  if (!p.documents.empty()) return report_documents(o, p, g, backend, file);
+int report_prompt(const GenerateOptions& o, const Prepared& p, const Generated& g,
+                  const std::string& backend, OutputFile* file) {
   const auto& out = g.out;
   const int64_t n = static_cast<int64_t>(out.tokens.size());
   const int64_t P = static_cast<int64_t>(p.prompt.size());
@@ -382,15 +396,28 @@ int report(const GenerateOptions& o, const Prepared& p, const Generated& g,
     for (int32_t t : out.tokens) std::printf(" %d", t);
     std::printf("\n");
     if (!o.output.empty()) std::printf("  wrote    %s\n", o.output.c_str());
+    if (!o.trace.empty()) std::printf("  trace    %s\n", o.trace.c_str());
   }
   return 0;
+}
+
+// The report (the prompt's or the documents'); a --trace that could not be written is one more
+// line, and exit code 1.
+int report(const GenerateOptions& o, const Prepared& p, const Generated& g,
+           const std::string& backend, OutputFile* file) {
+  const int code = p.documents.empty() ? report_prompt(o, p, g, backend, file)
+                                       : report_documents(o, p, g, backend, file);
+  if (g.trace_error.empty()) return code;
+  std::fprintf(stderr, "seqpar: error: %s\n", g.trace_error.c_str());
+  return 1;
 }
 
 int run_generate(const GenerateOptions& o) {
   if (o.backend != "mpi") {
     Prepared p = prepare(o, 0);
-    std::unique_ptr<OutputFile> file;
+    std::unique_ptr<OutputFile> file, trace_out;
     if (!o.output.empty()) file = std::make_unique<OutputFile>("--output", o.output);
+    if (!o.trace.empty()) trace_out = std::make_unique<OutputFile>("--trace", o.trace);
     const int n = p.mesh.mesh.world();
     // Each rank its own store (a rank's bytes_read counts its reads alone); the files stay
     // mapped until the last rank has loaded its share.
@@ -398,23 +425,25 @@ int run_generate(const GenerateOptions& o) {
     p.ck.weights = WeightStore();
     Generated g;
     run_on_threads(n, [&](Communicator& world) {
-      Generated mine = run_rank(world, o, p, stores[world.rank()]);
+      Generated mine = run_rank(world, o, p, stores[world.rank()],
+                                world.rank() == 0 ? trace_out.get() : nullptr);
       if (world.rank() == 0) g = std::move(mine);
     });
     return finish_output(report(o, p, g, "threads", file.get()));
   }
   Prepared p;
-  std::unique_ptr<OutputFile> file;
+  std::unique_ptr<OutputFile> file, trace_out;
   return run_on_mpi(
       o.json, [&](int world_size) { p = prepare(o, world_size); },
       [&](Communicator& world) {
-        // Rank 0 opens the output before any other collective; a refused one ends every rank.
-        if (!o.output.empty())
+        // Rank 0 opens the outputs before any other collective; a refused one ends every rank.
+        if (!o.output.empty() || !o.trace.empty())
           if (const int code = on_rank0_first(world, o.json, [&] {
-                file = std::make_unique<OutputFile>("--output", o.output);
+                if (!o.output.empty()) file = std::make_unique<OutputFile>("--output", o.output);
+                if (!o.trace.empty()) trace_out = std::make_unique<OutputFile>("--trace", o.trace);
               }))
             return code;
-        Generated g = run_rank(world, o, p, p.ck.weights);
+        Generated g = run_rank(world, o, p, p.ck.weights, trace_out.get());
         // A failed write of the output is one line, as on threads (not rank 0's abort).
         int code = 0;
         if (const int failed =
@@ -455,6 +484,8 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
               "run past max_position_embeddings (with a warning)");
   g->add_option("--output", o.output,
                 "safetensors file: tokens (I64 [N]) and logits (F32 [N, vocab])");
+  g->add_option("--trace", o.trace,
+                "write a Chrome/Perfetto trace (JSON) of the prefill and the decoded tokens");
   add_chunk_flags(g, o);
   g->add_option("--weights-dtype,--weights_dtype", o.weights_dtype,
                 "checkpoint | int8 | int8-channel: the matrices as the checkpoint stores them, "

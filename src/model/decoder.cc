@@ -7,6 +7,7 @@
 #include "seqpar/core/limits.h"
 #include "seqpar/core/param_error.h"
 #include "seqpar/core/timer.h"
+#include "seqpar/core/trace.h"
 #include "seqpar/model/ops.h"
 #include "seqpar/parallel/cp_attention.h"
 #include "seqpar/parallel/strategy_table.h"
@@ -108,6 +109,12 @@ void Decoder::layer_forward(Layer& layer, Tensor& x, const Tensor& rope, Paralle
                             const SpRuntime* sp, const KvPlacement* place,
                             const ParallelConfig& pass, const AttendOver* docs) {
   const int64_t l = &layer - layers_.data();
+  // --trace: a slice per layer's attention and MLP half (norm and residual add included).
+  auto name = [l](const char* part) {
+    return trace::enabled() ? detail::concat("layer ", l, " ", part) : std::string();
+  };
+  std::optional<trace::Scope> half(std::in_place, name("self_attn"), "model",
+                                   trace::Lane::kCompute);
   const Tensor h = layer.input_norm.forward(x);
   expect_finite(h, "layers", l, "input_layernorm");
   const Tensor a =
@@ -117,6 +124,8 @@ void Decoder::layer_forward(Layer& layer, Tensor& x, const Tensor& rope, Paralle
   expect_finite(a, "layers", l, "self_attn");
   add_(x, a);
   expect_finite(x, "layers", l, "self_attn's residual add");
+  half.reset();
+  half.emplace(name("mlp"), "model", trace::Lane::kCompute);
   const Tensor g = layer.post_norm.forward(x);
   expect_finite(g, "layers", l, "post_attention_layernorm");
   const Tensor m = layer.mlp.forward(g, *ctx.tp);

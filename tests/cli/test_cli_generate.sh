@@ -83,6 +83,45 @@ for key in tokens prompt_tokens prefill_seconds decode_seconds_per_token decode_
   json_get "$out" "$key" >/dev/null 2>&1 && ok || bad "generate --json lacks $key: $out"
 done
 
+# --trace: a Chrome/Perfetto timeline of the prefill and the decoded tokens (not the load): per
+# rank (pid) one slice per layer's self_attn and mlp half for the prefill and each decoded token,
+# the attention kernel, and the collectives on the comm lane; on both backends.
+check_gen_trace() {  # check_gen_trace <description> <file> <ranks> <layers> <passes>
+  python3 -c '
+import json, sys
+path, ranks, layers, passes = sys.argv[1], *map(int, sys.argv[2:5])
+ev = json.load(open(path))["traceEvents"]
+x = [e for e in ev if e["ph"] == "X"]
+assert {e["pid"] for e in x} == set(range(ranks)), {e["pid"] for e in x}
+for r in range(ranks):
+    mine = [e for e in x if e["pid"] == r]
+    for l in range(layers):
+        for half in ("self_attn", "mlp"):
+            n = sum(e["name"] == f"layer {l} {half}" and e["cat"] == "model" for e in mine)
+            assert n == passes, (r, l, half, n)
+    assert any(e["name"] == "attention" and e["cat"] == "kernel" for e in mine), r
+    assert any(e["tid"] == 1 and e["cat"] == "comm" for e in mine), r
+assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in x)
+' "$2" "$3" "$4" "$5" && ok || bad "$1: trace $2"
+}
+"$bin" $(gen --model "$tmp/sharded" --prompt-ids 1,2,3 --max-new-tokens 3 --tp 2 \
+         --ring-degree 2 --trace "$tmp/gen_trace.json") >/dev/null; rc=$?
+[ $rc -eq 0 ] && ok || bad "generate --trace exited $rc"
+check_gen_trace "threads" "$tmp/gen_trace.json" 4 2 3
+"$bin" $(gen --model "$tmp/good" --prompt-ids 1 --trace "$tmp/nodir/t.json") >/dev/null 2>&1
+[ $? -eq 1 ] && ok || bad "generate --trace into a missing folder: want exit 1"
+expect_exit2 "--trace '$tmp/good/model.safetensors' is the input" \
+  $(gen --model "$tmp/good" --prompt-ids 1 --trace "$tmp/good/model.safetensors")
+expect_exit2 "--trace '$tmp/o3' is also the file of --output" \
+  $(gen --model "$tmp/good" --prompt-ids 1 --output "$tmp/o3" --trace "$tmp/o3")
+if [ -n "$mpiexec" ]; then
+  timeout -s KILL 90 "$mpiexec" --allow-run-as-root --oversubscribe \
+    --mca btl_vader_single_copy_mechanism none -n 2 "$bin" $(gen --model "$tmp/sharded" \
+    --prompt-ids 1,2,3 --tp 2 --backend mpi --trace "$tmp/gen_trace_mpi.json") >/dev/null
+  [ $? -eq 0 ] && ok || bad "mpi: generate --trace failed"
+  check_gen_trace "mpi" "$tmp/gen_trace_mpi.json" 2 2 2
+fi
+
 # The directory and its files.
 mkdir -p "$tmp/empty"
 expect_exit2 "config.json: missing" $(gen --model "$tmp/empty" --prompt-ids 1)
