@@ -102,6 +102,14 @@ void widen_f16_scalar(const uint16_t* src, float* dst, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(src[i]);
 }
 
+// ---- fp32 -> bf16 narrowing: f32_to_bf16 (round to nearest even; a NaN keeps its sign and top
+// payload bits and is made quiet), bit for bit in every variant ----------------------------------
+using Narrow = void (*)(const float* src, uint16_t* dst, size_t n);
+
+void narrow_bf16_scalar(const float* src, uint16_t* dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+}
+
 #if SEQPAR_X86_SIMD
 // vcvtph2ps quiets a signalling NaN (sets mantissa bit 22); f16_to_f32 keeps the payload as it is,
 // so lanes that were a signalling NaN get that bit cleared again.
@@ -131,6 +139,29 @@ __attribute__((target("avx2,fma,f16c"))) void widen_f16_avx2(const uint16_t* src
     _mm256_storeu_ps(dst + i,
                      f16_exact8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
   for (; i < n; ++i) dst[i] = f16_to_f32(src[i]);
+}
+
+// Eight fp32 lanes narrowed as f32_to_bf16, in the low 16 bits of each 32-bit lane.
+__attribute__((target("avx2,fma,f16c"))) inline __m256i bf16_bits8(__m256i u) {
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                         _mm256_set1_epi32(0x7f800000));
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd)), 16);
+  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+  return _mm256_blendv_epi8(rounded, quiet, nan);
+}
+__attribute__((target("avx2,fma,f16c"))) void narrow_bf16_avx2(const float* src, uint16_t* dst,
+                                                               size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i b = bf16_bits8(_mm256_castps_si256(_mm256_loadu_ps(src + i)));
+    // Lanes hold 0..0xffff: the unsigned-saturating pack keeps them; the permute puts the two
+    // 128-bit halves' four words each side by side.
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(b, b), 0xD8);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_castsi256_si128(packed));
+  }
+  for (; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
 }
 
 #define SEQPAR_AVX512 "avx2,fma,f16c,avx512f,avx512bw,avx512vl"
@@ -167,6 +198,27 @@ __attribute__((target(SEQPAR_AVX512))) void widen_f16_avx512(const uint16_t* src
     _mm512_mask_storeu_ps(dst + i, m, f16_exact16(_mm256_maskz_loadu_epi16(m, src + i)));
   }
 }
+__attribute__((target(SEQPAR_AVX512))) inline __m256i bf16_bits16(__m512i u) {
+  const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i rounded =
+      _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
+  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet));
+}
+__attribute__((target(SEQPAR_AVX512))) void narrow_bf16_avx512(const float* src, uint16_t* dst,
+                                                               size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                        bf16_bits16(_mm512_castps_si512(_mm512_loadu_ps(src + i))));
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    _mm256_mask_storeu_epi16(dst + i, m,
+                             bf16_bits16(_mm512_castps_si512(_mm512_maskz_loadu_ps(m, src + i))));
+  }
+}
 #undef SEQPAR_AVX512
 
 #endif
@@ -174,14 +226,15 @@ __attribute__((target(SEQPAR_AVX512))) void widen_f16_avx512(const uint16_t* src
 struct WidenIsa {
   std::string_view name;
   Widen bf16, f16;
+  Narrow to_bf16;
 };
 
 // The variants by Isa (core/cpu_isa.h), the same choice as the attention kernel's and the model's.
 const WidenIsa kWiden[] = {
-    {"scalar", &widen_bf16_scalar, &widen_f16_scalar},
+    {"scalar", &widen_bf16_scalar, &widen_f16_scalar, &narrow_bf16_scalar},
 #if SEQPAR_X86_SIMD
-    {"avx2", &widen_bf16_avx2, &widen_f16_avx2},
-    {"avx512", &widen_bf16_avx512, &widen_f16_avx512},
+    {"avx2", &widen_bf16_avx2, &widen_f16_avx2, &narrow_bf16_avx2},
+    {"avx512", &widen_bf16_avx512, &widen_f16_avx512, &narrow_bf16_avx512},
 #endif
 };
 
@@ -204,6 +257,13 @@ bool detail::widen_to_f32_with(std::string_view isa, DType st, const uint16_t* s
   return true;
 }
 
+bool detail::narrow_to_bf16_with(std::string_view isa, const float* src, uint16_t* dst, size_t n) {
+  const Isa want = parse_isa(isa);
+  if (!cpu_has(want)) return false;
+  kWiden[static_cast<int>(want)].to_bf16(src, dst, n);
+  return true;
+}
+
 void convert(const void* src, DType st, void* dst, DType dt, size_t n) {
   if (st == dt) {
     std::memcpy(dst, src, n * dtype_size(st));
@@ -216,6 +276,10 @@ void convert(const void* src, DType st, void* dst, DType dt, size_t n) {
     const WidenIsa& w = widen();
     (st == DType::kBF16 ? w.bf16 : w.f16)(static_cast<const uint16_t*>(src),
                                           static_cast<float*>(dst), n);
+    return;
+  }
+  if (st == DType::kF32 && dt == DType::kBF16) {  // narrowing to bf16: vectorized, as f32_to_bf16
+    widen().to_bf16(static_cast<const float*>(src), static_cast<uint16_t*>(dst), n);
     return;
   }
   auto load = [&](size_t i) -> float {

@@ -1,9 +1,12 @@
 // convert()'s bf16/fp16 -> fp32 widening, every variant this CPU runs, against the scalar
 // functions: widening is exact, so the bits must be identical for all 65536 patterns (NaN
 // payloads, signalling NaNs, infinities, subnormals, -0 included) and at every tail length.
+// Its fp32 -> bf16 narrowing the same way against f32_to_bf16: every high half with the low
+// halves where rounding turns (ties to even and odd, just below and above them), and random bits.
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -41,6 +44,29 @@ TEST_P(ConvertIsa, WideningIsBitIdenticalToScalar) {
         ASSERT_EQ(bits_of({out[i]})[0], wb[0x7bf1 + i]) << isa << " n " << n << " i " << i;
       ASSERT_EQ(out[n], 7.f) << isa << " wrote past n = " << n;
     }
+  }
+}
+
+TEST_P(ConvertIsa, NarrowingToBf16IsBitIdenticalToScalar) {
+  const std::string isa = GetParam();
+  std::vector<uint32_t> bits;
+  for (uint32_t lo : {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xc000u, 0xffffu})
+    for (uint32_t hi = 0; hi < 0x10000; ++hi) bits.push_back(hi << 16 | lo);
+  std::mt19937 rng(7);
+  for (int i = 0; i < (1 << 20); ++i) bits.push_back(rng());
+  std::vector<float> in(bits.size());
+  std::memcpy(in.data(), bits.data(), bits.size() * sizeof(float));
+  std::vector<uint16_t> got(in.size(), 0x1234);
+  if (!detail::narrow_to_bf16_with(isa, in.data(), got.data(), in.size()))
+    GTEST_SKIP() << "this CPU cannot run the " << isa << " variant";
+  for (size_t i = 0; i < in.size(); ++i)
+    ASSERT_EQ(got[i], f32_to_bf16(in[i])) << isa << " fp32 bits 0x" << std::hex << bits[i];
+  for (size_t n = 0; n <= 40; ++n) {
+    std::vector<uint16_t> out(n + 1, 0x7777);
+    detail::narrow_to_bf16_with(isa, in.data() + 3 * 0x10000 + 5, out.data(), n);
+    for (size_t i = 0; i < n; ++i)
+      ASSERT_EQ(out[i], f32_to_bf16(in[3 * 0x10000 + 5 + i])) << isa << " n " << n << " i " << i;
+    ASSERT_EQ(out[n], 0x7777) << isa << " wrote past n = " << n;
   }
 }
 

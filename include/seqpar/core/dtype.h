@@ -38,10 +38,11 @@ float f16_to_f32(uint16_t h);
 
 // Converts n elements between storage types (src and dst must not overlap; int8 only to itself).
 // bf16/fp16 -> fp32 is exact and runs vectorized (AVX-512, or AVX2 with F16C), bit-identical to the
-// scalar functions above.
+// scalar functions above; so does fp32 -> bf16 (f32_to_bf16's rounding and NaNs, bit for bit).
 void convert(const void* src, DType src_type, void* dst, DType dst_type, size_t n);
-// The instruction set convert() widens bf16/fp16 to fp32 with: "avx512", "avx2" or "scalar", the
-// widest this CPU runs, capped by the environment variable SEQPAR_KERNEL_ISA (read once).
+// The instruction set convert() widens bf16/fp16 to fp32 and narrows fp32 to bf16 with: "avx512",
+// "avx2" or "scalar", the widest this CPU runs, capped by the environment variable
+// SEQPAR_KERNEL_ISA (read once).
 std::string_view convert_isa();
 
 namespace detail {
@@ -49,6 +50,8 @@ namespace detail {
 // and benchmarks; returns false, writing nothing, where this CPU cannot run it.
 bool widen_to_f32_with(std::string_view isa, DType src_type, const uint16_t* src, float* dst,
                        size_t n);
+// convert()'s fp32 -> bf16 narrowing by the named variant, the same way.
+bool narrow_to_bf16_with(std::string_view isa, const float* src, uint16_t* dst, size_t n);
 }  // namespace detail
 
 }  // namespace seqpar
