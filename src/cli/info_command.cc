@@ -10,6 +10,7 @@
 #include "commands.h"
 #include "seqpar/attention/attention.h"
 #include "seqpar/comm/mpi.h"
+#include "seqpar/core/block_cache.h"
 #include "seqpar/model/ops.h"
 #include "seqpar/version.h"
 
@@ -47,6 +48,7 @@ int info_command(const InfoOptions& o) {
   const std::string model_kernel = model_kernel_info();
   const auto model_ops = model_op_paths();
   const unsigned cores = std::thread::hardware_concurrency();
+  const size_t cache_limit = block_cache::limit_bytes();
   if (o.json) {
     nlohmann::json j;
     j["version"] = std::string(version());
@@ -56,6 +58,7 @@ int info_command(const InfoOptions& o) {
     j["onednn"] = onednn;
     j["kernel"] = kernel;
     j["model_kernel"] = model_kernel;
+    j["tensor_cache_bytes"] = cache_limit;
     j["model_ops"] = nlohmann::json::object();
     for (const auto& [op, isa] : model_ops) j["model_ops"][op] = isa;
     std::printf("%s\n", j.dump().c_str());
@@ -71,6 +74,9 @@ int info_command(const InfoOptions& o) {
   std::printf("  kernel    %s\n", kernel.c_str());
   std::printf("  model     %s\n", model_kernel.c_str());
   std::printf("  ops       %s\n", model_op_info().c_str());
+  std::printf(
+      "  memory    large tensor storage kept for reuse up to %zu MiB (SEQPAR_TENSOR_CACHE_MB)\n",
+      cache_limit >> 20);
   return finish_output(0);
 }
 

@@ -7,10 +7,12 @@
 #include <random>
 #include <sstream>
 
+#include "seqpar/core/block_cache.h"
+
 namespace seqpar {
 
 void Tensor::Free::operator()(void* p) const {
-  if (owned) std::free(p);
+  if (owned) block_cache::give(p, bytes);
 }
 
 Tensor Tensor::borrow(const void* data, std::vector<int64_t> shape, DType dtype) {
@@ -34,13 +36,11 @@ Tensor::Tensor(std::vector<int64_t> shape, DType dtype) : shape_(std::move(shape
     SEQPAR_CHECK(d >= 0, "negative dimension in shape");
     numel_ *= d;
   }
-  size_t bytes = (nbytes() + 63) / 64 * 64;
-  if (bytes == 0) bytes = 64;
-  void* p = std::aligned_alloc(64, bytes);
-  if (p == nullptr) throw Error(detail::concat("out of memory allocating ", bytes, " bytes"));
+  const size_t bytes = nbytes();
+  void* p = block_cache::take(bytes);
+  capacity_ = block_cache::class_bytes(bytes);
   std::memset(p, 0, bytes);
-  data_.reset(p);
-  capacity_ = bytes;
+  data_ = std::unique_ptr<void, Free>(p, Free{true, bytes});
 }
 
 void Tensor::resize(std::vector<int64_t> shape, DType dtype) {

@@ -46,6 +46,15 @@ python3 -c 'import json,sys; d=json.loads(sys.argv[1]); sys.exit(0 if d["work_im
 SEQPAR_KERNEL_ISA=scalar "$bin" info | grep -q "ops .*rms_norm scalar.*rope scalar" && ok || bad "info lacks the ops line"
 SEQPAR_KERNEL_ISA=scalar "$bin" info --json | python3 -c 'import json,sys; d=json.load(sys.stdin); sys.exit(0 if d["model_ops"]["swiglu"] == "scalar" else 1)' \
   && ok || bad "info --json lacks model_ops"
+# Large tensor storage kept for reuse (core/block_cache.h): its limit, set by SEQPAR_TENSOR_CACHE_MB;
+# a value that is not whole MiB is refused (exit 2, one line), also by a run.
+SEQPAR_TENSOR_CACHE_MB=256 "$bin" info | grep -q "memory .*reuse up to 256 MiB" && ok || bad "info lacks the memory line"
+"$bin" info --json | python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin)["tensor_cache_bytes"] == 1 << 30 else 1)' \
+  && ok || bad "info --json: tensor_cache_bytes is not the default 1 GiB"
+for v in abc -1 12x 1.5 99999999999999999999; do
+  SEQPAR_TENSOR_CACHE_MB=$v expect_exit2 "SEQPAR_TENSOR_CACHE_MB='$v' is not valid: expected whole MiB from 0" info
+done
+SEQPAR_TENSOR_CACHE_MB=x expect_exit2 "SEQPAR_TENSOR_CACHE_MB='x' is not valid" run --ranks 2 --seq 4096 --heads 2 --head-dim 64
 
 # 4. Bad input: exit 2, one line naming the parameter.
 check_bad() { local word=$1; shift; expect_exit2 "$word" run "$@"; }  # <word> <run args...>

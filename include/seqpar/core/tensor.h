@@ -76,9 +76,10 @@ class Tensor {
 
  private:
   struct Free {
-    Free() noexcept : owned(true) {}
-    explicit Free(bool own) noexcept : owned(own) {}
-    bool owned;  // false for borrow() views
+    Free() noexcept : owned(true), bytes(0) {}
+    explicit Free(bool own, size_t bytes = 0) noexcept : owned(own), bytes(bytes) {}
+    bool owned;    // false for borrow() views
+    size_t bytes;  // what block_cache::take was asked for (owned storage)
     void operator()(void* p) const;
   };
   std::vector<int64_t> shape_;

@@ -1,0 +1,120 @@
+#include "seqpar/core/block_cache.h"
+
+#include <bit>
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "seqpar/core/error.h"
+
+namespace seqpar::block_cache {
+
+namespace {
+
+constexpr size_t kDefaultLimitMB = 1024;
+constexpr unsigned long long kMaxLimitMB = 1ull << 30;  // 1 PiB
+
+// SEQPAR_TENSOR_CACHE_MB: a whole number of MiB (0: keep nothing); anything else is refused.
+size_t limit_from_env() {
+  const char* v = std::getenv("SEQPAR_TENSOR_CACHE_MB");
+  if (v == nullptr || *v == '\0') return kDefaultLimitMB << 20;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long mb = std::strtoull(v, &end, 10);
+  SEQPAR_ARG_CHECK(*v >= '0' && *v <= '9' && *end == '\0' && errno == 0 && mb <= kMaxLimitMB,
+                   "SEQPAR_TENSOR_CACHE_MB='", std::string(v).substr(0, 32),
+                   "' is not valid: expected whole MiB from 0 to ", kMaxLimitMB, " (e.g. 1024)");
+  return static_cast<size_t>(mb) << 20;
+}
+
+struct Cache {
+  std::mutex mu;
+  std::deque<std::pair<size_t, void*>> blocks;  // (class bytes, storage), oldest first
+  size_t held = 0;
+  size_t limit = limit_from_env();
+
+  // Frees the oldest blocks until `room` more bytes fit under the limit. Holds mu.
+  void make_room(size_t room) {
+    while (!blocks.empty() && held + room > limit) {
+      std::free(blocks.front().second);
+      held -= blocks.front().first;
+      blocks.pop_front();
+    }
+  }
+};
+
+Cache& cache() {
+  static Cache c;
+  return c;
+}
+
+void* allocate(size_t bytes) {
+  void* p = std::aligned_alloc(64, bytes);
+  if (p == nullptr) throw Error(detail::concat("out of memory allocating ", bytes, " bytes"));
+  return p;
+}
+
+}  // namespace
+
+size_t class_bytes(size_t bytes) {
+  if (bytes < kMinBytes) return bytes == 0 ? 64 : (bytes + 63) / 64 * 64;
+  const size_t step = std::bit_floor(bytes) / 8;
+  return (bytes + step - 1) / step * step;
+}
+
+void* take(size_t bytes) {
+  const size_t c = class_bytes(bytes);
+  if (c >= kMinBytes) {
+    Cache& k = cache();
+    std::lock_guard<std::mutex> lk(k.mu);
+    for (auto it = k.blocks.rbegin(); it != k.blocks.rend(); ++it) {
+      if (it->first != c) continue;
+      void* p = it->second;
+      k.held -= c;
+      k.blocks.erase(std::next(it).base());
+      return p;
+    }
+  }
+  return allocate(c);
+}
+
+void give(void* p, size_t bytes) {
+  if (p == nullptr) return;
+  const size_t c = class_bytes(bytes);
+  if (c >= kMinBytes) {
+    Cache& k = cache();
+    std::lock_guard<std::mutex> lk(k.mu);
+    if (c <= k.limit) {
+      k.make_room(c);
+      k.blocks.emplace_back(c, p);
+      k.held += c;
+      return;
+    }
+  }
+  std::free(p);
+}
+
+size_t cached_bytes() {
+  Cache& k = cache();
+  std::lock_guard<std::mutex> lk(k.mu);
+  return k.held;
+}
+
+size_t limit_bytes() {
+  Cache& k = cache();
+  std::lock_guard<std::mutex> lk(k.mu);
+  return k.limit;
+}
+
+void set_limit_bytes(size_t bytes) {
+  Cache& k = cache();
+  std::lock_guard<std::mutex> lk(k.mu);
+  k.limit = bytes;
+  k.make_room(0);
+}
+
+}  // namespace seqpar::block_cache

@@ -1,0 +1,128 @@
+// block_cache (core/block_cache.h): size classes, reuse of a given block by the next take of its
+// class, the limit (oldest blocks freed first, a block above it never held), and Tensor storage
+// that comes back zero-filled however the reused block was left.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "seqpar/core/block_cache.h"
+#include "seqpar/core/tensor.h"
+
+namespace seqpar {
+namespace {
+
+namespace bc = block_cache;
+
+// Each test starts from an empty cache of a known limit and leaves the default behind.
+class BlockCache : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    saved_ = bc::limit_bytes();
+    bc::set_limit_bytes(0);
+    bc::set_limit_bytes(size_t{64} << 20);
+  }
+  void TearDown() override { bc::set_limit_bytes(saved_); }
+  size_t saved_ = 0;
+};
+
+TEST_F(BlockCache, SizeClasses) {
+  EXPECT_EQ(bc::class_bytes(0), 64u);
+  EXPECT_EQ(bc::class_bytes(1), 64u);
+  EXPECT_EQ(bc::class_bytes(65), 128u);
+  EXPECT_EQ(bc::class_bytes(bc::kMinBytes - 1), bc::kMinBytes);
+  EXPECT_EQ(bc::class_bytes(bc::kMinBytes), bc::kMinBytes);
+  // From kMinBytes: eighths of the power of two below.
+  EXPECT_EQ(bc::class_bytes(bc::kMinBytes + 1), bc::kMinBytes + bc::kMinBytes / 8);
+  EXPECT_EQ(bc::class_bytes(size_t{3} << 20), size_t{3} << 20);
+  EXPECT_EQ(bc::class_bytes((size_t{3} << 20) + 1), (size_t{3} << 20) + (size_t{1} << 18));
+  size_t last = 0;
+  for (size_t b = 1; b < (size_t{64} << 20); b = b * 9 / 8 + 13) {
+    const size_t c = bc::class_bytes(b);
+    ASSERT_GE(c, b);
+    ASSERT_EQ(c % 64, 0u) << b;
+    ASSERT_LE(c, b < bc::kMinBytes ? b + 63 : b + b / 8) << b;
+    ASSERT_GE(c, last) << b;
+    last = c;
+  }
+}
+
+TEST_F(BlockCache, AGivenBlockServesTheNextTakeOfItsClass) {
+  void* a = bc::take(size_t{1} << 20);
+  bc::give(a, size_t{1} << 20);
+  EXPECT_EQ(bc::cached_bytes(), size_t{1} << 20);
+  // Another size of the same class gets it; another class does not.
+  void* b = bc::take((size_t{1} << 20) - 1000);
+  EXPECT_EQ(b, a);
+  EXPECT_EQ(bc::cached_bytes(), 0u);
+  bc::give(b, (size_t{1} << 20) - 1000);
+  void* c = bc::take(size_t{2} << 20);
+  EXPECT_NE(c, a);
+  EXPECT_EQ(bc::cached_bytes(), size_t{1} << 20);
+  bc::give(c, size_t{2} << 20);
+  EXPECT_EQ(bc::cached_bytes(), size_t{3} << 20);
+  // Small blocks are never held.
+  void* s = bc::take(1000);
+  bc::give(s, 1000);
+  EXPECT_EQ(bc::cached_bytes(), size_t{3} << 20);
+}
+
+TEST_F(BlockCache, TheLimitFreesTheOldestFirst) {
+  bc::set_limit_bytes(size_t{3} << 20);
+  const size_t mb = size_t{1} << 20;
+  std::vector<void*> p;
+  for (int i = 0; i < 4; ++i) p.push_back(bc::take(mb));
+  for (void* q : p) bc::give(q, mb);
+  EXPECT_EQ(bc::cached_bytes(), 3 * mb);
+  // The three given last are held, the newest handed out first.
+  EXPECT_EQ(bc::take(mb), p[3]);
+  EXPECT_EQ(bc::take(mb), p[2]);
+  EXPECT_EQ(bc::take(mb), p[1]);
+  EXPECT_EQ(bc::cached_bytes(), 0u);
+  for (int i = 1; i < 4; ++i) bc::give(p[i], mb);
+  // A block above the limit is freed, not held, and leaves the others.
+  void* big = bc::take(4 * mb);
+  bc::give(big, 4 * mb);
+  EXPECT_EQ(bc::cached_bytes(), 3 * mb);
+  bc::set_limit_bytes(mb);
+  EXPECT_EQ(bc::cached_bytes(), mb);
+  bc::set_limit_bytes(0);
+  EXPECT_EQ(bc::cached_bytes(), 0u);
+  void* none = bc::take(mb);
+  bc::give(none, mb);
+  EXPECT_EQ(bc::cached_bytes(), 0u);
+}
+
+TEST_F(BlockCache, TensorsOnReusedStorageAreZeroFilled) {
+  const int64_t n = (int64_t{1} << 18) + 3;  // about 1 MiB of fp32, not a class boundary
+  const void* first = nullptr;
+  {
+    Tensor t({n});
+    first = t.raw();
+    t.fill(5.0f);
+  }
+  Tensor u({n - 2});          // the same size class
+  EXPECT_EQ(u.raw(), first);  // the same block, written with 5s before
+  for (int64_t i = 0; i < u.numel(); ++i) ASSERT_EQ(u.data<float>()[i], 0.0f) << i;
+  EXPECT_GE(u.capacity_bytes(), u.nbytes());
+}
+
+TEST_F(BlockCache, ThreadsTakeAndGiveConcurrently) {
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t)
+    ts.emplace_back([t] {
+      for (int i = 0; i < 200; ++i) {
+        const size_t bytes = (size_t{1} << 18) * (1 + (i + t) % 5);
+        auto* p = static_cast<unsigned char*>(bc::take(bytes));
+        std::memset(p, t, bytes);
+        for (size_t j = 0; j < bytes; j += 4096) ASSERT_EQ(p[j], t);
+        bc::give(p, bytes);
+      }
+    });
+  for (auto& th : ts) th.join();
+  EXPECT_LE(bc::cached_bytes(), bc::limit_bytes());
+}
+
+}  // namespace
+}  // namespace seqpar
