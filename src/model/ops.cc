@@ -262,18 +262,18 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
   // multiplies a BF16 weight. With a bf16 weight each product is exact in fp32 and the sums are
   // fp32: oneDNN's bf16 matmul where the CPU has it (the weight read as stored, no conversion),
   // else the fp32 paths below on the rounded values.
+  // (Tensors, not vectors: their storage is reused from call to call, core/block_cache.h.)
   const float* xs = x.data<float>();
-  std::vector<float> rounded;
+  Tensor rounded;
   if (activations == DType::kBF16) {
-    std::vector<uint16_t> xb(static_cast<size_t>(m * k));
-    convert(xs, DType::kF32, xb.data(), DType::kBF16, xb.size());
+    Tensor xb({m, k}, DType::kBF16);
+    convert(xs, DType::kF32, xb.raw(), DType::kBF16, static_cast<size_t>(m * k));
     if (w.dtype() == DType::kBF16 && m > model_simd::kMaxRows && native_bf16_matmul()) {
-      matmul(xb.data(), m, k, w.raw(), n, b, y.data<float>(), n, true);
+      matmul(xb.raw(), m, k, w.raw(), n, b, y.data<float>(), n, true);
       return y;
     }
-    rounded.resize(xb.size());
-    convert(xb.data(), DType::kBF16, rounded.data(), DType::kF32, rounded.size());
-    xs = rounded.data();
+    rounded = xb.to(DType::kF32);
+    xs = rounded.data<float>();
   }
   if (w.dtype() == DType::kF32) {
     matmul(xs, m, k, w.data<float>(), n, b, y.data<float>(), n, false);
