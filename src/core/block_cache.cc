@@ -37,9 +37,9 @@ struct Cache {
   size_t held = 0;
   size_t limit = limit_from_env();
 
-  // Frees the oldest blocks until `room` more bytes fit under the limit. Holds mu.
-  void make_room(size_t room) {
-    while (!blocks.empty() && held + room > limit) {
+  // Frees the oldest blocks until `room` more bytes fit under `cap`. Holds mu.
+  void make_room(size_t room, size_t cap) {
+    while (!blocks.empty() && held + room > cap) {
       std::free(blocks.front().second);
       held -= blocks.front().first;
       blocks.pop_front();
@@ -89,7 +89,7 @@ void give(void* p, size_t bytes) {
     Cache& k = cache();
     std::lock_guard<std::mutex> lk(k.mu);
     if (c <= k.limit) {
-      k.make_room(c);
+      k.make_room(c, k.limit);
       k.blocks.emplace_back(c, p);
       k.held += c;
       return;
@@ -114,7 +114,12 @@ void set_limit_bytes(size_t bytes) {
   Cache& k = cache();
   std::lock_guard<std::mutex> lk(k.mu);
   k.limit = bytes;
-  k.make_room(0);
+  k.make_room(0, bytes);
 }
 
+void release() {
+  Cache& k = cache();
+  std::lock_guard<std::mutex> lk(k.mu);
+  k.make_room(0, 0);
+}
 }  // namespace seqpar::block_cache

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <iterator>
 
+#include "seqpar/core/block_cache.h"
 #include "seqpar/core/limits.h"
 #include "seqpar/core/param_error.h"
 #include "seqpar/core/timer.h"
@@ -351,7 +352,9 @@ void Decoder::take_logits(const Tensor& x, Turn& turn) {
 
 void Decoder::decode(Turn& turn, double t1) {
   // One token a step, pass-Q over the caches: the token chosen last enters at the cache's end,
-  // owned by sequence-parallel rank (position mod N).
+  // owned by sequence-parallel rank (position mod N). The prompt's passes' storage, sized by its
+  // tokens, goes back first (core/block_cache.h): the caches' growth takes its pages.
+  block_cache::release();
   ParallelContext& ctx = turn.ctx;
   Output& out = turn.out;
   const int n = ctx.sp_size();

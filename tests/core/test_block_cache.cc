@@ -68,6 +68,20 @@ TEST_F(BlockCache, AGivenBlockServesTheNextTakeOfItsClass) {
   EXPECT_EQ(bc::cached_bytes(), size_t{3} << 20);
 }
 
+TEST_F(BlockCache, ReleaseFreesEveryBlockAndKeepsTheLimit) {
+  const size_t mb = size_t{1} << 20;
+  void* a = bc::take(mb);
+  void* b = bc::take(2 * mb);
+  bc::give(a, mb);
+  bc::give(b, 2 * mb);
+  EXPECT_EQ(bc::cached_bytes(), 3 * mb);
+  bc::release();
+  EXPECT_EQ(bc::cached_bytes(), 0u);
+  EXPECT_EQ(bc::limit_bytes(), size_t{64} << 20);
+  bc::give(bc::take(mb), mb);
+  EXPECT_EQ(bc::cached_bytes(), mb);
+}
+
 TEST_F(BlockCache, TheLimitFreesTheOldestFirst) {
   bc::set_limit_bytes(size_t{3} << 20);
   const size_t mb = size_t{1} << 20;

@@ -1,6 +1,6 @@
 // Reuse of large tensor storage. A transformer pass allocates the same few large activations
 // (each layer's hidden states, projections, MLP intermediates) layer after layer; from the C
-// library each is a fresh mapping whose pages fault in zero-filled on first touch and are unmapped
+// library each large one is a fresh mapping whose pages fault in zero-filled on first touch and are unmapped
 // again when the tensor goes (measured: 19% of a 256-token Llama-3.2-1B prefill in the kernel,
 // page faults and munmap, docs/performance.md section 14). Storage of at least kMinBytes is
 // instead kept here when its tensor goes and handed to the next tensor of the same size class.
@@ -8,8 +8,13 @@
 // Size classes: below kMinBytes, 64-byte multiples from the C library as before; from kMinBytes,
 // the bytes rounded up to an eighth of their power of two (at most 12.5% more than asked).
 // The cache holds at most limit_bytes() (SEQPAR_TENSOR_CACHE_MB, whole MiB, default 1024; 0:
-// nothing is kept; another value throws InvalidArgument at the first large allocation) and, when a block would exceed it, frees the blocks given longest ago first; a block
-// larger than the limit is freed at once.
+// nothing is kept; another value throws InvalidArgument at the first large allocation) and,
+// when a block would exceed it, frees the blocks given longest ago first; a block larger than
+// the limit is freed at once. Where the sizes a program allocates change for good (a model's
+// load, whose temporaries are the size of a weight; a prefill's activations, sized by its
+// tokens, before decode steps of one token each), it calls release(): blocks kept past such a
+// point would hold memory no later tensor takes, and the allocations after it would get fresh
+// pages while they sit (much slower to fault in under some hypervisors).
 // Thread-safety: every function may be called from any thread.
 #pragma once
 
@@ -32,5 +37,7 @@ size_t cached_bytes();
 size_t limit_bytes();
 // Sets the limit (tests, or a program that wants its memory back: 0 frees every block held).
 void set_limit_bytes(size_t bytes);
+// Frees every block held; the limit stays.
+void release();
 
 }  // namespace seqpar::block_cache

@@ -1,5 +1,6 @@
 #include "seqpar/model/blocks/linear.h"
 
+#include "seqpar/core/block_cache.h"
 #include "seqpar/model/ops.h"
 
 namespace seqpar {
@@ -19,15 +20,19 @@ void hold_matrix(const WeightStore& ws, const std::string& name, Tensor read, Te
       Q8Weight q = quantize_q8_0(read, name);
       w = std::move(q.q);
       w_scale = std::move(q.d);
-      return;
+      break;
     }
     case WeightFormat::kInt8Channel: {
       Int8ChannelWeight q = quantize_int8_channel(read, name, row_abs_max);
       w = std::move(q.q);
       w_scale = std::move(q.s);
-      return;
+      break;
     }
   }
+  // The matrix as read is not kept for a later tensor (core/block_cache.h): it is the size of a
+  // weight, which no activation is, and would add to the load's peak.
+  read = Tensor();
+  block_cache::release();
 }
 
 Linear Linear::load(const WeightStore& ws, const std::string& name, bool bias) {
