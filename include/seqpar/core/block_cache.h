@@ -1,8 +1,8 @@
 // Reuse of large tensor storage. A transformer pass allocates the same few large activations
 // (each layer's hidden states, projections, MLP intermediates) layer after layer; from the C
-// library each large one is a fresh mapping whose pages fault in zero-filled on first touch and are unmapped
-// again when the tensor goes (measured: 19% of a 256-token Llama-3.2-1B prefill in the kernel,
-// page faults and munmap, docs/performance.md section 14). Storage of at least kMinBytes is
+// library each large one is a fresh mapping whose pages fault in zero-filled on first touch and are
+// unmapped again when the tensor goes (measured: 19% of a 256-token Llama-3.2-1B prefill in the
+// kernel, page faults and munmap, docs/performance.md section 14). Storage of at least kMinBytes is
 // instead kept here when its tensor goes and handed to the next tensor of the same size class.
 //
 // Size classes: below kMinBytes, 64-byte multiples from the C library as before; from kMinBytes,
