@@ -36,10 +36,12 @@ Tensor::Tensor(std::vector<int64_t> shape, DType dtype) : shape_(std::move(shape
     SEQPAR_CHECK(d >= 0, "negative dimension in shape");
     numel_ *= d;
   }
+  // The block may be larger (its size class, core/block_cache.h); the capacity is what was asked
+  // for, in whole 64 bytes, so that what a tensor reports holding does not depend on the cache.
   const size_t bytes = nbytes();
   void* p = block_cache::take(bytes);
-  capacity_ = block_cache::class_bytes(bytes);
-  std::memset(p, 0, bytes);
+  capacity_ = bytes == 0 ? 64 : (bytes + 63) / 64 * 64;
+  std::memset(p, 0, capacity_);
   data_ = std::unique_ptr<void, Free>(p, Free{true, bytes});
 }
 
