@@ -7,8 +7,10 @@ nn.Conv3d whose kernel equals its stride: one linear layer over each patch), as
 test_llama_bf16_activations.py does for transformers.
 
 Where the rounded computation is well conditioned, seqpar lands within float32 rounding of it:
-Qwen-Image and FLUX here, whose rounded reference in float32 and in float64 agree to 1.5e-7. Two
-things make it ill conditioned, each bf16 step of 2^-8 set off by float32 differences far below it:
+Qwen-Image here, whose rounded reference in float32 and in float64 agree to 1.5e-7, and FLUX on
+the inputs where no element lies within float32 noise of a bf16 rounding boundary (FLUX_INPUTS
+below). Two things make it ill conditioned, each bf16 step of 2^-8 set off by float32 differences
+far below it:
 - a rounded input that is a sinusoid of a large argument: the timestep embedding at t ~ 600 (Wan;
   FLUX's t·1000 and guidance·1000), where the float32 exp and sin of two libraries differ in the
   last place, the argument by ~1e-4 rad, and the time MLP's rounded input modulates every token
@@ -35,7 +37,8 @@ import test_wan as W
 
 SEQPAR = os.environ.get("SEQPAR_BIN", "seqpar")
 # Relative to the output's largest element; measured (printed by each case): 1.5e-7 (Qwen-Image,
-# FLUX), 3.9e-3 (Wan, within its reference's own float32 spread, above).
+# FLUX where no element rounds the other way: see FLUX_INPUTS), 3.9e-3 (Wan, within its
+# reference's own float32 spread, above).
 TOL, TOL_WAN = 1e-6, 1e-2
 
 
@@ -137,29 +140,54 @@ def test_qwen_image_python(qwen):
     judge("qwen-image python ring 2", got, qwen["rounded"], qwen["plain"])
 
 
+# FLUX's rounded reference is ill conditioned at float32's level: scaling each Linear input by
+# 1 + e, |e| <= 2^-20, moves it by 6e-4 to 1.5e-3 on every input tried (an element that lies
+# within float32 noise of a bf16 rounding boundary rounds the other way). seqpar's sums differ from
+# PyTorch's by such noise, so on a given machine some inputs land within 1e-7 of the reference and
+# the others one such jump away (measured on an Intel Xeon with AVX512-BF16: 10 of 16 model and
+# input seeds within 1.3e-7, the others 2.8e-4 to 8.1e-4; on the same inputs seqpar's own result
+# did not move with its instruction set, oneDNN's or the mesh). A missed rounding moves every
+# input (half of the single blocks' proj_out input unrounded: 9.1e-4), so the test runs
+# FLUX_INPUTS inputs and asks every one for less than half the distance to the unrounded model
+# and at least FLUX_EXACT of them for TOL.
+FLUX_INPUTS, FLUX_EXACT = 12, 3
+
+
 @pytest.fixture(scope="module")
 def flux(tmp_path_factory):
     d = tmp_path_factory.mktemp("flux_bf16_act")
     m = F.make_model(5, True).to(torch.bfloat16)
     m.save_pretrained(str(d / "transformer"))
-    inp = F.make_inputs(13, True, 0.004)
-    inp["guidance"] = torch.tensor([0.002])
     make = lambda: F.make_model(5, True)  # noqa: E731
-    return {"dir": d, "inputs": inp, "rounded": F.call(rounded(upcast(make, m)), inp),
-            "plain": F.call(upcast(make, m), inp)}
+    cases = []
+    for seed in range(13, 13 + FLUX_INPUTS):
+        inp = F.make_inputs(seed, True, 0.004)
+        inp["guidance"] = torch.tensor([0.002])
+        cases.append({"inputs": inp, "rounded": F.call(rounded(upcast(make, m)), inp),
+                      "plain": F.call(upcast(make, m), inp)})
+    return {"dir": d, "cases": cases}
 
 
 @pytest.mark.parametrize("mesh", [{}, {"ulysses_degree": 2}, {"tp": 3, "ring_degree": 2}],
                          ids=["1rank", "ulysses2", "tp3_ring2"])
 def test_flux(flux, mesh):
     import seqpar
-    inp = flux["inputs"]
-    args = {k: inp[k] for k in ("hidden_states", "encoder_hidden_states", "pooled_projections",
-                                "timestep", "img_ids", "txt_ids", "guidance")}
+    errs = []
     with seqpar.FluxTransformer.from_pretrained(str(flux["dir"] / "transformer"),
                                                 activations="bf16", **mesh) as model:
-        got = model(**args).sample
-    judge(f"flux {mesh}", got, flux["rounded"], flux["plain"])
+        for case in flux["cases"]:
+            inp = case["inputs"]
+            args = {k: inp[k] for k in ("hidden_states", "encoder_hidden_states",
+                                        "pooled_projections", "timestep", "img_ids", "txt_ids",
+                                        "guidance")}
+            got = model(**args).sample
+            err, err_plain = W.rel_err(got, case["rounded"]), W.rel_err(got, case["plain"])
+            errs.append(err)
+            assert err < 0.5 * err_plain, (mesh, err, err_plain)
+    exact = sum(e <= TOL for e in errs)
+    print(f"flux {mesh}: relative errors {', '.join(f'{e:.2g}' for e in errs)}; {exact} of "
+          f"{len(errs)} within {TOL}")
+    assert exact >= FLUX_EXACT, (mesh, errs)
 
 
 def test_refused(qwen, flux):
