@@ -25,7 +25,9 @@
 #   round, one process each, in this order: seqpar 1 rank x 2 threads, llama.cpp BF16, seqpar tp 2
 #   (2 ranks as threads, 1 thread each), then, if `seqpar generate --help` lists --activations,
 #   seqpar with bf16 activations (1 rank, tp 2; against the same llama.cpp BF16 run), and, if it
-#   lists --weights-dtype, seqpar int8 (1 rank, tp 2) and llama.cpp Q8_0. Each generates
+#   lists --weights-dtype, seqpar int8 (1 rank, tp 2) and llama.cpp Q8_0, and with both flags
+#   seqpar int8-channel with bf16 activations (1 rank, tp 2; against the same Q8_0 run: int8
+#   weights on both sides, llama.cpp's activations rounded to int8 blocks). Each generates
 #   --decode + 1 tokens: the prompt's pass gives the first, then --decode one-token passes.
 #   Prefill and decode seconds come from each program's own clock (seqpar generate --json,
 #   llamacpp_run.py's JSON: same boundaries, no warm-up pass on either side); peak RSS from
@@ -196,6 +198,12 @@ for round in $(seq 1 "$rounds"); do
         --model "$gguf_dir/model-q8_0.gguf" "${q8_flags[@]}"
       run "$round" "$P" seqpar "tp2 int8" "${sp[@]}" --prompt-ids-file "$f" --tp 2 \
         --weights-dtype int8
+      if [[ "$act" == 1 ]]; then
+        run "$round" "$P" seqpar "1x2 int8-ch bf16 act" "${sp[@]}" --prompt-ids-file "$f" \
+          --weights-dtype int8-channel --activations bf16
+        run "$round" "$P" seqpar "tp2 int8-ch bf16 act" "${sp[@]}" --prompt-ids-file "$f" \
+          --tp 2 --weights-dtype int8-channel --activations bf16
+      fi
     fi
   done
 done
@@ -227,7 +235,8 @@ print("|---|---|---|---|---|---|---|---|")
 pairs = [("1x2 bf16", "bf16"), ("tp2 bf16", "bf16"), ("1x2 bf16 act", "bf16"),
          ("tp2 bf16 act", "bf16")]
 if int8 == "1":
-    pairs += [("1x2 int8", "q8_0"), ("tp2 int8", "q8_0")]
+    pairs += [("1x2 int8", "q8_0"), ("tp2 int8", "q8_0"), ("1x2 int8-ch bf16 act", "q8_0"),
+              ("tp2 int8-ch bf16 act", "q8_0")]
 for P in sorted({r["prompt"] for r in rows}):
     for sc, lcfg in pairs:
         key = lambda r: (r["prompt"], r["side"], r["config"])

@@ -2,8 +2,8 @@
 // on the calling thread's OpenMP team (OMP_NUM_THREADS sets it): the few-row decode product, and
 // from 9 rows the converted blocks multiplied by oneDNN.
 //
-//   linear_bench [--m 8,9,15,16,17,32,64] [--n 8192] [--k 2048] [--dtype bf16|fp16|int8]
-//                [--activations fp32|bf16]
+//   linear_bench [--m 8,9,15,16,17,32,64] [--n 8192] [--k 2048]
+//                [--dtype bf16|fp16|int8|int8-channel] [--activations fp32|bf16]
 //
 // Per m: the mean time of 5 calls after a warm-up, and GFLOP/s (2·m·n·k a call). Not a test:
 // timing decides nothing.
@@ -31,19 +31,23 @@ int main(int argc, char** argv) {
       ns = bench::parse_list("linear_bench", a, v);
     } else if (a == "--k") {
       ks = bench::parse_list("linear_bench", a, v);
-    } else if (a == "--dtype" && (v == "bf16" || v == "fp16" || v == "int8")) {
+    } else if (a == "--dtype" &&
+               (v == "bf16" || v == "fp16" || v == "int8" || v == "int8-channel")) {
       dtype = v;
     } else if (a == "--activations" && (v == "fp32" || v == "bf16")) {
       activations = v == "bf16" ? DType::kBF16 : DType::kF32;
     } else {
       bench::usage_error("linear_bench",
                          "usage: linear_bench [--m 8,16] [--n 8192] [--k 2048] "
-                         "[--dtype bf16|fp16|int8] [--activations fp32|bf16]");
+                         "[--dtype bf16|fp16|int8|int8-channel] [--activations fp32|bf16]");
     }
   }
   const Tensor w16 = random_normal({ns[0], ks[0]}, 2, dtype == "fp16" ? DType::kF16 : DType::kBF16);
   const Q8Weight q8 = dtype == "int8" ? quantize_q8_0(w16, "w") : Q8Weight{};
-  const Tensor& w = dtype == "int8" ? q8.q : w16;
+  const Int8ChannelWeight ch =
+      dtype == "int8-channel" ? quantize_int8_channel(w16, "w") : Int8ChannelWeight{};
+  const Tensor& w = dtype == "int8" ? q8.q : dtype == "int8-channel" ? ch.q : w16;
+  const Tensor& scale = dtype == "int8" ? q8.d : ch.s;
   std::printf(
       "linear of m x %lld by %lld x %lld %s weights, %s activations\n| m | ms/call | GFLOP/s "
       "|\n|---|---|---|\n",
@@ -51,9 +55,9 @@ int main(int argc, char** argv) {
       dtype.c_str(), std::string(dtype_name(activations)).c_str());
   for (const int64_t m : ms) {
     const Tensor x = random_normal({m, ks[0]}, 1);
-    (void)linear(x, w, Tensor(), q8.d, activations);  // warm-up: oneDNN primitives, buffers
+    (void)linear(x, w, Tensor(), scale, activations);  // warm-up: oneDNN primitives, buffers
     const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < 5; ++i) (void)linear(x, w, Tensor(), q8.d, activations);
+    for (int i = 0; i < 5; ++i) (void)linear(x, w, Tensor(), scale, activations);
     const double s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 5;
     std::printf("| %lld | %.2f | %.1f |\n", static_cast<long long>(m), s * 1e3,

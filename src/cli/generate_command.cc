@@ -457,8 +457,8 @@ int run_generate(const GenerateOptions& o) {
 
 const char* const kActivationsHelp =
     "fp32 | bf16: the linear layers' inputs as computed, or rounded to bf16 first (with bf16 "
-    "weights: oneDNN's bf16 matmul where the CPU has AVX512-BF16 or AMX, as llama.cpp multiplies "
-    "BF16 weights; seqpar info names the path)";
+    "or int8-channel weights: oneDNN's bf16 matmul where the CPU has AVX512-BF16 or AMX, as "
+    "llama.cpp multiplies BF16 weights; seqpar info names the path)";
 
 DType activations_flag(const std::string& value) {
   const std::optional<DType> d = activations_named(value);

@@ -262,18 +262,27 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
   // multiplies a BF16 weight. With a bf16 weight each product is exact in fp32 and the sums are
   // fp32: oneDNN's bf16 matmul where the CPU has it (the weight read as stored, no conversion),
   // else the fp32 paths below on the rounded values.
+  // Per-channel int8 weights take the same matmul, each block of rows widened to bf16 (exactly:
+  // an 8-bit integer is a bf16 value), then y = s·(x·qᵀ) + b, the order of gemv_i8_channel (the
+  // sum, one multiply by s, the bias): every product exact, so each output is within
+  // gamma_(k+1) · (s·Σ|x_r·q| + |b|) of the exact value on the rounded x.
   // (Tensors, not vectors: their storage is reused from call to call, core/block_cache.h.)
   const float* xs = x.data<float>();
-  Tensor rounded;
+  Tensor xb, rounded;
+  bool channel_bf16 = false;
   if (activations == DType::kBF16) {
-    Tensor xb({m, k}, DType::kBF16);
+    xb = Tensor({m, k}, DType::kBF16);
     convert(xs, DType::kF32, xb.raw(), DType::kBF16, static_cast<size_t>(m * k));
-    if (w.dtype() == DType::kBF16 && m > model_simd::kMaxRows && native_bf16_matmul()) {
+    const bool bf16_matmul = m > model_simd::kMaxRows && native_bf16_matmul();
+    if (w.dtype() == DType::kBF16 && bf16_matmul) {
       matmul(xb.raw(), m, k, w.raw(), n, b, y.data<float>(), n, true);
       return y;
     }
-    rounded = xb.to(DType::kF32);
-    xs = rounded.data<float>();
+    channel_bf16 = channel && bf16_matmul;
+    if (!channel_bf16) {
+      rounded = xb.to(DType::kF32);
+      xs = rounded.data<float>();
+    }
   }
   if (w.dtype() == DType::kF32) {
     matmul(xs, m, k, w.data<float>(), n, b, y.data<float>(), n, false);
@@ -311,7 +320,21 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
   const int64_t scales_per_row = q8 ? k / model_simd::kQ8Block : 0;
   auto run_block = [&](int64_t j0) {
     thread_local std::vector<float> converted;
+    thread_local std::vector<uint16_t> widened;
     const int64_t nb = std::min(block, n - j0);
+    if (channel_bf16) {
+      widened.resize(static_cast<size_t>(nb * k));
+      model_simd::kernels().widen_i8_bf16(w.data<int8_t>() + j0 * k, nb * k, widened.data());
+      float* yb = y.data<float>() + j0;
+      matmul(xb.raw(), m, k, widened.data(), nb, nullptr, yb, n, true);
+      const float* s = w_scale.data<float>() + j0;
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t j = 0; j < nb; ++j) yb[r * n + j] *= s[j];
+      if (b)
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t j = 0; j < nb; ++j) yb[r * n + j] += b[j0 + j];
+      return;
+    }
     converted.resize(static_cast<size_t>(nb * k));
     if (q8) {
       model_simd::kernels().dequant_q8(w.data<int8_t>() + j0 * k,

@@ -226,6 +226,10 @@ void dequant_i8_channel(const int8_t* q, const float* s, int64_t rows, int64_t k
   for (int64_t j = 0; j < rows; ++j)
     for (int64_t i = 0; i < k; ++i) w[j * k + i] = s[j] * static_cast<float>(q[j * k + i]);
 }
+
+void widen_i8_bf16(const int8_t* q, int64_t n, uint16_t* w) {
+  for (int64_t i = 0; i < n; ++i) w[i] = f32_to_bf16(static_cast<float>(q[i]));
+}
 }  // namespace scalar
 
 #if SEQPAR_X86_SIMD
@@ -286,6 +290,19 @@ inline void vstore_part(float* p, V v, int64_t n) {
   alignas(32) float t[kW];
   _mm256_store_ps(t, v);
   std::memcpy(p, t, n * sizeof(float));
+}
+inline __m128i high_halves(V v) {
+  const __m256i h = _mm256_srli_epi32(_mm256_castps_si256(v), 16);
+  // Packed within each 128-bit lane (h0..h3 h0..h3 | h4..h7 h4..h7); quadwords 0 and 2 kept.
+  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0x08));
+}
+inline void vstore_high_halves(uint16_t* p, V v) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), high_halves(v));
+}
+inline void vstore_high_halves_part(uint16_t* p, V v, int64_t n) {
+  alignas(16) uint16_t t[kW];
+  _mm_store_si128(reinterpret_cast<__m128i*>(t), high_halves(v));
+  std::memcpy(p, t, n * sizeof(uint16_t));
 }
 inline V vset1(float a) { return _mm256_set1_ps(a); }
 inline V vsub(V a, V b) { return _mm256_sub_ps(a, b); }
@@ -362,6 +379,15 @@ inline V vload_i8_part(const int8_t* p, int64_t n) {
 inline V vbroadcast_f16(uint16_t h) { return _mm512_set1_ps(_cvtsh_ss(h)); }
 inline void vstore(float* p, V v) { _mm512_storeu_ps(p, v); }
 inline void vstore_part(float* p, V v, int64_t n) { _mm512_mask_storeu_ps(p, first(n), v); }
+inline __m256i high_halves(V v) {
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16));
+}
+inline void vstore_high_halves(uint16_t* p, V v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), high_halves(v));
+}
+inline void vstore_high_halves_part(uint16_t* p, V v, int64_t n) {
+  _mm256_mask_storeu_epi16(p, first(n), high_halves(v));
+}
 inline V vset1(float a) { return _mm512_set1_ps(a); }
 inline V vsub(V a, V b) { return _mm512_sub_ps(a, b); }
 inline V vdiv(V a, V b) { return _mm512_div_ps(a, b); }
@@ -521,6 +547,7 @@ const Kernels kScalar{Isa::kScalar,
                       &scalar::dequant_q8,
                       &gemv_i8_channel<&scalar::gemv_i8_channel_cols>,
                       &scalar::dequant_i8_channel,
+                      &scalar::widen_i8_bf16,
                       scalar::kLanes,
                       SEQPAR_ELEMENTWISE_OPS(scalar)};
 #if SEQPAR_X86_SIMD
@@ -531,6 +558,7 @@ const Kernels kAvx2{Isa::kAvx2,
                     &avx2::dequant_q8,
                     &gemv_i8_channel<&avx2::gemv_i8_channel_cols>,
                     &avx2::dequant_i8_channel,
+                    &avx2::widen_i8_bf16,
                     avx2::kW,
                     SEQPAR_ELEMENTWISE_OPS(avx2)};
 const Kernels kAvx512{Isa::kAvx512,
@@ -540,6 +568,7 @@ const Kernels kAvx512{Isa::kAvx512,
                       &avx512::dequant_q8,
                       &gemv_i8_channel<&avx512::gemv_i8_channel_cols>,
                       &avx512::dequant_i8_channel,
+                      &avx512::widen_i8_bf16,
                       avx512::kW,
                       SEQPAR_ELEMENTWISE_OPS(avx512)};
 #endif

@@ -96,6 +96,9 @@ using GemvI8Channel = void (*)(const float* x, int64_t m, int64_t k, const int8_
 // variant).
 using DequantI8Channel = void (*)(const int8_t* q, const float* s, int64_t rows, int64_t k,
                                   float* w);
+// w (n) bf16 = q (n) int8, exactly (an integer of at most 8 significant bits is a bf16 value): the
+// per-channel int8 blocks that oneDNN's bf16 matmul multiplies with bf16 activations (ops.cc).
+using WidenI8Bf16 = void (*)(const int8_t* q, int64_t n, uint16_t* w);
 
 // ---- elementwise and normalisation ops --------------------------------------------------------
 // x (rows, f) row-major fp32 throughout. The scalar variant is the portable reference (the plain
@@ -175,6 +178,7 @@ struct Kernels {
   DequantQ8 dequant_q8;
   GemvI8Channel gemv_i8_channel;
   DequantI8Channel dequant_i8_channel;
+  WidenI8Bf16 widen_i8_bf16;
   int width;  // floats per vector (scalar: partial sums)
   SumSquares sum_squares;
   RmsNorm rms_norm;

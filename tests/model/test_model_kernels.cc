@@ -164,8 +164,8 @@ TEST_P(ModelKernels, GemvStreamsGiveTheBitsOfOneColumnAtATime) {
           column(j, one.data());
           for (int64_t r = 0; r < m; ++r)
             ASSERT_EQ(std::memcmp(&y[r * n + j], &one[r], sizeof(float)), 0)
-                << what << " " << isa_name(isa) << " m " << m << " n " << n << " at (" << r
-                << ", " << j << "): " << y[r * n + j] << " vs " << one[r];
+                << what << " " << isa_name(isa) << " m " << m << " n " << n << " at (" << r << ", "
+                << j << "): " << y[r * n + j] << " vs " << one[r];
         }
       };
       expect(
@@ -176,14 +176,15 @@ TEST_P(ModelKernels, GemvStreamsGiveTheBitsOfOneColumnAtATime) {
           [&](int64_t j, float* o) { kern.gemv_f16(x.data(), m, k, &w[j * k], 1, nullptr, o); });
       expect(
           "int8 per channel",
-          [&](float* o) { kern.gemv_i8_channel(x.data(), m, k, q.data(), s.data(), n, b.data(), o); },
+          [&](float* o) {
+            kern.gemv_i8_channel(x.data(), m, k, q.data(), s.data(), n, b.data(), o);
+          },
           [&](int64_t j, float* o) {
             kern.gemv_i8_channel(x.data(), m, k, &q[j * k], &s[j], 1, &b[j], o);
           });
       // Q8_0 reads x with row stride kq: the first kq of each row of x, rows packed.
       std::vector<float> xq(m * kq);
-      for (int64_t r = 0; r < m; ++r)
-        std::copy_n(&x[r * k], kq, &xq[r * kq]);
+      for (int64_t r = 0; r < m; ++r) std::copy_n(&x[r * k], kq, &xq[r * kq]);
       expect(
           "Q8_0",
           [&](float* o) { kern.gemv_q8(xq.data(), m, kq, q.data(), d.data(), n, b.data(), o); },
@@ -481,6 +482,67 @@ TEST(BF16Activations, LinearWithinTheBoundOfTheRoundedProduct) {
           EXPECT_NE(std::vector<float>(y32.data<float>(), y32.data<float>() + m * n),
                     std::vector<float>(y.data<float>(), y.data<float>() + m * n));
         }
+      }
+}
+
+// bf16 activations with int8 weights. Per-channel: y = s·(round_bf16(x) · qᵀ) + b; from 9 rows on
+// a CPU with native bf16 products (oneDNN's bf16 matmul on q widened to bf16, exactly) every
+// product is exact and summed in fp32, then one multiply and the bias: within gamma_(k+1) ·
+// (s·Σ|x_r·q| + |b|) of float64 on the rounded x and s·q; elsewhere (rows 1..8, gemv_i8_channel;
+// no native bf16: fp32 products on s·q rounded to fp32) within gamma_(k+2). Q8_0 weights take the
+// fp32 paths on the rounded values, within gamma_(k+2) of float64 on d·q.
+TEST(BF16Activations, Int8WeightsWithinTheBoundOfTheRoundedProduct) {
+  std::mt19937 rng(29);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  for (const bool q8 : {false, true})
+    for (const int64_t k : {32, 160, 2048})
+      for (const int64_t m : {1, 8, 9, 100}) {
+        const int64_t n = 37;
+        const bool has_bias = k != 160;
+        Tensor x({m, k}), w({n, k}, DType::kBF16), bias({n});
+        for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = dist(rng);
+        for (int64_t i = 0; i < w.numel(); ++i)
+          w.data<uint16_t>()[i] =
+              f32_to_bf16(dist(rng) * 0.05f * static_cast<float>(1 + i / k % 3));
+        for (int64_t i = 0; i < n; ++i) bias.data<float>()[i] = has_bias ? dist(rng) : 0.f;
+        Tensor q, scale;
+        std::vector<double> deq(n * k);
+        if (q8) {
+          Q8Weight qw = quantize_q8_0(w, "w");
+          std::vector<float> d(n * k);
+          dequantize_q8_0(qw.q, qw.d, 0, n, d.data());  // d·q, exact in fp32
+          std::copy(d.begin(), d.end(), deq.begin());
+          q = std::move(qw.q);
+          scale = std::move(qw.d);
+        } else {
+          Int8ChannelWeight cw = quantize_int8_channel(w, "w");
+          for (int64_t i = 0; i < n * k; ++i)
+            deq[i] = double{cw.s.data<float>()[i / k]} * cw.q.data<int8_t>()[i];
+          q = std::move(cw.q);
+          scale = std::move(cw.s);
+        }
+        const Tensor xr = x.to(DType::kBF16).to(DType::kF32);
+        const Tensor y = linear(x, q, has_bias ? bias : Tensor(), scale, DType::kBF16);
+        const bool native = !q8 && m > 8 && bf16_activations_path() == "onednn bf16";
+        const double u = std::ldexp(1.0, -24), d = static_cast<double>(k + (native ? 1 : 2)),
+                     g = d * u / (1 - d * u);
+        double worst = 0;
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t j = 0; j < n; ++j) {
+            double exact = bias.data<float>()[j], mag = std::fabs(exact);
+            for (int64_t i = 0; i < k; ++i) {
+              const double p = double{xr.data<float>()[r * k + i]} * deq[j * k + i];
+              exact += p;
+              mag += std::fabs(p);
+            }
+            const double err = std::fabs(y.data<float>()[r * n + j] - exact);
+            ASSERT_LE(err, g * mag) << (q8 ? "Q8_0" : "per-channel") << " m " << m << " k " << k
+                                    << " at (" << r << ", " << j << ")";
+            worst = std::max(worst, err / (g * mag));
+          }
+        if (k == 2048 && m == 100)
+          std::printf("  %s int8 weights, m 100 k 2048 (%s): worst error %.2e of the bound\n",
+                      q8 ? "Q8_0" : "per-channel", native ? "onednn bf16" : "fp32", worst);
       }
 }
 

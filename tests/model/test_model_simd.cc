@@ -517,6 +517,25 @@ TEST(ModelSimd, DequantI8ChannelIsTheRoundedProduct) {
   }
 }
 
+// int8 values widened to bf16 are the values themselves: every int8 value, at every position of
+// a vector and in tails of every length, the bits of f32_to_bf16 of the value, in every variant;
+// nothing written past n.
+TEST(ModelSimd, WidenI8Bf16IsExact) {
+  std::vector<int8_t> q(256 + 37);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = static_cast<int8_t>(i * 7 - 128);
+  for (Isa isa : variants())
+    for (int64_t n : {0, 1, 7, 8, 9, 15, 16, 17, 31, 33, 256, 256 + 37}) {
+      std::vector<uint16_t> out(n + 1, 0xdead);
+      kernels(isa).widen_i8_bf16(q.data(), n, out.data());
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(out[i], f32_to_bf16(static_cast<float>(q[i])))
+            << isa_name(isa) << " n " << n << " element " << i;
+        ASSERT_EQ(bf16_to_f32(out[i]), static_cast<float>(q[i]));
+      }
+      ASSERT_EQ(out[n], 0xdead) << isa_name(isa) << " wrote past " << n;
+    }
+}
+
 // The same bits for 1, 2 and 3 threads (columns split over the team), m 1..8, n odd.
 TEST(ModelSimd, GemvI8ChannelDoesNotDependOnThreadCount) {
   const int saved = omp_get_max_threads();

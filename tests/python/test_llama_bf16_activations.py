@@ -10,7 +10,9 @@ tightly than two float32 runs do (measured: 3e-3 to 9e-3 in the logits, against 
 but far more tightly than either agrees with the unrounded model (2e-2): the test asks for the
 same greedy tokens, a logit error within TOL of the rounded reference, and less than half the
 distance to the unrounded one (a run that skipped the rounding would sit at 2e-6 from the plain
-model and 2e-2 from the rounded one). Also the Python module's keyword and the flag's refusal."""
+model and 2e-2 from the rounded one). Also --weights-dtype int8-channel with the rounding (the
+int8 values widened to bf16 for the same matmul) against the rounded reference on the per-channel
+dequantized weights, the Python module's keyword and the flag's refusal."""
 import json
 import os
 import subprocess
@@ -21,6 +23,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 import llama_ref as L
+from test_llama_int8 import dequantized_copy, per_channel
 
 # Measured against the rounded reference (printed): 3e-3 to 9e-3 where oneDNN's bf16 matmul runs
 # on AVX512-BF16 (or the fp32 path runs); with AMX its sums take another order, more elements
@@ -74,16 +77,23 @@ def reference(path, prompt, new_tokens, rounded=True):
     return tokens, np.stack(logits)
 
 
-def check(ckpts, tmp_path, name, mesh=None, backend="threads", prompt_len=57):
+def check(ckpts, tmp_path, name, mesh=None, backend="threads", prompt_len=57, channel_copy=None):
+    """channel_copy: the per-channel dequantized copy of ckpts[name], to run int8-channel
+    weights against."""
     path = ckpts[name]
     prompt = L.prompt_of(prompt_len, L.TINY["vocab_size"], 5)
-    want_tokens, want_logits = reference(path, prompt, NEW)
-    _, plain_logits = reference(path, prompt, NEW, rounded=False)
+    reference_path = channel_copy or path
+    want_tokens, want_logits = reference(reference_path, prompt, NEW)
+    _, plain_logits = reference(reference_path, prompt, NEW, rounded=False)
+    extra = ["--activations", "bf16"]
+    if channel_copy:
+        extra += ["--weights-dtype", "int8-channel"]
     summary, tokens, logits = L.run_generate(path, prompt, NEW, tmp_path / "out.safetensors",
-                                             mesh, backend, extra=["--activations", "bf16"])
+                                             mesh, backend, extra=extra)
     err = float(np.abs(logits - want_logits).max())
     err_plain = float(np.abs(logits - plain_logits).max())
-    print(f"{name} {mesh} {backend}: max abs logit error {err:.3g} (unrounded model {err_plain:.3g})")
+    print(f"{name} {mesh} {backend} {extra}: max abs logit error {err:.3g} "
+          f"(unrounded model {err_plain:.3g})")
     assert summary["activations"] == "bf16"
     assert tokens == want_tokens, (mesh, tokens, want_tokens)
     assert err <= TOL, (mesh, err)
@@ -104,6 +114,17 @@ def test_meshes(ckpts, tmp_path, mesh):
 
 def test_mpi(ckpts, tmp_path):
     check(ckpts, tmp_path, "bf16_untied_sharded", {"tp": 2}, backend="mpi")
+
+
+@pytest.fixture(scope="module")
+def channel_copy(ckpts, tmp_path_factory):
+    return dequantized_copy(ckpts["bf16_untied_sharded"],
+                            str(tmp_path_factory.mktemp("llama_bf16_act_ch") / "ch"), per_channel)
+
+
+@pytest.mark.parametrize("mesh", [None, {"tp": 2}])
+def test_int8_channel(ckpts, channel_copy, tmp_path, mesh):
+    check(ckpts, tmp_path, "bf16_untied_sharded", mesh, channel_copy=channel_copy)
 
 
 def test_python_keyword(ckpts):
