@@ -47,9 +47,11 @@ struct Cache {
   }
 };
 
+// Never destroyed: tensors may be freed by other static destructors at exit, after this one would
+// have run, and the blocks it holds stay reachable (not leaks) until the process ends.
 Cache& cache() {
-  static Cache c;
-  return c;
+  static Cache* const c = new Cache;
+  return *c;
 }
 
 void* allocate(size_t bytes) {
