@@ -24,6 +24,22 @@
 namespace seqpar::model_simd {
 namespace {
 
+// bias + sum_i x_i * w_i in float64, with |bias| + sum_i |x_i * w_i|: the reference of every
+// bound in this file.
+struct Exact {
+  double value, magnitude;
+};
+template <class W>
+Exact exact_dot(const float* x, const W* w, int64_t k, double bias) {
+  Exact e{bias, std::fabs(bias)};
+  for (int64_t i = 0; i < k; ++i) {
+    const double p = double{x[i]} * static_cast<double>(w[i]);
+    e.value += p;
+    e.magnitude += std::fabs(p);
+  }
+  return e;
+}
+
 // Roundings one output of a variant passes through, for m rows and a dot product of length k.
 int64_t roundings(const Kernels& kern, int64_t m, int64_t k) {
   const int64_t w = kern.width;
@@ -84,12 +100,7 @@ TEST_P(ModelKernels, GemvWithinSummationBoundOfFloat64) {
     const double u = std::ldexp(1.0, -24), gamma = d * u / (1 - d * u);
     for (int64_t r = 0; r < c.m; ++r)
       for (int64_t j = 0; j < c.n; ++j) {
-        double exact = c.bias ? b[j] : 0.0, mag = c.bias ? std::fabs(b[j]) : 0.0;
-        for (int64_t i = 0; i < c.k; ++i) {
-          const double p = static_cast<double>(x[r * c.k + i]) * wf[j * c.k + i];
-          exact += p;
-          mag += std::fabs(p);
-        }
+        const auto [exact, mag] = exact_dot(&x[r * c.k], &wf[j * c.k], c.k, c.bias ? b[j] : 0.0);
         const double err = std::fabs(y[r * c.n + j] - exact), bound = gamma * mag;
         ASSERT_LE(err, bound) << isa_name(isa) << " m " << c.m << " k " << c.k << " n " << c.n
                               << " bias " << c.bias << " " << dtype_name(c.wtype) << " at (" << r
@@ -252,12 +263,7 @@ TEST_P(ModelKernels, GemvQ8WithinSummationBoundOfFloat64) {
           const double u = std::ldexp(1.0, -24), gamma = dd * u / (1 - dd * u);
           for (int64_t r = 0; r < m; ++r)
             for (int64_t j = 0; j < n; ++j) {
-              double exact = bias ? b[j] : 0.0, mag = bias ? std::fabs(b[j]) : 0.0;
-              for (int64_t i = 0; i < k; ++i) {
-                const double p = static_cast<double>(x[r * k + i]) * w.w[j * k + i];
-                exact += p;
-                mag += std::fabs(p);
-              }
+              const auto [exact, mag] = exact_dot(&x[r * k], &w.w[j * k], k, bias ? b[j] : 0.0);
               const double err = std::fabs(y[r * n + j] - exact), bound = gamma * mag;
               ASSERT_LE(err, bound)
                   << isa_name(isa) << " m " << m << " k " << k << " n " << n << " bias " << bias
@@ -424,12 +430,8 @@ TEST(QuantizeQ8, LinearOnBothPaths) {
     const double u = std::ldexp(1.0, -24), g = (k + 2) * u / (1 - (k + 2) * u);
     for (int64_t r = 0; r < m; ++r)
       for (int64_t j = 0; j < n; ++j) {
-        double exact = bias.data<float>()[j], mag = std::fabs(exact);
-        for (int64_t i = 0; i < k; ++i) {
-          const double p = double{x.data<float>()[r * k + i]} * deq[j * k + i];
-          exact += p;
-          mag += std::fabs(p);
-        }
+        const auto [exact, mag] =
+            model_simd::exact_dot(x.data<float>() + r * k, &deq[j * k], k, bias.data<float>()[j]);
         ASSERT_LE(std::fabs(y.data<float>()[r * n + j] - exact), g * mag)
             << "m " << m << " at (" << r << ", " << j << ")";
       }
@@ -463,12 +465,8 @@ TEST(BF16Activations, LinearWithinTheBoundOfTheRoundedProduct) {
         double worst = 0;
         for (int64_t r = 0; r < m; ++r)
           for (int64_t j = 0; j < n; ++j) {
-            double exact = bias.data<float>()[j], mag = std::fabs(exact);
-            for (int64_t i = 0; i < k; ++i) {
-              const double p = double{xr.data<float>()[r * k + i]} * wf.data<float>()[j * k + i];
-              exact += p;
-              mag += std::fabs(p);
-            }
+            const auto [exact, mag] = model_simd::exact_dot(
+                xr.data<float>() + r * k, wf.data<float>() + j * k, k, bias.data<float>()[j]);
             const double err = std::fabs(y.data<float>()[r * n + j] - exact);
             ASSERT_LE(err, g * mag)
                 << dtype_name(wdt) << " m " << m << " k " << k << " at (" << r << ", " << j << ")";
@@ -529,12 +527,8 @@ TEST(BF16Activations, Int8WeightsWithinTheBoundOfTheRoundedProduct) {
         double worst = 0;
         for (int64_t r = 0; r < m; ++r)
           for (int64_t j = 0; j < n; ++j) {
-            double exact = bias.data<float>()[j], mag = std::fabs(exact);
-            for (int64_t i = 0; i < k; ++i) {
-              const double p = double{xr.data<float>()[r * k + i]} * deq[j * k + i];
-              exact += p;
-              mag += std::fabs(p);
-            }
+            const auto [exact, mag] = model_simd::exact_dot(xr.data<float>() + r * k, &deq[j * k],
+                                                            k, bias.data<float>()[j]);
             const double err = std::fabs(y.data<float>()[r * n + j] - exact);
             ASSERT_LE(err, g * mag) << (q8 ? "Q8_0" : "per-channel") << " m " << m << " k " << k
                                     << " at (" << r << ", " << j << ")";
