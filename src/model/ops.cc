@@ -101,6 +101,13 @@ void matmul(const void* x, int64_t m, int64_t k, const void* w, int64_t n, const
 constexpr int64_t kConvertedBlockBytes = int64_t{2} << 20;
 constexpr int64_t kConvertedBlockBytesManyRows = 64 << 20;
 constexpr int64_t kManyRows = 256;
+// Up to this many rows of x the decode kernels multiply the weights as stored, in groups of
+// model_simd::kRowGroup rows (linear()); more go to oneDNN. One thread, a 8192 x 2048 weight
+// (bench/linear_bench, an Intel Xeon with AVX-512): bf16 and per-channel int8 at 82-103 GFLOP/s
+// from 9 to 64 rows, where oneDNN on converted blocks ran at 24-96; Q8_0 (its per-block scales)
+// at 54-61, level with oneDNN at 32 rows and behind it at 64.
+constexpr int64_t kFewRows = 64;
+constexpr int64_t kFewRowsQ8 = 32;
 
 }  // namespace
 
@@ -288,9 +295,11 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
     matmul(xs, m, k, w.data<float>(), n, b, y.data<float>(), n, false);
     return y;
   }
-  // Up to kMaxRows rows of x (decode) multiply a 16-bit weight directly: each weight is read
-  // once, as 2 bytes, widened in the load, instead of converted to fp32, written and read again.
-  if (m <= model_simd::kMaxRows) {
+  // Up to kFewRows rows of x (decode, a short prompt) multiply a 16-bit or int8 weight directly:
+  // each weight is read once, as stored, widened in the load, instead of converted to fp32,
+  // written and read again; past kMaxRows in groups of model_simd::kRowGroup rows (simd_ops.h).
+  // (Per-channel int8 with bf16 activations past kMaxRows: oneDNN's bf16 matmul, below.)
+  if (m <= (q8 ? kFewRowsQ8 : kFewRows) && !channel_bf16) {
     const model_simd::Kernels& kern = model_simd::kernels();
     if (q8) {
       kern.gemv_q8(xs, m, k, w.data<int8_t>(), w_scale.data<uint16_t>(), n, b, y.data<float>());

@@ -438,11 +438,30 @@ void over_columns(int64_t n, Cols&& cols) {
   for (int64_t c = 0; c < chunks; ++c) cols(c * chunk, std::min(n, (c + 1) * chunk));
 }
 
+// Runs cols(x_g, rows, y_g, j0, j1) over [0, n) on the calling thread's team (over_columns): up
+// to kMaxRows rows of x (m, k) as one group; more in groups of kRowGroup rows, each thread's
+// columns a piece of about kRowPieceBytes of weights (weight_bytes_per_column each) at a time,
+// every group over the piece in turn while it is in the core's cache. y (m, n).
+template <typename Cols>
+void over_row_groups(const float* x, int64_t m, int64_t k, float* y, int64_t n,
+                     int64_t weight_bytes_per_column, Cols&& cols) {
+  over_columns(n, [&](int64_t j0, int64_t j1) {
+    if (m <= kMaxRows) return cols(x, m, y, j0, j1);
+    const int64_t piece = std::max<int64_t>(16, kRowPieceBytes / weight_bytes_per_column);
+    for (int64_t c0 = j0; c0 < j1; c0 += piece)
+      for (int64_t r0 = 0; r0 < m; r0 += kRowGroup)
+        cols(x + r0 * k, std::min(kRowGroup, m - r0), y + r0 * n, c0, std::min(j1, c0 + piece));
+  });
+}
+
 template <GemvCols kCols>
 void gemv(const float* x, int64_t m, int64_t k, const uint16_t* w, int64_t n, const float* bias,
           float* y) {
-  SEQPAR_CHECK(m >= 1 && m <= kMaxRows, "gemv: ", m, " rows; at most ", kMaxRows);
-  over_columns(n, [&](int64_t j0, int64_t j1) { kCols(x, m, k, w, n, bias, y, j0, j1); });
+  SEQPAR_CHECK(m >= 1, "gemv: ", m, " rows; at least 1");
+  over_row_groups(x, m, k, y, n, 2 * k,
+                  [&](const float* xg, int64_t rows, float* yg, int64_t j0, int64_t j1) {
+                    kCols(xg, rows, k, w, n, bias, yg, j0, j1);
+                  });
 }
 
 using GemvQ8Cols = void (*)(const float* x, int64_t m, int64_t k, const int8_t* q,
@@ -452,9 +471,12 @@ using GemvQ8Cols = void (*)(const float* x, int64_t m, int64_t k, const int8_t* 
 template <GemvQ8Cols kCols>
 void gemv_q8(const float* x, int64_t m, int64_t k, const int8_t* q, const uint16_t* d, int64_t n,
              const float* bias, float* y) {
-  SEQPAR_CHECK(m >= 1 && m <= kMaxRows, "gemv_q8: ", m, " rows; at most ", kMaxRows);
+  SEQPAR_CHECK(m >= 1, "gemv_q8: ", m, " rows; at least 1");
   SEQPAR_CHECK(k % kQ8Block == 0, "gemv_q8: k ", k, " is not a multiple of ", kQ8Block);
-  over_columns(n, [&](int64_t j0, int64_t j1) { kCols(x, m, k, q, d, n, bias, y, j0, j1); });
+  over_row_groups(x, m, k, y, n, k + k / kQ8Block * 2,
+                  [&](const float* xg, int64_t rows, float* yg, int64_t j0, int64_t j1) {
+                    kCols(xg, rows, k, q, d, n, bias, yg, j0, j1);
+                  });
 }
 
 using GemvI8ChannelCols = void (*)(const float* x, int64_t m, int64_t k, const int8_t* q,
@@ -464,8 +486,11 @@ using GemvI8ChannelCols = void (*)(const float* x, int64_t m, int64_t k, const i
 template <GemvI8ChannelCols kCols>
 void gemv_i8_channel(const float* x, int64_t m, int64_t k, const int8_t* q, const float* s,
                      int64_t n, const float* bias, float* y) {
-  SEQPAR_CHECK(m >= 1 && m <= kMaxRows, "gemv_i8_channel: ", m, " rows; at most ", kMaxRows);
-  over_columns(n, [&](int64_t j0, int64_t j1) { kCols(x, m, k, q, s, n, bias, y, j0, j1); });
+  SEQPAR_CHECK(m >= 1, "gemv_i8_channel: ", m, " rows; at least 1");
+  over_row_groups(x, m, k, y, n, k,
+                  [&](const float* xg, int64_t rows, float* yg, int64_t j0, int64_t j1) {
+                    kCols(xg, rows, k, q, s, n, bias, yg, j0, j1);
+                  });
 }
 
 // Runs fn(r0, r1) over [0, rows) on the calling thread's OpenMP team, as over_columns, when the

@@ -206,6 +206,58 @@ TEST_P(ModelKernels, GemvStreamsGiveTheBitsOfOneColumnAtATime) {
   omp_set_num_threads(saved);
 }
 
+// Past kMaxRows rows the products run the rows in groups of kRowGroup over pieces of columns
+// (simd_ops.h): every output must have the bits of its group multiplied alone (whose bound the
+// tests above derive), in all four weight formats, for row counts that leave 0 to 7 rows in the
+// last group, columns cut into several pieces (k 2048: 32 to 64 columns a piece), on 1 to 7
+// threads.
+TEST_P(ModelKernels, RowGroupsGiveTheBitsOfEachGroupAlone) {
+  const Isa isa = GetParam();
+  if (!cpu_has(isa)) GTEST_SKIP() << "this CPU cannot run the " << isa_name(isa) << " variant";
+  const Kernels& kern = kernels(isa);
+  std::mt19937 rng(13);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  const int64_t k = 2048, n = 150;
+  std::vector<float> b(n), s(n);
+  std::vector<uint16_t> w(n * k), d(n * k / kQ8Block);
+  std::vector<int8_t> q(n * k);
+  for (float& v : b) v = dist(rng);
+  for (float& v : s) v = std::fabs(dist(rng));
+  for (uint16_t& v : w) v = f32_to_bf16(dist(rng) * 0.05f);
+  for (uint16_t& v : d) v = f32_to_f16(0.01f * std::fabs(dist(rng)));
+  for (int8_t& v : q) v = static_cast<int8_t>(std::clamp(dist(rng) * 40.f, -127.f, 127.f));
+  for (const int64_t m : {9, 15, 16, 17, 23, 40, 64}) {
+    std::vector<float> x(m * k), want(m * n);
+    for (float& v : x) v = dist(rng);
+    const auto expect = [&](const char* what, auto&& product) {
+      const int saved = omp_get_max_threads();
+      omp_set_num_threads(1);
+      for (int64_t r0 = 0; r0 < m; r0 += kRowGroup)
+        product(&x[r0 * k], std::min(kRowGroup, m - r0), &want[r0 * n]);
+      omp_set_num_threads(saved);
+      expect_same_for_thread_counts(isa, m * n, [&](float* y) {
+        product(x.data(), m, y);
+        for (int64_t i = 0; i < m * n; ++i)
+          ASSERT_EQ(std::memcmp(&y[i], &want[i], sizeof(float)), 0)
+              << what << " " << isa_name(isa) << " m " << m << " at (" << i / n << ", " << i % n
+              << "): " << y[i] << " vs " << want[i];
+      });
+    };
+    expect("bf16", [&](const float* xr, int64_t rows, float* y) {
+      kern.gemv_bf16(xr, rows, k, w.data(), n, b.data(), y);
+    });
+    expect("f16", [&](const float* xr, int64_t rows, float* y) {
+      kern.gemv_f16(xr, rows, k, w.data(), n, nullptr, y);
+    });
+    expect("int8 per channel", [&](const float* xr, int64_t rows, float* y) {
+      kern.gemv_i8_channel(xr, rows, k, q.data(), s.data(), n, b.data(), y);
+    });
+    expect("Q8_0", [&](const float* xr, int64_t rows, float* y) {
+      kern.gemv_q8(xr, rows, k, q.data(), d.data(), n, b.data(), y);
+    });
+  }
+}
+
 // Roundings one output of gemv_q8 passes through (simd_ops.h): within a block, the product and
 // the FMAs over its vectors (scalar: a product and 31 adds); the block's scale (scalar: a
 // multiply; vector: the FMA into the accumulator); the chain over blocks; the lane tree; the bias.
@@ -307,19 +359,41 @@ INSTANTIATE_TEST_SUITE_P(Variants, ModelKernels,
                          ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512),
                          [](const auto& info) { return std::string(isa_name(info.param)); });
 
+// linear() multiplies up to 64 rows with the chosen variant's product (from 9 rows in groups),
+// 16-bit and per-channel int8 weights; Q8_0 up to 32 rows (ops.cc, kFewRows).
 TEST(ModelKernels, LinearUsesTheChosenVariant) {
-  const int64_t m = 2, k = 70, n = 33;
-  Tensor x({m, k}), w({n, k}, DType::kF16), bias({n});
+  const int64_t k = 96, n = 33;
   std::mt19937 rng(5);
   std::normal_distribution<float> dist(0.f, 1.f);
-  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = dist(rng);
+  Tensor w({n, k}, DType::kF16), bias({n}), wb({n, k}, DType::kBF16);
   for (int64_t i = 0; i < n; ++i) bias.data<float>()[i] = dist(rng);
   auto* wp = static_cast<uint16_t*>(w.raw());
   for (int64_t i = 0; i < w.numel(); ++i) wp[i] = f32_to_f16(dist(rng));
-  const Tensor y = linear(x, w, bias);
-  std::vector<float> want(m * n);
-  kernels().gemv_f16(x.data<float>(), m, k, wp, n, bias.data<float>(), want.data());
-  EXPECT_EQ(std::vector<float>(y.data<float>(), y.data<float>() + m * n), want);
+  for (int64_t i = 0; i < wb.numel(); ++i) wb.data<uint16_t>()[i] = f32_to_bf16(dist(rng));
+  const Q8Weight q8 = quantize_q8_0(wb, "w");
+  const Int8ChannelWeight ch = quantize_int8_channel(wb, "w");
+  for (const int64_t m : {2, 9, 32, 64}) {
+    Tensor x({m, k});
+    for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = dist(rng);
+    const auto same = [&](const char* what, const Tensor& y, auto&& product) {
+      std::vector<float> want(m * n);
+      product(want.data());
+      EXPECT_EQ(std::vector<float>(y.data<float>(), y.data<float>() + m * n), want)
+          << what << " m " << m;
+    };
+    same("f16", linear(x, w, bias), [&](float* o) {
+      kernels().gemv_f16(x.data<float>(), m, k, wp, n, bias.data<float>(), o);
+    });
+    same("int8 per channel", linear(x, ch.q, bias, ch.s), [&](float* o) {
+      kernels().gemv_i8_channel(x.data<float>(), m, k, ch.q.data<int8_t>(), ch.s.data<float>(), n,
+                                bias.data<float>(), o);
+    });
+    if (m <= 32)
+      same("Q8_0", linear(x, q8.q, bias, q8.d), [&](float* o) {
+        kernels().gemv_q8(x.data<float>(), m, k, q8.q.data<int8_t>(), q8.d.data<uint16_t>(), n,
+                          bias.data<float>(), o);
+      });
+  }
   const std::string info = model_kernel_info();
   EXPECT_NE(info.find(std::string("gemv_bf16 ") + std::string(isa_name(kernels().isa))),
             std::string::npos)

@@ -16,15 +16,15 @@ namespace seqpar {
 
 // y (rows, out) = x (rows, in) · wᵀ + bias, w (out, in) as stored by PyTorch's nn.Linear, bias
 // (out) or empty. x, bias and y are fp32; w is fp32, or bf16/fp16 as a checkpoint stores it
-// (up to 8 rows of x: widened in the load of a vectorized product; more: converted to fp32 a
-// block of rows at a time, the block kept in cache for the matmul).
+// (up to 64 rows of x: widened in the load of a vectorized product, past 8 rows in groups of 4;
+// more: converted to fp32 a block of rows at a time, the block kept in cache for oneDNN's matmul).
 // w may also be int8 with its scales w_scale (below), told apart by the scales: Q8_0 (fp16, (out,
-// in / 32)) or per-channel (fp32, (out)). Up to 8 rows multiply the int8 values directly, more
-// multiply blocks of rows dequantized to fp32.
+// in / 32)) or per-channel (fp32, (out)). Up to 64 rows (per-channel) or 32 (Q8_0) multiply the
+// int8 values directly, more multiply blocks of rows dequantized to fp32.
 // activations kBF16: x is rounded to bf16 (to nearest even) first, as llama.cpp multiplies a BF16
-// weight; a bf16 weight times more than 8 rows is then multiplied by oneDNN's bf16 matmul where
-// the CPU has AVX512-BF16 or AMX (products exact, sums fp32), else by the fp32 paths on the
-// rounded values (the same products). kF32: x as it is.
+// weight; a bf16 or per-channel int8 weight times more than 8 rows is then multiplied by oneDNN's
+// bf16 matmul where the CPU has AVX512-BF16 or AMX (products exact, sums fp32), else by the fp32
+// paths on the rounded values (the same products). kF32: x as it is.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias,
               const Tensor& w_scale = Tensor(), DType activations = DType::kF32);
 // Where linear() multiplies bf16 activations by a bf16 weight on this CPU: "onednn bf16" or
