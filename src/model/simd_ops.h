@@ -42,9 +42,9 @@ using seqpar::isa_name;
 // kRowPieceBytes of weights at a time and runs every group over the piece while the piece is in
 // the core's cache. 4 rows: a group's x (4 · k fp32, 32 KiB at k 2048) stays in the first-level
 // cache while the piece's columns stream past it; in groups of 8 rows (the decode product's
-// largest) 16 to 64 rows ran at about half the rate, and with the piece widened to fp32 once
-// (twice the bytes from the second-level cache) 30% slower (bench/gemv_bench, one thread, an
-// Intel Xeon with AVX-512).
+// largest) 16 to 64 rows took 1.2-1.9x as long, and with the piece widened to fp32 once (twice
+// the bytes from the second-level cache) 1.09-1.56x as long in 5 of 6 shapes and 0.91x in one
+// (bench/gemv_bench --m 16,32,64 --k 2048,8192, one thread, an Intel Xeon with AVX-512).
 constexpr int64_t kMaxRows = 8;
 constexpr int64_t kRowGroup = 4;
 constexpr int64_t kRowPieceBytes = 128 << 10;
