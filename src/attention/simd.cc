@@ -44,9 +44,10 @@ inline V vfmadd(V a, V b, V c) {
 inline float hmax(V v) { return v; }
 inline float hsum(V v) { return v; }
 inline V vsum_lanes(const V* v) { return v[0]; }
-inline V vround(V x) { return std::nearbyint(x); }
-inline V vpow2i(V n) {
-  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+inline V vpow2_shifted(V r) {
+  uint32_t bits;
+  std::memcpy(&bits, &r, 4);
+  bits <<= 23;
   float f;
   std::memcpy(&f, &bits, 4);
   return f;
@@ -94,10 +95,8 @@ inline V vsum_lanes(const V* v) {
   // ab's low half: v[0..3] over lanes 0-3, its high half over lanes 4-7; cd the same for v[4..7].
   return _mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20), _mm256_permute2f128_ps(ab, cd, 0x31));
 }
-inline V vround(V x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-inline V vpow2i(V n) {
-  const __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
+inline V vpow2_shifted(V r) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(r), 23));
 }
 inline V vload_bf16(const uint16_t* p) {
   const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -150,12 +149,8 @@ inline V vsum_lanes(const V* v) {
   return _mm512_insertf32x8(_mm512_castps256_ps512(avx2::vsum_lanes(h)), avx2::vsum_lanes(h + 8),
                             1);
 }
-inline V vround(V x) {
-  return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-}
-inline V vpow2i(V n) {
-  const __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
+inline V vpow2_shifted(V r) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_castps_si512(r), 23));
 }
 inline V vload_bf16(const uint16_t* p) {
   const __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
