@@ -37,7 +37,7 @@ using seqpar::bench::time_per_call;
 }
 
 struct Tile {
-  int64_t rows, keys, d, ld;
+  int64_t rows, d, ld;
   std::vector<float> s0, s, o, m;
   std::vector<double> l;
   std::vector<uint16_t> p16;
@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
 
   omp_set_num_threads(1);  // oneDNN's block GEMMs on one thread, as in the kernel
 
-  Tile t{bq, bk, d, simd::round_up_row(bk), {}, {}, {}, {}, {}, {}};
+  Tile t{bq, d, simd::round_up_row(bk), {}, {}, {}, {}, {}, {}};
   t.s0.resize(t.rows * t.ld);
   std::mt19937 rng(1);
   std::normal_distribution<float> score(0.f, std::sqrt(static_cast<float>(d)));
