@@ -286,15 +286,15 @@ struct GenerateOptions : MeshFlags, ChunkFlags {
   // Packed documents: "1,2,3" each, prefilled together (Decoder::prefill_documents), no decode.
   std::vector<std::string> document_ids;
   std::string weights_dtype = "checkpoint";  // checkpoint | int8 (Q8_0) | int8-channel
-  std::string activations = "fp32";          // fp32 | bf16 (the linear layers' inputs rounded)
+  std::string activations = "fp32";  // fp32 | bf16 | int8 (the linear layers' inputs rounded)
   bool json = false;
   bool quiet = false;
 };
 void add_generate_command(CLI::App& app, GenerateOptions& opts);
 // --activations (generate and denoise): the flag's help text, and its value as a dtype
-// (InvalidArgument naming the valid names).
+// (InvalidArgument naming the valid names; int8 only where int8_allowed, generate's check).
 extern const char* const kActivationsHelp;
-DType activations_flag(const std::string& value);
+DType activations_flag(const std::string& value, bool int8_allowed = true);
 int generate_command(const GenerateOptions& opts);
 
 // seqpar denoise: a Wan checkpoint on latents and text embeddings from a safetensors file: one

@@ -70,7 +70,7 @@ Plan resolve(const DenoiseOptions& o, int world) {
                    "--boundary-ratio ", o.boundary_ratio.value_or(0), " is invalid; valid: (0, 1)");
   Plan p;
   p.model = open_wan_model(o.model);
-  p.model.activations = activations_flag(o.activations);
+  p.model.activations = activations_flag(o.activations, false);
   const DiTConfig& m = p.model.experts[0].preset;
   p.mesh = resolve_mesh(o, world);
   SEQPAR_ARG_CHECK(m.heads % p.mesh.mesh.tp == 0, "--tp ", p.mesh.mesh.tp, " does not divide the ",

@@ -48,7 +48,7 @@ Plan<Family> resolve(const DenoiseOptions& o, int world) {
                    o.guidance, " is invalid; valid: 0..100");
   Plan<Family> p;
   p.ck = Family::open(o.model);
-  p.ck.activations = activations_flag(o.activations);
+  p.ck.activations = activations_flag(o.activations, false);
   p.mesh = resolve_mesh(o, world);
   const auto& m = p.ck.config;
   SEQPAR_ARG_CHECK(m.heads % p.mesh.mesh.tp == 0, "--tp ", p.mesh.mesh.tp, " does not divide the ",

@@ -122,7 +122,11 @@ Prepared prepare(const GenerateOptions& o, int world) {
                     "takes 1");
   SEQPAR_ARG_CHECK(weight_format_named(o.weights_dtype).has_value(), "--weights-dtype '",
                    o.weights_dtype, "' is unknown; valid: ", weight_format_names());
-  activations_flag(o.activations);
+  SEQPAR_ARG_CHECK(
+      activations_flag(o.activations) != DType::kI8 || o.weights_dtype == "int8-channel",
+      "--activations int8 multiplies int8 by int8 and needs --weights-dtype "
+      "int8-channel (one scale per output row); valid with --weights-dtype ",
+      o.weights_dtype, ": fp32, bf16");
   if (!o.document_ids.empty()) {
     prepare_documents(o, p);
     return p;
@@ -456,14 +460,19 @@ int run_generate(const GenerateOptions& o) {
 }  // namespace
 
 const char* const kActivationsHelp =
-    "fp32 | bf16: the linear layers' inputs as computed, or rounded to bf16 first (with bf16 "
-    "or int8-channel weights: oneDNN's bf16 matmul where the CPU has AVX512-BF16 or AMX, as "
-    "llama.cpp multiplies BF16 weights; seqpar info names the path)";
+    "fp32 | bf16 | int8: the linear layers' inputs as computed, or rounded to bf16 first (with "
+    "bf16 or int8-channel weights: oneDNN's bf16 matmul where the CPU has AVX512-BF16 or AMX, as "
+    "llama.cpp multiplies BF16 weights), or quantized to int8 per row (generate with "
+    "--weights-dtype int8-channel: oneDNN's int8 matmul, VNNI where the CPU has it); seqpar info "
+    "names the paths";
 
-DType activations_flag(const std::string& value) {
+DType activations_flag(const std::string& value, bool int8_allowed) {
   const std::optional<DType> d = activations_named(value);
   SEQPAR_ARG_CHECK(d.has_value(), "--activations '", value,
                    "' is unknown; valid: ", activations_names());
+  SEQPAR_ARG_CHECK(*d != DType::kI8 || int8_allowed,
+                   "--activations int8 needs per-channel int8 weights, which denoise does not "
+                   "load; valid here: fp32, bf16");
   return *d;
 }
 

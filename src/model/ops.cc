@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -19,10 +20,14 @@ namespace seqpar {
 
 namespace {
 
+// The operands' types: all fp32; x and w bf16 (fp32 accumulation and y); x and w int8 with int32
+// y (exact sums, no bias).
+enum class MatmulTypes { kF32, kBF16, kS8 };
+
 struct MatmulKey {
   int64_t m, n, k;
   bool bias;
-  bool bf16;    // x and w bf16 (fp32 accumulation and y), else all fp32
+  MatmulTypes types;
   int64_t ldc;  // the row stride of y (n, or wider when y is a column block of a wider matrix)
   int threads;  // oneDNN's team when the primitive was made (1 inside a parallel region)
   bool operator==(const MatmulKey&) const = default;
@@ -31,7 +36,7 @@ struct MatmulKeyHash {
   size_t operator()(const MatmulKey& s) const {
     return std::hash<int64_t>()(s.m) * 1000003u ^ std::hash<int64_t>()(s.n) * 10007u ^
            std::hash<int64_t>()(s.k) * 31u ^ std::hash<int64_t>()(s.ldc) * 7u ^
-           static_cast<size_t>(s.bias) ^ static_cast<size_t>(s.bf16) << 1 ^
+           static_cast<size_t>(s.bias) ^ static_cast<size_t>(s.types) << 1 ^
            static_cast<size_t>(s.threads) << 20;
   }
 };
@@ -43,23 +48,33 @@ dnnl::engine& engine() {
 
 // y (m, n) = x (m, k) · wᵀ (w is (n, k) row-major, i.e. B (k, n) with strides {1, k}) + bias.
 // Throws dnnl::error where the CPU has no such matmul (bf16 below AVX-512).
+dnnl::memory::data_type input_type(MatmulTypes t) {
+  using dt = dnnl::memory::data_type;
+  return t == MatmulTypes::kBF16 ? dt::bf16 : t == MatmulTypes::kS8 ? dt::s8 : dt::f32;
+}
+dnnl::memory::data_type output_type(MatmulTypes t) {
+  using dt = dnnl::memory::data_type;
+  return t == MatmulTypes::kS8 ? dt::s32 : dt::f32;
+}
+
+dnnl::matmul::primitive_desc matmul_pd(const MatmulKey& key) {
+  using dt = dnnl::memory::data_type;
+  const dt in = input_type(key.types);
+  dnnl::memory::desc a({key.m, key.k}, in, dnnl::memory::dims{key.k, 1});
+  dnnl::memory::desc b({key.k, key.n}, in, dnnl::memory::dims{1, key.k});
+  dnnl::memory::desc c({key.m, key.n}, output_type(key.types), dnnl::memory::dims{key.ldc, 1});
+  if (key.bias) {
+    dnnl::memory::desc bias({1, key.n}, dt::f32, dnnl::memory::dims{key.n, 1});
+    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, bias, c), engine());
+  }
+  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), engine());
+}
+
 dnnl::matmul& matmul_for(const MatmulKey& key) {
   thread_local std::unordered_map<MatmulKey, dnnl::matmul, MatmulKeyHash> cache;
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  using dt = dnnl::memory::data_type;
-  const dt in = key.bf16 ? dt::bf16 : dt::f32;
-  dnnl::memory::desc a({key.m, key.k}, in, dnnl::memory::dims{key.k, 1});
-  dnnl::memory::desc b({key.k, key.n}, in, dnnl::memory::dims{1, key.k});
-  dnnl::memory::desc c({key.m, key.n}, dt::f32, dnnl::memory::dims{key.ldc, 1});
-  dnnl::matmul::primitive_desc pd;
-  if (key.bias) {
-    dnnl::memory::desc bias({1, key.n}, dt::f32, dnnl::memory::dims{key.n, 1});
-    pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, bias, c), engine());
-  } else {
-    pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), engine());
-  }
-  return cache.emplace(key, dnnl::matmul(pd)).first->second;
+  return cache.emplace(key, dnnl::matmul(matmul_pd(key))).first->second;
 }
 
 int64_t rows_of(const Tensor& x) { return x.numel() / x.dim(-1); }
@@ -68,17 +83,17 @@ int64_t rows_of(const Tensor& x) { return x.numel() / x.dim(-1); }
 
 namespace {
 
-// y[:, j0 : j0+n) (row stride ldc) = x (m, k) · w (n, k)ᵀ + bias (n, or null); y and bias fp32;
-// bf16: x and w hold bf16 (uint16_t) values, else fp32.
+// y[:, j0 : j0+n) (row stride ldc) = x (m, k) · w (n, k)ᵀ + bias (n, or null); bias fp32; x and w
+// fp32, bf16 (uint16_t) or int8 as `types` says, y fp32 (int32 for int8, bias null).
 void matmul(const void* x, int64_t m, int64_t k, const void* w, int64_t n, const float* bias,
-            float* y, int64_t ldc, bool bf16) {
+            void* y, int64_t ldc, MatmulTypes types) {
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-  dnnl::matmul& mm = matmul_for({m, n, k, bias != nullptr, bf16, ldc, threads});
+  dnnl::matmul& mm = matmul_for({m, n, k, bias != nullptr, types, ldc, threads});
   using dt = dnnl::memory::data_type;
-  const dt in = bf16 ? dt::bf16 : dt::f32;
+  const dt in = input_type(types);
   dnnl::memory am({{m, k}, in, dnnl::memory::dims{k, 1}}, engine(), const_cast<void*>(x));
   dnnl::memory bm({{k, n}, in, dnnl::memory::dims{1, k}}, engine(), const_cast<void*>(w));
-  dnnl::memory cm({{m, n}, dt::f32, dnnl::memory::dims{ldc, 1}}, engine(), y);
+  dnnl::memory cm({{m, n}, output_type(types), dnnl::memory::dims{ldc, 1}}, engine(), y);
   std::unordered_map<int, dnnl::memory> args{
       {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
   if (bias != nullptr)
@@ -230,11 +245,151 @@ std::string_view bf16_activations_path() {
   return native_bf16_matmul() ? "onednn bf16" : "fp32 of the rounded values";
 }
 
+namespace {
+
+// max |x| over each of m rows of k (fp32, (m)); +Inf for a row holding a NaN or an Inf.
+Tensor row_abs_max_of(const float* x, int64_t m, int64_t k) {
+  Tensor a({m});
+  for (int64_t r = 0; r < m; ++r) {
+    float v = 0.f;
+    for (int64_t i = 0; i < k; ++i) {
+      const float e = std::fabs(x[r * k + i]);
+      v = e > v ? e : v;
+      if (!(e <= std::numeric_limits<float>::max())) {  // Inf or NaN
+        v = std::numeric_limits<float>::infinity();
+        break;
+      }
+    }
+    a.data<float>()[r] = v;
+  }
+  return a;
+}
+
+// Row r of x (m, k) as int8: s[r] = amax[r] / 127 (fp32), q = x / s (the fp32 quotient) rounded
+// to nearest (ties to even) and clamped to [-127, 127]; 0 where s is 0 or not finite.
+void quantize_rows(const float* x, int64_t m, int64_t k, const float* amax, int8_t* q, float* s) {
+  for (int64_t r = 0; r < m; ++r) {
+    const float sr = amax[r] / 127.f;
+    s[r] = sr;
+    int8_t* qr = q + r * k;
+    if (!(sr > 0.f) || !std::isfinite(sr)) {
+      std::fill_n(qr, k, int8_t{0});
+      continue;
+    }
+    const float* xr = x + r * k;
+    for (int64_t i = 0; i < k; ++i)
+      qr[i] = static_cast<int8_t>(std::clamp(std::nearbyint(xr[i] / sr), -127.f, 127.f));
+  }
+}
+
+}  // namespace
+
+Tensor row_abs_max(const Tensor& x) {
+  SEQPAR_CHECK(x.dtype() == DType::kF32 && x.ndim() >= 1, "row_abs_max: x is ", x.shape_str(), " ",
+               dtype_name(x.dtype()), "; valid: fp32 rows");
+  return row_abs_max_of(x.data<float>(), rows_of(x), x.dim(-1));
+}
+
+std::string_view int8_activations_path() {
+  static const std::string path = [] {
+    try {
+      return "onednn s8 " +
+             std::string(
+                 matmul_pd({256, 256, 256, false, MatmulTypes::kS8, 256, 1}).impl_info_str());
+    } catch (const dnnl::error&) {
+      return std::string("unavailable");
+    }
+  }();
+  return path;
+}
+
+namespace {
+
+// Runs fn(j0, nb) over blocks of nb rows of a weight (n, k) multiplied by m rows of x: with a
+// team of threads the blocks are handed out one at a time, each converted (where the weight
+// needs it) and multiplied by one thread alone (oneDNN runs single-threaded inside the team):
+// the conversions run in parallel too, and a descheduled thread's blocks go to the others
+// instead of every thread waiting for it at each block's barrier. The first exception is
+// rethrown after the region.
+template <typename Fn>
+void over_weight_blocks(int64_t m, int64_t k, int64_t n, Fn&& fn) {
+  const int64_t block_bytes = m >= kManyRows ? kConvertedBlockBytesManyRows : kConvertedBlockBytes;
+  const int team = omp_in_parallel() ? 1 : omp_get_max_threads();
+  int64_t block = std::clamp<int64_t>(block_bytes / (4 * k) / 16 * 16, 16, n);
+  if (team > 1)
+    block = std::min(block, std::max<int64_t>(16, (n + 4 * team - 1) / (4 * team) / 16 * 16));
+  const int64_t blocks = (n + block - 1) / block;
+  auto run_block = [&](int64_t i) { fn(i * block, std::min(block, n - i * block)); };
+  if (team == 1 || blocks == 1) {
+    for (int64_t i = 0; i < blocks; ++i) run_block(i);
+    return;
+  }
+  std::exception_ptr failure;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(team)
+  for (int64_t i = 0; i < blocks; ++i) {
+    try {
+      run_block(i);
+    } catch (...) {
+#pragma omp critical(seqpar_linear_failure)
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+}
+
+// The most inputs an int8 x int8 sum may have: |sum| <= k · 127² stays below 2^31.
+constexpr int64_t kMaxInt8Inputs = (int64_t{1} << 31) / (127 * 127);
+
+// int8 activations (linear() in ops.h): y = s_x·s_w·(q_x · q_wᵀ) + b, the sums exact in int32
+// (oneDNN's s8 x s8 matmul) past kFewRows rows; up to there the decode product of the
+// per-channel weight on x̂ = fl(s_x·q_x).
+void linear_int8_activations(const float* x, int64_t m, int64_t k, const Tensor& w,
+                             const Tensor& w_scale, const float* b, const Tensor& x_row_max,
+                             Tensor& y) {
+  SEQPAR_CHECK(k <= kMaxInt8Inputs, "linear: int8 activations over ", k, " inputs; valid: at most ",
+               kMaxInt8Inputs, " (an int32 sum)");
+  const int64_t n = w.dim(0);
+  const Tensor amax = x_row_max.empty() ? row_abs_max_of(x, m, k) : x_row_max;
+  SEQPAR_CHECK(amax.numel() == m, "linear: ", amax.numel(), " row maxima for ", m, " rows");
+  Tensor q({m, k}, DType::kI8), sx({m});
+  quantize_rows(x, m, k, amax.data<float>(), q.data<int8_t>(), sx.data<float>());
+  const float* s = sx.data<float>();
+  float* yd = y.data<float>();
+  if (m <= kFewRows) {
+    Tensor xh({m, k});
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t i = 0; i < k; ++i)
+        xh.data<float>()[r * k + i] = s[r] * static_cast<float>(q.data<int8_t>()[r * k + i]);
+    model_simd::kernels().gemv_i8_channel(xh.data<float>(), m, k, w.data<int8_t>(),
+                                          w_scale.data<float>(), n, b, yd);
+  } else {
+    const float* sw = w_scale.data<float>();
+    over_weight_blocks(m, k, n, [&](int64_t j0, int64_t nb) {
+      // The int32 sums land in y's own storage (4 bytes each), then become floats in place.
+      matmul(q.raw(), m, k, w.data<int8_t>() + j0 * k, nb, nullptr, yd + j0, n, MatmulTypes::kS8);
+      for (int64_t r = 0; r < m; ++r) {
+        float* yr = yd + r * n + j0;
+        for (int64_t j = 0; j < nb; ++j) {
+          const float v = static_cast<float>(std::bit_cast<int32_t>(yr[j])) * s[r] * sw[j0 + j];
+          yr[j] = b ? v + b[j0 + j] : v;
+        }
+      }
+    });
+  }
+  // A row holding a NaN or an Inf has no scale: its outputs are NaN, as the fp32 product gives.
+  for (int64_t r = 0; r < m; ++r)
+    if (!std::isfinite(amax.data<float>()[r]))
+      std::fill_n(yd + r * n, n, std::numeric_limits<float>::quiet_NaN());
+}
+
+}  // namespace
+
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& w_scale,
-              DType activations) {
+              DType activations, const Tensor& x_row_max) {
   SEQPAR_CHECK(x.dtype() == DType::kF32, "linear: x is ", dtype_name(x.dtype()), ", not fp32");
-  SEQPAR_CHECK(activations == DType::kF32 || activations == DType::kBF16, "linear: activations ",
-               dtype_name(activations), " are not fp32 or bf16");
+  SEQPAR_CHECK(
+      activations == DType::kF32 || activations == DType::kBF16 || activations == DType::kI8,
+      "linear: activations ", dtype_name(activations), " are not fp32, bf16 or int8");
   SEQPAR_CHECK(w.ndim() == 2 && x.dim(-1) == w.dim(1), "linear: x ", x.shape_str(), " vs w ",
                w.shape_str());
   SEQPAR_CHECK(bias.empty() || bias.dtype() == DType::kF32, "linear: the bias is not fp32");
@@ -265,6 +420,13 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
     return y;
   }
   const float* b = has_bias ? bias.data<float>() : nullptr;
+  if (activations == DType::kI8) {
+    SEQPAR_CHECK(channel, "linear: int8 activations with ",
+                 int8 ? std::string_view("Q8_0") : dtype_name(w.dtype()),
+                 " weights; valid: per-channel int8 weights (--weights-dtype int8-channel)");
+    linear_int8_activations(x.data<float>(), m, k, w, w_scale, b, x_row_max, y);
+    return y;
+  }
   // bf16 activations: x rounded to bf16 (to nearest even) before the product, as llama.cpp
   // multiplies a BF16 weight. With a bf16 weight each product is exact in fp32 and the sums are
   // fp32: oneDNN's bf16 matmul where the CPU has it (the weight read as stored, no conversion),
@@ -282,7 +444,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
     convert(xs, DType::kF32, xb.raw(), DType::kBF16, static_cast<size_t>(m * k));
     const bool bf16_matmul = m > model_simd::kMaxRows && native_bf16_matmul();
     if (w.dtype() == DType::kBF16 && bf16_matmul) {
-      matmul(xb.raw(), m, k, w.raw(), n, b, y.data<float>(), n, true);
+      matmul(xb.raw(), m, k, w.raw(), n, b, y.data<float>(), n, MatmulTypes::kBF16);
       return y;
     }
     channel_bf16 = channel && bf16_matmul;
@@ -292,7 +454,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
     }
   }
   if (w.dtype() == DType::kF32) {
-    matmul(xs, m, k, w.data<float>(), n, b, y.data<float>(), n, false);
+    matmul(xs, m, k, w.data<float>(), n, b, y.data<float>(), n, MatmulTypes::kF32);
     return y;
   }
   // Up to kFewRows rows of x (decode, a short prompt) multiply a 16-bit or int8 weight directly:
@@ -315,27 +477,17 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
     return y;
   }
   // A weight kept in its checkpoint's 16-bit dtype, or int8: converted a block of rows at a
-  // time and multiplied. With a team of threads the blocks are handed out one at a time, each
-  // converted and multiplied by one thread alone (oneDNN runs single-threaded inside the team):
-  // the conversions run in parallel too, and a descheduled thread's blocks go to the others
-  // instead of every thread waiting for it at each block's barrier.
-  const int64_t block_bytes = m >= kManyRows ? kConvertedBlockBytesManyRows : kConvertedBlockBytes;
-  const int team = omp_in_parallel() ? 1 : omp_get_max_threads();
-  int64_t block = std::clamp<int64_t>(block_bytes / (4 * k) / 16 * 16, 16, n);
-  if (team > 1)
-    block = std::min(block, std::max<int64_t>(16, (n + 4 * team - 1) / (4 * team) / 16 * 16));
-  const int64_t blocks = (n + block - 1) / block;
+  // time and multiplied (over_weight_blocks).
   const size_t esize = dtype_size(w.dtype());
   const int64_t scales_per_row = q8 ? k / model_simd::kQ8Block : 0;
-  auto run_block = [&](int64_t j0) {
+  over_weight_blocks(m, k, n, [&](int64_t j0, int64_t nb) {
     thread_local std::vector<float> converted;
     thread_local std::vector<uint16_t> widened;
-    const int64_t nb = std::min(block, n - j0);
     if (channel_bf16) {
       widened.resize(static_cast<size_t>(nb * k));
       model_simd::kernels().widen_i8_bf16(w.data<int8_t>() + j0 * k, nb * k, widened.data());
       float* yb = y.data<float>() + j0;
-      matmul(xb.raw(), m, k, widened.data(), nb, nullptr, yb, n, true);
+      matmul(xb.raw(), m, k, widened.data(), nb, nullptr, yb, n, MatmulTypes::kBF16);
       const float* s = w_scale.data<float>() + j0;
       for (int64_t r = 0; r < m; ++r)
         for (int64_t j = 0; j < nb; ++j) yb[r * n + j] *= s[j];
@@ -356,24 +508,9 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
       convert(static_cast<const std::byte*>(w.raw()) + j0 * k * esize, w.dtype(), converted.data(),
               DType::kF32, static_cast<size_t>(nb * k));
     }
-    matmul(xs, m, k, converted.data(), nb, b ? b + j0 : nullptr, y.data<float>() + j0, n, false);
-  };
-  if (team == 1 || blocks == 1) {
-    for (int64_t i = 0; i < blocks; ++i) run_block(i * block);
-    return y;
-  }
-  // An exception must not leave the parallel region: the first one is kept and rethrown.
-  std::exception_ptr failure;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(team)
-  for (int64_t i = 0; i < blocks; ++i) {
-    try {
-      run_block(i * block);
-    } catch (...) {
-#pragma omp critical(seqpar_linear_failure)
-      if (!failure) failure = std::current_exception();
-    }
-  }
-  if (failure) std::rethrow_exception(failure);
+    matmul(xs, m, k, converted.data(), nb, b ? b + j0 : nullptr, y.data<float>() + j0, n,
+           MatmulTypes::kF32);
+  });
   return y;
 }
 

@@ -622,7 +622,8 @@ std::string model_kernel_info() {
   const std::string_view gemv = model_simd::isa_name(model_simd::kernels().isa);
   return detail::concat("gemv_bf16 ", gemv, ", gemv_f16 ", gemv, ", gemv_q8 ", gemv,
                         ", gemv_i8_channel ", gemv, ", convert ", convert_isa(),
-                        ", bf16 activations ", bf16_activations_path());
+                        ", bf16 activations ", bf16_activations_path(), ", int8 activations ",
+                        int8_activations_path());
 }
 
 std::vector<std::pair<std::string, std::string>> model_op_paths() {

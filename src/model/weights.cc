@@ -36,12 +36,13 @@ std::string_view weight_format_name(WeightFormat f) {
 std::optional<DType> activations_named(std::string_view name) {
   if (name == "fp32") return DType::kF32;
   if (name == "bf16") return DType::kBF16;
+  if (name == "int8") return DType::kI8;
   return std::nullopt;
 }
 
 std::string activations_names(std::string_view quote) {
   const std::string q(quote);
-  return q + "fp32" + q + ", " + q + "bf16" + q;
+  return q + "fp32" + q + ", " + q + "bf16" + q + ", " + q + "int8" + q;
 }
 
 std::string weight_format_names(std::string_view quote) {

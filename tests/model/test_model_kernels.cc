@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -612,6 +613,103 @@ TEST(BF16Activations, Int8WeightsWithinTheBoundOfTheRoundedProduct) {
           std::printf("  %s int8 weights, m 100 k 2048 (%s): worst error %.2e of the bound\n",
                       q8 ? "Q8_0" : "per-channel", native ? "onednn bf16" : "fp32", worst);
       }
+}
+
+// int8 activations (per-channel int8 weights): each row of x quantized as the test does it here
+// (s = a / 127 in fp32, q = nearbyint(x / s) clamped), then past 64 rows y within gamma_4 ·
+// (|s_x·s_w·Σ q_x·q_w| + |b|) of that value in float64 (the sums exact in int32), up to 64 rows
+// (the per-channel decode product on x̂ = fl(s_x·q_x)) within gamma_(k+2) · (Σ|x̂·s_w·q_w| + |b|).
+// Rows with an outlier column (a spread of magnitudes, as real activations have), given row
+// maxima (a row-parallel rank's), a zero row (the bias) and a row holding a NaN (NaN); the call
+// differs from fp32 activations; Q8_0 and bf16 weights are refused.
+TEST(Int8Activations, WithinTheBoundOfTheQuantizedProduct) {
+  std::mt19937 rng(31);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  std::printf("int8 activations: %s\n", std::string(int8_activations_path()).c_str());
+  const double u = std::ldexp(1.0, -24);
+  for (const int64_t k : {1, 31, 160, 2048})
+    for (const int64_t m : {1, 8, 9, 64, 65, 100, 300})
+      for (const bool given_max : {false, true}) {
+        const int64_t n = 37;
+        const bool has_bias = k != 160;
+        Tensor x({m, k}), w({n, k}, DType::kBF16), bias({n});
+        for (int64_t i = 0; i < x.numel(); ++i)
+          x.data<float>()[i] = dist(rng) * (i % k == 3 ? 20.f : 1.f);
+        if (m > 2) std::fill_n(x.data<float>() + k, k, 0.f);  // row 1: zero
+        for (int64_t i = 0; i < w.numel(); ++i)
+          w.data<uint16_t>()[i] =
+              f32_to_bf16(dist(rng) * 0.05f * static_cast<float>(1 + i / k % 3));
+        for (int64_t i = 0; i < n; ++i) bias.data<float>()[i] = has_bias ? dist(rng) : 0.f;
+        const Int8ChannelWeight cw = quantize_int8_channel(w, "w");
+        Tensor amax = row_abs_max(x);
+        if (given_max)
+          for (int64_t r = 0; r < m; ++r) amax.data<float>()[r] *= 1.5f;
+        const Tensor y = linear(x, cw.q, has_bias ? bias : Tensor(), cw.s, DType::kI8,
+                                given_max ? amax : Tensor());
+        const bool exact_sums = m > 64;
+        const double g = exact_sums ? 4 * u / (1 - 4 * u) : (k + 2) * u / (1 - (k + 2) * u);
+        std::vector<float> xh(k);
+        std::vector<double> qx(k), deq(k), qw(k);
+        double worst = 0;
+        for (int64_t r = 0; r < m; ++r) {
+          const float s = amax.data<float>()[r] / 127.f;
+          for (int64_t i = 0; i < k; ++i) {
+            const float v = x.data<float>()[r * k + i];
+            qx[i] = s == 0.f ? 0.f : std::clamp(std::nearbyint(v / s), -127.f, 127.f);
+            xh[i] = s * static_cast<float>(qx[i]);
+          }
+          for (int64_t j = 0; j < n; ++j) {
+            const float sw = cw.s.data<float>()[j];
+            for (int64_t i = 0; i < k; ++i) {
+              qw[i] = cw.q.data<int8_t>()[j * k + i];
+              deq[i] = double{sw} * qw[i];
+            }
+            const double b = bias.data<float>()[j];
+            double exact, mag;
+            if (exact_sums) {
+              double sum = 0;
+              for (int64_t i = 0; i < k; ++i) sum += qx[i] * qw[i];
+              const double p = double{s} * sw * sum;
+              exact = p + b;
+              mag = std::fabs(p) + std::fabs(b);
+            } else {
+              const auto e = model_simd::exact_dot(xh.data(), deq.data(), k, b);
+              exact = e.value;
+              mag = e.magnitude;
+            }
+            const double err = std::fabs(y.data<float>()[r * n + j] - exact);
+            ASSERT_LE(err, g * mag) << "m " << m << " k " << k << " given max " << given_max
+                                    << " at (" << r << ", " << j << ")";
+            if (mag > 0) worst = std::max(worst, err / (g * mag));
+          }
+        }
+        if (k == 2048 && (m == 64 || m == 300) && !given_max) {
+          std::printf("  m %lld k 2048 (%s): worst error %.2e of the bound\n",
+                      static_cast<long long>(m), exact_sums ? "int32 sums" : "decode product",
+                      worst);
+          const Tensor y32 = linear(x, cw.q, bias, cw.s);
+          EXPECT_NE(std::vector<float>(y32.data<float>(), y32.data<float>() + m * n),
+                    std::vector<float>(y.data<float>(), y.data<float>() + m * n));
+        }
+      }
+  // A row holding a NaN gives NaN (both paths); the others are unaffected.
+  for (const int64_t m : {4, 80}) {
+    const int64_t k = 64, n = 16;
+    Tensor x({m, k}), w({n, k});
+    for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = dist(rng);
+    for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] = dist(rng);
+    x.data<float>()[2 * k + 5] = std::numeric_limits<float>::quiet_NaN();
+    const Int8ChannelWeight cw = quantize_int8_channel(w, "w");
+    const Tensor y = linear(x, cw.q, Tensor(), cw.s, DType::kI8);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t j = 0; j < n; ++j)
+        EXPECT_EQ(std::isnan(y.data<float>()[r * n + j]), r == 2) << "m " << m << " row " << r;
+  }
+  // Only per-channel int8 weights take int8 activations.
+  Tensor x({9, 64}), w({8, 64}, DType::kBF16);
+  EXPECT_THROW(linear(x, w, Tensor(), Tensor(), DType::kI8), Error);
+  const Q8Weight q8 = quantize_q8_0(w, "w");
+  EXPECT_THROW(linear(x, q8.q, Tensor(), q8.d, DType::kI8), Error);
 }
 
 }  // namespace

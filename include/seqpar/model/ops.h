@@ -25,11 +25,28 @@ namespace seqpar {
 // weight; a bf16 or per-channel int8 weight times more than 8 rows is then multiplied by oneDNN's
 // bf16 matmul where the CPU has AVX512-BF16 or AMX (products exact, sums fp32), else by the fp32
 // paths on the rounded values (the same products). kF32: x as it is.
+// activations kI8 (per-channel int8 weights only): each row of x quantized to int8 with one fp32
+// scale, s_x = a / 127 with a = max |x| over the row (or x_row_max's value, a row-parallel rank's
+// maximum over the whole row), q_x = x / s_x (the fp32 quotient) rounded to nearest, ties to even,
+// clamped to [-127, 127] (0 where a is 0); then y = s_x·s_w·(q_x · q_wᵀ) + b: past 64 rows the
+// sums exact in int32 (oneDNN's int8 matmul, VNNI where the CPU has it) and y =
+// fl(fl(fl(sum)·s_x)·s_w) (+ b, one more rounding); up to 64 rows the per-channel product on
+// x̂ = fl(s_x·q_x). A row holding a NaN or an Inf gives NaN. Error, u = 2^-24: against the
+// quantized values, |y - (s_x·s_w·Σ q_x·q_w + b)| <= gamma_4·(|s_x·s_w·Σ q_x·q_w| + |b|) past 64
+// rows (up to 64, the per-channel product's gamma_(k+1) bound on x̂, which adds u·|x̂| per element);
+// the quantization itself moves x by at most s_x·(1/2 + 128u) per element.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias,
-              const Tensor& w_scale = Tensor(), DType activations = DType::kF32);
+              const Tensor& w_scale = Tensor(), DType activations = DType::kF32,
+              const Tensor& x_row_max = Tensor());
+// max |x| over each row of x (rows, features) -> (rows), fp32; +Inf for a row holding a NaN or an
+// Inf (int8 activations' scale, all-reduced by a row-parallel layer's ranks).
+Tensor row_abs_max(const Tensor& x);
 // Where linear() multiplies bf16 activations by a bf16 weight on this CPU: "onednn bf16" or
 // "fp32 of the rounded values".
 std::string_view bf16_activations_path();
+// Where linear() multiplies int8 activations past 64 rows: "onednn s8 " and oneDNN's
+// implementation (e.g. "brg:avx512_core_vnni"), or "unavailable".
+std::string_view int8_activations_path();
 // The instruction set each of linear()'s kernels runs on this CPU, e.g. "gemv_bf16 avx512,
 // gemv_f16 avx512, gemv_q8 avx512, gemv_i8_channel avx512, convert avx512"
 // (SEQPAR_KERNEL_ISA=scalar|avx2|avx512 caps them).

@@ -75,7 +75,14 @@ RowLinear RowLinear::load(const WeightStore& ws, const std::string& name, int64_
 }
 
 Tensor RowLinear::forward(const Tensor& x, Communicator& tp) const {
-  Tensor y = linear(x, w, Tensor(), w_scale, activations);
+  // int8 activations: every rank scales a row by the whole row's maximum, so the ranks' partial
+  // products add up to the product of the row quantized whole.
+  Tensor x_row_max;
+  if (activations == DType::kI8 && tp.size() > 1) {
+    x_row_max = row_abs_max(x);
+    tp.all_reduce(std::span<float>(x_row_max.data<float>(), x_row_max.numel()), ReduceOp::kMax);
+  }
+  Tensor y = linear(x, w, Tensor(), w_scale, activations, x_row_max);
   if (tp.size() > 1) tp.all_reduce(std::span<float>(y.data<float>(), y.numel()), ReduceOp::kSum);
   if (!b.empty()) {
     const int64_t n = b.numel(), rows = y.numel() / n;
