@@ -3,8 +3,9 @@
 // from 9 rows the converted blocks multiplied by oneDNN.
 //
 //   linear_bench [--m 8,9,15,16,17,32,64] [--n 8192] [--k 2048]
-//                [--dtype bf16|fp16|int8|int8-channel] [--activations fp32|bf16]
+//                [--dtype bf16|fp16|int8|int8-channel] [--activations fp32|bf16|int8]
 //
+// (--activations int8 needs --dtype int8-channel.)
 // Per m: the mean time of 5 calls after a warm-up, and GFLOP/s (2·m·n·k a call). Not a test:
 // timing decides nothing.
 #include <chrono>
@@ -34,14 +35,16 @@ int main(int argc, char** argv) {
     } else if (a == "--dtype" &&
                (v == "bf16" || v == "fp16" || v == "int8" || v == "int8-channel")) {
       dtype = v;
-    } else if (a == "--activations" && (v == "fp32" || v == "bf16")) {
-      activations = v == "bf16" ? DType::kBF16 : DType::kF32;
+    } else if (a == "--activations" && (v == "fp32" || v == "bf16" || v == "int8")) {
+      activations = v == "bf16" ? DType::kBF16 : v == "int8" ? DType::kI8 : DType::kF32;
     } else {
       bench::usage_error("linear_bench",
                          "usage: linear_bench [--m 8,16] [--n 8192] [--k 2048] "
-                         "[--dtype bf16|fp16|int8|int8-channel] [--activations fp32|bf16]");
+                         "[--dtype bf16|fp16|int8|int8-channel] [--activations fp32|bf16|int8]");
     }
   }
+  if (activations == DType::kI8 && dtype != "int8-channel")
+    bench::usage_error("linear_bench", "--activations int8 needs --dtype int8-channel");
   const Tensor w16 = random_normal({ns[0], ks[0]}, 2, dtype == "fp16" ? DType::kF16 : DType::kBF16);
   const Q8Weight q8 = dtype == "int8" ? quantize_q8_0(w16, "w") : Q8Weight{};
   const Int8ChannelWeight ch =

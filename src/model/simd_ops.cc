@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -230,6 +231,42 @@ void dequant_i8_channel(const int8_t* q, const float* s, int64_t rows, int64_t k
 void widen_i8_bf16(const int8_t* q, int64_t n, uint16_t* w) {
   for (int64_t i = 0; i < n; ++i) w[i] = f32_to_bf16(static_cast<float>(q[i]));
 }
+
+void row_abs_max(const float* x, int64_t rows, int64_t k, float* amax) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float a = 0.f;
+    for (int64_t i = 0; i < k; ++i) {
+      const float e = std::fabs(x[r * k + i]);
+      if (!(e <= std::numeric_limits<float>::max())) {  // Inf or NaN
+        a = std::numeric_limits<float>::infinity();
+        break;
+      }
+      a = std::max(a, e);
+    }
+    amax[r] = a;
+  }
+}
+
+void quantize_rows_s8(const float* x, int64_t rows, int64_t k, const float* s, int8_t* q) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const bool zero = !(s[r] > 0.f) || !std::isfinite(s[r]);
+    for (int64_t i = 0; i < k; ++i)
+      q[r * k + i] =
+          zero
+              ? 0
+              : static_cast<int8_t>(std::nearbyint(std::clamp(x[r * k + i] / s[r], -127.f, 127.f)));
+  }
+}
+
+void scale_int32_rows(float* y, int64_t rows, int64_t n, int64_t ldc, const float* sx,
+                      const float* sw, const float* bias) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < n; ++j) {
+      float& e = y[r * ldc + j];
+      const float v = static_cast<float>(std::bit_cast<int32_t>(e)) * sx[r] * sw[j];
+      e = bias ? v + bias[j] : v;
+    }
+}
 }  // namespace scalar
 
 #if SEQPAR_X86_SIMD
@@ -303,6 +340,28 @@ inline void vstore_high_halves_part(uint16_t* p, V v, int64_t n) {
   alignas(16) uint16_t t[kW];
   _mm_store_si128(reinterpret_cast<__m128i*>(t), high_halves(v));
   std::memcpy(p, t, n * sizeof(uint16_t));
+}
+// v (integers in [-127, 127] after rounding to nearest, ties to even) as int8.
+inline __m128i low_bytes(V v) {
+  const __m256i i = _mm256_cvtps_epi32(v);
+  const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+  return _mm_packs_epi16(w, w);
+}
+inline void vstore_i8(int8_t* p, V v) {
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(p), low_bytes(v));
+}
+inline void vstore_i8_part(int8_t* p, V v, int64_t n) {
+  alignas(16) int8_t t[16];
+  _mm_store_si128(reinterpret_cast<__m128i*>(t), low_bytes(v));
+  std::memcpy(p, t, n);
+}
+inline V vload_i32(const int32_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline V vload_i32_part(const int32_t* p, int64_t n) {
+  alignas(32) int32_t t[kW] = {};
+  std::memcpy(t, p, n * sizeof(int32_t));
+  return vload_i32(t);
 }
 inline V vset1(float a) { return _mm256_set1_ps(a); }
 inline V vsub(V a, V b) { return _mm256_sub_ps(a, b); }
@@ -387,6 +446,17 @@ inline void vstore_high_halves(uint16_t* p, V v) {
 }
 inline void vstore_high_halves_part(uint16_t* p, V v, int64_t n) {
   _mm256_mask_storeu_epi16(p, first(n), high_halves(v));
+}
+// v (integers in [-127, 127] after rounding to nearest, ties to even) as int8.
+inline void vstore_i8(int8_t* p, V v) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v)));
+}
+inline void vstore_i8_part(int8_t* p, V v, int64_t n) {
+  _mm_mask_storeu_epi8(p, first(n), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v)));
+}
+inline V vload_i32(const int32_t* p) { return _mm512_cvtepi32_ps(_mm512_loadu_si512(p)); }
+inline V vload_i32_part(const int32_t* p, int64_t n) {
+  return _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(first(n), p));
 }
 inline V vset1(float a) { return _mm512_set1_ps(a); }
 inline V vsub(V a, V b) { return _mm512_sub_ps(a, b); }
@@ -573,6 +643,9 @@ const Kernels kScalar{Isa::kScalar,
                       &gemv_i8_channel<&scalar::gemv_i8_channel_cols>,
                       &scalar::dequant_i8_channel,
                       &scalar::widen_i8_bf16,
+                      &scalar::row_abs_max,
+                      &scalar::quantize_rows_s8,
+                      &scalar::scale_int32_rows,
                       scalar::kLanes,
                       SEQPAR_ELEMENTWISE_OPS(scalar)};
 #if SEQPAR_X86_SIMD
@@ -584,6 +657,9 @@ const Kernels kAvx2{Isa::kAvx2,
                     &gemv_i8_channel<&avx2::gemv_i8_channel_cols>,
                     &avx2::dequant_i8_channel,
                     &avx2::widen_i8_bf16,
+                    &avx2::row_abs_max,
+                    &avx2::quantize_rows_s8,
+                    &avx2::scale_int32_rows,
                     avx2::kW,
                     SEQPAR_ELEMENTWISE_OPS(avx2)};
 const Kernels kAvx512{Isa::kAvx512,
@@ -594,6 +670,9 @@ const Kernels kAvx512{Isa::kAvx512,
                       &gemv_i8_channel<&avx512::gemv_i8_channel_cols>,
                       &avx512::dequant_i8_channel,
                       &avx512::widen_i8_bf16,
+                      &avx512::row_abs_max,
+                      &avx512::quantize_rows_s8,
+                      &avx512::scale_int32_rows,
                       avx512::kW,
                       SEQPAR_ELEMENTWISE_OPS(avx512)};
 #endif

@@ -109,6 +109,16 @@ using DequantI8Channel = void (*)(const int8_t* q, const float* s, int64_t rows,
 // w (n) bf16 = q (n) int8, exactly (an integer of at most 8 significant bits is a bf16 value): the
 // per-channel int8 blocks that oneDNN's bf16 matmul multiplies with bf16 activations (ops.cc).
 using WidenI8Bf16 = void (*)(const int8_t* q, int64_t n, uint16_t* w);
+// int8 activations (ops.h linear()), the same bits in every variant:
+// amax (rows) = max |x| over each row of x (rows, k); +Inf for a row holding a NaN or an Inf.
+using RowAbsMax = void (*)(const float* x, int64_t rows, int64_t k, float* amax);
+// q (rows, k) int8 = x / s[r] (the fp32 quotient) clamped to [-127, 127], rounded to nearest
+// (ties to even); 0 in a row whose s is 0 or not finite.
+using QuantizeRowsS8 = void (*)(const float* x, int64_t rows, int64_t k, const float* s, int8_t* q);
+// y (rows, n; row stride ldc), each element holding the bits of an int32 sum acc: y =
+// fl(fl(fl(acc)·sx[r])·sw[j]) (+ bias[j], one more rounding; bias null: none).
+using ScaleInt32Rows = void (*)(float* y, int64_t rows, int64_t n, int64_t ldc, const float* sx,
+                                const float* sw, const float* bias);
 
 // ---- elementwise and normalisation ops --------------------------------------------------------
 // x (rows, f) row-major fp32 throughout. The scalar variant is the portable reference (the plain
@@ -189,6 +199,9 @@ struct Kernels {
   GemvI8Channel gemv_i8_channel;
   DequantI8Channel dequant_i8_channel;
   WidenI8Bf16 widen_i8_bf16;
+  RowAbsMax row_abs_max;
+  QuantizeRowsS8 quantize_rows_s8;
+  ScaleInt32Rows scale_int32_rows;
   int width;  // floats per vector (scalar: partial sums)
   SumSquares sum_squares;
   RmsNorm rms_norm;

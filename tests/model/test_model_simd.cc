@@ -536,6 +536,91 @@ TEST(ModelSimd, WidenI8Bf16IsExact) {
     }
 }
 
+// ---- int8 activations (ops.h linear(): row_abs_max, quantize_rows_s8, scale_int32_rows) --------
+
+// Every variant gives the definition's bits: the row maxima of |x| (+Inf for a row holding a NaN
+// or an Inf, wherever it lies), the quotients x / s rounded to nearest with ties to even (values
+// placed on the ties n + 1/2 and on ±127.5, beyond ±127, and rows with s 0, Inf or NaN: zeros),
+// and fl(fl(fl(acc)·s_x)·s_w) (+ b) from int32 sums in place, with acc beyond 2^24 (a rounded
+// conversion); k and n with tails of every length; nothing written past a row.
+TEST(ModelSimd, Int8ActivationKernelsGiveTheDefinitionsBits) {
+  for (Isa isa : variants()) {
+    const Kernels& kern = kernels(isa);
+    std::mt19937 rng(41);
+    std::normal_distribution<float> dist(0.f, 1.f);
+    std::uniform_int_distribution<int32_t> big(-(1 << 30), 1 << 30);
+    for (int64_t k : {1, 5, 8, 15, 16, 17, 33, 100}) {
+      const int64_t rows = 6;
+      std::vector<float> x(rows * k);
+      for (float& v : x) v = dist(rng) * 3.f;
+      x[(2 * k) + k / 2] = NAN;        // row 2: NaN
+      x[(3 * k) + k - 1] = -INFINITY;  // row 3: -Inf in the tail
+      std::vector<float> amax(rows, -1.f);
+      kern.row_abs_max(x.data(), rows, k, amax.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        float want = 0.f;
+        bool bad = false;
+        for (int64_t i = 0; i < k; ++i) {
+          bad |= !std::isfinite(x[r * k + i]);
+          want = std::max(want, std::fabs(x[r * k + i]));
+        }
+        ASSERT_EQ(amax[r], bad ? INFINITY : want) << isa_name(isa) << " k " << k << " row " << r;
+      }
+      // Quotients on ties and past the range: s = 1 (row 0), 0.5 (row 1), 0 (row 2), Inf (3),
+      // NaN (4), 0.01 (5).
+      const float s[rows] = {1.f, 0.5f, 0.f, INFINITY, NAN, 0.01f};
+      for (int64_t i = 0; i < k; ++i) {
+        x[i] = static_cast<float>(i % 9) - 4.5f;                 // ties: -4.5 .. 3.5
+        x[k + i] = (i % 2 ? 1.f : -1.f) * (63.75f + 0.25f * i);  // 127.5, 128, ... and below
+      }
+      std::vector<int8_t> q(rows * k + 1, 99);
+      kern.quantize_rows_s8(x.data(), rows, k, s, q.data());
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < k; ++i) {
+          const bool zero = !(s[r] > 0.f) || !std::isfinite(s[r]);
+          const float t = x[r * k + i] / s[r];
+          const int8_t want =
+              zero ? 0 : static_cast<int8_t>(std::nearbyint(std::clamp(t, -127.f, 127.f)));
+          ASSERT_EQ(q[r * k + i], want) << isa_name(isa) << " k " << k << " row " << r << " " << t;
+        }
+      ASSERT_EQ(q[rows * k], 99) << isa_name(isa) << " wrote past the rows";
+      // The int32 sums in place, a row stride past n (untouched between rows).
+      const int64_t n = k, ldc = n + 3;
+      std::vector<float> y(rows * ldc), sx(rows), sw(n), b(n);
+      std::vector<int32_t> acc(rows * n);
+      for (int64_t r = 0; r < rows; ++r) sx[r] = std::fabs(dist(rng)) * 0.01f;
+      for (int64_t j = 0; j < n; ++j) {
+        sw[j] = std::fabs(dist(rng)) * 0.01f;
+        b[j] = dist(rng);
+      }
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < ldc; ++j) {
+          if (j < n) {
+            acc[r * n + j] = j % 3 ? big(rng) : static_cast<int32_t>(j * 1000 - 7);
+            std::memcpy(&y[r * ldc + j], &acc[r * n + j], 4);
+          } else {
+            y[r * ldc + j] = -7.f;
+          }
+        }
+      for (const bool with_bias : {false, true}) {
+        std::vector<float> z = y;
+        kern.scale_int32_rows(z.data(), rows, n, ldc, sx.data(), sw.data(),
+                              with_bias ? b.data() : nullptr);
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t j = 0; j < ldc; ++j) {
+            float want = -7.f;
+            if (j < n) {
+              want = static_cast<float>(acc[r * n + j]) * sx[r] * sw[j];
+              if (with_bias) want += b[j];
+            }
+            ASSERT_EQ(z[r * ldc + j], want)
+                << isa_name(isa) << " n " << n << " bias " << with_bias << " at " << r << ", " << j;
+          }
+      }
+    }
+  }
+}
+
 // The same bits for 1, 2 and 3 threads (columns split over the team), m 1..8, n odd.
 TEST(ModelSimd, GemvI8ChannelDoesNotDependOnThreadCount) {
   const int saved = omp_get_max_threads();
