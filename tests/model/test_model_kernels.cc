@@ -627,10 +627,10 @@ TEST(Int8Activations, WithinTheBoundOfTheQuantizedProduct) {
   std::normal_distribution<float> dist(0.f, 1.f);
   std::printf("int8 activations: %s\n", std::string(int8_activations_path()).c_str());
   const double u = std::ldexp(1.0, -24);
-  for (const int64_t k : {1, 31, 160, 2048})
-    for (const int64_t m : {1, 4, 5, 8, 9, 64, 300})
+  for (const int64_t k : {1, 31, 128, 160, 256, 2048})
+    for (const int64_t m : {1, 4, 5, 8, 9, 24, 57, 64, 300})
       for (const bool given_max : {false, true}) {
-        const int64_t n = 37;
+        const int64_t n = k == 128 ? 256 : k == 256 ? 128 : 37;
         const bool has_bias = k != 160;
         Tensor x({m, k}), w({n, k}, DType::kBF16), bias({n});
         for (int64_t i = 0; i < x.numel(); ++i)

@@ -147,4 +147,4 @@ def test_refused(ckpts):
     r = subprocess.run([L.SEQPAR, "generate", "--model", ckpts["bf16_tied_bias"], "--prompt-ids",
                         "1,2", "--activations", "fp16"], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        "seqpar: error: --activations 'fp16' is unknown; valid: fp32, bf16"], r.stderr
+        "seqpar: error: --activations 'fp16' is unknown; valid: fp32, bf16, int8"], r.stderr
