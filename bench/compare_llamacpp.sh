@@ -4,6 +4,7 @@
 #
 #   bench/compare_llamacpp.sh [--build DIR] [--rounds 5] [--prompts "256 2048"] [--decode 16]
 #                             [--quick] [--threads 2] [--model DIR] [--out FILE] [--no-check]
+#                             [--weights "bf16 int8"]
 #
 # What it runs:
 # - Weights: a Hugging Face bf16 directory (default /tmp/seqpar_llama3.2-1b_bf16, Llama 3.2 1B's
@@ -27,7 +28,10 @@
 #   seqpar with bf16 activations (1 rank, tp 2; against the same llama.cpp BF16 run), and, if it
 #   lists --weights-dtype, seqpar int8 (1 rank, tp 2) and llama.cpp Q8_0, and with both flags
 #   seqpar int8-channel with bf16 activations (1 rank, tp 2; against the same Q8_0 run: int8
-#   weights on both sides, llama.cpp's activations rounded to int8 blocks). Each generates
+#   weights on both sides, llama.cpp's activations rounded to int8 blocks), and, if
+#   --activations takes int8, seqpar int8-channel with int8 activations (1 rank, tp 2; against the
+#   same Q8_0 run: int8 x int8 products on both sides). --weights chooses the groups: bf16 (the
+#   BF16 runs and theirs) and int8 (the Q8_0 runs and theirs), both by default. Each generates
 #   --decode + 1 tokens: the prompt's pass gives the first, then --decode one-token passes.
 #   Prefill and decode seconds come from each program's own clock (seqpar generate --json,
 #   llamacpp_run.py's JSON: same boundaries, no warm-up pass on either side); peak RSS from
@@ -50,6 +54,7 @@ threads=2
 model="/tmp/seqpar_llama3.2-1b_bf16"
 out=""
 check=1
+groups="bf16 int8"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --build) build="$2"; shift 2 ;;
@@ -61,6 +66,7 @@ while [[ $# -gt 0 ]]; do
     --model) model="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --no-check) check=0; shift ;;
+    --weights) groups="$2"; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "compare_llamacpp: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -127,6 +133,11 @@ int8=0
 if "$seqpar" generate --help 2>/dev/null | grep -q -- "--weights-dtype"; then int8=1; fi
 act=0
 if "$seqpar" generate --help 2>/dev/null | grep -q -- "--activations"; then act=1; fi
+act8=0
+if "$seqpar" generate --help 2>/dev/null | grep -q -- "bf16 | int8"; then act8=1; fi
+bf16_group=0
+[[ " $groups " == *" bf16 "* ]] && bf16_group=1
+[[ " $groups " == *" int8 "* ]] || int8=0
 
 # --- correctness on the F32 GGUF ----------------------------------------------------------------
 if [[ "$check" == 1 ]]; then
@@ -183,14 +194,17 @@ start="$(date -u +%H:%M) UTC, load average $(cut -d' ' -f1 /proc/loadavg)"
 for round in $(seq 1 "$rounds"); do
   for P in $prompts; do
     f="$work/prompt_$P.txt"
-    run "$round" "$P" seqpar "1x2 bf16" "${sp[@]}" --prompt-ids-file "$f"
-    run "$round" "$P" llama.cpp "bf16" "${lc[@]}" --prompt-ids-file "$f" \
-      --model "$gguf_dir/model-bf16.gguf"
-    run "$round" "$P" seqpar "tp2 bf16" "${sp[@]}" --prompt-ids-file "$f" --tp 2
-    if [[ "$act" == 1 ]]; then
-      run "$round" "$P" seqpar "1x2 bf16 act" "${sp[@]}" --prompt-ids-file "$f" --activations bf16
-      run "$round" "$P" seqpar "tp2 bf16 act" "${sp[@]}" --prompt-ids-file "$f" --tp 2 \
-        --activations bf16
+    if [[ "$bf16_group" == 1 ]]; then
+      run "$round" "$P" seqpar "1x2 bf16" "${sp[@]}" --prompt-ids-file "$f"
+      run "$round" "$P" llama.cpp "bf16" "${lc[@]}" --prompt-ids-file "$f" \
+        --model "$gguf_dir/model-bf16.gguf"
+      run "$round" "$P" seqpar "tp2 bf16" "${sp[@]}" --prompt-ids-file "$f" --tp 2
+      if [[ "$act" == 1 ]]; then
+        run "$round" "$P" seqpar "1x2 bf16 act" "${sp[@]}" --prompt-ids-file "$f" \
+          --activations bf16
+        run "$round" "$P" seqpar "tp2 bf16 act" "${sp[@]}" --prompt-ids-file "$f" --tp 2 \
+          --activations bf16
+      fi
     fi
     if [[ "$int8" == 1 ]]; then
       run "$round" "$P" seqpar "1x2 int8" "${sp[@]}" --prompt-ids-file "$f" --weights-dtype int8
@@ -203,6 +217,12 @@ for round in $(seq 1 "$rounds"); do
           --weights-dtype int8-channel --activations bf16
         run "$round" "$P" seqpar "tp2 int8-ch bf16 act" "${sp[@]}" --prompt-ids-file "$f" \
           --tp 2 --weights-dtype int8-channel --activations bf16
+      fi
+      if [[ "$act8" == 1 ]]; then
+        run "$round" "$P" seqpar "1x2 int8-ch int8 act" "${sp[@]}" --prompt-ids-file "$f" \
+          --weights-dtype int8-channel --activations int8
+        run "$round" "$P" seqpar "tp2 int8-ch int8 act" "${sp[@]}" --prompt-ids-file "$f" \
+          --tp 2 --weights-dtype int8-channel --activations int8
       fi
     fi
   done
@@ -236,7 +256,8 @@ pairs = [("1x2 bf16", "bf16"), ("tp2 bf16", "bf16"), ("1x2 bf16 act", "bf16"),
          ("tp2 bf16 act", "bf16")]
 if int8 == "1":
     pairs += [("1x2 int8", "q8_0"), ("tp2 int8", "q8_0"), ("1x2 int8-ch bf16 act", "q8_0"),
-              ("tp2 int8-ch bf16 act", "q8_0")]
+              ("tp2 int8-ch bf16 act", "q8_0"), ("1x2 int8-ch int8 act", "q8_0"),
+              ("tp2 int8-ch int8 act", "q8_0")]
 for P in sorted({r["prompt"] for r in rows}):
     for sc, lcfg in pairs:
         key = lambda r: (r["prompt"], r["side"], r["config"])
@@ -259,8 +280,8 @@ for P in sorted({r["prompt"] for r in rows}):
               f"| {max(s[k]['rss_bytes'] for k in both) / 1e9:.2f} / "
               f"{max(l[k]['rss_bytes'] for k in both) / 1e9:.2f} |")
 if int8 != "1":
-    print("\nseqpar int8 vs llama.cpp Q8_0: skipped (`seqpar generate --help` has no "
-          "--weights-dtype).")
+    print("\nseqpar int8 vs llama.cpp Q8_0: skipped (--weights without int8, or `seqpar "
+          "generate --help` has no --weights-dtype).")
 if os.path.exists(check):
     c = json.load(open(check))
     print(f"\nCorrectness (16-token prompt, {c['tokens']} greedy tokens; seqpar 1 rank on bf16 "

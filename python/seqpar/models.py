@@ -425,9 +425,10 @@ class CausalLM(_Model):
         matrices as stored), "int8" (quantized at load to llama.cpp's Q8_0, as ``seqpar
         generate --weights-dtype int8``) or "int8-channel" (int8 with one float32 scale per
         output row, as ``--weights-dtype int8-channel``). activations: "fp32" (the linear
-        layers' inputs as computed) or "bf16" (rounded to bf16 first; with bf16 weights oneDNN's
+        layers' inputs as computed), "bf16" (rounded to bf16 first; with bf16 weights oneDNN's
         bf16 matmul where the CPU has AVX512-BF16 or AMX, as ``seqpar generate --activations
-        bf16``)."""
+        bf16``) or "int8" (with weights_dtype "int8-channel" only: quantized to int8 per row and
+        multiplied as int8 x int8 by oneDNN's int8 matmul, as ``--activations int8``)."""
         self = cls.__new__(cls)
         mesh = _mesh_of(mesh, mesh_kwargs, CausalLM.from_pretrained)
         spec = _mesh_dict(mesh)
