@@ -256,19 +256,6 @@ Tensor row_abs_max(const Tensor& x) {
   return a;
 }
 
-std::string_view int8_activations_path() {
-  static const std::string path = [] {
-    try {
-      return "onednn s8 " +
-             std::string(
-                 matmul_pd({256, 256, 256, false, MatmulTypes::kS8, 256, 1}).impl_info_str());
-    } catch (const dnnl::error&) {
-      return std::string("unavailable");
-    }
-  }();
-  return path;
-}
-
 namespace {
 
 // Runs fn(j0, nb) over blocks of nb rows of a weight (n, k) multiplied by m rows of x: with a
@@ -306,47 +293,82 @@ void over_weight_blocks(int64_t m, int64_t k, int64_t n, Fn&& fn) {
 // The most inputs an int8 x int8 sum may have: |sum| <= k · 127² stays below 2^31.
 constexpr int64_t kMaxInt8Inputs = (int64_t{1} << 31) / (127 * 127);
 
-// int8 activations (linear() in ops.h): y = s_x·s_w·(q_x · q_wᵀ) + b, the sums exact in int32
-// (oneDNN's s8 x s8 matmul) past kFewRowsInt8Activations rows; up to there the decode product of
-// the per-channel weight on x̂ = fl(s_x·q_x).
-void linear_int8_activations(const float* x, int64_t m, int64_t k, const Tensor& w,
-                             const Tensor& w_scale, const float* b, const Tensor& x_row_max,
-                             Tensor& y) {
-  SEQPAR_CHECK(k <= kMaxInt8Inputs, "linear: int8 activations over ", k, " inputs; valid: at most ",
-               kMaxInt8Inputs, " (an int32 sum)");
-  const int64_t n = w.dim(0);
+// int8 activations (linear() in ops.h): each row of x (m, k) as int8 values q and a scale s,
+// and the row maxima they came from (x_row_max, or this x's own).
+struct QuantizedRows {
+  Tensor amax, q, s;
+};
+QuantizedRows quantize_rows(const float* x, int64_t m, int64_t k, const Tensor& x_row_max) {
+  SEQPAR_CHECK(x_row_max.empty() || x_row_max.numel() == m, "linear: ", x_row_max.numel(),
+               " row maxima for ", m, " rows");
   const model_simd::Kernels& kern = model_simd::kernels();
-  Tensor own_max;
-  if (x_row_max.empty()) {
-    own_max = Tensor({m});
-    kern.row_abs_max(x, m, k, own_max.data<float>());
-  }
-  const Tensor& amax_t = x_row_max.empty() ? own_max : x_row_max;
-  SEQPAR_CHECK(amax_t.numel() == m, "linear: ", amax_t.numel(), " row maxima for ", m, " rows");
-  const float* amax = amax_t.data<float>();
-  Tensor q({m, k}, DType::kI8), sx({m});
-  const float* s = sx.data<float>();
-  for (int64_t r = 0; r < m; ++r) sx.data<float>()[r] = amax[r] / 127.f;
-  kern.quantize_rows_s8(x, m, k, s, q.data<int8_t>());
+  QuantizedRows r{Tensor({m}), Tensor({m, k}, DType::kI8), Tensor({m})};
+  if (x_row_max.empty())
+    kern.row_abs_max(x, m, k, r.amax.data<float>());
+  else
+    std::copy_n(x_row_max.data<float>(), m, r.amax.data<float>());
+  for (int64_t i = 0; i < m; ++i) r.s.data<float>()[i] = r.amax.data<float>()[i] / 127.f;
+  kern.quantize_rows_s8(x, m, k, r.s.data<float>(), r.q.data<int8_t>());
+  return r;
+}
+
+// Whether oneDNN's int8 matmul sums exactly on this CPU. With VNNI (vpdpbusd) every product of a
+// u8 (oneDNN shifts s8 inputs by 128) and an s8 goes into an int32 sum; without it oneDNN adds
+// pairs of products in int16 (vpmaddubsw), which saturates (255·127·2 > 32767): measured here
+// with ONEDNN_MAX_CPU_ISA=AVX2, errors of 1.8 where the bound is 2e-6. Checked by the ISA and by
+// a product that saturates in int16: 64 products of 127·127 per output, exact ±1032256.
+bool exact_int8_matmul() {
+  static const bool exact = [] {
+    const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+    if (isa != dnnl::cpu_isa::avx512_core_vnni && isa != dnnl::cpu_isa::avx512_core_bf16 &&
+        isa != dnnl::cpu_isa::avx512_core_amx && isa != dnnl::cpu_isa::avx2_vnni)
+      return false;
+    constexpr int64_t m = 8, n = 16, k = 64;
+    std::vector<int8_t> q(m * k, 127), w(n * k);
+    for (int64_t i = 0; i < n * k; ++i) w[i] = (i / k) % 2 ? 127 : -127;
+    std::vector<int32_t> acc(m * n);
+    try {
+      matmul(q.data(), m, k, w.data(), n, nullptr, acc.data(), n, MatmulTypes::kS8);
+    } catch (const dnnl::error&) {
+      return false;
+    }
+    for (int64_t i = 0; i < m * n; ++i)
+      if (acc[i] != ((i % n) % 2 ? 1 : -1) * k * 127 * 127) return false;
+    return true;
+  }();
+  return exact;
+}
+
+// y = s_x·s_w·(q_x · q_wᵀ) + b from 5 rows where exact_int8_matmul(): the sums in int32 by
+// oneDNN, each block of the weight's rows on one thread of the team, then one vector pass.
+void linear_int8_matmul(const QuantizedRows& xq, int64_t m, int64_t k, const Tensor& w,
+                        const Tensor& w_scale, const float* b, Tensor& y) {
+  const int64_t n = w.dim(0);
+  const float* s = xq.s.data<float>();
   float* yd = y.data<float>();
-  if (m <= kFewRowsInt8Activations) {
-    Tensor xh({m, k});  // x̂ = fl(s_x·q_x)
-    kern.dequant_i8_channel(q.data<int8_t>(), s, m, k, xh.data<float>());
-    kern.gemv_i8_channel(xh.data<float>(), m, k, w.data<int8_t>(), w_scale.data<float>(), n, b, yd);
-  } else {
-    over_weight_blocks(m, k, n, [&](int64_t j0, int64_t nb) {
-      // The int32 sums land in y's own storage (4 bytes each), then become floats in place.
-      matmul(q.raw(), m, k, w.data<int8_t>() + j0 * k, nb, nullptr, yd + j0, n, MatmulTypes::kS8);
-      kern.scale_int32_rows(yd + j0, m, nb, n, s, w_scale.data<float>() + j0, b ? b + j0 : nullptr);
-    });
-  }
+  over_weight_blocks(m, k, n, [&](int64_t j0, int64_t nb) {
+    // The int32 sums land in y's own storage (4 bytes each), then become floats in place.
+    matmul(xq.q.raw(), m, k, w.data<int8_t>() + j0 * k, nb, nullptr, yd + j0, n, MatmulTypes::kS8);
+    model_simd::kernels().scale_int32_rows(yd + j0, m, nb, n, s, w_scale.data<float>() + j0,
+                                           b ? b + j0 : nullptr);
+  });
   // A row holding a NaN or an Inf has no scale: its outputs are NaN, as the fp32 product gives.
   for (int64_t r = 0; r < m; ++r)
-    if (!std::isfinite(amax[r]))
+    if (!std::isfinite(xq.amax.data<float>()[r]))
       std::fill_n(yd + r * n, n, std::numeric_limits<float>::quiet_NaN());
 }
 
 }  // namespace
+
+std::string_view int8_activations_path() {
+  static const std::string path =
+      exact_int8_matmul()
+          ? "onednn s8 " +
+                std::string(
+                    matmul_pd({256, 256, 256, false, MatmulTypes::kS8, 256, 1}).impl_info_str())
+          : std::string("fp32 of the quantized values");
+  return path;
+}
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& w_scale,
               DType activations, const Tensor& x_row_max) {
@@ -384,13 +406,6 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
     return y;
   }
   const float* b = has_bias ? bias.data<float>() : nullptr;
-  if (activations == DType::kI8) {
-    SEQPAR_CHECK(channel, "linear: int8 activations with ",
-                 int8 ? std::string_view("Q8_0") : dtype_name(w.dtype()),
-                 " weights; valid: per-channel int8 weights (--weights-dtype int8-channel)");
-    linear_int8_activations(x.data<float>(), m, k, w, w_scale, b, x_row_max, y);
-    return y;
-  }
   // bf16 activations: x rounded to bf16 (to nearest even) before the product, as llama.cpp
   // multiplies a BF16 weight. With a bf16 weight each product is exact in fp32 and the sums are
   // fp32: oneDNN's bf16 matmul where the CPU has it (the weight read as stored, no conversion),
@@ -403,6 +418,24 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
   const float* xs = x.data<float>();
   Tensor xb, rounded;
   bool channel_bf16 = false;
+  // int8 activations: x quantized per row; from 5 rows the int8 matmul where it sums exactly,
+  // else the per-channel paths below on x̂ = fl(s_x·q_x) (a NaN row's x̂ is NaN: s is Inf).
+  if (activations == DType::kI8) {
+    SEQPAR_CHECK(channel, "linear: int8 activations with ",
+                 int8 ? std::string_view("Q8_0") : dtype_name(w.dtype()),
+                 " weights; valid: per-channel int8 weights (--weights-dtype int8-channel)");
+    SEQPAR_CHECK(k <= kMaxInt8Inputs, "linear: int8 activations over ", k,
+                 " inputs; valid: at most ", kMaxInt8Inputs, " (an int32 sum)");
+    const QuantizedRows xq = quantize_rows(xs, m, k, x_row_max);
+    if (m > kFewRowsInt8Activations && exact_int8_matmul()) {
+      linear_int8_matmul(xq, m, k, w, w_scale, b, y);
+      return y;
+    }
+    rounded = Tensor({m, k});
+    model_simd::kernels().dequant_i8_channel(xq.q.data<int8_t>(), xq.s.data<float>(), m, k,
+                                             rounded.data<float>());
+    xs = rounded.data<float>();
+  }
   if (activations == DType::kBF16) {
     xb = Tensor({m, k}, DType::kBF16);
     convert(xs, DType::kF32, xb.raw(), DType::kBF16, static_cast<size_t>(m * k));
