@@ -89,12 +89,17 @@ def prompt_of(n, vocab, seed):
 _models = {}
 
 
-def reference(path, prompt, new_tokens, eos=()):
+def reference(path, prompt, new_tokens, eos=(), linear_input=None):
     """transformers' LlamaForCausalLM in float32 (16-bit weights upcast): greedy tokens and the
-    logits row that chose each."""
-    if path not in _models:
-        _models[path] = LlamaForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
-    model = _models[path]
+    logits row that chose each. linear_input: a function put in front of every nn.Linear (a
+    forward pre-hook on its input: a rounding or a quantization), or None."""
+    if (path, linear_input) not in _models:
+        model = LlamaForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+        for module in model.modules():
+            if linear_input is not None and isinstance(module, torch.nn.Linear):
+                module.register_forward_pre_hook(lambda _m, args: (linear_input(args[0]),))
+        _models[path, linear_input] = model
+    model = _models[path, linear_input]
     ids = torch.tensor([prompt])
     tokens, logits = [], []
     with torch.no_grad():

@@ -20,7 +20,6 @@ import subprocess
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaForCausalLM
 
 import llama_ref as L
 from test_llama_int8 import dequantized_copy, per_channel
@@ -52,29 +51,13 @@ def ckpts(tmp_path_factory):
             for i, (name, kw) in enumerate(CHECKPOINTS.items())}
 
 
-_models = {}
+def to_bf16(x):
+    return x.to(torch.bfloat16).to(torch.float32)
 
 
 def reference(path, prompt, new_tokens, rounded=True):
-    """transformers in float32, each nn.Linear's input rounded to bf16 (rounded) or not: greedy
-    tokens, logits."""
-    if (path, rounded) not in _models:
-        model = LlamaForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
-        for module in model.modules():
-            if rounded and isinstance(module, torch.nn.Linear):
-                module.register_forward_pre_hook(
-                    lambda _m, args: (args[0].to(torch.bfloat16).to(torch.float32),))
-        _models[path, rounded] = model
-    model = _models[path, rounded]
-    ids = torch.tensor([prompt])
-    tokens, logits = [], []
-    with torch.no_grad():
-        for _ in range(new_tokens):
-            row = model(ids).logits[0, -1].double().numpy()
-            tokens.append(int(row.argmax()))
-            logits.append(row)
-            ids = torch.cat([ids, torch.tensor([[tokens[-1]]])], dim=1)
-    return tokens, np.stack(logits)
+    """transformers in float32, each nn.Linear's input rounded to bf16 (rounded) or not."""
+    return L.reference(path, prompt, new_tokens, linear_input=to_bf16 if rounded else None)
 
 
 def check(ckpts, tmp_path, name, mesh=None, backend="threads", prompt_len=57, channel_copy=None):

@@ -23,7 +23,6 @@ import subprocess
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaForCausalLM
 
 import llama_ref as L
 from test_llama_int8 import dequantized_copy, per_channel
@@ -49,28 +48,9 @@ def quantize_rows(x):
     return (q * s).to(torch.float32)
 
 
-_models = {}
-
-
 def reference(path, prompt, new_tokens, quantized=True):
-    """transformers in float32, each nn.Linear's input quantized (quantized) or not: greedy
-    tokens, logits."""
-    if (path, quantized) not in _models:
-        model = LlamaForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
-        for module in model.modules():
-            if quantized and isinstance(module, torch.nn.Linear):
-                module.register_forward_pre_hook(lambda _m, args: (quantize_rows(args[0]),))
-        _models[path, quantized] = model
-    model = _models[path, quantized]
-    ids = torch.tensor([prompt])
-    tokens, logits = [], []
-    with torch.no_grad():
-        for _ in range(new_tokens):
-            row = model(ids).logits[0, -1].double().numpy()
-            tokens.append(int(row.argmax()))
-            logits.append(row)
-            ids = torch.cat([ids, torch.tensor([[tokens[-1]]])], dim=1)
-    return tokens, np.stack(logits)
+    """transformers in float32, each nn.Linear's input quantized (quantized) or not."""
+    return L.reference(path, prompt, new_tokens, linear_input=quantize_rows if quantized else None)
 
 
 def check(ckpt, tmp_path, mesh=None, backend="threads", prompt_len=57):
