@@ -122,11 +122,11 @@ Prepared prepare(const GenerateOptions& o, int world) {
                     "takes 1");
   SEQPAR_ARG_CHECK(weight_format_named(o.weights_dtype).has_value(), "--weights-dtype '",
                    o.weights_dtype, "' is unknown; valid: ", weight_format_names());
-  SEQPAR_ARG_CHECK(
-      activations_flag(o.activations) != DType::kI8 || o.weights_dtype == "int8-channel",
-      "--activations int8 multiplies int8 by int8 and needs --weights-dtype "
-      "int8-channel (one scale per output row); valid with --weights-dtype ",
-      o.weights_dtype, ": fp32, bf16");
+  SEQPAR_ARG_CHECK(activations_flag(o.activations) != DType::kI8 ||
+                       weight_format_named(o.weights_dtype) == WeightFormat::kInt8Channel,
+                   "--activations int8 multiplies int8 by int8 and needs --weights-dtype "
+                   "int8-channel (one scale per output row); valid with --weights-dtype ",
+                   o.weights_dtype, ": fp32, bf16");
   if (!o.document_ids.empty()) {
     prepare_documents(o, p);
     return p;

@@ -192,13 +192,18 @@ def test_flux(flux, mesh):
 
 def test_refused(qwen, flux):
     import seqpar
-    r = subprocess.run([SEQPAR, "denoise", "--model", str(qwen["dir"] / "transformer"), "--inputs",
-                        str(qwen["dir"] / "in_cond.safetensors"), "--output",
-                        str(qwen["dir"] / "never.safetensors"), "--activations", "fp16"],
-                       capture_output=True, text=True)
-    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        "seqpar: error: --activations 'fp16' is unknown; valid: fp32, bf16, int8"], r.stderr
-    assert not (qwen["dir"] / "never.safetensors").exists()
+
+    def denoise_refused(activations, message):
+        """seqpar denoise with --activations refused in one line, no output written."""
+        r = subprocess.run([SEQPAR, "denoise", "--model", str(qwen["dir"] / "transformer"),
+                            "--inputs", str(qwen["dir"] / "in_cond.safetensors"), "--output",
+                            str(qwen["dir"] / "never.safetensors"), "--activations", activations],
+                           capture_output=True, text=True)
+        assert r.returncode == 2 and r.stderr.strip().splitlines() == [message], r.stderr
+        assert not (qwen["dir"] / "never.safetensors").exists()
+
+    denoise_refused("fp16", "seqpar: error: --activations 'fp16' is unknown; valid: fp32, bf16, "
+                            "int8")
     with pytest.raises(ValueError, match=r"^FluxTransformer: activations 'fp16' is unknown; "
                                          r"valid: 'fp32', 'bf16', 'int8'$"):
         seqpar.FluxTransformer.from_pretrained(str(flux["dir"] / "transformer"),
@@ -206,14 +211,8 @@ def test_refused(qwen, flux):
     with pytest.raises(TypeError, match="activations must be a str"):
         seqpar.WanTransformer.from_pretrained(str(flux["dir"]), activations=16)
     # int8 activations multiply per-channel int8 weights, which the diffusion models do not load.
-    r = subprocess.run([SEQPAR, "denoise", "--model", str(qwen["dir"] / "transformer"), "--inputs",
-                        str(qwen["dir"] / "in_cond.safetensors"), "--output",
-                        str(qwen["dir"] / "never.safetensors"), "--activations", "int8"],
-                       capture_output=True, text=True)
-    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        "seqpar: error: --activations int8 needs per-channel int8 weights, which denoise does not "
-        "load; valid here: fp32, bf16"], r.stderr
-    assert not (qwen["dir"] / "never.safetensors").exists()
+    denoise_refused("int8", "seqpar: error: --activations int8 needs per-channel int8 weights, "
+                            "which denoise does not load; valid here: fp32, bf16")
     with pytest.raises(ValueError, match=r"^FluxTransformer: activations 'int8' needs per-channel "
                                          r"int8 weights .*; valid here: 'fp32', 'bf16'$"):
         seqpar.FluxTransformer.from_pretrained(str(flux["dir"] / "transformer"),
