@@ -6,8 +6,10 @@
 //                [--dtype bf16|fp16|int8|int8-channel] [--activations fp32|bf16|int8]
 //
 // (--activations int8 needs --dtype int8-channel.)
-// Per m: the mean time of 5 calls after a warm-up, and GFLOP/s (2·m·n·k a call). Not a test:
-// timing decides nothing.
+// Per m: the mean time of 5 calls after a warm-up, and GFLOP/s (2·m·n·k a call). With an int8
+// --dtype, first the time to quantize the weight as a load does (the mean of 3 calls), beside the
+// time to widen the same weight to fp32 (convert(), a pass over it that every load makes). Not a
+// test: timing decides nothing.
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -49,6 +51,24 @@ int main(int argc, char** argv) {
   const Q8Weight q8 = dtype == "int8" ? quantize_q8_0(w16, "w") : Q8Weight{};
   const Int8ChannelWeight ch =
       dtype == "int8-channel" ? quantize_int8_channel(w16, "w") : Int8ChannelWeight{};
+  if (dtype == "int8" || dtype == "int8-channel") {
+    auto mean_ms = [](auto&& fn) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < 3; ++i) fn();
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 3 * 1e3;
+    };
+    const double quantize = mean_ms([&] {
+      if (dtype == "int8")
+        (void)quantize_q8_0(w16, "w");
+      else
+        (void)quantize_int8_channel(w16, "w");
+    });
+    const double widen = mean_ms([&] { (void)w16.to(DType::kF32); });
+    std::printf(
+        "quantize a %lld x %lld weight: %.2f ms (%.2f ns a weight); widen it to fp32: %.2f ms\n\n",
+        static_cast<long long>(ns[0]), static_cast<long long>(ks[0]), quantize,
+        quantize * 1e6 / static_cast<double>(ns[0] * ks[0]), widen);
+  }
   const Tensor& w = dtype == "int8" ? q8.q : dtype == "int8-channel" ? ch.q : w16;
   const Tensor& scale = dtype == "int8" ? q8.d : ch.s;
   std::printf(

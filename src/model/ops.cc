@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -131,6 +132,38 @@ constexpr int64_t kFewRowsInt8Activations = 4;
 
 namespace {
 
+// Runs fn(j0, nb) over blocks of nb rows of a weight (n, k) multiplied by m rows of x: with a
+// team of threads the blocks are handed out one at a time, each converted (where the weight
+// needs it) and multiplied by one thread alone (oneDNN runs single-threaded inside the team):
+// the conversions run in parallel too, and a descheduled thread's blocks go to the others
+// instead of every thread waiting for it at each block's barrier. The first exception is
+// rethrown after the region.
+template <typename Fn>
+void over_weight_blocks(int64_t m, int64_t k, int64_t n, Fn&& fn) {
+  const int64_t block_bytes = m >= kManyRows ? kConvertedBlockBytesManyRows : kConvertedBlockBytes;
+  const int team = omp_in_parallel() ? 1 : omp_get_max_threads();
+  int64_t block = std::clamp<int64_t>(block_bytes / (4 * k) / 16 * 16, 16, n);
+  if (team > 1)
+    block = std::min(block, std::max<int64_t>(16, (n + 4 * team - 1) / (4 * team) / 16 * 16));
+  const int64_t blocks = (n + block - 1) / block;
+  auto run_block = [&](int64_t i) { fn(i * block, std::min(block, n - i * block)); };
+  if (team == 1 || blocks == 1) {
+    for (int64_t i = 0; i < blocks; ++i) run_block(i);
+    return;
+  }
+  std::exception_ptr failure;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(team)
+  for (int64_t i = 0; i < blocks; ++i) {
+    try {
+      run_block(i);
+    } catch (...) {
+#pragma omp critical(seqpar_linear_failure)
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+}
+
 // Row j of a weight w (n, k) as fp32 into row (k); InvalidArgument naming `name`, the value and
 // its place where it is not finite.
 void finite_row(const Tensor& w, int64_t j, const std::string& name, std::vector<float>& row) {
@@ -143,6 +176,37 @@ void finite_row(const Tensor& w, int64_t j, const std::string& name, std::vector
                                            ", column ", i, "; valid: finite weights"));
 }
 
+// The rows of a weight w (n, k) as fp32, a block of rows at a time on the calling thread's team
+// (over_weight_blocks), handed to quantize(j0, nb, rows, amax) with each row's max |w|. A weight
+// holding a NaN or an Inf is refused (finite_row's error) for its first such row, whichever
+// thread met it.
+template <typename Fn>
+void over_weight_rows(const Tensor& w, const std::string& name, Fn&& quantize) {
+  const int64_t n = w.dim(0), k = w.dim(1);
+  const size_t esize = dtype_size(w.dtype());
+  std::atomic<int64_t> first_bad{n};
+  over_weight_blocks(1, k, n, [&](int64_t j0, int64_t nb) {
+    thread_local std::vector<float> rows, amax;
+    rows.resize(static_cast<size_t>(nb * k));
+    amax.resize(static_cast<size_t>(nb));
+    convert(static_cast<const std::byte*>(w.raw()) + j0 * k * esize, w.dtype(), rows.data(),
+            DType::kF32, static_cast<size_t>(nb * k));
+    model_simd::kernels().row_abs_max(rows.data(), nb, k, amax.data());  // +Inf: not finite
+    for (int64_t j = 0; j < nb; ++j)
+      if (!(amax[j] <= std::numeric_limits<float>::max())) {
+        int64_t seen = first_bad.load();
+        while (j0 + j < seen && !first_bad.compare_exchange_weak(seen, j0 + j)) {
+        }
+        return;
+      }
+    quantize(j0, nb, rows.data(), amax.data());
+  });
+  if (first_bad.load() < n) {
+    std::vector<float> row(static_cast<size_t>(k));
+    finite_row(w, first_bad.load(), name, row);  // throws
+  }
+}
+
 }  // namespace
 
 Q8Weight quantize_q8_0(const Tensor& w, const std::string& name) {
@@ -153,22 +217,10 @@ Q8Weight quantize_q8_0(const Tensor& w, const std::string& name) {
                                          "multiple of the block of ", model_simd::kQ8Block));
   }
   Q8Weight out{Tensor({n, k}, DType::kI8), Tensor({n, k / model_simd::kQ8Block}, DType::kF16)};
-  std::vector<float> row(static_cast<size_t>(k));
-  auto* q = out.q.data<int8_t>();
-  auto* d = out.d.data<uint16_t>();
-  for (int64_t j = 0; j < n; ++j) {
-    finite_row(w, j, name, row);
-    for (int64_t b = 0; b < k / model_simd::kQ8Block; ++b) {
-      const float* v = row.data() + b * model_simd::kQ8Block;
-      float a = 0.f;
-      for (int64_t i = 0; i < model_simd::kQ8Block; ++i) a = std::max(a, std::fabs(v[i]));
-      const float s = a / 127.f, inv = s == 0.f ? 0.f : 1.f / s;
-      int8_t* qb = q + j * k + b * model_simd::kQ8Block;
-      for (int64_t i = 0; i < model_simd::kQ8Block; ++i)
-        qb[i] = static_cast<int8_t>(std::round(v[i] * inv));
-      d[j * (k / model_simd::kQ8Block) + b] = f32_to_f16(s);
-    }
-  }
+  over_weight_rows(w, name, [&](int64_t j0, int64_t nb, const float* rows, const float*) {
+    model_simd::kernels().quantize_q8(rows, nb, k, out.q.data<int8_t>() + j0 * k,
+                                      out.d.data<uint16_t>() + j0 * (k / model_simd::kQ8Block));
+  });
   return out;
 }
 
@@ -191,24 +243,21 @@ Int8ChannelWeight quantize_int8_channel(const Tensor& w, const std::string& name
       row_abs_max.empty() || (row_abs_max.dtype() == DType::kF32 && row_abs_max.numel() == n),
       "int8 weights: ", name, " has ", n, " rows, its row maxima are ", row_abs_max.shape_str());
   Int8ChannelWeight out{Tensor({n, k}, DType::kI8), Tensor({n})};
-  std::vector<float> row(static_cast<size_t>(k));
-  auto* q = out.q.data<int8_t>();
-  auto* scale = out.s.data<float>();
-  for (int64_t j = 0; j < n; ++j) {
-    finite_row(w, j, name, row);
-    float a = 0.f;
-    for (float v : row) a = std::max(a, std::fabs(v));
-    if (!row_abs_max.empty()) {
-      SEQPAR_CHECK(row_abs_max.data<float>()[j] >= a, "int8 weights: ", name, " row ", j, " holds ",
-                   a, ", above its row maximum ", row_abs_max.data<float>()[j]);
-      a = row_abs_max.data<float>()[j];
+  over_weight_rows(w, name, [&](int64_t j0, int64_t nb, const float* rows, const float* amax) {
+    float* s = out.s.data<float>() + j0;
+    for (int64_t j = 0; j < nb; ++j) {
+      float a = amax[j];
+      if (!row_abs_max.empty()) {
+        const float given = row_abs_max.data<float>()[j0 + j];
+        SEQPAR_CHECK(given >= a, "int8 weights: ", name, " row ", j0 + j, " holds ", a,
+                     ", above its row maximum ", given);
+        a = given;
+      }
+      s[j] = a / 127.f;
     }
-    const float s = a / 127.f;
-    scale[j] = s;
-    int8_t* qr = q + j * k;
-    for (int64_t i = 0; i < k; ++i)
-      qr[i] = s == 0.f ? 0 : static_cast<int8_t>(std::clamp(std::round(row[i] / s), -127.f, 127.f));
-  }
+    model_simd::kernels().quantize_rows_s8(rows, nb, k, s, model_simd::Ties::kAway,
+                                           out.q.data<int8_t>() + j0 * k);
+  });
   return out;
 }
 
@@ -258,38 +307,6 @@ Tensor row_abs_max(const Tensor& x) {
 
 namespace {
 
-// Runs fn(j0, nb) over blocks of nb rows of a weight (n, k) multiplied by m rows of x: with a
-// team of threads the blocks are handed out one at a time, each converted (where the weight
-// needs it) and multiplied by one thread alone (oneDNN runs single-threaded inside the team):
-// the conversions run in parallel too, and a descheduled thread's blocks go to the others
-// instead of every thread waiting for it at each block's barrier. The first exception is
-// rethrown after the region.
-template <typename Fn>
-void over_weight_blocks(int64_t m, int64_t k, int64_t n, Fn&& fn) {
-  const int64_t block_bytes = m >= kManyRows ? kConvertedBlockBytesManyRows : kConvertedBlockBytes;
-  const int team = omp_in_parallel() ? 1 : omp_get_max_threads();
-  int64_t block = std::clamp<int64_t>(block_bytes / (4 * k) / 16 * 16, 16, n);
-  if (team > 1)
-    block = std::min(block, std::max<int64_t>(16, (n + 4 * team - 1) / (4 * team) / 16 * 16));
-  const int64_t blocks = (n + block - 1) / block;
-  auto run_block = [&](int64_t i) { fn(i * block, std::min(block, n - i * block)); };
-  if (team == 1 || blocks == 1) {
-    for (int64_t i = 0; i < blocks; ++i) run_block(i);
-    return;
-  }
-  std::exception_ptr failure;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(team)
-  for (int64_t i = 0; i < blocks; ++i) {
-    try {
-      run_block(i);
-    } catch (...) {
-#pragma omp critical(seqpar_linear_failure)
-      if (!failure) failure = std::current_exception();
-    }
-  }
-  if (failure) std::rethrow_exception(failure);
-}
-
 // The most inputs an int8 x int8 sum may have: |sum| <= k · 127² stays below 2^31.
 constexpr int64_t kMaxInt8Inputs = (int64_t{1} << 31) / (127 * 127);
 
@@ -308,7 +325,7 @@ QuantizedRows quantize_rows(const float* x, int64_t m, int64_t k, const Tensor& 
   else
     std::copy_n(x_row_max.data<float>(), m, r.amax.data<float>());
   for (int64_t i = 0; i < m; ++i) r.s.data<float>()[i] = r.amax.data<float>()[i] / 127.f;
-  kern.quantize_rows_s8(x, m, k, r.s.data<float>(), r.q.data<int8_t>());
+  kern.quantize_rows_s8(x, m, k, r.s.data<float>(), model_simd::Ties::kEven, r.q.data<int8_t>());
   return r;
 }
 

@@ -247,14 +247,28 @@ void row_abs_max(const float* x, int64_t rows, int64_t k, float* amax) {
   }
 }
 
-void quantize_rows_s8(const float* x, int64_t rows, int64_t k, const float* s, int8_t* q) {
+void quantize_rows_s8(const float* x, int64_t rows, int64_t k, const float* s, Ties ties,
+                      int8_t* q) {
   for (int64_t r = 0; r < rows; ++r) {
     const bool zero = !(s[r] > 0.f) || !std::isfinite(s[r]);
-    for (int64_t i = 0; i < k; ++i)
+    for (int64_t i = 0; i < k; ++i) {
+      const float t = std::clamp(x[r * k + i] / s[r], -127.f, 127.f);
       q[r * k + i] =
-          zero
-              ? 0
-              : static_cast<int8_t>(std::nearbyint(std::clamp(x[r * k + i] / s[r], -127.f, 127.f)));
+          zero ? 0 : static_cast<int8_t>(ties == Ties::kEven ? std::nearbyint(t) : std::round(t));
+    }
+  }
+}
+
+void quantize_q8(const float* w, int64_t rows, int64_t k, int8_t* q, uint16_t* d) {
+  const int64_t blocks = rows * (k / kQ8Block);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float* v = w + b * kQ8Block;
+    float a = 0.f;
+    for (int64_t i = 0; i < kQ8Block; ++i) a = std::max(a, std::fabs(v[i]));
+    const float s = a / 127.f, inv = s == 0.f ? 0.f : 1.f / s;
+    for (int64_t i = 0; i < kQ8Block; ++i)
+      q[b * kQ8Block + i] = static_cast<int8_t>(std::round(v[i] * inv));
+    d[b] = f32_to_f16(s);
   }
 }
 
@@ -370,6 +384,7 @@ inline V vmax(V a, V b) { return _mm256_max_ps(a, b); }  // b where either is Na
 inline V vmin(V a, V b) { return _mm256_min_ps(a, b); }  // b where either is NaN
 inline V vround(V x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline V vfloor(V x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+inline V vtrunc(V x) { return _mm256_round_ps(x, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC); }
 inline V vpow2i(V n) {
   const __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
   return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
@@ -467,6 +482,7 @@ inline V vround(V x) {
   return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 inline V vfloor(V x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+inline V vtrunc(V x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC); }
 inline V vpow2i(V n) {
   const __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
   return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
@@ -639,6 +655,7 @@ const Kernels kScalar{Isa::kScalar,
                       &gemv<&scalar::gemv_cols<false>>,
                       &gemv<&scalar::gemv_cols<true>>,
                       &gemv_q8<&scalar::gemv_q8_cols>,
+                      &scalar::quantize_q8,
                       &scalar::dequant_q8,
                       &gemv_i8_channel<&scalar::gemv_i8_channel_cols>,
                       &scalar::dequant_i8_channel,
@@ -653,6 +670,7 @@ const Kernels kAvx2{Isa::kAvx2,
                     &gemv<&avx2::gemv_cols<false>>,
                     &gemv<&avx2::gemv_cols<true>>,
                     &gemv_q8<&avx2::gemv_q8_cols>,
+                    &avx2::quantize_q8,
                     &avx2::dequant_q8,
                     &gemv_i8_channel<&avx2::gemv_i8_channel_cols>,
                     &avx2::dequant_i8_channel,
@@ -666,6 +684,7 @@ const Kernels kAvx512{Isa::kAvx512,
                       &gemv<&avx512::gemv_cols<false>>,
                       &gemv<&avx512::gemv_cols<true>>,
                       &gemv_q8<&avx512::gemv_q8_cols>,
+                      &avx512::quantize_q8,
                       &avx512::dequant_q8,
                       &gemv_i8_channel<&avx512::gemv_i8_channel_cols>,
                       &avx512::dequant_i8_channel,

@@ -87,6 +87,10 @@ constexpr int gemv_q8_streams(int64_t m, int width) { return streams_for(m, widt
 using GemvQ8 = void (*)(const float* x, int64_t m, int64_t k, const int8_t* q, const uint16_t* d,
                         int64_t n, const float* bias, float* y);
 constexpr int64_t kQ8Block = 32;
+// Q8_0 of w (rows, k) fp32, finite, k a multiple of 32 (ops.h quantize_q8_0): per block of 32,
+// a = max |w|, s = a / 127, q = round(w · (1 / s)) (the fp32 product, ties away from zero; 0 where
+// s is 0), d = fp16(s): the same bits in every variant.
+using QuantizeQ8 = void (*)(const float* w, int64_t rows, int64_t k, int8_t* q, uint16_t* d);
 // w (rows, k) fp32 = d · q, exact (an 8-bit integer times an 11-bit significand fits in fp32).
 using DequantQ8 = void (*)(const int8_t* q, const uint16_t* d, int64_t rows, int64_t k, float* w);
 
@@ -112,9 +116,12 @@ using WidenI8Bf16 = void (*)(const int8_t* q, int64_t n, uint16_t* w);
 // int8 activations (ops.h linear()), the same bits in every variant:
 // amax (rows) = max |x| over each row of x (rows, k); +Inf for a row holding a NaN or an Inf.
 using RowAbsMax = void (*)(const float* x, int64_t rows, int64_t k, float* amax);
-// q (rows, k) int8 = x / s[r] (the fp32 quotient) clamped to [-127, 127], rounded to nearest
-// (ties to even); 0 in a row whose s is 0 or not finite.
-using QuantizeRowsS8 = void (*)(const float* x, int64_t rows, int64_t k, const float* s, int8_t* q);
+// q (rows, k) int8 = x / s[r] (the fp32 quotient) clamped to [-127, 127], rounded to nearest,
+// ties to even (int8 activations) or away from zero (std::round: per-channel int8 weights); 0 in
+// a row whose s is 0 or not finite.
+enum class Ties { kEven, kAway };
+using QuantizeRowsS8 = void (*)(const float* x, int64_t rows, int64_t k, const float* s, Ties ties,
+                                int8_t* q);
 // y (rows, n; row stride ldc), each element holding the bits of an int32 sum acc: y =
 // fl(fl(fl(acc)·sx[r])·sw[j]) (+ bias[j], one more rounding; bias null: none).
 using ScaleInt32Rows = void (*)(float* y, int64_t rows, int64_t n, int64_t ldc, const float* sx,
@@ -195,6 +202,7 @@ struct Kernels {
   Gemv16 gemv_bf16;
   Gemv16 gemv_f16;
   GemvQ8 gemv_q8;
+  QuantizeQ8 quantize_q8;
   DequantQ8 dequant_q8;
   GemvI8Channel gemv_i8_channel;
   DequantI8Channel dequant_i8_channel;

@@ -539,8 +539,9 @@ TEST(ModelSimd, WidenI8Bf16IsExact) {
 // ---- int8 activations (ops.h linear(): row_abs_max, quantize_rows_s8, scale_int32_rows) --------
 
 // Every variant gives the definition's bits: the row maxima of |x| (+Inf for a row holding a NaN
-// or an Inf, wherever it lies), the quotients x / s rounded to nearest with ties to even (values
-// placed on the ties n + 1/2 and on ±127.5, beyond ±127, and rows with s 0, Inf or NaN: zeros),
+// or an Inf, wherever it lies), the quotients x / s rounded to nearest with ties to even and away
+// from zero (values placed on the ties n + 1/2, just below them, on ±127.5 and beyond ±127, and
+// rows with s 0, Inf or NaN: zeros),
 // and fl(fl(fl(acc)·s_x)·s_w) (+ b) from int32 sums in place, with acc beyond 2^24 (a rounded
 // conversion); k and n with tails of every length; nothing written past a row.
 TEST(ModelSimd, Int8ActivationKernelsGiveTheDefinitionsBits) {
@@ -566,24 +567,32 @@ TEST(ModelSimd, Int8ActivationKernelsGiveTheDefinitionsBits) {
         }
         ASSERT_EQ(amax[r], bad ? INFINITY : want) << isa_name(isa) << " k " << k << " row " << r;
       }
-      // Quotients on ties and past the range: s = 1 (row 0), 0.5 (row 1), 0 (row 2), Inf (3),
-      // NaN (4), 0.01 (5).
-      const float s[rows] = {1.f, 0.5f, 0.f, INFINITY, NAN, 0.01f};
+      // Quotients on ties and past the range, rounded both ways: s = 1 (row 0), 0.5 (row 1), 0
+      // (row 2), Inf (3), NaN (4), 1 / 64 (5).
+      const float s[rows] = {1.f, 0.5f, 0.f, INFINITY, NAN, 1.f / 64.f};
       for (int64_t i = 0; i < k; ++i) {
         x[i] = static_cast<float>(i % 9) - 4.5f;                 // ties: -4.5 .. 3.5
         x[k + i] = (i % 2 ? 1.f : -1.f) * (63.75f + 0.25f * i);  // 127.5, 128, ... and below
+        // Row 5: ties ±0.5 .. ±3.5 and the floats just below them (0.5 - 2^-25 and the like,
+        // which a rounding by trunc(|t| + 0.5) takes up), each over s = 1 / 64 exactly.
+        const float tie = static_cast<float>(i % 4) + 0.5f;
+        x[5 * k + i] = (i % 2 ? -1.f : 1.f) * (i % 3 ? tie : std::nextafter(tie, 0.f)) / 64.f;
       }
-      std::vector<int8_t> q(rows * k + 1, 99);
-      kern.quantize_rows_s8(x.data(), rows, k, s, q.data());
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t i = 0; i < k; ++i) {
-          const bool zero = !(s[r] > 0.f) || !std::isfinite(s[r]);
-          const float t = x[r * k + i] / s[r];
-          const int8_t want =
-              zero ? 0 : static_cast<int8_t>(std::nearbyint(std::clamp(t, -127.f, 127.f)));
-          ASSERT_EQ(q[r * k + i], want) << isa_name(isa) << " k " << k << " row " << r << " " << t;
-        }
-      ASSERT_EQ(q[rows * k], 99) << isa_name(isa) << " wrote past the rows";
+      for (const Ties ties : {Ties::kEven, Ties::kAway}) {
+        std::vector<int8_t> q(rows * k + 1, 99);
+        kern.quantize_rows_s8(x.data(), rows, k, s, ties, q.data());
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t i = 0; i < k; ++i) {
+            const bool zero = !(s[r] > 0.f) || !std::isfinite(s[r]);
+            const float t = std::clamp(x[r * k + i] / s[r], -127.f, 127.f);
+            const int8_t want =
+                zero ? 0
+                     : static_cast<int8_t>(ties == Ties::kEven ? std::nearbyint(t) : std::round(t));
+            ASSERT_EQ(q[r * k + i], want) << isa_name(isa) << " k " << k << " row " << r << " " << t
+                                          << " ties " << (ties == Ties::kEven ? "even" : "away");
+          }
+        ASSERT_EQ(q[rows * k], 99) << isa_name(isa) << " wrote past the rows";
+      }
       // The int32 sums in place, a row stride past n (untouched between rows).
       const int64_t n = k, ldc = n + 3;
       std::vector<float> y(rows * ldc), sx(rows), sw(n), b(n);
@@ -618,6 +627,45 @@ TEST(ModelSimd, Int8ActivationKernelsGiveTheDefinitionsBits) {
           }
       }
     }
+  }
+}
+
+// Q8_0's quantization (ops.h quantize_q8_0) gives the definition's bits in every variant: per
+// block of 32 the scale fp16(max |w| / 127) and round(w · (1 / s)), ties away from zero; on
+// blocks over 70 decades, zero blocks, a block with one nonzero, and blocks whose scale is 1 with
+// elements on the ties n + 1/2 and just below them.
+TEST(ModelSimd, QuantizeQ8GivesTheDefinitionsBits) {
+  std::mt19937 rng(43);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  std::uniform_real_distribution<float> ed(-38.f, 30.f);
+  const int64_t rows = 7, k = 4 * kQ8Block;
+  std::vector<float> w(rows * k);
+  for (int64_t b = 0; b < rows * k / kQ8Block; ++b) {
+    const float scale = std::pow(10.f, ed(rng));
+    for (int64_t i = 0; i < kQ8Block; ++i) w[b * kQ8Block + i] = dist(rng) * scale;
+  }
+  for (int64_t i = 0; i < kQ8Block; ++i) {
+    w[i] = 0.f;                                // a zero block
+    w[kQ8Block + i] = i == 5 ? -3e-30f : 0.f;  // one nonzero
+    const float tie = static_cast<float>(i % 8) + 0.5f;
+    w[2 * kQ8Block + i] = (i % 2 ? -1.f : 1.f) * (i % 3 ? tie : std::nextafter(tie, 0.f));
+  }
+  w[2 * kQ8Block] = 127.f;  // that block's scale: 1
+  for (Isa isa : variants()) {
+    std::vector<int8_t> q(rows * k + 1, 99);
+    std::vector<uint16_t> d(rows * k / kQ8Block + 1, 7);
+    kernels(isa).quantize_q8(w.data(), rows, k, q.data(), d.data());
+    for (int64_t b = 0; b < rows * k / kQ8Block; ++b) {
+      float a = 0.f;
+      for (int64_t i = 0; i < kQ8Block; ++i) a = std::max(a, std::fabs(w[b * kQ8Block + i]));
+      const float s = a / 127.f, inv = s == 0.f ? 0.f : 1.f / s;
+      ASSERT_EQ(d[b], f32_to_f16(s)) << isa_name(isa) << " block " << b;
+      for (int64_t i = 0; i < kQ8Block; ++i)
+        ASSERT_EQ(q[b * kQ8Block + i], static_cast<int8_t>(std::round(w[b * kQ8Block + i] * inv)))
+            << isa_name(isa) << " block " << b << " element " << i;
+    }
+    ASSERT_EQ(q[rows * k], 99) << isa_name(isa) << " wrote past the values";
+    ASSERT_EQ(d[rows * k / kQ8Block], 7) << isa_name(isa) << " wrote past the scales";
   }
 }
 
