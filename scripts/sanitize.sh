@@ -8,7 +8,11 @@
 # under TSan test_parallel runs one case in eight (GoogleTest sharding). Exits non-zero if any
 # test fails.
 # Environment: JOBS (default 2), SANITIZE_ONLY=asan|tsan (one half), CXX (compiler).
+# Every test runs with SEQPAR_POISON_UNINITIALIZED=1: storage a tensor gets without its zero fill
+# (Tensor::uninitialized) is filled with NaN instead, so an output element left unwritten fails
+# the test that reads it.
 set -uo pipefail
+export SEQPAR_POISON_UNINITIALIZED=1
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-2}
 ONLY=${SANITIZE_ONLY:-}

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <random>
 #include <sstream>
+#include <string_view>
 
 #include "seqpar/core/block_cache.h"
 
@@ -30,7 +31,19 @@ Tensor Tensor::borrow(const void* data, std::vector<int64_t> shape, DType dtype)
   return t;
 }
 
-Tensor::Tensor(std::vector<int64_t> shape, DType dtype) : shape_(std::move(shape)), dtype_(dtype) {
+Tensor::Tensor(std::vector<int64_t> shape, DType dtype)
+    : Tensor(std::move(shape), dtype, Fill::kZero) {}
+
+Tensor Tensor::uninitialized(std::vector<int64_t> shape, DType dtype) {
+  static const bool poison = [] {
+    const char* v = std::getenv("SEQPAR_POISON_UNINITIALIZED");
+    return v != nullptr && std::string_view(v) == "1";
+  }();
+  return Tensor(std::move(shape), dtype, poison ? Fill::kPoison : Fill::kNone);
+}
+
+Tensor::Tensor(std::vector<int64_t> shape, DType dtype, Fill fill)
+    : shape_(std::move(shape)), dtype_(dtype) {
   numel_ = 1;
   for (int64_t d : shape_) {
     SEQPAR_CHECK(d >= 0, "negative dimension in shape");
@@ -41,7 +54,7 @@ Tensor::Tensor(std::vector<int64_t> shape, DType dtype) : shape_(std::move(shape
   const size_t bytes = nbytes();
   void* p = block_cache::take(bytes);
   capacity_ = bytes == 0 ? 64 : (bytes + 63) / 64 * 64;
-  std::memset(p, 0, capacity_);
+  if (fill != Fill::kNone) std::memset(p, fill == Fill::kZero ? 0 : 0xff, capacity_);
   data_ = std::unique_ptr<void, Free>(p, Free{true, bytes});
 }
 
@@ -70,7 +83,7 @@ void Tensor::reserve(size_t bytes) {
   *this = std::move(grown);
 }
 
-Tensor::Tensor(const Tensor& other) : Tensor(other.shape_, other.dtype_) {
+Tensor::Tensor(const Tensor& other) : Tensor(uninitialized(other.shape_, other.dtype_)) {
   if (other.nbytes() > 0) std::memcpy(raw(), other.raw(), nbytes());
 }
 
@@ -94,7 +107,7 @@ float Tensor::at(int64_t i) const {
 }
 
 Tensor Tensor::to(DType dtype) const {
-  Tensor t(shape_, dtype);
+  Tensor t = uninitialized(shape_, dtype);
   convert(raw(), dtype_, t.raw(), dtype, static_cast<size_t>(numel_));
   return t;
 }

@@ -216,7 +216,8 @@ Q8Weight quantize_q8_0(const Tensor& w, const std::string& name) {
     throw InvalidArgument(detail::concat("int8 weights: ", name, " has ", k, " inputs, not a ",
                                          "multiple of the block of ", model_simd::kQ8Block));
   }
-  Q8Weight out{Tensor({n, k}, DType::kI8), Tensor({n, k / model_simd::kQ8Block}, DType::kF16)};
+  Q8Weight out{Tensor::uninitialized({n, k}, DType::kI8),
+               Tensor::uninitialized({n, k / model_simd::kQ8Block}, DType::kF16)};
   over_weight_rows(w, name, [&](int64_t j0, int64_t nb, const float* rows, const float*) {
     model_simd::kernels().quantize_q8(rows, nb, k, out.q.data<int8_t>() + j0 * k,
                                       out.d.data<uint16_t>() + j0 * (k / model_simd::kQ8Block));
@@ -242,7 +243,7 @@ Int8ChannelWeight quantize_int8_channel(const Tensor& w, const std::string& name
   SEQPAR_CHECK(
       row_abs_max.empty() || (row_abs_max.dtype() == DType::kF32 && row_abs_max.numel() == n),
       "int8 weights: ", name, " has ", n, " rows, its row maxima are ", row_abs_max.shape_str());
-  Int8ChannelWeight out{Tensor({n, k}, DType::kI8), Tensor({n})};
+  Int8ChannelWeight out{Tensor::uninitialized({n, k}, DType::kI8), Tensor::uninitialized({n})};
   over_weight_rows(w, name, [&](int64_t j0, int64_t nb, const float* rows, const float* amax) {
     float* s = out.s.data<float>() + j0;
     for (int64_t j = 0; j < nb; ++j) {
@@ -300,7 +301,7 @@ std::string_view bf16_activations_path() {
 Tensor row_abs_max(const Tensor& x) {
   SEQPAR_CHECK(x.dtype() == DType::kF32 && x.ndim() >= 1, "row_abs_max: x is ", x.shape_str(), " ",
                dtype_name(x.dtype()), "; valid: fp32 rows");
-  Tensor a({rows_of(x)});
+  Tensor a = Tensor::uninitialized({rows_of(x)});
   model_simd::kernels().row_abs_max(x.data<float>(), rows_of(x), x.dim(-1), a.data<float>());
   return a;
 }
@@ -319,7 +320,8 @@ QuantizedRows quantize_rows(const float* x, int64_t m, int64_t k, const Tensor& 
   SEQPAR_CHECK(x_row_max.empty() || x_row_max.numel() == m, "linear: ", x_row_max.numel(),
                " row maxima for ", m, " rows");
   const model_simd::Kernels& kern = model_simd::kernels();
-  QuantizedRows r{Tensor({m}), Tensor({m, k}, DType::kI8), Tensor({m})};
+  QuantizedRows r{Tensor::uninitialized({m}), Tensor::uninitialized({m, k}, DType::kI8),
+                  Tensor::uninitialized({m})};
   if (x_row_max.empty())
     kern.row_abs_max(x, m, k, r.amax.data<float>());
   else
@@ -412,14 +414,18 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
   const int64_t m = rows_of(x), k = w.dim(1), n = w.dim(0);
   std::vector<int64_t> shape = x.shape();
   shape.back() = n;
-  Tensor y(shape);
+  Tensor y = Tensor::uninitialized(shape);  // every path below writes all of it
   if (m == 0 || n == 0) return y;
   const bool has_bias = !bias.empty();
   SEQPAR_CHECK(!has_bias || bias.numel() == n, "linear: bias ", bias.shape_str(), " for ", n,
                " outputs");
-  if (k == 0) {
-    for (int64_t r = 0; r < m && has_bias; ++r)
-      std::memcpy(y.data<float>() + r * n, bias.data<float>(), n * sizeof(float));
+  if (k == 0) {  // no inputs: y = bias, or zeros
+    for (int64_t r = 0; r < m; ++r) {
+      if (has_bias)
+        std::memcpy(y.data<float>() + r * n, bias.data<float>(), n * sizeof(float));
+      else
+        std::fill_n(y.data<float>() + r * n, n, 0.f);
+    }
     return y;
   }
   const float* b = has_bias ? bias.data<float>() : nullptr;
@@ -448,13 +454,13 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
       linear_int8_matmul(xq, m, k, w, w_scale, b, y);
       return y;
     }
-    rounded = Tensor({m, k});
+    rounded = Tensor::uninitialized({m, k});
     model_simd::kernels().dequant_i8_channel(xq.q.data<int8_t>(), xq.s.data<float>(), m, k,
                                              rounded.data<float>());
     xs = rounded.data<float>();
   }
   if (activations == DType::kBF16) {
-    xb = Tensor({m, k}, DType::kBF16);
+    xb = Tensor::uninitialized({m, k}, DType::kBF16);
     convert(xs, DType::kF32, xb.raw(), DType::kBF16, static_cast<size_t>(m * k));
     const bool bf16_matmul = m > model_simd::kMaxRows && native_bf16_matmul();
     if (w.dtype() == DType::kBF16 && bf16_matmul) {
@@ -533,7 +539,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
 
 Tensor row_sum_squares(const Tensor& x) {
   const int64_t rows = rows_of(x), f = x.dim(-1);
-  Tensor s({rows});
+  Tensor s = Tensor::uninitialized({rows});
   model_simd::kernels().sum_squares(x.data<float>(), rows, f, s.data<float>());
   return s;
 }
@@ -544,7 +550,7 @@ Tensor rms_norm_with_stats(const Tensor& x, const Tensor& sum_sq, int64_t full_w
   SEQPAR_CHECK(weight.empty() || weight.numel() == f, "rms_norm weight ", weight.shape_str());
   SEQPAR_CHECK(sum_sq.numel() >= rows, "rms_norm: ", sum_sq.numel(), " sums of squares for ", rows,
                " rows");
-  Tensor y(x.shape());
+  Tensor y = Tensor::uninitialized(x.shape());
   model_simd::kernels().rms_norm(x.data<float>(), rows, f, sum_sq.data<float>(), full_width,
                                  weight.empty() ? nullptr : weight.data<float>(), eps,
                                  y.data<float>());
@@ -559,7 +565,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
   const int64_t rows = rows_of(x), f = x.dim(-1);
   SEQPAR_CHECK(weight.empty() || weight.numel() == f, "layer_norm weight ", weight.shape_str());
   SEQPAR_CHECK(bias.empty() || bias.numel() == f, "layer_norm bias ", bias.shape_str());
-  Tensor y(x.shape());
+  Tensor y = Tensor::uninitialized(x.shape());
   model_simd::kernels().layer_norm(
       x.data<float>(), rows, f, weight.empty() ? nullptr : weight.data<float>(),
       bias.empty() ? nullptr : bias.data<float>(), eps, y.data<float>());
@@ -616,7 +622,7 @@ void gated_add_(Tensor& x, const float* gate, const Tensor& y) {
 
 Tensor swiglu(const Tensor& a, const Tensor& b) {
   SEQPAR_CHECK(a.shape() == b.shape(), "swiglu shapes");
-  Tensor y(a.shape());
+  Tensor y = Tensor::uninitialized(a.shape());
   model_simd::kernels().swiglu(a.data<float>(), b.data<float>(), a.numel(), y.data<float>());
   return y;
 }
@@ -633,7 +639,7 @@ Tensor slice_rows(const Tensor& x, int64_t begin, int64_t end) {
   const int64_t f = x.numel() / std::max<int64_t>(1, x.dim(0));
   std::vector<int64_t> shape = x.shape();
   shape[0] = end - begin;
-  Tensor y(shape, x.dtype());
+  Tensor y = Tensor::uninitialized(shape, x.dtype());
   const size_t e = dtype_size(x.dtype());
   std::memcpy(y.raw(), static_cast<const char*>(x.raw()) + begin * f * e, (end - begin) * f * e);
   return y;
@@ -643,7 +649,7 @@ Tensor slice_cols(const Tensor& x, int64_t begin, int64_t end) {
   const int64_t rows = rows_of(x), f = x.dim(-1), w = end - begin;
   std::vector<int64_t> shape = x.shape();
   shape.back() = w;
-  Tensor y(shape, x.dtype());
+  Tensor y = Tensor::uninitialized(shape, x.dtype());
   const size_t e = dtype_size(x.dtype());
   for (int64_t r = 0; r < rows; ++r)
     std::memcpy(static_cast<char*>(y.raw()) + r * w * e,
@@ -656,7 +662,7 @@ Tensor concat_cols(const Tensor& x, const Tensor& y) {
   SEQPAR_CHECK(rows == rows_of(y), "concat_cols rows");
   std::vector<int64_t> shape = x.shape();
   shape.back() = a + b;
-  Tensor z(shape);
+  Tensor z = Tensor::uninitialized(shape);
   for (int64_t r = 0; r < rows; ++r) {
     std::memcpy(z.data<float>() + r * (a + b), x.data<float>() + r * a, a * sizeof(float));
     std::memcpy(z.data<float>() + r * (a + b) + a, y.data<float>() + r * b, b * sizeof(float));

@@ -618,6 +618,18 @@ void layer_norm(const float* x, int64_t rows, int64_t f, const float* weight, co
                 float eps, float* y) {
   over_rows(rows, f, [&](int64_t r0, int64_t r1) { kRows(x, f, weight, bias, eps, y, r0, r1); });
 }
+// int8 activations' quantization (ops.cc linear()): the rows on the team.
+template <auto kRows>
+void row_abs_max(const float* x, int64_t rows, int64_t k, float* amax) {
+  over_rows(rows, k, [&](int64_t r0, int64_t r1) { kRows(x + r0 * k, r1 - r0, k, amax + r0); });
+}
+template <auto kRows>
+void quantize_rows_s8(const float* x, int64_t rows, int64_t k, const float* s, Ties ties,
+                      int8_t* q) {
+  over_rows(rows, k, [&](int64_t r0, int64_t r1) {
+    kRows(x + r0 * k, r1 - r0, k, s + r0, ties, q + r0 * k);
+  });
+}
 template <auto kRange>
 void unary(float* x, int64_t n) {
   over_elements(n, [&](int64_t i0, int64_t i1) { kRange(x, i0, i1); });
@@ -660,8 +672,8 @@ const Kernels kScalar{Isa::kScalar,
                       &gemv_i8_channel<&scalar::gemv_i8_channel_cols>,
                       &scalar::dequant_i8_channel,
                       &scalar::widen_i8_bf16,
-                      &scalar::row_abs_max,
-                      &scalar::quantize_rows_s8,
+                      &row_abs_max<&scalar::row_abs_max>,
+                      &quantize_rows_s8<&scalar::quantize_rows_s8>,
                       &scalar::scale_int32_rows,
                       scalar::kLanes,
                       SEQPAR_ELEMENTWISE_OPS(scalar)};
@@ -675,8 +687,8 @@ const Kernels kAvx2{Isa::kAvx2,
                     &gemv_i8_channel<&avx2::gemv_i8_channel_cols>,
                     &avx2::dequant_i8_channel,
                     &avx2::widen_i8_bf16,
-                    &avx2::row_abs_max,
-                    &avx2::quantize_rows_s8,
+                    &row_abs_max<&avx2::row_abs_max>,
+                    &quantize_rows_s8<&avx2::quantize_rows_s8>,
                     &avx2::scale_int32_rows,
                     avx2::kW,
                     SEQPAR_ELEMENTWISE_OPS(avx2)};
@@ -689,8 +701,8 @@ const Kernels kAvx512{Isa::kAvx512,
                       &gemv_i8_channel<&avx512::gemv_i8_channel_cols>,
                       &avx512::dequant_i8_channel,
                       &avx512::widen_i8_bf16,
-                      &avx512::row_abs_max,
-                      &avx512::quantize_rows_s8,
+                      &row_abs_max<&avx512::row_abs_max>,
+                      &quantize_rows_s8<&avx512::quantize_rows_s8>,
                       &avx512::scale_int32_rows,
                       avx512::kW,
                       SEQPAR_ELEMENTWISE_OPS(avx512)};

@@ -186,7 +186,7 @@ Tensor WeightStore::rows(const std::string& name, int64_t begin, int64_t end) co
     if (s.empty()) return t;
     std::vector<int64_t> out_shape = s;
     out_shape[0] = end - begin;
-    Tensor out(out_shape, t.dtype());
+    Tensor out = Tensor::uninitialized(out_shape, t.dtype());
     const size_t row_bytes = t.nbytes() / std::max<int64_t>(1, n0);
     std::memcpy(out.raw(), static_cast<const std::byte*>(t.raw()) + begin * row_bytes,
                 (end - begin) * row_bytes);
@@ -195,7 +195,7 @@ Tensor WeightStore::rows(const std::string& name, int64_t begin, int64_t end) co
   const SafetensorsEntry& e = f->file->entry(f->stored);
   std::vector<int64_t> out_shape = s;
   if (!s.empty()) out_shape[0] = end - begin;
-  Tensor out(out_shape, *e.seqpar_dtype());
+  Tensor out = Tensor::uninitialized(out_shape, *e.seqpar_dtype());
   const size_t row_bytes = e.nbytes() / std::max<int64_t>(1, n0);
   const std::span<const std::byte> src =
       f->file->bytes(f->stored).subspan(begin * row_bytes, out.nbytes());
@@ -215,7 +215,7 @@ Tensor WeightStore::cols(const std::string& name, int64_t begin, int64_t end) co
   const size_t e = dtype_size(dt);
   const std::byte* src = f ? f->file->bytes(f->stored).data()
                            : static_cast<const std::byte*>(memory_tensor(name).raw());
-  Tensor out({s[0], end - begin}, dt);
+  Tensor out = Tensor::uninitialized({s[0], end - begin}, dt);
   for (int64_t r = 0; r < s[0]; ++r)
     std::memcpy(static_cast<std::byte*>(out.raw()) + r * (end - begin) * e,
                 src + (r * s[1] + begin) * e, (end - begin) * e);

@@ -1,6 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
+#include <vector>
 
 #include "seqpar/core/tensor.h"
 
@@ -12,6 +16,35 @@ TEST(Tensor, ZeroFilledAligned) {
   EXPECT_EQ(t.nbytes(), 480u);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(t.raw()) % 64, 0u);
   for (int64_t i = 0; i < t.numel(); ++i) EXPECT_EQ(t.at(i), 0.f);
+}
+
+// The storage of Tensor::uninitialized is the same kind as a zero-filled tensor's (aligned, its
+// shape and dtype), not zero-filled; with SEQPAR_POISON_UNINITIALIZED=1 (scripts/sanitize.sh, and
+// ctest's test_core_poisoned) every byte is 0xff: NaN in fp32, bf16 and fp16.
+TEST(Tensor, UninitializedHasItsShapeAndIsPoisonedOnRequest) {
+  const char* env = std::getenv("SEQPAR_POISON_UNINITIALIZED");
+  const bool poisoned = env != nullptr && std::string_view(env) == "1";
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16, DType::kI8}) {
+    Tensor t = Tensor::uninitialized({3, 7}, dt);
+    EXPECT_EQ(t.shape(), (std::vector<int64_t>{3, 7}));
+    EXPECT_EQ(t.dtype(), dt);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.raw()) % 64, 0u);
+    for (int64_t i = 0; i < t.numel() && poisoned; ++i) {
+      if (dt == DType::kI8)
+        ASSERT_EQ(t.data<int8_t>()[i], -1) << i;
+      else
+        ASSERT_TRUE(std::isnan(t.at(i))) << dtype_name(dt) << " element " << i;
+    }
+  }
+  // Copies and conversions write every element, so they take such storage too.
+  Tensor a({5});
+  a.fill(1.5f);
+  const Tensor b = a;
+  const Tensor c = a.to(DType::kBF16);
+  for (int64_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(b.at(i), 1.5f);
+    EXPECT_EQ(c.at(i), 1.5f);
+  }
 }
 
 TEST(Tensor, CopyIsDeep) {

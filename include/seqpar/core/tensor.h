@@ -25,6 +25,13 @@ class Tensor {
   Tensor(std::initializer_list<int64_t> shape, DType dtype = DType::kF32)
       : Tensor(std::vector<int64_t>(shape), dtype) {}
 
+  // A tensor whose storage is not zero-filled (a block from core/block_cache.h holds whatever it
+  // held before): for an output every element of which is written before it is read, where the
+  // zero fill would be a second pass over it. With SEQPAR_POISON_UNINITIALIZED=1 in the
+  // environment the storage is filled with 0xff bytes instead (NaN in fp32, bf16 and fp16; -1 in
+  // int8), so that an element left unwritten shows up (scripts/sanitize.sh sets it).
+  static Tensor uninitialized(std::vector<int64_t> shape, DType dtype = DType::kF32);
+
   // A read-only view of `data` (not owned, not freed): for computing on bytes that live
   // elsewhere, e.g. a peer's K/V block borrowed without a copy (Communicator::irecv_borrow).
   // `data` must stay valid and unchanged while the view is used. Do not write through it;
@@ -75,6 +82,8 @@ class Tensor {
   std::string shape_str() const;  // "[2, 128, 8, 64]"
 
  private:
+  enum class Fill { kZero, kNone, kPoison };
+  Tensor(std::vector<int64_t> shape, DType dtype, Fill fill);
   struct Free {
     Free() noexcept : owned(true), bytes(0) {}
     explicit Free(bool own, size_t bytes = 0) noexcept : owned(own), bytes(bytes) {}
