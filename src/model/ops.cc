@@ -592,12 +592,22 @@ namespace {
                              " output; the weights or inputs overflow fp32 there"));
 }
 
+// Over the calling thread's team from 2^16 elements (a layer's output in a prefill is millions).
 bool all_finite(const Tensor& t) {
   const auto* bits = static_cast<const uint32_t*>(t.raw());
   constexpr uint32_t kExponent = 0x7f800000;  // all set: Inf or NaN
+  const int64_t n = t.numel();
+  auto any_bad = [&](int64_t i0, int64_t i1) {
+    uint32_t bad = 0;
+    for (int64_t i = i0; i < i1; ++i)
+      bad |= static_cast<uint32_t>((bits[i] & kExponent) == kExponent);
+    return bad;
+  };
+  const int team = omp_in_parallel() || n < (int64_t{1} << 16) ? 1 : omp_get_max_threads();
+  if (team == 1) return !any_bad(0, n);
   uint32_t bad = 0;
-  for (int64_t i = 0; i < t.numel(); ++i)
-    bad |= static_cast<uint32_t>((bits[i] & kExponent) == kExponent);
+#pragma omp parallel for reduction(| : bad) num_threads(team)
+  for (int c = 0; c < team; ++c) bad |= any_bad(n * c / team, n * (c + 1) / team);
   return !bad;
 }
 

@@ -714,5 +714,38 @@ TEST(Int8Activations, WithinTheBoundOfTheQuantizedProduct) {
   EXPECT_THROW(linear(x, q8.q, Tensor(), q8.d, DType::kI8), Error);
 }
 
+// expect_finite finds an Inf or a NaN wherever it lies (first, middle, last element) in tensors
+// below and above the size from which the check is split over the team, on 1 to 3 threads, names
+// its row and feature, and passes a finite tensor.
+TEST(ExpectFinite, FindsEveryNonFiniteElementOnAnyTeam) {
+  const int saved = omp_get_max_threads();
+  for (const int64_t f : {int64_t{100}, int64_t{1} << 12}) {
+    const int64_t rows = 300;  // 30000 and 1228800 elements
+    Tensor t({rows, f});
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = static_cast<float>(i % 7) - 3.f;
+    for (int threads = 1; threads <= 3; ++threads) {
+      omp_set_num_threads(threads);
+      EXPECT_NO_THROW(expect_finite(t, "layers", 2, "mlp"));
+      for (const int64_t at : {int64_t{0}, t.numel() / 2 + 1, t.numel() - 1})
+        for (const float bad : {std::numeric_limits<float>::quiet_NaN(), INFINITY, -INFINITY}) {
+          const float kept = t.data<float>()[at];
+          t.data<float>()[at] = bad;
+          try {
+            expect_finite(t, "layers", 2, "mlp");
+            ADD_FAILURE() << "no error for " << bad << " at " << at << " on " << threads;
+          } catch (const Error& e) {
+            const std::string where = "layers.2.mlp produced a non-finite value";
+            const std::string place =
+                "at row " + std::to_string(at / f) + ", feature " + std::to_string(at % f) + " ";
+            EXPECT_NE(std::string(e.what()).find(where), std::string::npos) << e.what();
+            EXPECT_NE(std::string(e.what()).find(place), std::string::npos) << e.what();
+          }
+          t.data<float>()[at] = kept;
+        }
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
 }  // namespace
 }  // namespace seqpar
