@@ -369,6 +369,11 @@ inline void vstore_i8_part(int8_t* p, V v, int64_t n) {
   _mm_store_si128(reinterpret_cast<__m128i*>(t), low_bytes(v));
   std::memcpy(p, t, n);
 }
+// kW floats as fp16, rounded to nearest even (core/dtype.h f32_to_f16's bits).
+inline void vstore_f16(uint16_t* p, V v) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                   _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
 inline V vload_i32(const int32_t* p) {
   return _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
@@ -468,6 +473,11 @@ inline void vstore_i8(int8_t* p, V v) {
 }
 inline void vstore_i8_part(int8_t* p, V v, int64_t n) {
   _mm_mask_storeu_epi8(p, first(n), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v)));
+}
+// kW floats as fp16, rounded to nearest even (core/dtype.h f32_to_f16's bits).
+inline void vstore_f16(uint16_t* p, V v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                      _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 inline V vload_i32(const int32_t* p) { return _mm512_cvtepi32_ps(_mm512_loadu_si512(p)); }
 inline V vload_i32_part(const int32_t* p, int64_t n) {

@@ -649,6 +649,7 @@ TEST(ModelSimd, QuantizeQ8GivesTheDefinitionsBits) {
     w[kQ8Block + i] = i == 5 ? -3e-30f : 0.f;  // one nonzero
     const float tie = static_cast<float>(i % 8) + 0.5f;
     w[2 * kQ8Block + i] = (i % 2 ? -1.f : 1.f) * (i % 3 ? tie : std::nextafter(tie, 0.f));
+    w[3 * kQ8Block + i] = i == 9 ? 1e-44f : 0.f;  // a / 127 rounds to 0: s is 0, so is q
   }
   w[2 * kQ8Block] = 127.f;  // that block's scale: 1
   for (Isa isa : variants()) {
