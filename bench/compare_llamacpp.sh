@@ -129,12 +129,15 @@ if [[ "$cores" != "$threads" ]]; then
   echo "compare_llamacpp: note: seqpar uses $cores threads on 1 rank ($((cores / 2)) a rank on" \
     "tp 2), llama.cpp $threads" >&2
 fi
+# The help read whole first: under pipefail, `seqpar ... | grep -q` fails when grep stops reading
+# before seqpar has written everything (seqpar then dies of SIGPIPE), and the rows were skipped.
+gen_help="$("$seqpar" generate --help 2>/dev/null || true)"
 int8=0
-if "$seqpar" generate --help 2>/dev/null | grep -q -- "--weights-dtype"; then int8=1; fi
+if grep -q -- "--weights-dtype" <<<"$gen_help"; then int8=1; fi
 act=0
-if "$seqpar" generate --help 2>/dev/null | grep -q -- "--activations"; then act=1; fi
+if grep -q -- "--activations" <<<"$gen_help"; then act=1; fi
 act8=0
-if "$seqpar" generate --help 2>/dev/null | grep -q -- "bf16 | int8"; then act8=1; fi
+if grep -q -- "bf16 | int8" <<<"$gen_help"; then act8=1; fi
 bf16_group=0
 [[ " $groups " == *" bf16 "* ]] && bf16_group=1
 [[ " $groups " == *" int8 "* ]] || int8=0
