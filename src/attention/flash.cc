@@ -61,7 +61,13 @@ namespace simd = attn_simd;
 using dnnl::memory;
 
 constexpr int64_t kDefaultBlockQ = 256;
-constexpr int64_t kDefaultBlockK = 256;
+// Key blocks: 512 keys where the blocks are multiplied in fp32 (half the online-softmax
+// rescales of O and twice the depth of each P·V product as with 256: 1.04x the kernel's rate on
+// a Zen 4 core, docs/kernel.md), 256 with oneDNN's bf16 matmul.
+constexpr int64_t kDefaultBlockK = 512;
+constexpr int64_t kDefaultBlockKBf16 = 256;
+// The largest default key block read in place (decode shapes).
+constexpr int64_t kMaxInPlaceBlockK = 256;
 // At most this many (query block, head) tiles per work item (outside decode shapes): bounds the
 // per-thread buffers (two (Bq, D) fp32 buffers per tile) while amortizing the K/V packing.
 constexpr int64_t kMaxTilesPerItem = 16;
@@ -1098,8 +1104,9 @@ void flash_attention_into(const TensorView& q_in, const TensorView& k_in, const 
   // The default key block; with K/V read in place, about kInPlaceBlockBytes of K and V.
   const int64_t default_bk =
       p.small_mm
-          ? std::clamp<int64_t>(kInPlaceBlockBytes / (2 * p.nkv * p.d * 4), 16, kDefaultBlockK)
-          : kDefaultBlockK;
+          ? std::clamp<int64_t>(kInPlaceBlockBytes / (2 * p.nkv * p.d * 4), 16, kMaxInPlaceBlockK)
+      : p.bf16_mm ? kDefaultBlockKBf16
+                  : kDefaultBlockK;
   p.bk = params.block_k > 0 ? params.block_k : default_bk;
   p.bq = std::min(p.bq, p.sq);
   p.bk = std::min(p.bk, p.sk);
@@ -1224,11 +1231,11 @@ std::string attention_kernel_info() {
                .impl_info_str();
     } catch (const dnnl::error&) {
     }
-    std::string s =
-        detail::concat("blockwise flash attention (Bq ", kDefaultBlockQ, ", Bk ", kDefaultBlockK,
-                       "); softmax ", simd::isa_name(simd::kernels().isa),
-                       " (exp2 poly deg 5 for fp32, deg 3 for bf16/fp16); oneDNN ", ver->major, ".",
-                       ver->minor, ".", ver->patch, " matmul ", mm, " fp32");
+    std::string s = detail::concat(
+        "blockwise flash attention (Bq ", kDefaultBlockQ, ", Bk ", kDefaultBlockK, " fp32, ",
+        kDefaultBlockKBf16, " bf16 matmul); softmax ", simd::isa_name(simd::kernels().isa),
+        " (exp2 poly deg 5 for fp32, deg 3 for bf16/fp16); oneDNN ", ver->major, ".", ver->minor,
+        ".", ver->patch, " matmul ", mm, " fp32");
     if (use_bf16_matmul()) {
       std::string bf = "?";
       try {
