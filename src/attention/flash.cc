@@ -61,11 +61,12 @@ namespace simd = attn_simd;
 using dnnl::memory;
 
 constexpr int64_t kDefaultBlockQ = 256;
-// Key blocks: 512 keys where the blocks are multiplied in fp32 (half the online-softmax
-// rescales of O and twice the depth of each P·V product as with 256: 1.04x the kernel's rate on
-// a Zen 4 core, docs/kernel.md), 256 with oneDNN's bf16 matmul.
-constexpr int64_t kDefaultBlockK = 512;
-constexpr int64_t kDefaultBlockKBf16 = 256;
+// Key blocks: 256 keys, and 512 where the blocks are multiplied in fp32 and no causal or segment
+// mask cuts them (half the online-softmax rescales of O and twice the depth of each P·V product:
+// 1.04x the kernel's rate on a Zen 4 core; with a causal mask the blocks on the diagonal compute
+// twice the masked scores, 0.95x there; docs/kernel.md).
+constexpr int64_t kDefaultBlockK = 256;
+constexpr int64_t kUnmaskedBlockK = 512;
 // The largest default key block read in place (decode shapes).
 constexpr int64_t kMaxInPlaceBlockK = 256;
 // At most this many (query block, head) tiles per work item (outside decode shapes): bounds the
@@ -1102,11 +1103,12 @@ void flash_attention_into(const TensorView& q_in, const TensorView& k_in, const 
   p.small_mm = stream_kv && !p.bf16_mm && use_small_matmuls();
   p.bq = params.block_q > 0 ? params.block_q : kDefaultBlockQ;
   // The default key block; with K/V read in place, about kInPlaceBlockBytes of K and V.
+  const bool masked = params.mask.causal || !params.mask.q_segment.empty();
   const int64_t default_bk =
       p.small_mm
           ? std::clamp<int64_t>(kInPlaceBlockBytes / (2 * p.nkv * p.d * 4), 16, kMaxInPlaceBlockK)
-      : p.bf16_mm ? kDefaultBlockKBf16
-                  : kDefaultBlockK;
+      : p.bf16_mm || masked ? kDefaultBlockK
+                            : kUnmaskedBlockK;
   p.bk = params.block_k > 0 ? params.block_k : default_bk;
   p.bq = std::min(p.bq, p.sq);
   p.bk = std::min(p.bk, p.sk);
@@ -1232,8 +1234,9 @@ std::string attention_kernel_info() {
     } catch (const dnnl::error&) {
     }
     std::string s = detail::concat(
-        "blockwise flash attention (Bq ", kDefaultBlockQ, ", Bk ", kDefaultBlockK, " fp32, ",
-        kDefaultBlockKBf16, " bf16 matmul); softmax ", simd::isa_name(simd::kernels().isa),
+        "blockwise flash attention (Bq ", kDefaultBlockQ, ", Bk ", kDefaultBlockK, "; ",
+        kUnmaskedBlockK, " in fp32 without a causal or segment mask); softmax ",
+        simd::isa_name(simd::kernels().isa),
         " (exp2 poly deg 5 for fp32, deg 3 for bf16/fp16); oneDNN ", ver->major, ".", ver->minor,
         ".", ver->patch, " matmul ", mm, " fp32");
     if (use_bf16_matmul()) {
