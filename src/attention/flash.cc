@@ -1102,7 +1102,8 @@ void flash_attention_into(const TensorView& q_in, const TensorView& k_in, const 
   p.stack_heads = stream_kv;
   p.small_mm = stream_kv && !p.bf16_mm && use_small_matmuls();
   p.bq = params.block_q > 0 ? params.block_q : kDefaultBlockQ;
-  // The default key block; with K/V read in place, about kInPlaceBlockBytes of K and V.
+  // The default key block: with K/V read in place, about kInPlaceBlockBytes of K and V; else
+  // kUnmaskedBlockK for fp32 products no mask cuts, kDefaultBlockK for the rest.
   const bool masked = params.mask.causal || !params.mask.q_segment.empty();
   const int64_t default_bk =
       p.small_mm
