@@ -5,7 +5,7 @@
 //   linear_bench [--m 8,9,15,16,17,32,64] [--n 8192] [--k 2048]
 //                [--dtype bf16|fp16|int8|int8-channel] [--activations fp32|bf16|int8]
 //
-// (--activations int8 needs --dtype int8-channel.)
+// (--activations int8 needs an int8 --dtype: with int8, the activations in blocks of 32.)
 // Per m: the mean time of 5 calls after a warm-up, and GFLOP/s (2·m·n·k a call). With an int8
 // --dtype, first the time to quantize the weight as a load does (the mean of 3 calls), beside the
 // time to widen the same weight to fp32 (convert(), a pass over it that every load makes). Not a
@@ -45,8 +45,8 @@ int main(int argc, char** argv) {
                          "[--dtype bf16|fp16|int8|int8-channel] [--activations fp32|bf16|int8]");
     }
   }
-  if (activations == DType::kI8 && dtype != "int8-channel")
-    bench::usage_error("linear_bench", "--activations int8 needs --dtype int8-channel");
+  if (activations == DType::kI8 && dtype != "int8-channel" && dtype != "int8")
+    bench::usage_error("linear_bench", "--activations int8 needs --dtype int8 or int8-channel");
   const Tensor w16 = random_normal({ns[0], ks[0]}, 2, dtype == "fp16" ? DType::kF16 : DType::kBF16);
   const Q8Weight q8 = dtype == "int8" ? quantize_q8_0(w16, "w") : Q8Weight{};
   const Int8ChannelWeight ch =

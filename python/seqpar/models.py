@@ -427,8 +427,9 @@ class CausalLM(_Model):
         output row, as ``--weights-dtype int8-channel``). activations: "fp32" (the linear
         layers' inputs as computed), "bf16" (rounded to bf16 first; with bf16 weights oneDNN's
         bf16 matmul where the CPU has AVX512-BF16 or AMX, as ``seqpar generate --activations
-        bf16``) or "int8" (with weights_dtype "int8-channel" only: quantized to int8 per row and
-        multiplied as int8 x int8 by oneDNN's int8 matmul, as ``--activations int8``)."""
+        bf16``) or "int8" (with int8 weights only, as ``--activations int8``: with "int8-channel"
+        quantized to int8 per row and multiplied by oneDNN's int8 matmul; with "int8" quantized
+        per block of 32, as llama.cpp multiplies Q8_0, and multiplied in int8 with AVX512-VNNI)."""
         self = cls.__new__(cls)
         mesh = _mesh_of(mesh, mesh_kwargs, CausalLM.from_pretrained)
         spec = _mesh_dict(mesh)

@@ -72,15 +72,15 @@ ParallelConfig mesh_of(const py::dict& d) {
 }
 
 // The activations keyword (every model's from_pretrained) as a dtype; ValueError naming where
-// (the class) and the valid names. int8 multiplies per-channel int8 weights only: a causal LM's
-// weights_dtype "int8-channel" (int8_weights); the diffusion models load no int8 weights.
+// (the class) and the valid names. int8 multiplies int8 weights only: a causal LM's weights_dtype
+// "int8" or "int8-channel" (int8_weights); the diffusion models load no int8 weights.
 DType activations_keyword(std::string_view where, const std::string& activations,
                           bool int8_weights = false) {
   const std::optional<DType> d = activations_named(activations);
   SEQPAR_ARG_CHECK(d.has_value(), where, ": activations '", activations,
                    "' is unknown; valid: ", activations_names("'"));
   SEQPAR_ARG_CHECK(*d != DType::kI8 || int8_weights, where,
-                   ": activations 'int8' needs per-channel int8 weights (CausalLM's weights_dtype "
+                   ": activations 'int8' needs int8 weights (CausalLM's weights_dtype 'int8' or "
                    "'int8-channel'); valid here: 'fp32', 'bf16'");
   return *d;
 }
@@ -96,7 +96,7 @@ class CausalLmRank {
     SEQPAR_ARG_CHECK(format.has_value(), "CausalLM: weights_dtype '", weights_dtype,
                      "' is unknown; valid: ", weight_format_names("'"));
     const DType act =
-        activations_keyword("CausalLM", activations, format == WeightFormat::kInt8Channel);
+        activations_keyword("CausalLM", activations, format != WeightFormat::kCheckpoint);
     without_gil([&] {
       ck_ = open_causal_lm(dir);
       check_causal_lm_tp(ck_, rank_.mesh.mesh.tp);

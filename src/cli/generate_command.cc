@@ -123,9 +123,9 @@ Prepared prepare(const GenerateOptions& o, int world) {
   SEQPAR_ARG_CHECK(weight_format_named(o.weights_dtype).has_value(), "--weights-dtype '",
                    o.weights_dtype, "' is unknown; valid: ", weight_format_names());
   SEQPAR_ARG_CHECK(activations_flag(o.activations) != DType::kI8 ||
-                       weight_format_named(o.weights_dtype) == WeightFormat::kInt8Channel,
-                   "--activations int8 multiplies int8 by int8 and needs --weights-dtype "
-                   "int8-channel (one scale per output row); valid with --weights-dtype ",
+                       weight_format_named(o.weights_dtype) != WeightFormat::kCheckpoint,
+                   "--activations int8 multiplies int8 by int8 and needs --weights-dtype int8 or "
+                   "int8-channel; valid with --weights-dtype ",
                    o.weights_dtype, ": fp32, bf16");
   if (!o.document_ids.empty()) {
     prepare_documents(o, p);
@@ -462,17 +462,18 @@ int run_generate(const GenerateOptions& o) {
 const char* const kActivationsHelp =
     "fp32 | bf16 | int8: the linear layers' inputs as computed, or rounded to bf16 first (with "
     "bf16 or int8-channel weights: oneDNN's bf16 matmul where the CPU has AVX512-BF16 or AMX, as "
-    "llama.cpp multiplies BF16 weights), or quantized to int8 per row (generate with "
-    "--weights-dtype int8-channel: oneDNN's int8 matmul, VNNI where the CPU has it); seqpar info "
-    "names the paths";
+    "llama.cpp multiplies BF16 weights), or quantized to int8 (generate with int8 weights: per row "
+    "with --weights-dtype int8-channel, oneDNN's int8 matmul, VNNI where the CPU has it; per block "
+    "of 32 with --weights-dtype int8, as llama.cpp multiplies Q8_0, in int8 with AVX512-VNNI); "
+    "seqpar info names the paths";
 
 DType activations_flag(const std::string& value, bool int8_allowed) {
   const std::optional<DType> d = activations_named(value);
   SEQPAR_ARG_CHECK(d.has_value(), "--activations '", value,
                    "' is unknown; valid: ", activations_names());
   SEQPAR_ARG_CHECK(*d != DType::kI8 || int8_allowed,
-                   "--activations int8 needs per-channel int8 weights, which denoise does not "
-                   "load; valid here: fp32, bf16");
+                   "--activations int8 needs int8 weights, which denoise does not load; valid "
+                   "here: fp32, bf16");
   return *d;
 }
 

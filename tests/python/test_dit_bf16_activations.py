@@ -210,10 +210,10 @@ def test_refused(qwen, flux):
                                                activations="fp16")
     with pytest.raises(TypeError, match="activations must be a str"):
         seqpar.WanTransformer.from_pretrained(str(flux["dir"]), activations=16)
-    # int8 activations multiply per-channel int8 weights, which the diffusion models do not load.
-    denoise_refused("int8", "seqpar: error: --activations int8 needs per-channel int8 weights, "
-                            "which denoise does not load; valid here: fp32, bf16")
-    with pytest.raises(ValueError, match=r"^FluxTransformer: activations 'int8' needs per-channel "
-                                         r"int8 weights .*; valid here: 'fp32', 'bf16'$"):
+    # int8 activations multiply int8 weights, which the diffusion models do not load.
+    denoise_refused("int8", "seqpar: error: --activations int8 needs int8 weights, which denoise "
+                            "does not load; valid here: fp32, bf16")
+    with pytest.raises(ValueError, match=r"^FluxTransformer: activations 'int8' needs int8 "
+                                         r"weights .*; valid here: 'fp32', 'bf16'$"):
         seqpar.FluxTransformer.from_pretrained(str(flux["dir"] / "transformer"),
                                                activations="int8")

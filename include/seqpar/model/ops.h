@@ -25,7 +25,12 @@ namespace seqpar {
 // weight; a bf16 or per-channel int8 weight times more than 8 rows is then multiplied by oneDNN's
 // bf16 matmul where the CPU has AVX512-BF16 or AMX (products exact, sums fp32), else by the fp32
 // paths on the rounded values (the same products). kF32: x as it is.
-// activations kI8 (per-channel int8 weights only): each row of x quantized to int8 with one fp32
+// activations kI8 with Q8_0 weights: each block of 32 of a row of x quantized to int8 with its
+// own fp32 scale (as below with the block for the row; x_row_max is not used), as llama.cpp
+// multiplies a Q8_0 weight; past 5 rows the block's products summed exactly in int32 where the
+// CPU has AVX512-VNNI (src/model/gemm_q8.h states the summation and its bound, gamma_(k/32+2)
+// against the quantized values), else the Q8_0 paths on x̂ = fl(s_x·q_x).
+// activations kI8 with per-channel int8 weights: each row of x quantized to int8 with one fp32
 // scale, s_x = a / 127 with a = max |x| over the row (or x_row_max's value, a row-parallel rank's
 // maximum over the whole row), q_x = x / s_x (the fp32 quotient) rounded to nearest, ties to even,
 // clamped to [-127, 127] (0 where a is 0); then y = s_x·s_w·(q_x · q_wᵀ) + b: past 4 rows the
@@ -49,7 +54,8 @@ std::string_view bf16_activations_path();
 // implementation (e.g. "brg:avx512_core_vnni"), or "fp32 of the quantized values" (no VNNI).
 std::string_view int8_activations_path();
 // The instruction set each of linear()'s kernels runs on this CPU, e.g. "gemv_bf16 avx512,
-// gemv_f16 avx512, gemv_q8 avx512, gemv_i8_channel avx512, convert avx512"
+// gemv_f16 avx512, gemv_q8 avx512, gemv_i8_channel avx512, convert avx512, ..., int8
+// activations x Q8_0 avx512-vnni"
 // (SEQPAR_KERNEL_ISA=scalar|avx2|avx512 caps them).
 std::string model_kernel_info();
 // The instruction set each elementwise and normalisation op (below, and apply_rope_) runs on this

@@ -75,10 +75,12 @@ RowLinear RowLinear::load(const WeightStore& ws, const std::string& name, int64_
 }
 
 Tensor RowLinear::forward(const Tensor& x, Communicator& tp) const {
-  // int8 activations: every rank scales a row by the whole row's maximum, so the ranks' partial
-  // products add up to the product of the row quantized whole.
+  // int8 activations with per-channel weights: every rank scales a row by the whole row's
+  // maximum, so the ranks' partial products add up to the product of the row quantized whole.
+  // (With Q8_0 weights each block of 32 has its own scale, and lies within one rank's columns.)
   Tensor x_row_max;
-  if (activations == DType::kI8 && tp.size() > 1) {
+  const bool q8 = w_scale.dtype() == DType::kF16;
+  if (activations == DType::kI8 && tp.size() > 1 && !q8) {
     x_row_max = row_abs_max(x);
     tp.all_reduce(std::span<float>(x_row_max.data<float>(), x_row_max.numel()), ReduceOp::kMax);
   }

@@ -1,0 +1,60 @@
+// int8 activations times Q8_0 weights (ops.h linear() with int8 activations and a Q8_0 weight),
+// private to src/model/: both operands in blocks of 32 along k, each block with its own scale,
+// the block's 32 products summed exactly in int32 (AVX512-VNNI's vpdpbusd), then scaled.
+//
+// Activations, per block of 32 of a row: a = max |x| over the block (+Inf where it holds a NaN or
+// an Inf), s = a / 127 (fp32), q = x / s (the fp32 quotient) rounded to nearest, ties to even,
+// clamped to [-127, 127] (0 where s is 0 or not finite): simd_ops.h's int8 activations with rows
+// of 32. They are packed for the product: rows in panels of 16 (the last padded with rows of
+// zeros), per panel and block the 16 rows' q + 128 as unsigned bytes, 4 consecutive inputs of one
+// row in each 32-bit lane (the vpdpbusd layout), and the 16 rows' scales.
+//
+// The product, for output (r, j), with S_b = Σ_(i in block b) q_x[r, i]·q_w[j, i] (exact in
+// int32: |S_b| <= 32·127² < 2^24, so exact in fp32 too) and d_b the weight block's fp16 scale
+// (exact in fp32):
+//   acc = 0; for b in order: acc = fma(S_b, fl(d_b · s_x[r, b]), acc); y = acc (+ bias[j], one
+//   rounding)
+// the same bits in every variant and on any number of threads. Error against the quantized
+// values, u = 2^-24, nb = k / 32: |y - (Σ_b d_b·s_x·S_b + bias)| <= γ_(nb+2)·(Σ_b |d_b·s_x·S_b| +
+// |bias|) (each term's scale rounded once, nb fused adds, the bias), away from fp32's overflow
+// and subnormal range. A row whose block holds a NaN or an Inf gives NaN in every output (its
+// block scale is +Inf: S_b·Inf with S_b = 0 is NaN).
+// Thread-safety: reentrant; the product splits its columns over the calling thread's OpenMP team.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "seqpar/core/cpu_isa.h"
+
+namespace seqpar::model_simd {
+
+constexpr int64_t kQ8Panel = 16;  // rows of activations per panel (one vector of int32 lanes)
+
+struct Q8Rows {
+  int64_t m = 0, k = 0, panels = 0;
+  std::vector<uint8_t> q;  // (panels, k / 32, 8, 16, 4): q + 128 of 4 inputs per lane
+  std::vector<float> s;    // (panels, k / 32, 16)
+};
+
+// x (m, k) fp32, k a multiple of 32, quantized and packed as above, on the calling thread's team.
+void quantize_q8_rows(const float* x, int64_t m, int64_t k, Q8Rows& out);
+
+// x̂ (m, k) = fl(s·q) of each block of x (m, k): the values the product multiplies, in fp32 (the
+// Q8_0 decode product's input where the vector variant does not run, or for a few rows).
+void dequantize_q8_rows(const float* x, int64_t m, int64_t k, float* out);
+
+// The product's variants: y (m, n; row stride ldy) from the packed rows and a Q8_0 weight q (n, k)
+// int8, d (n, k / 32) fp16; bias (n) or null.
+using GemmQ8 = void (*)(const Q8Rows& x, const int8_t* q, const uint16_t* d, int64_t n,
+                        const float* bias, float* y, int64_t ldy);
+// The portable loops (the reference the tests compare the vector variant's bits with).
+void gemm_q8_scalar(const Q8Rows& x, const int8_t* q, const uint16_t* d, int64_t n,
+                    const float* bias, float* y, int64_t ldy);
+// The AVX-512 VNNI variant, or null where the CPU (or SEQPAR_KERNEL_ISA) does not run it.
+GemmQ8 gemm_q8_vnni();
+// Where linear() multiplies int8 activations by Q8_0 weights past its few rows: "avx512-vnni",
+// else "fp32 of the quantized values" (the Q8_0 product on the dequantized activations).
+const char* gemm_q8_path();
+
+}  // namespace seqpar::model_simd
