@@ -30,9 +30,12 @@
 #   seqpar int8-channel with bf16 activations (1 rank, tp 2; against the same Q8_0 run: int8
 #   weights on both sides, llama.cpp's activations rounded to int8 blocks), and, if
 #   --activations takes int8, seqpar int8-channel with int8 activations (1 rank, tp 2; against the
-#   same Q8_0 run: int8 x int8 products on both sides). --weights chooses the groups: bf16 (the
-#   BF16 runs and theirs) and int8 (the Q8_0 runs and theirs), both by default. Each generates
-#   --decode + 1 tokens: the prompt's pass gives the first, then --decode one-token passes.
+#   same Q8_0 run: int8 x int8 products on both sides), and, if it takes them with Q8_0 weights
+#   too, seqpar int8 with int8 activations (1 rank, tp 2; against the same Q8_0 run: the same
+#   weights and the activations in int8 blocks of 32 on both sides). --weights chooses the
+#   groups: bf16 (the BF16 runs and theirs) and int8 (the Q8_0 runs and theirs), both by default.
+#   Each generates --decode + 1 tokens: the prompt's pass gives the first, then --decode
+#   one-token passes.
 #   Prefill and decode seconds come from each program's own clock (seqpar generate --json,
 #   llamacpp_run.py's JSON: same boundaries, no warm-up pass on either side); peak RSS from
 #   /usr/bin/time (the process: all ranks for seqpar; for llama.cpp the mapped GGUF pages it
@@ -138,6 +141,8 @@ act=0
 if grep -q -- "--activations" <<<"$gen_help"; then act=1; fi
 act8=0
 if grep -q -- "bf16 | int8" <<<"$gen_help"; then act8=1; fi
+act8_q8=0
+if grep -q -- "per block of 32" <<<"$gen_help"; then act8_q8=1; fi
 bf16_group=0
 [[ " $groups " == *" bf16 "* ]] && bf16_group=1
 [[ " $groups " == *" int8 "* ]] || int8=0
@@ -227,6 +232,12 @@ for round in $(seq 1 "$rounds"); do
         run "$round" "$P" seqpar "tp2 int8-ch int8 act" "${sp[@]}" --prompt-ids-file "$f" \
           --tp 2 --weights-dtype int8-channel --activations int8
       fi
+      if [[ "$act8_q8" == 1 ]]; then
+        run "$round" "$P" seqpar "1x2 int8 int8 act" "${sp[@]}" --prompt-ids-file "$f" \
+          --weights-dtype int8 --activations int8
+        run "$round" "$P" seqpar "tp2 int8 int8 act" "${sp[@]}" --prompt-ids-file "$f" \
+          --tp 2 --weights-dtype int8 --activations int8
+      fi
     fi
   done
 done
@@ -260,7 +271,8 @@ pairs = [("1x2 bf16", "bf16"), ("tp2 bf16", "bf16"), ("1x2 bf16 act", "bf16"),
 if int8 == "1":
     pairs += [("1x2 int8", "q8_0"), ("tp2 int8", "q8_0"), ("1x2 int8-ch bf16 act", "q8_0"),
               ("tp2 int8-ch bf16 act", "q8_0"), ("1x2 int8-ch int8 act", "q8_0"),
-              ("tp2 int8-ch int8 act", "q8_0")]
+              ("tp2 int8-ch int8 act", "q8_0"), ("1x2 int8 int8 act", "q8_0"),
+              ("tp2 int8 int8 act", "q8_0")]
 for P in sorted({r["prompt"] for r in rows}):
     for sc, lcfg in pairs:
         key = lambda r: (r["prompt"], r["side"], r["config"])
