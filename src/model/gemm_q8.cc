@@ -13,22 +13,7 @@
 #include "seqpar/core/dtype.h"
 #include "seqpar/core/error.h"
 #include "simd_ops.h"
-
-// Products and sums are never fused but where the code says so (the scale's product with the
-// block's sum): the scalar reference and the vector variant must give the same bits.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("fp-contract=off")
-#elif defined(__clang__)
-#pragma clang fp contract(off)
-#endif
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#define SEQPAR_X86_SIMD 1
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC bug 105593, avx512fintrin.h
-#include <immintrin.h>
-#else
-#define SEQPAR_X86_SIMD 0
-#endif
+#include "simd_preamble.inc"
 
 namespace seqpar::model_simd {
 

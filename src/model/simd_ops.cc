@@ -17,26 +17,11 @@
 #include "seqpar/core/dtype.h"
 #include "seqpar/core/error.h"
 #include "seqpar/model/ops.h"
-
-// No product and sum fused unless the code says so (vfmadd): the compiler's contraction of
-// x + g·y into an FMA would give -inf where the scalar code's rounded g·y = inf gives NaN, and the
-// non-finite outputs of every variant must be the scalar one's (simd_ops.h).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("fp-contract=off")
-#elif defined(__clang__)
-#pragma clang fp contract(off)
-#endif
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#define SEQPAR_X86_SIMD 1
-// GCC 12 reports -Wmaybe-uninitialized inside avx512fintrin.h (GCC bug 105593).
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include "simd_preamble.inc"
+#if SEQPAR_X86_SIMD
 // The lambdas of simd_ops_body.inc that return vectors are called inlined, under their variant's
 // target; GCC still warns for their (unused) conversions to function pointers.
 #pragma GCC diagnostic ignored "-Wpsabi"
-#include <immintrin.h>
-#else
-#define SEQPAR_X86_SIMD 0
 #endif
 
 // Unrolls the loop that follows completely (its trip count is a template constant).
