@@ -188,18 +188,19 @@ void tile(const Q8Rows& x, int64_t p, const int8_t* w, const int32_t* comp, cons
       }
     }
   }
-  const __m512i index =
-      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                         _mm512_set1_epi32(static_cast<int32_t>(ldy)));
+  // Out through a small buffer: a column of 16 rows a vector there, then each row's kCols
+  // outputs to y (a scatter per column took as long as a tile's products at k 256).
+  alignas(64) float out[kCols][kQ8Panel];
   for (int v = 0; v < kPanels; ++v) {
     const int64_t r0 = (p + v) * kQ8Panel;
     const int64_t rows = std::min<int64_t>(kQ8Panel, x.m - r0);
-    const __mmask16 mask = static_cast<__mmask16>((1u << rows) - 1);
     for (int c = 0; c < kCols; ++c) {
-      __m512 out = acc[v][c];
-      if (bias) out = _mm512_add_ps(out, _mm512_set1_ps(bias[j + c]));
-      _mm512_mask_i32scatter_ps(y + r0 * ldy + j + c, mask, index, out, 4);
+      __m512 o = acc[v][c];
+      if (bias) o = _mm512_add_ps(o, _mm512_set1_ps(bias[j + c]));
+      _mm512_store_ps(out[c], o);
     }
+    for (int64_t r = 0; r < rows; ++r)
+      for (int c = 0; c < kCols; ++c) y[(r0 + r) * ldy + j + c] = out[c][r];
   }
 }
 
