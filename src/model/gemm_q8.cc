@@ -23,7 +23,8 @@ constexpr int64_t kGroups = kQ8Block / 4;                  // 32-bit lanes of in
 constexpr int64_t kPanelBlockBytes = kQ8Panel * kQ8Block;  // 512: one panel's block
 // A vector tile: 6 weight rows times 2 panels of 16 rows, 24 accumulators of 32 vector registers.
 // One thread, m 256 by a 8192 x 2048 weight (bench/linear_bench --dtype int8 --activations int8,
-// a Zen 4 core): 270 GOP/s, where 3 panels x 4 rows gave 254, 2 x 5 268, 1 x 12 258, 4 x 3 185.
+// a Zen 4 core): 319 G operations/s, where 3 panels x 4 rows gave 303 and 1 x 12 312
+// (docs/performance.md section 19).
 constexpr int kTileCols = 6;
 constexpr int kTilePanels = 2;
 
