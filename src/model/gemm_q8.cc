@@ -69,19 +69,28 @@ void quantize_q8_rows(const float* x, int64_t m, int64_t k, Q8Rows& out) {
   out.m = m;
   out.k = k;
   out.panels = (m + kQ8Panel - 1) / kQ8Panel;
-  out.q.assign(static_cast<size_t>(out.panels * nb * kPanelBlockBytes), 0x80);  // padding: q 0
-  out.s.assign(static_cast<size_t>(out.panels * nb * kQ8Panel), 0.f);
-  for (int64_t r = 0; r < m; ++r) {
-    const int64_t p = r / kQ8Panel, lane = r % kQ8Panel;
-    for (int64_t b = 0; b < nb; ++b) {
-      uint8_t* dst = out.q.data() + (p * nb + b) * kPanelBlockBytes + lane * 4;
-      const int8_t* src = q.data() + r * k + b * kQ8Block;
-      for (int64_t g = 0; g < kGroups; ++g)
-        for (int64_t e = 0; e < 4; ++e)
-          dst[g * kQ8Panel * 4 + e] = static_cast<uint8_t>(src[g * 4 + e] ^ 0x80);
-      out.s[static_cast<size_t>((p * nb + b) * kQ8Panel + lane)] = s[r * nb + b];
+  out.q.resize(static_cast<size_t>(out.panels * nb * kPanelBlockBytes));
+  out.s.resize(static_cast<size_t>(out.panels * nb * kQ8Panel));
+  // The panels on the team (the thread-local buffers named through pointers: inside the region
+  // the names are each thread's own); the last panel's rows past m are zeros (q + 128, s 0).
+  const int8_t* qv = q.data();
+  const float* sv = s.data();
+  uint8_t* oq = out.q.data();
+  float* os = out.s.data();
+  const int team = omp_in_parallel() ? 1 : omp_get_max_threads();
+#pragma omp parallel for schedule(static) num_threads(team) if (team > 1 && m * k >= (1 << 18))
+  for (int64_t p = 0; p < out.panels; ++p)
+    for (int64_t lane = 0; lane < kQ8Panel; ++lane) {
+      const int64_t r = p * kQ8Panel + lane;
+      for (int64_t b = 0; b < nb; ++b) {
+        uint8_t* dst = oq + (p * nb + b) * kPanelBlockBytes + lane * 4;
+        for (int64_t g = 0; g < kGroups; ++g)
+          for (int64_t e = 0; e < 4; ++e)
+            dst[g * kQ8Panel * 4 + e] =
+                r < m ? static_cast<uint8_t>(qv[r * k + b * kQ8Block + g * 4 + e] ^ 0x80) : 0x80;
+        os[(p * nb + b) * kQ8Panel + lane] = r < m ? sv[r * nb + b] : 0.f;
+      }
     }
-  }
 }
 
 void dequantize_q8_rows(const float* x, int64_t m, int64_t k, float* out) {

@@ -1,6 +1,7 @@
 // int8 activations times Q8_0 weights (src/model/gemm_q8.h), against float64:
 // - the AVX-512 VNNI product gives the portable reference's bits, on 1 to 3 threads, over a sweep
-//   of rows (padded panels), inputs, outputs (partial tiles) and biases;
+//   of rows (padded panels; 300 x 2048 packed by the team), inputs, outputs (partial tiles) and
+//   biases;
 // - linear() with int8 activations and a Q8_0 weight stays within its bound of the quantized
 //   product, computed here from the definition: per block of 32, s = a / 127, q = x / s rounded
 //   to nearest (ties to even) and clamped, then Σ_b d_b·s_b·Σ q_x·q_w + bias in float64; the bound
@@ -58,7 +59,7 @@ TEST(GemmQ8, VnniGivesTheReferencesBits) {
   std::uniform_real_distribution<float> ed(-9.f, -1.f);
   const int saved = omp_get_max_threads();
   for (const int64_t k : {32, 64, 160, 512, 2048})
-    for (const int64_t m : {1, 5, 15, 16, 17, 32, 33, 48, 100})
+    for (const int64_t m : {1, 5, 15, 16, 17, 32, 33, 48, 100, 300})
       for (const int64_t n : {1, 5, 6, 7, 13, 37, 64}) {
         const std::vector<float> x = activations(m, k, rng);
         std::vector<int8_t> q(static_cast<size_t>(n * k));
