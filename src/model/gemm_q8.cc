@@ -41,10 +41,6 @@ void over_columns(int64_t n, Cols&& cols) {
   for (int64_t c = 0; c < chunks; ++c) cols(c * chunk, std::min(n, (c + 1) * chunk));
 }
 
-}  // namespace
-
-namespace {
-
 // x (m, k) per block of 32 (gemm_q8.h): the blocks' scales s (m, k / 32) and values q (m, k).
 void quantize_blocks(const float* x, int64_t m, int64_t k, std::vector<float>& s,
                      std::vector<int8_t>& q) {
