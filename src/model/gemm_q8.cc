@@ -147,13 +147,8 @@ void prepare_rows(const int8_t* w, const uint16_t* d, int64_t k, int32_t* comp, 
       t = _mm_add_epi64(t, _mm_unpackhi_epi64(t, t));
       comp[c * nb + b] = -128 * (_mm_cvtsi128_si32(t) - 32 * 128);
     }
-    int64_t b = 0;
-    for (; b + 16 <= nb; b += 16)
-      _mm512_storeu_ps(
-          dw + c * nb + b,
-          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + c * nb + b))));
-    for (; b < nb; ++b) dw[c * nb + b] = f16_to_f32(d[c * nb + b]);
   }
+  convert(d, DType::kF16, dw, DType::kF32, static_cast<size_t>(kCols * nb));  // exact
 }
 
 // Rows of kPanels panels (from panel p) by kCols weight rows (from row j) into y.
@@ -234,7 +229,6 @@ void gemm(const Q8Rows& x, const int8_t* q, const uint16_t* d, int64_t n, const 
   static constexpr auto kTiles = tiles(std::make_integer_sequence<int, kTilePanels>());
   static constexpr auto kPrepare = preparers(std::make_integer_sequence<int, kTileCols>());
   const int64_t k = x.k, nb = k / kQ8Block;
-  SEQPAR_CHECK(ldy <= (int64_t{1} << 31) / kQ8Panel, "gemm_q8: row stride ", ldy, " too large");
   over_columns(n, [&](int64_t j0, int64_t j1) {
     thread_local std::vector<int32_t> comp;
     thread_local std::vector<float> dw;
