@@ -28,19 +28,6 @@ constexpr int64_t kPanelBlockBytes = kQ8Panel * kQ8Block;  // 512: one panel's b
 constexpr int kTileCols = 6;
 constexpr int kTilePanels = 2;
 
-// Runs cols(j0, j1) over [0, n) on the calling thread's team, in chunks of whole tiles handed out
-// one at a time (about 8 a thread), so that a descheduled thread's chunks go to the others.
-template <typename Cols>
-void over_columns(int64_t n, Cols&& cols) {
-  const int team = omp_in_parallel() ? 1 : omp_get_max_threads();
-  if (team == 1) return cols(0, n);
-  const int64_t chunk =
-      std::max<int64_t>(4 * kTileCols, (n + 8 * team - 1) / (8 * team) / kTileCols * kTileCols);
-  const int64_t chunks = (n + chunk - 1) / chunk;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(team)
-  for (int64_t c = 0; c < chunks; ++c) cols(c * chunk, std::min(n, (c + 1) * chunk));
-}
-
 // x (m, k) per block of 32 (gemm_q8.h): the blocks' scales s (m, k / 32) and values q (m, k).
 void quantize_blocks(const float* x, int64_t m, int64_t k, std::vector<float>& s,
                      std::vector<int8_t>& q) {
@@ -99,7 +86,7 @@ void dequantize_q8_rows(const float* x, int64_t m, int64_t k, float* out) {
 void gemm_q8_scalar(const Q8Rows& x, const int8_t* q, const uint16_t* d, int64_t n,
                     const float* bias, float* y, int64_t ldy) {
   const int64_t k = x.k, nb = k / kQ8Block;
-  over_columns(n, [&](int64_t j0, int64_t j1) {
+  over_columns(n, kTileCols, [&](int64_t j0, int64_t j1) {
     for (int64_t r = 0; r < x.m; ++r) {
       const int64_t p = r / kQ8Panel, lane = r % kQ8Panel;
       for (int64_t j = j0; j < j1; ++j) {
@@ -229,7 +216,7 @@ void gemm(const Q8Rows& x, const int8_t* q, const uint16_t* d, int64_t n, const 
   static constexpr auto kTiles = tiles(std::make_integer_sequence<int, kTilePanels>());
   static constexpr auto kPrepare = preparers(std::make_integer_sequence<int, kTileCols>());
   const int64_t k = x.k, nb = k / kQ8Block;
-  over_columns(n, [&](int64_t j0, int64_t j1) {
+  over_columns(n, kTileCols, [&](int64_t j0, int64_t j1) {
     thread_local std::vector<int32_t> comp;
     thread_local std::vector<float> dw;
     comp.resize(static_cast<size_t>(kTileCols * nb));

@@ -508,18 +508,6 @@ namespace {
 using GemvCols = void (*)(const float* x, int64_t m, int64_t k, const uint16_t* w, int64_t n,
                           const float* bias, float* y, int64_t j0, int64_t j1);
 
-// Runs cols(j0, j1) over [0, n) on the calling thread's OpenMP team: chunks of columns handed
-// out one at a time (about 8 a thread), so that a descheduled thread's chunks go to the others.
-template <typename Cols>
-void over_columns(int64_t n, Cols&& cols) {
-  const int team = omp_in_parallel() ? 1 : omp_get_max_threads();
-  if (team == 1) return cols(0, n);
-  const int64_t chunk = std::max<int64_t>(16, (n + 8 * team - 1) / (8 * team));
-  const int64_t chunks = (n + chunk - 1) / chunk;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(team)
-  for (int64_t c = 0; c < chunks; ++c) cols(c * chunk, std::min(n, (c + 1) * chunk));
-}
-
 // Runs cols(x_g, rows, y_g, j0, j1) over [0, n) on the calling thread's team (over_columns): up
 // to kMaxRows rows of x (m, k) as one group; more in groups of kRowGroup rows, each thread's
 // columns a piece of about kRowPieceBytes of weights (weight_bytes_per_column each) at a time,
@@ -527,7 +515,7 @@ void over_columns(int64_t n, Cols&& cols) {
 template <typename Cols>
 void over_row_groups(const float* x, int64_t m, int64_t k, float* y, int64_t n,
                      int64_t weight_bytes_per_column, Cols&& cols) {
-  over_columns(n, [&](int64_t j0, int64_t j1) {
+  over_columns(n, 1, [&](int64_t j0, int64_t j1) {
     if (m <= kMaxRows) return cols(x, m, y, j0, j1);
     const int64_t piece = std::max<int64_t>(16, kRowPieceBytes / weight_bytes_per_column);
     for (int64_t c0 = j0; c0 < j1; c0 += piece)
