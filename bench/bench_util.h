@@ -2,6 +2,7 @@
 // fp32 matmul (the GEMM rate the kernels are compared with); random inputs: seqpar::random_normal.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -139,6 +140,25 @@ inline uint64_t stream_read(const uint64_t* p, int64_t n, int threads) {
     total += a + b + x + y;
   }
   return total;
+}
+
+// The streaming read rate in GB/s over a buffer of `bytes` on `threads` threads: the best of
+// `rounds` rounds, each timed for at least min_time seconds.
+inline double read_rate_gbs(int64_t bytes, int threads, int rounds, double min_time) {
+  std::vector<uint64_t> buf(bytes / 8, 1);
+  volatile uint64_t sink = 0;
+  double best = 0;
+  for (int round = 0; round < rounds; ++round)
+    best = std::max(best, 8.0 * static_cast<double>(buf.size()) /
+                              time_per_call(
+                                  [&] {
+                                    sink = sink + stream_read(buf.data(),
+                                                              static_cast<int64_t>(buf.size()),
+                                                              threads);
+                                  },
+                                  min_time) *
+                              1e-9);
+  return best;
 }
 
 }  // namespace seqpar::bench

@@ -42,6 +42,11 @@
 #   touched, plus the Python interpreter, about 40 MB).
 # - Ratios: seqpar throughput / llama.cpp throughput, per round against the same round's
 #   llama.cpp run (> 1: seqpar faster); the table gives their min and median over the rounds.
+# - The read ceiling: before each round and after the last, build/bench/read_bench measures this
+#   machine's streaming read rate on --threads threads (a sum over 1 GiB). A decoded token reads
+#   every weight once, so read rate / weight bytes (the BF16 or Q8_0 GGUF's size) is the most
+#   tokens/s a decode can reach; the table gives each side's decode as a share of it (median over
+#   the rounds, each against the rate read before it) for the BF16 and Q8_0 weights.
 #
 # llama.cpp runs with --threads threads (default 2); seqpar with its own rule (hardware threads /
 # ranks), which is 2 and 1 on a 2-core machine; elsewhere the script says the counts differ.
@@ -81,6 +86,7 @@ work="$(mktemp -d /tmp/compare_llamacpp.XXXXXX)"
 seqpar="$work/seqpar"
 cp -p "$build/seqpar" "$seqpar"
 [[ -x /usr/bin/time ]] || die "needs /usr/bin/time (apt-get install time)"
+[[ -x "$build/bench/read_bench" ]] || die "no $build/bench/read_bench (build seqpar first)"
 
 # --- llama.cpp, built once ----------------------------------------------------------------------
 version="${LLAMACPP_VERSION:-0.3.36}"
@@ -198,8 +204,17 @@ if [[ "$int8" == 1 ]]; then
       "the Q8_0 runs use plain CPU buffers (--no-extra-bufts)" >&2
   fi
 fi
+# read ROUND: this machine's streaming read rate now, appended to results.
+read_rate() {
+  "$build/bench/read_bench" --threads "$threads" --rounds 1 --min-time 0.3 --json |
+    "$py" -c "import json, sys; j = json.loads(sys.stdin.read());
+print(json.dumps({'round': int(sys.argv[1]), 'side': 'read', 'read_gbs': j['read_gb_per_s']}))" \
+      "$1" >>"$results"
+  echo "compare_llamacpp: before round $1: $(tail -n 1 "$results")" >&2
+}
 start="$(date -u +%H:%M) UTC, load average $(cut -d' ' -f1 /proc/loadavg)"
 for round in $(seq 1 "$rounds"); do
+  read_rate "$round"
   for P in $prompts; do
     f="$work/prompt_$P.txt"
     if [[ "$bf16_group" == 1 ]]; then
@@ -242,6 +257,8 @@ for round in $(seq 1 "$rounds"); do
   done
 done
 
+read_rate "$((rounds + 1))"
+
 # --- table --------------------------------------------------------------------------------------
 report="$work/report.md"
 end="$(date -u +%H:%M) UTC, load average $(cut -d' ' -f1 /proc/loadavg)"
@@ -249,11 +266,21 @@ sp_build="seqpar $("$seqpar" --version 2>&1 | head -n 1)"
 sp_build+=" (build of $(date -u -r "$seqpar" '+%F %H:%M') UTC)"
 "$py" - "$results" "$work/check_fa_off.json" "$work/check_fa_auto.json" "$int8" "$rounds" \
   "$decode" "$threads" "$cores" "$version" "$sp_build" \
-  "$start" "$end" "${q8_flags[*]:-}" >"$report" <<'EOF'
+  "$start" "$end" "${q8_flags[*]:-}" "$gguf_dir" >"$report" <<'EOF'
 import json, os, statistics, sys
 (results, check, check_fa, int8, rounds, decode, threads, cores, version, sp_version, start,
- end, q8_flags) = sys.argv[1:]
-rows = [json.loads(l) for l in open(results)]
+ end, q8_flags, gguf_dir) = sys.argv[1:]
+every = [json.loads(l) for l in open(results)]
+read = {r["round"]: r["read_gbs"] for r in every if r["side"] == "read"}
+rows = [r for r in every if r["side"] != "read"]
+# Bytes a decoded token reads: the weights, as the GGUF of their precision holds them.
+weight_bytes = {w: os.path.getsize(os.path.join(gguf_dir, f"model-{w}.gguf")) for w in ("bf16", "q8_0")}
+def bytes_of(config):  # seqpar's config or llama.cpp's; None where the weights are neither
+    if config in weight_bytes:
+        return weight_bytes[config]
+    if "int8-ch" in config:
+        return None
+    return weight_bytes["q8_0" if "int8" in config else "bf16"]
 med = statistics.median
 print(f"{sp_version} vs llama.cpp (llama-cpp-python {version}), {rounds} rounds, {decode} decoded "
       f"tokens, llama.cpp {threads} threads, {cores} hardware threads; from {start} to {end}. "
@@ -263,9 +290,9 @@ if q8_flags:
     print(f"llama.cpp's Q8_0 runs: {q8_flags} (its AMX-repacked Q8_0 weights crashed on this "
           "machine).\n")
 print("| P | seqpar | llama.cpp | prefill tok/s seqpar / llama.cpp | prefill ratio min / median "
-      "| decode tok/s seqpar / llama.cpp | decode ratio min / median | peak RSS seqpar / "
-      "llama.cpp (GB) |")
-print("|---|---|---|---|---|---|---|---|")
+      "| decode tok/s seqpar / llama.cpp | decode ratio min / median | decode of the read ceiling "
+      "seqpar / llama.cpp | peak RSS seqpar / llama.cpp (GB) |")
+print("|---|---|---|---|---|---|---|---|---|")
 pairs = [("1x2 bf16", "bf16"), ("tp2 bf16", "bf16"), ("1x2 bf16 act", "bf16"),
          ("tp2 bf16 act", "bf16")]
 if int8 == "1":
@@ -285,6 +312,11 @@ for P in sorted({r["prompt"] for r in rows}):
         dr = [l[k]["decode_s_per_token"] / s[k]["decode_s_per_token"] for k in both]
         def rate(side, f):
             return med([f(side[k]) for k in both])
+        def ceiling_share(side, config):
+            b = bytes_of(config)
+            if b is None or not all(k in read for k in both):
+                return "-"
+            return f"{med([b / side[k]['decode_s_per_token'] / 1e9 / read[k] for k in both]):.2f}"
         print(f"| {P} | {sc} | {lcfg} "
               f"| {rate(s, lambda r: P / r['prefill_s']):.1f} / "
               f"{rate(l, lambda r: P / r['prefill_s']):.1f} "
@@ -292,8 +324,16 @@ for P in sorted({r["prompt"] for r in rows}):
               f"| {rate(s, lambda r: 1 / r['decode_s_per_token']):.2f} / "
               f"{rate(l, lambda r: 1 / r['decode_s_per_token']):.2f} "
               f"| {min(dr):.2f} / {med(dr):.2f} "
+              f"| {ceiling_share(s, sc)} / {ceiling_share(l, lcfg)} "
               f"| {max(s[k]['rss_bytes'] for k in both) / 1e9:.2f} / "
               f"{max(l[k]['rss_bytes'] for k in both) / 1e9:.2f} |")
+if read:
+    rates = sorted(read.values())
+    print(f"\nStreaming read on {threads} threads (bench/read_bench, 1 GiB, before each round and "
+          f"after the last): {rates[0]:.1f} / {med(rates):.1f} / {rates[-1]:.1f} GB/s (min / "
+          "median / max). The read ceiling of a decoded token: read rate / weight bytes "
+          + ", ".join(f"({w.upper()} GGUF {b / 1e9:.2f} GB: {med(rates) * 1e9 / b:.1f} tokens/s at "
+                      "the median)" for w, b in weight_bytes.items()) + ".")
 if int8 != "1":
     print("\nseqpar int8 vs llama.cpp Q8_0: skipped (--weights without int8, or `seqpar "
           "generate --help` has no --weights-dtype).")

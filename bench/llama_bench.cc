@@ -122,20 +122,7 @@ int main(int argc, char** argv) {
   for (int round = 0; round < 3; ++round)
     gemm_gflops = std::max(
         gemm_gflops, gemm.flops() / seqpar::bench::time_per_call([&] { gemm.run(); }, 0.5) * 1e-9);
-  std::vector<uint64_t> buf((int64_t{1} << 30) / 8, 1);
-  volatile uint64_t sink = 0;
-  double read_gbs = 0;
-  for (int round = 0; round < 3; ++round)
-    read_gbs = std::max(
-        read_gbs, 1.0 * (int64_t{1} << 30) /
-                      seqpar::bench::time_per_call(
-                          [&] {
-                            sink = sink + seqpar::bench::stream_read(
-                                              buf.data(), static_cast<int64_t>(buf.size()), cores);
-                          },
-                          0.5) *
-                      1e-9);
-  buf = {};
+  const double read_gbs = seqpar::bench::read_rate_gbs(int64_t{1} << 30, cores, 3, 0.5);
 
   const int64_t hd = m.head_dim, q = m.heads * hd, kv = m.kv_heads * hd;
   const double layer_params = static_cast<double>(m.layers) *
