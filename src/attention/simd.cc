@@ -11,18 +11,9 @@
 #include <limits>
 #include <string>
 
+#include "../core/x86_simd.inc"
 #include "seqpar/core/dtype.h"
 #include "seqpar/core/error.h"
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#define SEQPAR_X86_SIMD 1
-// GCC 12 reports -Wmaybe-uninitialized inside avx512fintrin.h (its _mm512_undefined_* idiom,
-// GCC bug 105593); the state must be set where the header is read to silence it.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#else
-#define SEQPAR_X86_SIMD 0
-#endif
 
 namespace seqpar::attn_simd {
 

@@ -7,15 +7,7 @@
 #include "seqpar/core/cpu_isa.h"
 #include "seqpar/core/error.h"
 #include "seqpar/core/param_error.h"
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#define SEQPAR_X86_SIMD 1
-// GCC 12 reports -Wmaybe-uninitialized inside avx512fintrin.h (GCC bug 105593).
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#else
-#define SEQPAR_X86_SIMD 0
-#endif
+#include "x86_simd.inc"
 
 namespace seqpar {
 
