@@ -74,6 +74,9 @@ constexpr int64_t kMaxInPlaceBlockK = 256;
 constexpr int64_t kMaxTilesPerItem = 16;
 // At most this many query rows per kv head (Sq · group) make a call K/V-bound (decode).
 constexpr int64_t kStreamRows = 64;
+// At most this many query rows per kv head take the few-row loops on bf16 K/V in place even where
+// oneDNN's bf16 matmul runs (which was faster for 16 rows on AMX: docs/kernel.md).
+constexpr int64_t kFewRowsInPlace = 4;
 // K/V read in place (kv_in_place): the default key block holds about this many bytes of K and V
 // of all kv heads, so that it stays in L2 from the non-finite check to the products.
 constexpr int64_t kInPlaceBlockBytes = 256 * 1024;
@@ -396,7 +399,8 @@ struct Problem {
   const std::function<void()>* progress;
   const float* row_max;  // (B, Sq, H) fixed row maxima, or nullptr (online softmax for all rows)
   bool stack_heads;      // a tile holds all query heads of an item's kv head (few rows: decode)
-  bool small_mm;         // with stack_heads and fp32 blocks: simd small_qk / small_pv
+  bool small_mm;         // with stack_heads, no bf16 matmul: simd small_qk / small_pv
+  DType kv_type;         // K and V as the products read them: the matmul type, or in place in_type
 };
 
 // n elements of storage in_type as the matmul type: a copy (fp32, or bf16 for the bf16 matmul),
@@ -463,10 +467,16 @@ const void* pack_heads(const Problem& p, const void* src, int64_t src_ld, int64_
 // numbers (and 0·NaN cannot leak into rows that do not see a key through P·V), and every query
 // row that sees one is set to NaN at the end.
 
-// Whether d elements of the matmul type (fp32, or bf16 for the bf16 matmul) hold an Inf or a NaN.
-bool any_nonfinite(const Problem& p, const void* x, int64_t d) {
-  return p.bf16_mm ? p.kern->any_nonfinite_bf16(static_cast<const uint16_t*>(x), d)
-                   : p.kern->any_nonfinite_f32(static_cast<const float*>(x), d);
+// Whether d elements of `type` (fp32, bf16 or fp16) hold an Inf or a NaN.
+bool any_nonfinite(const Problem& p, DType type, const void* x, int64_t d) {
+  switch (type) {
+    case DType::kBF16:
+      return p.kern->any_nonfinite_bf16(static_cast<const uint16_t*>(x), d);
+    case DType::kF16:
+      return p.kern->any_nonfinite_f16(static_cast<const uint16_t*>(x), d);
+    default:
+      return p.kern->any_nonfinite_f32(static_cast<const float*>(x), d);
+  }
 }
 
 // Makes `block` (bytes, a packed block that may be the caller's input itself) writable by copying
@@ -568,7 +578,8 @@ void pack_q_tiles(const Problem& p, ItemTiles& t) {
     uint8_t* bad = t.qbad + x * t.tr;
     bool any = false;
     for (int64_t r = 0; r < rows; ++r) {
-      bad[r] = any_nonfinite(p, static_cast<const char*>(t.q[x]) + r * d * t.esz, d);
+      bad[r] = any_nonfinite(p, p.mm_type == memory::data_type::bf16 ? DType::kBF16 : DType::kF32,
+                             static_cast<const char*>(t.q[x]) + r * d * t.esz, d);
       any = any || bad[r];
     }
     if (!any) continue;
@@ -657,9 +668,13 @@ void list_padding_keys(const Problem& p, const ItemTiles& t, int64_t kb, KeyBloc
 
 // Whether the items read K and V of their key blocks where they are: few query rows (decode),
 // where reading K/V is the cost and packing would read and write all of it once more, with fp32
-// K/V and the few-row products (oneDNN's products on bf16 rows in place were slower than on
-// packed blocks).
-bool kv_in_place(const Problem& p) { return p.small_mm && p.in_type == DType::kF32; }
+// K/V, or bf16 and fp16 K/V for at most kFewRowsInPlace rows per kv head, which the few-row
+// products widen in their loads (more rows broadcast K element by element, where a conversion
+// per element is slower than packing: fp16 at 16 rows 2.3x; oneDNN's products on bf16 rows in
+// place were slower than on packed blocks).
+bool kv_in_place(const Problem& p) {
+  return p.small_mm && (p.in_type == DType::kF32 || p.sq * p.group <= kFewRowsInPlace);
+}
 
 // K and V of the block, (B, Sk, Hkv, D) -> nhk blocks (nk, d) of the matmul type, packed once for
 // all the item's kv heads, reading the rows in memory order; for the few-row loops converted
@@ -700,7 +715,7 @@ void pack_kv(const Problem& p, const ItemTiles& t, KeyBlock& blk, Workspace& ws)
 // block read in place is packed first).
 void zero_nonfinite_keys(const Problem& p, const ItemTiles& t, KeyBlock& blk, Workspace& ws) {
   const int64_t d = p.d, bk = p.bk, nhk = t.nhk, nk = blk.nk;
-  const size_t esz = t.esz;
+  const size_t esz = dtype_size(p.kv_type);
   int64_t* badk = ws.badk.get<int64_t>(nhk * bk);
   int64_t* nbadk = ws.nbadk.get<int64_t>(nhk);
   // Key after key, each key's heads together: the caller's rows are read in memory order, and
@@ -710,13 +725,13 @@ void zero_nonfinite_keys(const Problem& p, const ItemTiles& t, KeyBlock& blk, Wo
   bool any_bad_key = false;
   const bool heads_adjacent = blk.k_hs == d && blk.v_hs == d;
   for (int64_t j = 0; j < nk; ++j) {
-    if (heads_adjacent && !any_nonfinite(p, blk.k + j * blk.k_rs * esz, nhk * d) &&
-        !any_nonfinite(p, blk.v + j * blk.v_rs * esz, nhk * d)) {
+    if (heads_adjacent && !any_nonfinite(p, p.kv_type, blk.k + j * blk.k_rs * esz, nhk * d) &&
+        !any_nonfinite(p, p.kv_type, blk.v + j * blk.v_rs * esz, nhk * d)) {
       continue;
     }
     for (int64_t h = 0; h < nhk; ++h) {
-      if (any_nonfinite(p, blk.k + (h * blk.k_hs + j * blk.k_rs) * esz, d) ||
-          any_nonfinite(p, blk.v + (h * blk.v_hs + j * blk.v_rs) * esz, d)) {
+      if (any_nonfinite(p, p.kv_type, blk.k + (h * blk.k_hs + j * blk.k_rs) * esz, d) ||
+          any_nonfinite(p, p.kv_type, blk.v + (h * blk.v_hs + j * blk.v_rs) * esz, d)) {
         badk[h * bk + nbadk[h]++] = j;
         any_bad_key = true;
       }
@@ -824,13 +839,20 @@ void mask_rows(const Problem& p, const KeyBlock& blk, int64_t kb, int64_t i0, in
   }
 }
 
+// The few-row products' name for the K/V element type.
+simd::KvType kv_elements(const Problem& p) {
+  return p.kv_type == DType::kBF16  ? simd::KvType::kBF16
+         : p.kv_type == DType::kF16 ? simd::KvType::kF16
+                                    : simd::KvType::kF32;
+}
+
 // Step 1, per tile: S = Q·Kᵀ, (rows, d) · (nk, d)ᵀ -> s (rows, nk), row stride ld_s; K's rows
 // k_rs apart.
 void tile_scores(const Problem& p, const ItemTiles& t, int64_t x, int64_t rows, const void* kblk,
                  int64_t k_rs, int64_t nk, float* s) {
   if (p.small_mm) {
-    p.kern->small_qk(static_cast<const float*>(t.q[x]), t.qt + x * p.d * t.rp, t.rp, rows,
-                     static_cast<const float*>(kblk), k_rs, nk, p.d, s, p.ld_s);
+    p.kern->small_qk(static_cast<const float*>(t.q[x]), t.qt + x * p.d * t.rp, t.rp, rows, kblk,
+                     kv_elements(p), k_rs, nk, p.d, s, p.ld_s);
     return;
   }
   MatmulShape qk{rows, nk, p.d, p.d, 1, k_rs, p.ld_s, p.mm_type, false};
@@ -870,7 +892,7 @@ void tile_pv(const Problem& p, ItemTiles& t, int64_t x, int64_t rows, const void
              int64_t v_rs, int64_t nk, const float* s, const uint16_t* p16) {
   float* o = t.o + x * t.tr * p.d;
   if (p.small_mm) {
-    p.kern->small_pv(s, p.ld_s, rows, static_cast<const float*>(vblk), v_rs, nk, p.d, o);
+    p.kern->small_pv(s, p.ld_s, rows, vblk, kv_elements(p), v_rs, nk, p.d, o);
     return;
   }
   MatmulShape pv{rows, p.d, nk, p.ld_s, v_rs, 1, p.d, p.mm_type, true};
@@ -974,8 +996,8 @@ void run_item(const Problem& p, const Item& it, const OutRows& dst, float* row_s
       mask_rows(p, blk, kb, i0, tokens, mask);
       const int64_t rows = tokens * tiles.gs;
       for (int64_t h = 0; h < tiles.nhk; ++h) {
-        const void* kblk = blk.k_head(h, tiles.esz);
-        const void* vblk = blk.v_head(h, tiles.esz);
+        const void* kblk = blk.k_head(h, dtype_size(p.kv_type));
+        const void* vblk = blk.v_head(h, dtype_size(p.kv_type));
         for (int64_t gt = 0; gt < tiles.ngt; ++gt) {
           const int64_t x = tiles.index(qt, h, gt);
           tile_scores(p, tiles, x, rows, kblk, blk.k_rs, blk.nk, s);   // S = Q·Kᵀ
@@ -1097,17 +1119,22 @@ void flash_attention_into(const TensorView& q_in, const TensorView& k_in, const 
   // every kv head and walks the key blocks in memory order (one head's slice of every row, 2·D
   // bytes every 2·Hkv·D, streams at a fraction of the bandwidth); threads split the keys.
   const bool stream_kv = p.sq * p.group <= kStreamRows;
-  p.bf16_mm = p.in_type == DType::kBF16 && use_bf16_matmul();
+  // bf16 takes oneDNN's bf16 matmul where it runs, except for at most kFewRowsInPlace rows per kv
+  // head (one new token): the few-row loops on K/V in place read half the bytes of fp32 there.
+  const bool few_rows = stream_kv && p.sq * p.group <= kFewRowsInPlace && use_small_matmuls();
+  p.bf16_mm = p.in_type == DType::kBF16 && use_bf16_matmul() && !few_rows;
   p.mm_type = p.bf16_mm ? memory::data_type::bf16 : memory::data_type::f32;
   p.stack_heads = stream_kv;
   p.small_mm = stream_kv && !p.bf16_mm && use_small_matmuls();
+  p.kv_type = kv_in_place(p) ? p.in_type : p.bf16_mm ? DType::kBF16 : DType::kF32;
   p.bq = params.block_q > 0 ? params.block_q : kDefaultBlockQ;
   // The default key block: with K/V read in place, about kInPlaceBlockBytes of K and V; else
   // kUnmaskedBlockK for fp32 products no mask cuts, kDefaultBlockK for the rest.
   const bool masked = params.mask.causal || !params.mask.q_segment.empty();
   const int64_t default_bk =
-      p.small_mm
-          ? std::clamp<int64_t>(kInPlaceBlockBytes / (2 * p.nkv * p.d * 4), 16, kMaxInPlaceBlockK)
+      p.small_mm ? std::clamp<int64_t>(
+                       kInPlaceBlockBytes / (2 * p.nkv * p.d * int64_t(dtype_size(p.kv_type))), 16,
+                       kMaxInPlaceBlockK)
       : p.bf16_mm || masked ? kDefaultBlockK
                             : kUnmaskedBlockK;
   p.bk = params.block_k > 0 ? params.block_k : default_bk;

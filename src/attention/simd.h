@@ -50,6 +50,9 @@ using RowUpdateF32 = void (*)(float* s, int64_t lo, int64_t hi, int64_t n, float
 using RowUpdateBF16 = void (*)(float* s, uint16_t* p16, int64_t lo, int64_t hi, int64_t n, float c,
                                float* m, double* l, float* o, int64_t d);
 
+// The element type of K and V for the few-row matmuls.
+enum class KvType : uint8_t { kF32, kBF16, kF16 };
+
 struct Kernels {
   Isa isa;
   RowUpdateF32 row_update_deg5;
@@ -65,21 +68,23 @@ struct Kernels {
   void (*f16_to_f32)(const uint16_t* src, float* dst, int64_t n);
   // fp32 -> bf16, round to nearest even.
   void (*f32_to_bf16)(const float* src, uint16_t* dst, int64_t n);
-  // Whether any of n fp32 or bf16 elements is an Inf or a NaN.
+  // Whether any of n fp32, bf16 or fp16 elements is an Inf or a NaN.
   bool (*any_nonfinite_f32)(const float* x, int64_t n);
   bool (*any_nonfinite_bf16)(const uint16_t* x, int64_t n);
-  // Few-row matmuls for decode shapes (rows <= 64): register-blocked FMA loops on fp32 blocks,
-  // which, unlike a general GEMM, need no packing of their own on every call:
+  bool (*any_nonfinite_f16)(const uint16_t* x, int64_t n);
+  // Few-row matmuls for decode shapes (rows <= 64): register-blocked FMA loops, which, unlike a
+  // general GEMM, need no packing of their own on every call. K and V are fp32, bf16 or fp16
+  // (kt, vt), read where they lie and widened to fp32 in the loops:
   //   small_qk: S (rows × n, row stride ld_s) = Q·Kᵀ, with q (rows × d, row stride d), qt = Qᵀ
   //             (d × rp; rp = rows rounded up to small_row_align(), padding columns zero) and k
   //             (n × d, row stride ld_k); up to 4 rows take q with D in the vector lanes, more
   //             take qt with the rows in the lanes;
   //   small_pv: O (rows × d, row stride d) += P (rows × n, row stride ld_p) · V (n × d, row
   //             stride ld_v).
-  void (*small_qk)(const float* q, const float* qt, int64_t rp, int64_t rows, const float* k,
-                   int64_t ld_k, int64_t n, int64_t d, float* s, int64_t ld_s);
-  void (*small_pv)(const float* p, int64_t ld_p, int64_t rows, const float* v, int64_t ld_v,
-                   int64_t n, int64_t d, float* o);
+  void (*small_qk)(const float* q, const float* qt, int64_t rp, int64_t rows, const void* k,
+                   KvType kt, int64_t ld_k, int64_t n, int64_t d, float* s, int64_t ld_s);
+  void (*small_pv)(const float* p, int64_t ld_p, int64_t rows, const void* v, KvType vt,
+                   int64_t ld_v, int64_t n, int64_t d, float* o);
 };
 
 // Qᵀ for small_qk has its rows padded to a multiple of this (the widest vector, any variant).

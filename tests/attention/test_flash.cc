@@ -403,7 +403,7 @@ std::vector<Case> sweep_cases() {
   for (int64_t sq : {1, 4, 13}) {
     for (auto [h, hkv] : {std::pair<int64_t, int64_t>{32, 8}, {8, 8}, {6, 2}, {16, 1}}) {
       if (sq * (h / hkv) > 64) continue;
-      for (DType t : {DType::kF32, DType::kBF16}) {
+      for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
         Case c;
         c.b = 2;
         c.sq = sq;
@@ -501,12 +501,18 @@ std::vector<Case> small_cases() {
   c.causal = false;
   cases.push_back(c);
   // Decode shapes (the few-row loops): 1..36 stacked rows (odd tails of every vector width),
-  // odd head dims (column tails), fp32/bf16/fp16, masks.
-  for (auto [sq, h, hkv, d] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 1, 1, 64},
-                               {3, 12, 4, 40},
-                               {9, 4, 1, 128},
-                               {4, 32, 8, 20},
-                               {13, 1, 1, 7}}) {
+  // odd head dims (column tails), fp32/bf16/fp16 (converted, or read in place for up to 4 rows),
+  // masks.
+  using D = DType;
+  for (auto [sq, h, hkv, d, dtype] :
+       {std::tuple<int64_t, int64_t, int64_t, int64_t, D>{1, 1, 1, 64, D::kF32},
+        {3, 12, 4, 40, D::kBF16},
+        {9, 4, 1, 128, D::kF32},
+        {4, 32, 8, 20, D::kF32},
+        {13, 1, 1, 7, D::kF16},
+        {1, 12, 4, 40, D::kBF16},
+        {2, 4, 2, 72, D::kF16},
+        {1, 8, 2, 7, D::kBF16}}) {
     Case x;
     x.b = 2;
     x.sq = sq;
@@ -519,7 +525,7 @@ std::vector<Case> small_cases() {
     x.padding = true;
     x.segments = sq == 3;
     x.bk = 56;
-    x.dtype = sq == 3 ? DType::kBF16 : sq == 13 ? DType::kF16 : DType::kF32;
+    x.dtype = dtype;
     cases.push_back(x);
   }
   for (Case& x : cases) x.name = auto_name(x);
@@ -877,14 +883,15 @@ TEST(Simd, ConversionsMatchScalar) {
   }
 }
 
-// Each length up to 70 (whole vectors and tails of every width), one element non-finite at each
-// position in turn, or none: the answer of std::isfinite over the elements.
+// Each length up to 140 (two rounds of the four running sums at 16 lanes, whole vectors and tails
+// of every width), one element non-finite at each position in turn, or none: the answer of
+// std::isfinite over the elements.
 TEST(Simd, AnyNonFiniteFindsEachElement) {
   const float kinds[3] = {kInf, -kInf, std::numeric_limits<float>::quiet_NaN()};
   const float finite[4] = {3.38e38f, -1e-40f, 0.f, -0.f};  // near the largest, subnormal, zeros
   for (simd::Isa isa : cpu_isas()) {
     const simd::Kernels& k = simd::kernels(isa);
-    for (int64_t n = 0; n <= 70; ++n) {
+    for (int64_t n = 0; n <= 140; ++n) {
       std::vector<float> f(n);
       std::vector<uint16_t> bf(n);
       for (int64_t i = 0; i < n; ++i) f[i] = finite[i % 4];
@@ -905,9 +912,10 @@ TEST(Simd, AnyNonFiniteFindsEachElement) {
 
 // The few-row products of decode shapes against float64: S = Q·Kᵀ (up to 4 rows with D in the
 // lanes, more with the rows in the lanes) and O += P·V, for rows 1-9, keys 1-37, head dims with
-// and without a tail, K and V rows further apart than D; every ISA the CPU runs. Each element
-// within the summation bound γ_n·Σ|a·b| (n the products summed, u = 2^-24), beside the
-// accumulated O's own rounding for P·V.
+// and without a tail, K and V rows further apart than D, K and V in fp32, bf16 and fp16 (the
+// reference takes their exact fp32 values); every ISA the CPU runs. Each element within the
+// summation bound γ_n·Σ|a·b| (n the products summed, u = 2^-24), beside the accumulated O's own
+// rounding for P·V.
 TEST(Simd, SmallProductsWithinSummationBound) {
   std::mt19937 rng(11);
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -915,46 +923,58 @@ TEST(Simd, SmallProductsWithinSummationBound) {
     const double u = std::ldexp(1.0, -24);
     return n * u / (1 - n * u);
   };
-  for (simd::Isa isa : cpu_isas()) {
-    const simd::Kernels& kern = simd::kernels(isa);
-    for (int64_t d : {8, 16, 40, 64, 128})
-      for (int64_t rows = 1; rows <= 9; ++rows)
-        for (int64_t n : {1, 3, 4, 5, 17, 37}) {
-          const int64_t ld = d + 5, rp = simd::round_up_row(rows), ld_s = simd::round_up_row(n);
-          std::vector<float> q(rows * d), qt(d * rp, 0.f), k(n * ld), v(n * ld), p(rows * ld_s);
-          for (float& x : q) x = nd(rng);
-          for (float& x : k) x = nd(rng);
-          for (float& x : v) x = nd(rng);
-          for (float& x : p) x = std::fabs(nd(rng));
-          for (int64_t r = 0; r < rows; ++r)
-            for (int64_t c = 0; c < d; ++c) qt[c * rp + r] = q[r * d + c];
-          std::vector<float> sc(rows * ld_s, -7.f), o(rows * d);
-          for (float& x : o) x = nd(rng);
-          const std::vector<float> o0 = o;
-          kern.small_qk(q.data(), qt.data(), rp, rows, k.data(), ld, n, d, sc.data(), ld_s);
-          kern.small_pv(p.data(), ld_s, rows, v.data(), ld, n, d, o.data());
-          const std::string what = std::string(simd::isa_name(isa)) + " d " + std::to_string(d) +
-                                   " rows " + std::to_string(rows) + " n " + std::to_string(n);
-          for (int64_t r = 0; r < rows; ++r) {
-            for (int64_t j = 0; j < n; ++j) {
-              double want = 0, mag = 0;
-              for (int64_t c = 0; c < d; ++c) {
-                want += double(q[r * d + c]) * k[j * ld + c];
-                mag += std::fabs(double(q[r * d + c]) * k[j * ld + c]);
-              }
-              ASSERT_LE(std::fabs(sc[r * ld_s + j] - want), gamma(d) * mag) << what << " S " << r;
+  const std::pair<simd::KvType, DType> types[] = {{simd::KvType::kF32, DType::kF32},
+                                                  {simd::KvType::kBF16, DType::kBF16},
+                                                  {simd::KvType::kF16, DType::kF16}};
+  for (simd::Isa isa : cpu_isas())
+    for (auto [kt, dtype] : types) {
+      const simd::Kernels& kern = simd::kernels(isa);
+      for (int64_t d : {8, 16, 40, 64, 128})
+        for (int64_t rows = 1; rows <= 9; ++rows)
+          for (int64_t n : {1, 3, 4, 5, 17, 37}) {
+            const int64_t ld = d + 5, rp = simd::round_up_row(rows), ld_s = simd::round_up_row(n);
+            std::vector<float> q(rows * d), qt(d * rp, 0.f), k(n * ld), v(n * ld), p(rows * ld_s);
+            for (float& x : q) x = nd(rng);
+            for (float& x : k) x = nd(rng);
+            for (float& x : v) x = nd(rng);
+            for (float& x : p) x = std::fabs(nd(rng));
+            // K and V as the kernel reads them, and their exact values for the reference.
+            const Tensor k16 = Tensor::borrow(k.data(), {n * ld}, DType::kF32).to(dtype);
+            const Tensor v16 = Tensor::borrow(v.data(), {n * ld}, DType::kF32).to(dtype);
+            for (int64_t i = 0; i < n * ld; ++i) {
+              k[i] = k16.at(i);
+              v[i] = v16.at(i);
             }
-            for (int64_t c = 0; c < d; ++c) {
-              double want = o0[r * d + c], mag = std::fabs(o0[r * d + c]);
+            for (int64_t r = 0; r < rows; ++r)
+              for (int64_t c = 0; c < d; ++c) qt[c * rp + r] = q[r * d + c];
+            std::vector<float> sc(rows * ld_s, -7.f), o(rows * d);
+            for (float& x : o) x = nd(rng);
+            const std::vector<float> o0 = o;
+            kern.small_qk(q.data(), qt.data(), rp, rows, k16.raw(), kt, ld, n, d, sc.data(), ld_s);
+            kern.small_pv(p.data(), ld_s, rows, v16.raw(), kt, ld, n, d, o.data());
+            const std::string what = std::string(simd::isa_name(isa)) + " " +
+                                     std::string(dtype_name(dtype)) + " d " + std::to_string(d) +
+                                     " rows " + std::to_string(rows) + " n " + std::to_string(n);
+            for (int64_t r = 0; r < rows; ++r) {
               for (int64_t j = 0; j < n; ++j) {
-                want += double(p[r * ld_s + j]) * v[j * ld + c];
-                mag += std::fabs(double(p[r * ld_s + j]) * v[j * ld + c]);
+                double want = 0, mag = 0;
+                for (int64_t c = 0; c < d; ++c) {
+                  want += double(q[r * d + c]) * k[j * ld + c];
+                  mag += std::fabs(double(q[r * d + c]) * k[j * ld + c]);
+                }
+                ASSERT_LE(std::fabs(sc[r * ld_s + j] - want), gamma(d) * mag) << what << " S " << r;
               }
-              ASSERT_LE(std::fabs(o[r * d + c] - want), gamma(n + 1) * mag) << what << " O " << r;
+              for (int64_t c = 0; c < d; ++c) {
+                double want = o0[r * d + c], mag = std::fabs(o0[r * d + c]);
+                for (int64_t j = 0; j < n; ++j) {
+                  want += double(p[r * ld_s + j]) * v[j * ld + c];
+                  mag += std::fabs(double(p[r * ld_s + j]) * v[j * ld + c]);
+                }
+                ASSERT_LE(std::fabs(o[r * d + c] - want), gamma(n + 1) * mag) << what << " O " << r;
+              }
             }
           }
-        }
-  }
+    }
 }
 
 TEST(Simd, RowUpdateRescalesWhenTheMaxMovesFar) {

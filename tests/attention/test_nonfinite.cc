@@ -218,35 +218,36 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Decode shapes (few query rows: every kv head per item, stacked heads; the few-row FMA loops, or
 // oneDNN with SEQPAR_KERNEL_SMALL_MM=0), with the keys split across threads and the partial states
-// merged.
+// merged: 12 rows per kv head (bf16 and fp16 K/V converted) and 4 (read in place).
 TEST(NonFinite, DecodeShapesWithKeySplits) {
   const int saved = omp_get_max_threads();
   Shape s;
-  s.sq = 3;
   s.sk = 300;
   s.h = 8;
   s.hkv = 2;
   s.bq = 0;
   s.bk = 56;
-  for (int threads : {1, 4})
-    for (const char* small_mm : {"1", "0"}) {
-      omp_set_num_threads(threads);
-      setenv("SEQPAR_KERNEL_SMALL_MM", small_mm, 1);
-      for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16})
-        for (Where where : {Where::kQuery, Where::kKey, Where::kValue})
-          for (Mask mask : {Mask::kNone, Mask::kCausal, Mask::kPadding})
-            for (float bad : {kNaN, kInf, -kInf}) {
-              // A query: the second new token; a key: one in the cache, which every new token sees.
-              const int64_t tok = where == Where::kQuery ? 1 : 150;
-              const Problem p = make_problem(s, dtype, where, mask, bad, tok, 1);
-              const bool padded_key = mask == Mask::kPadding && where != Where::kQuery;
-              check(p, dtype,
-                    std::to_string(threads) + " threads, small_mm " + small_mm + " " +
-                        std::string(dtype_name(dtype)) + " " + where_name(where) + " " +
-                        mask_name(mask) + " " + value_name(bad),
-                    !padded_key);
-            }
-    }
+  for (int64_t sq : {3, 1})
+    for (int threads : {1, 4})
+      for (const char* small_mm : {"1", "0"}) {
+        omp_set_num_threads(threads);
+        setenv("SEQPAR_KERNEL_SMALL_MM", small_mm, 1);
+        for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16})
+          for (Where where : {Where::kQuery, Where::kKey, Where::kValue})
+            for (Mask mask : {Mask::kNone, Mask::kCausal, Mask::kPadding})
+              for (float bad : {kNaN, kInf, -kInf}) {
+                // A query: the last new token; a key: one in the cache, which every new token sees.
+                s.sq = sq;
+                const int64_t tok = where == Where::kQuery ? sq - 1 : 150;
+                const Problem p = make_problem(s, dtype, where, mask, bad, tok, 1);
+                const bool padded_key = mask == Mask::kPadding && where != Where::kQuery;
+                check(p, dtype,
+                      std::to_string(sq) + " new, " + std::to_string(threads) +
+                          " threads, small_mm " + small_mm + " " + std::string(dtype_name(dtype)) +
+                          " " + where_name(where) + " " + mask_name(mask) + " " + value_name(bad),
+                      !padded_key);
+              }
+      }
   unsetenv("SEQPAR_KERNEL_SMALL_MM");
   omp_set_num_threads(saved);
 }
