@@ -1144,7 +1144,10 @@ void flash_attention_into(const TensorView& q_in, const TensorView& k_in, const 
   p.nqb = (p.sq + p.bq - 1) / p.bq;
   p.nkb = (p.sk + p.bk - 1) / p.bk;
   p.kern = &simd::kernels();
-  p.row_update = p.in_type == DType::kF32 ? p.kern->row_update_deg5 : p.kern->row_update_deg3;
+  // The degree-5 exp2 polynomial for fp32, and for 16-bit K/V read in place (their products are
+  // fp32 on the stored values, and the call is bound by reading K/V); degree 3 for the rest.
+  p.row_update = p.in_type == DType::kF32 || kv_in_place(p) ? p.kern->row_update_deg5
+                                                            : p.kern->row_update_deg3;
   const MaskPlan plan(params.mask, p.nb, p.sq, p.sk, p.bq, p.bk);
   p.plan = &plan;
   p.progress = &params.progress;
