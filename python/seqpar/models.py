@@ -416,7 +416,7 @@ class CausalLM(_Model):
     def from_pretrained(cls, path: str, *, mesh: Optional[ModelMesh] = None, comm=None,
                         threads: Optional[int] = None, timeout: Optional[float] = None,
                         weights_dtype: str = "checkpoint", activations: str = "fp32",
-                        **mesh_kwargs) -> "CausalLM":
+                        kv_cache_dtype: str = "fp32", **mesh_kwargs) -> "CausalLM":
         """Loads `path` on the mesh (``mesh=ModelMesh(...)`` or its fields as keywords: tp,
         ring_degree, ulysses_degree, strategy, layout, ulysses_mode, pad). Without comm the ranks
         are threads of this process (threads: kernel threads per rank, timeout: seconds a
@@ -429,15 +429,21 @@ class CausalLM(_Model):
         bf16 matmul where the CPU has AVX512-BF16 or AMX, as ``seqpar generate --activations
         bf16``) or "int8" (with int8 weights only, as ``--activations int8``: with "int8-channel"
         quantized to int8 per row and multiplied by oneDNN's int8 matmul; with "int8" quantized
-        per block of 32, as llama.cpp multiplies Q8_0, and multiplied in int8 with AVX512-VNNI)."""
+        per block of 32, as llama.cpp multiplies Q8_0, and multiplied in int8 with AVX512-VNNI).
+        kv_cache_dtype: "fp32" (the K/V cache as computed), "bf16" or "fp16" (rounded as it is
+        stored: half the memory and half the bytes a decoded token reads; the queries over it
+        rounded too, the products in float32; as ``seqpar generate --kv-cache-dtype``)."""
         self = cls.__new__(cls)
         mesh = _mesh_of(mesh, mesh_kwargs, CausalLM.from_pretrained)
         spec = _mesh_dict(mesh)
-        for name, value in (("weights_dtype", weights_dtype), ("activations", activations)):
+        for name, value in (("weights_dtype", weights_dtype), ("activations", activations),
+                            ("kv_cache_dtype", kv_cache_dtype)):
             _name_keyword("CausalLM.from_pretrained", name, value)
         self.path = where = _directory(path)  # the ranks' closures hold no reference to self
         self.weights_dtype, self.activations = weights_dtype, activations
-        self._start(lambda c: _core._CausalLMRank(c, where, spec, weights_dtype, activations),
+        self.kv_cache_dtype = kv_cache_dtype
+        self._start(lambda c: _core._CausalLMRank(c, where, spec, weights_dtype, activations,
+                                                  kv_cache_dtype),
                     comm, mesh, threads, timeout)
         info = self._call(lambda m: (m.vocab_size, m.eos_token_ids, m.max_position_embeddings,
                                      m.family, m.architecture))

@@ -88,8 +88,13 @@ DType activations_keyword(std::string_view where, const std::string& activations
 class CausalLmRank {
  public:
   CausalLmRank(py::object comm, const std::string& dir, const py::dict& mesh,
-               const std::string& weights_dtype, const std::string& activations)
+               const std::string& weights_dtype, const std::string& activations,
+               const std::string& kv_cache_dtype)
       : rank_(std::move(comm), mesh_of(mesh)) {
+    const std::optional<DType> kv = kv_cache_dtype_named(kv_cache_dtype);
+    SEQPAR_ARG_CHECK(kv.has_value(), "CausalLM: kv_cache_dtype '", kv_cache_dtype,
+                     "' is unknown; valid: ", kv_cache_dtype_names("'"));
+    kv_cache_ = *kv;
     SEQPAR_ARG_CHECK(rank_.mesh.mesh.cfg == 1, "CausalLM: cfg ", rank_.mesh.mesh.cfg,
                      " is invalid; valid: 1 (guidance branches are for diffusion models)");
     const std::optional<WeightFormat> format = weight_format_named(weights_dtype);
@@ -116,11 +121,13 @@ class CausalLmRank {
     const std::vector<int32_t> prompt =
         check_causal_lm_prompt(ck_, ids, max_new_tokens, allow_long_context);
     const int64_t prompt_len = static_cast<int64_t>(prompt.size());
-    check_memory("generate", causal_lm_memory(ck_, rank_.mesh, prompt_len,
-                                              prompt_len + max_new_tokens - 1, max_new_tokens)
-                                 .run);
+    check_memory("generate",
+                 causal_lm_memory(ck_, rank_.mesh, prompt_len, prompt_len + max_new_tokens - 1,
+                                  max_new_tokens, kv_cache_)
+                     .run);
     Decoder::Options opts;
     opts.max_new_tokens = max_new_tokens;
+    opts.kv_cache = kv_cache_;
     if (!ignore_eos) opts.stop_tokens = ck_.eos_token_ids;
     Decoder::Output out = without_gil([&] { return decoder_->generate(prompt, opts, rank_.ctx); });
     const int64_t vocab = ck_.config.vocab;
@@ -191,6 +198,7 @@ class CausalLmRank {
  private:
   RankMesh rank_;
   CausalLmCheckpoint ck_;
+  DType kv_cache_ = DType::kF32;  // kv_cache_dtype
   std::unique_ptr<Decoder> decoder_;
 };
 
@@ -511,7 +519,7 @@ class FluxTransformerRank {
 void bind_models(py::module_& m) {
   py::class_<CausalLmRank>(m, "_CausalLMRank")
       .def(py::init<py::object, const std::string&, const py::dict&, const std::string&,
-                    const std::string&>())
+                    const std::string&, const std::string&>())
       .def("generate", &CausalLmRank::generate)
       .def("prefill_documents", &CausalLmRank::prefill_documents)
       .def_property_readonly("vocab_size", &CausalLmRank::vocab)

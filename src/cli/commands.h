@@ -287,6 +287,7 @@ struct GenerateOptions : MeshFlags, ChunkFlags {
   std::vector<std::string> document_ids;
   std::string weights_dtype = "checkpoint";  // checkpoint | int8 (Q8_0) | int8-channel
   std::string activations = "fp32";  // fp32 | bf16 | int8 (the linear layers' inputs rounded)
+  std::string kv_cache_dtype = "fp32";  // fp32 | bf16 | fp16 (Decoder::Options::kv_cache)
   bool json = false;
   bool quiet = false;
 };

@@ -127,7 +127,11 @@ Prepared prepare(const GenerateOptions& o, int world) {
                    "--activations int8 multiplies int8 by int8 and needs --weights-dtype int8 or "
                    "int8-channel; valid with --weights-dtype ",
                    o.weights_dtype, ": fp32, bf16");
+  SEQPAR_ARG_CHECK(kv_cache_dtype_named(o.kv_cache_dtype).has_value(), "--kv-cache-dtype '",
+                   o.kv_cache_dtype, "' is unknown; valid: ", kv_cache_dtype_names());
   if (!o.document_ids.empty()) {
+    SEQPAR_ARG_CHECK(o.kv_cache_dtype == "fp32", "--kv-cache-dtype ", o.kv_cache_dtype,
+                     " with --document-ids: a packed prefill keeps no cache; leave it out");
     prepare_documents(o, p);
     return p;
   }
@@ -167,6 +171,7 @@ Prepared prepare(const GenerateOptions& o, int world) {
   names.int8 = "--weights-dtype int8";
   if (o.weights_dtype == "int8") check_causal_lm_int8(p.ck, p.mesh.mesh.tp, names);
   apply_chunk_flags(o, p.chunking);
+  p.chunking.kv_cache = *kv_cache_dtype_named(o.kv_cache_dtype);
   const int64_t prompt = static_cast<int64_t>(ids.size());
   const int64_t prefill =
       p.chunking.prefill_chunk > 0 ? std::min(p.chunking.prefill_chunk, prompt) : prompt;
@@ -179,8 +184,8 @@ Prepared prepare(const GenerateOptions& o, int world) {
                    "a token, --pad or not: use at most ",
                    prompt, " ranks, or a longer prompt");
   // Every rank on this machine, before any weight is read.
-  const CausalLmMemory need =
-      causal_lm_memory(p.ck, p.mesh, prefill, last, o.max_new_tokens * (1 + p.turns.size()));
+  const CausalLmMemory need = causal_lm_memory(
+      p.ck, p.mesh, prefill, last, o.max_new_tokens * (1 + p.turns.size()), p.chunking.kv_cache);
   limits::check_ranks_fit_memory(
       detail::concat("generate with ", o.model, " (", limits::bytes_text(p.ck.file_bytes),
                      " of weights, --tp ", p.mesh.mesh.tp, ", ", last, " positions)"),
@@ -303,6 +308,7 @@ json run_json(const GenerateOptions& o, const Prepared& p, const Generated& g,
   j["family"] = p.ck.family->name;
   j["weights_dtype"] = o.weights_dtype;
   j["activations"] = o.activations;
+  j["kv_cache_dtype"] = o.kv_cache_dtype;
   add_mesh_json(j, p.mesh, backend, /*with_cfg=*/false);
   j["bytes_sent_rank0"] = g.bytes_sent;
   j["weight_bytes_per_rank"] = list_json(g.weight_bytes);
@@ -502,6 +508,11 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
                 "or quantized at load to int8: blocks of 32 with an fp16 scale each (int8: "
                 "llama.cpp's Q8_0), or one fp32 scale per output row (int8-channel)");
   g->add_option("--activations", o.activations, kActivationsHelp);
+  g->add_option("--kv-cache-dtype,--kv_cache_dtype", o.kv_cache_dtype,
+                "fp32 | bf16 | fp16: the K/V cache as computed, or rounded to bf16 or fp16 as "
+                "it is stored (half the memory, and half the bytes a decoded token reads; the "
+                "queries over it rounded too, the products in fp32)")
+      ->capture_default_str();
   g->add_option("--turn-ids,--turn_ids", o.turn_ids,
                 "a chat turn: token ids appended after the tokens generated so far, over the "
                 "cache (in chunks of --prefill-chunk); then --max-new-tokens more (repeatable)")

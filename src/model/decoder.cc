@@ -185,6 +185,18 @@ Tensor Decoder::logits_of(const Tensor& h_last, Communicator& tp) const {
   return all;
 }
 
+std::optional<DType> kv_cache_dtype_named(std::string_view name) {
+  if (name == "fp32") return DType::kF32;
+  if (name == "bf16") return DType::kBF16;
+  if (name == "fp16") return DType::kF16;
+  return std::nullopt;
+}
+
+std::string kv_cache_dtype_names(std::string_view quote) {
+  return detail::concat(quote, "fp32", quote, ", ", quote, "bf16", quote, ", ", quote, "fp16",
+                        quote);
+}
+
 Tensor Decoder::rope(std::span<const int64_t> positions) const {
   return rope_1d(positions, inv_freq_);
 }
@@ -229,6 +241,11 @@ Decoder::Output Decoder::generate(const std::vector<int32_t>& prompt, const Opti
                      " is invalid; valid: 0 (the whole prompt at once) or more");
   for (size_t t = 0; t < opts.next_turns.size(); ++t)
     SEQPAR_ARG_CHECK(!opts.next_turns[t].empty(), "turn ", t + 2, " of the chat is empty");
+  SEQPAR_ARG_CHECK(
+      opts.kv_cache == DType::kF32 || opts.kv_cache == DType::kBF16 || opts.kv_cache == DType::kF16,
+      "a K/V cache of ", dtype_name(opts.kv_cache),
+      " is not supported; valid: ", kv_cache_dtype_names());
+  for (Layer& layer : layers_) layer.cache = KvCache{opts.kv_cache, {}, {}, {}};
   Output out;
   Turn turn{ctx, opts, out, {}, 0};
   const double t0 = now_seconds();
@@ -308,6 +325,7 @@ Tensor Decoder::extend(std::span<const int32_t> tokens, Turn& turn) {
                          " (passkv, passq) or a chooser (auto on a ", param("hardware"),
                          " profile)");
       AttnShape call = group_call(m_, ctx.tp_size());
+      call.dtype = opts.kv_cache;
       call.cached = begin;
       call.fresh = T;
       call.seq = begin + T;

@@ -75,11 +75,21 @@ TEST(Rope, ThreeDIsTheDefinitionOfEachToken) {
 }
 
 // Appending to a K/V cache token by token (a decode) and in chunks, batch 2, through several
-// growths of its storage, equals the tokens concatenated; positions follow.
-TEST(Blocks, KvCacheAppendEqualsConcatenation) {
+// growths of its storage, equals the tokens concatenated, in fp32 or rounded to the cache's bf16 or
+// fp16 (to nearest even, as core/dtype.h's scalar conversions round); positions follow.
+class KvCacheDtype : public ::testing::TestWithParam<DType> {};
+
+TEST_P(KvCacheDtype, AppendEqualsConcatenation) {
   const int64_t B = 2, H = 3, D = 4;
+  const DType dtype = GetParam();
+  auto stored = [dtype](float x) {
+    return dtype == DType::kBF16  ? bf16_to_f32(f32_to_bf16(x))
+           : dtype == DType::kF16 ? f16_to_f32(f32_to_f16(x))
+                                  : x;
+  };
   std::vector<int64_t> steps = {5, 1, 1, 3, 1, 1, 1, 7, 1, 1, 1, 1, 2, 1};
   KvCache cache;
+  cache.dtype = dtype;
   std::vector<std::vector<float>> want_k(B), want_v(B);  // per batch, token-major rows of H·D
   int64_t n = 0;
   for (size_t s = 0; s < steps.size(); ++s) {
@@ -89,13 +99,15 @@ TEST(Blocks, KvCacheAppendEqualsConcatenation) {
     for (int64_t i = 0; i < m; ++i) pos[i] = n + i;
     for (int64_t b = 0; b < B; ++b)
       for (int64_t i = 0; i < m * H * D; ++i) {
-        want_k[b].push_back(k.at(b * m * H * D + i));
-        want_v[b].push_back(v.at(b * m * H * D + i));
+        want_k[b].push_back(stored(k.at(b * m * H * D + i)));
+        want_v[b].push_back(stored(v.at(b * m * H * D + i)));
       }
     cache.append(k, v, pos);
     n += m;
     ASSERT_EQ(cache.k.shape(), (std::vector<int64_t>{B, n, H, D}));
     ASSERT_EQ(cache.v.shape(), cache.k.shape());
+    ASSERT_EQ(cache.k.dtype(), dtype);
+    ASSERT_EQ(cache.v.dtype(), dtype);
     for (int64_t b = 0; b < B; ++b)
       for (int64_t i = 0; i < n * H * D; ++i) {
         ASSERT_EQ(cache.k.at(b * n * H * D + i), want_k[b][i]) << "step " << s << " batch " << b;
@@ -105,6 +117,12 @@ TEST(Blocks, KvCacheAppendEqualsConcatenation) {
   ASSERT_EQ(static_cast<int64_t>(cache.positions.size()), n);
   for (int64_t i = 0; i < n; ++i) EXPECT_EQ(cache.positions[i], i);
 }
+
+INSTANTIATE_TEST_SUITE_P(Blocks, KvCacheDtype,
+                         ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(dtype_name(info.param));
+                         });
 
 TEST(Blocks, PerHeadQkNormEqualsNaive) {
   const int64_t heads = 3, D = 8;

@@ -88,18 +88,48 @@ def prompt_of(n, vocab, seed):
 
 _models = {}
 
+# The reference attention over a 16-bit K/V cache (seqpar generate --kv-cache-dtype): rows from
+# position _CACHED["from"] on (the tokens that attend the cache) see q, k and v rounded to
+# _CACHED["dtype"]; the rows before (the prefill's own attention) see them as computed. Causal,
+# float32 softmax, GQA by repeating the kv heads.
+_CACHED = {"dtype": None, "from": 0}
 
-def reference(path, prompt, new_tokens, eos=(), linear_input=None):
+
+def _attention_over_cache(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                          **kwargs):
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    out = sdpa(query, key, value, is_causal=True, scale=scaling)
+    dtype, first = _CACHED["dtype"], _CACHED["from"]
+    if dtype is not None and first < query.shape[2]:
+        r = lambda t: t.to(dtype).float()  # noqa: E731 (round to nearest even)
+        rounded = sdpa(r(query), r(key), r(value), is_causal=True, scale=scaling)
+        out = torch.cat([out[:, :, :first], rounded[:, :, first:]], dim=2)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def reference(path, prompt, new_tokens, eos=(), linear_input=None, kv_cache=None,
+              cached_from=None):
     """transformers' LlamaForCausalLM in float32 (16-bit weights upcast): greedy tokens and the
     logits row that chose each. linear_input: a function put in front of every nn.Linear (a
-    forward pre-hook on its input: a rounding or a quantization), or None."""
-    if (path, linear_input) not in _models:
-        model = LlamaForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+    forward pre-hook on its input: a rounding or a quantization), or None. kv_cache: a torch
+    dtype (torch.bfloat16, torch.float16): the K/V cache kept in it, the rows from cached_from
+    (default: the prompt's length) on attending it (_attention_over_cache)."""
+    attention = "sdpa"
+    if kv_cache is not None:
+        from transformers import AttentionInterface
+        AttentionInterface.register("seqpar_kv_cache", _attention_over_cache)
+        attention = "seqpar_kv_cache"
+    _CACHED.update(dtype=kv_cache, **{"from": len(prompt) if cached_from is None else cached_from})
+    if (path, linear_input, attention) not in _models:
+        model = LlamaForCausalLM.from_pretrained(path, torch_dtype=torch.float32,
+                                                 attn_implementation=attention).eval()
         for module in model.modules():
             if linear_input is not None and isinstance(module, torch.nn.Linear):
                 module.register_forward_pre_hook(lambda _m, args: (linear_input(args[0]),))
-        _models[path, linear_input] = model
-    model = _models[path, linear_input]
+        _models[path, linear_input, attention] = model
+    model = _models[path, linear_input, attention]
     ids = torch.tensor([prompt])
     tokens, logits = [], []
     with torch.no_grad():

@@ -59,6 +59,12 @@ struct DecoderConfig : ModelPreset {
 // naming the valid ones.
 const DecoderConfig& decoder_preset(std::string_view name);
 
+// The K/V cache dtypes (Decoder::Options::kv_cache) by the names users give them
+// (`--kv-cache-dtype`, kv_cache_dtype=): "fp32", "bf16", "fp16"; nullopt for any other name.
+// kv_cache_dtype_names() lists them, each in `quote`.
+std::optional<DType> kv_cache_dtype_named(std::string_view name);
+std::string kv_cache_dtype_names(std::string_view quote = "");
+
 // How Decoder::check_documents names its parameters in messages (a CLI passes its flags).
 struct DocumentNames {
   std::string_view prompts = "prompts";
@@ -100,6 +106,9 @@ class Decoder {
     // when 0), by pass-KV or pass-Q as for the prompt's chunks; then up to max_new_tokens
     // tokens again.
     std::vector<std::vector<int32_t>> next_turns;
+    // The K/V cache's dtype (KvCache): fp32, or bf16 / fp16 (half the memory and the bytes a
+    // decoded token reads; the keys, values and the queries over them rounded).
+    DType kv_cache = DType::kF32;
   };
   // One chunk of a chunked prefill: prompt tokens [begin, end) over `cached` cached tokens.
   struct Chunk {

@@ -124,30 +124,34 @@ AttnState attend(const Tensor& q, const Tensor& k, const Tensor& v, ParallelCont
 // ---- caches --------------------------------------------------------------------------------
 
 namespace {
-// Appends b (B, m, H, D) after the n tokens of a (B, n, H, D), in place. The storage grows by half
-// again when full, so a decode step copies its own rows (and, for B > 1, moves each batch's rows
-// up) rather than the whole cache into a new one.
+// Appends b (B, m, H, D) after the n tokens of a (B, n, H, D) of b's dtype, in place. The storage
+// grows by half again when full, so a decode step copies its own rows (and, for B > 1, moves
+// each batch's rows up) rather than the whole cache into a new one.
 void append_tokens(Tensor& a, const Tensor& b) {
   if (a.empty() && a.ndim() != 4) {
     a = b;
     return;
   }
-  const int64_t B = b.dim(0), n = a.dim(1), m = b.dim(1), row = b.dim(2) * b.dim(3);
-  const size_t need = static_cast<size_t>(B * (n + m) * row) * sizeof(float);
+  const int64_t B = b.dim(0), n = a.dim(1), m = b.dim(1);
+  const size_t row = static_cast<size_t>(b.dim(2) * b.dim(3)) * dtype_size(b.dtype());
+  const size_t need = static_cast<size_t>(B * (n + m)) * row;
   if (need > a.capacity_bytes()) a.reserve(std::max(need, a.capacity_bytes() / 2 * 3));
   a.resize({B, n + m, b.dim(2), b.dim(3)});
-  float* c = a.data<float>();
+  char* c = static_cast<char*>(a.raw());
+  const char* src = static_cast<const char*>(b.raw());
   for (int64_t bb = B - 1; bb >= 0; --bb) {  // the last batch first: rows only move up
-    if (bb > 0) std::memmove(c + bb * (n + m) * row, c + bb * n * row, n * row * sizeof(float));
-    std::memcpy(c + (bb * (n + m) + n) * row, b.data<float>() + bb * m * row,
-                m * row * sizeof(float));
+    if (bb > 0) std::memmove(c + bb * (n + m) * row, c + bb * n * row, n * row);
+    std::memcpy(c + (bb * (n + m) + n) * row, src + bb * m * row, m * row);
   }
 }
+
+// t in dtype: itself when it already is, else rounded (to nearest even).
+Tensor in_dtype(Tensor t, DType dtype) { return t.dtype() == dtype ? t : t.to(dtype); }
 }  // namespace
 
 void KvCache::append(const Tensor& k_new, const Tensor& v_new, std::span<const int64_t> pos) {
-  append_tokens(k, k_new);
-  append_tokens(v, v_new);
+  append_tokens(k, in_dtype(k_new, dtype));
+  append_tokens(v, in_dtype(v_new, dtype));
   positions.insert(positions.end(), pos.begin(), pos.end());
 }
 
@@ -207,14 +211,15 @@ Tensor SelfAttention::forward(const Tensor& x, const Tensor& rope, ParallelConte
     for (int64_t p : pos)
       if (p < sp.seq()) keep.push_back(p);
     const int64_t m = static_cast<int64_t>(keep.size()), row = (kv1 - kv0) * d;
-    cache->k = Tensor({B, m, kv1 - kv0, d});
-    cache->v = Tensor({B, m, kv1 - kv0, d});
+    Tensor ck({B, m, kv1 - kv0, d}), cv({B, m, kv1 - kv0, d});
     for (int64_t b = 0; b < B; ++b) {  // real tokens come first: padding sits at the end
-      std::memcpy(cache->k.data<float>() + b * m * row, kh.data<float>() + b * n * row,
+      std::memcpy(ck.data<float>() + b * m * row, kh.data<float>() + b * n * row,
                   m * row * sizeof(float));
-      std::memcpy(cache->v.data<float>() + b * m * row, vh.data<float>() + b * n * row,
+      std::memcpy(cv.data<float>() + b * m * row, vh.data<float>() + b * n * row,
                   m * row * sizeof(float));
     }
+    cache->k = in_dtype(std::move(ck), cache->dtype);
+    cache->v = in_dtype(std::move(cv), cache->dtype);
     cache->positions = std::move(keep);
   }
   AttnState s = attend(qh, kh, vh, ctx, AttendOver::sequence(sp, causal));
@@ -256,8 +261,8 @@ Tensor SelfAttention::decode(const Tensor& x, const Tensor& rope, ParallelContex
   cache.append(pick(kh, mine), pick(vh, mine), mine);
   SEQPAR_CHECK(cache.positions == place.kv_pos[r], "decode: rank ", r,
                "'s cache does not hold the positions the placement says");
-  AttnState s =
-      attend(pick(qh, mine), cache.k, cache.v, ctx, AttendOver::cache(place, pass, schedule));
+  AttnState s = attend(in_dtype(pick(qh, mine), cache.dtype), cache.k, cache.v, ctx,
+                       AttendOver::cache(place, pass, schedule));
   // Every rank needs every new token's output: each owner broadcasts its rows.
   Tensor out({B, T, h1 - h0, d});
   for (int owner = 0; owner < sp.size(); ++owner) {

@@ -114,10 +114,15 @@ AttnState attend(const Tensor& q, const Tensor& k, const Tensor& v, ParallelCont
                  const AttendOver& over);
 
 // A K/V cache on one rank: this rank's share of the tokens of a sequence (post-RoPE K and V)
-// and their global positions. Decode appends tokens to the rank that owns them.
+// and their global positions. Decode appends tokens to the rank that owns them. The cache keeps
+// K and V in `dtype`: fp32 as computed, or rounded to bf16 or fp16 (to nearest even) as they are
+// stored; the queries that attend a 16-bit cache are rounded to its dtype too (the attention
+// kernel takes one dtype), and the products run in fp32 on those values.
 struct KvCache {
-  Tensor k, v;  // (B, n_cached, Hkv_t, D)
+  DType dtype = DType::kF32;
+  Tensor k, v;  // (B, n_cached, Hkv_t, D) in dtype
   std::vector<int64_t> positions;
+  // k_new, v_new (B, m, Hkv_t, D) fp32, rounded to dtype as they are appended.
   void append(const Tensor& k_new, const Tensor& v_new, std::span<const int64_t> pos);
 };
 
