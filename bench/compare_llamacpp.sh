@@ -4,7 +4,7 @@
 #
 #   bench/compare_llamacpp.sh [--build DIR] [--rounds 5] [--prompts "256 2048"] [--decode 16]
 #                             [--quick] [--threads 2] [--model DIR] [--out FILE] [--no-check]
-#                             [--weights "bf16 int8"]
+#                             [--weights "bf16 int8"] [--kv-cache fp32|bf16|fp16]
 #
 # What it runs:
 # - Weights: a Hugging Face bf16 directory (default /tmp/seqpar_llama3.2-1b_bf16, Llama 3.2 1B's
@@ -48,6 +48,10 @@
 #   tokens/s a decode can reach; the table gives each side's decode as a share of it (median over
 #   the rounds, each against the rate read before it) for the BF16 and Q8_0 weights.
 #
+# - K/V cache: llama.cpp keeps its cache in f16 (its default); seqpar's timing runs keep theirs in
+#   --kv-cache (seqpar generate --kv-cache-dtype; default fp32: twice llama.cpp's bytes; fp16 is
+#   llama.cpp's precision). The correctness check keeps fp32 on both sides.
+#
 # llama.cpp runs with --threads threads (default 2); seqpar with its own rule (hardware threads /
 # ranks), which is 2 and 1 on a 2-core machine; elsewhere the script says the counts differ.
 set -euo pipefail
@@ -63,6 +67,7 @@ model="/tmp/seqpar_llama3.2-1b_bf16"
 out=""
 check=1
 groups="bf16 int8"
+kv_cache=fp32
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --build) build="$2"; shift 2 ;;
@@ -75,6 +80,7 @@ while [[ $# -gt 0 ]]; do
     --out) out="$2"; shift 2 ;;
     --no-check) check=0; shift ;;
     --weights) groups="$2"; shift 2 ;;
+    --kv-cache) kv_cache="$2"; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "compare_llamacpp: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -149,6 +155,10 @@ act8=0
 if grep -q -- "bf16 | int8" <<<"$gen_help"; then act8=1; fi
 act8_q8=0
 if grep -q -- "per block of 32" <<<"$gen_help"; then act8_q8=1; fi
+if [[ "$kv_cache" != fp32 ]] && ! grep -q -- "--kv-cache-dtype" <<<"$gen_help"; then
+  echo "compare_llamacpp: --kv-cache $kv_cache: this seqpar has no --kv-cache-dtype" >&2
+  exit 2
+fi
 bf16_group=0
 [[ " $groups " == *" bf16 "* ]] && bf16_group=1
 [[ " $groups " == *" int8 "* ]] || int8=0
@@ -189,6 +199,7 @@ EOF
 }
 sp=("$seqpar" generate --model "$model" --max-new-tokens "$((decode + 1))" --ignore-eos --json
     --quiet)
+[[ "$kv_cache" == fp32 ]] || sp+=(--kv-cache-dtype "$kv_cache")
 lc=("$py" "$here/llamacpp_run.py" generate --max-new-tokens "$((decode + 1))" --threads "$threads")
 for P in $prompts; do ids "$P" >/dev/null; done
 # llama.cpp's Q8_0 weights repacked for AMX (its AMX buffer type, chosen where the CPU has AMX)
@@ -266,10 +277,10 @@ sp_build="seqpar $("$seqpar" --version 2>&1 | head -n 1)"
 sp_build+=" (build of $(date -u -r "$seqpar" '+%F %H:%M') UTC)"
 "$py" - "$results" "$work/check_fa_off.json" "$work/check_fa_auto.json" "$int8" "$rounds" \
   "$decode" "$threads" "$cores" "$version" "$sp_build" \
-  "$start" "$end" "${q8_flags[*]:-}" "$gguf_dir" >"$report" <<'EOF'
+  "$start" "$end" "${q8_flags[*]:-}" "$gguf_dir" "$kv_cache" >"$report" <<'EOF'
 import json, os, statistics, sys
 (results, check, check_fa, int8, rounds, decode, threads, cores, version, sp_version, start,
- end, q8_flags, gguf_dir) = sys.argv[1:]
+ end, q8_flags, gguf_dir, kv_cache) = sys.argv[1:]
 every = [json.loads(l) for l in open(results)]
 read = {r["round"]: r["read_gbs"] for r in every if r["side"] == "read"}
 rows = [r for r in every if r["side"] != "read"]
@@ -285,7 +296,7 @@ med = statistics.median
 print(f"{sp_version} vs llama.cpp (llama-cpp-python {version}), {rounds} rounds, {decode} decoded "
       f"tokens, llama.cpp {threads} threads, {cores} hardware threads; from {start} to {end}. "
       "Ratio: seqpar throughput / llama.cpp throughput against the same round's llama.cpp run "
-      "(> 1: seqpar faster).\n")
+      f"(> 1: seqpar faster). K/V cache: seqpar {kv_cache}, llama.cpp f16.\n")
 if q8_flags:
     print(f"llama.cpp's Q8_0 runs: {q8_flags} (its AMX-repacked Q8_0 weights crashed on this "
           "machine).\n")

@@ -245,15 +245,21 @@ Decoder::Output Decoder::generate(const std::vector<int32_t>& prompt, const Opti
       opts.kv_cache == DType::kF32 || opts.kv_cache == DType::kBF16 || opts.kv_cache == DType::kF16,
       "a K/V cache of ", dtype_name(opts.kv_cache),
       " is not supported; valid: ", kv_cache_dtype_names());
-  for (Layer& layer : layers_) layer.cache = KvCache{opts.kv_cache, {}, {}, {}};
-  Output out;
-  Turn turn{ctx, opts, out, {}, 0};
-  const double t0 = now_seconds();
   // ---- the prompt: its first chunk context parallel, the rest over the cache.
   // The first chunk holds a token for every sequence-parallel rank at least.
   const int64_t first = opts.prefill_chunk > 0
                             ? std::min(P, std::max<int64_t>(opts.prefill_chunk, ctx.sp_size()))
                             : P;
+  // The tokens each rank's caches take after the first chunk (at most: a stop token ends early):
+  // the prompt's other chunks, the tokens fed back, each turn's tokens; split over the ranks.
+  int64_t later = P - first + opts.max_new_tokens - 1;
+  for (const std::vector<int32_t>& t : opts.next_turns)
+    later += static_cast<int64_t>(t.size()) + opts.max_new_tokens;
+  const int64_t more = later / ctx.sp_size() + 1;
+  for (Layer& layer : layers_) layer.cache = KvCache{opts.kv_cache, more, {}, {}, {}};
+  Output out;
+  Turn turn{ctx, opts, out, {}, 0};
+  const double t0 = now_seconds();
   const std::span<const int32_t> tokens(prompt);
   Tensor x = prefill(tokens.first(first), turn);
   if (first < P) x = extend(tokens.subspan(first), turn);

@@ -147,6 +147,21 @@ void append_tokens(Tensor& a, const Tensor& b) {
 
 // t in dtype: itself when it already is, else rounded (to nearest even).
 Tensor in_dtype(Tensor t, DType dtype) { return t.dtype() == dtype ? t : t.to(dtype); }
+
+// The first m of the n tokens of x (B, n, H, D) fp32 as (B, m, H, D) in dtype (rounded to nearest
+// even), its storage taken for m + more tokens.
+Tensor first_tokens(const Tensor& x, int64_t m, int64_t more, DType dtype) {
+  const int64_t B = x.dim(0), n = x.dim(1), row = x.dim(2) * x.dim(3);
+  const size_t e = dtype_size(dtype);
+  Tensor t;
+  t.reserve(static_cast<size_t>(B * (m + more) * row) * e);
+  t.resize({B, m, x.dim(2), x.dim(3)}, dtype);
+  for (int64_t b = 0; b < B; ++b)
+    convert(x.data<float>() + b * n * row, DType::kF32,
+            static_cast<char*>(t.raw()) + static_cast<size_t>(b * m * row) * e, dtype,
+            static_cast<size_t>(m * row));
+  return t;
+}
 }  // namespace
 
 void KvCache::append(const Tensor& k_new, const Tensor& v_new, std::span<const int64_t> pos) {
@@ -210,16 +225,10 @@ Tensor SelfAttention::forward(const Tensor& x, const Tensor& rope, ParallelConte
     std::vector<int64_t> keep;
     for (int64_t p : pos)
       if (p < sp.seq()) keep.push_back(p);
-    const int64_t m = static_cast<int64_t>(keep.size()), row = (kv1 - kv0) * d;
-    Tensor ck({B, m, kv1 - kv0, d}), cv({B, m, kv1 - kv0, d});
-    for (int64_t b = 0; b < B; ++b) {  // real tokens come first: padding sits at the end
-      std::memcpy(ck.data<float>() + b * m * row, kh.data<float>() + b * n * row,
-                  m * row * sizeof(float));
-      std::memcpy(cv.data<float>() + b * m * row, vh.data<float>() + b * n * row,
-                  m * row * sizeof(float));
-    }
-    cache->k = in_dtype(std::move(ck), cache->dtype);
-    cache->v = in_dtype(std::move(cv), cache->dtype);
+    const int64_t m = static_cast<int64_t>(keep.size());
+    // Real tokens come first: padding sits at the end.
+    cache->k = first_tokens(kh, m, cache->more, cache->dtype);
+    cache->v = first_tokens(vh, m, cache->more, cache->dtype);
     cache->positions = std::move(keep);
   }
   AttnState s = attend(qh, kh, vh, ctx, AttendOver::sequence(sp, causal));

@@ -118,8 +118,11 @@ AttnState attend(const Tensor& q, const Tensor& k, const Tensor& v, ParallelCont
 // K and V in `dtype`: fp32 as computed, or rounded to bf16 or fp16 (to nearest even) as they are
 // stored; the queries that attend a 16-bit cache are rounded to its dtype too (the attention
 // kernel takes one dtype), and the products run in fp32 on those values.
+// Its storage is taken once at the first fill for `more` tokens after it (a hint; beyond it the
+// storage grows by half again when full), so that a decode step copies only its own rows.
 struct KvCache {
   DType dtype = DType::kF32;
+  int64_t more = 0;
   Tensor k, v;  // (B, n_cached, Hkv_t, D) in dtype
   std::vector<int64_t> positions;
   // k_new, v_new (B, m, Hkv_t, D) fp32, rounded to dtype as they are appended.
