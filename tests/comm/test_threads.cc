@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <system_error>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "comm/comm_suite.h"
@@ -24,11 +25,43 @@ namespace suite = comm_suite;
 // Suite runs are bounded: a bug fails in 20 s instead of hanging for the default 60.
 constexpr milliseconds kSuiteTimeout{20000};
 
-class ThreadsSuite : public ::testing::TestWithParam<int> {
+// Sets an environment variable (or unsets it, for nullptr) for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    if (value) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (had_) {
+      setenv(name_.c_str(), old_.c_str(), 1);
+    } else {
+      unsetenv(name_.c_str());
+    }
+  }
+
+ private:
+  std::string name_;
+  bool had_ = false;
+  std::string old_;
+};
+
+// (ranks, SEQPAR_SPIN_US): every waiter sleeps at once ("0"), or spins first ("50", even with
+// more ranks than CPUs), or the default (nullptr: spins while ranks <= CPUs).
+using SuiteParam = std::tuple<int, const char*>;
+
+class ThreadsSuite : public ::testing::TestWithParam<SuiteParam> {
  protected:
   void run(void (*fn)(Communicator&)) {
+    ScopedEnv spin("SEQPAR_SPIN_US", std::get<1>(GetParam()));
     ThreadWorld::run(
-        GetParam(),
+        std::get<0>(GetParam()),
         [fn](Communicator& c) {
           EXPECT_EQ(c.backend(), "threads");
           fn(c);
@@ -60,9 +93,13 @@ TEST_P(ThreadsSuite, CheckedDrop) { run(suite::checked_drop); }
 
 TEST_P(ThreadsSuite, CheckedFaults) { run(suite::checked_faults); }
 
-INSTANTIATE_TEST_SUITE_P(Sizes, ThreadsSuite, ::testing::Values(1, 2, 3, 4, 8),
+INSTANTIATE_TEST_SUITE_P(Sizes, ThreadsSuite,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 8),
+                                            ::testing::Values(nullptr, "0", "50")),
                          [](const auto& info) {
-                           return std::string("n") + std::to_string(info.param);
+                           const char* spin = std::get<1>(info.param);
+                           return std::string("n") + std::to_string(std::get<0>(info.param)) +
+                                  (spin == nullptr ? "" : std::string("_spin") + spin);
                          });
 
 // ---------------------------------------------------------------------------------------------
@@ -404,53 +441,47 @@ TEST(RequestTest, DefaultIsComplete) {
   wait_all(none);
 }
 
-// Sets SEQPAR_TIMEOUT_S for one scope.
-class TimeoutEnv {
- public:
-  explicit TimeoutEnv(const char* value) {
-    const char* old = std::getenv("SEQPAR_TIMEOUT_S");
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    if (value) {
-      setenv("SEQPAR_TIMEOUT_S", value, 1);
-    } else {
-      unsetenv("SEQPAR_TIMEOUT_S");
-    }
-  }
-  ~TimeoutEnv() {
-    if (had_) {
-      setenv("SEQPAR_TIMEOUT_S", old_.c_str(), 1);
-    } else {
-      unsetenv("SEQPAR_TIMEOUT_S");
-    }
-  }
-
- private:
-  bool had_ = false;
-  std::string old_;
-};
-
 TEST(DefaultTimeout, FromEnvironment) {
   {
-    TimeoutEnv env(nullptr);
+    ScopedEnv env("SEQPAR_TIMEOUT_S", nullptr);
     EXPECT_EQ(Communicator::default_timeout(), milliseconds(60000));
   }
   {
-    TimeoutEnv env("0.25");
+    ScopedEnv env("SEQPAR_TIMEOUT_S", "0.25");
     EXPECT_EQ(Communicator::default_timeout(), milliseconds(250));
     ThreadWorld::run(2, [](Communicator& c) { EXPECT_EQ(c.timeout(), milliseconds(250)); });
   }
   {
-    TimeoutEnv env("120");
+    ScopedEnv env("SEQPAR_TIMEOUT_S", "120");
     EXPECT_EQ(Communicator::default_timeout(), milliseconds(120000));
   }
   for (const char* bad : {"abc", "-1", "0", "5s", "nan", "inf", "1e30"}) {
-    TimeoutEnv env(bad);
+    ScopedEnv env("SEQPAR_TIMEOUT_S", bad);
     try {
       Communicator::default_timeout();
       ADD_FAILURE() << "accepted SEQPAR_TIMEOUT_S=" << bad;
     } catch (const InvalidArgument& e) {
       suite::expect_contains(e.what(), "SEQPAR_TIMEOUT_S");
+    }
+  }
+}
+
+// SEQPAR_SPIN_US: whole microseconds from 0 to 1e6; anything else fails the world's creation
+// in one line naming the variable.
+TEST(SpinSetting, FromEnvironment) {
+  for (const char* good : {"0", "1", "1000000"}) {
+    ScopedEnv env("SEQPAR_SPIN_US", good);
+    ThreadWorld::run(2, [](Communicator& c) { c.barrier(); });
+  }
+  for (const char* bad : {"abc", "-1", "1000001", "5us", "1.5", " 3"}) {
+    ScopedEnv env("SEQPAR_SPIN_US", bad);
+    try {
+      ThreadWorld world(2);
+      ADD_FAILURE() << "accepted SEQPAR_SPIN_US=" << bad;
+    } catch (const InvalidArgument& e) {
+      suite::expect_contains(e.what(), "SEQPAR_SPIN_US='");
+      suite::expect_contains(e.what(),
+                             "expected whole microseconds from 0 (never spin) to 1000000");
     }
   }
 }

@@ -98,6 +98,23 @@ class ThreadWorldState {
 
   std::mutex mu;
   std::condition_variable cv;
+  // Bumped (under mu) by notify_all_locked, readable without the lock.
+  std::atomic<uint64_t> events{0};
+  // How long a waiter watches `events` before it sleeps on cv: a sleep and its wake-up cost tens
+  // of microseconds, which a tensor-parallel decode step pays at each of its all-reduces. Zero
+  // when the world has more ranks than this process has CPUs (a spinning rank would hold a core
+  // another rank needs).
+  const int64_t spin_ns;
+
+  // Wakes every waiter (under mu).
+  void notify_all_locked() {
+    events.fetch_add(1, std::memory_order_release);
+    cv.notify_all();
+  }
+  // With lk holding mu: spins for up to spin_ns, dropping the lock while it watches for the next
+  // notify_all_locked, until done() (evaluated under the lock). Returns done().
+  template <typename Done>
+  bool spin_until(std::unique_lock<std::mutex>& lk, Done&& done);
   std::atomic<bool> aborted{false};
   int abort_rank = -1;
   std::string abort_message;
@@ -113,5 +130,34 @@ class ThreadWorldState {
   std::shared_ptr<ThreadGroup> world_group;
   std::vector<bool> handed_out;  // communicator(r) already called
 };
+
+// A pause in a spin loop: tells the core this thread waits (x86's PAUSE).
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+template <typename Done>
+bool ThreadWorldState::spin_until(std::unique_lock<std::mutex>& lk, Done&& done) {
+  if (spin_ns == 0 || done()) return done();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(spin_ns);
+  bool expired = false;
+  while (!expired && !done()) {
+    const uint64_t seen = events.load(std::memory_order_acquire);
+    lk.unlock();
+    for (int i = 1; events.load(std::memory_order_acquire) == seen; ++i) {
+      cpu_relax();
+      if (i % 64 == 0 && std::chrono::steady_clock::now() > until) {
+        expired = true;
+        break;
+      }
+    }
+    lk.lock();
+  }
+  return done();
+}
 
 }  // namespace seqpar
