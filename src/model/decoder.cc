@@ -214,6 +214,33 @@ AttnShape group_call(const DecoderConfig& m, int tp) {
   return call;
 }
 
+// The tokens sequence-parallel rank r of n takes into its caches after the prompt's first chunk
+// of `first` tokens, at most (a stop token ends a turn early): placed as extend() places a
+// chunk's tokens (new_token_share, the last ranks first) and decode() a decoded one (position mod
+// n), for the prompt's other chunks, the tokens decoded and each chat turn.
+int64_t later_tokens(const Decoder::Options& opts, int64_t prompt, int64_t first, int n, int r) {
+  int64_t length = first, mine = 0;
+  const auto extend = [&](int64_t total) {
+    const int64_t size = opts.prefill_chunk > 0 ? opts.prefill_chunk : total;
+    for (int64_t c0 = 0; c0 < total; c0 += size) {
+      const int64_t T = std::min(size, total - c0);
+      mine += new_token_share(T, n, r);
+      length += T;
+    }
+  };
+  const auto decode = [&] {
+    for (int64_t step = 1; step < opts.max_new_tokens; ++step)
+      if (length++ % n == r) ++mine;
+  };
+  extend(prompt - first);
+  decode();
+  for (const std::vector<int32_t>& t : opts.next_turns) {
+    extend(static_cast<int64_t>(t.size()) + 1);  // the last token chosen, then the turn's
+    decode();
+  }
+  return mine;
+}
+
 int32_t argmax(const Tensor& logits) {
   int32_t best = 0;
   for (int64_t i = 1; i < logits.numel(); ++i)
@@ -250,12 +277,8 @@ Decoder::Output Decoder::generate(const std::vector<int32_t>& prompt, const Opti
   const int64_t first = opts.prefill_chunk > 0
                             ? std::min(P, std::max<int64_t>(opts.prefill_chunk, ctx.sp_size()))
                             : P;
-  // The tokens each rank's caches take after the first chunk (at most: a stop token ends early):
-  // the prompt's other chunks, the tokens fed back, each turn's tokens; split over the ranks.
-  int64_t later = P - first + opts.max_new_tokens - 1;
-  for (const std::vector<int32_t>& t : opts.next_turns)
-    later += static_cast<int64_t>(t.size()) + opts.max_new_tokens;
-  const int64_t more = later / ctx.sp_size() + 1;
+  // Each layer's cache takes its storage once, for this rank's tokens to come.
+  const int64_t more = later_tokens(opts, P, first, ctx.sp_size(), ctx.sp_rank());
   for (Layer& layer : layers_) layer.cache = KvCache{opts.kv_cache, more, {}, {}, {}};
   Output out;
   Turn turn{ctx, opts, out, {}, 0};

@@ -193,6 +193,44 @@ TEST(Llama, DecodeRowsTimesBf16WeightEqualFp32) {
   }
 }
 
+// causal_lm_memory's K/V cache term, each rank's share: keys and values of every layer, the rank's
+// kv heads (at least one: tp beyond the kv heads replicates them), its part of the positions
+// (rounded up), at the cache's dtype. Read off as the difference between two dtypes' totals,
+// which share every other term.
+TEST(Llama, MemoryEstimateCountsTheKvCacheAtItsDtype) {
+  CausalLmCheckpoint ck;
+  ck.config = tiny_llama(false);
+  ck.config.kv_heads = 4;
+  ck.file_bytes = 1 << 20;
+  const DecoderConfig& m = ck.config;
+  for (const MeshShape shape : {MeshShape{1, 1, 1, 1}, MeshShape{1, 2, 1, 1}, MeshShape{1, 1, 2, 2},
+                                MeshShape{1, 8, 3, 1}}) {
+    ParallelConfig mesh;
+    mesh.mesh = shape;
+    for (const int64_t positions : {1, 77, 1000}) {
+      SCOPED_TRACE(mesh_shape_text(shape) + ", " + std::to_string(positions) + " positions");
+      const double kv_heads = std::max<int64_t>(1, m.kv_heads / shape.tp);
+      const double per_byte = 2.0 * m.layers * kv_heads * m.head_dim *
+                              std::ceil(static_cast<double>(positions) / shape.sp());
+      const auto run = [&](DType kv) {
+        return causal_lm_memory(ck, mesh, positions, positions, 8, kv).run;
+      };
+      EXPECT_EQ(run(DType::kF32) - run(DType::kBF16), 2 * per_byte);
+      EXPECT_EQ(run(DType::kBF16), run(DType::kF16));
+      // The default is fp32; the weights do not depend on the cache.
+      EXPECT_EQ(causal_lm_memory(ck, mesh, positions, positions, 8).run, run(DType::kF32));
+      EXPECT_EQ(causal_lm_memory(ck, mesh, positions, positions, 8, DType::kBF16).weights,
+                static_cast<double>(ck.file_bytes) / shape.tp);
+      // Twice the positions add the cache's growth and nothing else.
+      const double grown =
+          causal_lm_memory(ck, mesh, positions, 2 * positions, 8).run - run(DType::kF32);
+      EXPECT_EQ(grown, 4.0 * 2.0 * m.layers * kv_heads * m.head_dim *
+                           (std::ceil(2.0 * positions / shape.sp()) -
+                            std::ceil(static_cast<double>(positions) / shape.sp())));
+    }
+  }
+}
+
 TEST(Llama, CheckpointDecoderOnMeshesEqualsOneRank) {
   const DecoderConfig m = tiny_llama(false);
   const std::string dir = temp_dir("mesh");
