@@ -240,13 +240,14 @@ struct MeshFlags {
   std::string backend = "threads";
 };
 
-// How a decoder takes its prompt after the first chunk (seqpar model's llm presets, seqpar
-// generate; src/cli/mesh_run.h registers and applies them).
+// How a decoder takes its prompt after the first chunk and keeps its K/V cache (seqpar model's
+// llm presets, seqpar generate; src/cli/mesh_run.h registers and applies them).
 struct ChunkFlags {
   int64_t prefill_chunk = 0;               // 0: the whole prompt at once
   std::string chunk_strategy = "auto";     // passkv | passq | auto (the planner's on --hardware)
   std::string chunk_schedule = "default";  // passq: default | ring
   std::string hardware = "local";          // profile auto replays the chunks' schedules on
+  std::string kv_cache_dtype = "fp32";     // fp32 | bf16 | fp16 (Decoder::Options::kv_cache)
 };
 
 // seqpar model: a dit or llm preset on a cfg x tp x ring x ulysses mesh.
@@ -287,7 +288,6 @@ struct GenerateOptions : MeshFlags, ChunkFlags {
   std::vector<std::string> document_ids;
   std::string weights_dtype = "checkpoint";  // checkpoint | int8 (Q8_0) | int8-channel
   std::string activations = "fp32";  // fp32 | bf16 | int8 (the linear layers' inputs rounded)
-  std::string kv_cache_dtype = "fp32";  // fp32 | bf16 | fp16 (Decoder::Options::kv_cache)
   bool json = false;
   bool quiet = false;
 };

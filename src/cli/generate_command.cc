@@ -127,8 +127,7 @@ Prepared prepare(const GenerateOptions& o, int world) {
                    "--activations int8 multiplies int8 by int8 and needs --weights-dtype int8 or "
                    "int8-channel; valid with --weights-dtype ",
                    o.weights_dtype, ": fp32, bf16");
-  SEQPAR_ARG_CHECK(kv_cache_dtype_named(o.kv_cache_dtype).has_value(), "--kv-cache-dtype '",
-                   o.kv_cache_dtype, "' is unknown; valid: ", kv_cache_dtype_names());
+  (void)kv_cache_flag(o);
   if (!o.document_ids.empty()) {
     SEQPAR_ARG_CHECK(o.kv_cache_dtype == "fp32", "--kv-cache-dtype ", o.kv_cache_dtype,
                      " with --document-ids: a packed prefill keeps no cache; leave it out");
@@ -171,7 +170,6 @@ Prepared prepare(const GenerateOptions& o, int world) {
   names.int8 = "--weights-dtype int8";
   if (o.weights_dtype == "int8") check_causal_lm_int8(p.ck, p.mesh.mesh.tp, names);
   apply_chunk_flags(o, p.chunking);
-  p.chunking.kv_cache = *kv_cache_dtype_named(o.kv_cache_dtype);
   const int64_t prompt = static_cast<int64_t>(ids.size());
   const int64_t prefill =
       p.chunking.prefill_chunk > 0 ? std::min(p.chunking.prefill_chunk, prompt) : prompt;
@@ -508,11 +506,6 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
                 "or quantized at load to int8: blocks of 32 with an fp16 scale each (int8: "
                 "llama.cpp's Q8_0), or one fp32 scale per output row (int8-channel)");
   g->add_option("--activations", o.activations, kActivationsHelp);
-  g->add_option("--kv-cache-dtype,--kv_cache_dtype", o.kv_cache_dtype,
-                "fp32 | bf16 | fp16: the K/V cache as computed, or rounded to bf16 or fp16 as "
-                "it is stored (half the memory, and half the bytes a decoded token reads; the "
-                "queries over it rounded too, the products in fp32)")
-      ->capture_default_str();
   g->add_option("--turn-ids,--turn_ids", o.turn_ids,
                 "a chat turn: token ids appended after the tokens generated so far, over the "
                 "cache (in chunks of --prefill-chunk); then --max-new-tokens more (repeatable)")

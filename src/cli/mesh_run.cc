@@ -106,10 +106,23 @@ void add_chunk_flags(CLI::App* cmd, ChunkFlags& f) {
                   "default | ring (passq: Q blocks around the ring)");
   cmd->add_option("--hardware", f.hardware,
                   "profile on which --chunk-strategy auto replays the chunks' schedules");
+  cmd->add_option("--kv-cache-dtype,--kv_cache_dtype", f.kv_cache_dtype,
+                  "fp32 | bf16 | fp16: the K/V cache as computed, or rounded to bf16 or fp16 as "
+                  "it is stored (half the memory, and half the bytes a decoded token reads; the "
+                  "queries over it rounded too, the products in fp32)")
+      ->capture_default_str();
+}
+
+DType kv_cache_flag(const ChunkFlags& f) {
+  const std::optional<DType> d = kv_cache_dtype_named(f.kv_cache_dtype);
+  SEQPAR_ARG_CHECK(d.has_value(), "--kv-cache-dtype '", f.kv_cache_dtype,
+                   "' is unknown; valid: ", kv_cache_dtype_names());
+  return *d;
 }
 
 void apply_chunk_flags(const ChunkFlags& f, Decoder::Options& opts) {
   limits::check_range("--prefill-chunk", f.prefill_chunk, 0, limits::kMaxTokens);
+  opts.kv_cache = kv_cache_flag(f);
   opts.prefill_chunk = f.prefill_chunk;
   opts.chunk_strategy.reset();
   opts.chunk_schedule = parse_schedule_kind(f.chunk_schedule, "--chunk-schedule");

@@ -30,8 +30,11 @@ ParallelConfig resolve_mesh(const MeshFlags& f, int world);
 // ring_degree, ulysses_degree, strategy, layout, pad.
 void add_mesh_json(nlohmann::json& j, const ParallelConfig& m, const std::string& backend, bool with_cfg);
 
-// Registers --prefill-chunk, --chunk-strategy and --hardware on `cmd`.
+// Registers --prefill-chunk, --chunk-strategy, --chunk-schedule, --hardware and --kv-cache-dtype
+// on `cmd`.
 void add_chunk_flags(CLI::App* cmd, ChunkFlags& f);
+// --kv-cache-dtype as a dtype (InvalidArgument naming the valid names).
+DType kv_cache_flag(const ChunkFlags& f);
 // The flags checked (limits, names, the profile) and set in a decoder's options.
 void apply_chunk_flags(const ChunkFlags& f, Decoder::Options& opts);
 // A decoder's chunks as the JSON's prefill_chunks: begin, end, cached, strategy, reason, seconds.

@@ -123,12 +123,16 @@ Resolved resolve(const ModelOptions& o, int world) {
   SEQPAR_ARG_CHECK(r.preset.family == ModelFamily::kLlm || o.prefill_chunk == 0,
                    "--prefill-chunk is for llm presets (tiny-llm, llama3-8b, ...), not ",
                    r.preset.name);
+  SEQPAR_ARG_CHECK(r.preset.family == ModelFamily::kLlm || o.kv_cache_dtype == "fp32",
+                   "--kv-cache-dtype is for llm presets (tiny-llm, llama3-8b, ...), not ",
+                   r.preset.name);
   if (!o.seq_lens.empty()) {
     SEQPAR_ARG_CHECK(r.preset.family == ModelFamily::kLlm, "--seq-lens (packed documents) is for ",
                      "llm presets (tiny-llm, llama3-8b, ...), not ", r.preset.name);
-    SEQPAR_ARG_CHECK(!o.decode_given && o.prefill_chunk == 0, "--seq-lens prefill packed ",
-                     "documents in one pass and decode nothing after them (several sequences' ",
-                     "caches are not supported): leave out --decode and --prefill-chunk");
+    SEQPAR_ARG_CHECK(!o.decode_given && o.prefill_chunk == 0 && o.kv_cache_dtype == "fp32",
+                     "--seq-lens prefill packed documents in one pass and decode nothing after ",
+                     "them (several sequences' caches are not supported): leave out --decode, ",
+                     "--prefill-chunk and --kv-cache-dtype");
     (void)Decoder::check_documents(decoder_preset(r.preset.name), r.mesh,
                                    document_prompts(o, r.preset.vocab), true, {"--seq-lens"});
   }
@@ -195,9 +199,12 @@ ModelResult run_model(Communicator& world, const Resolved& r, const ModelOptions
     std::vector<int32_t> prompt(o.prompt_len);
     for (auto& t : prompt) t = static_cast<int32_t>(rng() % r.preset.vocab);
     Decoder dec(decoder_preset(r.preset.name), ws, ctx);
-    // The single-rank reference (--verify) takes the prompt whole.
+    // The single-rank reference (--verify) takes the prompt whole, unless the cache is rounded to
+    // 16 bits: then the chunks after the first attend rounded keys, values and queries, which the
+    // whole prompt's attention does not, and the reference takes the same chunks.
     Decoder::Options opts = r.chunking;
-    if (shape.world() == 1 && r.shape.world() > 1) opts.prefill_chunk = 0;
+    if (shape.world() == 1 && r.shape.world() > 1 && opts.kv_cache == DType::kF32)
+      opts.prefill_chunk = 0;
     if (progress.on())
       opts.on_token = [&](int64_t tokens, double, double) {
         progress.step(tokens, opts.max_new_tokens, "tokens of " + what);
@@ -256,6 +263,7 @@ int report(const ModelOptions& o, const Resolved& r, const ModelResult& got,
       if (!o.seq_lens.empty()) j["seq_lens"] = o.seq_lens;
       j["tokens"] = got.tokens;
       j["tokens_match"] = single ? json(tokens_match) : json(nullptr);
+      j["kv_cache_dtype"] = o.kv_cache_dtype;
       j["prefill_chunks"] = chunks_json(got.chunks);
     } else {
       j["steps"] = o.steps;

@@ -138,6 +138,18 @@ expect_ok "llm chunks passq ring" "$bin" model --preset tiny-llm --ring-degree 3
 out=$("$bin" model --preset tiny-llm --ring-degree 4 --prompt-len 100 --decode 2 --prefill-chunk 30 --hardware cpu-ethernet --verify --json)
 python3 -c 'import json,sys; d=json.loads(sys.argv[1]); c=d["prefill_chunks"][1:]; sys.exit(0 if d["ok"] and c and all("fastest replayed schedule" in x["reason"] and "schedule" in x for x in c) else 1)' "$out" \
   && ok || bad "llm chunks by auto: $out"
+# --kv-cache-dtype on the llm presets: the cache rounded as stored, the chunks after the first over
+# it (the reference takes the same chunks), against one rank; the rounding changes the logits.
+for kv in bf16 fp16; do
+  out=$("$bin" model --preset tiny-llm --tp 2 --ring-degree 2 --prompt-len 300 --decode 8 --prefill-chunk 64 --chunk-strategy passq --kv-cache-dtype $kv --verify --json)
+  python3 -c 'import json,sys; d=json.loads(sys.argv[1]); sys.exit(0 if d["ok"] and d["tokens_match"] and d["kv_cache_dtype"] == sys.argv[2] else 1)' "$out" $kv \
+    && ok || bad "llm --kv-cache-dtype $kv: $out"
+done
+rms() { "$bin" model --preset tiny-llm --ring-degree 2 --prompt-len 100 --decode 8 --kv-cache-dtype "$1" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["output_rms"])'; }
+[ "$(rms fp32)" != "$(rms bf16)" ] && ok || bad "--kv-cache-dtype bf16 left the logits as fp32's"
+check_bad "--kv-cache-dtype 'int4' is unknown; valid: fp32, bf16, fp16" model --preset tiny-llm --kv-cache-dtype int4
+check_bad "--kv-cache-dtype is for llm presets (tiny-llm, llama3-8b, ...), not tiny-dit" model --preset tiny-dit --kv-cache-dtype bf16
+check_bad "leave out --decode, --prefill-chunk and --kv-cache-dtype" model --preset tiny-llm --seq-lens 30,40 --kv-cache-dtype fp16
 check_bad "--schedule 'steal' does not apply to --strategy 'usp' (--ulysses-degree 2, --ring-degree 2); valid: 'steal' with ring" model --preset tiny-dit --ring-degree 2 --ulysses-degree 2 --schedule steal
 check_bad "--softmax 'const-max' needs a ring: valid with --strategy 'ring' or 'usp' (its ring part), not 'allgather'" model --preset tiny-dit --ring-degree 2 --strategy allgather --softmax const-max
 check_bad "--chunk-schedule ring does not apply to --chunk-strategy passkv" model --preset tiny-llm --ring-degree 2 --prefill-chunk 8 --chunk-strategy passkv --chunk-schedule ring
