@@ -1268,8 +1268,9 @@ std::string attention_kernel_info() {
         "blockwise flash attention (Bq ", kDefaultBlockQ, ", Bk ", kDefaultBlockK, "; ",
         kUnmaskedBlockK, " in fp32 without a causal or segment mask); softmax ",
         simd::isa_name(simd::kernels().isa),
-        " (exp2 poly deg 5 for fp32, deg 3 for bf16/fp16); oneDNN ", ver->major, ".", ver->minor,
-        ".", ver->patch, " matmul ", mm, " fp32");
+        " (exp2 poly deg 5 for fp32 and 16-bit K/V read in place, deg 3 for other bf16/fp16); "
+        "oneDNN ",
+        ver->major, ".", ver->minor, ".", ver->patch, " matmul ", mm, " fp32");
     if (use_bf16_matmul()) {
       std::string bf = "?";
       try {
@@ -1281,11 +1282,14 @@ std::string attention_kernel_info() {
     } else {
       s += "; bf16/fp16 inputs: converted to fp32 per block (no avx512_bf16/AMX matmul)";
     }
-    s += detail::concat("; decode shapes (Sq x H/Hkv <= ", kStreamRows,
-                        "): all kv heads per item in memory order, few-row FMA loops",
-                        use_bf16_matmul() ? " (fp32/fp16 inputs)" : "",
-                        ", fp32 K/V read in place (key blocks of ", kInPlaceBlockBytes / 1024,
-                        " KiB of K and V)");
+    s += detail::concat(
+        "; decode shapes (Sq x H/Hkv <= ", kStreamRows,
+        "): all kv heads per item in memory order, few-row FMA loops",
+        use_bf16_matmul()
+            ? detail::concat(" (fp32/fp16 inputs; bf16 up to ", kFewRowsInPlace, " rows a kv head)")
+            : std::string(),
+        ", K/V read in place (fp32; bf16/fp16 up to ", kFewRowsInPlace,
+        " rows a kv head; key blocks of ", kInPlaceBlockBytes / 1024, " KiB of K and V)");
     return s;
   }();
   return info;
