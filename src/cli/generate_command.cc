@@ -102,7 +102,9 @@ void prepare_documents(const GenerateOptions& o, Prepared& p) {
                  static_cast<long long>(longest), static_cast<long long>(m.max_positions),
                  o.model.c_str());
   const int64_t D = static_cast<int64_t>(p.documents.size());
-  const CausalLmMemory need = causal_lm_memory(p.ck, p.mesh, total, total, D);
+  // No cache is kept; the prefill's keys and values of a rank's share of the tokens.
+  const int64_t sp = p.mesh.mesh.sp();
+  const CausalLmMemory need = causal_lm_memory(p.ck, p.mesh, total, (total + sp - 1) / sp, D);
   limits::check_ranks_fit_memory(
       detail::concat("generate with ", o.model, " (", limits::bytes_text(p.ck.file_bytes),
                      " of weights, --tp ", p.mesh.mesh.tp, ", ", D, " packed documents of ", total,
@@ -181,9 +183,16 @@ Prepared prepare(const GenerateOptions& o, int world) {
                    " sequence-parallel ranks (--ring-degree x --ulysses-degree); every rank needs "
                    "a token, --pad or not: use at most ",
                    prompt, " ranks, or a longer prompt");
-  // Every rank on this machine, before any weight is read.
+  // Every rank on this machine, before any weight is read; the K/V cache of the rank that holds
+  // the most tokens.
+  Decoder::Options run = p.chunking;
+  run.max_new_tokens = o.max_new_tokens;
+  run.next_turns = p.turns;
+  int64_t cached = 0;
+  for (int r = 0; r < sp; ++r)
+    cached = std::max(cached, Decoder::cache_tokens(run, prompt, p.mesh, r));
   const CausalLmMemory need = causal_lm_memory(
-      p.ck, p.mesh, prefill, last, o.max_new_tokens * (1 + p.turns.size()), p.chunking.kv_cache);
+      p.ck, p.mesh, prefill, cached, o.max_new_tokens * (1 + p.turns.size()), p.chunking.kv_cache);
   limits::check_ranks_fit_memory(
       detail::concat("generate with ", o.model, " (", limits::bytes_text(p.ck.file_bytes),
                      " of weights, --tp ", p.mesh.mesh.tp, ", ", last, " positions)"),
@@ -197,6 +206,7 @@ struct Generated {
   Decoder::DocumentsOutput docs;                                           // --document-ids
   double prefill_seconds = 0, decode_seconds = 0;                          // slowest rank
   std::vector<int64_t> weight_bytes, resident_bytes, peak_resident_bytes;  // per rank
+  std::vector<int64_t> kv_cache_bytes;  // per rank: the storage its layers' K/V caches hold
   int64_t bytes_sent = 0;                                                  // rank 0, all groups
   std::string trace_error;  // --trace could not be written (the report still prints)
 };
@@ -235,13 +245,15 @@ Generated run_rank(Communicator& world, const GenerateOptions& o, const Prepared
   }
   if (!o.trace.empty()) write_trace(world, trace_out, &g.trace_error);
   g.bytes_sent = mc.stats().total_sent();
-  const int64_t mine[3] = {weight_bytes, resident_bytes(), peak_resident_bytes()};
-  std::vector<int64_t> all(3 * world.size());
+  const int64_t mine[4] = {weight_bytes, resident_bytes(), peak_resident_bytes(),
+                           dec.kv_cache_use().bytes};
+  std::vector<int64_t> all(4 * world.size());
   world.all_gather(mine, sizeof(mine), all.data());
   for (int r = 0; r < world.size(); ++r) {
-    g.weight_bytes.push_back(all[3 * r]);
-    g.resident_bytes.push_back(all[3 * r + 1]);
-    g.peak_resident_bytes.push_back(all[3 * r + 2]);
+    g.weight_bytes.push_back(all[4 * r]);
+    g.resident_bytes.push_back(all[4 * r + 1]);
+    g.peak_resident_bytes.push_back(all[4 * r + 2]);
+    g.kv_cache_bytes.push_back(all[4 * r + 3]);
   }
   return g;
 }
@@ -313,6 +325,7 @@ json run_json(const GenerateOptions& o, const Prepared& p, const Generated& g,
   // Under threads every rank reports the one process's.
   j["resident_bytes_per_rank"] = list_json(g.resident_bytes);
   j["peak_resident_bytes_per_rank"] = list_json(g.peak_resident_bytes);
+  j["kv_cache_bytes_per_rank"] = list_json(g.kv_cache_bytes);
   if (!o.output.empty()) j["output"] = o.output;
   if (!o.trace.empty()) j["trace"] = o.trace;
   return j;

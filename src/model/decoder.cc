@@ -214,6 +214,13 @@ AttnShape group_call(const DecoderConfig& m, int tp) {
   return call;
 }
 
+// The prompt's first chunk: prefill_chunk tokens, at least one for every sequence-parallel rank
+// (the whole prompt without chunks).
+int64_t first_chunk(const Decoder::Options& opts, int64_t prompt, int n) {
+  return opts.prefill_chunk > 0 ? std::min(prompt, std::max<int64_t>(opts.prefill_chunk, n))
+                                : prompt;
+}
+
 // The tokens sequence-parallel rank r of n takes into its caches after the prompt's first chunk
 // of `first` tokens, at most (a stop token ends a turn early): placed as extend() places a
 // chunk's tokens (new_token_share, the last ranks first) and decode() a decoded one (position mod
@@ -228,9 +235,12 @@ int64_t later_tokens(const Decoder::Options& opts, int64_t prompt, int64_t first
       length += T;
     }
   };
-  const auto decode = [&] {
-    for (int64_t step = 1; step < opts.max_new_tokens; ++step)
-      if (length++ % n == r) ++mine;
+  // Positions p < x with p mod n == r.
+  const auto owned_below = [&](int64_t x) { return x <= r ? 0 : (x - r - 1) / n + 1; };
+  const auto decode = [&] {  // max_new_tokens - 1 tokens fed back, one a step
+    const int64_t fed = opts.max_new_tokens - 1;
+    mine += owned_below(length + fed) - owned_below(length);
+    length += fed;
   };
   extend(prompt - first);
   decode();
@@ -273,10 +283,7 @@ Decoder::Output Decoder::generate(const std::vector<int32_t>& prompt, const Opti
       "a K/V cache of ", dtype_name(opts.kv_cache),
       " is not supported; valid: ", kv_cache_dtype_names());
   // ---- the prompt: its first chunk context parallel, the rest over the cache.
-  // The first chunk holds a token for every sequence-parallel rank at least.
-  const int64_t first = opts.prefill_chunk > 0
-                            ? std::min(P, std::max<int64_t>(opts.prefill_chunk, ctx.sp_size()))
-                            : P;
+  const int64_t first = first_chunk(opts, P, ctx.sp_size());
   // Each layer's cache takes its storage once, for this rank's tokens to come.
   const int64_t more = later_tokens(opts, P, first, ctx.sp_size(), ctx.sp_rank());
   for (Layer& layer : layers_) layer.cache = KvCache{opts.kv_cache, more, {}, {}, {}};
@@ -304,6 +311,29 @@ Decoder::Output Decoder::generate(const std::vector<int32_t>& prompt, const Opti
     out.turn_tokens.push_back(static_cast<int64_t>(out.tokens.size()) - before);
   }
   return out;
+}
+
+int64_t Decoder::cache_tokens(const Options& opts, int64_t prompt, const ParallelConfig& config,
+                              int rank) {
+  const int n = config.sp();
+  SEQPAR_ARG_CHECK(prompt >= n && rank >= 0 && rank < n, "cache_tokens: a prompt of ", prompt,
+                   " tokens and rank ", rank, " on ", n,
+                   " sequence-parallel ranks; valid: at least one token a rank, rank 0 to ", n - 1);
+  // The first chunk's partition as the prefill's SpRuntime makes it; its real tokens.
+  const int64_t first = first_chunk(opts, prompt, n);
+  const Partition part(config.pad ? padded_seq(first, n, config.layout) : first, n, config.layout);
+  int64_t mine = 0;
+  for (int64_t p : part.positions(rank)) mine += p < first ? 1 : 0;
+  return mine + later_tokens(opts, prompt, first, n, rank);
+}
+
+Decoder::CacheUse Decoder::kv_cache_use() const {
+  CacheUse use;
+  if (!layers_.empty()) use.tokens = static_cast<int64_t>(layers_[0].cache.positions.size());
+  for (const Layer& layer : layers_)
+    use.bytes +=
+        static_cast<int64_t>(layer.cache.k.capacity_bytes() + layer.cache.v.capacity_bytes());
+  return use;
 }
 
 Tensor Decoder::prefill(std::span<const int32_t> tokens, Turn& turn) {

@@ -93,23 +93,22 @@ std::vector<int32_t> check_causal_lm_prompt(const CausalLmCheckpoint& ck,
 }
 
 CausalLmMemory causal_lm_memory(const CausalLmCheckpoint& ck, const ParallelConfig& mesh,
-                                int64_t prefill, int64_t positions, int64_t new_tokens,
+                                int64_t prefill, int64_t cached, int64_t new_tokens,
                                 DType kv_cache) {
   const DecoderConfig& m = ck.config;
   const double tp = static_cast<double>(mesh.mesh.tp), sp = static_cast<double>(mesh.sp());
   const double kv_heads = std::max(1.0, static_cast<double>(m.kv_heads) / tp);
   CausalLmMemory r;
   r.weights = static_cast<double>(ck.file_bytes) / tp;
-  const double cache = 2.0 * static_cast<double>(dtype_size(kv_cache)) *
-                       static_cast<double>(m.layers) * kv_heads * static_cast<double>(m.head_dim) *
-                       std::ceil(positions / sp);
+  r.cache = 2.0 * static_cast<double>(dtype_size(kv_cache)) * static_cast<double>(m.layers) *
+            kv_heads * static_cast<double>(m.head_dim) * static_cast<double>(cached);
   // A layer's inputs, norms, q/k/v/o, the attention's partial outputs and the MLP's three
   // intermediates, for the rank's tokens of the prefill; the logits of every new token.
   const double tokens = std::ceil(prefill / sp);
   const double activations =
       4.0 * tokens * (8.0 * m.hidden + 3.0 * static_cast<double>(m.ffn_dim) / tp);
   const double logits = 4.0 * static_cast<double>(m.vocab) * (new_tokens + 1);
-  r.run = cache + activations + logits;
+  r.run = r.cache + activations + logits;
   return r;
 }
 

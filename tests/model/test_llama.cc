@@ -193,10 +193,9 @@ TEST(Llama, DecodeRowsTimesBf16WeightEqualFp32) {
   }
 }
 
-// causal_lm_memory's K/V cache term, each rank's share: keys and values of every layer, the rank's
-// kv heads (at least one: tp beyond the kv heads replicates them), its part of the positions
-// (rounded up), at the cache's dtype. Read off as the difference between two dtypes' totals,
-// which share every other term.
+// causal_lm_memory's K/V cache term: keys and values of every layer for the tokens the rank holds,
+// of the rank's kv heads (at least one: tp beyond the kv heads replicates them), at the cache's
+// dtype. Read off as the difference between two dtypes' totals, which share every other term.
 TEST(Llama, MemoryEstimateCountsTheKvCacheAtItsDtype) {
   CausalLmCheckpoint ck;
   ck.config = tiny_llama(false);
@@ -207,27 +206,96 @@ TEST(Llama, MemoryEstimateCountsTheKvCacheAtItsDtype) {
                                 MeshShape{1, 8, 3, 1}}) {
     ParallelConfig mesh;
     mesh.mesh = shape;
-    for (const int64_t positions : {1, 77, 1000}) {
-      SCOPED_TRACE(mesh_shape_text(shape) + ", " + std::to_string(positions) + " positions");
+    for (const int64_t cached : {1, 77, 1000}) {
+      SCOPED_TRACE(mesh_shape_text(shape) + ", " + std::to_string(cached) + " tokens cached");
       const double kv_heads = std::max<int64_t>(1, m.kv_heads / shape.tp);
-      const double per_byte = 2.0 * m.layers * kv_heads * m.head_dim *
-                              std::ceil(static_cast<double>(positions) / shape.sp());
-      const auto run = [&](DType kv) {
-        return causal_lm_memory(ck, mesh, positions, positions, 8, kv).run;
+      const double per_byte = 2.0 * m.layers * kv_heads * m.head_dim * cached;
+      const auto estimate = [&](DType kv) {
+        return causal_lm_memory(ck, mesh, 100, cached, 8, kv);
       };
-      EXPECT_EQ(run(DType::kF32) - run(DType::kBF16), 2 * per_byte);
-      EXPECT_EQ(run(DType::kBF16), run(DType::kF16));
+      EXPECT_EQ(estimate(DType::kF32).cache, 4 * per_byte);
+      EXPECT_EQ(estimate(DType::kBF16).cache, 2 * per_byte);
+      EXPECT_EQ(estimate(DType::kF16).cache, 2 * per_byte);
+      EXPECT_EQ(estimate(DType::kF32).run - estimate(DType::kBF16).run, 2 * per_byte);
       // The default is fp32; the weights do not depend on the cache.
-      EXPECT_EQ(causal_lm_memory(ck, mesh, positions, positions, 8).run, run(DType::kF32));
-      EXPECT_EQ(causal_lm_memory(ck, mesh, positions, positions, 8, DType::kBF16).weights,
-                static_cast<double>(ck.file_bytes) / shape.tp);
-      // Twice the positions add the cache's growth and nothing else.
-      const double grown =
-          causal_lm_memory(ck, mesh, positions, 2 * positions, 8).run - run(DType::kF32);
-      EXPECT_EQ(grown, 4.0 * 2.0 * m.layers * kv_heads * m.head_dim *
-                           (std::ceil(2.0 * positions / shape.sp()) -
-                            std::ceil(static_cast<double>(positions) / shape.sp())));
+      EXPECT_EQ(causal_lm_memory(ck, mesh, 100, cached, 8).run, estimate(DType::kF32).run);
+      EXPECT_EQ(estimate(DType::kBF16).weights, static_cast<double>(ck.file_bytes) / shape.tp);
     }
+  }
+}
+
+// Each layer's K/V cache takes its storage once, at the prefill, for exactly the tokens its rank
+// will hold (Decoder::cache_tokens): after a generate with chunks (smaller than the ranks too),
+// decoded tokens and chat turns, every rank's caches hold those tokens in storage of their size
+// (rounded up to 64 bytes a tensor), neither grown nor larger; the ranks' tokens add up to every
+// position fed; and the memory estimate's cache term, given the most any rank holds, covers it.
+TEST(Llama, KvCacheTakesItsStorageOnceForItsRanksTokens) {
+  const DecoderConfig m = tiny_llama(false);
+  const WeightStore ws = WeightStore::random(Decoder::parameters(m), 9);
+  CausalLmCheckpoint ck;
+  ck.config = m;
+  std::vector<int32_t> prompt(61);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 53 + 11) % 250);
+  struct Case {
+    MeshShape shape;
+    Layout layout;
+    bool pad;
+    int64_t chunk, new_tokens;
+    std::vector<std::vector<int32_t>> turns;
+    DType kv;
+  };
+  for (const Case& c :
+       {Case{{1, 1, 1, 1}, Layout::kContiguous, false, 0, 5, {}, DType::kF32},
+        Case{{1, 1, 2, 1}, Layout::kContiguous, false, 0, 6, {}, DType::kBF16},
+        Case{{1, 1, 4, 1}, Layout::kZigzag, false, 1, 3, {}, DType::kF32},
+        Case{{1, 2, 3, 1}, Layout::kStriped, true, 2, 4, {{7, 8, 9}}, DType::kF16},
+        Case{{1, 1, 2, 2}, Layout::kZigzag, true, 9, 2, {{1}, {4, 5}}, DType::kBF16},
+        Case{{1, 4, 1, 1}, Layout::kContiguous, false, 16, 7, {{3, 3}}, DType::kF32}}) {
+    ParallelConfig config;
+    config.mesh = c.shape;
+    config.strategy = strategy_for_degrees(c.shape.ulysses, c.shape.ring, Strategy::kRing);
+    config.layout = c.layout;
+    config.pad = c.pad;
+    Decoder::Options opts;
+    opts.max_new_tokens = c.new_tokens;
+    opts.prefill_chunk = c.chunk;
+    opts.chunk_strategy = Strategy::kPassQ;
+    opts.next_turns = c.turns;
+    opts.kv_cache = c.kv;
+    SCOPED_TRACE(config_label(config) + ", chunk " + std::to_string(c.chunk));
+    const int sp = c.shape.sp();
+    std::vector<Decoder::CacheUse> use(c.shape.world());
+    std::vector<int> sp_rank(c.shape.world());
+    ThreadWorld::run(c.shape.world(), [&](Communicator& world) {
+      MeshComms mc(world, c.shape);
+      ParallelContext ctx = model_context(mc, config);
+      Decoder dec(m, ws, ctx);
+      (void)dec.generate(prompt, opts, ctx);
+      use[world.rank()] = dec.kv_cache_use();
+      sp_rank[world.rank()] = ctx.sp_rank();
+    });
+    // Every position but the last token chosen of each turn enters the caches.
+    int64_t fed = static_cast<int64_t>(prompt.size()) + c.new_tokens - 1;
+    for (const auto& t : c.turns) fed += static_cast<int64_t>(t.size()) + c.new_tokens;
+    const int64_t kv_heads = std::max<int64_t>(1, m.kv_heads / c.shape.tp);
+    const int64_t row = kv_heads * m.head_dim * static_cast<int64_t>(dtype_size(c.kv));
+    int64_t most = 0, most_bytes = 0;
+    std::vector<int64_t> per_sp(sp, -1);
+    for (int r = 0; r < c.shape.world(); ++r) {
+      const int64_t tokens =
+          Decoder::cache_tokens(opts, static_cast<int64_t>(prompt.size()), config, sp_rank[r]);
+      EXPECT_EQ(use[r].tokens, tokens) << "rank " << r;
+      EXPECT_EQ(use[r].bytes, 2 * m.layers * ((tokens * row + 63) / 64 * 64)) << "rank " << r;
+      per_sp[sp_rank[r]] = tokens;
+      most = std::max(most, tokens);
+      most_bytes = std::max(most_bytes, use[r].bytes);
+    }
+    int64_t total = 0;
+    for (int64_t t : per_sp) total += t;
+    EXPECT_EQ(total, fed);
+    const double cache = causal_lm_memory(ck, config, 61, most, c.new_tokens, c.kv).cache;
+    EXPECT_GE(cache + 2 * m.layers * 64, static_cast<double>(most_bytes));
+    EXPECT_LE(cache, static_cast<double>(most_bytes));
   }
 }
 

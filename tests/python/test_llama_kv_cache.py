@@ -45,6 +45,15 @@ def check(ckpts, tmp_path, name, kv, prompt_len, mesh=None, backend="threads", t
     assert tokens == want_tokens, (mesh, tokens, want_tokens)
     assert err <= (tol or TOL)[kv], (mesh, err)
     assert summary["kv_cache_dtype"] == kv
+    # The caches' storage: every position fed (the prompt, the tokens fed back) once, in 16 bits,
+    # on each tp rank for its kv heads; each layer's K and V rounded up to 64 bytes.
+    tp, layers = (mesh or {}).get("tp", 1), L.TINY["num_hidden_layers"]
+    head_dim = L.TINY["hidden_size"] // L.TINY["num_attention_heads"]
+    kv_heads = max(1, L.TINY["num_key_value_heads"] // tp)
+    ideal = tp * (prompt_len + NEW - 1) * 2 * layers * kv_heads * head_dim * 2
+    held = summary["kv_cache_bytes_per_rank"]
+    assert len(held) == L.ranks_of(mesh or {})
+    assert ideal <= sum(held) <= ideal + 2 * layers * 64 * len(held), (held, ideal)
     return logits, err
 
 

@@ -129,6 +129,20 @@ class Decoder {
   };
   // Prefill `prompt` (B = 1) context parallel, then greedy steps with pass-Q.
   Output generate(const std::vector<int32_t>& prompt, const Options& opts, ParallelContext& ctx);
+  // The most tokens the K/V caches of sequence-parallel rank `rank` of `config` hold over
+  // generate(prompt, opts) for a prompt of `prompt` tokens (a stop token ends a turn early): its
+  // tokens of the first chunk's partition, then those of the prompt's later chunks, of the tokens
+  // decoded and of each chat turn, placed as generate places them (a chunk's tokens on the last
+  // ranks first, a decoded token at its position mod the ranks). Each layer's cache takes its
+  // storage for these once, at the prefill.
+  static int64_t cache_tokens(const Options& opts, int64_t prompt, const ParallelConfig& config,
+                              int rank);
+  // This rank's K/V caches now: the tokens each layer's holds, and the bytes of storage all
+  // layers' keys and values hold (their dtype's).
+  struct CacheUse {
+    int64_t tokens = 0, bytes = 0;
+  };
+  CacheUse kv_cache_use() const;
   // The same with decode_steps steps after prefill and no stop tokens.
   Output generate(const std::vector<int32_t>& prompt, int decode_steps, ParallelContext& ctx);
 

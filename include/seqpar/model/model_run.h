@@ -55,13 +55,14 @@ std::vector<int32_t> check_causal_lm_prompt(const CausalLmCheckpoint& ck,
 
 // The memory one rank of `mesh` needs to generate with `ck`, known before anything is loaded:
 // `weights`, its share as the files store it (tp splits the matrices and the vocabulary), and
-// `run`, over `positions` positions of which `prefill` enter at once: its K/V cache in kv_cache
-// (its kv heads, its part of the sequence), a prefill's activations and the logits kept.
+// `run`, with `prefill` tokens entering at once: its K/V cache of `cached` tokens (the most any
+// rank holds, Decoder::cache_tokens) in kv_cache and its kv heads, a prefill's activations and
+// the logits kept. `cache` is the K/V cache's part of `run`.
 struct CausalLmMemory {
-  double weights = 0, run = 0;
+  double weights = 0, run = 0, cache = 0;
 };
 CausalLmMemory causal_lm_memory(const CausalLmCheckpoint& ck, const ParallelConfig& mesh,
-                                int64_t prefill, int64_t positions, int64_t new_tokens,
+                                int64_t prefill, int64_t cached, int64_t new_tokens,
                                 DType kv_cache = DType::kF32);
 
 // How a WanRank combines its experts and guidance: the high-noise expert (or the only one) at
