@@ -319,9 +319,9 @@ int64_t Decoder::cache_tokens(const Options& opts, int64_t prompt, const Paralle
   SEQPAR_ARG_CHECK(prompt >= n && rank >= 0 && rank < n, "cache_tokens: a prompt of ", prompt,
                    " tokens and rank ", rank, " on ", n,
                    " sequence-parallel ranks; valid: at least one token a rank, rank 0 to ", n - 1);
-  // The first chunk's partition as the prefill's SpRuntime makes it; its real tokens.
+  // The first chunk's real tokens in the prefill's partition.
   const int64_t first = first_chunk(opts, prompt, n);
-  const Partition part(config.pad ? padded_seq(first, n, config.layout) : first, n, config.layout);
+  const Partition part = SpRuntime::partition_of(first, n, config);
   int64_t mine = 0;
   for (int64_t p : part.positions(rank)) mine += p < first ? 1 : 0;
   return mine + later_tokens(opts, prompt, first, n, rank);

@@ -7,15 +7,18 @@ namespace seqpar {
 SpRuntime::SpRuntime(const SpPlan& plan, ParallelContext& ctx, int64_t seq)
     : plan_(plan), ctx_(ctx), seq_(seq) {
   const int n = ctx.sp_size();
-  const int64_t padded = ctx.config.pad ? seqpar::padded_seq(seq, n, ctx.config.layout) : seq;
   // Padding evens out shard sizes but cannot give a rank a token of its own.
   SEQPAR_ARG_CHECK(seq >= n, "the sequence has ", seq, " tokens, fewer than the ", n,
                    " sequence-parallel ranks (padding or not, every rank needs a token); use at "
                    "most ",
                    seq, " ranks");
-  part_ = Partition(padded, n, ctx.config.layout);
+  part_ = partition_of(seq, n, ctx.config);
   all_positions_.resize(seq);
   for (int64_t i = 0; i < seq; ++i) all_positions_[i] = i;
+}
+
+Partition SpRuntime::partition_of(int64_t seq, int n, const ParallelConfig& config) {
+  return Partition(config.pad ? seqpar::padded_seq(seq, n, config.layout) : seq, n, config.layout);
 }
 
 std::span<const int64_t> SpRuntime::local_positions() const {

@@ -40,6 +40,9 @@ class SpRuntime {
   // A runtime for a sequence of `seq` tokens over ctx.sp (padding if ctx.pad and S does not
   // divide the group: to a multiple of the group, 2x the group for zigzag).
   SpRuntime(const SpPlan& plan, ParallelContext& ctx, int64_t seq);
+  // The partition such a runtime takes for `seq` tokens over n sequence-parallel ranks with
+  // config's layout and padding.
+  static Partition partition_of(int64_t seq, int n, const ParallelConfig& config);
 
   // Applies the plan at `module` to the tensor `name` (B, S or n_local, F): returns it sharded,
   // gathered, or unchanged when the plan says nothing (or kReplicate) there.

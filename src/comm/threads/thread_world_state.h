@@ -112,9 +112,10 @@ class ThreadWorldState {
     cv.notify_all();
   }
   // With lk holding mu: spins for up to spin_ns, dropping the lock while it watches for the next
-  // notify_all_locked, until done() (evaluated under the lock). Returns done().
+  // notify_all_locked, until done() (evaluated under the lock). Returns with lk held; the caller
+  // checks its condition again (and sleeps on cv if it still waits).
   template <typename Done>
-  bool spin_until(std::unique_lock<std::mutex>& lk, Done&& done);
+  void spin_until(std::unique_lock<std::mutex>& lk, Done&& done);
   std::atomic<bool> aborted{false};
   int abort_rank = -1;
   std::string abort_message;
@@ -141,8 +142,8 @@ inline void cpu_relax() {
 }
 
 template <typename Done>
-bool ThreadWorldState::spin_until(std::unique_lock<std::mutex>& lk, Done&& done) {
-  if (spin_ns == 0 || done()) return done();
+void ThreadWorldState::spin_until(std::unique_lock<std::mutex>& lk, Done&& done) {
+  if (spin_ns == 0) return;
   const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(spin_ns);
   bool expired = false;
   while (!expired && !done()) {
@@ -157,7 +158,6 @@ bool ThreadWorldState::spin_until(std::unique_lock<std::mutex>& lk, Done&& done)
     }
     lk.lock();
   }
-  return done();
 }
 
 }  // namespace seqpar
