@@ -487,6 +487,13 @@ class CausalLM(_Model):
             tokens, logits = torch.from_numpy(tokens), torch.from_numpy(logits.copy())
         return (tokens, logits) if return_logits else tokens
 
+    def kv_cache_bytes_per_rank(self) -> list:
+        """The bytes of storage each rank's K/V caches hold now, by world rank (as ``seqpar
+        generate --json``'s kv_cache_bytes_per_rank): each layer's keys and values at
+        kv_cache_dtype, for the tokens the rank keeps of the last generate (0 before the
+        first). With comm every rank calls it alike."""
+        return list(self._call(lambda m: m.kv_cache_bytes_per_rank()))
+
     def prefill_documents(self, prompts, *, return_all_logits: bool = False,
                           allow_long_context: bool = False):
         """Packed documents: the prompts (a list of token id lists, arrays or tensors of shape

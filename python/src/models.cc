@@ -120,15 +120,16 @@ class CausalLmRank {
     rank_.check_open();
     const std::vector<int32_t> prompt =
         check_causal_lm_prompt(ck_, ids, max_new_tokens, allow_long_context);
-    const int64_t prompt_len = static_cast<int64_t>(prompt.size());
-    check_memory("generate",
-                 causal_lm_memory(ck_, rank_.mesh, prompt_len, prompt_len + max_new_tokens - 1,
-                                  max_new_tokens, kv_cache_)
-                     .run);
     Decoder::Options opts;
     opts.max_new_tokens = max_new_tokens;
     opts.kv_cache = kv_cache_;
     if (!ignore_eos) opts.stop_tokens = ck_.eos_token_ids;
+    // The K/V cache of the rank that holds the most tokens, at its dtype.
+    const Decoder::Footprint at_most =
+        Decoder::footprint(opts, static_cast<int64_t>(prompt.size()), rank_.mesh);
+    check_memory("generate", causal_lm_memory(ck_, rank_.mesh, at_most.first_chunk, at_most.cached,
+                                              max_new_tokens, kv_cache_)
+                                 .run);
     Decoder::Output out = without_gil([&] { return decoder_->generate(prompt, opts, rank_.ctx); });
     const int64_t vocab = ck_.config.vocab;
     std::string logits(out.logits.size() * vocab * sizeof(float), '\0');
@@ -175,6 +176,16 @@ class CausalLmRank {
     std::vector<int64_t> tokens(out.tokens.begin(), out.tokens.end());
     return py::make_tuple(tokens, bytes_of(out.logits),
                           all_logits ? py::object(bytes_of(out.all_logits)) : py::none());
+  }
+
+  // The bytes of storage each rank's K/V caches hold now (Decoder::kv_cache_use), by world rank:
+  // a collective, as generate's --json kv_cache_bytes_per_rank.
+  std::vector<int64_t> kv_cache_bytes_per_rank() {
+    Communicator& world = communicator_of(rank_.comm);  // raises if the comm is closed
+    const int64_t mine = decoder_->kv_cache_use().bytes;
+    std::vector<int64_t> all(world.size());
+    without_gil([&] { world.all_gather(&mine, sizeof(mine), all.data()); });
+    return all;
   }
 
   int64_t vocab() const { return ck_.config.vocab; }
@@ -522,6 +533,7 @@ void bind_models(py::module_& m) {
                     const std::string&, const std::string&>())
       .def("generate", &CausalLmRank::generate)
       .def("prefill_documents", &CausalLmRank::prefill_documents)
+      .def("kv_cache_bytes_per_rank", &CausalLmRank::kv_cache_bytes_per_rank)
       .def_property_readonly("vocab_size", &CausalLmRank::vocab)
       .def_property_readonly("eos_token_ids", &CausalLmRank::eos_token_ids)
       .def_property_readonly("max_position_embeddings", &CausalLmRank::max_positions)

@@ -173,8 +173,6 @@ Prepared prepare(const GenerateOptions& o, int world) {
   if (o.weights_dtype == "int8") check_causal_lm_int8(p.ck, p.mesh.mesh.tp, names);
   apply_chunk_flags(o, p.chunking);
   const int64_t prompt = static_cast<int64_t>(ids.size());
-  const int64_t prefill =
-      p.chunking.prefill_chunk > 0 ? std::min(p.chunking.prefill_chunk, prompt) : prompt;
   // Checked here, before any rank runs, so that under MPI one line says it. (With
   // --prefill-chunk the first chunk takes at least one token per rank, so the same holds.)
   const int sp = p.mesh.mesh.sp();
@@ -188,11 +186,10 @@ Prepared prepare(const GenerateOptions& o, int world) {
   Decoder::Options run = p.chunking;
   run.max_new_tokens = o.max_new_tokens;
   run.next_turns = p.turns;
-  int64_t cached = 0;
-  for (int r = 0; r < sp; ++r)
-    cached = std::max(cached, Decoder::cache_tokens(run, prompt, p.mesh, r));
-  const CausalLmMemory need = causal_lm_memory(
-      p.ck, p.mesh, prefill, cached, o.max_new_tokens * (1 + p.turns.size()), p.chunking.kv_cache);
+  const Decoder::Footprint at_most = Decoder::footprint(run, prompt, p.mesh);
+  const CausalLmMemory need =
+      causal_lm_memory(p.ck, p.mesh, at_most.first_chunk, at_most.cached,
+                       o.max_new_tokens * (1 + p.turns.size()), p.chunking.kv_cache);
   limits::check_ranks_fit_memory(
       detail::concat("generate with ", o.model, " (", limits::bytes_text(p.ck.file_bytes),
                      " of weights, --tp ", p.mesh.mesh.tp, ", ", last, " positions)"),

@@ -74,9 +74,10 @@ void validate(const ModelOptions& o) {
 }
 
 // Bytes the run holds: the fp32 weights (every rank of the threads backend shares them; MPI
-// processes each hold them, usually on one machine), activations and the logits kept for the
-// report; refused when the machine lacks them. Checked arithmetic: a preset's shapes are trusted
-// but their product is not.
+// processes each hold them, usually on one machine), activations, an llm's K/V caches (every
+// rank's, at --kv-cache-dtype; --verify's one-rank reference holds no more) and the logits kept
+// for the report; refused when the machine lacks them. Checked arithmetic: a preset's shapes are
+// trusted but their product is not.
 void check_model_memory(const Resolved& r, const ModelOptions& o, int64_t tokens,
                         int64_t processes) {
   using limits::checked_product;
@@ -90,11 +91,17 @@ void check_model_memory(const Resolved& r, const ModelOptions& o, int64_t tokens
   const double weights = 4.0 * static_cast<double>(params) * processes;
   const double activations = 4.0 * static_cast<double>(tokens) *
                              (16.0 * m.hidden + 2.0 * m.ffn_dim + 2.0 * m.heads * tokens / 1024);
-  const double logits =
-      m.family == ModelFamily::kLlm ? 8.0 * o.decode * static_cast<double>(m.vocab) : 0;
+  const bool llm = m.family == ModelFamily::kLlm;
+  const bool cached = llm && o.seq_lens.empty();  // packed documents keep no cache
+  const double logits = llm ? 8.0 * o.decode * static_cast<double>(m.vocab) : 0;
+  const int tp = r.shape.tp;
+  const double caches =
+      cached ? tp * Decoder::cache_bytes(decoder_preset(m.name), tp, tokens, r.chunking.kv_cache)
+             : 0;
   limits::check_fits_memory(
-      detail::concat("model ", m.name, " (", params, " parameters, fp32, ", tokens, " tokens)"),
-      weights + activations * (o.verify ? 2 : 1) + logits);
+      detail::concat("model ", m.name, " (", params, " parameters, fp32, ", tokens, " tokens",
+                     cached ? ", K/V cache " + o.kv_cache_dtype : "", ")"),
+      weights + activations * (o.verify ? 2 : 1) + caches + logits);
 }
 
 Resolved resolve(const ModelOptions& o, int world) {

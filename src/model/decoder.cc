@@ -327,6 +327,25 @@ int64_t Decoder::cache_tokens(const Options& opts, int64_t prompt, const Paralle
   return mine + later_tokens(opts, prompt, first, n, rank);
 }
 
+Decoder::Footprint Decoder::footprint(const Options& opts, int64_t prompt,
+                                      const ParallelConfig& config) {
+  const int n = config.sp();
+  SEQPAR_ARG_CHECK(prompt >= n, "the prompt has ", prompt, " tokens, fewer than the ", n,
+                   " sequence-parallel ranks (padding or not, every rank needs a token); use at "
+                   "most ",
+                   prompt, " ranks, or a longer prompt");
+  Footprint f;
+  f.first_chunk = first_chunk(opts, prompt, n);
+  for (int r = 0; r < n; ++r) f.cached = std::max(f.cached, cache_tokens(opts, prompt, config, r));
+  return f;
+}
+
+double Decoder::cache_bytes(const DecoderConfig& m, int tp, int64_t tokens, DType dtype) {
+  const double kv_heads = std::max(1.0, static_cast<double>(m.kv_heads) / tp);
+  return 2.0 * static_cast<double>(dtype_size(dtype)) * static_cast<double>(m.layers) * kv_heads *
+         static_cast<double>(m.head_dim) * static_cast<double>(tokens);
+}
+
 Decoder::CacheUse Decoder::kv_cache_use() const {
   CacheUse use;
   if (!layers_.empty()) use.tokens = static_cast<int64_t>(layers_[0].cache.positions.size());

@@ -6,6 +6,7 @@
 
 #include "seqpar/core/limits.h"
 #include "seqpar/core/param_error.h"
+#include "seqpar/model/decoder.h"
 #include "seqpar/model/safetensors.h"
 #include "seqpar/parallel/strategy_table.h"
 
@@ -97,11 +98,9 @@ CausalLmMemory causal_lm_memory(const CausalLmCheckpoint& ck, const ParallelConf
                                 DType kv_cache) {
   const DecoderConfig& m = ck.config;
   const double tp = static_cast<double>(mesh.mesh.tp), sp = static_cast<double>(mesh.sp());
-  const double kv_heads = std::max(1.0, static_cast<double>(m.kv_heads) / tp);
   CausalLmMemory r;
   r.weights = static_cast<double>(ck.file_bytes) / tp;
-  r.cache = 2.0 * static_cast<double>(dtype_size(kv_cache)) * static_cast<double>(m.layers) *
-            kv_heads * static_cast<double>(m.head_dim) * static_cast<double>(cached);
+  r.cache = Decoder::cache_bytes(m, mesh.mesh.tp, cached, kv_cache);
   // A layer's inputs, norms, q/k/v/o, the attention's partial outputs and the MLP's three
   // intermediates, for the rank's tokens of the prefill; the logits of every new token.
   const double tokens = std::ceil(prefill / sp);

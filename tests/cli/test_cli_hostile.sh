@@ -65,6 +65,9 @@ done <<'TABLE'
 2|available (MemAvailable)|run --seq 1000000000
 2|available (MemAvailable)|run --seq 4000000 --heads 64 --strategy allgather --ranks 64
 2|available (MemAvailable)|model --preset llama3-70b
+2|fp32, 100016 tokens, K/V cache bf16) needs about 395 GB of memory|model --preset llama3-70b --prompt-len 100000 --kv-cache-dtype bf16
+2|fp32, 100016 tokens, K/V cache fp32) needs about 428 GB of memory|model --preset llama3-70b --prompt-len 100000
+2|fp32, 100016 tokens, K/V cache bf16) needs about 428 GB of memory|model --preset llama3-70b --prompt-len 100000 --kv-cache-dtype bf16 --tp 16
 2|not a regular file|run --hardware /dev/zero
 2|not a regular file|plan --seq 1024 --heads 8 --hardware /dev/zero
 2|not a regular file|run --strategy auto --cached 64 --new 4 --hardware /dev/stdin

@@ -266,11 +266,13 @@ TEST(Llama, KvCacheTakesItsStorageOnceForItsRanksTokens) {
     const int sp = c.shape.sp();
     std::vector<Decoder::CacheUse> use(c.shape.world());
     std::vector<int> sp_rank(c.shape.world());
+    int64_t first_chunk = 0;  // the prefill's, as generate ran it
     ThreadWorld::run(c.shape.world(), [&](Communicator& world) {
       MeshComms mc(world, c.shape);
       ParallelContext ctx = model_context(mc, config);
       Decoder dec(m, ws, ctx);
-      (void)dec.generate(prompt, opts, ctx);
+      const Decoder::Output out = dec.generate(prompt, opts, ctx);
+      if (world.rank() == 0) first_chunk = out.chunks.at(0).end - out.chunks.at(0).begin;
       use[world.rank()] = dec.kv_cache_use();
       sp_rank[world.rank()] = ctx.sp_rank();
     });
@@ -293,9 +295,24 @@ TEST(Llama, KvCacheTakesItsStorageOnceForItsRanksTokens) {
     int64_t total = 0;
     for (int64_t t : per_sp) total += t;
     EXPECT_EQ(total, fed);
+    // What the memory checks take: the first chunk generate ran, the most any rank held.
+    const Decoder::Footprint at_most = Decoder::footprint(opts, 61, config);
+    EXPECT_EQ(at_most.first_chunk, first_chunk);
+    EXPECT_EQ(at_most.cached, most);
     const double cache = causal_lm_memory(ck, config, 61, most, c.new_tokens, c.kv).cache;
     EXPECT_GE(cache + 2 * m.layers * 64, static_cast<double>(most_bytes));
     EXPECT_LE(cache, static_cast<double>(most_bytes));
+  }
+  // A prompt shorter than the sequence-parallel ranks: one line saying what would do.
+  ParallelConfig four;
+  four.mesh = MeshShape{1, 1, 4, 1};
+  try {
+    (void)Decoder::footprint(Decoder::Options{}, 3, four);
+    ADD_FAILURE() << "a prompt of 3 tokens on 4 ranks was taken";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "the prompt has 3 tokens, fewer than the 4 sequence-parallel ranks (padding or not, "
+              "every rank needs a token); use at most 3 ranks, or a longer prompt");
   }
 }
 

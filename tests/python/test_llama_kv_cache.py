@@ -45,16 +45,21 @@ def check(ckpts, tmp_path, name, kv, prompt_len, mesh=None, backend="threads", t
     assert tokens == want_tokens, (mesh, tokens, want_tokens)
     assert err <= (tol or TOL)[kv], (mesh, err)
     assert summary["kv_cache_dtype"] == kv
-    # The caches' storage: every position fed (the prompt, the tokens fed back) once, in 16 bits,
-    # on each tp rank for its kv heads; each layer's K and V rounded up to 64 bytes.
-    tp, layers = (mesh or {}).get("tp", 1), L.TINY["num_hidden_layers"]
+    check_storage(summary["kv_cache_bytes_per_rank"], prompt_len, (mesh or {}).get("tp", 1),
+                  L.ranks_of(mesh or {}))
+    return logits, err
+
+
+def check_storage(held, prompt_len, tp, ranks):
+    """The caches' storage per rank (kv_cache_bytes_per_rank): every position fed (the prompt,
+    the tokens fed back) once, in 16 bits, on each tp rank for its kv heads; each layer's K and V
+    rounded up to 64 bytes."""
+    layers = L.TINY["num_hidden_layers"]
     head_dim = L.TINY["hidden_size"] // L.TINY["num_attention_heads"]
     kv_heads = max(1, L.TINY["num_key_value_heads"] // tp)
     ideal = tp * (prompt_len + NEW - 1) * 2 * layers * kv_heads * head_dim * 2
-    held = summary["kv_cache_bytes_per_rank"]
-    assert len(held) == L.ranks_of(mesh or {})
+    assert len(held) == ranks
     assert ideal <= sum(held) <= ideal + 2 * layers * 64 * len(held), (held, ideal)
-    return logits, err
 
 
 @pytest.mark.parametrize("kv", list(DTYPES))
@@ -110,16 +115,21 @@ def test_chunked_prefill(ckpts, tmp_path, kv, mesh):
     check(ckpts, tmp_path, "bf16", kv, 47, mesh, tol=TOL_CHUNKS, cached_from=first)
 
 
+@pytest.mark.parametrize("mesh", [{"ring_degree": 2}, {"tp": 2, "ring_degree": 2}],
+                         ids=lambda m: "-".join(f"{k}{v}" for k, v in m.items()))
 @pytest.mark.parametrize("kv", list(DTYPES))
-def test_python_keyword(ckpts, kv):
+def test_python_keyword(ckpts, kv, mesh):
     from module_env import SEQPAR_PYTHONPATH  # noqa: F401  (puts the built module on sys.path)
     import seqpar
     path = ckpts["f32"]
     prompt = L.prompt_of(41, L.TINY["vocab_size"], 41)
     want_tokens, want_logits = L.reference(path, prompt, NEW, kv_cache=DTYPES[kv])
-    with seqpar.CausalLM.from_pretrained(path, kv_cache_dtype=kv, ring_degree=2) as model:
+    ranks = mesh.get("tp", 1) * mesh["ring_degree"]
+    with seqpar.CausalLM.from_pretrained(path, kv_cache_dtype=kv, **mesh) as model:
         assert model.kv_cache_dtype == kv
+        assert model.kv_cache_bytes_per_rank() == [0] * ranks
         tokens, logits = model.generate(prompt, max_new_tokens=NEW, return_logits=True)
+        check_storage(model.kv_cache_bytes_per_rank(), 41, mesh.get("tp", 1), ranks)
     assert tokens.tolist() == want_tokens
     assert float(np.abs(logits - want_logits).max()) <= TOL[kv]
     with pytest.raises(ValueError, match=r"^CausalLM: kv_cache_dtype 'fp8' is unknown; valid: "

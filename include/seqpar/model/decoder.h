@@ -137,6 +137,18 @@ class Decoder {
   // storage for these once, at the prefill.
   static int64_t cache_tokens(const Options& opts, int64_t prompt, const ParallelConfig& config,
                               int rank);
+  // What generate(prompt, opts) holds at once on the ranks of `config`, at most: the tokens of
+  // the prompt's first chunk (the prefill's, entering together over the sequence-parallel
+  // ranks; at least one a rank) and the K/V cache tokens of the rank that holds the most
+  // (cache_tokens). The memory checks before loading (causal_lm_memory) take these.
+  struct Footprint {
+    int64_t first_chunk = 0, cached = 0;
+  };
+  static Footprint footprint(const Options& opts, int64_t prompt, const ParallelConfig& config);
+  // The bytes of the K/V caches of one rank of a tp group of `tp` holding `tokens` tokens: the
+  // keys and values of every layer for its kv heads (tp splits them; beyond the kv heads each
+  // rank holds one), at `dtype` (each tensor's storage rounded up to 64 bytes aside).
+  static double cache_bytes(const DecoderConfig& m, int tp, int64_t tokens, DType dtype);
   // This rank's K/V caches now: the tokens each layer's holds, and the bytes of storage all
   // layers' keys and values hold (their dtype's).
   struct CacheUse {
