@@ -49,6 +49,8 @@ int info_command(const InfoOptions& o) {
   const auto model_ops = model_op_paths();
   const unsigned cores = std::thread::hardware_concurrency();
   const size_t cache_limit = block_cache::limit_bytes();
+  // Whether large tensors are advised as huge pages, and whether this kernel grants them.
+  const bool huge_pages = block_cache::huge_pages() && block_cache::huge_pages_granted();
   if (o.json) {
     nlohmann::json j;
     j["version"] = std::string(version());
@@ -59,6 +61,7 @@ int info_command(const InfoOptions& o) {
     j["kernel"] = kernel;
     j["model_kernel"] = model_kernel;
     j["tensor_cache_bytes"] = cache_limit;
+    j["huge_pages"] = huge_pages;
     j["model_ops"] = nlohmann::json::object();
     for (const auto& [op, isa] : model_ops) j["model_ops"][op] = isa;
     std::printf("%s\n", j.dump().c_str());
@@ -74,9 +77,15 @@ int info_command(const InfoOptions& o) {
   std::printf("  kernel    %s\n", kernel.c_str());
   std::printf("  model     %s\n", model_kernel.c_str());
   std::printf("  ops       %s\n", model_op_info().c_str());
+  const char* pages = "from 2 MiB on transparent huge pages (SEQPAR_HUGE_PAGES)";
+  if (!block_cache::huge_pages())
+    pages = "small pages only (SEQPAR_HUGE_PAGES=0)";
+  else if (!huge_pages)
+    pages = "small pages only (this kernel's transparent huge pages are off)";
   std::printf(
-      "  memory    large tensor storage kept for reuse up to %zu MiB (SEQPAR_TENSOR_CACHE_MB)\n",
-      cache_limit >> 20);
+      "  memory    large tensor storage kept for reuse up to %zu MiB (SEQPAR_TENSOR_CACHE_MB); "
+      "%s\n",
+      cache_limit >> 20, pages);
   return finish_output(0);
 }
 

@@ -1,10 +1,14 @@
 #include "seqpar/core/block_cache.h"
 
+#include <sys/mman.h>
+
+#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <deque>
+#include <fstream>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -31,11 +35,22 @@ size_t limit_from_env() {
   return static_cast<size_t>(mb) << 20;
 }
 
+// SEQPAR_HUGE_PAGES: 1 (the default) or 0; anything else is refused.
+bool huge_from_env() {
+  const char* v = std::getenv("SEQPAR_HUGE_PAGES");
+  if (v == nullptr || *v == '\0') return true;
+  const std::string s(v);
+  SEQPAR_ARG_CHECK(s == "0" || s == "1", "SEQPAR_HUGE_PAGES='", s.substr(0, 32),
+                   "' is not valid: expected 1 (large tensors on huge pages, the default) or 0");
+  return s == "1";
+}
+
 struct Cache {
   std::mutex mu;
   std::deque<std::pair<size_t, void*>> blocks;  // (class bytes, storage), oldest first
   size_t held = 0;
   size_t limit = limit_from_env();
+  std::atomic<bool> huge{huge_from_env()};
 
   // Frees the oldest blocks until `room` more bytes fit under `cap`. Holds mu.
   void make_room(size_t room, size_t cap) {
@@ -54,9 +69,15 @@ Cache& cache() {
   return *c;
 }
 
+// Storage of `bytes`: 64-byte aligned; from kHugePageBytes with huge pages on, 2 MiB aligned with
+// its whole 2 MiB pages advised as huge (the advice is a hint: where the kernel refuses it the
+// storage is the same, on small pages).
 void* allocate(size_t bytes) {
-  void* p = std::aligned_alloc(64, bytes);
-  if (p == nullptr) throw Error(detail::concat("out of memory allocating ", bytes, " bytes"));
+  const bool huge = bytes >= kHugePageBytes && cache().huge.load(std::memory_order_relaxed);
+  void* p = nullptr;
+  if (posix_memalign(&p, huge ? kHugePageBytes : 64, bytes) != 0 || p == nullptr)
+    throw Error(detail::concat("out of memory allocating ", bytes, " bytes"));
+  if (huge) (void)madvise(p, bytes / kHugePageBytes * kHugePageBytes, MADV_HUGEPAGE);
   return p;
 }
 
@@ -117,6 +138,17 @@ void set_limit_bytes(size_t bytes) {
   std::lock_guard<std::mutex> lk(k.mu);
   k.limit = bytes;
   k.make_room(0, bytes);
+}
+
+bool huge_pages() { return cache().huge.load(std::memory_order_relaxed); }
+
+void set_huge_pages(bool on) { cache().huge.store(on, std::memory_order_relaxed); }
+
+bool huge_pages_granted() {
+  std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string mode;
+  if (!std::getline(f, mode)) return false;
+  return mode.find("[always]") != std::string::npos || mode.find("[madvise]") != std::string::npos;
 }
 
 void release() {

@@ -1,9 +1,16 @@
 // block_cache (core/block_cache.h): size classes, reuse of a given block by the next take of its
 // class, the limit (oldest blocks freed first, a block above it never held), and Tensor storage
-// that comes back zero-filled however the reused block was left.
+// that comes back zero-filled however the reused block was left; storage from 2 MiB on a 2 MiB
+// boundary with its whole 2 MiB pages advised as huge pages (their mapping's VmFlags in
+// /proc/self/smaps say "hg"), and not with the advice off.
 #include <gtest/gtest.h>
+#include <malloc.h>
 
+#include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -121,6 +128,63 @@ TEST_F(BlockCache, TensorsOnReusedStorageAreZeroFilled) {
   for (int64_t i = 0; i < u.numel(); ++i) ASSERT_EQ(u.data<float>()[i], 0.0f) << i;
   // The capacity is what the tensor asked for (whole 64 bytes), not its block's class.
   EXPECT_EQ(u.capacity_bytes(), (u.nbytes() + 63) / 64 * 64);
+}
+
+// The VmFlags of the mapping of this process that holds address p ("" if none does).
+std::string vm_flags_at(const void* p) {
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  bool inside = false;
+  while (std::getline(smaps, line)) {
+    uintptr_t lo = 0, hi = 0;
+    char dash = 0;
+    std::istringstream head(line);
+    if (head >> std::hex >> lo >> dash >> hi && dash == '-' &&
+        line.find(' ') != std::string::npos && line.find(':') > line.find(' ')) {
+      inside = at >= lo && at < hi;
+      continue;
+    }
+    if (inside && line.rfind("VmFlags:", 0) == 0) return line.substr(8);
+  }
+  return "";
+}
+
+TEST_F(BlockCache, LargeStorageIsAdvisedAsHugePagesButNotItsTail) {
+  // Every allocation from 256 KiB its own fresh mapping (no glibc heap memory that an earlier
+  // block left advised); a no-op under the sanitizers, whose allocators map large blocks afresh.
+  (void)mallopt(M_MMAP_THRESHOLD, 256 << 10);
+  // Without transparent huge pages in the kernel madvise refuses the advice: alignment only.
+  const bool thp = std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled").good();
+  const auto advised_huge = [thp](const void* p) {
+    return thp ? vm_flags_at(p).find(" hg") != std::string::npos : false;
+  };
+  const bool saved = bc::huge_pages();
+  const size_t mb = size_t{1} << 20;
+  bc::set_huge_pages(true);
+  // 8 MiB + a little: the class of 9 MiB, 4 huge pages and a 1 MiB tail.
+  const size_t bytes = 8 * mb + 12345;
+  ASSERT_EQ(bc::class_bytes(bytes), 9 * mb);
+  auto* p = static_cast<unsigned char*>(bc::take(bytes));
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % bc::kHugePageBytes, 0u);
+  std::memset(p, 1, bytes);
+  EXPECT_EQ(advised_huge(p), thp) << vm_flags_at(p);
+  EXPECT_EQ(advised_huge(p + 8 * mb - 1), thp) << vm_flags_at(p + 8 * mb - 1);
+  EXPECT_FALSE(advised_huge(p + 8 * mb)) << vm_flags_at(p + 8 * mb);
+  // Below 2 MiB: 64-byte alignment, no advice.
+  auto* small = static_cast<unsigned char*>(bc::take(mb + 7));
+  std::memset(small, 1, mb + 7);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(small) % 64, 0u);
+  EXPECT_FALSE(advised_huge(small)) << vm_flags_at(small);
+  // With the advice off (SEQPAR_HUGE_PAGES=0), none.
+  bc::set_huge_pages(false);
+  auto* plain = static_cast<unsigned char*>(bc::take(16 * mb));
+  std::memset(plain, 1, 16 * mb);
+  EXPECT_FALSE(advised_huge(plain)) << vm_flags_at(plain);
+  bc::give(p, bytes);
+  bc::give(small, mb + 7);
+  bc::give(plain, 16 * mb);
+  bc::set_huge_pages(saved);
 }
 
 TEST_F(BlockCache, ThreadsTakeAndGiveConcurrently) {
