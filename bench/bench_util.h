@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <dnnl.hpp>
 #include <functional>
 #include <span>
@@ -81,11 +82,14 @@ inline double time_per_call(const std::function<void()>& f, double min_time) {
 // single-threaded when run inside a parallel region.
 class Gemm {
  public:
-  Gemm(int64_t m, int64_t n, int64_t k, int64_t ldb_k, int64_t ldb_n, bool accumulate)
+  // in: the type of A and B (f32, or bf16 as the attention kernel's bf16 matmul takes them: bf16
+  // A and B, fp32 C); C is fp32 either way.
+  Gemm(int64_t m, int64_t n, int64_t k, int64_t ldb_k, int64_t ldb_n, bool accumulate,
+       dnnl::memory::data_type in = dnnl::memory::data_type::f32)
       : m_(m), n_(n), k_(k), eng_(dnnl::engine::kind::cpu, 0), strm_(eng_) {
     using dnnl::memory;
-    const memory::desc a_md({m, k}, memory::data_type::f32, memory::dims{k, 1});
-    const memory::desc b_md({k, n}, memory::data_type::f32, memory::dims{ldb_k, ldb_n});
+    const memory::desc a_md({m, k}, in, memory::dims{k, 1});
+    const memory::desc b_md({k, n}, in, memory::dims{ldb_k, ldb_n});
     const memory::desc c_md({m, n}, memory::data_type::f32, memory::dims{n, 1});
     dnnl::primitive_attr attr;
     if (accumulate) {
@@ -96,15 +100,26 @@ class Gemm {
     const auto pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, eng_);
     impl_ = pd.impl_info_str();
     prim_ = dnnl::matmul(pd);
-    a_.assign(m * k, 0.01f);
-    b_.assign(k * n, 0.02f);
+    const bool bf16 = in == memory::data_type::bf16;
+    const auto fill = [bf16](std::vector<float>& v, int64_t n, float x) {
+      if (!bf16) return v.assign(n, x);
+      uint32_t bits;  // x rounded to bf16 (these constants are exact in it), two to a float
+      std::memcpy(&bits, &x, 4);
+      const uint32_t pair = (bits >> 16) | (bits & 0xffff0000u);
+      float f;
+      std::memcpy(&f, &pair, 4);
+      v.assign((n + 1) / 2, f);
+    };
+    fill(a_, m * k, 0.01f);
+    fill(b_, k * n, 0.02f);
     c_.assign(m * n, 0.f);
     am_ = memory(a_md, eng_, a_.data());
     bm_ = memory(b_md, eng_, b_.data());
     cm_ = memory(c_md, eng_, c_.data());
   }
   // The square n × n × n GEMM, row-major.
-  explicit Gemm(int64_t n) : Gemm(n, n, n, n, 1, false) {}
+  explicit Gemm(int64_t n, dnnl::memory::data_type in = dnnl::memory::data_type::f32)
+      : Gemm(n, n, n, n, 1, false, in) {}
 
   void run() {
     prim_.execute(strm_, {{DNNL_ARG_SRC, am_}, {DNNL_ARG_WEIGHTS, bm_}, {DNNL_ARG_DST, cm_}});
@@ -118,7 +133,7 @@ class Gemm {
   dnnl::stream strm_;
   dnnl::matmul prim_;
   std::string impl_;
-  std::vector<float> a_, b_, c_;
+  std::vector<float> a_, b_, c_;  // A and B hold two bf16 values per float when in is bf16
   dnnl::memory am_, bm_, cm_;
 };
 

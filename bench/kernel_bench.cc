@@ -1,5 +1,5 @@
-// kernel_bench: the local flash-attention kernel's rate against oneDNN's fp32 GEMM rate measured
-// in the same rounds (this machine's speed drifts, so only same-moment ratios mean anything).
+// kernel_bench: the local flash-attention kernel's rate against oneDNN's GEMM rate measured in
+// the same rounds (this machine's speed drifts, so only same-moment ratios mean anything).
 //
 //   kernel_bench [--seq 4096[,16384]] [--head-dim 128[,64]] [--causal 0|1|both] [--heads 1]
 //                [--kv-heads H] [--batch 1] [--dtype fp32|bf16|fp16] [--rounds 3]
@@ -17,7 +17,9 @@
 // M = N = K = 1024 ("GEMM 1024³"), and the kernel's own two block GEMMs (Bq×Bk×D Q·Kᵀ with K
 // row-major, then Bq×D×Bk P·V accumulating; "block GEMMs"; with --threads N, one pair per thread
 // at once), each repeated for at least
-// --min-time seconds; the table holds the best of --rounds rounds for each.
+// --min-time seconds; the table holds the best of --rounds rounds for each. The GEMMs take the
+// kernel's input type where it multiplies in it: bf16 A and B (fp32 C) for --dtype bf16 on a CPU
+// with AVX512-BF16 or AMX, fp32 otherwise.
 // Not a test: timing never decides pass or fail.
 #include <omp.h>
 
@@ -158,10 +160,18 @@ int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   omp_set_num_threads(o.threads);
 
-  Gemm big(1024, 1024, 1024, 1024, 1, false);
-  std::printf("kernel: %s\n", seqpar::attention_kernel_info().c_str());
-  std::printf("threads: %d; best of %d rounds (each timing >= %.2f s); GEMM 1024^3 impl: %s\n\n",
-              o.threads, o.rounds, o.min_time, big.impl().c_str());
+  // bf16 inputs that the kernel multiplies in bf16 (oneDNN's bf16 matmul, AVX512-BF16 or AMX)
+  // are measured against the same bf16 GEMMs; otherwise the references are fp32.
+  const std::string info = seqpar::attention_kernel_info();
+  const bool bf16_mm =
+      o.dtype == DType::kBF16 && info.find("bf16 inputs: oneDNN bf16 matmul") != std::string::npos;
+  const auto gemm_type = bf16_mm ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
+  Gemm big(1024, 1024, 1024, 1024, 1, false, gemm_type);
+  std::printf("kernel: %s\n", info.c_str());
+  std::printf(
+      "threads: %d; best of %d rounds (each timing >= %.2f s); GEMMs in %s; GEMM 1024^3 impl: "
+      "%s\n\n",
+      o.threads, o.rounds, o.min_time, bf16_mm ? "bf16 (fp32 C)" : "fp32", big.impl().c_str());
   std::printf(
       "| S | D | H/Hkv | B | layout | causal | dtype | kernel GFLOP/s | GEMM 1024^3 GFLOP/s | "
       "ratio | block GEMMs GFLOP/s | ratio |\n");
@@ -180,8 +190,9 @@ int main(int argc, char** argv) {
       // parallel region oneDNN runs single-threaded, as in the kernel).
       std::vector<std::unique_ptr<Gemm>> qk, pv;
       for (int t = 0; t < o.threads; ++t) {
-        qk.push_back(std::make_unique<Gemm>(bq, bk, d, 1, d, false));  // S = Q·Kᵀ, K (bk × d)
-        pv.push_back(std::make_unique<Gemm>(bq, d, bk, d, 1, true));   // O += P·V
+        // S = Q·Kᵀ, K (bk × d) row-major; O += P·V
+        qk.push_back(std::make_unique<Gemm>(bq, bk, d, 1, d, false, gemm_type));
+        pv.push_back(std::make_unique<Gemm>(bq, d, bk, d, 1, true, gemm_type));
       }
       auto run_block_gemms = [&] {
         if (o.threads == 1) {
