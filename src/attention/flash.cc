@@ -1279,6 +1279,7 @@ std::string attention_kernel_info() {
       } catch (const dnnl::error&) {
       }
       s += "; bf16 inputs: oneDNN bf16 matmul " + bf;
+      if (simd::kernels().p_rounded_by_avx512_bf16) s += ", P rounded to bf16 by vcvtneps2bf16";
     } else {
       s += "; bf16/fp16 inputs: converted to fp32 per block (no avx512_bf16/AMX matmul)";
     }

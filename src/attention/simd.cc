@@ -163,6 +163,31 @@ inline void vstore_bf16(uint16_t* p, V v) {
 #pragma clang attribute pop
 #endif
 #pragma GCC pop_options
+
+// ---- AVX-512 with AVX512_BF16: the avx512 variant, P rounded to bf16 in one instruction ---------
+// vcvtneps2bf16 rounds to nearest even as vstore_bf16 above does, in one instruction for its five,
+// but treats denormal inputs as zero: probabilities below 2^-126 of the row's running max become
+// 0 instead of bf16 denormals (docs/kernel.md "Error bounds"). Only row_update_bf16 is taken from
+// here (the table below); f32_to_bf16, whose outputs users see, keeps the denormals.
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")
+#if defined(__clang__)
+#pragma clang attribute push(                                                               \
+    __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512bf16"))), \
+    apply_to = function)
+#endif
+namespace avx512_bf16 {
+using namespace avx512;  // every primitive but the one below
+inline void vstore_bf16(uint16_t* p, V v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                      reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+}
+#include "simd_body.inc"
+}  // namespace avx512_bf16
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
+#pragma GCC pop_options
 #endif  // SEQPAR_X86_SIMD
 
 namespace {
@@ -172,13 +197,27 @@ namespace {
     isa, &ns::row_update_f32<5>, &ns::row_update_f32<3>, &ns::row_update_bf16<3>,           \
         &ns::exp2_array<5>, &ns::exp2_array<3>, &ns::scale_copy, &ns::bf16_to_f32,          \
         &ns::f16_to_f32, &ns::f32_to_bf16, &ns::any_nonfinite_f32, &ns::any_nonfinite_bf16, \
-        &ns::any_nonfinite_f16, &ns::small_qk, &ns::small_pv                                \
+        &ns::any_nonfinite_f16, &ns::small_qk, &ns::small_pv, false                         \
   }
 
 const Kernels kScalar = SEQPAR_KERNEL_TABLE(scalar, Isa::kScalar);
 #if SEQPAR_X86_SIMD
 const Kernels kAvx2 = SEQPAR_KERNEL_TABLE(avx2, Isa::kAvx2);
-const Kernels kAvx512 = SEQPAR_KERNEL_TABLE(avx512, Isa::kAvx512);
+
+// The avx512 table; where the CPU has AVX512_BF16, P rounded to bf16 by it. row_update_bf16 runs
+// only beside the bf16 matmul, which needs AVX512_BF16 or AMX (flash.cc use_bf16_matmul), so the
+// software rounding is what a CPU without them would take, were it ever called there.
+const Kernels& avx512_kernels() {
+  static const Kernels table = [] {
+    Kernels k = SEQPAR_KERNEL_TABLE(avx512, Isa::kAvx512);
+    if (__builtin_cpu_supports("avx512bf16")) {
+      k.row_update_bf16_deg3 = &avx512_bf16::row_update_bf16<3>;
+      k.p_rounded_by_avx512_bf16 = true;
+    }
+    return k;
+  }();
+  return table;
+}
 #endif
 
 // -1: no override; otherwise an Isa value.
@@ -189,7 +228,7 @@ std::atomic<int> g_forced_isa{-1};
 const Kernels& kernels(Isa isa) {
   check_cpu_has(isa);
 #if SEQPAR_X86_SIMD
-  if (isa == Isa::kAvx512) return kAvx512;
+  if (isa == Isa::kAvx512) return avx512_kernels();
   if (isa == Isa::kAvx2) return kAvx2;
 #endif
   return kScalar;

@@ -85,6 +85,9 @@ struct Kernels {
                    KvType kt, int64_t ld_k, int64_t n, int64_t d, float* s, int64_t ld_s);
   void (*small_pv)(const float* p, int64_t ld_p, int64_t rows, const void* v, KvType vt,
                    int64_t ld_v, int64_t n, int64_t d, float* o);
+  // row_update_bf16_deg3 rounds P with AVX512_BF16's vcvtneps2bf16 (the avx512 variant on a CPU
+  // that has it; denormal probabilities become 0) rather than in software.
+  bool p_rounded_by_avx512_bf16;
 };
 
 // Qᵀ for small_qk has its rows padded to a multiple of this (the widest vector, any variant).

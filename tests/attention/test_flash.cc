@@ -1014,6 +1014,50 @@ TEST(Simd, RowUpdateRescalesWhenTheMaxMovesFar) {
   }
 }
 
+// The bf16 row update against the fp32 one of the same variant: the same running max and sum, and
+// each probability the fp32 one rounded to bf16 (to nearest even), for rows whose probabilities
+// span 2^-140 to 2^8 (the stale max's slack), with masked margins of every width. The one allowed
+// difference: where the variant rounds with AVX512_BF16 (p_rounded_by_avx512_bf16), probabilities
+// below 2^-126 (fp32 denormals) become 0 rather than bf16 denormals.
+TEST(Simd, RowUpdateBF16RoundsTheFp32Probabilities) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> score(-140.f, 0.f);
+  int denormals = 0;
+  for (simd::Isa isa : cpu_isas()) {
+    const simd::Kernels& k = simd::kernels(isa);
+    for (int64_t n : {1, 7, 16, 33, 256}) {
+      for (int rep = 0; rep < 6; ++rep) {
+        const int64_t cap = simd::round_up_row(n);
+        const int64_t lo = rep == 0 ? 0 : static_cast<int64_t>(rng() % n);
+        const int64_t hi = rep == 0 ? n : lo + 1 + static_cast<int64_t>(rng() % (n - lo));
+        std::vector<float> s(cap, 0.f);
+        for (int64_t j = 0; j < n; ++j) s[j] = score(rng);
+        s[lo] = 0.f;  // the block's max; an earlier max 8 above it keeps it (stale)
+        std::vector<float> s32 = s, s16 = s;
+        std::vector<uint16_t> p16(cap, 0xffff);
+        float m32 = -8.f, m16 = -8.f;
+        double l32 = 1, l16 = 1;
+        float o32[3] = {1, 2, 3}, o16[3] = {1, 2, 3};
+        k.row_update_deg3(s32.data(), lo, hi, n, 1.f, &m32, &l32, o32, 3);
+        k.row_update_bf16_deg3(s16.data(), p16.data(), lo, hi, n, 1.f, &m16, &l16, o16, 3);
+        const std::string what = std::string(simd::isa_name(isa)) + " n " + std::to_string(n) +
+                                 " [" + std::to_string(lo) + ", " + std::to_string(hi) + ")";
+        EXPECT_EQ(m16, m32) << what;
+        EXPECT_EQ(l16, l32) << what;
+        for (int i = 0; i < 3; ++i) EXPECT_EQ(o16[i], o32[i]) << what;
+        for (int64_t j = 0; j < n; ++j) {
+          const bool denormal = s32[j] != 0.f && std::fabs(s32[j]) < 0x1p-126f;
+          denormals += denormal;
+          const uint16_t want =
+              denormal && k.p_rounded_by_avx512_bf16 ? uint16_t{0} : f32_to_bf16(s32[j]);
+          ASSERT_EQ(p16[j], want) << what << " at " << j << ": p " << s32[j];
+        }
+      }
+    }
+  }
+  EXPECT_GT(denormals, 0);  // the rows reach below 2^-126
+}
+
 // ---- visible_score_elements ----------------------------------------------------------------
 
 int64_t brute_visible(int64_t b, int64_t h, int64_t sq, int64_t sk, const MaskSpec& m) {
