@@ -62,6 +62,18 @@ bool cpu_has(Isa isa) {
   return false;
 }
 
+bool cpu_has_avx_vnni() {
+#if SEQPAR_X86
+  static const bool has = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return cpu_has(Isa::kAvx2) && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 4)) != 0;
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
 Isa best_isa() {
   static const Isa best = cpu_has(Isa::kAvx512) ? Isa::kAvx512
                           : cpu_has(Isa::kAvx2) ? Isa::kAvx2

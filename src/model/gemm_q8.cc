@@ -1,5 +1,5 @@
 // int8 activations times Q8_0 weights (gemm_q8.h): the activations' quantization and packing, the
-// portable reference, and the AVX-512 VNNI variant.
+// portable reference, and the vector variants (AVX512-VNNI, AVX-VNNI, AVX2) on one generic body.
 #include "gemm_q8.h"
 
 #include <omp.h>
@@ -21,12 +21,6 @@ namespace {
 
 constexpr int64_t kGroups = kQ8Block / 4;                  // 32-bit lanes of inputs per block
 constexpr int64_t kPanelBlockBytes = kQ8Panel * kQ8Block;  // 512: one panel's block
-// A vector tile: 6 weight rows times 2 panels of 16 rows, 24 accumulators of 32 vector registers.
-// One thread, m 256 by a 8192 x 2048 weight (bench/linear_bench --dtype int8 --activations int8,
-// a Zen 4 core): 319 G operations/s, where 3 panels x 4 rows gave 303 and 1 x 12 312
-// (docs/performance.md section 19).
-constexpr int kTileCols = 6;
-constexpr int kTilePanels = 2;
 
 // x (m, k) per block of 32 (gemm_q8.h): the blocks' scales s (m, k / 32) and values q (m, k).
 void quantize_blocks(const float* x, int64_t m, int64_t k, std::vector<float>& s,
@@ -86,7 +80,7 @@ void dequantize_q8_rows(const float* x, int64_t m, int64_t k, float* out) {
 void gemm_q8_scalar(const Q8Rows& x, const int8_t* q, const uint16_t* d, int64_t n,
                     const float* bias, float* y, int64_t ldy) {
   const int64_t k = x.k, nb = k / kQ8Block;
-  over_columns(n, kTileCols, [&](int64_t j0, int64_t j1) {
+  over_columns(n, 1, [&](int64_t j0, int64_t j1) {
     for (int64_t r = 0; r < x.m; ++r) {
       const int64_t p = r / kQ8Panel, lane = r % kQ8Panel;
       for (int64_t j = j0; j < j1; ++j) {
@@ -115,142 +109,137 @@ void gemm_q8_scalar(const Q8Rows& x, const int8_t* q, const uint16_t* d, int64_t
     __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))), \
     apply_to = function)
 #endif
-namespace vnni {
-
-// For kCols weight rows from w (row stride k): comp[c][b] = -128 · Σ of block b's 32 values (the
-// 128 added to the activations, taken back), dw[c][b] = the block's fp16 scale as fp32.
-template <int kCols>
-void prepare_rows(const int8_t* w, const uint16_t* d, int64_t k, int32_t* comp, float* dw) {
-  const int64_t nb = k / kQ8Block;
-  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
-  for (int c = 0; c < kCols; ++c) {
-    const int8_t* row = w + c * k;
-    for (int64_t b = 0; b < nb; ++b) {
-      // Σ (w + 128) over 32 bytes as four sums of 8 (vpsadbw), then less 32 · 128.
-      const __m256i v = _mm256_xor_si256(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * kQ8Block)), flip);
-      const __m256i s = _mm256_sad_epu8(v, _mm256_setzero_si256());
-      __m128i t = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-      t = _mm_add_epi64(t, _mm_unpackhi_epi64(t, t));
-      comp[c * nb + b] = -128 * (_mm_cvtsi128_si32(t) - 32 * 128);
-    }
-  }
-  convert(d, DType::kF16, dw, DType::kF32, static_cast<size_t>(kCols * nb));  // exact
-}
-
-// Rows of kPanels panels (from panel p) by kCols weight rows (from row j) into y.
-template <int kPanels, int kCols>
-void tile(const Q8Rows& x, int64_t p, const int8_t* w, const int32_t* comp, const float* dw,
-          const float* bias, float* y, int64_t ldy, int64_t j) {
-  const int64_t k = x.k, nb = k / kQ8Block;
-  __m512 acc[kPanels][kCols];
-  for (int v = 0; v < kPanels; ++v)
-    for (int c = 0; c < kCols; ++c) acc[v][c] = _mm512_setzero_ps();
-  const uint8_t* xq = x.q.data() + p * nb * kPanelBlockBytes;
-  const float* xs = x.s.data() + p * nb * kQ8Panel;
-  const int64_t panel_q = nb * kPanelBlockBytes, panel_s = nb * kQ8Panel;
-  for (int64_t b = 0; b < nb; ++b) {
-    __m512i sum[kPanels][kCols];
-    for (int c = 0; c < kCols; ++c) {
-      const __m512i init = _mm512_set1_epi32(comp[c * nb + b]);
-      for (int v = 0; v < kPanels; ++v) sum[v][c] = init;
-    }
-    const uint8_t* xb = xq + b * kPanelBlockBytes;
-    const int8_t* wb = w + b * kQ8Block;
-    for (int64_t g = 0; g < kGroups; ++g) {
-      __m512i xv[kPanels];
-      for (int v = 0; v < kPanels; ++v)
-        xv[v] = _mm512_loadu_si512(xb + v * panel_q + g * kQ8Panel * 4);
-      for (int c = 0; c < kCols; ++c) {
-        int32_t four;
-        std::memcpy(&four, wb + c * k + g * 4, 4);
-        const __m512i wv = _mm512_set1_epi32(four);
-        for (int v = 0; v < kPanels; ++v) sum[v][c] = _mm512_dpbusd_epi32(sum[v][c], xv[v], wv);
-      }
-    }
-    for (int v = 0; v < kPanels; ++v) {
-      const __m512 s = _mm512_loadu_ps(xs + v * panel_s + b * kQ8Panel);
-      for (int c = 0; c < kCols; ++c) {
-        const __m512 t = _mm512_mul_ps(s, _mm512_set1_ps(dw[c * nb + b]));
-        acc[v][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[v][c]), t, acc[v][c]);
-      }
-    }
-  }
-  // Out through a small buffer: a column of 16 rows a vector there, then each row's kCols
-  // outputs to y (a scatter per column took as long as a tile's products at k 256).
-  alignas(64) float out[kCols][kQ8Panel];
-  for (int v = 0; v < kPanels; ++v) {
-    const int64_t r0 = (p + v) * kQ8Panel;
-    const int64_t rows = std::min<int64_t>(kQ8Panel, x.m - r0);
-    for (int c = 0; c < kCols; ++c) {
-      __m512 o = acc[v][c];
-      if (bias) o = _mm512_add_ps(o, _mm512_set1_ps(bias[j + c]));
-      _mm512_store_ps(out[c], o);
-    }
-    for (int64_t r = 0; r < rows; ++r)
-      for (int c = 0; c < kCols; ++c) y[(r0 + r) * ldy + j + c] = out[c][r];
-  }
-}
-
-using Tile = void (*)(const Q8Rows&, int64_t, const int8_t*, const int32_t*, const float*,
-                      const float*, float*, int64_t, int64_t);
-using Prepare = void (*)(const int8_t*, const uint16_t*, int64_t, int32_t*, float*);
-
-template <int kPanels, int... kCols>
-constexpr std::array<Tile, kTileCols> tiles_of(std::integer_sequence<int, kCols...>) {
-  return {&tile<kPanels, kCols + 1>...};
-}
-// kTiles[panels - 1][cols - 1]: the tile of that many panels and weight rows.
-template <int... kPanels>
-constexpr auto tiles(std::integer_sequence<int, kPanels...>) {
-  return std::array<std::array<Tile, kTileCols>, kTilePanels>{
-      tiles_of<kPanels + 1>(std::make_integer_sequence<int, kTileCols>())...};
-}
-template <int... kCols>
-constexpr std::array<Prepare, kTileCols> preparers(std::integer_sequence<int, kCols...>) {
-  return {&prepare_rows<kCols + 1>...};
-}
-
-void gemm(const Q8Rows& x, const int8_t* q, const uint16_t* d, int64_t n, const float* bias,
-          float* y, int64_t ldy) {
-  static constexpr auto kTiles = tiles(std::make_integer_sequence<int, kTilePanels>());
-  static constexpr auto kPrepare = preparers(std::make_integer_sequence<int, kTileCols>());
-  const int64_t k = x.k, nb = k / kQ8Block;
-  over_columns(n, kTileCols, [&](int64_t j0, int64_t j1) {
-    thread_local std::vector<int32_t> comp;
-    thread_local std::vector<float> dw;
-    comp.resize(static_cast<size_t>(kTileCols * nb));
-    dw.resize(static_cast<size_t>(kTileCols * nb));
-    for (int64_t j = j0; j < j1; j += kTileCols) {
-      const int cols = static_cast<int>(std::min<int64_t>(kTileCols, j1 - j));
-      const int8_t* w = q + j * k;
-      kPrepare[cols - 1](w, d + j * nb, k, comp.data(), dw.data());
-      for (int64_t p = 0; p < x.panels; p += kTilePanels) {
-        const int64_t panels = std::min<int64_t>(kTilePanels, x.panels - p);
-        kTiles[panels - 1][cols - 1](x, p, w, comp.data(), dw.data(), bias, y, ldy, j);
-      }
-    }
-  });
-}
-
-}  // namespace vnni
+// AVX512-VNNI: vpdpbusd on the bytes as packed (q + 128) times the weights.
+namespace avx512_vnni {
+using VI = __m512i;
+using VF = __m512;
+using XV = __m512i;
+using WB = __m512i;
+constexpr int kLanes = 16;
+// 6 weight rows times 2 vectors of 16 rows: 24 accumulators of 32 vector registers. One thread, m
+// 256 by a 8192 x 2048 weight (bench/linear_bench --dtype int8 --activations int8, a Zen 4 core):
+// 319 G operations/s, where 3 panels x 4 rows gave 303 and 1 x 12 312 (docs/performance.md section
+// 19).
+constexpr int kTileVecs = 2, kTileCols = 6;
+constexpr bool kOffset = true;
+inline XV xload(const uint8_t* p) { return _mm512_loadu_si512(p); }
+inline WB wprep(int32_t four) { return _mm512_set1_epi32(four); }
+inline VI dot(VI sum, XV x, WB w) { return _mm512_dpbusd_epi32(sum, x, w); }
+inline VI vizero() { return _mm512_setzero_si512(); }
+inline VI viset1(int32_t a) { return _mm512_set1_epi32(a); }
+inline VF vfzero() { return _mm512_setzero_ps(); }
+inline VF vfload(const float* p) { return _mm512_loadu_ps(p); }
+inline VF vfset1(float a) { return _mm512_set1_ps(a); }
+inline VF vfmul(VF a, VF b) { return _mm512_mul_ps(a, b); }
+inline VF vfadd(VF a, VF b) { return _mm512_add_ps(a, b); }
+inline VF vfmadd(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
+inline VF vfcvt(VI a) { return _mm512_cvtepi32_ps(a); }
+inline void vfstore(float* p, VF v) { _mm512_store_ps(p, v); }
+#include "gemm_q8_body.inc"
+}  // namespace avx512_vnni
 #if defined(__clang__)
 #pragma clang attribute pop
 #endif
 #pragma GCC pop_options
+
+// The two 256-bit variants' vectors.
+#define SEQPAR_Q8_YMM                                                     \
+  using VI = __m256i;                                                     \
+  using VF = __m256;                                                      \
+  constexpr int kLanes = 8;                                               \
+  inline VI vizero() { return _mm256_setzero_si256(); }                   \
+  inline VI viset1(int32_t a) { return _mm256_set1_epi32(a); }            \
+  inline VF vfzero() { return _mm256_setzero_ps(); }                      \
+  inline VF vfload(const float* p) { return _mm256_loadu_ps(p); }         \
+  inline VF vfset1(float a) { return _mm256_set1_ps(a); }                 \
+  inline VF vfmul(VF a, VF b) { return _mm256_mul_ps(a, b); }             \
+  inline VF vfadd(VF a, VF b) { return _mm256_add_ps(a, b); }             \
+  inline VF vfmadd(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); } \
+  inline VF vfcvt(VI a) { return _mm256_cvtepi32_ps(a); }                 \
+  inline void vfstore(float* p, VF v) { _mm256_store_ps(p, v); }
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avxvnni")
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avxvnni"))), apply_to = function)
+#endif
+// AVX-VNNI: the same on 8 lanes (16 vector registers).
+namespace avx_vnni {
+SEQPAR_Q8_YMM
+using XV = __m256i;
+using WB = __m256i;
+constexpr int kTileVecs = 2, kTileCols = 4;
+constexpr bool kOffset = true;
+inline XV xload(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const XV*>(p)); }
+inline WB wprep(int32_t four) { return _mm256_set1_epi32(four); }
+inline VI dot(VI sum, XV x, WB w) { return _mm256_dpbusd_avx_epi32(sum, x, w); }
+#include "gemm_q8_body.inc"
+}  // namespace avx_vnni
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#endif
+// AVX2: vpmaddubsw multiplies unsigned by signed bytes and adds pairs in int16, with saturation:
+// the activations' bytes as stored (up to 255) would overflow it. So the weight's magnitude is the
+// unsigned side and the activation takes the weight's sign (vpsignb): |w| · (±q_x) <= 128 · 127,
+// a pair <= 32512 < 2^15, exact for every int8 weight (-128 too) and activation (|q_x| <= 127);
+// vpmaddwd by 1 adds the pairs into int32.
+namespace avx2 {
+SEQPAR_Q8_YMM
+using XV = __m256i;  // the activations as signed bytes
+struct WB {
+  __m256i mag, sign;  // |w| (unsigned), w
+};
+constexpr int kTileVecs = 2, kTileCols = 4;
+constexpr bool kOffset = false;
+inline XV xload(const uint8_t* p) {
+  return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const XV*>(p)),
+                          _mm256_set1_epi8(static_cast<char>(0x80)));
+}
+inline WB wprep(int32_t four) {
+  const __m256i w = _mm256_set1_epi32(four);
+  return {_mm256_abs_epi8(w), w};
+}
+inline VI dot(VI sum, XV x, const WB& w) {
+  const __m256i pairs = _mm256_maddubs_epi16(w.mag, _mm256_sign_epi8(x, w.sign));
+  return _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+#include "gemm_q8_body.inc"
+}  // namespace avx2
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
+#pragma GCC pop_options
+#undef SEQPAR_Q8_YMM
 #endif  // SEQPAR_X86_SIMD
 
-GemmQ8 gemm_q8_vnni() {
+std::vector<GemmQ8Variant> gemm_q8_variants() {
+  std::vector<GemmQ8Variant> v;
 #if SEQPAR_X86_SIMD
-  static const bool runs = kernel_isa() == Isa::kAvx512 && __builtin_cpu_supports("avx512vnni");
-  return runs ? &vnni::gemm : nullptr;
-#else
-  return nullptr;
+  if (cpu_has(Isa::kAvx512) && __builtin_cpu_supports("avx512vnni"))
+    v.push_back({"avx512-vnni", Isa::kAvx512, &avx512_vnni::gemm});
+  if (cpu_has_avx_vnni()) v.push_back({"avx-vnni", Isa::kAvx2, &avx_vnni::gemm});
+  if (cpu_has(Isa::kAvx2)) v.push_back({"avx2", Isa::kAvx2, &avx2::gemm});
 #endif
+  return v;
 }
 
-const char* gemm_q8_path() {
-  return gemm_q8_vnni() ? "avx512-vnni" : "fp32 of the quantized values";
+const GemmQ8Variant* gemm_q8() {
+  static const std::vector<GemmQ8Variant> variants = gemm_q8_variants();
+  static const GemmQ8Variant* chosen = [] {
+    for (const GemmQ8Variant& v : variants)
+      if (v.isa <= kernel_isa()) return &v;
+    return static_cast<const GemmQ8Variant*>(nullptr);
+  }();
+  return chosen;
 }
+
+const char* gemm_q8_path() { return gemm_q8() ? gemm_q8()->name : "fp32 of the quantized values"; }
 
 }  // namespace seqpar::model_simd

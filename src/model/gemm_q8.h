@@ -1,6 +1,7 @@
 // int8 activations times Q8_0 weights (ops.h linear() with int8 activations and a Q8_0 weight),
 // private to src/model/: both operands in blocks of 32 along k, each block with its own scale,
-// the block's 32 products summed exactly in int32 (AVX512-VNNI's vpdpbusd), then scaled.
+// the block's 32 products summed exactly in int32 (vpdpbusd with AVX512-VNNI or AVX-VNNI,
+// vpmaddubsw with AVX2), then scaled.
 //
 // Activations, per block of 32 of a row: a = max |x| over the block (+Inf where it holds a NaN or
 // an Inf), s = a / 127 (fp32), q = x / s (the fp32 quotient) rounded to nearest, ties to even,
@@ -51,10 +52,17 @@ using GemmQ8 = void (*)(const Q8Rows& x, const int8_t* q, const uint16_t* d, int
 // The portable loops (the reference the tests compare the vector variant's bits with).
 void gemm_q8_scalar(const Q8Rows& x, const int8_t* q, const uint16_t* d, int64_t n,
                     const float* bias, float* y, int64_t ldy);
-// The AVX-512 VNNI variant, or null where the CPU (or SEQPAR_KERNEL_ISA) does not run it.
-GemmQ8 gemm_q8_vnni();
-// Where linear() multiplies int8 activations by Q8_0 weights past its few rows: "avx512-vnni",
-// else "fp32 of the quantized values" (the Q8_0 product on the dequantized activations).
+struct GemmQ8Variant {
+  const char* name;  // "avx512-vnni", "avx-vnni", "avx2"
+  Isa isa;           // the SEQPAR_KERNEL_ISA it needs: avx512, or avx2
+  GemmQ8 gemm;
+};
+// The vector variants this CPU runs, fastest first (all give the scalar loops' bits).
+std::vector<GemmQ8Variant> gemm_q8_variants();
+// The one linear() takes: the first of those that SEQPAR_KERNEL_ISA allows, or null (scalar).
+const GemmQ8Variant* gemm_q8();
+// Where linear() multiplies int8 activations by Q8_0 weights past its few rows: gemm_q8()'s
+// name, else "fp32 of the quantized values" (the Q8_0 product on the dequantized activations).
 const char* gemm_q8_path();
 
 }  // namespace seqpar::model_simd

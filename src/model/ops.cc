@@ -448,13 +448,14 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
   // int8 activations: x quantized per row; from 5 rows the int8 matmul where it sums exactly,
   // else the per-channel paths below on x̂ = fl(s_x·q_x) (a NaN row's x̂ is NaN: s is Inf).
   // With Q8_0 weights: x quantized per block of 32; past kFewRowsQ8Int8Activations rows the
-  // product of gemm_q8.h where the CPU has AVX512-VNNI, else the Q8_0 paths below on x̂.
+  // product of gemm_q8.h where the CPU has AVX2 (SEQPAR_KERNEL_ISA not scalar), else the Q8_0
+  // paths below on x̂.
   if (activations == DType::kI8 && q8) {
-    const model_simd::GemmQ8 gemm = model_simd::gemm_q8_vnni();
+    const model_simd::GemmQ8Variant* gemm = model_simd::gemm_q8();
     if (m > kFewRowsQ8Int8Activations && gemm) {
       thread_local model_simd::Q8Rows xq;
       model_simd::quantize_q8_rows(xs, m, k, xq);
-      gemm(xq, w.data<int8_t>(), w_scale.data<uint16_t>(), n, b, y.data<float>(), n);
+      gemm->gemm(xq, w.data<int8_t>(), w_scale.data<uint16_t>(), n, b, y.data<float>(), n);
       return y;
     }
     rounded = Tensor::uninitialized({m, k});

@@ -1,13 +1,14 @@
 // int8 activations times Q8_0 weights (src/model/gemm_q8.h), against float64:
-// - the AVX-512 VNNI product gives the portable reference's bits, on 1 to 3 threads, over a sweep
-//   of rows (padded panels; 300 x 2048 packed by the team), inputs, outputs (partial tiles) and
-//   biases;
+// - every vector variant the CPU runs (AVX512-VNNI, AVX-VNNI, AVX2) gives the portable reference's
+//   bits, on 1 to 3 threads, over a sweep of rows (padded panels; 300 x 2048 packed by the team),
+//   inputs, outputs (partial tiles), biases, and weights of -128 and 127 beside activations of
+//   ±127 (the largest sums, and AVX2's pairs of products at their largest);
 // - linear() with int8 activations and a Q8_0 weight stays within its bound of the quantized
 //   product, computed here from the definition: per block of 32, s = a / 127, q = x / s rounded
 //   to nearest (ties to even) and clamped, then Σ_b d_b·s_b·Σ q_x·q_w + bias in float64; the bound
 //   γ_(nb+2) on the int32 sums (gemm_q8.h); on the fp32 paths on x̂ = fl(s·q) (a few rows, or no
-//   VNNI: SEQPAR_KERNEL_ISA=avx2 shows it, tests/CMakeLists.txt) the Q8_0 decode product's depth
-//   up to 32 rows and γ_(k+2) (oneDNN, any order) past them;
+//   vector variant: SEQPAR_KERNEL_ISA=scalar shows it, tests/CMakeLists.txt) the Q8_0 decode
+//   product's depth up to 32 rows and γ_(k+2) (oneDNN, any order) past them;
 // - a row holding a NaN gives NaN; the result differs from fp32 activations'.
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -50,23 +51,30 @@ std::vector<float> activations(int64_t m, int64_t k, std::mt19937& rng) {
   return x;
 }
 
-TEST(GemmQ8, VnniGivesTheReferencesBits) {
-  const GemmQ8 vnni = gemm_q8_vnni();
-  std::printf("int8 activations x Q8_0: %s\n", gemm_q8_path());
-  if (!vnni) GTEST_SKIP() << "no AVX512-VNNI here (or SEQPAR_KERNEL_ISA caps it)";
+TEST(GemmQ8, EveryVariantGivesTheReferencesBits) {
+  const std::vector<GemmQ8Variant> variants = gemm_q8_variants();
+  std::printf("int8 activations x Q8_0: %s; variants here:", gemm_q8_path());
+  for (const GemmQ8Variant& v : variants) std::printf(" %s", v.name);
+  std::printf("\n");
+  if (variants.empty()) GTEST_SKIP() << "no vector variant runs on this CPU";
   std::mt19937 rng(5);
-  std::uniform_int_distribution<int> qd(-127, 127);
+  std::uniform_int_distribution<int> qd(-128, 127);
   std::uniform_real_distribution<float> ed(-9.f, -1.f);
   const int saved = omp_get_max_threads();
   for (const int64_t k : {32, 64, 160, 512, 2048})
-    for (const int64_t m : {1, 5, 15, 16, 17, 32, 33, 48, 100, 300})
-      for (const int64_t n : {1, 5, 6, 7, 13, 37, 64}) {
-        const std::vector<float> x = activations(m, k, rng);
+    for (const int64_t m : {1, 5, 7, 8, 9, 15, 16, 17, 32, 33, 48, 100, 300})
+      for (const int64_t n : {1, 2, 3, 4, 5, 6, 7, 13, 37, 64}) {
+        std::vector<float> x = activations(m, k, rng);
         std::vector<int8_t> q(static_cast<size_t>(n * k));
         std::vector<uint16_t> d(static_cast<size_t>(n * k / kQ8Block));
         std::vector<float> bias(static_cast<size_t>(n));
         for (int8_t& v : q) v = static_cast<int8_t>(qd(rng));
-        q[0] = -127;  // a block of extremes: the largest sums
+        // The largest sums: row 0's first block all 127 (q_x = 127) against weight row 0's
+        // first block, which alternates -128 / 127 in pairs (AVX2 adds each pair in int16:
+        // 128 · 127 · 2 = 32512 at most), and all -128 in weight row n - 1's last block.
+        std::fill_n(x.begin(), kQ8Block, 127.f);
+        for (int64_t i = 0; i < kQ8Block; ++i) q[i] = i % 4 < 2 ? -128 : 127;
+        std::fill_n(q.end() - kQ8Block, kQ8Block, static_cast<int8_t>(-128));
         for (uint16_t& v : d) v = f32_to_f16(std::pow(4.f, ed(rng)));
         for (float& v : bias) v = static_cast<float>(qd(rng)) / 7.f;
         Q8Rows rows;
@@ -78,15 +86,36 @@ TEST(GemmQ8, VnniGivesTheReferencesBits) {
         omp_set_num_threads(1);
         gemm_q8_scalar(rows, q.data(), d.data(), n, has_bias ? bias.data() : nullptr, want.data(),
                        ldy);
-        for (int threads = 1; threads <= 3; ++threads) {
-          omp_set_num_threads(threads);
-          std::vector<float> got(static_cast<size_t>(m * ldy), -1.f);
-          vnni(rows, q.data(), d.data(), n, has_bias ? bias.data() : nullptr, got.data(), ldy);
-          ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
-              << "m " << m << " k " << k << " n " << n << " threads " << threads;
-        }
+        for (const GemmQ8Variant& v : variants)
+          for (int threads = 1; threads <= 3; ++threads) {
+            omp_set_num_threads(threads);
+            std::vector<float> got(static_cast<size_t>(m * ldy), -1.f);
+            v.gemm(rows, q.data(), d.data(), n, has_bias ? bias.data() : nullptr, got.data(), ldy);
+            ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
+                << v.name << ": m " << m << " k " << k << " n " << n << " threads " << threads;
+          }
       }
   omp_set_num_threads(saved);
+}
+
+// The scalar loops' sums against float64 on the extremes above: every product exact, so each
+// block's sum is exact and y is within γ_(nb+2) of Σ_b d_b·s_x·S_b (gemm_q8.h).
+TEST(GemmQ8, ReferenceSumsExactlyAtTheExtremes) {
+  const int64_t m = 3, k = 64, n = 2, nb = k / kQ8Block;
+  std::vector<float> x(static_cast<size_t>(m * k), -127.f);
+  std::vector<int8_t> q(static_cast<size_t>(n * k), -128);
+  for (int64_t i = 0; i < k; ++i) q[k + i] = i % 2 ? 127 : -128;
+  std::vector<uint16_t> d(static_cast<size_t>(n * nb), f32_to_f16(0.5f));
+  Q8Rows rows;
+  quantize_q8_rows(x.data(), m, k, rows);
+  std::vector<float> y(static_cast<size_t>(m * n));
+  gemm_q8_scalar(rows, q.data(), d.data(), n, nullptr, y.data(), n);
+  // s_x = 1 and q_x = -127 everywhere: row 0 of w sums to 127 · 128 · 32 a block, row 1 to
+  // -127 · 16 · (127 - 128) a block.
+  for (int64_t r = 0; r < m; ++r) {
+    EXPECT_EQ(y[r * n], 0.5f * 127 * 128 * 32 * nb);
+    EXPECT_EQ(y[r * n + 1], 0.5f * 127 * 16 * nb);
+  }
 }
 
 // The quantized product of one row of x (k) with row j of a Q8_0 weight, from the definition.
@@ -114,7 +143,7 @@ TEST(Int8ActivationsQ8, WithinTheBoundOfTheQuantizedProduct) {
   std::printf("int8 activations x Q8_0: %s\n", gemm_q8_path());
   std::mt19937 rng(17);
   std::normal_distribution<float> dist(0.f, 1.f);
-  const bool vnni = gemm_q8_vnni() != nullptr;
+  const bool vector = gemm_q8() != nullptr;
   for (const int64_t k : {32, 96, 256, 2048})
     for (const int64_t m : {1, 4, 5, 6, 8, 17, 33, 64, 300}) {
       const int64_t n = k == 256 ? 130 : 37;
@@ -127,7 +156,7 @@ TEST(Int8ActivationsQ8, WithinTheBoundOfTheQuantizedProduct) {
       for (int64_t i = 0; i < n; ++i) bias.data<float>()[i] = has_bias ? dist(rng) : 0.f;
       const Q8Weight qw = quantize_q8_0(w, "w");
       const Tensor y = linear(x, qw.q, has_bias ? bias : Tensor(), qw.d, DType::kI8);
-      const bool int32_sums = m > 5 && vnni;  // past 5 rows (ops.h linear())
+      const bool int32_sums = m > 5 && vector;  // past 5 rows (ops.h linear())
       const int64_t nb = k / kQ8Block;
       // The fp32 paths: the Q8_0 decode product up to 32 rows (its summation's depth, as
       // test_model_kernels.cc's GemvQ8 test derives it), oneDNN's matmul past them (any order).

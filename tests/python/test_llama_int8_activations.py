@@ -6,7 +6,7 @@ forward pre-hook: x -> s·q), and against that model without it. Two formats:
   per-channel int8 weight (oneDNN's int8 matmul past 4 rows);
 - --weights-dtype int8 (Q8_0): the same per block of 32 inputs of a row, each block with its own
   scale, as llama.cpp multiplies Q8_0 (past 5 rows the int8 products summed in int32 with
-  AVX512-VNNI, src/model/gemm_q8.h).
+  AVX512-VNNI, AVX-VNNI or AVX2, src/model/gemm_q8.h).
 
 The two implementations' float32 activations differ by a few float32 steps before each
 quantization, so an element lying that close to a rounding boundary (x / s = n + 1/2) would land

@@ -17,6 +17,10 @@ std::string_view isa_name(Isa isa);  // "scalar", "avx2", "avx512"
 // The CPU (and OS) can run the variant: AVX2 with FMA and F16C; AVX-512 F, BW, DQ and VL.
 bool cpu_has(Isa isa);
 Isa best_isa();  // the widest variant this CPU runs
+// AVX-VNNI: vpdpbusd on 256-bit vectors, VEX-encoded (Intel's cores since Alder Lake and Sapphire
+// Rapids, AMD's since Zen 5), with AVX2 (CPUID leaf 7, subleaf 1, EAX bit 4; not every compiler's
+// __builtin_cpu_supports names it).
+bool cpu_has_avx_vnni();
 // InvalidArgument naming the variant and the widest valid one unless cpu_has(isa).
 void check_cpu_has(Isa isa);
 // The name as SEQPAR_KERNEL_ISA and tests give it; InvalidArgument listing the valid ones.
