@@ -4,7 +4,7 @@
 #
 #   bench/compare_llamacpp.sh [--build DIR] [--rounds 5] [--prompts "256 2048"] [--decode 16]
 #                             [--quick] [--threads 2] [--model DIR] [--out FILE] [--no-check]
-#                             [--weights "bf16 int8"] [--kv-cache fp32|bf16|fp16]
+#                             [--weights "bf16 int8"] [--kv-cache fp32|bf16|fp16] [--isa avx2]
 #
 # What it runs:
 # - Weights: a Hugging Face bf16 directory (default /tmp/seqpar_llama3.2-1b_bf16, Llama 3.2 1B's
@@ -52,6 +52,12 @@
 #   --kv-cache (seqpar generate --kv-cache-dtype; default fp32: twice llama.cpp's bytes; fp16 is
 #   llama.cpp's precision). The correctness check keeps fp32 on both sides.
 #
+# - --isa avx2: both programs as on a CPU with AVX2 alone (AVX, AVX2, FMA, F16C; the developer
+#   machines without AVX-512), on a CPU with more: llama.cpp built without GGML_NATIVE (its
+#   defaults then: SSE 4.2, AVX, AVX2, BMI2, FMA, F16C; no AVX-512, AVX-VNNI or AMX) into its
+#   own venv (venv-avx2 beside the other, built once), seqpar run with SEQPAR_KERNEL_ISA=avx2
+#   and ONEDNN_MAX_CPU_ISA=AVX2. The streaming read rate is the machine's either way.
+#
 # llama.cpp runs with --threads threads (default 2); seqpar with its own rule (hardware threads /
 # ranks), which is 2 and 1 on a 2-core machine; elsewhere the script says the counts differ.
 set -euo pipefail
@@ -68,6 +74,7 @@ out=""
 check=1
 groups="bf16 int8"
 kv_cache=fp32
+isa=native
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --build) build="$2"; shift 2 ;;
@@ -81,11 +88,17 @@ while [[ $# -gt 0 ]]; do
     --no-check) check=0; shift ;;
     --weights) groups="$2"; shift 2 ;;
     --kv-cache) kv_cache="$2"; shift 2 ;;
+    --isa) isa="$2"; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "compare_llamacpp: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 die() { echo "compare_llamacpp: $*" >&2; exit 1; }
+case "$isa" in
+  native) ;;
+  avx2) export SEQPAR_KERNEL_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2 ;;
+  *) echo "compare_llamacpp: --isa '$isa' is invalid; valid: avx2 (or leave it out)" >&2; exit 2 ;;
+esac
 [[ -x "$build/seqpar" ]] || die "no $build/seqpar (build seqpar first)"
 work="$(mktemp -d /tmp/compare_llamacpp.XXXXXX)"
 # A copy, so that a rebuild of $build during the run cannot mix two builds across rounds.
@@ -98,6 +111,7 @@ cp -p "$build/seqpar" "$seqpar"
 version="${LLAMACPP_VERSION:-0.3.36}"
 cache="${SEQPAR_BENCH_CACHE:-$HOME/.cache/seqpar-bench}/llamacpp/$version"
 venv="$cache/venv"
+[[ "$isa" == native ]] || venv="$cache/venv-$isa"
 src="$cache/llama_cpp_python-$version"
 py="$venv/bin/python"
 if ! [[ -x "$py" ]] || ! "$py" -c "import llama_cpp" 2>/dev/null; then
@@ -111,7 +125,8 @@ if ! [[ -x "$py" ]] || ! "$py" -c "import llama_cpp" 2>/dev/null; then
       "llama-cpp-python==$version" >&2
   fi
   [[ -d "$src" ]] || tar -xzf "$sdist" -C "$cache"
-  flags="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
+  flags="-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
+  [[ "$isa" == native ]] && flags+=" -DGGML_NATIVE=ON" || flags+=" -DGGML_NATIVE=OFF"
   flags+=" -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
   CMAKE_ARGS="$flags" CMAKE_BUILD_PARALLEL_LEVEL=2 \
     "$venv/bin/pip" install --no-cache-dir "$sdist" >&2
@@ -277,10 +292,10 @@ sp_build="seqpar $("$seqpar" --version 2>&1 | head -n 1)"
 sp_build+=" (build of $(date -u -r "$seqpar" '+%F %H:%M') UTC)"
 "$py" - "$results" "$work/check_fa_off.json" "$work/check_fa_auto.json" "$int8" "$rounds" \
   "$decode" "$threads" "$cores" "$version" "$sp_build" \
-  "$start" "$end" "${q8_flags[*]:-}" "$gguf_dir" "$kv_cache" >"$report" <<'EOF'
+  "$start" "$end" "${q8_flags[*]:-}" "$gguf_dir" "$kv_cache" "$isa" >"$report" <<'EOF'
 import json, os, statistics, sys
 (results, check, check_fa, int8, rounds, decode, threads, cores, version, sp_version, start,
- end, q8_flags, gguf_dir, kv_cache) = sys.argv[1:]
+ end, q8_flags, gguf_dir, kv_cache, isa) = sys.argv[1:]
 every = [json.loads(l) for l in open(results)]
 read = {r["round"]: r["read_gbs"] for r in every if r["side"] == "read"}
 rows = [r for r in every if r["side"] != "read"]
@@ -297,6 +312,10 @@ print(f"{sp_version} vs llama.cpp (llama-cpp-python {version}), {rounds} rounds,
       f"tokens, llama.cpp {threads} threads, {cores} hardware threads; from {start} to {end}. "
       "Ratio: seqpar throughput / llama.cpp throughput against the same round's llama.cpp run "
       f"(> 1: seqpar faster). K/V cache: seqpar {kv_cache}, llama.cpp f16.\n")
+if isa != "native":
+    print(f"Both programs as on a CPU with {isa.upper()} alone: llama.cpp built without "
+          "GGML_NATIVE (AVX, AVX2, FMA, F16C, BMI2), seqpar with SEQPAR_KERNEL_ISA=avx2 and "
+          "ONEDNN_MAX_CPU_ISA=AVX2.\n")
 if q8_flags:
     print(f"llama.cpp's Q8_0 runs: {q8_flags} (its AMX-repacked Q8_0 weights crashed on this "
           "machine).\n")

@@ -223,9 +223,9 @@ std::vector<GemmQ8Variant> gemm_q8_variants() {
   std::vector<GemmQ8Variant> v;
 #if SEQPAR_X86_SIMD
   if (cpu_has(Isa::kAvx512) && __builtin_cpu_supports("avx512vnni"))
-    v.push_back({"avx512-vnni", Isa::kAvx512, &avx512_vnni::gemm});
-  if (cpu_has_avx_vnni()) v.push_back({"avx-vnni", Isa::kAvx2, &avx_vnni::gemm});
-  if (cpu_has(Isa::kAvx2)) v.push_back({"avx2", Isa::kAvx2, &avx2::gemm});
+    v.push_back({"avx512-vnni", Isa::kAvx512, &avx512_vnni::gemm, false});
+  if (cpu_has_avx_vnni()) v.push_back({"avx-vnni", Isa::kAvx2, &avx_vnni::gemm, true});
+  if (cpu_has(Isa::kAvx2)) v.push_back({"avx2", Isa::kAvx2, &avx2::gemm, false});
 #endif
   return v;
 }
@@ -233,8 +233,9 @@ std::vector<GemmQ8Variant> gemm_q8_variants() {
 const GemmQ8Variant* gemm_q8() {
   static const std::vector<GemmQ8Variant> variants = gemm_q8_variants();
   static const GemmQ8Variant* chosen = [] {
+    const bool capped = kernel_isa() < best_isa();
     for (const GemmQ8Variant& v : variants)
-      if (v.isa <= kernel_isa()) return &v;
+      if (v.isa <= kernel_isa() && !(v.extension && capped)) return &v;
     return static_cast<const GemmQ8Variant*>(nullptr);
   }();
   return chosen;

@@ -56,6 +56,9 @@ struct GemmQ8Variant {
   const char* name;  // "avx512-vnni", "avx-vnni", "avx2"
   Isa isa;           // the SEQPAR_KERNEL_ISA it needs: avx512, or avx2
   GemmQ8 gemm;
+  // An extension beyond that set (AVX-VNNI beside AVX2): left out where SEQPAR_KERNEL_ISA caps
+  // the CPU below its widest set, so that a cap at avx2 stands for a CPU with AVX2 alone.
+  bool extension = false;
 };
 // The vector variants this CPU runs, fastest first (all give the scalar loops' bits).
 std::vector<GemmQ8Variant> gemm_q8_variants();
