@@ -105,18 +105,29 @@ void matmul(const void* x, int64_t m, int64_t k, const void* w, int64_t n, const
   s.wait();
 }
 
-// Rows of a bf16/fp16 weight converted per block, as bytes of fp32 a block. Few rows of x (a
-// prefill chunk): 2 MiB, a block that stays in L2/L3 while the matmul reads it; smaller blocks
-// pay oneDNN's fixed cost per call (from 16 rows of x on its jit sgemm packs and allocates per
-// call): linear() of 16..64 rows by a 8192 x 2048 bf16 weight took 2-2.7x longer with 512 KiB
-// blocks than with 2 MiB, and 8 MiB was no faster (2 threads, AMD EPYC with AVX-512). Many
-// rows (a prefill, a DiT's tokens): x is the large operand, read once per block, so blocks of up to
-// 64 MiB (a whole weight of up to 16M parameters): one wide GEMM instead of hundreds of 32-column
-// ones. Measured on a Qwen-Image block (4608 tokens, bf16): 10.2 s with 512 KiB blocks, 7.9 s with
-// 64 MiB, 7.7 s with the weights stored in fp32 (bench/mmdit_step.sh).
-constexpr int64_t kConvertedBlockBytes = int64_t{2} << 20;
-constexpr int64_t kConvertedBlockBytesManyRows = 64 << 20;
+// Rows of a bf16/fp16 weight converted per block, as bytes of fp32 a block: as many as x holds
+// (m·k·4), between 2 and 64 MiB, so that each block's matmul reads about as much of the block as
+// of x, and the block is still in cache when the matmul reads it. Few rows of x (a prefill chunk,
+// 16..64 rows): 2 MiB; smaller blocks pay oneDNN's fixed cost per call (from 16 rows of x its jit
+// sgemm packs and allocates per call): linear() of 16..64 rows by a 8192 x 2048 bf16 weight took
+// 2-2.7x longer with 512 KiB blocks than with 2 MiB, and 8 MiB was no faster (2 threads, AMD EPYC
+// with AVX-512). Many rows (a DiT's tokens): one wide GEMM instead of hundreds of 32-column ones,
+// up to a whole weight of 16M parameters; a Qwen-Image block (4608 tokens, bf16) took 10.2 s with
+// 512 KiB blocks, 7.9 s with 64 MiB, 7.7 s with the weights stored in fp32 (bench/mmdit_step.sh).
+// Between them, one thread, 256 rows by a 8192 x 2048 bf16 weight (bench/linear_bench, an Intel
+// Xeon, oneDNN capped at AVX2): 70 GFLOP/s with one block of 64 MiB, 92 with 4 MiB.
+constexpr int64_t kConvertedBlockBytesMin = int64_t{2} << 20;
+constexpr int64_t kConvertedBlockBytesMax = int64_t{64} << 20;
+int64_t converted_block_bytes(int64_t m, int64_t k) {
+  return std::clamp<int64_t>(4 * m * k, kConvertedBlockBytesMin, kConvertedBlockBytesMax);
+}
+// oneDNN's int8 matmul reads an int8 weight as stored, with no block to keep in cache: from
+// kManyRows rows of x its blocks are as large as the team allows (one thread, 256 rows by a
+// 8192 x 2048 weight on AMX: 1421 G operations/s with one call, 618 with blocks of 256 rows).
 constexpr int64_t kManyRows = 256;
+int64_t int8_matmul_block_bytes(int64_t m) {
+  return m >= kManyRows ? kConvertedBlockBytesMax : kConvertedBlockBytesMin;
+}
 // Up to this many rows of x the decode kernels multiply the weights as stored, in groups of
 // model_simd::kRowGroup rows (linear()); more go to oneDNN. One thread, a 8192 x 2048 weight
 // (bench/linear_bench, an Intel Xeon with AVX-512): bf16 and per-channel int8 at 82-103 GFLOP/s
@@ -136,15 +147,15 @@ constexpr int64_t kFewRowsQ8Int8Activations = 5;
 
 namespace {
 
-// Runs fn(j0, nb) over blocks of nb rows of a weight (n, k) multiplied by m rows of x: with a
+// Runs fn(j0, nb) over blocks of nb rows of a weight (n, k), about block_bytes / (4·k) rows a
+// block (at least 16, a multiple of 16), multiplied by m rows of x: with a
 // team of threads the blocks are handed out one at a time, each converted (where the weight
 // needs it) and multiplied by one thread alone (oneDNN runs single-threaded inside the team):
 // the conversions run in parallel too, and a descheduled thread's blocks go to the others
 // instead of every thread waiting for it at each block's barrier. The first exception is
 // rethrown after the region.
 template <typename Fn>
-void over_weight_blocks(int64_t m, int64_t k, int64_t n, Fn&& fn) {
-  const int64_t block_bytes = m >= kManyRows ? kConvertedBlockBytesManyRows : kConvertedBlockBytes;
+void over_weight_blocks(int64_t block_bytes, int64_t k, int64_t n, Fn&& fn) {
   const int team = omp_in_parallel() ? 1 : omp_get_max_threads();
   int64_t block = std::clamp<int64_t>(block_bytes / (4 * k) / 16 * 16, 16, n);
   if (team > 1)
@@ -189,7 +200,7 @@ void over_weight_rows(const Tensor& w, const std::string& name, Fn&& quantize) {
   const int64_t n = w.dim(0), k = w.dim(1);
   const size_t esize = dtype_size(w.dtype());
   std::atomic<int64_t> first_bad{n};
-  over_weight_blocks(1, k, n, [&](int64_t j0, int64_t nb) {
+  over_weight_blocks(converted_block_bytes(1, k), k, n, [&](int64_t j0, int64_t nb) {
     thread_local std::vector<float> rows, amax;
     rows.resize(static_cast<size_t>(nb * k));
     amax.resize(static_cast<size_t>(nb));
@@ -369,7 +380,7 @@ void linear_int8_matmul(const QuantizedRows& xq, int64_t m, int64_t k, const Ten
   const int64_t n = w.dim(0);
   const float* s = xq.s.data<float>();
   float* yd = y.data<float>();
-  over_weight_blocks(m, k, n, [&](int64_t j0, int64_t nb) {
+  over_weight_blocks(int8_matmul_block_bytes(m), k, n, [&](int64_t j0, int64_t nb) {
     // The int32 sums land in y's own storage (4 bytes each), then become floats in place.
     matmul(xq.q.raw(), m, k, w.data<int8_t>() + j0 * k, nb, nullptr, yd + j0, n, MatmulTypes::kS8);
     model_simd::kernels().scale_int32_rows(yd + j0, m, nb, n, s, w_scale.data<float>() + j0,
@@ -518,7 +529,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
   // time and multiplied (over_weight_blocks).
   const size_t esize = dtype_size(w.dtype());
   const int64_t scales_per_row = q8 ? k / model_simd::kQ8Block : 0;
-  over_weight_blocks(m, k, n, [&](int64_t j0, int64_t nb) {
+  over_weight_blocks(converted_block_bytes(m, k), k, n, [&](int64_t j0, int64_t nb) {
     thread_local std::vector<float> converted;
     thread_local std::vector<uint16_t> widened;
     if (channel_bf16) {
