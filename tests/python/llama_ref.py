@@ -9,6 +9,8 @@ import torch
 from safetensors.numpy import load_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from spread import NUDGES
+
 SEQPAR = os.environ.get("SEQPAR_BIN", "seqpar")
 MPIEXEC = os.environ.get("SEQPAR_MPIEXEC", "mpiexec")
 MPI_FLAGS = ["--allow-run-as-root", "--oversubscribe", "--mca", "btl_vader_single_copy_mechanism",
@@ -142,6 +144,40 @@ def reference(path, prompt, new_tokens, eos=(), linear_input=None, kv_cache=None
                 break
             ids = torch.cat([ids, torch.tensor([[t]])], dim=1)
     return tokens, np.stack(logits)
+
+
+_nudges = {}
+
+
+def _nudged(linear_input, e):
+    """linear_input (or nothing) after scaling its input by 1 + e; the same function for the same
+    arguments, so that reference() keeps one model for each."""
+    key = (linear_input, e)
+    if key not in _nudges:
+        inner = linear_input or (lambda x: x)
+        _nudges[key] = lambda x: inner(x * (1 + e))
+    return _nudges[key]
+
+
+_spreads = {}
+
+
+def reference_spread(path, prompt, new_tokens, linear_input=None, **kw):
+    """How far reference()'s logits move with every nn.Linear input scaled by 1 + e, e in
+    spread.NUDGES, before linear_input: the largest |difference| over the nudges, each over the
+    steps up to the first whose greedy token differs (spread.py says why)."""
+    key = (path, tuple(prompt), new_tokens, linear_input, tuple(sorted(kw.items())))
+    if key not in _spreads:
+        tokens, logits = reference(path, prompt, new_tokens, linear_input=linear_input, **kw)
+        moved = 0.0
+        for e in NUDGES:
+            t, l = reference(path, prompt, new_tokens, linear_input=_nudged(linear_input, e),
+                             **kw)
+            steps = next((i + 1 for i, (a, b) in enumerate(zip(t, tokens)) if a != b),
+                         min(len(t), len(tokens)))
+            moved = max(moved, float(np.abs(l[:steps] - logits[:steps]).max()))
+        _spreads[key] = moved
+    return _spreads[key]
 
 
 def mesh_args(mesh):

@@ -6,35 +6,29 @@ pre-hook: x.to(bfloat16).to(float32)), and against the plain float32 model.
 The two implementations' float32 activations differ by a few float32 steps before each rounding;
 where an element lies that close to a rounding boundary the two round it to neighbouring bf16
 values, a jump of 2^-8 relative that the later layers carry. So the rounded runs agree far less
-tightly than two float32 runs do (measured: 3e-3 to 9e-3 in the logits, against 2e-6 for float32)
-but far more tightly than either agrees with the unrounded model (2e-2): the test asks for the
-same greedy tokens, a logit error within TOL of the rounded reference, and less than half the
-distance to the unrounded one (a run that skipped the rounding would sit at 2e-6 from the plain
-model and 2e-2 from the rounded one). Also --weights-dtype int8-channel with the rounding (the
+tightly than two float32 runs do (measured: 3e-3 to 8e-2 in the logits, against 2e-6 for float32)
+but more tightly than either agrees with the unrounded model (2e-2 to 0.28): the test asks for the
+same greedy tokens, a logit error within the bound below of the rounded reference, and less
+than half the distance to the unrounded one (a run that skipped the rounding would sit at 2e-6
+from the plain model and 2e-2 from the rounded one). Also --weights-dtype int8-channel with the rounding (the
 int8 values widened to bf16 for the same matmul) against the rounded reference on the per-channel
 dequantized weights, the Python module's keyword and the flag's refusal."""
-import json
-import os
-import subprocess
-
 import numpy as np
 import pytest
 import torch
 
 import llama_ref as L
+from spread import tolerance
 from test_llama_int8 import dequantized_copy, per_channel
 
-# Measured against the rounded reference (printed): 3e-3 to 9e-3 where oneDNN's bf16 matmul runs
-# on AVX512-BF16 (or the fp32 path runs); with AMX its sums take another order, more elements
-# round to a neighbouring bf16 value, and the checkpoint with biases measured 5.2e-2 at the first
-# step and 6.9e-2 at the sixth (1.1e-5 with oneDNN capped below AMX, ONEDNN_MAX_CPU_ISA=
-# AVX512_CORE_BF16). The reference itself moves that much: each Linear input scaled by 1 + e,
-# |e| <= 2^-22 (a few float32 steps), moved its first logits by 5.6e-2 in one of three seeds. The
-# half-way test below tells a rounded run from an unrounded one either way.
-_AMX = "amx-bf16" in json.loads(subprocess.run(
-    [os.environ["SEQPAR_BIN"], "info", "--json"], capture_output=True, text=True,
-    check=True).stdout)["cpu_features"]
-TOL = 8e-2 if _AMX else 1.5e-2
+# Measured against the rounded reference (printed): 3e-3 to 1e-2 on the checkpoint without biases,
+# on every CPU tried; on the checkpoint with biases, 1.1e-5 with AVX-512 kernels but 6.9e-2 on AMX
+# (oneDNN's bf16 matmul, whose sums take another order) and 8.1e-2 with seqpar's and oneDNN's kernels
+# capped at AVX2 (the fp32 product of the rounded values). The reference itself moves that much: its
+# Linear inputs scaled by 1 + e, |e| <= 2^-21, move its logits by up to 1.1e-2 and 0.10 on the two
+# checkpoints. So the bound is the larger of TOL and that spread (spread.py). The half-way test
+# below tells a rounded run from an unrounded one either way.
+TOL = 1.5e-2
 NEW = 6
 
 CHECKPOINTS = {
@@ -75,11 +69,12 @@ def check(ckpts, tmp_path, name, mesh=None, backend="threads", prompt_len=57, ch
                                              mesh, backend, extra=extra)
     err = float(np.abs(logits - want_logits).max())
     err_plain = float(np.abs(logits - plain_logits).max())
-    print(f"{name} {mesh} {backend} {extra}: max abs logit error {err:.3g} "
-          f"(unrounded model {err_plain:.3g})")
+    bound = tolerance(TOL, L.reference_spread(reference_path, prompt, NEW, linear_input=to_bf16))
+    print(f"{name} {mesh} {backend} {extra}: max abs logit error {err:.3g} (bound {bound:.3g}, "
+          f"unrounded model {err_plain:.3g})")
     assert summary["activations"] == "bf16"
     assert tokens == want_tokens, (mesh, tokens, want_tokens)
-    assert err <= TOL, (mesh, err)
+    assert err <= bound, (mesh, err, bound)
     assert err < 0.5 * err_plain, (mesh, err, err_plain)
     return logits
 

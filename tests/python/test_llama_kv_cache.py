@@ -8,14 +8,17 @@ import pytest
 import torch
 
 import llama_ref as L
+from spread import tolerance
 
 NEW = 6
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # Max abs logit error against the reference, per cache dtype. Decoded tokens multiply the rounded
-# values in fp32 as the reference does; what is left is the fp32 summation order, which on a mesh
-# can move a value across a rounding boundary of the cache's dtype: one unit in the last place of
-# a bf16 (2^-8) or fp16 (2^-11) key. Measured (2-core Zen 4, this suite): 2.7e-6 to 9.8e-5 where no
-# value crossed, 2.1e-3 (bf16) and 8.5e-4 (fp16) where one did. Chunks after the first attend the
+# values in fp32 as the reference does; what is left is the fp32 summation order, which can move a
+# value across a rounding boundary of the cache's dtype: one unit in the last place of a bf16
+# (2^-8) or fp16 (2^-11) key. Measured (2-core Zen 4, this suite): 2.7e-6 to 9.8e-5 where no value
+# crossed, 2.1e-3 (bf16) and 8.5e-4 (fp16) where one did; which value crosses depends on the CPU's
+# kernels (one crossing gave 1.2e-2 with seqpar's and oneDNN's kernels capped at AVX2), so the
+# bound is the larger of TOL and the reference's own spread (spread.py). Chunks after the first attend the
 # cache with more than 4 query rows per kv head: bf16 then takes oneDNN's bf16 matmul where the CPU
 # has one (AVX512-BF16, AMX), which rounds P to bf16 before P.V (measured 0.054), fp16 the
 # converted path with the degree-3 exp2 polynomial (measured 5.4e-3).
@@ -41,9 +44,12 @@ def check(ckpts, tmp_path, name, kv, prompt_len, mesh=None, backend="threads", t
     summary, tokens, logits = L.run_generate(path, prompt, NEW, tmp_path / "out.safetensors",
                                              mesh, backend, extra=("--kv-cache-dtype", kv))
     err = float(np.abs(logits - want_logits).max())
-    print(f"{name} {kv} P={prompt_len} {mesh} {backend}: max abs logit error {err:.3g}")
+    bound = tolerance((tol or TOL)[kv], L.reference_spread(path, prompt, NEW, kv_cache=DTYPES[kv],
+                                                          cached_from=cached_from))
+    print(f"{name} {kv} P={prompt_len} {mesh} {backend}: max abs logit error {err:.3g} "
+          f"(bound {bound:.3g})")
     assert tokens == want_tokens, (mesh, tokens, want_tokens)
-    assert err <= (tol or TOL)[kv], (mesh, err)
+    assert err <= bound, (mesh, err, bound)
     assert summary["kv_cache_dtype"] == kv
     check_storage(summary["kv_cache_bytes_per_rank"], prompt_len, (mesh or {}).get("tp", 1),
                   L.ranks_of(mesh or {}))
@@ -131,7 +137,8 @@ def test_python_keyword(ckpts, kv, mesh):
         tokens, logits = model.generate(prompt, max_new_tokens=NEW, return_logits=True)
         check_storage(model.kv_cache_bytes_per_rank(), 41, mesh.get("tp", 1), ranks)
     assert tokens.tolist() == want_tokens
-    assert float(np.abs(logits - want_logits).max()) <= TOL[kv]
+    assert float(np.abs(logits - want_logits).max()) <= tolerance(
+        TOL[kv], L.reference_spread(path, prompt, NEW, kv_cache=DTYPES[kv]))
     with pytest.raises(ValueError, match=r"^CausalLM: kv_cache_dtype 'fp8' is unknown; valid: "
                                          r"'fp32', 'bf16', 'fp16'$"):
         seqpar.CausalLM.from_pretrained(path, kv_cache_dtype="fp8")
