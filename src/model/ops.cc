@@ -148,12 +148,11 @@ constexpr int64_t kFewRowsQ8Int8Activations = 5;
 namespace {
 
 // Runs fn(j0, nb) over blocks of nb rows of a weight (n, k), about block_bytes / (4·k) rows a
-// block (at least 16, a multiple of 16), multiplied by m rows of x: with a
-// team of threads the blocks are handed out one at a time, each converted (where the weight
-// needs it) and multiplied by one thread alone (oneDNN runs single-threaded inside the team):
-// the conversions run in parallel too, and a descheduled thread's blocks go to the others
-// instead of every thread waiting for it at each block's barrier. The first exception is
-// rethrown after the region.
+// block (at least 16, a multiple of 16): with a team of threads the blocks are handed out one at
+// a time, each converted (where the weight needs it) and multiplied by one thread alone (oneDNN
+// runs single-threaded inside the team): the conversions run in parallel too, and a descheduled
+// thread's blocks go to the others instead of every thread waiting for it at each block's
+// barrier. The first exception is rethrown after the region.
 template <typename Fn>
 void over_weight_blocks(int64_t block_bytes, int64_t k, int64_t n, Fn&& fn) {
   const int team = omp_in_parallel() ? 1 : omp_get_max_threads();
