@@ -10,9 +10,9 @@ tightly than two float32 runs do (measured: 3e-3 to 8e-2 in the logits, against 
 but more tightly than either agrees with the unrounded model (2e-2 to 0.28): the test asks for the
 same greedy tokens, a logit error within the bound below of the rounded reference, and less
 than half the distance to the unrounded one (a run that skipped the rounding would sit at 2e-6
-from the plain model and 2e-2 from the rounded one). Also --weights-dtype int8-channel with the rounding (the
-int8 values widened to bf16 for the same matmul) against the rounded reference on the per-channel
-dequantized weights, the Python module's keyword and the flag's refusal."""
+from the plain model and 2e-2 from the rounded one). Also --weights-dtype int8-channel with the
+rounding (the int8 values widened to bf16 for the same matmul) against the rounded reference on
+the per-channel dequantized weights, the Python module's keyword and the flag's refusal."""
 import numpy as np
 import pytest
 import torch
@@ -23,11 +23,11 @@ from test_llama_int8 import dequantized_copy, per_channel
 
 # Measured against the rounded reference (printed): 3e-3 to 1e-2 on the checkpoint without biases,
 # on every CPU tried; on the checkpoint with biases, 1.1e-5 with AVX-512 kernels but 6.9e-2 on AMX
-# (oneDNN's bf16 matmul, whose sums take another order) and 8.1e-2 with seqpar's and oneDNN's kernels
-# capped at AVX2 (the fp32 product of the rounded values). The reference itself moves that much: its
-# Linear inputs scaled by 1 + e, |e| <= 2^-21, move its logits by up to 1.1e-2 and 0.10 on the two
-# checkpoints. So the bound is the larger of TOL and that spread (spread.py). The half-way test
-# below tells a rounded run from an unrounded one either way.
+# (oneDNN's bf16 matmul, whose sums take another order) and 8.1e-2 with seqpar's and oneDNN's
+# kernels capped at AVX2 (the fp32 product of the rounded values). The reference itself moves that
+# much: its Linear inputs scaled by 1 + e, |e| <= 2^-21, move its logits by up to 1.1e-2 and 0.10 on
+# the two checkpoints. So the bound is the larger of TOL and that spread (spread.py). The half-way
+# test below tells a rounded run from an unrounded one either way.
 TOL = 1.5e-2
 NEW = 6
 

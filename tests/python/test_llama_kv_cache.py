@@ -14,14 +14,14 @@ NEW = 6
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # Max abs logit error against the reference, per cache dtype. Decoded tokens multiply the rounded
 # values in fp32 as the reference does; what is left is the fp32 summation order, which can move a
-# value across a rounding boundary of the cache's dtype: one unit in the last place of a bf16
-# (2^-8) or fp16 (2^-11) key. Measured (2-core Zen 4, this suite): 2.7e-6 to 9.8e-5 where no value
-# crossed, 2.1e-3 (bf16) and 8.5e-4 (fp16) where one did; which value crosses depends on the CPU's
-# kernels (one crossing gave 1.2e-2 with seqpar's and oneDNN's kernels capped at AVX2), so the
-# bound is the larger of TOL and the reference's own spread (spread.py). Chunks after the first attend the
-# cache with more than 4 query rows per kv head: bf16 then takes oneDNN's bf16 matmul where the CPU
-# has one (AVX512-BF16, AMX), which rounds P to bf16 before P.V (measured 0.054), fp16 the
-# converted path with the degree-3 exp2 polynomial (measured 5.4e-3).
+# value across a rounding boundary of the cache's dtype: one unit in the last place of a bf16 (2^-8)
+# or fp16 (2^-11) key. Measured (2-core Zen 4, this suite): 2.7e-6 to 9.8e-5 where no value crossed,
+# 2.1e-3 (bf16) and 8.5e-4 (fp16) where one did; which value crosses depends on the CPU's kernels
+# (one crossing gave 1.2e-2 with seqpar's and oneDNN's kernels capped at AVX2), so the bound is the
+# larger of TOL and the reference's own spread (spread.py). Chunks after the first attend the cache
+# with more than 4 query rows per kv head: bf16 then takes oneDNN's bf16 matmul where the CPU has
+# one (AVX512-BF16, AMX), which rounds P to bf16 before P.V (measured 0.054), fp16 the converted
+# path with the degree-3 exp2 polynomial (measured 5.4e-3).
 TOL = {"bf16": 5e-3, "fp16": 2e-3}
 TOL_CHUNKS = {"bf16": 0.1, "fp16": 1.5e-2}
 
