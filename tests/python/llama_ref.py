@@ -159,15 +159,15 @@ def _nudged(linear_input, e):
     return _nudges[key]
 
 
-_spreads = {}
+_with_spread = {}
 
 
-def reference_spread(path, prompt, new_tokens, linear_input=None, **kw):
-    """How far reference()'s logits move with every nn.Linear input scaled by 1 + e, e in
-    spread.NUDGES, before linear_input: the largest |difference| over the nudges, each over the
-    steps up to the first whose greedy token differs (spread.py says why)."""
+def reference_with_spread(path, prompt, new_tokens, linear_input=None, **kw):
+    """reference()'s tokens and logits, and how far those logits move with every nn.Linear input
+    scaled by 1 + e, e in spread.NUDGES, before linear_input: the largest |difference| over the
+    nudges, each over the steps up to the first whose greedy token differs (spread.py says why)."""
     key = (path, tuple(prompt), new_tokens, linear_input, tuple(sorted(kw.items())))
-    if key not in _spreads:
+    if key not in _with_spread:
         tokens, logits = reference(path, prompt, new_tokens, linear_input=linear_input, **kw)
         moved = 0.0
         for e in NUDGES:
@@ -176,8 +176,8 @@ def reference_spread(path, prompt, new_tokens, linear_input=None, **kw):
             steps = next((i + 1 for i, (a, b) in enumerate(zip(t, tokens)) if a != b),
                          min(len(t), len(tokens)))
             moved = max(moved, float(np.abs(l[:steps] - logits[:steps]).max()))
-        _spreads[key] = moved
-    return _spreads[key]
+        _with_spread[key] = (tokens, logits, moved)
+    return _with_spread[key]
 
 
 def mesh_args(mesh):

@@ -60,7 +60,8 @@ def check(ckpts, tmp_path, name, mesh=None, backend="threads", prompt_len=57, ch
     path = ckpts[name]
     prompt = L.prompt_of(prompt_len, L.TINY["vocab_size"], 5)
     reference_path = channel_copy or path
-    want_tokens, want_logits = reference(reference_path, prompt, NEW)
+    want_tokens, want_logits, spread = L.reference_with_spread(reference_path, prompt, NEW,
+                                                               linear_input=to_bf16)
     _, plain_logits = reference(reference_path, prompt, NEW, rounded=False)
     extra = ["--activations", "bf16"]
     if channel_copy:
@@ -69,7 +70,7 @@ def check(ckpts, tmp_path, name, mesh=None, backend="threads", prompt_len=57, ch
                                              mesh, backend, extra=extra)
     err = float(np.abs(logits - want_logits).max())
     err_plain = float(np.abs(logits - plain_logits).max())
-    bound = tolerance(TOL, L.reference_spread(reference_path, prompt, NEW, linear_input=to_bf16))
+    bound = tolerance(TOL, spread)
     print(f"{name} {mesh} {backend} {extra}: max abs logit error {err:.3g} (bound {bound:.3g}, "
           f"unrounded model {err_plain:.3g})")
     assert summary["activations"] == "bf16"

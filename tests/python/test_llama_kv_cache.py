@@ -39,13 +39,13 @@ def check(ckpts, tmp_path, name, kv, prompt_len, mesh=None, backend="threads", t
           cached_from=None):
     path = ckpts[name]
     prompt = L.prompt_of(prompt_len, L.TINY["vocab_size"], prompt_len)
-    want_tokens, want_logits = L.reference(path, prompt, NEW, kv_cache=DTYPES[kv],
-                                           cached_from=cached_from)
+    want_tokens, want_logits, spread = L.reference_with_spread(path, prompt, NEW,
+                                                               kv_cache=DTYPES[kv],
+                                                               cached_from=cached_from)
     summary, tokens, logits = L.run_generate(path, prompt, NEW, tmp_path / "out.safetensors",
                                              mesh, backend, extra=("--kv-cache-dtype", kv))
     err = float(np.abs(logits - want_logits).max())
-    bound = tolerance((tol or TOL)[kv], L.reference_spread(path, prompt, NEW, kv_cache=DTYPES[kv],
-                                                          cached_from=cached_from))
+    bound = tolerance((tol or TOL)[kv], spread)
     print(f"{name} {kv} P={prompt_len} {mesh} {backend}: max abs logit error {err:.3g} "
           f"(bound {bound:.3g})")
     assert tokens == want_tokens, (mesh, tokens, want_tokens)
@@ -129,7 +129,8 @@ def test_python_keyword(ckpts, kv, mesh):
     import seqpar
     path = ckpts["f32"]
     prompt = L.prompt_of(41, L.TINY["vocab_size"], 41)
-    want_tokens, want_logits = L.reference(path, prompt, NEW, kv_cache=DTYPES[kv])
+    want_tokens, want_logits, spread = L.reference_with_spread(path, prompt, NEW,
+                                                               kv_cache=DTYPES[kv])
     ranks = mesh.get("tp", 1) * mesh["ring_degree"]
     with seqpar.CausalLM.from_pretrained(path, kv_cache_dtype=kv, **mesh) as model:
         assert model.kv_cache_dtype == kv
@@ -137,8 +138,7 @@ def test_python_keyword(ckpts, kv, mesh):
         tokens, logits = model.generate(prompt, max_new_tokens=NEW, return_logits=True)
         check_storage(model.kv_cache_bytes_per_rank(), 41, mesh.get("tp", 1), ranks)
     assert tokens.tolist() == want_tokens
-    assert float(np.abs(logits - want_logits).max()) <= tolerance(
-        TOL[kv], L.reference_spread(path, prompt, NEW, kv_cache=DTYPES[kv]))
+    assert float(np.abs(logits - want_logits).max()) <= tolerance(TOL[kv], spread)
     with pytest.raises(ValueError, match=r"^CausalLM: kv_cache_dtype 'fp8' is unknown; valid: "
                                          r"'fp32', 'bf16', 'fp16'$"):
         seqpar.CausalLM.from_pretrained(path, kv_cache_dtype="fp8")
