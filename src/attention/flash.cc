@@ -618,6 +618,30 @@ void reset_accumulators(const Problem& p, ItemTiles& t) {
   }
 }
 
+// Step 0 (params.accumulate): the accumulators of the item's rows hold the state `init` over other
+// keys, as the online softmax would after those keys: m = lse·log2(e) rounded to fp32, l =
+// 2^(lse·log2(e) - m) (in double, so the state keeps its exact weight), O = out·l. Empty rows stay
+// empty; rows whose lse is NaN or +inf are poisoned, as merge_into would make them NaN.
+void start_from_state(const Problem& p, ItemTiles& t, const OutRows& init) {
+  const int64_t d = p.d;
+  for (int64_t x = 0; x < t.count; ++x) {
+    for (int64_t r = 0; r < t.rows(x); ++r) {
+      const int64_t token = t.i0(x) + r / t.gs, head = t.head(x) + r % t.gs, at = x * t.tr + r;
+      const float lse = init.lse[init.l.at(t.b, token, head)];
+      if (lse == kNegInf) continue;
+      const double m = lse * kLog2e;
+      if (!std::isfinite(static_cast<float>(m))) {
+        t.poison[at] = 1;
+        continue;
+      }
+      t.m[at] = static_cast<float>(m);
+      t.l[at] = std::exp2(m - t.m[at]);
+      p.kern->scale_copy(init.out + init.o.at(t.b, token, head), static_cast<float>(t.l[at]),
+                         t.o + at * d, d);
+    }
+  }
+}
+
 // Step 1: the kind of (query block qb0 + qt, key block kb) for each of the item's query blocks;
 // false if every one is skipped (the key block is then never touched).
 bool classify_query_blocks(const Problem& p, const ItemTiles& t, int64_t kb,
@@ -965,15 +989,17 @@ void write_rows(const Problem& p, const ItemTiles& t, const OutRows& dst, float*
   }
 }
 
-// The item's rows of the state over its key blocks (the steps at the top of this file). With
-// p.row_max, also writes row_sum and row_flags (kRowMaxExceeded only) of its fixed rows.
-void run_item(const Problem& p, const Item& it, const OutRows& dst, float* row_sum,
-              uint8_t* row_flags, Workspace& ws, bool calling_thread) {
+// The item's rows of the state over its key blocks (the steps at the top of this file), starting
+// from the state `init` where given (params.accumulate). With p.row_max, also writes row_sum and
+// row_flags (kRowMaxExceeded only) of its fixed rows.
+void run_item(const Problem& p, const Item& it, const OutRows* init, const OutRows& dst,
+              float* row_sum, uint8_t* row_flags, Workspace& ws, bool calling_thread) {
   // Step 0: the tiles' Q packed, the accumulators reset.
   ItemTiles tiles = item_tiles(p, it, ws);
   pack_q_tiles(p, tiles);
   if (p.small_mm) transpose_q_tiles(p, tiles);
   reset_accumulators(p, tiles);
+  if (init != nullptr) start_from_state(p, tiles, *init);
 
   // Per-thread scratch of one (tile, key block): S (tr, ld_s), P as bf16 (tr, ld_s), each
   // token's run of keys and element mask (bq, bk).
@@ -1100,7 +1126,11 @@ void flash_attention_into(const TensorView& q_in, const TensorView& k_in, const 
         params.row_flags[i] |= AttnParams::kRowMaxLoose;
     }
   };
+  SEQPAR_ARG_CHECK(!(params.accumulate && fixed),
+                   "accumulate with row_max: valid: one or the other (a fixed row maximum adds "
+                   "row sums instead)");
   if (p.nb == 0 || p.sq == 0 || p.sk == 0) {  // the empty state: out 0, lse -inf
+    if (params.accumulate) return;            // no keys: the state stays as it is
     const AttnState empty = AttnState::empty(p.nb, p.sq, p.nh, p.d);
     out.copy_from(empty.out);
     lse_out.copy_from(empty.lse);
@@ -1217,7 +1247,10 @@ void flash_attention_into(const TensorView& q_in, const TensorView& k_in, const 
     uint8_t* flags = params.row_flags.empty() ? nullptr
                      : ks == 0                ? params.row_flags.data()
                                               : split_flags.data() + (ks - 1) * n_rows;
-    run_item(p, it, split_rows[ks], sum, flags, thread_workspace(), calling_thread);
+    // With accumulate, the first key split starts from the caller's state (read before written:
+    // each item owns its rows); the others start empty and merge into it.
+    const OutRows* init = params.accumulate && ks == 0 ? &dst_rows : nullptr;
+    run_item(p, it, init, split_rows[ks], sum, flags, thread_workspace(), calling_thread);
   };
 
   // Key splits: merged into the first, written to the caller's rows.

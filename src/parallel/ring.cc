@@ -1,5 +1,5 @@
 // ring (pass-KV; docs/algorithms.md "ring (pass-KV)"): K/V blocks travel around the ring while
-// each member attends its queries to the block it holds; the partial states merge by LSE.
+// each member attends its queries to the block it holds, folding each block into its state.
 // ring_over_blocks is the core of ring_attention, passkv (decode.cc), schedule steal (steal.cc,
 // more queries on each held block) and usp's ring part (ulysses.cc); the rotation, its double
 // buffering and the zero-copy borrowing are the ring driver's (ring_driver.h).
@@ -16,7 +16,8 @@
 //   (const-max: all_reduce(max) of the largest key norm per (batch, kv head), const_max.cc)
 //   1. if s < N-1 (opts.kv_use kLend: s < N, the last receiving the own block back): irecv(prev)
 //      of the block of member r-s-1, isend(next) of the held block
-//   2. attend q to the held block unless the mask hides all of it; merge into the accumulator
+//   2. attend q to the held block unless the mask hides all of it, folded by the kernel into
+//      the state of the blocks before (AttnParams::accumulate)
 //      (const-max: the first block attended decides each row fixed or fallback; later blocks
 //      add the fixed rows' sums without rescaling)
 //   3. wait; the received block becomes the held one
@@ -62,8 +63,9 @@ constexpr int kTagV = 102;
 constexpr RingTraceNames kTraceNames{"ring", "ring", "keys"};
 
 // The state of this member's queries q (B, Sq, H, D) at q_pos over the K/V blocks attended so
-// far: the first attended block's state, the later ones merged by LSE, or with the const-max
-// softmax the ConstMaxAccumulator. work: the visible score elements computed.
+// far: the first attended block's state, the later ones folded into it by the kernel
+// (AttnParams::accumulate), or with the const-max softmax the ConstMaxAccumulator. work: the
+// visible score elements computed.
 class BlockAttention {
  public:
   BlockAttention(const TensorView& q, std::span<const int64_t> q_pos, const CpOptions& opts,
@@ -71,7 +73,7 @@ class BlockAttention {
       : q_(q), q_pos_(q_pos), opts_(opts), cmax_(std::move(cmax)) {}
 
   // Attends q to the block (k, v) (B, n, Hkv, D) at k_pos unless the mask hides all of it, and
-  // merges the partial state. Returns whether it computed.
+  // folds it into the state. Returns whether it computed.
   bool attend(const Tensor& k, const Tensor& v, std::span<const int64_t> k_pos,
               const std::function<void()>& progress) {
     if (fully_hidden(opts_, q_pos_, k_pos)) return false;
@@ -79,19 +81,20 @@ class BlockAttention {
     KernelCall call(opts_, q_pos_, k_pos, B);
     AttnParams& params = call.params;
     params.progress = progress;
-    if (cmax_ && cmax_->started()) cmax_->prepare(params);
-    AttnState part = flash_attention(q_, k, v, params);
     if (cmax_) {
+      if (cmax_->started()) cmax_->prepare(params);
+      AttnState part = flash_attention(q_, k, v, params);
       if (cmax_->started()) {
         cmax_->add(part);
       } else {
         cmax_->start(std::move(part));
       }
     } else if (first_) {
-      acc_ = std::move(part);
+      acc_ = flash_attention(q_, k, v, params);
       first_ = false;
-    } else {
-      merge_into(acc_, part);
+    } else {  // folded into the state by the kernel: no second state, no merge pass
+      params.accumulate = true;
+      flash_attention_into(q_, k, v, params, acc_.out, acc_.lse);
     }
     work_ += visible_score_elements(B, q_.dim(2), q_.dim(1), k.dim(1), params.mask);
     return true;
@@ -215,8 +218,8 @@ int64_t ring_peak_kv(std::span<const int64_t> len, int r, int64_t token_bytes, K
 
 // Member i at step s (0 <= s < n) attends to the block of member i - s and, for s < n-1 (kLend:
 // s < n, the last bringing the own block home), sends the block it holds to member i+1 while
-// receiving that of member i-s-1 from member i-1. A step after the first attended block merges
-// its state into the accumulator.
+// receiving that of member i-s-1 from member i-1. A step after the first attended block folds
+// into the accumulator (the kernel reads it once).
 void add_ring(Schedule& s, const CallRuns& c, GroupMembers members,
               std::span<const PositionRuns> blocks, std::span<const PositionRuns> queries,
               int64_t heads, int64_t kv_heads, CommGroup group, SoftmaxMode softmax) {
@@ -236,7 +239,7 @@ void add_ring(Schedule& s, const CallRuns& c, GroupMembers members,
       Step st;
       if (!c.hidden(queries[i], blocks[src])) {
         st.work = c.B * heads * c.visible(queries[i], blocks[src]);
-        if (attended) st.copy_bytes = c.merge_bytes(rows, heads);
+        if (attended) st.copy_bytes = c.fold_bytes(rows, heads);
         attended = true;
       }
       if (step < ring_transfers(n, kv_use)) {

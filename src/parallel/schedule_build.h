@@ -39,6 +39,11 @@ struct CallRuns {
   double merge_bytes(int64_t rows, int64_t heads) const {
     return 3.0 * static_cast<double>(B) * rows * heads * (D + 1) * 4;
   }
+  // Bytes of a state folded into by the kernel (AttnParams::accumulate): read once into its
+  // accumulators (the write is the kernel's own, as for any call).
+  double fold_bytes(int64_t rows, int64_t heads) const {
+    return static_cast<double>(B) * rows * heads * (D + 1) * 4;
+  }
 };
 
 // Over a sharded sequence: sharded_seq(c, s) tokens in c's layout over c.sp() ranks.

@@ -210,14 +210,14 @@ AttnState steal_attention(Communicator& comm, const Partition& part, const Tenso
       const double t0 = now_seconds();
       KernelCall call(opts, h.q_pos, blocks[src], B);
       call.params.progress = progress;
-      AttnState part_state = flash_attention(h.q, bk, bv, call.params);
-      work += visible_score_elements(B, H, h.piece->rows(), bk.dim(1), call.params.mask);
-      if (h.attended) {
-        merge_into(h.acc, part_state);
+      if (h.attended) {  // folded into the state by the kernel
+        call.params.accumulate = true;
+        flash_attention_into(h.q, bk, bv, call.params, h.acc.out, h.acc.lse);
       } else {
-        h.acc = std::move(part_state);
+        h.acc = flash_attention(h.q, bk, bv, call.params);
         h.attended = true;
       }
+      work += visible_score_elements(B, H, h.piece->rows(), bk.dim(1), call.params.mask);
       compute += now_seconds() - t0;
     }
   };
@@ -328,7 +328,7 @@ Schedule steal_schedule_of(const CallRuns& c) {
       if (c.hidden(q, c.kv[src])) continue;
       Step& st = rs.steps[1 + step];
       st.work += c.B * c.H * c.visible(q, c.kv[src]);
-      if (attended) st.copy_bytes += c.merge_bytes(p.rows(), c.H);
+      if (attended) st.copy_bytes += c.fold_bytes(p.rows(), c.H);
       attended = true;
     }
   }

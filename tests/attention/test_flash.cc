@@ -561,6 +561,112 @@ INSTANTIATE_TEST_SUITE_P(EveryIsa, FlashIsa,
                            return std::string(simd::isa_name(info.param));
                          });
 
+// ---- accumulate: a state folded into by later calls (ring steps) ------------------------------
+
+// Keys [j0, j1) of the inputs as a call of their own: K/V rows and the mask's key spans.
+struct KeyChunk {
+  Tensor k, v;
+  std::vector<int64_t> pos;
+  std::vector<uint8_t> valid;
+  std::vector<int32_t> seg;
+};
+KeyChunk key_chunk(const Inputs& in, int64_t j0, int64_t j1) {
+  const int64_t b = in.k.dim(0), sk = in.k.dim(1), n = j1 - j0;
+  KeyChunk c{Tensor({b, n, in.k.dim(2), in.k.dim(3)}, in.k.dtype()),
+             Tensor({b, n, in.v.dim(2), in.v.dim(3)}, in.v.dtype()),
+             {},
+             {},
+             {}};
+  const size_t row = in.k.nbytes() / static_cast<size_t>(b * sk);
+  for (int64_t bi = 0; bi < b; ++bi) {
+    std::memcpy(static_cast<char*>(c.k.raw()) + bi * n * row,
+                static_cast<const char*>(in.k.raw()) + (bi * sk + j0) * row, n * row);
+    std::memcpy(static_cast<char*>(c.v.raw()) + bi * n * row,
+                static_cast<const char*>(in.v.raw()) + (bi * sk + j0) * row, n * row);
+    if (!in.k_valid.empty())
+      c.valid.insert(c.valid.end(), in.k_valid.begin() + bi * sk + j0,
+                     in.k_valid.begin() + bi * sk + j1);
+  }
+  for (int64_t j = j0; j < j1; ++j) c.pos.push_back(in.k_pos.empty() ? j : in.k_pos[j]);
+  if (!in.k_seg.empty()) c.seg.assign(in.k_seg.begin() + j0, in.k_seg.begin() + j1);
+  return c;
+}
+
+// The keys cut into `parts` chunks of random lengths (some empty), each folded into one state
+// that starts empty (params.accumulate), equal attention over all keys within the kernel's bound
+// for one call over them all: the ring's steps. Every case of the sweep (masks, padding,
+// segments, layouts, GQA, bf16 / fp16, decode shapes), one, two and four threads (four split
+// the key blocks of the decode shapes, the first split starting from the state).
+TEST(FlashAccumulate, FoldedChunksMatchReference) {
+  const int saved = omp_get_max_threads();
+  std::mt19937_64 rng(3);
+  for (const Case& base : small_cases()) {
+    const Inputs in = make_inputs(base);
+    const AttnState want = reference_attention(in.q, in.k, in.v, in.params);
+    const int64_t sk = in.k.dim(1);
+    for (int parts : {1, 2, 5}) {
+      std::vector<int64_t> cuts{0, sk};
+      for (int x = 1; x < parts; ++x) cuts.push_back(static_cast<int64_t>(rng() % (sk + 1)));
+      std::sort(cuts.begin(), cuts.end());
+      for (int threads : {1, 2, 4}) {
+        omp_set_num_threads(threads);
+        AttnState st = AttnState::empty(in.q.dim(0), in.q.dim(1), in.q.dim(2), in.q.dim(3));
+        for (size_t x = 0; x + 1 < cuts.size(); ++x) {
+          const KeyChunk c = key_chunk(in, cuts[x], cuts[x + 1]);
+          AttnParams p = in.params;
+          p.accumulate = true;
+          p.mask.k_pos = c.pos;
+          p.mask.k_valid = c.valid;
+          p.mask.k_segment = c.seg;
+          flash_attention_into(in.q, c.k, c.v, p, st.out, st.lse);
+        }
+        Case c = base;
+        c.name = auto_name(base) + "_parts" + std::to_string(parts) + "_threads" +
+                 std::to_string(threads);
+        expect_matches_reference(c, in, st, want);
+      }
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
+// A state's own rows pass through a call that adds no keys to them; NaN rows stay NaN; no keys
+// at all leave the state as it is; accumulate with row_max is refused.
+TEST(FlashAccumulate, StatesPassThroughAndArgumentChecks) {
+  const Tensor q = random_tensor({1, 40, 2, 16}, 5), k = random_tensor({1, 30, 2, 16}, 6),
+               v = random_tensor({1, 30, 2, 16}, 7);
+  AttnState st = flash_attention(q, k, v);
+  st.lse.data<float>()[3] = std::numeric_limits<float>::quiet_NaN();
+  const AttnState before = st;
+  // Keys at positions 100.. under causal with queries at 0..39: every row sees none.
+  std::vector<int64_t> kpos(30);
+  std::iota(kpos.begin(), kpos.end(), 100);
+  AttnParams p;
+  p.accumulate = true;
+  p.mask.causal = true;
+  p.mask.k_pos = kpos;
+  flash_attention_into(q, k, v, p, st.out, st.lse);
+  for (int64_t r = 0; r < st.lse.numel(); ++r) {
+    if (r == 3) {
+      EXPECT_TRUE(std::isnan(st.lse.at(r)));
+      for (int64_t e = 0; e < 16; ++e) EXPECT_TRUE(std::isnan(st.out.at(r * 16 + e)));
+      continue;
+    }
+    EXPECT_NEAR(st.lse.at(r), before.lse.at(r), 1e-6) << r;
+    for (int64_t e = 0; e < 16; ++e)
+      EXPECT_NEAR(st.out.at(r * 16 + e), before.out.at(r * 16 + e), 1e-6) << r;
+  }
+  const Tensor none_k({1, 0, 2, 16}), none_v({1, 0, 2, 16});
+  AttnState kept = before;
+  AttnParams plain;
+  plain.accumulate = true;
+  flash_attention_into(q, none_k, none_v, plain, kept.out, kept.lse);
+  EXPECT_EQ(std::memcmp(kept.out.raw(), before.out.raw(), before.out.nbytes()), 0);
+  std::vector<float> row_max(80, 10.f);
+  plain.row_max = row_max;
+  EXPECT_THROW(flash_attention_into(q, k, v, plain, kept.out, kept.lse), InvalidArgument);
+}
+
 TEST(FlashThreads, SameResultForAnyThreadCount) {
   Case c = small_cases()[0];
   c.sq = 700;

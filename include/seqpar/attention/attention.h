@@ -40,6 +40,11 @@ struct AttnParams {
   // Called between blocks by the kernel (may be empty): lets a communicator make progress on
   // transfers in flight while this rank computes.
   std::function<void()> progress;
+  // flash_attention_into only: out and lse already hold a state over other keys (as a call wrote
+  // it, or the empty state), and the call folds these keys into it: the result is
+  // merge_into(state, attention over these keys) within the kernel's error bound, without a
+  // second state or a merge pass (the ring's steps after the first). Not with row_max.
+  bool accumulate = false;
 
   // ---- Fixed row maximum (const-max softmax; docs/kernel.md "Fixed row maximum") ----
   // row_max (B, Sq, H), optional: each query row's fixed softmax maximum in natural-log units of
