@@ -208,6 +208,9 @@ void run_rank(Communicator& comm, const Run& run, Report* report, OutputFile* tr
                                                             timed ? rep - o.warmup + 1 : rep + 1)
                                            : std::string(),
                           "run", trace::Lane::kCompute);
+    // The previous call's state released first, so that this call reuses its storage (as a
+    // model's calls do) rather than taking fresh pages beside it.
+    call = RankCall{};
     call = run_attention_call(comms, run.job, in);
     progress.step(rep + 1, o.warmup + o.repeat, "calls (warm-up included)");
     if (!timed) continue;
