@@ -1288,6 +1288,12 @@ void flash_attention_into(const TensorView& q_in, const TensorView& k_in, const 
   finish();
 }
 
+void flash_attention_fold(AttnState& state, const TensorView& q, const TensorView& k,
+                          const TensorView& v, AttnParams params) {
+  params.accumulate = true;
+  flash_attention_into(q, k, v, params, state.out, state.lse);
+}
+
 std::string attention_kernel_info() {
   static const std::string info = [] {
     const auto* ver = dnnl::version();

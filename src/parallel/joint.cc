@@ -11,10 +11,11 @@
 //   *stats after the strategy set it.
 // Steps on rank r of N:
 //   step 0: image queries over all image keys through the chosen strategy
-//   step 1: image queries over the text keys (local: text is replicated); merge
+//   step 1: image queries over the text keys (local: text is replicated), folded into the image
+//           state by the kernel (AttnParams::accumulate)
 //   step 2: text queries over the local image shard -> partial state
 //   step 3: all_gather the text partials (B, T, H, D+1 fp32 each), merge them in rank order
-//   step 4: text queries over the text keys (local); merge
+//   step 4: text queries over the text keys (local), folded into the text state
 // What each rank attends (I_i: the image shard of rank i, T the text), N = 4:
 //   step   rank 0             rank 1             rank 2             rank 3
 //   0      I_0 x I_0..I_3     I_1 x I_0..I_3     I_2 x I_0..I_3     I_3 x I_0..I_3
@@ -73,7 +74,7 @@ JointState joint_attention(Strategy strategy, SpComms& comms, const Partition& p
   double t0 = now_seconds();
   {
     KernelCall call(text_keys, image_pos, text_pos, B);
-    merge_into(js.image, flash_attention(q, text_k, text_v, call.params));
+    flash_attention_fold(js.image, q, text_k, text_v, call.params);
   }
   // step 2
   AttnState partial;
@@ -106,7 +107,7 @@ JointState joint_attention(Strategy strategy, SpComms& comms, const Partition& p
   // step 4
   {
     KernelCall call(text_keys, text_pos, text_pos, B);
-    merge_into(js.text, flash_attention(text_q, text_k, text_v, call.params));
+    flash_attention_fold(js.text, text_q, text_k, text_v, call.params);
   }
   if (stats) {
     stats->wait_seconds += t2 - t1;
@@ -118,8 +119,9 @@ JointState joint_attention(Strategy strategy, SpComms& comms, const Partition& p
 }
 
 // The text part's schedule (steps 1 to 4): image queries over the text keys and text queries
-// over the image shard, with the merge of the image state; the all_gather of the text partials;
-// text over text (on every rank, counted once by CpStats) and the merges of the partials.
+// over the image shard, folded into the image state; the all_gather of the text partials; the
+// merges of the partials and text over text folded into them (on every rank, counted once by
+// CpStats).
 void add_joint_text(Schedule& s, const CallRuns& c) {
   const int n = c.n();
   const int64_t T = c.text_tokens;
@@ -133,13 +135,14 @@ void add_joint_text(Schedule& s, const CallRuns& c) {
       int64_t group_tokens = 0;
       for (int j = 0; j < u; ++j) group_tokens += run_count(c.q[r / u * u + j]);
       rs.steps.push_back(
-          compute_step(2 * c.B * hq * group_tokens * T, c.merge_bytes(group_tokens, hq)));
+          compute_step(2 * c.B * hq * group_tokens * T, c.fold_bytes(group_tokens, hq)));
       if (R > 1 && hq > 0) {
         const uint64_t partials = 4ull * c.B * T * hq * (c.D + 1) * (R - 1);
         rs.steps.push_back(collective_step(OpKind::kAllGather, false, "text partials",
                                            CommGroup::kRing, {r % u, u, R}, partials, partials));
       }
-      Step text = compute_step(c.B * hq * T * T, R * c.merge_bytes(T, hq));
+      Step text =
+          compute_step(c.B * hq * T * T, (R - 1) * c.merge_bytes(T, hq) + c.fold_bytes(T, hq));
       text.replicated = r / u != 0;
       rs.steps.push_back(text);
     }
@@ -148,10 +151,11 @@ void add_joint_text(Schedule& s, const CallRuns& c) {
   const uint64_t partials = 4ull * c.B * T * c.H * (c.D + 1) * (n - 1);
   for (int r = 0; r < n; ++r) {
     RankSchedule& rs = s.ranks[r];
-    rs.steps.push_back(compute_step(2 * c.B * c.H * rs.tokens * T, c.merge_bytes(rs.tokens, c.H)));
+    rs.steps.push_back(compute_step(2 * c.B * c.H * rs.tokens * T, c.fold_bytes(rs.tokens, c.H)));
     rs.steps.push_back(collective_step(OpKind::kAllGather, false, "text partials", CommGroup::kSp,
                                        consecutive_members(0, n), partials, partials));
-    Step text = compute_step(c.B * c.H * T * T, n * c.merge_bytes(T, c.H));
+    Step text =
+        compute_step(c.B * c.H * T * T, (n - 1) * c.merge_bytes(T, c.H) + c.fold_bytes(T, c.H));
     text.replicated = true;
     rs.steps.push_back(text);
   }

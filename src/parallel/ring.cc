@@ -93,8 +93,7 @@ class BlockAttention {
       acc_ = flash_attention(q_, k, v, params);
       first_ = false;
     } else {  // folded into the state by the kernel: no second state, no merge pass
-      params.accumulate = true;
-      flash_attention_into(q_, k, v, params, acc_.out, acc_.lse);
+      flash_attention_fold(acc_, q_, k, v, params);
     }
     work_ += visible_score_elements(B, q_.dim(2), q_.dim(1), k.dim(1), params.mask);
     return true;

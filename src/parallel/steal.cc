@@ -211,8 +211,7 @@ AttnState steal_attention(Communicator& comm, const Partition& part, const Tenso
       KernelCall call(opts, h.q_pos, blocks[src], B);
       call.params.progress = progress;
       if (h.attended) {  // folded into the state by the kernel
-        call.params.accumulate = true;
-        flash_attention_into(h.q, bk, bv, call.params, h.acc.out, h.acc.lse);
+        flash_attention_fold(h.acc, h.q, bk, bv, call.params);
       } else {
         h.acc = flash_attention(h.q, bk, bv, call.params);
         h.attended = true;

@@ -396,7 +396,7 @@ JointState ulysses_joint_attention(Strategy strategy, SpComms& comms, const Part
         const double t0 = now_seconds();
         {
           KernelCall call(text_keys, pos, text_pos, B);
-          merge_into(s, flash_attention(ql, tk, tv, call.params));
+          flash_attention_fold(s, ql, tk, tv, call.params);
         }
         // The text queries over the group's image sequence (all of it under Ulysses).
         {
@@ -420,7 +420,7 @@ JointState ulysses_joint_attention(Strategy strategy, SpComms& comms, const Part
   const double t2 = now_seconds();
   if (myq.size() > 0) {
     KernelCall call(text_keys, text_pos, text_pos, B);
-    merge_into(text, flash_attention(text_q, tk, tv, call.params));
+    flash_attention_fold(text, text_q, tk, tv, call.params);
   }
   js.text = std::move(text);
   if (stats) {

@@ -83,6 +83,10 @@ AttnState flash_attention(const TensorView& q, const TensorView& k, const Tensor
 void flash_attention_into(const TensorView& q, const TensorView& k, const TensorView& v,
                           const AttnParams& params, const MutableTensorView& out,
                           const MutableTensorView& lse);
+// Folds the keys k, v into the state: flash_attention_into with params.accumulate set, on the
+// state's out and lse.
+void flash_attention_fold(AttnState& state, const TensorView& q, const TensorView& k,
+                          const TensorView& v, AttnParams params);
 
 // The oracle: naive attention with double accumulation, one (b, h, query) row at a time.
 // Inputs of any dtype and strides (converted to fp32 values exactly). Slow: O(B·Sq·Sk·H·D).
