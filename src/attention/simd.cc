@@ -157,6 +157,7 @@ inline void vstore_bf16(uint16_t* p, V v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
                       _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
 }
+#define SEQPAR_EXP2V_SCALEF 1  // exp2v by vrndscaleps and vscalefps (simd_body.inc)
 #include "simd_body.inc"
 }  // namespace avx512
 #if defined(__clang__)
@@ -183,6 +184,7 @@ inline void vstore_bf16(uint16_t* p, V v) {
                       reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
 }
 #include "simd_body.inc"
+#undef SEQPAR_EXP2V_SCALEF
 }  // namespace avx512_bf16
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -953,10 +953,11 @@ TEST(Simd, Exp2Accuracy) {
       }
       EXPECT_LE(worst, deg == 5 ? 3e-7 : 1e-4) << simd::isa_name(isa) << " deg " << deg;
     }
-    // Masked scores: -inf and anything below -127 give exactly 0, never NaN.
-    const float special[5] = {-kInf, -1e30f, -200.f, -127.f, -3e4f};
-    float out[5];
-    k.exp2_deg5(special, out, 5);
+    // Masked scores: -inf, NaN and anything below -127 give exactly 0, never NaN.
+    const float special[6] = {-kInf,  -1e30f, -200.f,
+                              -127.f, -3e4f,  std::numeric_limits<float>::quiet_NaN()};
+    float out[6];
+    k.exp2_deg5(special, out, 6);
     for (float o : out) EXPECT_EQ(o, 0.f) << simd::isa_name(isa);
   }
 }
