@@ -18,6 +18,13 @@ far below it:
   small (FLUX t = 0.004, guidance 0.002; Wan t = 3).
 - the tiny Wan model itself (its sharp QK-norms and FFN): its rounded reference in float32 and in
   float64 differ by 1.2e-3 and 5.4e-3 (two seeds), so Wan's tolerance sits above that.
+Qwen-Image is held to the larger of that and the spread of its rounded reference with every
+linear layer's input nudged by a few float32 steps before its rounding (spread.py; nudging only
+the model's input moves nothing, its first layer rounds it away): one element within float32
+noise of a boundary is enough, and which one crosses depends on the order of seqpar's sums
+(measured: 1.58e-3 on some meshes and thread counts once the image rows' text keys were folded
+into their state by the kernel instead of merged; the nudged reference moves by the same 1.58e-3,
+the same element).
 Each case also asks for less than half the distance to the unrounded model (a run that skipped the
 rounding would sit at float32 rounding from it: 1e-6, against 3e-3 to 0.14 for the rounded runs).
 The meshes shard the tokens, the heads and the guidance branches, so the rounding happens on every
@@ -30,6 +37,7 @@ import pytest
 import torch
 from module_env import SEQPAR_PYTHONPATH  # noqa: F401  puts the built module on sys.path
 from safetensors.torch import load_file, save_file
+from spread import NUDGES, tolerance
 
 import test_flux as F
 import test_qwen_image as Q
@@ -53,12 +61,14 @@ def upcast(make, m):
     return r
 
 
-def rounded(r):
-    """r, its linear layers seeing their inputs rounded to bf16."""
+def rounded(r, nudge=0.0):
+    """r, its linear layers seeing their inputs rounded to bf16 (first scaled by 1 + nudge: the
+    spread of spread.py, taken where the roundings are)."""
     for module in r.modules():
         if isinstance(module, (torch.nn.Linear, torch.nn.Conv3d)):
             module.register_forward_pre_hook(
-                lambda _m, args: (args[0].to(torch.bfloat16).to(torch.float32), *args[1:]))
+                lambda _m, args: ((args[0] * (1 + nudge)).to(torch.bfloat16).to(torch.float32),
+                                  *args[1:]))
     return r
 
 
@@ -108,8 +118,11 @@ def qwen(tmp_path_factory):
     save_file({k: v for k, v in inp.items() if not k.startswith("negative")},
               str(d / "in_cond.safetensors"))
     make = lambda: Q.make_model(4)  # noqa: E731
-    return {"dir": d, "inputs": inp,
-            "rounded": Q.reference(rounded(upcast(make, m)), inp, Q.TWO_IMAGES),
+    ref = Q.reference(rounded(upcast(make, m)), inp, Q.TWO_IMAGES)
+    moved = max(W.rel_err(Q.reference(rounded(upcast(make, m), e), inp, Q.TWO_IMAGES), ref)
+                for e in NUDGES)
+    print(f"qwen-image rounded reference: spread {moved:.3g} under nudges")
+    return {"dir": d, "inputs": inp, "rounded": ref, "tol": tolerance(TOL, moved),
             "plain": Q.reference(upcast(make, m), inp, Q.TWO_IMAGES)}
 
 
@@ -123,7 +136,8 @@ def test_qwen_image_command_line(qwen, mesh):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["activations"] == "bf16"
-    judge(f"qwen-image {mesh}", load_file(out)["noise_pred"], qwen["rounded"], qwen["plain"])
+    judge(f"qwen-image {mesh}", load_file(out)["noise_pred"], qwen["rounded"], qwen["plain"],
+          qwen["tol"])
 
 
 def test_qwen_image_python(qwen):
@@ -137,7 +151,7 @@ def test_qwen_image_python(qwen):
                     encoder_hidden_states_mask=inp["encoder_hidden_states_mask"],
                     img_shapes=[Q.TWO_IMAGES] * 2, txt_seq_lens=Q.TEXT_LENS,
                     return_dict=False)[0]
-    judge("qwen-image python ring 2", got, qwen["rounded"], qwen["plain"])
+    judge("qwen-image python ring 2", got, qwen["rounded"], qwen["plain"], qwen["tol"])
 
 
 # FLUX's rounded reference is ill conditioned at float32's level: scaling each Linear input by
