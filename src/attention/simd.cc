@@ -159,6 +159,7 @@ inline void vstore_bf16(uint16_t* p, V v) {
 }
 #define SEQPAR_EXP2V_SCALEF 1  // exp2v by vrndscaleps and vscalefps (simd_body.inc)
 #include "simd_body.inc"
+#undef SEQPAR_EXP2V_SCALEF
 }  // namespace avx512
 #if defined(__clang__)
 #pragma clang attribute pop
@@ -183,6 +184,7 @@ inline void vstore_bf16(uint16_t* p, V v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
                       reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
 }
+#define SEQPAR_EXP2V_SCALEF 1
 #include "simd_body.inc"
 #undef SEQPAR_EXP2V_SCALEF
 }  // namespace avx512_bf16
