@@ -45,22 +45,20 @@ void quantize_blocks(const float* x, int64_t m, int64_t k, std::vector<float>& s
 
 }  // namespace
 
-void quantize_q8_rows(const float* x, int64_t m, int64_t k, Q8Rows& out) {
-  thread_local std::vector<float> s;
-  thread_local std::vector<int8_t> q;
-  quantize_blocks(x, m, k, s, q);
+void pack_s8_rows(const int8_t* q, int64_t m, int64_t k, int64_t ldq, Q8Rows& out) {
   const int64_t nb = k / kQ8Block;
   out.m = m;
-  out.k = k;
+  out.k = nb * kQ8Block;
   out.panels = (m + kQ8Panel - 1) / kQ8Panel;
   out.q.resize(static_cast<size_t>(out.panels * nb * kPanelBlockBytes));
-  out.s.resize(static_cast<size_t>(out.panels * nb * kQ8Panel));
-  // The panels on the team (the thread-local buffers named through pointers: inside the region
-  // the names are each thread's own); the last panel's rows past m are zeros (q + 128, s 0).
-  const int8_t* qv = q.data();
-  const float* sv = s.data();
+  out.s.clear();
+  out.tail_k = k - out.k;
+  out.tail.resize(static_cast<size_t>(m * out.tail_k));
+  // The panels on the team (the buffers named through pointers: inside the region a thread_local
+  // name is each thread's own); the last panel's rows past m are zeros (q + 128).
   uint8_t* oq = out.q.data();
-  float* os = out.s.data();
+  int8_t* ot = out.tail.data();
+  const int64_t tail_k = out.tail_k;
   const int team = omp_in_parallel() ? 1 : omp_get_max_threads();
 #pragma omp parallel for schedule(static) num_threads(team) if (team > 1 && m * k >= (1 << 18))
   for (int64_t p = 0; p < out.panels; ++p)
@@ -71,10 +69,26 @@ void quantize_q8_rows(const float* x, int64_t m, int64_t k, Q8Rows& out) {
         for (int64_t g = 0; g < kGroups; ++g)
           for (int64_t e = 0; e < 4; ++e)
             dst[g * kQ8Panel * 4 + e] =
-                r < m ? static_cast<uint8_t>(qv[r * k + b * kQ8Block + g * 4 + e] ^ 0x80) : 0x80;
-        os[(p * nb + b) * kQ8Panel + lane] = r < m ? sv[r * nb + b] : 0.f;
+                r < m ? static_cast<uint8_t>(q[r * ldq + b * kQ8Block + g * 4 + e] ^ 0x80) : 0x80;
       }
+      if (r < m) std::copy_n(q + r * ldq + nb * kQ8Block, tail_k, ot + r * tail_k);
     }
+}
+
+void quantize_q8_rows(const float* x, int64_t m, int64_t k, Q8Rows& out) {
+  thread_local std::vector<float> s;
+  thread_local std::vector<int8_t> q;
+  quantize_blocks(x, m, k, s, q);
+  pack_s8_rows(q.data(), m, k, k, out);
+  // The scales beside the values: per panel and block, its 16 rows' (0 past m).
+  const int64_t nb = k / kQ8Block;
+  out.s.resize(static_cast<size_t>(out.panels * nb * kQ8Panel));
+  for (int64_t p = 0; p < out.panels; ++p)
+    for (int64_t b = 0; b < nb; ++b)
+      for (int64_t lane = 0; lane < kQ8Panel; ++lane) {
+        const int64_t r = p * kQ8Panel + lane;
+        out.s[(p * nb + b) * kQ8Panel + lane] = r < m ? s[r * nb + b] : 0.f;
+      }
 }
 
 void dequantize_q8_rows(const float* x, int64_t m, int64_t k, float* out) {
@@ -107,6 +121,24 @@ void gemm_q8_scalar(const Q8Rows& x, const int8_t* q, const uint16_t* d, int64_t
     }
   });
 }
+
+namespace {
+
+// int32 sums (gemm_q8_body.inc's product): the inputs past the packed blocks, for output columns
+// [j0, j1) of every row, added to y.
+void add_tail(const Q8Rows& x, const int8_t* q, int64_t j0, int64_t j1, int32_t* y, int64_t ldy) {
+  if (x.tail_k == 0) return;
+  const int64_t ldw = x.k + x.tail_k;
+  for (int64_t r = 0; r < x.m; ++r)
+    for (int64_t j = j0; j < j1; ++j) {
+      int32_t sum = 0;
+      for (int64_t i = 0; i < x.tail_k; ++i)
+        sum += int32_t{x.tail[r * x.tail_k + i]} * q[j * ldw + x.k + i];
+      y[r * ldy + j] += sum;
+    }
+}
+
+}  // namespace
 
 #if SEQPAR_X86_SIMD
 #pragma GCC push_options
@@ -142,6 +174,7 @@ inline VF vfadd(VF a, VF b) { return _mm512_add_ps(a, b); }
 inline VF vfmadd(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
 inline VF vfcvt(VI a) { return _mm512_cvtepi32_ps(a); }
 inline void vfstore(float* p, VF v) { _mm512_store_ps(p, v); }
+inline void vistore(int32_t* p, VI v) { _mm512_store_si512(p, v); }
 #include "gemm_q8_body.inc"
 }  // namespace avx512_vnni
 #if defined(__clang__)
@@ -166,7 +199,8 @@ inline void vfstore(float* p, VF v) { _mm512_store_ps(p, v); }
   inline VF vfadd(VF a, VF b) { return _mm256_add_ps(a, b); }             \
   inline VF vfmadd(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); } \
   inline VF vfcvt(VI a) { return _mm256_cvtepi32_ps(a); }                 \
-  inline void vfstore(float* p, VF v) { _mm256_store_ps(p, v); }
+  inline void vfstore(float* p, VF v) { _mm256_store_ps(p, v); }          \
+  inline void vistore(int32_t* p, VI v) { _mm256_store_si256(reinterpret_cast<VI*>(p), v); }
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avxvnni")
@@ -233,9 +267,10 @@ std::vector<GemmQ8Variant> gemm_q8_variants() {
   std::vector<GemmQ8Variant> v;
 #if SEQPAR_X86_SIMD
   if (cpu_has(Isa::kAvx512) && __builtin_cpu_supports("avx512vnni"))
-    v.push_back({"avx512-vnni", Isa::kAvx512, &avx512_vnni::gemm, false});
-  if (cpu_has_avx_vnni()) v.push_back({"avx-vnni", Isa::kAvx2, &avx_vnni::gemm, true});
-  if (cpu_has(Isa::kAvx2)) v.push_back({"avx2", Isa::kAvx2, &avx2::gemm, false});
+    v.push_back({"avx512-vnni", Isa::kAvx512, &avx512_vnni::gemm, &avx512_vnni::sums, false});
+  if (cpu_has_avx_vnni())
+    v.push_back({"avx-vnni", Isa::kAvx2, &avx_vnni::gemm, &avx_vnni::sums, true});
+  if (cpu_has(Isa::kAvx2)) v.push_back({"avx2", Isa::kAvx2, &avx2::gemm, &avx2::sums, false});
 #endif
   return v;
 }

@@ -20,6 +20,12 @@
 // |bias|) (each term's scale rounded once, nb fused adds, the bias), away from fp32's overflow
 // and subnormal range. A row whose block holds a NaN or an Inf gives NaN in every output (its
 // block scale is +Inf: S_b·Inf with S_b = 0 is NaN).
+//
+// The same variants also give plain int32 sums, for per-channel int8 weights (linear() with int8
+// activations where oneDNN's int8 matmul does not sum exactly, as on CPUs with AVX2 alone):
+// y[r, j] = Σ_i q_x[r, i]·q_w[j, i] over all k inputs, exact in int32 for k <= 2^31 / 127², so
+// the same bits as oneDNN's int8 matmul. The rows are packed as above from int8 values quantized
+// elsewhere (no scales), the inputs past the last full block of 32 kept beside the panels.
 // Thread-safety: reentrant; the product splits its columns over the calling thread's OpenMP team.
 #pragma once
 
@@ -33,9 +39,11 @@ namespace seqpar::model_simd {
 constexpr int64_t kQ8Panel = 16;  // rows of activations per panel (one vector of int32 lanes)
 
 struct Q8Rows {
-  int64_t m = 0, k = 0, panels = 0;
+  int64_t m = 0, k = 0, panels = 0;  // k: the packed inputs, a multiple of 32
   std::vector<uint8_t> q;  // (panels, k / 32, 8, 16, 4): q + 128 of 4 inputs per lane
-  std::vector<float> s;    // (panels, k / 32, 16)
+  std::vector<float> s;    // (panels, k / 32, 16); empty for int32 sums
+  int64_t tail_k = 0;      // int32 sums: inputs past the packed k (fewer than 32)
+  std::vector<int8_t> tail;  // (m, tail_k): those inputs' values as they are
 };
 
 // x (m, k) fp32, k a multiple of 32, quantized and packed as above, on the calling thread's team.
@@ -45,6 +53,10 @@ void quantize_q8_rows(const float* x, int64_t m, int64_t k, Q8Rows& out);
 // Q8_0 decode product's input where the vector variant does not run, or for a few rows).
 void dequantize_q8_rows(const float* x, int64_t m, int64_t k, float* out);
 
+// q (m, k) int8 (row stride ldq) packed for int32 sums: its first k / 32 · 32 inputs as above, the
+// rest into out.tail. On the calling thread's team.
+void pack_s8_rows(const int8_t* q, int64_t m, int64_t k, int64_t ldq, Q8Rows& out);
+
 // The product's variants: y (m, n; row stride ldy) from the packed rows and a Q8_0 weight q (n, k)
 // int8, d (n, k / 32) fp16; bias (n) or null.
 using GemmQ8 = void (*)(const Q8Rows& x, const int8_t* q, const uint16_t* d, int64_t n,
@@ -52,10 +64,14 @@ using GemmQ8 = void (*)(const Q8Rows& x, const int8_t* q, const uint16_t* d, int
 // The portable loops (the reference the tests compare the vector variant's bits with).
 void gemm_q8_scalar(const Q8Rows& x, const int8_t* q, const uint16_t* d, int64_t n,
                     const float* bias, float* y, int64_t ldy);
+// int32 sums: y (m, n; row stride ldy) = q_x · q_wᵀ from rows packed by pack_s8_rows and int8
+// weights q (n, x.k + x.tail_k).
+using GemmS32 = void (*)(const Q8Rows& x, const int8_t* q, int64_t n, int32_t* y, int64_t ldy);
 struct GemmQ8Variant {
   const char* name;  // "avx512-vnni", "avx-vnni", "avx2"
   Isa isa;           // the SEQPAR_KERNEL_ISA it needs: avx512, or avx2
   GemmQ8 gemm;
+  GemmS32 sums;
   // An extension beyond that set (AVX-VNNI beside AVX2): left out where SEQPAR_KERNEL_ISA caps
   // the CPU below its widest set, so that a cap at avx2 stands for a CPU with AVX2 alone.
   bool extension = false;

@@ -393,19 +393,31 @@ bool exact_int8_matmul() {
   return exact;
 }
 
-// y = s_x·s_w·(q_x · q_wᵀ) + b from 5 rows where exact_int8_matmul(): the sums in int32 by
-// oneDNN, each block of the weight's rows on one thread of the team, then one vector pass.
+// y = s_x·s_w·(q_x · q_wᵀ) + b from 5 rows: the sums in int32 by oneDNN where
+// exact_int8_matmul() (each block of the weight's rows on one thread of the team), else by
+// gemm_q8.h's vector variant (the same sums, so the same bits), then one vector pass.
 void linear_int8_matmul(const QuantizedRows& xq, int64_t m, int64_t k, const Tensor& w,
                         const Tensor& w_scale, const float* b, Tensor& y) {
   const int64_t n = w.dim(0);
   const float* s = xq.s.data<float>();
   float* yd = y.data<float>();
-  over_weight_blocks(int8_matmul_block_bytes(m), k, n, [&](int64_t j0, int64_t nb) {
-    // The int32 sums land in y's own storage (4 bytes each), then become floats in place.
-    matmul(xq.q.raw(), m, k, w.data<int8_t>() + j0 * k, nb, nullptr, yd + j0, n, MatmulTypes::kS8);
-    model_simd::kernels().scale_int32_rows(yd + j0, m, nb, n, s, w_scale.data<float>() + j0,
-                                           b ? b + j0 : nullptr);
-  });
+  // The int32 sums land in y's own storage (4 bytes each), then become floats in place.
+  if (exact_int8_matmul()) {
+    over_weight_blocks(int8_matmul_block_bytes(m), k, n, [&](int64_t j0, int64_t nb) {
+      matmul(xq.q.raw(), m, k, w.data<int8_t>() + j0 * k, nb, nullptr, yd + j0, n,
+             MatmulTypes::kS8);
+      model_simd::kernels().scale_int32_rows(yd + j0, m, nb, n, s, w_scale.data<float>() + j0,
+                                             b ? b + j0 : nullptr);
+    });
+  } else {
+    thread_local model_simd::Q8Rows packed;
+    model_simd::pack_s8_rows(xq.q.data<int8_t>(), m, k, k, packed);
+    model_simd::gemm_q8()->sums(packed, w.data<int8_t>(), n, reinterpret_cast<int32_t*>(yd), n);
+    model_simd::over_columns(n, 16, [&](int64_t j0, int64_t j1) {
+      model_simd::kernels().scale_int32_rows(yd + j0, m, j1 - j0, n, s, w_scale.data<float>() + j0,
+                                             b ? b + j0 : nullptr);
+    });
+  }
   // A row holding a NaN or an Inf has no scale: its outputs are NaN, as the fp32 product gives.
   for (int64_t r = 0; r < m; ++r)
     if (!std::isfinite(xq.amax.data<float>()[r]))
@@ -420,7 +432,8 @@ std::string_view int8_activations_path() {
           ? "onednn s8 " +
                 std::string(
                     matmul_pd({256, 256, 256, false, MatmulTypes::kS8, 256, 1}).impl_info_str())
-          : std::string("fp32 of the quantized values");
+      : model_simd::gemm_q8() ? std::string("int32 sums ") + model_simd::gemm_q8()->name
+                              : std::string("fp32 of the quantized values");
   return path;
 }
 
@@ -476,8 +489,9 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
   const float* xs = x.data<float>();
   Tensor xb, rounded;
   bool channel_bf16 = false;
-  // int8 activations: x quantized per row; from 5 rows the int8 matmul where it sums exactly,
-  // else the per-channel paths below on x̂ = fl(s_x·q_x) (a NaN row's x̂ is NaN: s is Inf).
+  // int8 activations: x quantized per row; from 5 rows int32 sums (oneDNN's int8 matmul where it
+  // sums exactly, else gemm_q8.h's variant), else the per-channel paths below on
+  // x̂ = fl(s_x·q_x) (a NaN row's x̂ is NaN: s is Inf).
   // With Q8_0 weights: x quantized per block of 32; past kFewRowsQ8Int8Activations rows the
   // product of gemm_q8.h where the CPU has AVX2 (SEQPAR_KERNEL_ISA not scalar), else the Q8_0
   // paths below on x̂.
@@ -499,7 +513,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
     SEQPAR_CHECK(k <= kMaxInt8Inputs, "linear: int8 activations over ", k,
                  " inputs; valid: at most ", kMaxInt8Inputs, " (an int32 sum)");
     const QuantizedRows xq = quantize_rows(xs, m, k, x_row_max);
-    if (m > kFewRowsInt8Activations && exact_int8_matmul()) {
+    if (m > kFewRowsInt8Activations && (exact_int8_matmul() || model_simd::gemm_q8())) {
       linear_int8_matmul(xq, m, k, w, w_scale, b, y);
       return y;
     }

@@ -9,7 +9,9 @@
 //   γ_(nb+2) on the int32 sums (gemm_q8.h); on the fp32 paths on x̂ = fl(s·q) (a few rows, or no
 //   vector variant: SEQPAR_KERNEL_ISA=scalar shows it, tests/CMakeLists.txt) the Q8_0 decode
 //   product's depth up to 32 rows and γ_(k+2) (oneDNN, any order) past them;
-// - a row holding a NaN gives NaN; the result differs from fp32 activations'.
+// - a row holding a NaN gives NaN; the result differs from fp32 activations';
+// - every variant's int32 sums (per-channel int8 weights) equal the sums in int64, tails of
+//   fewer than 32 inputs included, with the extreme values at the largest depth the tests run.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -49,6 +51,54 @@ std::vector<float> activations(int64_t m, int64_t k, std::mt19937& rng) {
     r[2] = -0.5f;
   }
   return x;
+}
+
+// The int32 sums of every variant against Σ q_x·q_w in int64, straight from the unpacked values:
+// k below one block, across block boundaries and with tails; rows in partial panels; outputs in
+// partial tiles; 1 to 3 threads; every product at its extreme (127 · -128) in one output, and
+// -127 · -128 over a depth of 16384 (a sum of 2.7e8: past 2^24, within int32).
+TEST(GemmQ8, EveryVariantSumsExactly) {
+  const std::vector<GemmQ8Variant> variants = gemm_q8_variants();
+  if (variants.empty()) GTEST_SKIP() << "no vector variant runs on this CPU";
+  std::mt19937 rng(9);
+  std::uniform_int_distribution<int> xd(-127, 127), wd(-128, 127);
+  const int saved = omp_get_max_threads();
+  auto check = [&](int64_t m, int64_t k, int64_t n, const std::vector<int8_t>& x,
+                   const std::vector<int8_t>& w) {
+    const int64_t ldy = n + 2;
+    std::vector<int32_t> want(static_cast<size_t>(m * ldy), -7);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t j = 0; j < n; ++j) {
+        int64_t sum = 0;
+        for (int64_t i = 0; i < k; ++i) sum += int64_t{x[r * k + i]} * w[j * k + i];
+        want[r * ldy + j] = static_cast<int32_t>(sum);
+      }
+    Q8Rows rows;
+    pack_s8_rows(x.data(), m, k, k, rows);
+    for (const GemmQ8Variant& v : variants)
+      for (int threads = 1; threads <= 3; ++threads) {
+        omp_set_num_threads(threads);
+        std::vector<int32_t> got(static_cast<size_t>(m * ldy), -7);
+        v.sums(rows, w.data(), n, got.data(), ldy);
+        ASSERT_EQ(got, want) << v.name << ": m " << m << " k " << k << " n " << n << " threads "
+                             << threads;
+      }
+  };
+  for (const int64_t k : {1, 4, 31, 32, 33, 64, 100, 160, 2048, 2050})
+    for (const int64_t m : {1, 5, 8, 9, 16, 17, 33, 100})
+      for (const int64_t n : {1, 3, 4, 5, 6, 7, 13, 37}) {
+        std::vector<int8_t> x(static_cast<size_t>(m * k)), w(static_cast<size_t>(n * k));
+        for (int8_t& v : x) v = static_cast<int8_t>(xd(rng));
+        for (int8_t& v : w) v = static_cast<int8_t>(wd(rng));
+        std::fill_n(x.begin(), k, static_cast<int8_t>(127));
+        std::fill_n(w.begin(), k, static_cast<int8_t>(-128));
+        check(m, k, n, x, w);
+      }
+  const int64_t k = 16384, m = 17, n = 7;
+  std::vector<int8_t> x(m * k, static_cast<int8_t>(-127)), w(n * k, static_cast<int8_t>(-128));
+  for (int64_t i = 0; i < k; i += 3) w[i] = 127;  // row 0 mixed
+  check(m, k, n, x, w);
+  omp_set_num_threads(saved);
 }
 
 TEST(GemmQ8, EveryVariantGivesTheReferencesBits) {

@@ -617,10 +617,11 @@ TEST(BF16Activations, Int8WeightsWithinTheBoundOfTheRoundedProduct) {
 
 // int8 activations (per-channel int8 weights): each row of x quantized as the test does it here
 // (s = a / 127 in fp32, q = nearbyint(x / s) clamped), then past 4 rows y within gamma_4 ·
-// (|s_x·s_w·Σ q_x·q_w| + |b|) of that value in float64 (the sums exact in int32), up to 4 rows
-// (the per-channel decode product on x̂ = fl(s_x·q_x)), and at any row count where oneDNN's int8
-// matmul does not sum exactly (no VNNI: int8_activations_path() says "fp32 of the quantized
-// values"; ONEDNN_MAX_CPU_ISA=AVX2 shows it), within gamma_(k+2) · (Σ|x̂·s_w·q_w| + |b|).
+// (|s_x·s_w·Σ q_x·q_w| + |b|) of that value in float64 (the sums exact in int32: oneDNN's int8
+// matmul with VNNI, else gemm_q8.h's sums, as under ONEDNN_MAX_CPU_ISA=AVX2
+// SEQPAR_KERNEL_ISA=avx2), up to 4 rows (the per-channel decode product on x̂ = fl(s_x·q_x)), and
+// at any row count where neither runs (int8_activations_path() says "fp32 of the quantized
+// values"), within gamma_(k+2) · (Σ|x̂·s_w·q_w| + |b|).
 // Rows with an outlier column (a spread of magnitudes, as real activations have), given row
 // maxima (a row-parallel rank's), a zero row (the bias) and a row holding a NaN (NaN); the call
 // differs from fp32 activations; bf16 weights are refused.
@@ -648,7 +649,7 @@ TEST(Int8Activations, WithinTheBoundOfTheQuantizedProduct) {
           for (int64_t r = 0; r < m; ++r) amax.data<float>()[r] *= 1.5f;
         const Tensor y = linear(x, cw.q, has_bias ? bias : Tensor(), cw.s, DType::kI8,
                                 given_max ? amax : Tensor());
-        const bool exact_sums = m > 4 && int8_activations_path().starts_with("onednn s8");
+        const bool exact_sums = m > 4 && int8_activations_path() != "fp32 of the quantized values";
         const double g = exact_sums ? 4 * u / (1 - 4 * u) : (k + 2) * u / (1 - (k + 2) * u);
         std::vector<float> xh(k);
         std::vector<double> qx(k), deq(k), qw(k);

@@ -3,7 +3,8 @@ float32 on the dequantized weights with the same quantization put in front of ev
 forward pre-hook: x -> s·q), and against that model without it. Two formats:
 - --weights-dtype int8-channel: every linear layer's input quantized to int8 per row, s =
   max|x| / 127, q = round(x / s) with ties to even, clamped to [-127, 127], and multiplied by the
-  per-channel int8 weight (oneDNN's int8 matmul past 4 rows);
+  per-channel int8 weight (int32 sums past 4 rows: oneDNN's int8 matmul with VNNI, else
+  seqpar's own AVX2 product, src/model/gemm_q8.h);
 - --weights-dtype int8 (Q8_0): the same per block of 32 inputs of a row, each block with its own
   scale, as llama.cpp multiplies Q8_0 (past 5 rows the int8 products summed in int32 with
   AVX512-VNNI, AVX-VNNI or AVX2, src/model/gemm_q8.h).
@@ -145,15 +146,21 @@ def cpu_flags():
 
 
 def test_info_names_the_paths():
-    """Per-channel weights: oneDNN's int8 matmul where it sums exactly (VNNI), the fp32 product of
-    the quantized values on CPUs without VNNI (AVX2 alone); Q8_0: seqpar's own product."""
+    """Per-channel weights: oneDNN's int8 matmul where it sums exactly (VNNI), else seqpar's own
+    int32 sums (AVX2), else the fp32 product of the quantized values (SEQPAR_KERNEL_ISA=scalar
+    without VNNI); Q8_0: seqpar's own product."""
     info = json.dumps(json.loads(subprocess.run([L.SEQPAR, "info", "--json"], capture_output=True,
                                                 text=True, check=True).stdout))
-    path = re.search(r"int8 activations (onednn s8 [^,\"]+|fp32 of the quantized values)", info)
+    path = re.search(r"int8 activations (onednn s8 [^,\"]+|int32 sums [^,\"]+|"
+                     r"fp32 of the quantized values)", info)
     assert path, info
-    vnni = {"avx512_vnni", "avx_vnni"} & cpu_flags()
-    if not vnni:
-        assert path.group(1) == "fp32 of the quantized values", info
-    elif "ONEDNN_MAX_CPU_ISA" not in os.environ:
+    flags = cpu_flags()
+    onednn_vnni = bool({"avx512_vnni", "avx_vnni"} & flags) and \
+        os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() not in ("AVX2", "AVX", "SSE41")
+    if onednn_vnni:
         assert path.group(1).startswith("onednn s8 "), info
+    elif "avx2" in flags and os.environ.get("SEQPAR_KERNEL_ISA") != "scalar":
+        assert path.group(1).startswith("int32 sums "), info
+    else:
+        assert path.group(1) == "fp32 of the quantized values", info
     assert "int8 activations x Q8_0 " in info, info

@@ -51,7 +51,9 @@ Tensor row_abs_max(const Tensor& x);
 // "fp32 of the rounded values".
 std::string_view bf16_activations_path();
 // Where linear() multiplies int8 activations past 4 rows: "onednn s8 " and oneDNN's
-// implementation (e.g. "brg:avx512_core_vnni"), or "fp32 of the quantized values" (no VNNI).
+// implementation (e.g. "brg:avx512_core_vnni") where it sums exactly (VNNI), else "int32 sums "
+// and the vector variant giving the same sums (e.g. "avx2"), or "fp32 of the quantized values"
+// (SEQPAR_KERNEL_ISA=scalar without VNNI).
 std::string_view int8_activations_path();
 // The instruction set each of linear()'s kernels runs on this CPU, e.g. "gemv_bf16 avx512,
 // gemv_f16 avx512, gemv_q8 avx512, gemv_i8_channel avx512, convert avx512, ..., int8
