@@ -5,7 +5,8 @@
 # clones this checkout's HEAD into it, mounts /proc, /sys and /dev, installs only `make` (and
 # ccache, where this machine has it; see CCACHE_DIR), and runs
 # `make demo` and `make test` inside it with chroot. Prints one line with the result and the time;
-# the full log stays in the cache folder. Mounts are undone and the copy removed on every exit.
+# the full log stays in the cache folder. Mounts are undone and the copy removed on every exit (a
+# run killed before it could: by the next run).
 #
 #   scripts/fresh-machine-test.sh [--keep] [--refresh]
 #     --keep      leave the used root in place (its path is printed) to look inside
@@ -70,6 +71,22 @@ umount "$probe"
 rmdir "$probe"
 chroot / true 2>>"$log" || fail "this machine forbids chroot"
 
+# One run at a time per cache folder. A root left by a run killed before its EXIT trap ran (a
+# SIGKILL, a lost session: 8 GiB with its mounts still on) has its mounts taken off and is removed
+# here; roots kept with --keep are left alone. The lock passes to the run's children, so a root
+# whose commands still run is never taken for a stale one.
+exec 9>"$cache/.lock"
+flock -n 9 || fail "another fresh-machine test is running with $cache (its lock: $cache/.lock)"
+for stale in "$cache"/root.*; do
+  if [ ! -d "$stale" ] || [ -f "$stale/.kept" ]; then continue; fi
+  awk -v r="$stale/" 'index($2, r) == 1 { print $2 }' /proc/mounts | sort -r |
+    while read -r m; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null; done
+  if ! grep -q " $stale/" /proc/mounts; then
+    echo "fresh-machine: removing $stale, left by an earlier run" >&2
+    rm -rf --one-file-system "$stale"
+  fi
+done
+
 if ! command -v debootstrap >/dev/null; then
   echo "fresh-machine: installing debootstrap" >&2
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap; } \
@@ -96,6 +113,7 @@ cleanup() {
     umount -R "${mounts[$i]}" 2>/dev/null || umount -lR "${mounts[$i]}" 2>/dev/null
   done
   if [ "$keep" -eq 1 ]; then
+    touch "$root/.kept"
     echo "fresh-machine: root kept at $root" >&2
   else
     # Never delete through a mount that failed to come off.
