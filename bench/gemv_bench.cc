@@ -62,7 +62,8 @@ int q8_int8_table(const std::vector<int64_t>& ks, const std::vector<int64_t>& ns
                                  (void)seqpar::linear(x, wq.q, seqpar::Tensor(), wq.d);
                                  return;
                                }
-                               ms::quantize_q8_rows(x.data<float>(), m, k, rows);
+                               ms::quantize_q8_rows(x.data<float>(), m, k, rows,
+                                                    variants[v].layout);
                                variants[v].gemm(rows, wq.q.data<int8_t>(), wq.d.data<uint16_t>(), n,
                                                 nullptr, y.data(), n);
                              },

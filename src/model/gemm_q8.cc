@@ -8,6 +8,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <utility>
 
 #include "seqpar/core/dtype.h"
@@ -28,6 +29,10 @@ constexpr int64_t kPanelBlockBytes = kQ8Panel * kQ8Block;  // 512: one panel's b
 // against all rows at once (their 4 MiB streamed from L3 for every 6 or 4 weight rows); blocks of
 // 128 and 512 KiB within 5% of 256, and m 256 (one or two blocks) unchanged.
 constexpr int64_t kRowBlockBytes = int64_t{256} << 10;
+// AMX's tiles from this many rows (the others below it). One thread, a 8192 x 2048 weight
+// (bench/gemv_bench --dtype int8 --activations int8, an AMX Xeon): AMX 62, 122, 278 and 312
+// G operations/s at m 8, 16, 64 and 256, AVX512-VNNI 104, 223, 335 and 263.
+constexpr int64_t kAmxMinRows = 128;
 
 // x (m, k) per block of 32 (gemm_q8.h): the blocks' scales s (m, k / 32) and values q (m, k).
 void quantize_blocks(const float* x, int64_t m, int64_t k, std::vector<float>& s,
@@ -45,41 +50,52 @@ void quantize_blocks(const float* x, int64_t m, int64_t k, std::vector<float>& s
 
 }  // namespace
 
-void pack_s8_rows(const int8_t* q, int64_t m, int64_t k, int64_t ldq, Q8Rows& out) {
+void pack_s8_rows(const int8_t* q, int64_t m, int64_t k, int64_t ldq, Q8Rows& out,
+                  Q8Layout layout) {
   const int64_t nb = k / kQ8Block;
   out.m = m;
   out.k = nb * kQ8Block;
   out.panels = (m + kQ8Panel - 1) / kQ8Panel;
+  out.layout = layout;
   out.q.resize(static_cast<size_t>(out.panels * nb * kPanelBlockBytes));
   out.s.clear();
   out.tail_k = k - out.k;
   out.tail.resize(static_cast<size_t>(m * out.tail_k));
   // The panels on the team (the buffers named through pointers: inside the region a thread_local
-  // name is each thread's own); the last panel's rows past m are zeros (q + 128).
+  // name is each thread's own); the last panel's rows past m are zeros (q + 128 in kPanels).
   uint8_t* oq = out.q.data();
   int8_t* ot = out.tail.data();
-  const int64_t tail_k = out.tail_k;
+  const int64_t tail_k = out.tail_k, kp = out.k;
+  const bool tiles = layout == Q8Layout::kTiles;
   const int team = omp_in_parallel() ? 1 : omp_get_max_threads();
 #pragma omp parallel for schedule(static) num_threads(team) if (team > 1 && m * k >= (1 << 18))
   for (int64_t p = 0; p < out.panels; ++p)
     for (int64_t lane = 0; lane < kQ8Panel; ++lane) {
       const int64_t r = p * kQ8Panel + lane;
       for (int64_t b = 0; b < nb; ++b) {
-        uint8_t* dst = oq + (p * nb + b) * kPanelBlockBytes + lane * 4;
-        for (int64_t g = 0; g < kGroups; ++g)
-          for (int64_t e = 0; e < 4; ++e)
-            dst[g * kQ8Panel * 4 + e] =
-                r < m ? static_cast<uint8_t>(q[r * ldq + b * kQ8Block + g * 4 + e] ^ 0x80) : 0x80;
+        if (tiles) {
+          uint8_t* dst = oq + (p * nb + b) * kPanelBlockBytes + lane * kQ8Block;
+          if (r < m)
+            std::memcpy(dst, q + r * ldq + b * kQ8Block, kQ8Block);
+          else
+            std::fill_n(dst, kQ8Block, uint8_t{0});
+        } else {
+          uint8_t* dst = oq + (p * nb + b) * kPanelBlockBytes + lane * 4;
+          for (int64_t g = 0; g < kGroups; ++g)
+            for (int64_t e = 0; e < 4; ++e)
+              dst[g * kQ8Panel * 4 + e] =
+                  r < m ? static_cast<uint8_t>(q[r * ldq + b * kQ8Block + g * 4 + e] ^ 0x80) : 0x80;
+        }
       }
-      if (r < m) std::copy_n(q + r * ldq + nb * kQ8Block, tail_k, ot + r * tail_k);
+      if (r < m) std::copy_n(q + r * ldq + kp, tail_k, ot + r * tail_k);
     }
 }
 
-void quantize_q8_rows(const float* x, int64_t m, int64_t k, Q8Rows& out) {
+void quantize_q8_rows(const float* x, int64_t m, int64_t k, Q8Rows& out, Q8Layout layout) {
   thread_local std::vector<float> s;
   thread_local std::vector<int8_t> q;
   quantize_blocks(x, m, k, s, q);
-  pack_s8_rows(q.data(), m, k, k, out);
+  pack_s8_rows(q.data(), m, k, k, out, layout);
   // The scales beside the values: per panel and block, its 16 rows' (0 past m).
   const int64_t nb = k / kQ8Block;
   out.s.resize(static_cast<size_t>(out.panels * nb * kQ8Panel));
@@ -122,11 +138,8 @@ void gemm_q8_scalar(const Q8Rows& x, const int8_t* q, const uint16_t* d, int64_t
   });
 }
 
-namespace {
-
-// int32 sums (gemm_q8_body.inc's product): the inputs past the packed blocks, for output columns
-// [j0, j1) of every row, added to y.
-void add_tail(const Q8Rows& x, const int8_t* q, int64_t j0, int64_t j1, int32_t* y, int64_t ldy) {
+void add_s8_tail(const Q8Rows& x, const int8_t* q, int64_t j0, int64_t j1, int32_t* y,
+                 int64_t ldy) {
   if (x.tail_k == 0) return;
   const int64_t ldw = x.k + x.tail_k;
   for (int64_t r = 0; r < x.m; ++r)
@@ -137,8 +150,6 @@ void add_tail(const Q8Rows& x, const int8_t* q, int64_t j0, int64_t j1, int32_t*
       y[r * ldy + j] += sum;
     }
 }
-
-}  // namespace
 
 #if SEQPAR_X86_SIMD
 #pragma GCC push_options
@@ -266,6 +277,9 @@ inline VI dot(VI sum, XV x, const WB& w) {
 std::vector<GemmQ8Variant> gemm_q8_variants() {
   std::vector<GemmQ8Variant> v;
 #if SEQPAR_X86_SIMD
+  if (cpu_has(Isa::kAvx512) && amx_int8_usable())
+    v.push_back({"amx-int8", Isa::kAvx512, &gemm_q8_amx, &sums_s8_amx, false, Q8Layout::kTiles,
+                 kAmxMinRows});
   if (cpu_has(Isa::kAvx512) && __builtin_cpu_supports("avx512vnni"))
     v.push_back({"avx512-vnni", Isa::kAvx512, &avx512_vnni::gemm, &avx512_vnni::sums, false});
   if (cpu_has_avx_vnni())
@@ -275,17 +289,29 @@ std::vector<GemmQ8Variant> gemm_q8_variants() {
   return v;
 }
 
-const GemmQ8Variant* gemm_q8() {
-  static const std::vector<GemmQ8Variant> variants = gemm_q8_variants();
-  static const GemmQ8Variant* chosen = [] {
+const GemmQ8Variant* gemm_q8(int64_t m) {
+  static const std::vector<GemmQ8Variant> allowed = [] {
+    std::vector<GemmQ8Variant> v;
     const bool capped = kernel_isa() < best_isa();
-    for (const GemmQ8Variant& v : variants)
-      if (v.isa <= kernel_isa() && !(v.extension && capped)) return &v;
-    return static_cast<const GemmQ8Variant*>(nullptr);
+    for (const GemmQ8Variant& g : gemm_q8_variants())
+      if (g.isa <= kernel_isa() && !(g.extension && capped)) v.push_back(g);
+    return v;
   }();
-  return chosen;
+  for (const GemmQ8Variant& v : allowed)
+    if (m >= v.min_rows) return &v;
+  return nullptr;
 }
 
-const char* gemm_q8_path() { return gemm_q8() ? gemm_q8()->name : "fp32 of the quantized values"; }
+const char* gemm_q8_path() {
+  static const std::string path = [] {
+    const GemmQ8Variant* wide = gemm_q8();
+    if (!wide) return std::string("fp32 of the quantized values");
+    const GemmQ8Variant* few = gemm_q8(wide->min_rows - 1);
+    if (wide->min_rows == 0 || few == wide) return std::string(wide->name);
+    return std::string(wide->name) + " from " + std::to_string(wide->min_rows) + " rows, else " +
+           (few ? few->name : "fp32 of the quantized values");
+  }();
+  return path.c_str();
+}
 
 }  // namespace seqpar::model_simd

@@ -411,8 +411,9 @@ void linear_int8_matmul(const QuantizedRows& xq, int64_t m, int64_t k, const Ten
     });
   } else {
     thread_local model_simd::Q8Rows packed;
-    model_simd::pack_s8_rows(xq.q.data<int8_t>(), m, k, k, packed);
-    model_simd::gemm_q8()->sums(packed, w.data<int8_t>(), n, reinterpret_cast<int32_t*>(yd), n);
+    const model_simd::GemmQ8Variant* gemm = model_simd::gemm_q8(m);
+    model_simd::pack_s8_rows(xq.q.data<int8_t>(), m, k, k, packed, gemm->layout);
+    gemm->sums(packed, w.data<int8_t>(), n, reinterpret_cast<int32_t*>(yd), n);
     model_simd::over_columns(n, 16, [&](int64_t j0, int64_t j1) {
       model_simd::kernels().scale_int32_rows(yd + j0, m, j1 - j0, n, s, w_scale.data<float>() + j0,
                                              b ? b + j0 : nullptr);
@@ -432,7 +433,7 @@ std::string_view int8_activations_path() {
           ? "onednn s8 " +
                 std::string(
                     matmul_pd({256, 256, 256, false, MatmulTypes::kS8, 256, 1}).impl_info_str())
-      : model_simd::gemm_q8() ? std::string("int32 sums ") + model_simd::gemm_q8()->name
+      : model_simd::gemm_q8() ? std::string("int32 sums ") + model_simd::gemm_q8_path()
                               : std::string("fp32 of the quantized values");
   return path;
 }
@@ -496,10 +497,10 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
   // product of gemm_q8.h where the CPU has AVX2 (SEQPAR_KERNEL_ISA not scalar), else the Q8_0
   // paths below on x̂.
   if (activations == DType::kI8 && q8) {
-    const model_simd::GemmQ8Variant* gemm = model_simd::gemm_q8();
+    const model_simd::GemmQ8Variant* gemm = model_simd::gemm_q8(m);
     if (m > kFewRowsQ8Int8Activations && gemm) {
       thread_local model_simd::Q8Rows xq;
-      model_simd::quantize_q8_rows(xs, m, k, xq);
+      model_simd::quantize_q8_rows(xs, m, k, xq, gemm->layout);
       gemm->gemm(xq, w.data<int8_t>(), w_scale.data<uint16_t>(), n, b, y.data<float>(), n);
       return y;
     }
@@ -513,7 +514,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
     SEQPAR_CHECK(k <= kMaxInt8Inputs, "linear: int8 activations over ", k,
                  " inputs; valid: at most ", kMaxInt8Inputs, " (an int32 sum)");
     const QuantizedRows xq = quantize_rows(xs, m, k, x_row_max);
-    if (m > kFewRowsInt8Activations && (exact_int8_matmul() || model_simd::gemm_q8())) {
+    if (m > kFewRowsInt8Activations && (exact_int8_matmul() || model_simd::gemm_q8(m))) {
       linear_int8_matmul(xq, m, k, w, w_scale, b, y);
       return y;
     }

@@ -1,5 +1,5 @@
 // int8 activations times Q8_0 weights (src/model/gemm_q8.h), against float64:
-// - every vector variant the CPU runs (AVX512-VNNI, AVX-VNNI, AVX2) gives the portable reference's
+// - every vector variant the CPU runs (AMX, AVX512-VNNI, AVX-VNNI, AVX2) gives the portable reference's
 //   bits, on 1 to 3 threads, over a sweep of rows (padded panels; 300 x 2048 packed by the team),
 //   inputs, outputs (partial tiles), biases, and weights of -128 and 127 beside activations of
 //   ±127 (the largest sums, and AVX2's pairs of products at their largest);
@@ -73,11 +73,11 @@ TEST(GemmQ8, EveryVariantSumsExactly) {
         for (int64_t i = 0; i < k; ++i) sum += int64_t{x[r * k + i]} * w[j * k + i];
         want[r * ldy + j] = static_cast<int32_t>(sum);
       }
-    Q8Rows rows;
-    pack_s8_rows(x.data(), m, k, k, rows);
     for (const GemmQ8Variant& v : variants)
       for (int threads = 1; threads <= 3; ++threads) {
         omp_set_num_threads(threads);
+        Q8Rows rows;
+        pack_s8_rows(x.data(), m, k, k, rows, v.layout);
         std::vector<int32_t> got(static_cast<size_t>(m * ldy), -7);
         v.sums(rows, w.data(), n, got.data(), ldy);
         ASSERT_EQ(got, want) << v.name << ": m " << m << " k " << k << " n " << n << " threads "
@@ -139,8 +139,11 @@ TEST(GemmQ8, EveryVariantGivesTheReferencesBits) {
         for (const GemmQ8Variant& v : variants)
           for (int threads = 1; threads <= 3; ++threads) {
             omp_set_num_threads(threads);
+            Q8Rows packed;
+            quantize_q8_rows(x.data(), m, k, packed, v.layout);
             std::vector<float> got(static_cast<size_t>(m * ldy), -1.f);
-            v.gemm(rows, q.data(), d.data(), n, has_bias ? bias.data() : nullptr, got.data(), ldy);
+            v.gemm(packed, q.data(), d.data(), n, has_bias ? bias.data() : nullptr, got.data(),
+                   ldy);
             ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
                 << v.name << ": m " << m << " k " << k << " n " << n << " threads " << threads;
           }
