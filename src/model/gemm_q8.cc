@@ -20,15 +20,7 @@ namespace seqpar::model_simd {
 
 namespace {
 
-constexpr int64_t kGroups = kQ8Block / 4;                  // 32-bit lanes of inputs per block
-constexpr int64_t kPanelBlockBytes = kQ8Panel * kQ8Block;  // 512: one panel's block
-// Packed activations a block of rows holds (gemm_q8_body.inc): each weight row of a thread's chunk
-// passes over one block before the next, which then stays in the core's L2. 2 threads, m 2048 by a
-// 8192 x 2048 weight (bench/gemv_bench --dtype int8 --activations int8 --threads 2, an Intel Xeon
-// with a 2 MiB L2): AVX512-VNNI 451 -> 647 G operations/s, AVX-VNNI 316 -> 486, AVX2 161 -> 204
-// against all rows at once (their 4 MiB streamed from L3 for every 6 or 4 weight rows); blocks of
-// 128 and 512 KiB within 5% of 256, and m 256 (one or two blocks) unchanged.
-constexpr int64_t kRowBlockBytes = int64_t{256} << 10;
+constexpr int64_t kGroups = kQ8Block / 4;  // 32-bit lanes of inputs per block
 // AMX's tiles from this many rows (the others below it). One thread, a 8192 x 2048 weight
 // (bench/gemv_bench --dtype int8 --activations int8, an AMX Xeon): AMX 62, 122, 278 and 312
 // G operations/s at m 8, 16, 64 and 256, AVX512-VNNI 104, 223, 335 and 263.
@@ -57,7 +49,7 @@ void pack_s8_rows(const int8_t* q, int64_t m, int64_t k, int64_t ldq, Q8Rows& ou
   out.k = nb * kQ8Block;
   out.panels = (m + kQ8Panel - 1) / kQ8Panel;
   out.layout = layout;
-  out.q.resize(static_cast<size_t>(out.panels * nb * kPanelBlockBytes));
+  out.q.resize(static_cast<size_t>(out.panels * nb * kQ8PanelBlockBytes));
   out.s.clear();
   out.tail_k = k - out.k;
   out.tail.resize(static_cast<size_t>(m * out.tail_k));
@@ -74,13 +66,13 @@ void pack_s8_rows(const int8_t* q, int64_t m, int64_t k, int64_t ldq, Q8Rows& ou
       const int64_t r = p * kQ8Panel + lane;
       for (int64_t b = 0; b < nb; ++b) {
         if (tiles) {
-          uint8_t* dst = oq + (p * nb + b) * kPanelBlockBytes + lane * kQ8Block;
+          uint8_t* dst = oq + (p * nb + b) * kQ8PanelBlockBytes + lane * kQ8Block;
           if (r < m)
             std::memcpy(dst, q + r * ldq + b * kQ8Block, kQ8Block);
           else
             std::fill_n(dst, kQ8Block, uint8_t{0});
         } else {
-          uint8_t* dst = oq + (p * nb + b) * kPanelBlockBytes + lane * 4;
+          uint8_t* dst = oq + (p * nb + b) * kQ8PanelBlockBytes + lane * 4;
           for (int64_t g = 0; g < kGroups; ++g)
             for (int64_t e = 0; e < 4; ++e)
               dst[g * kQ8Panel * 4 + e] =
@@ -123,7 +115,7 @@ void gemm_q8_scalar(const Q8Rows& x, const int8_t* q, const uint16_t* d, int64_t
       for (int64_t j = j0; j < j1; ++j) {
         float acc = 0.f;
         for (int64_t b = 0; b < nb; ++b) {
-          const uint8_t* xb = x.q.data() + (p * nb + b) * kPanelBlockBytes + lane * 4;
+          const uint8_t* xb = x.q.data() + (p * nb + b) * kQ8PanelBlockBytes + lane * 4;
           const int8_t* wb = q + j * k + b * kQ8Block;
           int32_t sum = 0;
           for (int64_t g = 0; g < kGroups; ++g)

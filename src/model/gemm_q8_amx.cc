@@ -63,10 +63,6 @@ namespace {
 
 constexpr int64_t kCols = 16;              // weight rows a tile's columns
 constexpr int64_t kBlockInts = kQ8Block / 4 * kCols;  // 128 int32 a packed B tile
-constexpr int64_t kPanelBytes = 16 * kQ8Block;        // 512 bytes a packed A tile
-// Activations a block of rows holds (as in gemm_q8_body.inc): every weight row of a chunk passes
-// over one block while it stays in the core's L2.
-constexpr int64_t kRowBlockBytes = int64_t{256} << 10;
 
 struct alignas(64) TileConfig {
   uint8_t palette = 1;
@@ -96,11 +92,11 @@ void configure() {
 // C tile C += block b of the panel's A tiles (at a) times the weights' B tile (at wb), loaded
 // into tiles A and B. (Macros: GCC's tile intrinsics paste the tile's number into the
 // instruction's text, so it must be a literal.)
-#define SEQPAR_AMX_BLOCK(C, A, B, b)                    \
-  do {                                                  \
-    _tile_loadd(A, a + (b) * kPanelBytes, kQ8Block);    \
-    _tile_loadd(B, wb + (b) * kBlockInts, 64);          \
-    _tile_dpbssd(C, A, B);                              \
+#define SEQPAR_AMX_BLOCK(C, A, B, b)                      \
+  do {                                                    \
+    _tile_loadd(A, a + (b)*kQ8PanelBlockBytes, kQ8Block); \
+    _tile_loadd(B, wb + (b)*kBlockInts, 64);              \
+    _tile_dpbssd(C, A, B);                                \
   } while (false)
 
 // Weight rows j..j + cols - 1 of q (row stride ldq; the tile's other columns zeros), blocks of 32
@@ -134,13 +130,13 @@ void q8_panel(const Q8Rows& x, int64_t p, const int32_t* wb, const float* dw, in
   alignas(64) int32_t c[2][16 * kCols];
   __m512 acc[16];
   for (__m512& a : acc) a = _mm512_setzero_ps();
-  const uint8_t* a = x.q.data() + p * nb * kPanelBytes;
-  const float* s = x.s.data() + p * nb * 16;
+  const uint8_t* a = x.q.data() + p * nb * kQ8PanelBlockBytes;
+  const float* s = x.s.data() + p * nb * kQ8Panel;
   // Each row's blocks in order: acc = fma(S_b, fl(d_b · s_x), acc).
   auto scale = [&](const int32_t* cb, int64_t b) {
     const __m512 dv = _mm512_loadu_ps(dw + b * kCols);
     for (int r = 0; r < 16; ++r) {
-      const __m512 t = _mm512_mul_ps(dv, _mm512_set1_ps(s[b * 16 + r]));
+      const __m512 t = _mm512_mul_ps(dv, _mm512_set1_ps(s[b * kQ8Panel + r]));
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cb + r * kCols)), t, acc[r]);
     }
   };
@@ -175,7 +171,7 @@ void q8_panel(const Q8Rows& x, int64_t p, const int32_t* wb, const float* dw, in
 #undef SEQPAR_AMX_DRAIN
   const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1);
   const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + j) : _mm512_setzero_ps();
-  const int64_t r0 = p * 16, rows = std::min<int64_t>(16, x.m - r0);
+  const int64_t r0 = p * kQ8Panel, rows = std::min<int64_t>(kQ8Panel, x.m - r0);
   for (int64_t r = 0; r < rows; ++r)
     _mm512_mask_storeu_ps(y + (r0 + r) * ldy + j, mask, bias ? _mm512_add_ps(acc[r], bv) : acc[r]);
 }
@@ -186,7 +182,7 @@ void sums_panel(const Q8Rows& x, int64_t p, const int32_t* wb, int64_t cols, int
                 int64_t ldy, int64_t j) {
   const int64_t nb = x.k / kQ8Block;
   alignas(64) int32_t c[4][16 * kCols];
-  const uint8_t* a = x.q.data() + p * nb * kPanelBytes;
+  const uint8_t* a = x.q.data() + p * nb * kQ8PanelBlockBytes;
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
@@ -204,7 +200,7 @@ void sums_panel(const Q8Rows& x, int64_t p, const int32_t* wb, int64_t cols, int
   _tile_stored(2, c[2], 64);
   _tile_stored(3, c[3], 64);
   const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1);
-  const int64_t r0 = p * 16, rows = std::min<int64_t>(16, x.m - r0);
+  const int64_t r0 = p * kQ8Panel, rows = std::min<int64_t>(kQ8Panel, x.m - r0);
   for (int64_t r = 0; r < rows; ++r) {
     const __m512i v = _mm512_add_epi32(
         _mm512_add_epi32(_mm512_load_si512(c[0] + r * kCols), _mm512_load_si512(c[1] + r * kCols)),
@@ -219,7 +215,8 @@ void product(const Q8Rows& x, const int8_t* q, const uint16_t* d, int64_t n, con
   SEQPAR_CHECK(x.layout == Q8Layout::kTiles, "gemm_q8 amx-int8: rows packed for another variant");
   const int64_t k = x.k, nb = k / kQ8Block, ldq = k + x.tail_k;
   SEQPAR_CHECK(ldq < (int64_t{1} << 31) / kCols, "gemm_q8 amx-int8: rows of ", ldq, " inputs");
-  const int64_t block_panels = std::max<int64_t>(1, kRowBlockBytes / (std::max<int64_t>(k, 1) * 16));
+  const int64_t block_panels =
+      std::max<int64_t>(1, kQ8RowBlockBytes / (std::max<int64_t>(k, 1) * kQ8Panel));
   over_columns(n, kCols, [&](int64_t j0, int64_t j1) {
     thread_local std::vector<int32_t> wb;
     thread_local std::vector<float> dw;
