@@ -161,8 +161,8 @@ inline uint64_t stream_read(const uint64_t* p, int64_t n, int threads) {
 // The streaming read rate in GB/s over a buffer of `bytes` on `threads` threads: the best of
 // `rounds` rounds, each timed for at least min_time seconds.
 inline double read_rate_gbs(int64_t bytes, int threads, int rounds, double min_time) {
-  // The storage a weight of this size gets (core/block_cache.h: huge pages from 2 MiB unless
-  // SEQPAR_HUGE_PAGES=0), so the rate is that of the weights a decode step reads.
+  // The storage a weight of this size gets (core/block_cache.h: huge pages from 2 MiB as
+  // SEQPAR_HUGE_PAGES says), so the rate is that of the weights a decode step reads.
   Tensor storage({bytes / 4});  // fp32 elements, read as 64-bit words
   std::span<uint64_t> buf(static_cast<uint64_t*>(storage.raw()), static_cast<size_t>(bytes / 8));
   std::fill(buf.begin(), buf.end(), uint64_t{1});

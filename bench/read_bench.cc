@@ -1,5 +1,5 @@
 // read_bench: this machine's streaming read rate (a sum over a buffer no cache holds, in the
-// storage a weight of its size gets: on huge pages unless SEQPAR_HUGE_PAGES=0), the ceiling of a
+// storage a weight of its size gets: on huge pages as SEQPAR_HUGE_PAGES says), the ceiling of a
 // decode step that reads every weight once. bench/compare_llamacpp.sh measures it
 // before each round, beside the decode rates it compares.
 //

@@ -51,6 +51,10 @@ int info_command(const InfoOptions& o) {
   const size_t cache_limit = block_cache::limit_bytes();
   // Whether large tensors are advised as huge pages, and whether this kernel grants them.
   const bool huge_pages = block_cache::huge_pages() && block_cache::huge_pages_granted();
+  const block_cache::HugePages mode = block_cache::huge_pages_mode();
+  const char* huge_mode = mode == block_cache::HugePages::kAuto ? "auto"
+                          : mode == block_cache::HugePages::kOn ? "on"
+                                                                : "off";
   if (o.json) {
     nlohmann::json j;
     j["version"] = std::string(version());
@@ -62,6 +66,7 @@ int info_command(const InfoOptions& o) {
     j["model_kernel"] = model_kernel;
     j["tensor_cache_bytes"] = cache_limit;
     j["huge_pages"] = huge_pages;
+    j["huge_pages_mode"] = huge_mode;
     j["model_ops"] = nlohmann::json::object();
     for (const auto& [op, isa] : model_ops) j["model_ops"][op] = isa;
     std::printf("%s\n", j.dump().c_str());
@@ -77,7 +82,10 @@ int info_command(const InfoOptions& o) {
   std::printf("  kernel    %s\n", kernel.c_str());
   std::printf("  model     %s\n", model_kernel.c_str());
   std::printf("  ops       %s\n", model_op_info().c_str());
-  const char* pages = "from 2 MiB on transparent huge pages (SEQPAR_HUGE_PAGES)";
+  const char* pages = mode == block_cache::HugePages::kAuto
+                          ? "from 2 MiB on transparent huge pages while their first touch is fast "
+                            "(SEQPAR_HUGE_PAGES=auto)"
+                          : "from 2 MiB on transparent huge pages (SEQPAR_HUGE_PAGES=1)";
   if (!block_cache::huge_pages())
     pages = "small pages only (SEQPAR_HUGE_PAGES=0)";
   else if (!huge_pages)

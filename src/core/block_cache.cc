@@ -2,9 +2,11 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <deque>
@@ -35,22 +37,31 @@ size_t limit_from_env() {
   return static_cast<size_t>(mb) << 20;
 }
 
-// SEQPAR_HUGE_PAGES: 1 (the default) or 0; anything else is refused.
-bool huge_from_env() {
+// SEQPAR_HUGE_PAGES: auto (the default), 1 or 0; anything else is refused.
+HugePages huge_from_env() {
   const char* v = std::getenv("SEQPAR_HUGE_PAGES");
-  if (v == nullptr || *v == '\0') return true;
+  if (v == nullptr || *v == '\0') return HugePages::kAuto;
   const std::string s(v);
-  SEQPAR_ARG_CHECK(s == "0" || s == "1", "SEQPAR_HUGE_PAGES='", s.substr(0, 32),
-                   "' is not valid: expected 1 (large tensors on huge pages, the default) or 0");
-  return s == "1";
+  SEQPAR_ARG_CHECK(s == "auto" || s == "0" || s == "1", "SEQPAR_HUGE_PAGES='", s.substr(0, 32),
+                   "' is not valid: expected auto (large tensors on huge pages while their first "
+                   "touch is fast, the default), 1 (always) or 0 (never)");
+  return s == "auto" ? HugePages::kAuto : s == "1" ? HugePages::kOn : HugePages::kOff;
 }
+
+// auto: after this many slow first touches (kSlowFirstTouchSeconds) the advice is off for the
+// rest of the process.
+constexpr int kSlowTouchesToStop = 2;
 
 struct Cache {
   std::mutex mu;
   std::deque<std::pair<size_t, void*>> blocks;  // (class bytes, storage), oldest first
   size_t held = 0;
   size_t limit = limit_from_env();
-  std::atomic<bool> huge{huge_from_env()};
+  const HugePages mode_from_env = huge_from_env();
+  std::atomic<HugePages> mode{mode_from_env};
+  std::atomic<bool> huge{mode_from_env != HugePages::kOff};  // advising now
+  std::atomic<double> slow_seconds{kSlowFirstTouchSeconds};
+  std::atomic<int> slow_touches{0};
 
   // Frees the oldest blocks until `room` more bytes fit under `cap`. Holds mu.
   void make_room(size_t room, size_t cap) {
@@ -69,15 +80,42 @@ Cache& cache() {
   return *c;
 }
 
-// Storage of `bytes`: 64-byte aligned; from kHugePageBytes with huge pages on, 2 MiB aligned with
-// its whole 2 MiB pages advised as huge (the advice is a hint: where the kernel refuses it the
-// storage is the same, on small pages).
-void* allocate(size_t bytes) {
-  const bool huge = bytes >= kHugePageBytes && cache().huge.load(std::memory_order_relaxed);
+// auto: the advised pages of fresh storage (p, its first `used` bytes: what the tensor asked for,
+// not its size class) faulted in here one by one and timed. At the first slow one (the kernel took
+// the page from memory the hypervisor has to back again) the pages after it are advised back to
+// small pages, and after kSlowTouchesToStop such pages no storage is advised any more.
+void fault_in_timed(unsigned char* p, size_t whole, size_t used) {
+  Cache& k = cache();
+  const double slow = k.slow_seconds.load(std::memory_order_relaxed);
+  for (size_t at = 0; at < std::min(whole, used); at += kHugePageBytes) {
+    const auto t0 = std::chrono::steady_clock::now();
+    *static_cast<volatile unsigned char*>(p + at) = 0;  // contents are unspecified
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s <= slow) continue;
+    const size_t next = at + kHugePageBytes;
+    if (next < whole) (void)madvise(p + next, whole - next, MADV_NOHUGEPAGE);
+    if (k.slow_touches.fetch_add(1, std::memory_order_relaxed) + 1 >= kSlowTouchesToStop)
+      k.huge.store(false, std::memory_order_relaxed);
+    return;
+  }
+}
+
+// Storage of class_bytes `bytes` for a tensor of `used` bytes: 64-byte aligned; from
+// kHugePageBytes with huge pages on, 2 MiB aligned with its whole 2 MiB pages advised as huge (the
+// advice is a hint: where the kernel refuses it the storage is the same, on small pages), and in
+// auto mode faulted in and timed.
+void* allocate(size_t bytes, size_t used) {
+  Cache& k = cache();
+  const bool huge = bytes >= kHugePageBytes && k.huge.load(std::memory_order_relaxed);
   void* p = nullptr;
   if (posix_memalign(&p, huge ? kHugePageBytes : 64, bytes) != 0 || p == nullptr)
     throw Error(detail::concat("out of memory allocating ", bytes, " bytes"));
-  if (huge) (void)madvise(p, bytes / kHugePageBytes * kHugePageBytes, MADV_HUGEPAGE);
+  if (huge) {
+    const size_t whole = bytes / kHugePageBytes * kHugePageBytes;
+    (void)madvise(p, whole, MADV_HUGEPAGE);
+    if (k.mode.load(std::memory_order_relaxed) == HugePages::kAuto)
+      fault_in_timed(static_cast<unsigned char*>(p), whole, used);
+  }
   return p;
 }
 
@@ -102,7 +140,7 @@ void* take(size_t bytes) {
       return p;
     }
   }
-  return allocate(c);
+  return allocate(c, bytes);
 }
 
 void give(void* p, size_t bytes) {
@@ -142,7 +180,19 @@ void set_limit_bytes(size_t bytes) {
 
 bool huge_pages() { return cache().huge.load(std::memory_order_relaxed); }
 
-void set_huge_pages(bool on) { cache().huge.store(on, std::memory_order_relaxed); }
+HugePages huge_pages_mode() { return cache().mode.load(std::memory_order_relaxed); }
+
+int slow_first_touches() { return cache().slow_touches.load(std::memory_order_relaxed); }
+
+void set_huge_pages(HugePages mode, double slow_seconds) {
+  Cache& k = cache();
+  k.mode.store(mode, std::memory_order_relaxed);
+  k.slow_seconds.store(slow_seconds, std::memory_order_relaxed);
+  k.slow_touches.store(0, std::memory_order_relaxed);
+  k.huge.store(mode != HugePages::kOff, std::memory_order_relaxed);
+}
+
+void set_huge_pages(bool on) { set_huge_pages(on ? HugePages::kOn : HugePages::kOff); }
 
 bool huge_pages_granted() {
   std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");

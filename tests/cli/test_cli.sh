@@ -55,15 +55,23 @@ for v in abc -1 12x 1.5 99999999999999999999; do
   SEQPAR_TENSOR_CACHE_MB=$v expect_exit2 "SEQPAR_TENSOR_CACHE_MB='$v' is not valid: expected whole MiB from 0" info
 done
 SEQPAR_TENSOR_CACHE_MB=x expect_exit2 "SEQPAR_TENSOR_CACHE_MB='x' is not valid" run --ranks 2 --seq 4096 --heads 2 --head-dim 64
-# From 2 MiB on huge pages where the kernel grants them (SEQPAR_HUGE_PAGES: 1, the default, or 0).
+# From 2 MiB on huge pages where the kernel grants them (SEQPAR_HUGE_PAGES: auto, the default: while
+# their first touch is fast; 1: always; 0: never).
 SEQPAR_HUGE_PAGES=0 "$bin" info | grep -q "memory .*small pages only (SEQPAR_HUGE_PAGES=0)" && ok || bad "info: SEQPAR_HUGE_PAGES=0 not said"
 SEQPAR_HUGE_PAGES=0 "$bin" info --json | python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin)["huge_pages"] is False else 1)' \
   && ok || bad "info --json: huge_pages is not false with SEQPAR_HUGE_PAGES=0"
 if grep -qE '\[(always|madvise)\]' /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null; then
-  "$bin" info | grep -q "memory .*from 2 MiB on transparent huge pages" && ok || bad "info: huge pages not said"
+  "$bin" info | grep -q "memory .*from 2 MiB on transparent huge pages while their first touch is fast (SEQPAR_HUGE_PAGES=auto)" \
+    && ok || bad "info: huge pages (auto) not said"
+  SEQPAR_HUGE_PAGES=1 "$bin" info | grep -q "memory .*from 2 MiB on transparent huge pages (SEQPAR_HUGE_PAGES=1)" \
+    && ok || bad "info: SEQPAR_HUGE_PAGES=1 not said"
 fi
-for v in 2 yes -1 " 1"; do
-  SEQPAR_HUGE_PAGES=$v expect_exit2 "SEQPAR_HUGE_PAGES='$v' is not valid: expected 1" info
+for v in auto 1 0; do
+  SEQPAR_HUGE_PAGES=$v "$bin" info --json | python3 -c 'import json,sys; m={"auto":"auto","1":"on","0":"off"}; sys.exit(0 if json.load(sys.stdin)["huge_pages_mode"] == m[sys.argv[1]] else 1)' "$v" \
+    && ok || bad "info --json: huge_pages_mode is not that of SEQPAR_HUGE_PAGES=$v"
+done
+for v in 2 yes -1 " 1" Auto; do
+  SEQPAR_HUGE_PAGES=$v expect_exit2 "SEQPAR_HUGE_PAGES='$v' is not valid: expected auto" info
 done
 
 # 4. Bad input: exit 2, one line naming the parameter.

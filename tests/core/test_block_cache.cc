@@ -2,7 +2,8 @@
 // class, the limit (oldest blocks freed first, a block above it never held), and Tensor storage
 // that comes back zero-filled however the reused block was left; storage from 2 MiB on a 2 MiB
 // boundary with its whole 2 MiB pages advised as huge pages (their mapping's VmFlags in
-// /proc/self/smaps say "hg"), and not with the advice off.
+// /proc/self/smaps say "hg"), not with the advice off, and in auto mode back to small pages
+// ("nh") after a slow first touch.
 #include <gtest/gtest.h>
 #include <malloc.h>
 
@@ -150,16 +151,23 @@ std::string vm_flags_at(const void* p) {
   return "";
 }
 
+// Without transparent huge pages in the kernel madvise refuses the advice: alignment only.
+bool kernel_has_thp() {
+  return std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled").good();
+}
+// Whether the mapping holding p is advised as huge pages (VmFlags "hg"), or back to small pages
+// ("nh").
+bool advised_huge(const void* p) { return vm_flags_at(p).find(" hg") != std::string::npos; }
+bool advised_small(const void* p) { return vm_flags_at(p).find(" nh") != std::string::npos; }
+
+// Every allocation from 256 KiB its own fresh mapping (no glibc heap memory that an earlier
+// block left advised); a no-op under the sanitizers, whose allocators map large blocks afresh.
+void fresh_mappings() { (void)mallopt(M_MMAP_THRESHOLD, 256 << 10); }
+
 TEST_F(BlockCache, LargeStorageIsAdvisedAsHugePagesButNotItsTail) {
-  // Every allocation from 256 KiB its own fresh mapping (no glibc heap memory that an earlier
-  // block left advised); a no-op under the sanitizers, whose allocators map large blocks afresh.
-  (void)mallopt(M_MMAP_THRESHOLD, 256 << 10);
-  // Without transparent huge pages in the kernel madvise refuses the advice: alignment only.
-  const bool thp = std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled").good();
-  const auto advised_huge = [thp](const void* p) {
-    return thp ? vm_flags_at(p).find(" hg") != std::string::npos : false;
-  };
-  const bool saved = bc::huge_pages();
+  fresh_mappings();
+  const bool thp = kernel_has_thp();
+  const bc::HugePages saved = bc::huge_pages_mode();
   const size_t mb = size_t{1} << 20;
   bc::set_huge_pages(true);
   // 8 MiB + a little: the class of 9 MiB, 4 huge pages and a 1 MiB tail.
@@ -170,6 +178,7 @@ TEST_F(BlockCache, LargeStorageIsAdvisedAsHugePagesButNotItsTail) {
   std::memset(p, 1, bytes);
   EXPECT_EQ(advised_huge(p), thp) << vm_flags_at(p);
   EXPECT_EQ(advised_huge(p + 8 * mb - 1), thp) << vm_flags_at(p + 8 * mb - 1);
+  EXPECT_FALSE(advised_small(p + 2 * mb)) << vm_flags_at(p + 2 * mb);
   EXPECT_FALSE(advised_huge(p + 8 * mb)) << vm_flags_at(p + 8 * mb);
   // Below 2 MiB: 64-byte alignment, no advice.
   auto* small = static_cast<unsigned char*>(bc::take(mb + 7));
@@ -184,6 +193,46 @@ TEST_F(BlockCache, LargeStorageIsAdvisedAsHugePagesButNotItsTail) {
   bc::give(p, bytes);
   bc::give(small, mb + 7);
   bc::give(plain, 16 * mb);
+  bc::set_huge_pages(saved);
+}
+
+// SEQPAR_HUGE_PAGES=auto: a storage whose first 2 MiB page was slow to touch keeps that page
+// advised and the rest goes back to small pages; after two such storages nothing is advised.
+// The threshold decides what is slow: below any time every touch is, above all none is.
+TEST_F(BlockCache, AutoAdvisesSmallPagesAfterSlowFirstTouches) {
+  fresh_mappings();
+  const bool thp = kernel_has_thp();
+  const bc::HugePages saved = bc::huge_pages_mode();
+  const size_t mb = size_t{1} << 20, bytes = 8 * mb;
+  bc::set_huge_pages(bc::HugePages::kAuto, -1.0);
+  auto* a = static_cast<unsigned char*>(bc::take(bytes));
+  std::memset(a, 1, bytes);
+  EXPECT_EQ(advised_huge(a), thp) << vm_flags_at(a);
+  EXPECT_EQ(advised_small(a + 2 * mb), thp) << vm_flags_at(a + 2 * mb);
+  EXPECT_EQ(advised_small(a + bytes - 1), thp) << vm_flags_at(a + bytes - 1);
+  EXPECT_EQ(bc::slow_first_touches(), 1);
+  EXPECT_TRUE(bc::huge_pages());
+  auto* b = static_cast<unsigned char*>(bc::take(bytes));
+  std::memset(b, 1, bytes);
+  EXPECT_EQ(advised_small(b + 2 * mb), thp) << vm_flags_at(b + 2 * mb);
+  EXPECT_EQ(bc::slow_first_touches(), 2);
+  EXPECT_FALSE(bc::huge_pages());
+  auto* c = static_cast<unsigned char*>(bc::take(bytes));  // not advised, not probed
+  std::memset(c, 1, bytes);
+  EXPECT_FALSE(advised_huge(c)) << vm_flags_at(c);
+  EXPECT_FALSE(advised_small(c)) << vm_flags_at(c);
+  EXPECT_EQ(bc::slow_first_touches(), 2);
+  // A threshold no touch reaches: every page stays advised.
+  bc::set_huge_pages(bc::HugePages::kAuto, 1e9);
+  EXPECT_TRUE(bc::huge_pages());
+  auto* d = static_cast<unsigned char*>(bc::take(2 * bytes));
+  std::memset(d, 1, 2 * bytes);
+  EXPECT_EQ(advised_huge(d + 2 * bytes - 1), thp) << vm_flags_at(d + 2 * bytes - 1);
+  EXPECT_FALSE(advised_small(d + 2 * mb)) << vm_flags_at(d + 2 * mb);
+  EXPECT_EQ(bc::slow_first_touches(), 0);
+  EXPECT_TRUE(bc::huge_pages());
+  for (auto* p : {a, b, c}) bc::give(p, bytes);
+  bc::give(d, 2 * bytes);
   bc::set_huge_pages(saved);
 }
 

@@ -23,8 +23,12 @@
 // from them (no page walk and no stop of the hardware prefetcher every 4 KiB), and a fresh
 // activation faults in once per 2 MiB instead of once per 4 KiB: docs/performance.md section 21.
 // The tail below 2 MiB keeps small pages, so no more memory is touched than asked.
-// SEQPAR_HUGE_PAGES=0 turns the advice off (1, the default, on; anything else throws
-// InvalidArgument at the first large allocation).
+// Where a hypervisor takes memory the guest has freed back (free page reporting) the kernel's
+// fresh huge pages can be 20-70x slower to touch than small pages (a 1B model's load took 20-38 s
+// more): SEQPAR_HUGE_PAGES=auto, the default, faults fresh advised storage in page by page and
+// times each first touch; after a slow one the rest of that storage is advised back to small pages,
+// and after two slow ones no storage is advised (section 26). 1 advises always, 0 never; anything
+// else throws InvalidArgument at the first large allocation.
 // Thread-safety: every function may be called from any thread.
 #pragma once
 
@@ -49,11 +53,22 @@ size_t cached_bytes();
 size_t limit_bytes();
 // Sets the limit (tests, or a program that wants its memory back: 0 frees every block held).
 void set_limit_bytes(size_t bytes);
-// Whether storage from now on is advised as huge pages (SEQPAR_HUGE_PAGES), and a setter
-// (tests). huge_pages_granted(): the kernel's setting allows them to madvised memory.
+enum class HugePages { kOff, kOn, kAuto };
+// auto: a first touch of a 2 MiB page slower than this is slow. Small pages fault 2 MiB in about
+// 1 ms even on a guest that backs fresh memory slowly; a huge page the host had to back again
+// took 13-30 ms there, one it still backed 0.4 ms (docs/performance.md section 26).
+inline constexpr double kSlowFirstTouchSeconds = 2e-3;
+// Whether storage from now on is advised as huge pages, the mode (SEQPAR_HUGE_PAGES), and the
+// slow first touches auto has seen. huge_pages_granted(): the kernel's setting allows huge pages
+// to madvised memory.
 bool huge_pages();
-void set_huge_pages(bool on);
+HugePages huge_pages_mode();
+int slow_first_touches();
 bool huge_pages_granted();
+// Setters (tests, benchmarks): the mode, with auto's threshold for a slow first touch of a 2 MiB
+// page; the count of slow touches starts again. set_huge_pages(bool): kOn or kOff.
+void set_huge_pages(HugePages mode, double slow_seconds = kSlowFirstTouchSeconds);
+void set_huge_pages(bool on);
 // Frees every block held; the limit stays.
 void release();
 
