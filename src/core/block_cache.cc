@@ -48,8 +48,8 @@ HugePages huge_from_env() {
   return s == "auto" ? HugePages::kAuto : s == "1" ? HugePages::kOn : HugePages::kOff;
 }
 
-// auto: after this many slow first touches (kSlowFirstTouchSeconds) the advice is off for the
-// rest of the process.
+// auto: after this many first touches slower than kSlowFirstTouchSeconds the advice is off for
+// the rest of the process.
 constexpr int kSlowTouchesToStop = 2;
 
 struct Cache {
@@ -57,11 +57,9 @@ struct Cache {
   std::deque<std::pair<size_t, void*>> blocks;  // (class bytes, storage), oldest first
   size_t held = 0;
   size_t limit = limit_from_env();
-  const HugePages mode_from_env = huge_from_env();
-  std::atomic<HugePages> mode{mode_from_env};
-  std::atomic<bool> huge{mode_from_env != HugePages::kOff};  // advising now
-  std::atomic<double> slow_seconds{kSlowFirstTouchSeconds};
+  std::atomic<HugePages> mode{huge_from_env()};
   std::atomic<int> slow_touches{0};
+  std::atomic<double (*)()> clock{nullptr};  // nullptr: steady_clock (set_first_touch_clock)
 
   // Frees the oldest blocks until `room` more bytes fit under `cap`. Holds mu.
   void make_room(size_t room, size_t cap) {
@@ -86,16 +84,20 @@ Cache& cache() {
 // small pages, and after kSlowTouchesToStop such pages no storage is advised any more.
 void fault_in_timed(unsigned char* p, size_t whole, size_t used) {
   Cache& k = cache();
-  const double slow = k.slow_seconds.load(std::memory_order_relaxed);
+  double (*const clock)() = k.clock.load(std::memory_order_relaxed);
+  const auto now = [clock] {
+    return clock != nullptr
+               ? clock()
+               : std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+                     .count();
+  };
   for (size_t at = 0; at < std::min(whole, used); at += kHugePageBytes) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const double t0 = now();
     *static_cast<volatile unsigned char*>(p + at) = 0;  // contents are unspecified
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (s <= slow) continue;
+    if (now() - t0 <= kSlowFirstTouchSeconds) continue;
     const size_t next = at + kHugePageBytes;
     if (next < whole) (void)madvise(p + next, whole - next, MADV_NOHUGEPAGE);
-    if (k.slow_touches.fetch_add(1, std::memory_order_relaxed) + 1 >= kSlowTouchesToStop)
-      k.huge.store(false, std::memory_order_relaxed);
+    k.slow_touches.fetch_add(1, std::memory_order_relaxed);
     return;
   }
 }
@@ -106,7 +108,7 @@ void fault_in_timed(unsigned char* p, size_t whole, size_t used) {
 // auto mode faulted in and timed.
 void* allocate(size_t bytes, size_t used) {
   Cache& k = cache();
-  const bool huge = bytes >= kHugePageBytes && k.huge.load(std::memory_order_relaxed);
+  const bool huge = bytes >= kHugePageBytes && huge_pages();
   void* p = nullptr;
   if (posix_memalign(&p, huge ? kHugePageBytes : 64, bytes) != 0 || p == nullptr)
     throw Error(detail::concat("out of memory allocating ", bytes, " bytes"));
@@ -178,18 +180,26 @@ void set_limit_bytes(size_t bytes) {
   k.make_room(0, bytes);
 }
 
-bool huge_pages() { return cache().huge.load(std::memory_order_relaxed); }
+bool huge_pages() {
+  const Cache& k = cache();
+  const HugePages mode = k.mode.load(std::memory_order_relaxed);
+  return mode == HugePages::kOn ||
+         (mode == HugePages::kAuto &&
+          k.slow_touches.load(std::memory_order_relaxed) < kSlowTouchesToStop);
+}
 
 HugePages huge_pages_mode() { return cache().mode.load(std::memory_order_relaxed); }
 
 int slow_first_touches() { return cache().slow_touches.load(std::memory_order_relaxed); }
 
-void set_huge_pages(HugePages mode, double slow_seconds) {
+void set_huge_pages(HugePages mode) {
   Cache& k = cache();
   k.mode.store(mode, std::memory_order_relaxed);
-  k.slow_seconds.store(slow_seconds, std::memory_order_relaxed);
   k.slow_touches.store(0, std::memory_order_relaxed);
-  k.huge.store(mode != HugePages::kOff, std::memory_order_relaxed);
+}
+
+void set_first_touch_clock(double (*now_seconds)()) {
+  cache().clock.store(now_seconds, std::memory_order_relaxed);
 }
 
 void set_huge_pages(bool on) { set_huge_pages(on ? HugePages::kOn : HugePages::kOff); }

@@ -74,6 +74,19 @@ bool cpu_has_avx_vnni() {
 #endif
 }
 
+bool cpu_has_amx_int8() {
+#if SEQPAR_X86
+  static const bool has = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    const unsigned amx = (1u << 24) | (1u << 25);  // AMX-TILE, AMX-INT8
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & amx) == amx;
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
 Isa best_isa() {
   static const Isa best = cpu_has(Isa::kAvx512) ? Isa::kAvx512
                           : cpu_has(Isa::kAvx2) ? Isa::kAvx2

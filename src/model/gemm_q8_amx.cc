@@ -17,7 +17,6 @@
 // stay in its cache. A thread configures the tiles at the start of its chunk and releases them at
 // its end. Linux hands the tile state to a process that asks (arch_prctl, once): where it says
 // no, the variant is not offered.
-#include <cpuid.h>
 #include <omp.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -27,6 +26,7 @@
 #include <vector>
 
 #include "gemm_q8.h"
+#include "seqpar/core/cpu_isa.h"
 #include "seqpar/core/dtype.h"
 #include "seqpar/core/error.h"
 #include "simd_ops.h"
@@ -37,17 +37,11 @@ namespace seqpar::model_simd {
 #if SEQPAR_X86_SIMD && defined(__linux__)
 
 bool amx_int8_usable() {
-  // CPUID leaf 7: EDX bit 24 AMX-TILE, bit 25 AMX-INT8 (asked directly: not every compiler's
-  // __builtin_cpu_supports names them). Then ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA
-  // (asm/prctl.h; not every libc's headers have them), which fails where the OS keeps no tile
-  // state.
+  // ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA (asm/prctl.h; not every libc's headers have them),
+  // which fails where the OS keeps no tile state.
   constexpr int kArchReqXcompPerm = 0x1023, kXfeatureXtileData = 18;
-  static const bool usable = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-    const unsigned amx = (1u << 24) | (1u << 25);
-    return (d & amx) == amx && syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtileData) == 0;
-  }();
+  static const bool usable =
+      cpu_has_amx_int8() && syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtileData) == 0;
   return usable;
 }
 

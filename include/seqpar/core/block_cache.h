@@ -65,10 +65,13 @@ bool huge_pages();
 HugePages huge_pages_mode();
 int slow_first_touches();
 bool huge_pages_granted();
-// Setters (tests, benchmarks): the mode, with auto's threshold for a slow first touch of a 2 MiB
-// page; the count of slow touches starts again. set_huge_pages(bool): kOn or kOff.
-void set_huge_pages(HugePages mode, double slow_seconds = kSlowFirstTouchSeconds);
+// Setters (tests, benchmarks): the mode, the count of slow touches started again;
+// set_huge_pages(bool): kOn or kOff. set_first_touch_clock: what auto reads the time from, in
+// seconds (tests: a clock that decides whether touches are slow); nullptr, the default, the
+// steady clock.
+void set_huge_pages(HugePages mode);
 void set_huge_pages(bool on);
+void set_first_touch_clock(double (*now_seconds)());
 // Frees every block held; the limit stays.
 void release();
 

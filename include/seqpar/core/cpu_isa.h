@@ -21,6 +21,10 @@ Isa best_isa();  // the widest variant this CPU runs
 // Rapids, AMD's since Zen 5), with AVX2 (CPUID leaf 7, subleaf 1, EAX bit 4; not every compiler's
 // __builtin_cpu_supports names it).
 bool cpu_has_avx_vnni();
+// AMX-TILE and AMX-INT8 (CPUID leaf 7, EDX bits 24 and 25; not every compiler's
+// __builtin_cpu_supports names them). The OS must still grant the tile state (arch_prctl on
+// Linux), which the caller asks for.
+bool cpu_has_amx_int8();
 // InvalidArgument naming the variant and the widest valid one unless cpu_has(isa).
 void check_cpu_has(Isa isa);
 // The name as SEQPAR_KERNEL_ISA and tests give it; InvalidArgument listing the valid ones.
