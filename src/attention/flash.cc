@@ -77,6 +77,9 @@ constexpr int64_t kStreamRows = 64;
 // At most this many query rows per kv head take the few-row loops on bf16 K/V in place even where
 // oneDNN's bf16 matmul runs (which was faster for 16 rows on AMX: docs/kernel.md).
 constexpr int64_t kFewRowsInPlace = 4;
+// At least this many full tiles per kv head read a key block before its K and V are copied into
+// oneDNN's layout for their products (BlockedKv).
+constexpr int64_t kMinBlockedKvUses = 4;
 // K/V read in place (kv_in_place): the default key block holds about this many bytes of K and V
 // of all kv heads, so that it stays in L2 from the non-finite check to the products.
 constexpr int64_t kInPlaceBlockBytes = 256 * 1024;
@@ -99,28 +102,38 @@ dnnl::engine& cpu_engine() {
 }
 
 // C (m × n, row stride ldc) = A (m × k, row stride lda) · B (k × n) [+ C]; B's element (kk, nn)
-// sits at kk·ldb_k + nn·ldb_n (so a row-major K block is a transposed B for Q·Kᵀ).
+// sits at kk·ldb_k + nn·ldb_n (so a row-major K block is a transposed B for Q·Kᵀ), or with
+// b_blocked B lies in the layout oneDNN picks for this product, written by MatmulCache::pack_b
+// from that strided one.
 struct MatmulShape {
   int64_t m, n, k, lda, ldb_k, ldb_n, ldc;
   memory::data_type ab_type;  // f32 or bf16; C is always f32
   bool accumulate;            // C += A·B (sum post-op)
+  bool b_blocked = false;
   bool operator==(const MatmulShape&) const = default;
 };
 
 struct MatmulShapeHash {
   size_t operator()(const MatmulShape& s) const {
     size_t h = 0;
-    for (int64_t x : {s.m, s.n, s.k, s.lda, s.ldb_k, s.ldb_n, s.ldc,
-                      static_cast<int64_t>(s.ab_type), static_cast<int64_t>(s.accumulate)}) {
+    for (int64_t x :
+         {s.m, s.n, s.k, s.lda, s.ldb_k, s.ldb_n, s.ldc, static_cast<int64_t>(s.ab_type),
+          static_cast<int64_t>(s.accumulate), static_cast<int64_t>(s.b_blocked)}) {
       h = h * 1000003u ^ std::hash<int64_t>()(x);
     }
     return h;
   }
 };
 
+// B as the caller's strided block.
+memory::desc plain_b_desc(const MatmulShape& s) {
+  return memory::desc({s.k, s.n}, s.ab_type, memory::dims{s.ldb_k, s.ldb_n});
+}
+
 dnnl::matmul::primitive_desc make_matmul_pd(const MatmulShape& s) {
   const memory::desc a_md({s.m, s.k}, s.ab_type, memory::dims{s.lda, 1});
-  const memory::desc b_md({s.k, s.n}, s.ab_type, memory::dims{s.ldb_k, s.ldb_n});
+  const memory::desc b_md =
+      s.b_blocked ? memory::desc({s.k, s.n}, s.ab_type, memory::format_tag::any) : plain_b_desc(s);
   const memory::desc c_md({s.m, s.n}, memory::data_type::f32, memory::dims{s.ldc, 1});
   dnnl::primitive_attr attr;
   if (s.accumulate) {
@@ -136,20 +149,27 @@ dnnl::matmul::primitive_desc make_matmul_pd(const MatmulShape& s) {
 class MatmulCache {
  public:
   void run(const MatmulShape& s, const void* a, const void* b, float* c) {
-    auto it = map_.find(s);
-    if (it == map_.end()) {
-      if (map_.size() >= kCapacity) map_.clear();
-      auto pd = make_matmul_pd(s);
-      Entry e{dnnl::matmul(pd), memory(pd.src_desc(), cpu_engine(), DNNL_MEMORY_NONE),
-              memory(pd.weights_desc(), cpu_engine(), DNNL_MEMORY_NONE),
-              memory(pd.dst_desc(), cpu_engine(), DNNL_MEMORY_NONE)};
-      it = map_.emplace(s, std::move(e)).first;
-    }
-    Entry& e = it->second;
+    Entry& e = entry(s);
     e.a.set_data_handle(const_cast<void*>(a));
     e.b.set_data_handle(const_cast<void*>(b));
     e.c.set_data_handle(c);
     e.prim.execute(stream_, {{DNNL_ARG_SRC, e.a}, {DNNL_ARG_WEIGHTS, e.b}, {DNNL_ARG_DST, e.c}});
+  }
+
+  // Bytes of B in the layout of the b_blocked shape s.
+  size_t blocked_b_bytes(const MatmulShape& s) { return entry(s).b.get_desc().get_size(); }
+
+  // B of the b_blocked shape s, from the strided block `plain` (s's ldb_k, ldb_n) into `blocked`
+  // (blocked_b_bytes(s) bytes): a copy.
+  void pack_b(const MatmulShape& s, const void* plain, void* blocked) {
+    Entry& e = entry(s);
+    if (!e.pack) {
+      e.plain_b = memory(plain_b_desc(s), cpu_engine(), DNNL_MEMORY_NONE);
+      e.pack = dnnl::reorder(e.plain_b, e.b);
+    }
+    e.plain_b.set_data_handle(const_cast<void*>(plain));
+    e.b.set_data_handle(blocked);
+    e.pack.execute(stream_, e.plain_b, e.b);
   }
 
  private:
@@ -157,7 +177,25 @@ class MatmulCache {
   struct Entry {
     dnnl::matmul prim;
     memory a, b, c;
+    memory plain_b;      // pack_b's source (b_blocked shapes)
+    dnnl::reorder pack;  // plain_b -> b, made on the first pack_b
   };
+
+  Entry& entry(const MatmulShape& s) {
+    auto it = map_.find(s);
+    if (it == map_.end()) {
+      if (map_.size() >= kCapacity) map_.clear();
+      auto pd = make_matmul_pd(s);
+      Entry e{dnnl::matmul(pd),
+              memory(pd.src_desc(), cpu_engine(), DNNL_MEMORY_NONE),
+              memory(pd.weights_desc(), cpu_engine(), DNNL_MEMORY_NONE),
+              memory(pd.dst_desc(), cpu_engine(), DNNL_MEMORY_NONE),
+              memory(),
+              dnnl::reorder()};
+      it = map_.emplace(s, std::move(e)).first;
+    }
+    return it->second;
+  }
   dnnl::stream stream_{cpu_engine()};
   std::unordered_map<MatmulShape, Entry, MatmulShapeHash> map_;
 };
@@ -199,6 +237,14 @@ bool use_bf16_matmul() {
 // (read on every call, so a benchmark can compare both in one process) uses oneDNN instead.
 bool use_small_matmuls() {
   const char* env = std::getenv("SEQPAR_KERNEL_SMALL_MM");
+  return env == nullptr || std::string(env) != "0";
+}
+
+// Where kMinBlockedKvUses full tiles read a key block, its K and V are copied per kv head into
+// the layout oneDNN picks for their products (BlockedKv); SEQPAR_KERNEL_BLOCKED_KV=0 (read on every
+// call, so a benchmark can compare both in one process) has every product read the packed blocks.
+bool use_blocked_kv() {
+  const char* env = std::getenv("SEQPAR_KERNEL_BLOCKED_KV");
   return env == nullptr || std::string(env) != "0";
 }
 
@@ -358,7 +404,8 @@ class Scratch {
 };
 
 struct Workspace {
-  Scratch q, qt, qtile, o, m, l, k, v, s, p16, lo, hi, emask, invalid, kpos, kseg, kvalid;
+  Scratch q, qt, qtile, o, m, l, k, v, kblocked, vblocked, s, p16, lo, hi, emask, invalid, kpos,
+      kseg, kvalid;
   Scratch qbad, poison, badk, nbadk;  // non-finite inputs (docs/kernel.md "Numerics")
 };
 
@@ -400,6 +447,7 @@ struct Problem {
   const float* row_max;  // (B, Sq, H) fixed row maxima, or nullptr (online softmax for all rows)
   bool stack_heads;      // a tile holds all query heads of an item's kv head (few rows: decode)
   bool small_mm;         // with stack_heads, no bf16 matmul: simd small_qk / small_pv
+  bool blocked_kv;       // oneDNN products of full tiles may read BlockedKv
   DType kv_type;         // K and V as the products read them: the matmul type, or in place in_type
 };
 
@@ -870,16 +918,63 @@ simd::KvType kv_elements(const Problem& p) {
                                     : simd::KvType::kF32;
 }
 
-// Step 1, per tile: S = Q·Kᵀ, (rows, d) · (nk, d)ᵀ -> s (rows, nk), row stride ld_s; K's rows
-// k_rs apart.
-void tile_scores(const Problem& p, const ItemTiles& t, int64_t x, int64_t rows, const void* kblk,
-                 int64_t k_rs, int64_t nk, float* s) {
+// The products of a full tile (tr rows) with key block blk, their B in the layout oneDNN picks.
+MatmulShape blocked_qk_shape(const Problem& p, const ItemTiles& t, const KeyBlock& blk) {
+  return {t.tr, blk.nk, p.d, p.d, 1, blk.k_rs, p.ld_s, p.mm_type, false, true};
+}
+MatmulShape blocked_pv_shape(const Problem& p, const ItemTiles& t, const KeyBlock& blk) {
+  return {t.tr, p.d, blk.nk, p.ld_s, blk.v_rs, 1, p.d, p.mm_type, true, true};
+}
+
+// A key block's K and V per kv head in the layout of the full tiles' products (nhk blocks of
+// k_bytes and v_bytes), or k = v = nullptr: every product reads the packed blocks. With K
+// packed, oneDNN no longer transposes it on each Q·Kᵀ, and P·V reads V's blocked columns rather
+// than rows d apart (fp32 256 × 512 × 128 one thread here: 1.05x and 1.15x the products' rate,
+// the copies 7 us against about 190 us a product; docs/kernel.md "Key blocks in oneDNN's
+// layout").
+struct BlockedKv {
+  const char* k = nullptr;
+  const char* v = nullptr;
+  size_t k_bytes = 0, v_bytes = 0;
+};
+
+// Step 1: BlockedKv of key block blk, for `uses` full tiles per kv head reading it; copied only
+// for kMinBlockedKvUses or more (the copies cost about what 2-3 tiles' products gain).
+BlockedKv block_kv(const Problem& p, const ItemTiles& t, const KeyBlock& blk, int64_t uses,
+                   Workspace& ws) {
+  if (!p.blocked_kv || uses < kMinBlockedKvUses) return {};
+  MatmulCache& mm = thread_matmul_cache();
+  const MatmulShape qk = blocked_qk_shape(p, t, blk), pv = blocked_pv_shape(p, t, blk);
+  BlockedKv out;
+  out.k_bytes = mm.blocked_b_bytes(qk);
+  out.v_bytes = mm.blocked_b_bytes(pv);
+  char* k = ws.kblocked.get<char>(static_cast<int64_t>(t.nhk * out.k_bytes));
+  char* v = ws.vblocked.get<char>(static_cast<int64_t>(t.nhk * out.v_bytes));
+  const size_t esz = dtype_size(p.kv_type);
+  for (int64_t h = 0; h < t.nhk; ++h) {
+    mm.pack_b(qk, blk.k_head(h, esz), k + h * out.k_bytes);
+    mm.pack_b(pv, blk.v_head(h, esz), v + h * out.v_bytes);
+  }
+  out.k = k;
+  out.v = v;
+  return out;
+}
+
+// Step 1, per tile: S = Q·Kᵀ, (rows, d) · (nk, d)ᵀ -> s (rows, nk), row stride ld_s; K of kv
+// head h from bkv for a full tile where it has it, else from blk.
+void tile_scores(const Problem& p, const ItemTiles& t, int64_t x, int64_t rows, int64_t h,
+                 const KeyBlock& blk, const BlockedKv& bkv, float* s) {
+  const void* kblk = blk.k_head(h, dtype_size(p.kv_type));
   if (p.small_mm) {
     p.kern->small_qk(static_cast<const float*>(t.q[x]), t.qt + x * p.d * t.rp, t.rp, rows, kblk,
-                     kv_elements(p), k_rs, nk, p.d, s, p.ld_s);
+                     kv_elements(p), blk.k_rs, blk.nk, p.d, s, p.ld_s);
     return;
   }
-  MatmulShape qk{rows, nk, p.d, p.d, 1, k_rs, p.ld_s, p.mm_type, false};
+  if (bkv.k != nullptr && rows == t.tr) {
+    thread_matmul_cache().run(blocked_qk_shape(p, t, blk), t.q[x], bkv.k + h * bkv.k_bytes, s);
+    return;
+  }
+  MatmulShape qk{rows, blk.nk, p.d, p.d, 1, blk.k_rs, p.ld_s, p.mm_type, false};
   thread_matmul_cache().run(qk, t.q[x], kblk, s);
 }
 
@@ -910,17 +1005,23 @@ void tile_softmax(const Problem& p, ItemTiles& t, int64_t x, int64_t rows, const
   }
 }
 
-// Step 1, per tile: O += P·V, (rows, nk) · (nk, d) -> O (rows, d); P is s (fp32) or p16 (bf16); V's
-// rows v_rs apart.
-void tile_pv(const Problem& p, ItemTiles& t, int64_t x, int64_t rows, const void* vblk,
-             int64_t v_rs, int64_t nk, const float* s, const uint16_t* p16) {
+// Step 1, per tile: O += P·V, (rows, nk) · (nk, d) -> O (rows, d); P is s (fp32) or p16 (bf16); V
+// of kv head h from bkv for a full tile where it has it, else from blk.
+void tile_pv(const Problem& p, ItemTiles& t, int64_t x, int64_t rows, int64_t h,
+             const KeyBlock& blk, const BlockedKv& bkv, const float* s, const uint16_t* p16) {
   float* o = t.o + x * t.tr * p.d;
+  const void* vblk = blk.v_head(h, dtype_size(p.kv_type));
   if (p.small_mm) {
-    p.kern->small_pv(s, p.ld_s, rows, vblk, kv_elements(p), v_rs, nk, p.d, o);
+    p.kern->small_pv(s, p.ld_s, rows, vblk, kv_elements(p), blk.v_rs, blk.nk, p.d, o);
     return;
   }
-  MatmulShape pv{rows, p.d, nk, p.ld_s, v_rs, 1, p.d, p.mm_type, true};
-  thread_matmul_cache().run(pv, p.bf16_mm ? static_cast<const void*>(p16) : s, vblk, o);
+  const void* a = p.bf16_mm ? static_cast<const void*>(p16) : s;
+  if (bkv.v != nullptr && rows == t.tr) {
+    thread_matmul_cache().run(blocked_pv_shape(p, t, blk), a, bkv.v + h * bkv.v_bytes, o);
+    return;
+  }
+  MatmulShape pv{rows, p.d, blk.nk, p.ld_s, blk.v_rs, 1, p.d, p.mm_type, true};
+  thread_matmul_cache().run(pv, a, vblk, o);
 }
 
 // Step 1, per tile: rows that see a key with a non-finite K or V (of kv head h of the item), or
@@ -1015,6 +1116,11 @@ void run_item(const Problem& p, const Item& it, const OutRows* init, const OutRo
     const bool any_general =
         std::find(kinds.begin(), kinds.end(), BlockKind::kGeneral) != kinds.end();
     const KeyBlock blk = load_key_block(p, tiles, kb, any_general, ws);
+    int64_t full_tiles = 0;  // per kv head
+    for (int64_t qt = 0; qt < tiles.nqt; ++qt) {
+      full_tiles += kinds[qt] != BlockKind::kSkip && tiles.rows(tiles.index(qt, 0, 0)) == tiles.tr;
+    }
+    const BlockedKv bkv = block_kv(p, tiles, blk, full_tiles * tiles.ngt, ws);
     for (int64_t qt = 0; qt < tiles.nqt; ++qt) {
       mask.kind = kinds[qt];
       if (mask.kind == BlockKind::kSkip) continue;
@@ -1022,14 +1128,12 @@ void run_item(const Problem& p, const Item& it, const OutRows* init, const OutRo
       mask_rows(p, blk, kb, i0, tokens, mask);
       const int64_t rows = tokens * tiles.gs;
       for (int64_t h = 0; h < tiles.nhk; ++h) {
-        const void* kblk = blk.k_head(h, dtype_size(p.kv_type));
-        const void* vblk = blk.v_head(h, dtype_size(p.kv_type));
         for (int64_t gt = 0; gt < tiles.ngt; ++gt) {
           const int64_t x = tiles.index(qt, h, gt);
-          tile_scores(p, tiles, x, rows, kblk, blk.k_rs, blk.nk, s);   // S = Q·Kᵀ
-          tile_softmax(p, tiles, x, rows, blk, mask, s, p16);          // mask, online softmax: P
-          tile_pv(p, tiles, x, rows, vblk, blk.v_rs, blk.nk, s, p16);  // O += P·V
-          poison_tile_rows(p, tiles, x, rows, h, blk, mask);           // non-finite inputs
+          tile_scores(p, tiles, x, rows, h, blk, bkv, s);      // S = Q·Kᵀ
+          tile_softmax(p, tiles, x, rows, blk, mask, s, p16);  // mask, online softmax: P
+          tile_pv(p, tiles, x, rows, h, blk, bkv, s, p16);     // O += P·V
+          poison_tile_rows(p, tiles, x, rows, h, blk, mask);   // non-finite inputs
         }
       }
     }
@@ -1158,6 +1262,7 @@ void flash_attention_into(const TensorView& q_in, const TensorView& k_in, const 
   p.mm_type = p.bf16_mm ? memory::data_type::bf16 : memory::data_type::f32;
   p.stack_heads = stream_kv;
   p.small_mm = stream_kv && !p.bf16_mm && use_small_matmuls();
+  p.blocked_kv = !p.small_mm && use_blocked_kv();
   p.kv_type = kv_in_place(p) ? p.in_type : p.bf16_mm ? DType::kBF16 : DType::kF32;
   p.bq = params.block_q > 0 ? params.block_q : kDefaultBlockQ;
   // The default key block: with K/V read in place, about kInPlaceBlockBytes of K and V; else
@@ -1311,7 +1416,10 @@ std::string attention_kernel_info() {
         simd::isa_name(simd::kernels().isa),
         " (exp2 poly deg 5 for fp32 and 16-bit K/V read in place, deg 3 for other bf16/fp16); "
         "oneDNN ",
-        ver->major, ".", ver->minor, ".", ver->patch, " matmul ", mm, " fp32");
+        ver->major, ".", ver->minor, ".", ver->patch, " matmul ", mm, " fp32",
+        use_blocked_kv() ? detail::concat(", K/V copied into its layout where ", kMinBlockedKvUses,
+                                          " or more full (query block, head) tiles read them")
+                         : std::string(", K/V read as packed (SEQPAR_KERNEL_BLOCKED_KV=0)"));
     if (use_bf16_matmul()) {
       std::string bf = "?";
       try {
