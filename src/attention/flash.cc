@@ -927,11 +927,11 @@ MatmulShape blocked_pv_shape(const Problem& p, const ItemTiles& t, const KeyBloc
 }
 
 // A key block's K and V per kv head in the layout of the full tiles' products (nhk blocks of
-// k_bytes and v_bytes), or k = v = nullptr: every product reads the packed blocks. With K
-// packed, oneDNN no longer transposes it on each Q·Kᵀ, and P·V reads V's blocked columns rather
-// than rows d apart (fp32 256 × 512 × 128 one thread here: 1.05x and 1.15x the products' rate,
-// the copies 7 us against about 190 us a product; docs/kernel.md "Key blocks in oneDNN's
-// layout").
+// k_bytes and v_bytes), or k = v = nullptr: every product reads the packed blocks. With K in
+// that layout, oneDNN no longer copies it out of its transposed one on each Q·Kᵀ, and P·V reads
+// V in column blocks rather than rows d apart (fp32 256 × 512 × 128 one thread here: 1.05x
+// and 1.15x the products' rate, the copies 7 us against about 190 us a product; docs/kernel.md "Key
+// blocks in oneDNN's layout").
 struct BlockedKv {
   const char* k = nullptr;
   const char* v = nullptr;
