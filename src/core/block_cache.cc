@@ -59,7 +59,7 @@ struct Cache {
   size_t limit = limit_from_env();
   std::atomic<HugePages> mode{huge_from_env()};
   std::atomic<int> slow_touches{0};
-  std::atomic<double (*)()> clock{nullptr};  // nullptr: steady_clock (set_first_touch_clock)
+  std::atomic<FirstTouch> first_touch{FirstTouch::kTimed};
 
   // Frees the oldest blocks until `room` more bytes fit under `cap`. Holds mu.
   void make_room(size_t room, size_t cap) {
@@ -84,17 +84,16 @@ Cache& cache() {
 // small pages, and after kSlowTouchesToStop such pages no storage is advised any more.
 void fault_in_timed(unsigned char* p, size_t whole, size_t used) {
   Cache& k = cache();
-  double (*const clock)() = k.clock.load(std::memory_order_relaxed);
-  const auto now = [clock] {
-    return clock != nullptr
-               ? clock()
-               : std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-                     .count();
-  };
+  const FirstTouch judged = k.first_touch.load(std::memory_order_relaxed);
   for (size_t at = 0; at < std::min(whole, used); at += kHugePageBytes) {
-    const double t0 = now();
+    const auto t0 = std::chrono::steady_clock::now();
     *static_cast<volatile unsigned char*>(p + at) = 0;  // contents are unspecified
-    if (now() - t0 <= kSlowFirstTouchSeconds) continue;
+    const bool slow =
+        judged == FirstTouch::kTimed
+            ? std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() >
+                  kSlowFirstTouchSeconds
+            : judged == FirstTouch::kSlow;
+    if (!slow) continue;
     const size_t next = at + kHugePageBytes;
     if (next < whole) (void)madvise(p + next, whole - next, MADV_NOHUGEPAGE);
     k.slow_touches.fetch_add(1, std::memory_order_relaxed);
@@ -198,8 +197,8 @@ void set_huge_pages(HugePages mode) {
   k.slow_touches.store(0, std::memory_order_relaxed);
 }
 
-void set_first_touch_clock(double (*now_seconds)()) {
-  cache().clock.store(now_seconds, std::memory_order_relaxed);
+void set_first_touch(FirstTouch judged) {
+  cache().first_touch.store(judged, std::memory_order_relaxed);
 }
 
 void set_huge_pages(bool on) { set_huge_pages(on ? HugePages::kOn : HugePages::kOff); }

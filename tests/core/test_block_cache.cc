@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 #include <malloc.h>
 
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -197,14 +196,6 @@ TEST_F(BlockCache, LargeStorageIsAdvisedAsHugePagesButNotItsTail) {
   bc::set_huge_pages(saved);
 }
 
-// Clocks for auto's first touches: one that moves 10 ms between any two readings (every touch
-// slow), one that stands still (every touch fast). No test depends on the real time.
-double clock_10ms_a_reading() {
-  static std::atomic<int64_t> readings{0};
-  return 0.01 * static_cast<double>(readings.fetch_add(1));
-}
-double clock_standing_still() { return 0.0; }
-
 // SEQPAR_HUGE_PAGES=auto: a storage whose first 2 MiB page was slow to touch keeps that page
 // advised and the rest goes back to small pages; after two such storages nothing is advised.
 TEST_F(BlockCache, AutoAdvisesSmallPagesAfterSlowFirstTouches) {
@@ -213,7 +204,7 @@ TEST_F(BlockCache, AutoAdvisesSmallPagesAfterSlowFirstTouches) {
   const bc::HugePages saved = bc::huge_pages_mode();
   const size_t mb = size_t{1} << 20, bytes = 8 * mb;
   bc::set_huge_pages(bc::HugePages::kAuto);
-  bc::set_first_touch_clock(clock_10ms_a_reading);
+  bc::set_first_touch(bc::FirstTouch::kSlow);  // every first touch taken as slow
   auto* a = static_cast<unsigned char*>(bc::take(bytes));
   std::memset(a, 1, bytes);
   EXPECT_EQ(advised_huge(a), thp) << vm_flags_at(a);
@@ -231,9 +222,9 @@ TEST_F(BlockCache, AutoAdvisesSmallPagesAfterSlowFirstTouches) {
   EXPECT_FALSE(advised_huge(c)) << vm_flags_at(c);
   EXPECT_FALSE(advised_small(c)) << vm_flags_at(c);
   EXPECT_EQ(bc::slow_first_touches(), 2);
-  // Touches that take no time: every page stays advised.
+  // Every first touch taken as fast: every page stays advised.
   bc::set_huge_pages(bc::HugePages::kAuto);
-  bc::set_first_touch_clock(clock_standing_still);
+  bc::set_first_touch(bc::FirstTouch::kFast);
   EXPECT_TRUE(bc::huge_pages());
   auto* d = static_cast<unsigned char*>(bc::take(2 * bytes));
   std::memset(d, 1, 2 * bytes);
@@ -243,7 +234,7 @@ TEST_F(BlockCache, AutoAdvisesSmallPagesAfterSlowFirstTouches) {
   EXPECT_TRUE(bc::huge_pages());
   for (auto* p : {a, b, c}) bc::give(p, bytes);
   bc::give(d, 2 * bytes);
-  bc::set_first_touch_clock(nullptr);
+  bc::set_first_touch(bc::FirstTouch::kTimed);
   bc::set_huge_pages(saved);
 }
 

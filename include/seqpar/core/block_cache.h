@@ -65,13 +65,14 @@ bool huge_pages();
 HugePages huge_pages_mode();
 int slow_first_touches();
 bool huge_pages_granted();
+// How auto judges a first touch: timed against kSlowFirstTouchSeconds (the default), or every
+// touch taken as slow or as fast (tests: what follows from each, with no time measured).
+enum class FirstTouch { kTimed, kSlow, kFast };
 // Setters (tests, benchmarks): the mode, the count of slow touches started again;
-// set_huge_pages(bool): kOn or kOff. set_first_touch_clock: what auto reads the time from, in
-// seconds (tests: a clock that decides whether touches are slow); nullptr, the default, the
-// steady clock.
+// set_huge_pages(bool): kOn or kOff; how first touches are judged.
 void set_huge_pages(HugePages mode);
 void set_huge_pages(bool on);
-void set_first_touch_clock(double (*now_seconds)());
+void set_first_touch(FirstTouch judged);
 // Frees every block held; the limit stays.
 void release();
 
