@@ -49,6 +49,14 @@ inline std::vector<int64_t> parse_list(const char* program, const std::string& f
   return v;
 }
 
+// One positive integer; a list or anything else is a usage error.
+inline int64_t parse_one(const char* program, const std::string& flag, const std::string& v) {
+  const std::vector<int64_t> list = parse_list(program, flag, v);
+  if (list.size() != 1)
+    usage_error(program, flag + " '" + v + "' is invalid; valid: one positive integer");
+  return list[0];
+}
+
 // A --dtype value (fp32, bf16, fp16); anything else is a usage error.
 inline DType parse_dtype_arg(const char* program, const std::string& v) {
   try {

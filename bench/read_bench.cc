@@ -13,19 +13,6 @@
 
 #include "bench_util.h"
 
-namespace {
-
-// One positive integer; a list or anything else is a usage error.
-int64_t one_value(const std::string& flag, const std::string& v) {
-  const std::vector<int64_t> list = seqpar::bench::parse_list("read_bench", flag, v);
-  if (list.size() != 1)
-    seqpar::bench::usage_error("read_bench",
-                               flag + " '" + v + "' is invalid; valid: one positive integer");
-  return list[0];
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   int64_t mib = 1024;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -46,11 +33,11 @@ int main(int argc, char** argv) {
     if (i + 1 >= argc) seqpar::bench::usage_error("read_bench", a + " needs a value (see --help)");
     const std::string v = argv[++i];
     if (a == "--mib") {
-      mib = one_value(a, v);
+      mib = seqpar::bench::parse_one("read_bench", a, v);
     } else if (a == "--threads") {
-      threads = static_cast<int>(one_value(a, v));
+      threads = static_cast<int>(seqpar::bench::parse_one("read_bench", a, v));
     } else if (a == "--rounds") {
-      rounds = static_cast<int>(one_value(a, v));
+      rounds = static_cast<int>(seqpar::bench::parse_one("read_bench", a, v));
     } else if (a == "--min-time") {
       min_time = seqpar::bench::parse_min_time("read_bench", v);
     } else {
