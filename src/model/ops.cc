@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "gemm_packed.h"
 #include "gemm_q8.h"
 #include "seqpar/core/error.h"
 #include "simd_ops.h"
@@ -560,8 +561,19 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
         xs, m, k, static_cast<const uint16_t*>(w.raw()), n, b, y.data<float>());
     return y;
   }
-  // A weight kept in its checkpoint's 16-bit dtype, or int8: converted a block of rows at a
-  // time and multiplied (over_weight_blocks).
+  // Past those rows: the packed product (gemm_packed.h), each weight row made fp32 in its packing
+  // step, where the CPU's variant is written.
+  if (const model_simd::GemmPacked packed = model_simd::gemm_packed(); packed && !channel_bf16) {
+    using Kind = model_simd::PackedWeight::Kind;
+    const Kind kind = q8                          ? Kind::kQ8
+                      : channel                   ? Kind::kI8Channel
+                      : w.dtype() == DType::kBF16 ? Kind::kBF16
+                                                  : Kind::kF16;
+    packed(xs, m, {kind, w.raw(), int8 ? w_scale.raw() : nullptr, n, k}, b, y.data<float>(), n);
+    return y;
+  }
+  // Elsewhere a weight kept in its checkpoint's 16-bit dtype, or int8: converted a block of rows
+  // at a time and multiplied (over_weight_blocks).
   const size_t esize = dtype_size(w.dtype());
   const int64_t scales_per_row = q8 ? k / model_simd::kQ8Block : 0;
   over_weight_blocks(converted_block_bytes(m, k), k, n, [&](int64_t j0, int64_t nb) {

@@ -24,15 +24,6 @@
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
 
-// Unrolls the loop that follows completely (its trip count is a template constant).
-#if defined(__clang__)
-#define SEQPAR_UNROLL _Pragma("clang loop unroll(full)")
-#elif defined(__GNUC__)
-#define SEQPAR_UNROLL _Pragma("GCC unroll 16")
-#else
-#define SEQPAR_UNROLL
-#endif
-
 namespace seqpar::model_simd {
 
 // The simple elementwise ops as plain loops, one copy for every variant: each variant's function

@@ -1,0 +1,50 @@
+// fp32 activations times a weight stored narrower than fp32 (bf16, fp16, per-channel int8, Q8_0),
+// for many rows (linear() past its few-row products), private to src/model/: each weight row's
+// fp32 values are made in the product's own packing step (widened, or dequantized as
+// simd_ops.h's dequant_* do: fl(s·q), one rounding), transposed into panels of kPackedPanel
+// columns that stay in the core's cache while every row of x passes over them; no separate
+// conversion pass over the weight, no block of it written out whole and read again.
+//
+// The product, for output (r, j), with ŵ the weight's fp32 values:
+//   acc = 0; for i = 0 .. k-1 in order: acc = fma(x[r, i], ŵ[j, i], acc); y = acc (+ bias[j], one
+//   rounding)
+// the same bits in every variant and on any number of threads (gemm_packed_scalar is that loop).
+// Error against the exact Σ_i x[r, i]·ŵ[j, i] + bias[j], u = 2^-24: at most γ_(k+1)·(Σ_i |x[r, i]·
+// ŵ[j, i]| + |bias[j]|) (k fused adds, the bias), away from fp32's overflow and subnormal range.
+// Thread-safety: reentrant; the product splits its columns over the calling thread's OpenMP team.
+#pragma once
+
+#include <cstdint>
+
+namespace seqpar::model_simd {
+
+constexpr int64_t kPackedPanel = 16;  // weight rows (output columns) a panel
+
+// A weight (n, k) as linear() holds it: values w of `kind`, and its scales (per-channel: fp32 (n);
+// Q8_0: fp16 (n, k / 32); none for bf16 and fp16).
+struct PackedWeight {
+  enum class Kind { kBF16, kF16, kI8Channel, kQ8 };
+  Kind kind = Kind::kBF16;
+  const void* w = nullptr;
+  const void* scale = nullptr;
+  int64_t n = 0, k = 0;
+};
+
+// y (m, n; row stride ldy) = x (m, k; rows contiguous) · ŵᵀ (+ bias (n), or null).
+using GemmPacked = void (*)(const float* x, int64_t m, const PackedWeight& w, const float* bias,
+                            float* y, int64_t ldy);
+// The portable loop (the reference the tests compare the vector variant's bits with).
+void gemm_packed_scalar(const float* x, int64_t m, const PackedWeight& w, const float* bias,
+                        float* y, int64_t ldy);
+// The AVX2 + FMA variant (six rows by two vectors of 8 columns a step); throws
+// seqpar::InvalidArgument where the CPU lacks them.
+void gemm_packed_avx2(const float* x, int64_t m, const PackedWeight& w, const float* bias, float* y,
+                      int64_t ldy);
+// The variant linear() takes: AVX2 where SEQPAR_KERNEL_ISA's choice is avx2, else null (the
+// scalar cap, and CPUs with AVX-512, whose variant is not written: linear() converts blocks of
+// the weight and multiplies them with oneDNN there).
+GemmPacked gemm_packed();
+// Its name for `seqpar info`: "avx2", or "onednn fp32 of converted blocks".
+const char* gemm_packed_path();
+
+}  // namespace seqpar::model_simd
