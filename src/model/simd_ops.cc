@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "gemm_packed.h"
 #include "gemm_q8.h"
 #include "seqpar/core/dtype.h"
 #include "seqpar/core/error.h"
@@ -705,11 +706,11 @@ namespace seqpar {
 
 std::string model_kernel_info() {
   const std::string_view gemv = model_simd::isa_name(model_simd::kernels().isa);
-  return detail::concat("gemv_bf16 ", gemv, ", gemv_f16 ", gemv, ", gemv_q8 ", gemv,
-                        ", gemv_i8_channel ", gemv, ", convert ", convert_isa(),
-                        ", bf16 activations ", bf16_activations_path(), ", int8 activations ",
-                        int8_activations_path(), ", int8 activations x Q8_0 ",
-                        model_simd::gemm_q8_path());
+  return detail::concat(
+      "gemv_bf16 ", gemv, ", gemv_f16 ", gemv, ", gemv_q8 ", gemv, ", gemv_i8_channel ", gemv,
+      ", many-row products ", model_simd::gemm_packed_path(), ", convert ", convert_isa(),
+      ", bf16 activations ", bf16_activations_path(), ", int8 activations ",
+      int8_activations_path(), ", int8 activations x Q8_0 ", model_simd::gemm_q8_path());
 }
 
 std::vector<std::pair<std::string, std::string>> model_op_paths() {

@@ -6,9 +6,9 @@
 //   tiles of 6, blocks of 256), inputs (tails past the last 8, passes of 512), outputs (partial
 //   panels of 16, blocks of 128), with and without bias, into a wider row stride (the columns
 //   past n untouched);
-// - linear() takes it past its few-row products wherever gemm_packed() names it, and is within
-//   the same bound on every path (SEQPAR_KERNEL_ISA=scalar: oneDNN on converted blocks,
-//   tests/CMakeLists.txt).
+// - linear() takes it past its few-row products wherever gemm_packed() names it (and `seqpar
+//   info` says which), and is within the same bound on every path (SEQPAR_KERNEL_ISA=scalar: oneDNN
+//   on converted blocks, tests/CMakeLists.txt).
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gemm_packed.h"
@@ -219,6 +220,9 @@ TEST(GemmPacked, LinearTakesItPastTheFewRows) {
       }
     }
   }
+  const std::string info = model_kernel_info();
+  EXPECT_NE(info.find(std::string("many-row products ") + gemm_packed_path()), std::string::npos)
+      << info;
 }
 
 }  // namespace
