@@ -61,9 +61,9 @@ void gemm_packed_scalar(const float* x, int64_t m, const PackedWeight& w, const 
 namespace avx2 {
 
 // Blocking, one thread, m 256 by a 8192 x 2048 bf16 weight and m 256 by 2048 x 8192 (a
-// prototype of this loop nest on an AMD EPYC Zen 3 core, AVX2): 85-90 GFLOP/s with kDepth 512 and
-// 8 panels against 72 with 128 inputs a pass or 2 panels; rows in blocks of 256 held 89 GFLOP/s
-// at m 4096, where all 4096 rows a pass fell to 73 (the tiles' outputs no longer in L2).
+// stand-alone copy of this loop nest on an AMD EPYC Zen 3 core, AVX2): 85-90 GFLOP/s with kDepth
+// 512 and 8 panels against 72 with 128 inputs a pass or 2 panels; rows in blocks of 256 held 89
+// GFLOP/s at m 4096, where all 4096 rows a pass fell to 73 (the tiles' outputs no longer in L2).
 constexpr int64_t kRows = 6;     // rows of x a tile: 12 accumulators, 2 panel vectors, 1 x
 constexpr int64_t kDepth = 512;  // inputs a pass over the rows (each panel's part stays in L1/L2)
 constexpr int64_t kPanels = 8;   // panels packed at a time (128 columns, all k inputs)
@@ -253,7 +253,8 @@ void gemm_packed_avx2(const float* x, int64_t m, const PackedWeight& w, const fl
 GemmPacked gemm_packed() { return kernel_isa() == Isa::kAvx2 ? &gemm_packed_avx2 : nullptr; }
 
 const char* gemm_packed_path() {
-  return gemm_packed() ? "avx2" : "onednn fp32 of converted blocks";
+  return gemm_packed() ? "avx2 packed up to 512 rows, then onednn fp32 of converted blocks"
+                       : "onednn fp32 of converted blocks";
 }
 
 }  // namespace seqpar::model_simd

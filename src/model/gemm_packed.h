@@ -1,7 +1,7 @@
 // fp32 activations times a weight stored narrower than fp32 (bf16, fp16, per-channel int8, Q8_0),
-// for many rows (linear() past its few-row products), private to src/model/: each weight row's
-// fp32 values are made in the product's own packing step (widened, or dequantized as
-// simd_ops.h's dequant_* do: fl(s·q), one rounding), transposed into panels of kPackedPanel
+// for many rows (linear() past its few-row products, up to kPackedMaxRows), private to src/model/:
+// each weight row's fp32 values are made in the product's own packing step (widened, or dequantized
+// as simd_ops.h's dequant_* do: fl(s·q), one rounding), transposed into panels of kPackedPanel
 // columns that stay in the core's cache while every row of x passes over them; no separate
 // conversion pass over the weight, no block of it written out whole and read again.
 //
@@ -19,6 +19,13 @@
 namespace seqpar::model_simd {
 
 constexpr int64_t kPackedPanel = 16;  // weight rows (output columns) a panel
+// linear() takes the packed product up to this many rows of x, oneDNN on converted blocks past
+// them. One thread, a 2048 x 8192 bf16 weight and its transpose, the two interleaved in one
+// process, medians of 7-15 calls (a stand-alone copy of both loops on an AMD EPYC Zen 3 core,
+// AVX2, oneDNN's gemm:jit on blocks of 2 MiB of x's size converted as linear() converts them):
+// the packed product 1.26x at 128 rows, 1.09-1.27x at 256, 1.07-1.12x at 512, 1.00-1.04x at
+// 1024, 0.85-0.98x at 2048 (x no longer in cache when each block of columns passes over it).
+constexpr int64_t kPackedMaxRows = 512;  // (gemm_packed_path() names it)
 
 // A weight (n, k) as linear() holds it: values w of `kind`, and its scales (per-channel: fp32 (n);
 // Q8_0: fp16 (n, k / 32); none for bf16 and fp16).
@@ -44,7 +51,8 @@ void gemm_packed_avx2(const float* x, int64_t m, const PackedWeight& w, const fl
 // scalar cap, and CPUs with AVX-512, whose variant is not written: linear() converts blocks of
 // the weight and multiplies them with oneDNN there).
 GemmPacked gemm_packed();
-// Its name for `seqpar info`: "avx2", or "onednn fp32 of converted blocks".
+// linear()'s path for `seqpar info`: "avx2 packed up to 512 rows, then onednn fp32 of converted
+// blocks", or "onednn fp32 of converted blocks".
 const char* gemm_packed_path();
 
 }  // namespace seqpar::model_simd

@@ -127,7 +127,8 @@ void matmul(const void* x, int64_t m, int64_t k, const void* w, int64_t n, const
   s.wait();
 }
 
-// Rows of a bf16/fp16 weight converted per block, as bytes of fp32 a block: as many as x holds
+// Where the packed product has no variant (gemm_packed()): rows of a bf16/fp16 weight converted
+// per block, as bytes of fp32 a block: as many as x holds
 // (m·k·4), between 2 and 64 MiB, so that each block's matmul reads about as much of the block as
 // of x, and the block is still in cache when the matmul reads it. Few rows of x (a prefill chunk,
 // 16..64 rows): 2 MiB; smaller blocks pay oneDNN's fixed cost per call (from 16 rows of x its jit
@@ -561,9 +562,10 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
         xs, m, k, static_cast<const uint16_t*>(w.raw()), n, b, y.data<float>());
     return y;
   }
-  // Past those rows: the packed product (gemm_packed.h), each weight row made fp32 in its packing
-  // step, where the CPU's variant is written.
-  if (const model_simd::GemmPacked packed = model_simd::gemm_packed(); packed && !channel_bf16) {
+  // Past those rows, up to model_simd::kPackedMaxRows: the packed product (gemm_packed.h), each
+  // weight row made fp32 in its packing step, where the CPU's variant is written.
+  if (const model_simd::GemmPacked packed = model_simd::gemm_packed();
+      packed && !channel_bf16 && m <= model_simd::kPackedMaxRows) {
     using Kind = model_simd::PackedWeight::Kind;
     const Kind kind = q8                          ? Kind::kQ8
                       : channel                   ? Kind::kI8Channel
@@ -572,8 +574,8 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
     packed(xs, m, {kind, w.raw(), int8 ? w_scale.raw() : nullptr, n, k}, b, y.data<float>(), n);
     return y;
   }
-  // Elsewhere a weight kept in its checkpoint's 16-bit dtype, or int8: converted a block of rows
-  // at a time and multiplied (over_weight_blocks).
+  // Elsewhere (and past those rows) a weight kept in its checkpoint's 16-bit dtype, or int8:
+  // converted a block of rows at a time and multiplied (over_weight_blocks).
   const size_t esize = dtype_size(w.dtype());
   const int64_t scales_per_row = q8 ? k / model_simd::kQ8Block : 0;
   over_weight_blocks(converted_block_bytes(m, k), k, n, [&](int64_t j0, int64_t nb) {

@@ -180,8 +180,8 @@ TEST(GemmPacked, Avx2GivesTheReferencesBits) {
   omp_set_num_threads(saved);
 }
 
-// linear() past its few-row products (65 and 300 rows; Q8_0 from 33): gemm_packed()'s bits where
-// it names a variant, and within the bound on every path.
+// linear() past its few-row products (65, 300 and 512 rows; Q8_0 from 33): gemm_packed()'s bits
+// where it names a variant, and within the bound on every path (oneDNN's from 513 rows).
 TEST(GemmPacked, LinearTakesItPastTheFewRows) {
   std::mt19937 rng(23);
   const int64_t k = 160, n = 70;
@@ -205,14 +205,14 @@ TEST(GemmPacked, LinearTakesItPastTheFewRows) {
     const std::vector<float> b = biases(n, rng);
     Tensor bias({n});
     std::memcpy(bias.raw(), b.data(), b.size() * 4);
-    for (const int64_t m : {33, 65, 300}) {
+    for (const int64_t m : {33, 65, 300, 512, 513}) {
       if (m == 33 && kind != Kind::kQ8) continue;
       const std::vector<float> x = rows_of_x(m, k, rng);
       Tensor xt({m, k});
       std::memcpy(xt.raw(), x.data(), x.size() * 4);
       const Tensor y = linear(xt, wt, bias, scale);
       expect_within_bound(x, m, w, b.data(), y.data<float>(), n, "linear");
-      if (const GemmPacked packed = gemm_packed()) {
+      if (const GemmPacked packed = gemm_packed(); packed && m <= kPackedMaxRows) {
         std::vector<float> want(static_cast<size_t>(m * n));
         packed(x.data(), m, w.view(), b.data(), want.data(), n);
         EXPECT_EQ(0, std::memcmp(y.data<float>(), want.data(), want.size() * sizeof(float)))
