@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "seqpar/core/cpu_isa.h"
@@ -83,9 +84,11 @@ inline __m256 load8(const PackedWeight& w, int64_t j, int64_t i) {
   } else {
     const __m128i q =
         _mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(w.w) + at));
-    const float s = K == Kind::kI8Channel ? static_cast<const float*>(w.scale)[j]
-                                          : f16_to_f32(static_cast<const uint16_t*>(
-                                                w.scale)[j * (w.k / kQ8Block) + i / kQ8Block]);
+    // (The fp16 scale widened by F16C: exact, as f16_to_f32.)
+    const float s =
+        K == Kind::kI8Channel
+            ? static_cast<const float*>(w.scale)[j]
+            : _cvtsh_ss(static_cast<const uint16_t*>(w.scale)[j * (w.k / kQ8Block) + i / kQ8Block]);
     return _mm256_mul_ps(_mm256_set1_ps(s), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
   }
 }
@@ -250,11 +253,21 @@ void gemm_packed_avx2(const float* x, int64_t m, const PackedWeight& w, const fl
 #endif
 }
 
+namespace {
+int64_t max_rows = kPackedMaxRows;
+}  // namespace
+
+int64_t packed_max_rows() { return max_rows; }
+void set_packed_max_rows(int64_t rows) { max_rows = rows; }
+
 GemmPacked gemm_packed() { return kernel_isa() == Isa::kAvx2 ? &gemm_packed_avx2 : nullptr; }
 
 const char* gemm_packed_path() {
-  return gemm_packed() ? "avx2 packed up to 512 rows, then onednn fp32 of converted blocks"
-                       : "onednn fp32 of converted blocks";
+  static const std::string path = gemm_packed()
+                                      ? "avx2 packed up to " + std::to_string(kPackedMaxRows) +
+                                            " rows, then onednn fp32 of converted blocks"
+                                      : "onednn fp32 of converted blocks";
+  return path.c_str();
 }
 
 }  // namespace seqpar::model_simd

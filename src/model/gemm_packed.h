@@ -26,6 +26,11 @@ constexpr int64_t kPackedPanel = 16;  // weight rows (output columns) a panel
 // the packed product 1.26x at 128 rows, 1.09-1.27x at 256, 1.07-1.12x at 512, 1.00-1.04x at
 // 1024, 0.85-0.98x at 2048 (x no longer in cache when each block of columns passes over it).
 constexpr int64_t kPackedMaxRows = 512;  // (gemm_packed_path() names it)
+// The rows up to which linear() takes the packed product: kPackedMaxRows, unless set (0: never;
+// bench/linear_bench --compare-packed times both paths in one process this way). Not for use
+// while another thread runs linear().
+int64_t packed_max_rows();
+void set_packed_max_rows(int64_t rows);
 
 // A weight (n, k) as linear() holds it: values w of `kind`, and its scales (per-channel: fp32 (n);
 // Q8_0: fp16 (n, k / 32); none for bf16 and fp16).

@@ -562,10 +562,10 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor
         xs, m, k, static_cast<const uint16_t*>(w.raw()), n, b, y.data<float>());
     return y;
   }
-  // Past those rows, up to model_simd::kPackedMaxRows: the packed product (gemm_packed.h), each
+  // Past those rows, up to model_simd::packed_max_rows(): the packed product (gemm_packed.h), each
   // weight row made fp32 in its packing step, where the CPU's variant is written.
   if (const model_simd::GemmPacked packed = model_simd::gemm_packed();
-      packed && !channel_bf16 && m <= model_simd::kPackedMaxRows) {
+      packed && !channel_bf16 && m <= model_simd::packed_max_rows()) {
     using Kind = model_simd::PackedWeight::Kind;
     const Kind kind = q8                          ? Kind::kQ8
                       : channel                   ? Kind::kI8Channel
