@@ -20,11 +20,12 @@ namespace seqpar::model_simd {
 
 constexpr int64_t kPackedPanel = 16;  // weight rows (output columns) a panel
 // linear() takes the packed product up to this many rows of x, oneDNN on converted blocks past
-// them. One thread, a 2048 x 8192 bf16 weight and its transpose, the two interleaved in one
-// process, medians of 7-15 calls (a stand-alone copy of both loops on an AMD EPYC Zen 3 core,
-// AVX2, oneDNN's gemm:jit on blocks of 2 MiB of x's size converted as linear() converts them):
-// the packed product 1.26x at 128 rows, 1.09-1.27x at 256, 1.07-1.12x at 512, 1.00-1.04x at
-// 1024, 0.85-0.98x at 2048 (x no longer in cache when each block of columns passes over it).
+// them. Medians of the ratio over 9 alternating calls in one process (bench/linear_bench
+// --compare-packed 9, a 8192 x 2048 weight, one thread, an AMD EPYC Zen 3 core, AVX2): bf16 0.95-
+// 1.05x at 128 rows, 1.16-1.17x at 256, 1.02-1.08x at 512, 0.93-1.01x at 1024, 0.95-1.00x at
+// 2048; Q8_0 1.02, 1.13, 1.01, 0.96, 0.89; per-channel int8 1.03, 1.07, 1.01, 0.87, 0.93. Past
+// 512 rows x no longer stays in cache between blocks of columns; a prefetch of the next tile's
+// rows recovered little in a stand-alone copy (0.93 -> 0.95 at 2048 rows; not kept).
 constexpr int64_t kPackedMaxRows = 512;  // (gemm_packed_path() names it)
 // The rows up to which linear() takes the packed product: kPackedMaxRows, unless set (0: never;
 // bench/linear_bench --compare-packed times both paths in one process this way). Not for use
