@@ -3,6 +3,7 @@
 #include "gemm_packed.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -254,11 +255,11 @@ void gemm_packed_avx2(const float* x, int64_t m, const PackedWeight& w, const fl
 }
 
 namespace {
-int64_t max_rows = kPackedMaxRows;
+std::atomic<int64_t> max_rows{kPackedMaxRows};  // read by every rank's thread
 }  // namespace
 
-int64_t packed_max_rows() { return max_rows; }
-void set_packed_max_rows(int64_t rows) { max_rows = rows; }
+int64_t packed_max_rows() { return max_rows.load(std::memory_order_relaxed); }
+void set_packed_max_rows(int64_t rows) { max_rows.store(rows, std::memory_order_relaxed); }
 
 GemmPacked gemm_packed() { return kernel_isa() == Isa::kAvx2 ? &gemm_packed_avx2 : nullptr; }
 

@@ -28,8 +28,8 @@ constexpr int64_t kPackedPanel = 16;  // weight rows (output columns) a panel
 // rows recovered little in a stand-alone copy (0.93 -> 0.95 at 2048 rows; not kept).
 constexpr int64_t kPackedMaxRows = 512;  // (gemm_packed_path() names it)
 // The rows up to which linear() takes the packed product: kPackedMaxRows, unless set (0: never;
-// bench/linear_bench --compare-packed times both paths in one process this way). Not for use
-// while another thread runs linear().
+// bench/linear_bench --compare-packed times both paths in one process this way). A call of
+// linear() running while it is set takes either path.
 int64_t packed_max_rows();
 void set_packed_max_rows(int64_t rows);
 
