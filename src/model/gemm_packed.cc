@@ -249,9 +249,7 @@ void gemm_packed_avx2(const float* x, int64_t m, const PackedWeight& w, const fl
     case Kind::kQ8:
       return avx2::product<Kind::kQ8>(x, m, w, bias, y, ldy);
   }
-#else
-  gemm_packed_scalar(x, m, w, bias, y, ldy);
-#endif
+#endif  // (elsewhere check_cpu_has has thrown)
 }
 
 namespace {
@@ -261,7 +259,11 @@ std::atomic<int64_t> max_rows{kPackedMaxRows};  // read by every rank's thread
 int64_t packed_max_rows() { return max_rows.load(std::memory_order_relaxed); }
 void set_packed_max_rows(int64_t rows) { max_rows.store(rows, std::memory_order_relaxed); }
 
-GemmPacked gemm_packed() { return kernel_isa() == Isa::kAvx2 ? &gemm_packed_avx2 : nullptr; }
+GemmPacked gemm_packed() {
+  // Chosen once, as kernels() is: SEQPAR_KERNEL_ISA is read at the first call only.
+  static const GemmPacked chosen = kernel_isa() == Isa::kAvx2 ? &gemm_packed_avx2 : nullptr;
+  return chosen;
+}
 
 const char* gemm_packed_path() {
   static const std::string path = gemm_packed()
