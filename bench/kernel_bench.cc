@@ -5,6 +5,13 @@
 //                [--kv-heads H] [--batch 1] [--dtype fp32|bf16|fp16] [--rounds 3]
 //                [--threads 1] [--block-q 0] [--block-k 0] [--min-time 0.3]
 //                [--layout contiguous|striped|zigzag|shuffled] [--ranks 4] [--rank 1]
+//                [--compare-panels ROUNDS]
+//
+// --compare-panels: per case, the kernel with its panel products (docs/kernel.md "Panel
+// products"; where the CPU's kernels are AVX2) against the kernel with oneDNN's products
+// (SEQPAR_KERNEL_PANELS=0), one call of each per round in alternating order, ROUNDS rounds in one
+// process: each path's median GFLOP/s and the min / median / max of the per-round ratio (> 1:
+// panels faster). Instead of the table below.
 //
 // --layout: queries and keys are the S tokens that rank --rank of --ranks holds of a sequence of
 // S·ranks tokens (the diagonal step of ring attention), so the causal mask is by those global
@@ -67,6 +74,7 @@ struct Options {
   double min_time = 0.3;
   std::string layout = "contiguous";
   int64_t ranks = 4, rank = 1;
+  int64_t compare_rounds = 0;
 };
 
 Options parse(int argc, char** argv) {
@@ -79,7 +87,8 @@ Options parse(int argc, char** argv) {
           "kernel_bench [--seq 1024,4096,16384] [--head-dim 64,128] [--causal 0|1|both]\n"
           "             [--heads 1] [--kv-heads H] [--batch 1] [--dtype fp32|bf16|fp16]\n"
           "             [--rounds 3] [--threads 1] [--block-q 0] [--block-k 0] [--min-time 0.3]\n"
-          "             [--layout contiguous|striped|zigzag|shuffled] [--ranks 4] [--rank 1]\n");
+          "             [--layout contiguous|striped|zigzag|shuffled] [--ranks 4] [--rank 1]\n"
+          "             [--compare-panels ROUNDS]\n");
       std::exit(0);
     }
     if (i + 1 >= argc) usage_error(a + " needs a value (see --help)");
@@ -122,6 +131,8 @@ Options parse(int argc, char** argv) {
       o.ranks = parse_list(a, v)[0];
     } else if (a == "--rank") {
       o.rank = std::atoll(v.c_str());
+    } else if (a == "--compare-panels") {
+      o.compare_rounds = seqpar::bench::parse_one("kernel_bench", a, v);
     } else if (a == "--min-time") {
       o.min_time = seqpar::bench::parse_min_time("kernel_bench", v);
     } else {
@@ -154,6 +165,42 @@ std::vector<int64_t> layout_positions(const std::string& layout, int64_t n, int6
   return pos;
 }
 
+// --compare-panels: one call with the panel products and one without per round, alternating which
+// goes first; prints a table row of medians and the ratio's spread.
+void compare_panels(const std::function<void()>& kernel, double work, int64_t rounds,
+                    const std::string& label) {
+  auto call = [&](bool panels) {
+    if (panels) {
+      unsetenv("SEQPAR_KERNEL_PANELS");
+    } else {
+      setenv("SEQPAR_KERNEL_PANELS", "0", 1);
+    }
+    const double t0 = seqpar::now_seconds();
+    kernel();
+    return seqpar::now_seconds() - t0;
+  };
+  (void)call(true);  // warm-up of both paths
+  (void)call(false);
+  std::vector<double> with, without, ratio;
+  for (int64_t r = 0; r < rounds; ++r) {
+    const bool first = r % 2 == 0;
+    const double a = call(first), b = call(!first);
+    with.push_back(first ? a : b);
+    without.push_back(first ? b : a);
+    ratio.push_back(without.back() / with.back());
+  }
+  unsetenv("SEQPAR_KERNEL_PANELS");
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::sort(ratio.begin(), ratio.end());
+  std::printf("| %s | %.1f | %.1f | %.2f | %.2f | %.2f |\n", label.c_str(),
+              work / median(with) * 1e-9, work / median(without) * 1e-9, ratio.front(),
+              median(ratio), ratio.back());
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -172,10 +219,18 @@ int main(int argc, char** argv) {
       "threads: %d; best of %d rounds (each timing >= %.2f s); GEMMs in %s; GEMM 1024^3 impl: "
       "%s\n\n",
       o.threads, o.rounds, o.min_time, bf16_mm ? "bf16 (fp32 C)" : "fp32", big.impl().c_str());
-  std::printf(
-      "| S | D | H/Hkv | B | layout | causal | dtype | kernel GFLOP/s | GEMM 1024^3 GFLOP/s | "
-      "ratio | block GEMMs GFLOP/s | ratio |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  if (o.compare_rounds > 0) {
+    std::printf(
+        "panel products against oneDNN's, %lld rounds\n| S | D | H/Hkv | B | layout | causal | "
+        "dtype | panels GFLOP/s | oneDNN GFLOP/s | panels / oneDNN min | median | max |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        static_cast<long long>(o.compare_rounds));
+  } else {
+    std::printf(
+        "| S | D | H/Hkv | B | layout | causal | dtype | kernel GFLOP/s | GEMM 1024^3 GFLOP/s | "
+        "ratio | block GEMMs GFLOP/s | ratio |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  }
   std::fflush(stdout);
 
   for (int64_t s : o.seqs) {
@@ -223,6 +278,17 @@ int main(int argc, char** argv) {
         const double work =
             4.0 * d *
             static_cast<double>(seqpar::visible_score_elements(o.batch, o.heads, s, s, p.mask));
+        if (o.compare_rounds > 0) {
+          char label[256];
+          std::snprintf(label, sizeof label, "%lld | %lld | %lld/%lld | %lld | %s | %s | %s",
+                        static_cast<long long>(s), static_cast<long long>(d),
+                        static_cast<long long>(o.heads), static_cast<long long>(o.kv_heads),
+                        static_cast<long long>(o.batch), o.layout.c_str(), causal ? "yes" : "no",
+                        std::string(seqpar::dtype_name(o.dtype)).c_str());
+          compare_panels([&] { seqpar::flash_attention(q, k, v, p); }, work, o.compare_rounds,
+                         label);
+          continue;
+        }
         seqpar::flash_attention(q, k, v, p);  // warm-up: primitives, buffers
         double best_kernel = 0, best_big = 0, best_blk = 0;
         for (int r = 0; r < o.rounds; ++r) {

@@ -67,6 +67,9 @@ constexpr int64_t kDefaultBlockQ = 256;
 // twice the masked scores, 0.95x there; docs/kernel.md).
 constexpr int64_t kDefaultBlockK = 256;
 constexpr int64_t kUnmaskedBlockK = 512;
+// Rows of a query tile a strip of the panel products (tile_by_panels): its scores (48 × 512 fp32,
+// 96 KiB) stay in L2 between Q·Kᵀ, the softmax and P·V.
+constexpr int64_t kPanelStrip = 48;
 // The largest default key block read in place (decode shapes).
 constexpr int64_t kMaxInPlaceBlockK = 256;
 // At most this many (query block, head) tiles per work item (outside decode shapes): bounds the
@@ -245,6 +248,16 @@ bool use_small_matmuls() {
 // call, so a benchmark can compare both in one process) has every product read the packed blocks.
 bool use_blocked_kv() {
   const char* env = std::getenv("SEQPAR_KERNEL_BLOCKED_KV");
+  return env == nullptr || std::string(env) != "0";
+}
+
+// Query tiles' fp32 products (no decode shapes, no bf16 matmul) take the kernel table's panel
+// products where its ISA is AVX2, the tile walked in strips (tile_by_panels; docs/kernel.md "Panel
+// products"), else oneDNN. SEQPAR_KERNEL_PANELS=0 (read on every call, so a benchmark can compare
+// both in one process) uses oneDNN instead.
+bool use_panels(const simd::Kernels& kern) {
+  if (kern.isa != simd::Isa::kAvx2) return false;
+  const char* env = std::getenv("SEQPAR_KERNEL_PANELS");
   return env == nullptr || std::string(env) != "0";
 }
 
@@ -448,6 +461,7 @@ struct Problem {
   bool stack_heads;      // a tile holds all query heads of an item's kv head (few rows: decode)
   bool small_mm;         // with stack_heads, no bf16 matmul: simd small_qk / small_pv
   bool blocked_kv;       // oneDNN products of full tiles may read BlockedKv
+  bool panels;           // the products are the kernel table's panel products (PanelKv)
   DType kv_type;         // K and V as the products read them: the matmul type, or in place in_type
 };
 
@@ -978,18 +992,18 @@ void tile_scores(const Problem& p, const ItemTiles& t, int64_t x, int64_t rows, 
   thread_matmul_cache().run(qk, t.q[x], kblk, s);
 }
 
-// Step 1, per tile: the mask applied to S (rows, nk) (masked scores -inf), then per row the
-// online softmax update of m, l and O with a stale running max; P written over S (fp32) or to
-// p16 (rows, ld_s) (bf16 matmul).
-void tile_softmax(const Problem& p, ItemTiles& t, int64_t x, int64_t rows, const KeyBlock& blk,
-                  const RowMask& mask, float* s, uint16_t* p16) {
+// Step 1, per tile, its rows [r0, r1): the mask applied to S (row r at s + (r - r0)·ld_s; masked
+// scores -inf), then per row the online softmax update of m, l and O with a stale running max; P
+// written over S (fp32) or to p16 (rows as s's) (bf16 matmul).
+void tile_softmax(const Problem& p, ItemTiles& t, int64_t x, int64_t r0, int64_t r1,
+                  const KeyBlock& blk, const RowMask& mask, float* s, uint16_t* p16) {
   const int64_t nk = blk.nk, d = p.d;
   float* o = t.o + x * t.tr * d;
   float* m = t.m + x * t.tr;
   double* l = t.l + x * t.tr;
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = r0; r < r1; ++r) {
     const int64_t tok = r / t.gs;  // the row's token within the query block
-    float* srow = s + r * p.ld_s;
+    float* srow = s + (r - r0) * p.ld_s;
     if (mask.kind == BlockKind::kGeneral) {
       const uint8_t* em = mask.emask + tok * p.bk;
       for (int64_t j = 0; j < nk; ++j) srow[j] = em[j] ? srow[j] : kNegInf;
@@ -997,8 +1011,8 @@ void tile_softmax(const Problem& p, ItemTiles& t, int64_t x, int64_t rows, const
       for (int64_t i = 0; i < blk.n_invalid; ++i) srow[blk.invalid[i]] = kNegInf;
     }
     if (p.bf16_mm) {
-      p.kern->row_update_bf16_deg3(srow, p16 + r * p.ld_s, mask.lo[tok], mask.hi[tok], nk, p.c,
-                                   m + r, l + r, o + r * d, d);
+      p.kern->row_update_bf16_deg3(srow, p16 + (r - r0) * p.ld_s, mask.lo[tok], mask.hi[tok], nk,
+                                   p.c, m + r, l + r, o + r * d, d);
     } else {
       p.row_update(srow, mask.lo[tok], mask.hi[tok], nk, p.c, m + r, l + r, o + r * d, d);
     }
@@ -1022,6 +1036,70 @@ void tile_pv(const Problem& p, ItemTiles& t, int64_t x, int64_t rows, int64_t h,
   }
   MatmulShape pv{rows, p.d, blk.nk, p.ld_s, blk.v_rs, 1, p.d, p.mm_type, true};
   thread_matmul_cache().run(pv, a, vblk, o);
+}
+
+// A key block's K and V per kv head as the panel products read them (p.panels): nhk blocks of
+// k_size floats (Kᵀ, d × nk) and v_size floats (V, nk × d) in panels.
+struct PanelKv {
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t k_size = 0, v_size = 0;
+};
+
+// Step 1 (p.panels): PanelKv of key block blk, packed once for all the item's tiles.
+PanelKv panel_kv(const Problem& p, const ItemTiles& t, const KeyBlock& blk, Workspace& ws) {
+  const int64_t w = p.kern->panel_width, d = p.d, nk = blk.nk;
+  PanelKv out;
+  out.k_size = (nk + w - 1) / w * w * d;
+  out.v_size = nk * ((d + w - 1) / w * w);
+  float* k = ws.kblocked.get<float>(t.nhk * out.k_size);
+  float* v = ws.vblocked.get<float>(t.nhk * out.v_size);
+  for (int64_t h = 0; h < t.nhk; ++h) {
+    p.kern->pack_panels_t(static_cast<const float*>(blk.k_head(h, 4)), blk.k_rs, d, nk,
+                          k + h * out.k_size);
+    p.kern->pack_panels(static_cast<const float*>(blk.v_head(h, 4)), blk.v_rs, nk, d,
+                        v + h * out.v_size);
+  }
+  out.k = k;
+  out.v = v;
+  return out;
+}
+
+// Step 1, per tile (p.panels): S = Q·Kᵀ, the mask and online softmax, and O += P·V, kPanelStrip
+// rows at a time, so that a strip's scores (in s) stay in cache from one step to the next. Only
+// the keys some row of the strip sees are multiplied: from the panel holding the strip's first
+// run start to its last run end (the softmax reads no score outside a row's run, and a P·V term
+// left out is one of P's zeros), which on a causal diagonal block is a triangle's strips.
+void tile_by_panels(const Problem& p, ItemTiles& t, int64_t x, int64_t rows, int64_t h,
+                    const KeyBlock& blk, const PanelKv& pkv, const RowMask& mask, float* s) {
+  const int64_t d = p.d, w = p.kern->panel_width;
+  const float* q = static_cast<const float*>(t.q[x]);
+  const float* k = pkv.k + h * pkv.k_size;
+  const float* v = pkv.v + h * pkv.v_size;
+  float* o = t.o + x * t.tr * d;
+  for (int64_t r0 = 0; r0 < rows; r0 += kPanelStrip) {
+    const int64_t r1 = std::min(rows, r0 + kPanelStrip);
+    int64_t c0 = 0, c1 = blk.nk;  // the keys the strip's rows see
+    if (mask.kind != BlockKind::kGeneral) {
+      c0 = blk.nk;
+      c1 = 0;
+      for (int64_t tok = r0 / t.gs; tok <= (r1 - 1) / t.gs; ++tok) {
+        if (mask.lo[tok] >= mask.hi[tok]) continue;
+        c0 = std::min(c0, mask.lo[tok]);
+        c1 = std::max(c1, mask.hi[tok]);
+      }
+      c0 = c0 / w * w;
+    }
+    if (c0 < c1) {
+      p.kern->panel_product(q + r0 * d, d, r1 - r0, k + c0 * d, d, d * w, c1 - c0, s + c0, p.ld_s,
+                            false);
+    }
+    tile_softmax(p, t, x, r0, r1, blk, mask, s, nullptr);
+    if (c0 < c1) {
+      p.kern->panel_product(s + c0, p.ld_s, r1 - r0, v + c0 * w, c1 - c0, blk.nk * w, d, o + r0 * d,
+                            d, true);
+    }
+  }
 }
 
 // Step 1, per tile: rows that see a key with a non-finite K or V (of kv head h of the item), or
@@ -1120,7 +1198,9 @@ void run_item(const Problem& p, const Item& it, const OutRows* init, const OutRo
     for (int64_t qt = 0; qt < tiles.nqt; ++qt) {
       full_tiles += kinds[qt] != BlockKind::kSkip && tiles.rows(tiles.index(qt, 0, 0)) == tiles.tr;
     }
-    const BlockedKv bkv = block_kv(p, tiles, blk, full_tiles * tiles.ngt, ws);
+    const BlockedKv bkv =
+        p.panels ? BlockedKv{} : block_kv(p, tiles, blk, full_tiles * tiles.ngt, ws);
+    const PanelKv pkv = p.panels ? panel_kv(p, tiles, blk, ws) : PanelKv{};
     for (int64_t qt = 0; qt < tiles.nqt; ++qt) {
       mask.kind = kinds[qt];
       if (mask.kind == BlockKind::kSkip) continue;
@@ -1130,8 +1210,13 @@ void run_item(const Problem& p, const Item& it, const OutRows* init, const OutRo
       for (int64_t h = 0; h < tiles.nhk; ++h) {
         for (int64_t gt = 0; gt < tiles.ngt; ++gt) {
           const int64_t x = tiles.index(qt, h, gt);
+          if (p.panels) {
+            tile_by_panels(p, tiles, x, rows, h, blk, pkv, mask, s);  // S, P, O += P·V
+            poison_tile_rows(p, tiles, x, rows, h, blk, mask);
+            continue;
+          }
           tile_scores(p, tiles, x, rows, h, blk, bkv, s);      // S = Q·Kᵀ
-          tile_softmax(p, tiles, x, rows, blk, mask, s, p16);  // mask, online softmax: P
+          tile_softmax(p, tiles, x, 0, rows, blk, mask, s, p16);  // mask, online softmax: P
           tile_pv(p, tiles, x, rows, h, blk, bkv, s, p16);     // O += P·V
           poison_tile_rows(p, tiles, x, rows, h, blk, mask);   // non-finite inputs
         }
@@ -1262,7 +1347,9 @@ void flash_attention_into(const TensorView& q_in, const TensorView& k_in, const 
   p.mm_type = p.bf16_mm ? memory::data_type::bf16 : memory::data_type::f32;
   p.stack_heads = stream_kv;
   p.small_mm = stream_kv && !p.bf16_mm && use_small_matmuls();
-  p.blocked_kv = !p.small_mm && use_blocked_kv();
+  p.kern = &simd::kernels();
+  p.panels = !p.small_mm && !p.bf16_mm && use_panels(*p.kern);
+  p.blocked_kv = !p.small_mm && !p.panels && use_blocked_kv();
   p.kv_type = kv_in_place(p) ? p.in_type : p.bf16_mm ? DType::kBF16 : DType::kF32;
   p.bq = params.block_q > 0 ? params.block_q : kDefaultBlockQ;
   // The default key block: with K/V read in place, about kInPlaceBlockBytes of K and V; else
@@ -1280,7 +1367,6 @@ void flash_attention_into(const TensorView& q_in, const TensorView& k_in, const 
   p.ld_s = simd::round_up_row(p.bk);
   p.nqb = (p.sq + p.bq - 1) / p.bq;
   p.nkb = (p.sk + p.bk - 1) / p.bk;
-  p.kern = &simd::kernels();
   // The degree-5 exp2 polynomial for fp32, and for 16-bit K/V read in place (their products are
   // fp32 on the stored values, and the call is bound by reading K/V); degree 3 for the rest.
   p.row_update = p.in_type == DType::kF32 || kv_in_place(p) ? p.kern->row_update_deg5
@@ -1414,9 +1500,14 @@ std::string attention_kernel_info() {
         "blockwise flash attention (Bq ", kDefaultBlockQ, ", Bk ", kDefaultBlockK, "; ",
         kUnmaskedBlockK, " in fp32 without a causal or segment mask); softmax ",
         simd::isa_name(simd::kernels().isa),
-        " (exp2 poly deg 5 for fp32 and 16-bit K/V read in place, deg 3 for other bf16/fp16); "
-        "oneDNN ",
-        ver->major, ".", ver->minor, ".", ver->patch, " matmul ", mm, " fp32",
+        " (exp2 poly deg 5 for fp32 and 16-bit K/V read in place, deg 3 for other bf16/fp16); ",
+        use_panels(simd::kernels())
+            ? detail::concat("fp32 products of query tiles: panel products ",
+                             simd::isa_name(simd::kernels().isa), " (tiles of 6 rows x ",
+                             simd::kernels().panel_width, " columns, strips of ", kPanelStrip,
+                             " rows, the keys a strip sees); ")
+            : std::string(),
+        "oneDNN ", ver->major, ".", ver->minor, ".", ver->patch, " matmul ", mm, " fp32",
         use_blocked_kv() ? detail::concat(", K/V copied into its layout where ", kMinBlockedKvUses,
                                           " or more full (query block, head) tiles read them")
                          : std::string(", K/V read as packed (SEQPAR_KERNEL_BLOCKED_KV=0)"));

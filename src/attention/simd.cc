@@ -196,12 +196,13 @@ inline void vstore_bf16(uint16_t* p, V v) {
 
 namespace {
 
-#define SEQPAR_KERNEL_TABLE(ns, isa)                                                        \
-  Kernels {                                                                                 \
-    isa, &ns::row_update_f32<5>, &ns::row_update_f32<3>, &ns::row_update_bf16<3>,           \
-        &ns::exp2_array<5>, &ns::exp2_array<3>, &ns::scale_copy, &ns::bf16_to_f32,          \
-        &ns::f16_to_f32, &ns::f32_to_bf16, &ns::any_nonfinite_f32, &ns::any_nonfinite_bf16, \
-        &ns::any_nonfinite_f16, &ns::small_qk, &ns::small_pv, false                         \
+#define SEQPAR_KERNEL_TABLE(ns, isa)                                                         \
+  Kernels {                                                                                  \
+    isa, &ns::row_update_f32<5>, &ns::row_update_f32<3>, &ns::row_update_bf16<3>,            \
+        &ns::exp2_array<5>, &ns::exp2_array<3>, &ns::scale_copy, &ns::bf16_to_f32,           \
+        &ns::f16_to_f32, &ns::f32_to_bf16, &ns::any_nonfinite_f32, &ns::any_nonfinite_bf16,  \
+        &ns::any_nonfinite_f16, &ns::small_qk, &ns::small_pv, ns::kPanelW, &ns::pack_panels, \
+        &ns::pack_panels_t, &ns::panel_product, false                                        \
   }
 
 const Kernels kScalar = SEQPAR_KERNEL_TABLE(scalar, Isa::kScalar);

@@ -85,6 +85,23 @@ struct Kernels {
                    KvType kt, int64_t ld_k, int64_t n, int64_t d, float* s, int64_t ld_s);
   void (*small_pv)(const float* p, int64_t ld_p, int64_t rows, const void* v, KvType vt,
                    int64_t ld_v, int64_t n, int64_t d, float* o);
+  // Panel products of the fp32 blocks of query tiles (flash.cc, docs/kernel.md "Panel
+  // products"): B is packed once per key block into panels of panel_width columns (pack_*: panel
+  // j (depth, panel_width) at j·depth·panel_width, its columns past the last zero) and A's rows
+  // are multiplied 6 at a time against every panel; each output is one FMA chain over depth in
+  // order.
+  //   pack_panels:   B (depth × cols) = X, X (depth × cols, row stride ld): V for P·V;
+  //   pack_panels_t: B (depth × cols) = Xᵀ, X (cols × depth, row stride ld): K for Q·Kᵀ;
+  //   panel_product: C (rows × cols, row stride ldc) = A (rows × depth, row stride lda)·B, B's
+  //                  panel j at b + j·ldb (rows of a packed B from row i: b + i·panel_width,
+  //                  ldb its depth·panel_width); with accumulate C += A·B (the chain from zero,
+  //                  then added to C: a sum post-op, so O's error grows per key block as with
+  //                  oneDNN's). Only C's rows × cols are written.
+  int64_t panel_width;
+  void (*pack_panels)(const float* x, int64_t ld, int64_t depth, int64_t cols, float* out);
+  void (*pack_panels_t)(const float* x, int64_t ld, int64_t depth, int64_t cols, float* out);
+  void (*panel_product)(const float* a, int64_t lda, int64_t rows, const float* b, int64_t depth,
+                        int64_t ldb, int64_t cols, float* c, int64_t ldc, bool accumulate);
   // row_update_bf16_deg3 rounds P with AVX512_BF16's vcvtneps2bf16 (the avx512 variant on a CPU
   // that has it; denormal probabilities become 0) rather than in software.
   bool p_rounded_by_avx512_bf16;

@@ -867,6 +867,11 @@ TEST(FlashInfo, NamesThePath) {
   const std::string info = attention_kernel_info();
   EXPECT_NE(info.find("oneDNN"), std::string::npos) << info;
   EXPECT_NE(info.find(std::string(simd::isa_name(simd::kernels().isa))), std::string::npos) << info;
+  // The fp32 products of query tiles: panel products where the kernels are AVX2.
+  EXPECT_EQ(
+      info.find("panel products avx2") != std::string::npos,
+      simd::kernels().isa == simd::Isa::kAvx2 && std::getenv("SEQPAR_KERNEL_PANELS") == nullptr)
+      << info;
   std::printf("[   INFO   ] %s\n", info.c_str());
 }
 
@@ -1082,6 +1087,72 @@ TEST(Simd, SmallProductsWithinSummationBound) {
             }
           }
     }
+}
+
+// The panel products of query tiles against float64: S = Q·Kᵀ from K packed transposed and
+// O += P·V from V packed, for rows 1-13 (tiles of 6 and their tails), keys and head dims with and
+// without a partial last panel, K and V rows further apart than D, every ISA the CPU runs. Each
+// element within γ_n·Σ|a·b| (S), and γ_(n+1)·(Σ|p·v| + |O|) for O (the sum, then its addition);
+// C's columns past cols (the score row's padding) are never written.
+TEST(Simd, PanelProductsWithinSummationBound) {
+  std::mt19937 rng(12);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  auto gamma = [](int64_t n) {
+    const double u = std::ldexp(1.0, -24);
+    return n * u / (1 - n * u);
+  };
+  for (simd::Isa isa : cpu_isas()) {
+    const simd::Kernels& kern = simd::kernels(isa);
+    const int64_t w = kern.panel_width;
+    for (int64_t d : {1, 8, 40, 72, 128})
+      for (int64_t rows : {1, 5, 6, 7, 13})
+        for (int64_t n : {1, 15, 16, 17, 37, 300}) {
+          const int64_t ld = d + 3, ld_s = simd::round_up_row(n) + 16;
+          const int64_t np = (n + w - 1) / w, dp = (d + w - 1) / w;
+          std::vector<float> q(rows * d), k(n * ld), v(n * ld), p(rows * ld_s);
+          for (float& x : q) x = nd(rng);
+          for (float& x : k) x = nd(rng);
+          for (float& x : v) x = nd(rng);
+          for (float& x : p) x = std::fabs(nd(rng));
+          std::vector<float> kp(np * w * d, -1.f), vp(n * dp * w, -1.f);
+          kern.pack_panels_t(k.data(), ld, d, n, kp.data());
+          kern.pack_panels(v.data(), ld, n, d, vp.data());
+          std::vector<float> sc(rows * ld_s, -7.f), o(rows * (d + 2));
+          for (float& x : o) x = nd(rng);
+          const std::vector<float> o0 = o;
+          kern.panel_product(q.data(), d, rows, kp.data(), d, d * w, n, sc.data(), ld_s, false);
+          kern.panel_product(p.data(), ld_s, rows, vp.data(), n, n * w, d, o.data(), d + 2, true);
+          const std::string what = std::string(simd::isa_name(isa)) + " d " + std::to_string(d) +
+                                   " rows " + std::to_string(rows) + " n " + std::to_string(n);
+          for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t j = 0; j < ld_s; ++j) {
+              if (j >= n) {
+                ASSERT_EQ(sc[r * ld_s + j], -7.f) << what << " S written past n at " << r;
+                continue;
+              }
+              double want = 0, mag = 0;
+              for (int64_t c = 0; c < d; ++c) {
+                want += double(q[r * d + c]) * k[j * ld + c];
+                mag += std::fabs(double(q[r * d + c]) * k[j * ld + c]);
+              }
+              ASSERT_LE(std::fabs(sc[r * ld_s + j] - want), gamma(d) * mag) << what << " S " << r;
+            }
+            for (int64_t c = 0; c < d + 2; ++c) {
+              const int64_t at = r * (d + 2) + c;
+              if (c >= d) {
+                ASSERT_EQ(o[at], o0[at]) << what << " O written past d at " << r;
+                continue;
+              }
+              double want = o0[at], mag = std::fabs(o0[at]);
+              for (int64_t j = 0; j < n; ++j) {
+                want += double(p[r * ld_s + j]) * v[j * ld + c];
+                mag += std::fabs(double(p[r * ld_s + j]) * v[j * ld + c]);
+              }
+              ASSERT_LE(std::fabs(o[at] - want), gamma(n + 1) * mag) << what << " O " << r;
+            }
+          }
+        }
+  }
 }
 
 TEST(Simd, RowUpdateRescalesWhenTheMaxMovesFar) {
