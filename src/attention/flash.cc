@@ -1069,7 +1069,7 @@ PanelKv panel_kv(const Problem& p, const ItemTiles& t, const KeyBlock& blk, Work
 // rows at a time, so that a strip's scores (in s) stay in cache from one step to the next. Only
 // the keys some row of the strip sees are multiplied: from the panel holding the strip's first
 // run start to its last run end (the softmax reads no score outside a row's run, and a P·V term
-// left out is one of P's zeros), which on a causal diagonal block is a triangle's strips.
+// left out is one of P's zeros); on a causal diagonal block, a staircase of strips.
 void tile_by_panels(const Problem& p, ItemTiles& t, int64_t x, int64_t rows, int64_t h,
                     const KeyBlock& blk, const PanelKv& pkv, const RowMask& mask, float* s) {
   const int64_t d = p.d, w = p.kern->panel_width;

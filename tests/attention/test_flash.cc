@@ -1022,6 +1022,12 @@ TEST(Simd, AnyNonFiniteFindsEachElement) {
   }
 }
 
+// γ_n = n·u / (1 - n·u), u = 2^-24: the bound on the relative error of a sum of n fp32 products.
+double gamma(int64_t n) {
+  const double u = std::ldexp(1.0, -24);
+  return n * u / (1 - n * u);
+}
+
 // The few-row products of decode shapes against float64: S = Q·Kᵀ (up to 4 rows with D in the
 // lanes, more with the rows in the lanes) and O += P·V, for rows 1-9, keys 1-37, head dims with
 // and without a tail, K and V rows further apart than D, K and V in fp32, bf16 and fp16 (the
@@ -1031,10 +1037,6 @@ TEST(Simd, AnyNonFiniteFindsEachElement) {
 TEST(Simd, SmallProductsWithinSummationBound) {
   std::mt19937 rng(11);
   std::normal_distribution<float> nd(0.f, 1.f);
-  auto gamma = [](int64_t n) {
-    const double u = std::ldexp(1.0, -24);
-    return n * u / (1 - n * u);
-  };
   const std::pair<simd::KvType, DType> types[] = {{simd::KvType::kF32, DType::kF32},
                                                   {simd::KvType::kBF16, DType::kBF16},
                                                   {simd::KvType::kF16, DType::kF16}};
@@ -1097,10 +1099,6 @@ TEST(Simd, SmallProductsWithinSummationBound) {
 TEST(Simd, PanelProductsWithinSummationBound) {
   std::mt19937 rng(12);
   std::normal_distribution<float> nd(0.f, 1.f);
-  auto gamma = [](int64_t n) {
-    const double u = std::ldexp(1.0, -24);
-    return n * u / (1 - n * u);
-  };
   for (simd::Isa isa : cpu_isas()) {
     const simd::Kernels& kern = simd::kernels(isa);
     const int64_t w = kern.panel_width;

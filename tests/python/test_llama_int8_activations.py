@@ -20,9 +20,11 @@ such ratios), and seqpar then matches the quantized reference to 2e-6 (per chann
 within TOL of the quantized reference, and less than a tenth of the distance to the unquantized
 one. Meshes: 1 rank, tp 2 (per channel: the row-parallel layers' ranks share the row maxima), a
 zigzag ring, tp x Ulysses, MPI; prompts of 4 tokens (the decode products on the quantized rows)
-and 57; the Python keyword and the refusals. (With Q8_0 a 3-token prompt meets the boundary case
+and 58; the Python keyword and the refusals. (With Q8_0 a 3-token prompt meets the boundary case
 above: one step's logits 0.025 apart, where an input of the reference's block lies 3.8e-6 of a
-step from a half.)"""
+step from a half; so does a 57-token prompt on tp 2 once the attention kernel's products add in
+another order (its panel products on AVX2): 0.027 apart there, while 56, 58, 60 and 64 tokens
+sit within 1.2e-6 to 1.9e-6 on every mesh with either order.)"""
 import json
 import os
 import re
@@ -73,7 +75,7 @@ def reference(path, prompt, new_tokens, weights=None):
                        linear_input=QUANTIZE[weights] if weights else None)
 
 
-def check(ckpt, tmp_path, weights, mesh=None, backend="threads", prompt_len=57):
+def check(ckpt, tmp_path, weights, mesh=None, backend="threads", prompt_len=58):
     path, copies = ckpt
     prompt = L.prompt_of(prompt_len, L.TINY["vocab_size"], 7)
     want_tokens, want_logits = reference(copies[weights], prompt, NEW, weights)
@@ -95,7 +97,7 @@ WEIGHTS = ["int8-channel", "int8"]
 
 
 @pytest.mark.parametrize("weights", WEIGHTS)
-@pytest.mark.parametrize("prompt_len", [4, 57])
+@pytest.mark.parametrize("prompt_len", [4, 58])
 def test_one_rank(ckpt, tmp_path, weights, prompt_len):
     check(ckpt, tmp_path, weights, prompt_len=prompt_len)
 
@@ -116,7 +118,7 @@ def test_python_keyword(ckpt):
     from module_env import SEQPAR_PYTHONPATH  # noqa: F401  (puts the built module on sys.path)
     import seqpar
     path, copies = ckpt
-    prompt = L.prompt_of(57, L.TINY["vocab_size"], 7)
+    prompt = L.prompt_of(58, L.TINY["vocab_size"], 7)
     for weights in WEIGHTS:
         want_tokens, _ = reference(copies[weights], prompt, NEW, weights)
         with seqpar.CausalLM.from_pretrained(path, weights_dtype=weights, activations="int8",
