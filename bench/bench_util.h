@@ -86,6 +86,40 @@ inline double time_per_call(const std::function<void()>& f, double min_time) {
   return t / calls;
 }
 
+// Two ways of making one call compared in one process: call(true) and call(false) each return
+// the seconds of one call; after a warm-up of both, `rounds` rounds of one of each, alternating
+// which goes first. Per way, the median seconds; per round, the ratio false / true (> 1: the
+// true way faster), sorted.
+struct Alternated {
+  double with, without;        // median seconds
+  std::vector<double> ratios;  // sorted
+};
+inline Alternated alternate(int64_t rounds, const std::function<double(bool)>& call) {
+  (void)call(true);
+  (void)call(false);
+  std::vector<double> with, without, ratio;
+  for (int64_t r = 0; r < rounds; ++r) {
+    const bool first = r % 2 == 0;
+    const double a = call(first), b = call(!first);
+    with.push_back(first ? a : b);
+    without.push_back(first ? b : a);
+    ratio.push_back(without.back() / with.back());
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::sort(ratio.begin(), ratio.end());
+  return {median(with), median(without), ratio};
+}
+
+// The table row "| label | work / with | work / without | ratio min | median | max |".
+inline void print_alternated(const std::string& label, double work, const Alternated& a) {
+  std::printf("| %s | %.1f | %.1f | %.2f | %.2f | %.2f |\n", label.c_str(), work / a.with,
+              work / a.without, a.ratios.front(), a.ratios[a.ratios.size() / 2], a.ratios.back());
+  std::fflush(stdout);
+}
+
 // A cached fp32 matmul C (m × n) [+]= A (m × k) · B (k × n), B with strides (ldb_k, ldb_n);
 // single-threaded when run inside a parallel region.
 class Gemm {

@@ -165,42 +165,6 @@ std::vector<int64_t> layout_positions(const std::string& layout, int64_t n, int6
   return pos;
 }
 
-// --compare-panels: one call with the panel products and one without per round, alternating which
-// goes first; prints a table row of medians and the ratio's spread.
-void compare_panels(const std::function<void()>& kernel, double work, int64_t rounds,
-                    const std::string& label) {
-  auto call = [&](bool panels) {
-    if (panels) {
-      unsetenv("SEQPAR_KERNEL_PANELS");
-    } else {
-      setenv("SEQPAR_KERNEL_PANELS", "0", 1);
-    }
-    const double t0 = seqpar::now_seconds();
-    kernel();
-    return seqpar::now_seconds() - t0;
-  };
-  (void)call(true);  // warm-up of both paths
-  (void)call(false);
-  std::vector<double> with, without, ratio;
-  for (int64_t r = 0; r < rounds; ++r) {
-    const bool first = r % 2 == 0;
-    const double a = call(first), b = call(!first);
-    with.push_back(first ? a : b);
-    without.push_back(first ? b : a);
-    ratio.push_back(without.back() / with.back());
-  }
-  unsetenv("SEQPAR_KERNEL_PANELS");
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
-  std::sort(ratio.begin(), ratio.end());
-  std::printf("| %s | %.1f | %.1f | %.2f | %.2f | %.2f |\n", label.c_str(),
-              work / median(with) * 1e-9, work / median(without) * 1e-9, ratio.front(),
-              median(ratio), ratio.back());
-  std::fflush(stdout);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -285,8 +249,19 @@ int main(int argc, char** argv) {
                         static_cast<long long>(o.heads), static_cast<long long>(o.kv_heads),
                         static_cast<long long>(o.batch), o.layout.c_str(), causal ? "yes" : "no",
                         std::string(seqpar::dtype_name(o.dtype)).c_str());
-          compare_panels([&] { seqpar::flash_attention(q, k, v, p); }, work, o.compare_rounds,
-                         label);
+          auto call = [&](bool panels) {
+            if (panels) {
+              unsetenv("SEQPAR_KERNEL_PANELS");
+            } else {
+              setenv("SEQPAR_KERNEL_PANELS", "0", 1);
+            }
+            const double t0 = seqpar::now_seconds();
+            seqpar::flash_attention(q, k, v, p);
+            return seqpar::now_seconds() - t0;
+          };
+          const auto result = seqpar::bench::alternate(o.compare_rounds, call);
+          unsetenv("SEQPAR_KERNEL_PANELS");
+          seqpar::bench::print_alternated(label, work * 1e-9, result);
           continue;
         }
         seqpar::flash_attention(q, k, v, p);  // warm-up: primitives, buffers

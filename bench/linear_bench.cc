@@ -101,25 +101,8 @@ int main(int argc, char** argv) {
         (void)linear(x, w, Tensor(), scale, activations);
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       };
-      (void)call(true);  // warm-up of both paths
-      (void)call(false);
-      std::vector<double> packed, onednn, ratio;
-      for (int64_t r = 0; r < compare_rounds; ++r) {
-        const bool packed_first = r % 2 == 0;
-        const double a = call(packed_first), b = call(!packed_first);
-        packed.push_back(packed_first ? a : b);
-        onednn.push_back(packed_first ? b : a);
-        ratio.push_back(onednn.back() / packed.back());
-      }
-      auto median = [](std::vector<double> v) {
-        std::sort(v.begin(), v.end());
-        return v[v.size() / 2];
-      };
-      const double flop = 2.0 * m * ns[0] * ks[0] * 1e-9;
-      std::sort(ratio.begin(), ratio.end());
-      std::printf("| %lld | %.1f | %.1f | %.2f | %.2f | %.2f |\n", static_cast<long long>(m),
-                  flop / median(packed), flop / median(onednn), ratio.front(), median(ratio),
-                  ratio.back());
+      bench::print_alternated(std::to_string(m), 2.0 * m * ns[0] * ks[0] * 1e-9,
+                              bench::alternate(compare_rounds, call));
     }
     model_simd::set_packed_max_rows(saved);
     return 0;
