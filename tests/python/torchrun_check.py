@@ -214,16 +214,17 @@ def refuse():
 
 
 def late():
-    """Rank 1 arrives 3 s late at a call while rank 0 waits with a 1 s deadline: rank 0 raises
-    CommTimeout, rank 1 then fails with rank 0's announced timeout (read from the store rank 0
-    keeps)."""
+    """Rank 1 arrives at a call only after rank 0, waiting in it with a 1 s deadline, has raised
+    CommTimeout (rank 0 says so through the store, so no sleep decides the order); rank 1 then
+    fails with rank 0's announced timeout (read from the store rank 0 keeps)."""
     comm = seqpar.TorchComm()
     r = comm.rank
     x = [seqpar.Partition(32, 2).shard(t, r) for t in qkv(1, 32, 2, 2, 16)]
     seqpar.attention(*x, comm=comm, strategy="ring")  # the world works
     comm.set_timeout(1.0 if r == 0 else 100.0)
+    store = torch.distributed.distributed_c10d._get_default_store()
     if r == 1:
-        time.sleep(3)
+        store.wait(["late: rank 0 timed out"], datetime.timedelta(seconds=120))
     try:
         seqpar.attention(*x, comm=comm, strategy="ring")
         report(r, "a late rank", False, "the call returned")
@@ -233,7 +234,8 @@ def late():
                 "rank 0 failed: timeout after 1 s: rank 0 waiting for")
         report(r, "a late rank", want in str(e) and isinstance(e, seqpar.CommTimeout) == (r == 0))
     # Rank 0 hosts the store (plain processes): it stays until rank 1 has read the announcement.
-    store = torch.distributed.distributed_c10d._get_default_store()
+    if r == 0:
+        store.set("late: rank 0 timed out", "1")
     if r == 1:
         store.set("late: rank 1 done", "1")
     else:
