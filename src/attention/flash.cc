@@ -1049,15 +1049,16 @@ struct PanelKv {
 // Step 1 (p.panels): PanelKv of key block blk, packed once for all the item's tiles.
 PanelKv panel_kv(const Problem& p, const ItemTiles& t, const KeyBlock& blk, Workspace& ws) {
   const int64_t w = p.kern->panel_width, d = p.d, nk = blk.nk;
+  const size_t esz = dtype_size(p.kv_type);  // fp32
   PanelKv out;
   out.k_size = (nk + w - 1) / w * w * d;
   out.v_size = nk * ((d + w - 1) / w * w);
   float* k = ws.kblocked.get<float>(t.nhk * out.k_size);
   float* v = ws.vblocked.get<float>(t.nhk * out.v_size);
   for (int64_t h = 0; h < t.nhk; ++h) {
-    p.kern->pack_panels_t(static_cast<const float*>(blk.k_head(h, 4)), blk.k_rs, d, nk,
+    p.kern->pack_panels_t(static_cast<const float*>(blk.k_head(h, esz)), blk.k_rs, d, nk,
                           k + h * out.k_size);
-    p.kern->pack_panels(static_cast<const float*>(blk.v_head(h, 4)), blk.v_rs, nk, d,
+    p.kern->pack_panels(static_cast<const float*>(blk.v_head(h, esz)), blk.v_rs, nk, d,
                         v + h * out.v_size);
   }
   out.k = k;
@@ -1198,8 +1199,7 @@ void run_item(const Problem& p, const Item& it, const OutRows* init, const OutRo
     for (int64_t qt = 0; qt < tiles.nqt; ++qt) {
       full_tiles += kinds[qt] != BlockKind::kSkip && tiles.rows(tiles.index(qt, 0, 0)) == tiles.tr;
     }
-    const BlockedKv bkv =
-        p.panels ? BlockedKv{} : block_kv(p, tiles, blk, full_tiles * tiles.ngt, ws);
+    const BlockedKv bkv = block_kv(p, tiles, blk, full_tiles * tiles.ngt, ws);  // not with panels
     const PanelKv pkv = p.panels ? panel_kv(p, tiles, blk, ws) : PanelKv{};
     for (int64_t qt = 0; qt < tiles.nqt; ++qt) {
       mask.kind = kinds[qt];
