@@ -1,8 +1,10 @@
-// omp_sync_bench: what one synchronisation point of a rank's thread team costs, as the model's
-// products take it (each product its own OpenMP region: a fork and a join, its chunks handed out
-// one at a time) beside what one region per forward pass would cost (the team kept in one region,
-// each product a worksharing loop with its closing barrier). The difference, times the regions a
-// forward pass opens (bench/omp_regions.sh counts them), bounds what such a team would save.
+// omp_sync_bench: what one synchronisation point of a rank's thread team costs in three forms:
+// the rank's persistent team as the model's products take it (core/team.h: a loop published to
+// workers that stay, chunks claimed from one counter, the caller waiting for the chunks only),
+// each product its own OpenMP region (a fork and a join, chunks handed out one at a time;
+// SEQPAR_TEAM=0), and one OpenMP region kept open with each product a worksharing loop and its
+// closing barrier. The differences, times the loops a forward pass runs (bench/omp_regions.sh
+// counts them), say what each form costs a pass.
 //
 //   omp_sync_bench [--threads 2] [--chunks 16] [--rounds 5] [--min-time 0.2]
 //
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "seqpar/core/team.h"
 
 namespace {
 
@@ -41,6 +44,11 @@ void one_region(int threads, int64_t chunks) {
 #pragma omp for schedule(dynamic, 1)
     for (int64_t c = 0; c < chunks; ++c) chunk(c);
   }
+}
+
+// kPerCall loops of `chunks` chunks on the calling thread's persistent team.
+void team_loops(int64_t chunks) {
+  for (int i = 0; i < kPerCall; ++i) seqpar::parallel_for(chunks, [](int64_t c) { chunk(c); });
 }
 
 }  // namespace
@@ -71,9 +79,12 @@ int main(int argc, char** argv) {
       seqpar::bench::usage_error("omp_sync_bench", "unknown argument " + a + " (see --help)");
     }
   }
-  // Rounds alternate the two forms, so that both see the same minutes of a shared machine.
-  std::vector<double> per_region, per_loop;
+  // Rounds alternate the three forms, so that all see the same minutes of a shared machine.
+  omp_set_num_threads(threads);
+  std::vector<double> per_team, per_region, per_loop;
   for (int r = 0; r < rounds; ++r) {
+    per_team.push_back(seqpar::bench::time_per_call([&] { team_loops(chunks); }, min_time) /
+                       kPerCall);
     per_region.push_back(seqpar::bench::time_per_call([&] { regions(threads, chunks); }, min_time) /
                          kPerCall);
     per_loop.push_back(
@@ -88,7 +99,9 @@ int main(int argc, char** argv) {
       "threads %d, %lld dynamic chunks per loop, %d rounds (us per synchronisation point)\n",
       threads, static_cast<long long>(chunks), rounds);
   std::printf("%-34s %8s %8s\n", "form", "median", "min");
-  std::printf("%-34s %8.2f %8.2f\n", "a region per product (as built)", 1e6 * median(per_region),
+  std::printf("%-34s %8.2f %8.2f\n", "the rank's team (as built)", 1e6 * median(per_team),
+              1e6 * least(per_team));
+  std::printf("%-34s %8.2f %8.2f\n", "a region per product", 1e6 * median(per_region),
               1e6 * least(per_region));
   std::printf("%-34s %8.2f %8.2f\n", "one region, a loop per product", 1e6 * median(per_loop),
               1e6 * least(per_loop));

@@ -28,10 +28,8 @@
 // only if a block's max exceeds m by more than the stale-max slack (the bound was wrong; the row
 // is flagged), so l and O stay relative to the bound and partial sums of such rows over
 // different key sets add without rescaling.
-// Work items run in an OpenMP loop over the caller's thread count (omp_get_max_threads(); never
+// Work items run on the calling thread's team (core/team.h: omp_get_max_threads() threads, never
 // changed here); oneDNN runs single-threaded inside it.
-#include <omp.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -42,13 +40,14 @@
 #include <functional>
 #include <limits>
 #include <memory>
-#include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "seqpar/attention/attention.h"
 #include "seqpar/core/error.h"
+#include "seqpar/core/team.h"
 #include "seqpar/core/tensor_view.h"
 #include "seqpar/core/trace.h"
 #include "simd.h"
@@ -1380,7 +1379,7 @@ void flash_attention_into(const TensorView& q_in, const TensorView& k_in, const 
   // packing; halve them until there are a few items per thread. With still fewer items than
   // threads (decode, short queries), the key blocks are split too: each split yields a partial
   // state and the partials are merged by LSE (merge_into), like ring steps.
-  const int64_t threads = omp_in_parallel() ? 1 : std::max(1, omp_get_max_threads());
+  const int64_t threads = parallel_threads();
   const int64_t hk_per_item = stream_kv ? p.nkv : 1;
   const int64_t n_hkchunks = (p.nkv + hk_per_item - 1) / hk_per_item;
   const int64_t g_per_item = std::min(p.group, kMaxTilesPerItem);
@@ -1462,22 +1461,8 @@ void flash_attention_into(const TensorView& q_in, const TensorView& k_in, const 
     finish();
     return;
   }
-  // Exceptions must not cross the OpenMP region: keep the first, stop handing out work.
-  std::exception_ptr error;
-  std::atomic<bool> failed{false};
-  std::mutex error_mu;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t it = 0; it < n_items; ++it) {
-    if (failed.load(std::memory_order_relaxed)) continue;
-    try {
-      run(it, omp_get_thread_num() == 0);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(error_mu);
-      if (!error) error = std::current_exception();
-      failed = true;
-    }
-  }
-  if (error) std::rethrow_exception(error);
+  const std::thread::id caller = std::this_thread::get_id();
+  parallel_for(n_items, [&](int64_t it) { run(it, std::this_thread::get_id() == caller); });
   finish();
 }
 

@@ -2,8 +2,6 @@
 // portable reference, and the vector variants (AVX512-VNNI, AVX-VNNI, AVX2) on one generic body.
 #include "gemm_q8.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -53,15 +51,13 @@ void pack_s8_rows(const int8_t* q, int64_t m, int64_t k, int64_t ldq, Q8Rows& ou
   out.s.clear();
   out.tail_k = k - out.k;
   out.tail.resize(static_cast<size_t>(m * out.tail_k));
-  // The panels on the team (the buffers named through pointers: inside the region a thread_local
+  // The panels on the team (the buffers named through pointers: inside a chunk a thread_local
   // name is each thread's own); the last panel's rows past m are zeros (q + 128 in kPanels).
   uint8_t* oq = out.q.data();
   int8_t* ot = out.tail.data();
   const int64_t tail_k = out.tail_k, kp = out.k;
   const bool tiles = layout == Q8Layout::kTiles;
-  const int team = omp_in_parallel() ? 1 : omp_get_max_threads();
-#pragma omp parallel for schedule(static) num_threads(team) if (team > 1 && m * k >= (1 << 18))
-  for (int64_t p = 0; p < out.panels; ++p)
+  auto pack_panel = [&](int64_t p) {
     for (int64_t lane = 0; lane < kQ8Panel; ++lane) {
       const int64_t r = p * kQ8Panel + lane;
       for (int64_t b = 0; b < nb; ++b) {
@@ -81,6 +77,9 @@ void pack_s8_rows(const int8_t* q, int64_t m, int64_t k, int64_t ldq, Q8Rows& ou
       }
       if (r < m) std::copy_n(q + r * ldq + kp, tail_k, ot + r * tail_k);
     }
+  };
+  if (m * k >= (1 << 18)) return parallel_for(out.panels, pack_panel);
+  for (int64_t p = 0; p < out.panels; ++p) pack_panel(p);
 }
 
 void quantize_q8_rows(const float* x, int64_t m, int64_t k, Q8Rows& out, Q8Layout layout) {

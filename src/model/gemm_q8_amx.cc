@@ -17,7 +17,6 @@
 // stay in its cache. A thread configures the tiles at the start of its chunk and releases them at
 // its end. Linux hands the tile state to a process that asks (arch_prctl, once): where it says
 // no, the variant is not offered.
-#include <omp.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 

@@ -1,7 +1,5 @@
 #include "seqpar/model/ops.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -16,6 +14,7 @@
 #include "gemm_packed.h"
 #include "gemm_q8.h"
 #include "seqpar/core/error.h"
+#include "seqpar/core/team.h"
 #include "simd_ops.h"
 
 namespace seqpar {
@@ -110,7 +109,7 @@ void matmul(const void* x, int64_t m, int64_t k, const void* w, int64_t n, const
                   static_cast<size_t>(4 * n));
     return;
   }
-  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const int threads = parallel_threads();
   dnnl::matmul& mm = matmul_for({m, n, k, bias != nullptr, types, ldc, threads});
   using dt = dnnl::memory::data_type;
   const dt in = input_type(types);
@@ -171,34 +170,19 @@ constexpr int64_t kFewRowsQ8Int8Activations = 5;
 namespace {
 
 // Runs fn(j0, nb) over blocks of nb rows of a weight (n, k), about block_bytes / (4·k) rows a
-// block (at least 16, a multiple of 16): with a team of threads the blocks are handed out one at
-// a time, each converted (where the weight needs it) and multiplied by one thread alone (oneDNN
-// runs single-threaded inside the team): the conversions run in parallel too, and a descheduled
-// thread's blocks go to the others instead of every thread waiting for it at each block's
-// barrier. The first exception is rethrown after the region.
+// block (at least 16, a multiple of 16): on the rank's team (core/team.h) the blocks are handed
+// out one at a time, each converted (where the weight needs it) and multiplied by one thread
+// alone (oneDNN runs single-threaded inside the team): the conversions run in parallel too, and a
+// descheduled thread's blocks go to the others instead of every thread waiting for it at each
+// block's barrier. The first exception is rethrown once the blocks are done.
 template <typename Fn>
 void over_weight_blocks(int64_t block_bytes, int64_t k, int64_t n, Fn&& fn) {
-  const int team = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const int team = parallel_threads();
   int64_t block = std::clamp<int64_t>(block_bytes / (4 * k) / 16 * 16, 16, n);
   if (team > 1)
     block = std::min(block, std::max<int64_t>(16, (n + 4 * team - 1) / (4 * team) / 16 * 16));
   const int64_t blocks = (n + block - 1) / block;
-  auto run_block = [&](int64_t i) { fn(i * block, std::min(block, n - i * block)); };
-  if (team == 1 || blocks == 1) {
-    for (int64_t i = 0; i < blocks; ++i) run_block(i);
-    return;
-  }
-  std::exception_ptr failure;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(team)
-  for (int64_t i = 0; i < blocks; ++i) {
-    try {
-      run_block(i);
-    } catch (...) {
-#pragma omp critical(seqpar_linear_failure)
-      if (!failure) failure = std::current_exception();
-    }
-  }
-  if (failure) std::rethrow_exception(failure);
+  parallel_for(blocks, [&](int64_t i) { fn(i * block, std::min(block, n - i * block)); });
 }
 
 // Row j of a weight w (n, k) as fp32 into row (k); InvalidArgument naming `name`, the value and
@@ -681,12 +665,11 @@ bool all_finite(const Tensor& t) {
       bad |= static_cast<uint32_t>((bits[i] & kExponent) == kExponent);
     return bad;
   };
-  const int team = omp_in_parallel() || n < (int64_t{1} << 16) ? 1 : omp_get_max_threads();
+  const int team = n < (int64_t{1} << 16) ? 1 : parallel_threads();
   if (team == 1) return !any_bad(0, n);
-  uint32_t bad = 0;
-#pragma omp parallel for reduction(| : bad) num_threads(team)
-  for (int c = 0; c < team; ++c) bad |= any_bad(n * c / team, n * (c + 1) / team);
-  return !bad;
+  std::vector<uint32_t> bad(static_cast<size_t>(team), 0);
+  parallel_for(team, [&](int64_t c) { bad[c] = any_bad(n * c / team, n * (c + 1) / team); });
+  return std::find(bad.begin(), bad.end(), 1u) == bad.end();
 }
 
 }  // namespace

@@ -3,8 +3,6 @@
 // `#pragma GCC target`, so the library needs no -m flags and runs on any x86-64 (or other) CPU.
 #include "simd_ops.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -555,19 +553,18 @@ void gemv_i8_channel(const float* x, int64_t m, int64_t k, const int8_t* q, cons
                   });
 }
 
-// Runs fn(r0, r1) over [0, rows) on the calling thread's OpenMP team, as over_columns, when the
+// Runs fn(r0, r1) over [0, rows) on the calling thread's team, as over_columns, when the
 // rows hold at least kParallelFloats floats in all (below that, waking the team costs more than
 // it saves); else on the calling thread.
 constexpr int64_t kParallelFloats = int64_t{1} << 15;
 template <typename Rows>
 void over_rows(int64_t rows, int64_t floats_per_row, Rows&& fn) {
   if (rows <= 0) return;
-  const int team = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const int team = parallel_threads();
   if (team == 1 || rows == 1 || rows * floats_per_row < kParallelFloats) return fn(0, rows);
   const int64_t chunk = (rows + 4 * team - 1) / (4 * team);
-  const int64_t chunks = (rows + chunk - 1) / chunk;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(team)
-  for (int64_t c = 0; c < chunks; ++c) fn(c * chunk, std::min(rows, (c + 1) * chunk));
+  parallel_for((rows + chunk - 1) / chunk,
+               [&](int64_t c) { fn(c * chunk, std::min(rows, (c + 1) * chunk)); });
 }
 
 // The flat elementwise ops: blocks of kFlatBlock floats as the rows of over_rows.

@@ -17,8 +17,6 @@
 // on the number of threads.
 #pragma once
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -27,6 +25,7 @@
 #include <string_view>
 
 #include "seqpar/core/cpu_isa.h"
+#include "seqpar/core/team.h"
 
 namespace seqpar::model_simd {
 
@@ -227,19 +226,18 @@ struct Kernels {
   Exp exp;
 };
 
-// Runs cols(j0, j1) over [0, n) on the calling thread's OpenMP team (one thread inside a parallel
-// region): chunks of about n / (8 · team) columns, a multiple of `granule` and at least
+// Runs cols(j0, j1) over [0, n) on the calling thread's team (core/team.h; one thread inside a
+// chunk): chunks of about n / (8 · team) columns, a multiple of `granule` and at least
 // max(16, 4 · granule), handed out one at a time, so that a descheduled thread's chunks go to the
 // others. The few-row products (granule 1) and gemm_q8's tiles of weight rows share it.
 template <typename Cols>
 void over_columns(int64_t n, int64_t granule, Cols&& cols) {
-  const int team = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const int team = parallel_threads();
   if (team == 1) return cols(0, n);
   const int64_t chunk = std::max<int64_t>(std::max<int64_t>(16, 4 * granule),
                                           (n + 8 * team - 1) / (8 * team) / granule * granule);
-  const int64_t chunks = (n + chunk - 1) / chunk;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(team)
-  for (int64_t c = 0; c < chunks; ++c) cols(c * chunk, std::min(n, (c + 1) * chunk));
+  parallel_for((n + chunk - 1) / chunk,
+               [&](int64_t c) { cols(c * chunk, std::min(n, (c + 1) * chunk)); });
 }
 
 // The variant in use: SEQPAR_KERNEL_ISA's choice (capped at what the CPU runs), else best_isa().

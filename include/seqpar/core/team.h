@@ -1,0 +1,49 @@
+// The thread team of a rank: parallel loops of the model's ops and the attention kernel run on it.
+//
+// Each calling thread (a rank's thread, Python's thread, a test's thread) owns one persistent team
+// of omp_get_max_threads() threads: itself and that many minus one workers, started at its first
+// parallel loop and kept until the thread ends (or until its thread count changes, when the team
+// is rebuilt). A loop of n chunks is handed out one chunk at a time from one atomic counter; the
+// caller takes chunks too and returns once every chunk is done, without waiting for a worker that
+// took none (a descheduled worker's share goes to the others; no barrier waits for it). Workers
+// that find no new loop spin for a while, then sleep on a futex.
+//
+// parallel_for may be called from any thread. Inside a chunk (on any thread of a team) and inside
+// an OpenMP region, parallel_threads() is 1 and parallel_for runs its chunks in order on the
+// calling thread, so nested loops never wait on each other; oneDNN, called inside a chunk, runs
+// single-threaded (the team's threads keep OpenMP's thread count at 1 while they run chunks).
+//
+// SEQPAR_TEAM=0 in the environment (read at the first loop) or set_team_enabled(false) makes each
+// loop an OpenMP region instead (a fork and a join per loop, as libgomp does it), for comparison.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+namespace seqpar {
+
+// Threads a parallel_for started here would use: 1 inside a chunk or an OpenMP region, else
+// omp_get_max_threads() of the calling thread.
+int parallel_threads();
+
+// Whether parallel loops run on the persistent team (default, unless SEQPAR_TEAM=0) or as OpenMP
+// regions. Affects loops started after the call, on every thread.
+bool team_enabled();
+void set_team_enabled(bool enabled);
+
+namespace detail {
+using ChunkFn = void (*)(void* ctx, int64_t chunk);
+void parallel_for(int64_t n, ChunkFn fn, void* ctx);
+}  // namespace detail
+
+// Runs body(i) for every i in [0, n), each exactly once, on the calling thread's team (see above);
+// returns when all are done. The first exception a chunk throws is rethrown here once every chunk
+// is done or skipped (chunks not yet started when it was thrown are skipped).
+template <typename Body>
+void parallel_for(int64_t n, Body&& body) {
+  detail::parallel_for(
+      n, [](void* ctx, int64_t i) { (*static_cast<std::remove_reference_t<Body>*>(ctx))(i); },
+      const_cast<void*>(static_cast<const void*>(&body)));
+}
+
+}  // namespace seqpar

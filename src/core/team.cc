@@ -1,0 +1,263 @@
+// The persistent thread team of each calling thread (include/seqpar/core/team.h).
+//
+// One loop at a time per team. Its chunks are claimed from `ticket_`, one 64-bit word holding the
+// loop's generation (24 bits), its chunk count (20 bits) and the next chunk (20 bits): a worker
+// that wakes late, after its loop ended and the next began, sees another generation in the
+// word it would advance and claims nothing (its claim is a compare-and-swap of the whole word).
+// The caller publishes the loop's function before the word (release), a claim reads it after
+// (acquire), and the caller cannot publish another loop before every chunk of this one is done,
+// so a claimed chunk always runs the function of its own loop. Completion counts chunks, not
+// threads: the caller waits for `done_` to reach the count, never for a worker that claimed none.
+#include "seqpar/core/team.h"
+
+#include <omp.h>
+#include <pthread.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace seqpar {
+namespace {
+
+#if defined(__x86_64__) || defined(__i386__)
+inline void cpu_relax() { __builtin_ia32_pause(); }
+#else
+inline void cpu_relax() {}
+#endif
+
+// Pauses a thread spins through before it sleeps: about 50-200 us on current x86 cores, the gaps
+// between a forward pass's loops (a norm, a comm call) are shorter.
+constexpr int kSpins = 2048;
+constexpr int kGenBits = 24, kCountBits = 20;
+constexpr int64_t kFieldMask = (int64_t{1} << kCountBits) - 1;
+// Chunks a loop counts in its word (more are grouped): half the field, so that the next chunk
+// may run past the count by one per thread (kMaxThreads) without a carry.
+constexpr int64_t kMaxChunks = int64_t{1} << (kCountBits - 1);
+constexpr int kMaxThreads = 1 << 16;
+
+constexpr uint64_t ticket(uint32_t gen, int64_t count, int64_t next) {
+  return (uint64_t{gen & ((1u << kGenBits) - 1)} << (2 * kCountBits)) |
+         (static_cast<uint64_t>(count) << kCountBits) | static_cast<uint64_t>(next);
+}
+constexpr uint32_t gen_of(uint64_t t) { return static_cast<uint32_t>(t >> (2 * kCountBits)); }
+constexpr int64_t count_of(uint64_t t) {
+  return static_cast<int64_t>((t >> kCountBits) & kFieldMask);
+}
+constexpr int64_t next_of(uint64_t t) { return static_cast<int64_t>(t & kFieldMask); }
+
+thread_local bool tl_in_chunk = false;  // this thread is running a chunk of some team's loop
+
+std::atomic<int> g_enabled{-1};    // -1: SEQPAR_TEAM not read yet
+std::atomic<unsigned> g_forks{0};  // fork()s of this process: a child's teams have no workers
+
+class Team {
+ public:
+  explicit Team(int threads) : threads_(threads) {
+    workers_.reserve(static_cast<size_t>(threads - 1));
+    // A worker starting late must still see the first loop: it waits for a generation past 0.
+    for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { serve(0); });
+  }
+  ~Team() {
+    stop_.store(true, std::memory_order_relaxed);
+    gen_.fetch_add(1, std::memory_order_release);
+    gen_.notify_all();
+    for (std::thread& w : workers_) w.join();
+  }
+  Team(const Team&) = delete;
+  Team& operator=(const Team&) = delete;
+
+  int threads() const { return threads_; }
+
+  // Chunks [0, n) of fn; n < kMaxChunks. The first exception is rethrown after all are done.
+  void run(int64_t n, detail::ChunkFn fn, void* ctx) {
+    fn_ = fn;
+    ctx_ = ctx;
+    error_ = nullptr;
+    failed_.store(false, std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
+    const uint32_t g = gen_.load(std::memory_order_relaxed) + 1;
+    ticket_.store(ticket(g, n, 0), std::memory_order_release);
+    gen_.store(g, std::memory_order_release);
+    gen_.notify_all();
+    // The caller's chunks run with OpenMP's thread count at 1, as the workers' do.
+    const int omp_threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    work(g);
+    omp_set_num_threads(omp_threads);
+    for (int spins = 0;;) {
+      const uint32_t d = done_.load(std::memory_order_acquire);
+      if (d == static_cast<uint32_t>(n)) break;
+      if (++spins < kSpins)
+        cpu_relax();
+      else
+        done_.wait(d, std::memory_order_acquire);
+    }
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  // Claims and runs chunks of generation g until none is left, then counts them done at once.
+  void work(uint32_t g) {
+    const uint32_t mine = g & ((1u << kGenBits) - 1);
+    // The first claim compares the whole word: since this thread saw g, the loop may have ended
+    // and another begun.
+    uint64_t t = ticket_.load(std::memory_order_acquire);
+    for (;;) {
+      if (gen_of(t) != mine || next_of(t) >= count_of(t)) return;
+      if (ticket_.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel,
+                                        std::memory_order_acquire))
+        break;
+    }
+    // Holding a chunk not yet counted done, the loop cannot end: the next claims just add one
+    // (past the count by at most one per thread, which the next field has room for).
+    const int64_t n = count_of(t);
+    uint32_t ran = 0;
+    for (int64_t i = next_of(t); i < n;
+         i = next_of(ticket_.fetch_add(1, std::memory_order_acq_rel))) {
+      ++ran;
+      if (failed_.load(std::memory_order_relaxed)) continue;
+      tl_in_chunk = true;
+      try {
+        fn_(ctx_, i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mu_);
+        if (!error_) error_ = std::current_exception();
+        failed_.store(true, std::memory_order_relaxed);
+      }
+      tl_in_chunk = false;
+    }
+    if (done_.fetch_add(ran, std::memory_order_acq_rel) + ran == n) done_.notify_one();
+  }
+
+  // The worker's loop: waits for a generation past `seen`, works on it.
+  void serve(uint32_t seen) {
+    omp_set_num_threads(1);  // oneDNN inside a chunk: one thread
+    for (;;) {
+      uint32_t g;
+      for (int spins = 0; (g = gen_.load(std::memory_order_acquire)) == seen;) {
+        if (++spins < kSpins)
+          cpu_relax();
+        else
+          gen_.wait(seen, std::memory_order_acquire);
+      }
+      if (stop_.load(std::memory_order_relaxed)) return;
+      seen = g;
+      work(g);
+    }
+  }
+
+  const int threads_;
+  std::vector<std::thread> workers_;
+  // Each counter on its own cache line: claims, completions and wake-ups do not share one.
+  alignas(64) std::atomic<uint32_t> gen_{0};     // the newest loop; workers wait on it
+  alignas(64) std::atomic<uint64_t> ticket_{0};  // generation | count | next chunk
+  alignas(64) std::atomic<uint32_t> done_{0};    // chunks of the current loop done or skipped
+  alignas(64) std::atomic<bool> failed_{false};
+  std::atomic<bool> stop_{false};
+  detail::ChunkFn fn_ = nullptr;
+  void* ctx_ = nullptr;
+  std::mutex error_mu_;
+  std::exception_ptr error_;
+};
+
+struct TeamSlot {
+  std::unique_ptr<Team> team;
+  unsigned forks = 0;
+  ~TeamSlot() {
+    // In a forked child the workers do not exist: the team is dropped without joining them.
+    if (forks != g_forks.load()) static_cast<void>(team.release());
+  }
+};
+
+// The calling thread's team of `threads` threads, built or rebuilt as needed.
+Team& team_of_this_thread(int threads) {
+  static const int registered = [] {
+    pthread_atfork(nullptr, nullptr, [] { g_forks.fetch_add(1); });
+    return 0;
+  }();
+  static_cast<void>(registered);
+  thread_local TeamSlot slot;
+  const unsigned forks = g_forks.load(std::memory_order_relaxed);
+  if (slot.forks != forks) {
+    static_cast<void>(slot.team.release());
+    slot.forks = forks;
+  }
+  if (!slot.team || slot.team->threads() != threads) {
+    slot.team.reset();
+    slot.team = std::make_unique<Team>(threads);
+  }
+  return *slot.team;
+}
+
+// The loop as one OpenMP region (SEQPAR_TEAM=0): chunks handed out one at a time, the first
+// exception rethrown after the region.
+void omp_parallel_for(int64_t n, int threads, detail::ChunkFn fn, void* ctx) {
+  std::exception_ptr error;
+  std::atomic<bool> failed{false};
+  std::mutex error_mu;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int64_t i = 0; i < n; ++i) {
+    if (failed.load(std::memory_order_relaxed)) continue;
+    try {
+      fn(ctx, i);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mu);
+      if (!error) error = std::current_exception();
+      failed = true;
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace
+
+int parallel_threads() { return tl_in_chunk || omp_in_parallel() ? 1 : omp_get_max_threads(); }
+
+bool team_enabled() {
+  int e = g_enabled.load(std::memory_order_relaxed);
+  if (e < 0) {
+    const char* v = std::getenv("SEQPAR_TEAM");
+    e = v != nullptr && std::strcmp(v, "0") == 0 ? 0 : 1;
+    g_enabled.store(e, std::memory_order_relaxed);
+  }
+  return e == 1;
+}
+
+void set_team_enabled(bool enabled) { g_enabled.store(enabled ? 1 : 0); }
+
+namespace detail {
+
+void parallel_for(int64_t n, ChunkFn fn, void* ctx) {
+  if (n <= 0) return;
+  const int threads = parallel_threads();
+  if (threads == 1 || n == 1) {
+    for (int64_t i = 0; i < n; ++i) fn(ctx, i);
+    return;
+  }
+  if (!team_enabled()) return omp_parallel_for(n, threads, fn, ctx);
+  Team& team = team_of_this_thread(std::min(threads, kMaxThreads));
+  if (n < kMaxChunks) return team.run(n, fn, ctx);
+  // More chunks than a ticket counts: each claim runs a group of consecutive ones.
+  struct Grouped {
+    int64_t n, per;
+    ChunkFn fn;
+    void* ctx;
+  } g{n, (n + kMaxChunks - 2) / (kMaxChunks - 1), fn, ctx};
+  team.run((n + g.per - 1) / g.per,
+           [](void* c, int64_t i) {
+             const auto& gr = *static_cast<Grouped*>(c);
+             for (int64_t j = i * gr.per; j < std::min(gr.n, (i + 1) * gr.per); ++j)
+               gr.fn(gr.ctx, j);
+           },
+           &g);
+}
+
+}  // namespace detail
+}  // namespace seqpar

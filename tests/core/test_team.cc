@@ -1,0 +1,176 @@
+// The rank's thread team (core/team.h): every chunk of every loop exactly once, on at most the
+// team's threads, loops nested in a chunk run in order on its thread, the first exception
+// rethrown and the team usable after it, one team per calling thread, rebuilt when the thread
+// count changes, and usable in a forked child. The oracle is counting: each chunk records itself.
+#include <gtest/gtest.h>
+#include <omp.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "seqpar/core/team.h"
+
+namespace seqpar {
+namespace {
+
+// Sets the calling thread's OpenMP thread count (the team's size) for one test.
+class Threads {
+ public:
+  explicit Threads(int n) : saved_(omp_get_max_threads()) { omp_set_num_threads(n); }
+  ~Threads() { omp_set_num_threads(saved_); }
+
+ private:
+  int saved_;
+};
+
+// Runs a loop of n chunks and checks each ran exactly once, on at most `threads` threads.
+void expect_every_chunk_once(int64_t n, int threads) {
+  std::vector<std::atomic<int>> runs(static_cast<size_t>(n));
+  std::mutex mu;
+  std::set<std::thread::id> ids;
+  parallel_for(n, [&](int64_t i) {
+    runs[static_cast<size_t>(i)].fetch_add(1, std::memory_order_relaxed);
+    std::lock_guard<std::mutex> lock(mu);
+    ids.insert(std::this_thread::get_id());
+  });
+  for (int64_t i = 0; i < n; ++i)
+    ASSERT_EQ(runs[static_cast<size_t>(i)].load(), 1) << "chunk " << i << " of " << n;
+  EXPECT_LE(static_cast<int>(ids.size()), threads);
+}
+
+TEST(Team, EveryChunkOnce) {
+  for (bool team : {true, false}) {
+    set_team_enabled(team);
+    for (int threads : {1, 2, 3, 4}) {
+      Threads t(threads);
+      EXPECT_EQ(parallel_threads(), threads);
+      for (int64_t n : {0, 1, 2, 3, 7, 64, 1000, 100003}) expect_every_chunk_once(n, threads);
+    }
+  }
+  set_team_enabled(true);
+}
+
+// Around the chunks one loop's counter holds (2^19 - 1; more are claimed in groups): each once.
+TEST(Team, MoreChunksThanTheCounterHolds) {
+  Threads t(2);
+  for (int64_t n : {(int64_t{1} << 19) - 1, int64_t{1} << 19, (int64_t{1} << 20) + 5})
+    expect_every_chunk_once(n, 2);
+}
+
+// Thousands of short loops one after another: a worker that wakes late for a finished loop must
+// claim nothing of the next.
+TEST(Team, ManyShortLoops) {
+  Threads t(3);
+  std::atomic<int64_t> sum{0};
+  int64_t expected = 0;
+  for (int loop = 0; loop < 20000; ++loop) {
+    const int64_t n = 1 + loop % 5;
+    parallel_for(n, [&](int64_t i) { sum.fetch_add(loop * 8 + i, std::memory_order_relaxed); });
+    for (int64_t i = 0; i < n; ++i) expected += loop * 8 + i;
+  }
+  EXPECT_EQ(sum.load(), expected);
+}
+
+// Two chunks that wait for each other finish only if two threads run them at once: the team
+// runs its chunks concurrently (a team that ran them in turn would hang here).
+TEST(Team, ChunksRunConcurrently) {
+  Threads t(2);
+  std::atomic<int> arrived{0};
+  parallel_for(2, [&](int64_t) {
+    arrived.fetch_add(1);
+    for (int seen = arrived.load(); seen < 2; seen = arrived.load()) arrived.wait(seen);
+    arrived.notify_all();
+  });
+  EXPECT_EQ(arrived.load(), 2);
+}
+
+// Inside a chunk: one thread, nested loops in order on the chunk's thread, and OpenMP's thread
+// count 1 (oneDNN called there runs single-threaded).
+TEST(Team, NestedLoopsRunInOrderOnTheChunksThread) {
+  Threads t(2);
+  std::vector<std::vector<int64_t>> order(8);
+  std::vector<int> inner_threads(8), omp_threads(8);
+  std::vector<bool> same_thread(8, true);
+  parallel_for(8, [&](int64_t c) {
+    inner_threads[c] = parallel_threads();
+    omp_threads[c] = omp_get_max_threads();
+    const std::thread::id me = std::this_thread::get_id();
+    parallel_for(5, [&](int64_t i) {
+      order[c].push_back(i);
+      if (std::this_thread::get_id() != me) same_thread[c] = false;
+    });
+  });
+  for (int c = 0; c < 8; ++c) {
+    EXPECT_EQ(order[c], (std::vector<int64_t>{0, 1, 2, 3, 4})) << "chunk " << c;
+    EXPECT_TRUE(same_thread[c]);
+    EXPECT_EQ(inner_threads[c], 1);
+    EXPECT_EQ(omp_threads[c], 1);
+  }
+  EXPECT_EQ(omp_get_max_threads(), 2);  // the caller's count restored after its chunks
+}
+
+TEST(Team, RethrowsAndStaysUsable) {
+  for (bool team : {true, false}) {
+    set_team_enabled(team);
+    Threads t(2);
+    for (int64_t bad : {0, 5, 99}) {
+      EXPECT_THROW(parallel_for(100,
+                                [&](int64_t i) {
+                                  if (i == bad) throw std::runtime_error("chunk failed");
+                                }),
+                   std::runtime_error);
+      expect_every_chunk_once(100, 2);
+    }
+  }
+  set_team_enabled(true);
+}
+
+// A team per calling thread (ranks as threads): four threads' loops at once, each its own sums.
+TEST(Team, OnePerCallingThread) {
+  std::vector<int64_t> sums(4, 0);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 4; ++r)
+    ranks.emplace_back([&sums, r] {
+      omp_set_num_threads(2);
+      std::atomic<int64_t> sum{0};
+      for (int loop = 0; loop < 2000; ++loop)
+        parallel_for(16, [&](int64_t i) { sum.fetch_add(r * 1000 + i); });
+      sums[r] = sum.load();
+    });
+  for (std::thread& t : ranks) t.join();
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(sums[r], 2000 * (16 * r * 1000 + 120)) << "rank " << r;
+}
+
+// The team follows the thread count: 4, then 2, then 3 threads.
+TEST(Team, RebuiltWhenTheThreadCountChanges) {
+  for (int threads : {4, 2, 3}) {
+    Threads t(threads);
+    expect_every_chunk_once(5000, threads);
+  }
+}
+
+// A child forked after the parent's team started has none of its workers: its loops still run.
+TEST(Team, ForkedChildRunsLoops) {
+  Threads t(2);
+  expect_every_chunk_once(100, 2);
+  const pid_t child = fork();
+  ASSERT_NE(child, -1);
+  if (child == 0) {
+    std::atomic<int64_t> sum{0};
+    parallel_for(100, [&](int64_t i) { sum.fetch_add(i); });
+    _exit(sum.load() == 4950 ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+}  // namespace
+}  // namespace seqpar
