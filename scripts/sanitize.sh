@@ -68,7 +68,7 @@ if [ -z "$ONLY" ] || [ "$ONLY" = asan ]; then
 fi
 if [ -z "$ONLY" ] || [ "$ONLY" = tsan ]; then
   # MPI is not run under TSan: the threads suites link the MPI-free communicator stub.
-  run_half "thread" build-tsan thread "test_comm_threads test_parallel" "-L threads" \
+  run_half "thread" build-tsan thread "test_team test_comm_threads test_parallel" "-L threads" \
     -DSEQPAR_WITH_MPI=OFF
 fi
 

@@ -26,15 +26,28 @@
 namespace seqpar {
 namespace {
 
+std::atomic<int> g_team_threads{0};  // threads of every live team, callers included
+
 #if defined(__x86_64__) || defined(__i386__)
 inline void cpu_relax() { __builtin_ia32_pause(); }
 #else
 inline void cpu_relax() {}
 #endif
 
-// Pauses a thread spins through before it sleeps: about 50-200 us on current x86 cores, the gaps
-// between a forward pass's loops (a norm, a comm call) are shorter.
-constexpr int kSpins = 2048;
+// Pauses a thread spins through before it sleeps on a futex, as libgomp's GOMP_SPINCOUNT: 2^18
+// (a few milliseconds on current x86 cores; a decoded token's loops are microseconds apart, and a
+// worker woken from a futex arrives when the caller has done most of the chunks alone), or
+// SEQPAR_TEAM_SPINS. While the process's teams hold more threads than the machine has cores,
+// 1000 (spinning would take a core from a thread with work).
+int spins_before_sleep() {
+  static const int configured = [] {
+    const char* v = std::getenv("SEQPAR_TEAM_SPINS");
+    return v != nullptr ? std::max(0, std::atoi(v)) : 1 << 18;
+  }();
+  static const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return g_team_threads.load(std::memory_order_relaxed) > cores ? std::min(configured, 1000)
+                                                                : configured;
+}
 constexpr int kGenBits = 24, kCountBits = 20;
 constexpr int64_t kFieldMask = (int64_t{1} << kCountBits) - 1;
 // Chunks a loop counts in its word (more are grouped): half the field, so that the next chunk
@@ -60,6 +73,7 @@ std::atomic<unsigned> g_forks{0};  // fork()s of this process: a child's teams h
 class Team {
  public:
   explicit Team(int threads) : threads_(threads) {
+    g_team_threads.fetch_add(threads);
     workers_.reserve(static_cast<size_t>(threads - 1));
     // A worker starting late must still see the first loop: it waits for a generation past 0.
     for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { serve(0); });
@@ -69,6 +83,7 @@ class Team {
     gen_.fetch_add(1, std::memory_order_release);
     gen_.notify_all();
     for (std::thread& w : workers_) w.join();
+    g_team_threads.fetch_sub(threads_);
   }
   Team(const Team&) = delete;
   Team& operator=(const Team&) = delete;
@@ -91,10 +106,10 @@ class Team {
     omp_set_num_threads(1);
     work(g);
     omp_set_num_threads(omp_threads);
-    for (int spins = 0;;) {
+    for (int spins = 0, limit = spins_before_sleep();;) {
       const uint32_t d = done_.load(std::memory_order_acquire);
       if (d == static_cast<uint32_t>(n)) break;
-      if (++spins < kSpins)
+      if (++spins < limit)
         cpu_relax();
       else
         done_.wait(d, std::memory_order_acquire);
@@ -141,8 +156,9 @@ class Team {
     omp_set_num_threads(1);  // oneDNN inside a chunk: one thread
     for (;;) {
       uint32_t g;
+      const int limit = spins_before_sleep();
       for (int spins = 0; (g = gen_.load(std::memory_order_acquire)) == seen;) {
-        if (++spins < kSpins)
+        if (++spins < limit)
           cpu_relax();
         else
           gen_.wait(seen, std::memory_order_acquire);
