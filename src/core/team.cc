@@ -65,8 +65,6 @@ constexpr int64_t count_of(uint64_t t) {
 }
 constexpr int64_t next_of(uint64_t t) { return static_cast<int64_t>(t & kFieldMask); }
 
-thread_local bool tl_in_chunk = false;  // this thread is running a chunk of some team's loop
-
 std::atomic<int> g_enabled{-1};    // -1: SEQPAR_TEAM not read yet
 std::atomic<unsigned> g_forks{0};  // fork()s of this process: a child's teams have no workers
 
@@ -101,7 +99,8 @@ class Team {
     ticket_.store(ticket(g, n, 0), std::memory_order_release);
     gen_.store(g, std::memory_order_release);
     gen_.notify_all();
-    // The caller's chunks run with OpenMP's thread count at 1, as the workers' do.
+    // The caller's chunks run with OpenMP's thread count at 1, as the workers' always do: inside a
+    // chunk parallel_threads() is 1 and oneDNN single-threaded.
     const int omp_threads = omp_get_max_threads();
     omp_set_num_threads(1);
     work(g);
@@ -138,7 +137,6 @@ class Team {
          i = next_of(ticket_.fetch_add(1, std::memory_order_acq_rel))) {
       ++ran;
       if (failed_.load(std::memory_order_relaxed)) continue;
-      tl_in_chunk = true;
       try {
         fn_(ctx_, i);
       } catch (...) {
@@ -146,7 +144,6 @@ class Team {
         if (!error_) error_ = std::current_exception();
         failed_.store(true, std::memory_order_relaxed);
       }
-      tl_in_chunk = false;
     }
     if (done_.fetch_add(ran, std::memory_order_acq_rel) + ran == n) done_.notify_one();
   }
@@ -234,7 +231,7 @@ void omp_parallel_for(int64_t n, int threads, detail::ChunkFn fn, void* ctx) {
 
 }  // namespace
 
-int parallel_threads() { return tl_in_chunk || omp_in_parallel() ? 1 : omp_get_max_threads(); }
+int parallel_threads() { return omp_in_parallel() ? 1 : omp_get_max_threads(); }
 
 bool team_enabled() {
   int e = g_enabled.load(std::memory_order_relaxed);

@@ -22,8 +22,9 @@
 
 namespace seqpar {
 
-// Threads a parallel_for started here would use: 1 inside a chunk or an OpenMP region, else
-// omp_get_max_threads() of the calling thread.
+// Threads a parallel_for started here would use: 1 inside an OpenMP region, else
+// omp_get_max_threads() of the calling thread (1 inside a chunk: the team's threads run chunks
+// with OpenMP's thread count at 1).
 int parallel_threads();
 
 // Whether parallel loops run on the persistent team (default, unless SEQPAR_TEAM=0) or as OpenMP
