@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# OpenMP parallel regions (fork + join of a rank's thread team) of seqpar generate on one rank:
-# per prefill of a P-token prompt (the whole forward pass and the first token) and per decoded
-# token. Counted by an LD_PRELOAD shim (bench/omp_regions.cc), not timed.
+# OpenMP parallel regions (fork + join of a team of threads) of seqpar generate on one rank: per
+# prefill of a P-token prompt (the whole forward pass and the first token) and per decoded token,
+# with the rank's thread team (core/team.h) and with SEQPAR_TEAM=0 (a region per parallel loop).
+# Counted by an LD_PRELOAD shim (bench/omp_regions.cc), not timed. With --compare ROUNDS, then
+# the two timed: one generate of each per round, alternating, each run's prefill seconds and
+# decode seconds per token, the medians and the ratio regions / team (above 1: the team is
+# faster) as min / median / max.
 #
 #   bench/omp_regions.sh --model DIR [--build DIR] [--prompt 256] [--new 8] [--threads 2]
-#                        [-- extra flags of seqpar generate]
+#                        [--compare ROUNDS] [-- extra flags of seqpar generate]
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -13,6 +17,7 @@ model=""
 prompt=256
 new=8
 threads=2
+rounds=0
 extra=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -21,25 +26,60 @@ while [[ $# -gt 0 ]]; do
     --prompt) prompt="$2"; shift 2 ;;
     --new) new="$2"; shift 2 ;;
     --threads) threads="$2"; shift 2 ;;
+    --compare) rounds="$2"; shift 2 ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) echo "omp_regions.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 [[ -n "$model" ]] || { echo "omp_regions.sh: --model DIR is required (a causal LM directory)" >&2; exit 2; }
+[[ "$rounds" =~ ^[0-9]+$ ]] || { echo "omp_regions.sh: --compare $rounds; valid: a number of rounds" >&2; exit 2; }
 make -C "$build" -s seqpar omp_regions >/dev/null
 shim="$build/bench/omp_regions.so"
 ids="$(mktemp)"
-trap 'rm -f "$ids"' EXIT
+runs="$(mktemp)"
+trap 'rm -f "$ids" "$runs"' EXIT
 python3 -c "print(','.join(str(i % 1000 + 1) for i in range($prompt)))" > "$ids"
-count() {  # regions of one generate run with $1 new tokens
-  LD_PRELOAD="$shim" OMP_NUM_THREADS="$threads" "$build/seqpar" generate --model "$model" \
-    --prompt-ids-file "$ids" --max-new-tokens "$1" "${extra[@]}" 2>&1 >/dev/null |
-    sed -n 's/^omp_regions: //p'
+generate() {  # SEQPAR_TEAM=$1, $2 new tokens, then any further arguments
+  local team=$1 tokens=$2
+  shift 2
+  SEQPAR_TEAM="$team" OMP_NUM_THREADS="$threads" "$build/seqpar" generate --model "$model" \
+    --prompt-ids-file "$ids" --max-new-tokens "$tokens" "${extra[@]}" "$@"
 }
-first="$(count 1)"
-more="$(count $((new + 1)))"
-echo "| prompt | threads | regions: prefill + first token | regions per decoded token |"
+count() {  # regions of one generate run with SEQPAR_TEAM=$1 and $2 new tokens
+  LD_PRELOAD="$shim" generate "$1" "$2" 2>&1 >/dev/null | sed -n 's/^omp_regions: //p'
+}
+echo "| prompt | threads | loops run as | regions: prefill + first token | regions per decoded token |"
+echo "|---|---|---|---|---|"
+for team in 1 0; do
+  first="$(count $team 1)"
+  more="$(count $team $((new + 1)))"
+  awk -v p="$prompt" -v t="$threads" -v a="$first" -v b="$more" -v n="$new" \
+    -v form="$([[ $team == 1 ]] && echo "the rank's team" || echo "OpenMP regions (SEQPAR_TEAM=0)")" \
+    'BEGIN { printf "| %d | %d | %s | %d | %.1f |\n", p, t, form, a, (b - a) / n }'
+done
+((rounds > 0)) || exit 0
+echo
+echo "| round | loops run as | prefill s | decode s / token |"
 echo "|---|---|---|---|"
-awk -v p="$prompt" -v t="$threads" -v a="$first" -v b="$more" -v n="$new" \
-  'BEGIN { printf "| %d | %d | %d | %.1f |\n", p, t, a, (b - a) / n }'
+for ((r = 1; r <= rounds; r++)); do
+  for team in 1 0; do
+    generate $team "$new" --json 2>/dev/null |
+      python3 -c "import json, sys; d = json.load(sys.stdin); \
+print($r, $team, d['prefill_seconds'], d['decode_seconds_per_token'])" | tee -a "$runs" |
+      awk '{ printf "| %d | %s | %.3f | %.4f |\n", $1, ($2 == 1 ? "team" : "regions"), $3, $4 }'
+  done
+done
+python3 - "$runs" <<'PY'
+import statistics, sys
+rows = [line.split() for line in open(sys.argv[1])]
+print("\n| measure | team (median) | regions (median) | regions / team min / median / max |")
+print("|---|---|---|---|")
+for col, name in ((2, "prefill s"), (3, "decode s / token")):
+    team = {r[0]: float(r[col]) for r in rows if r[1] == "1"}
+    regions = {r[0]: float(r[col]) for r in rows if r[1] == "0"}
+    ratios = sorted(regions[k] / team[k] for k in team)
+    print(f"| {name} | {statistics.median(team.values()):.4f} | "
+          f"{statistics.median(regions.values()):.4f} | {ratios[0]:.3f} / "
+          f"{statistics.median(ratios):.3f} / {ratios[-1]:.3f} |")
+PY

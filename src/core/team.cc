@@ -68,6 +68,34 @@ constexpr int64_t next_of(uint64_t t) { return static_cast<int64_t>(t & kFieldMa
 std::atomic<int> g_enabled{-1};    // -1: SEQPAR_TEAM not read yet
 std::atomic<unsigned> g_forks{0};  // fork()s of this process: a child's teams have no workers
 
+// The chunks of one loop: each runs fn(ctx, i) unless an earlier one threw; the first exception
+// is kept for the caller to rethrow once every chunk is done or skipped.
+class Chunks {
+ public:
+  void reset() {
+    error_ = nullptr;
+    failed_.store(false, std::memory_order_relaxed);
+  }
+  void run(detail::ChunkFn fn, void* ctx, int64_t i) {
+    if (failed_.load(std::memory_order_relaxed)) return;
+    try {
+      fn(ctx, i);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!error_) error_ = std::current_exception();
+      failed_.store(true, std::memory_order_relaxed);
+    }
+  }
+  void rethrow() const {
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  std::atomic<bool> failed_{false};
+  std::mutex mu_;
+  std::exception_ptr error_;
+};
+
 class Team {
  public:
   explicit Team(int threads) : threads_(threads) {
@@ -92,8 +120,7 @@ class Team {
   void run(int64_t n, detail::ChunkFn fn, void* ctx) {
     fn_ = fn;
     ctx_ = ctx;
-    error_ = nullptr;
-    failed_.store(false, std::memory_order_relaxed);
+    chunks_.reset();
     done_.store(0, std::memory_order_relaxed);
     const uint32_t g = gen_.load(std::memory_order_relaxed) + 1;
     ticket_.store(ticket(g, n, 0), std::memory_order_release);
@@ -113,7 +140,7 @@ class Team {
       else
         done_.wait(d, std::memory_order_acquire);
     }
-    if (error_) std::rethrow_exception(error_);
+    chunks_.rethrow();
   }
 
  private:
@@ -136,14 +163,7 @@ class Team {
     for (int64_t i = next_of(t); i < n;
          i = next_of(ticket_.fetch_add(1, std::memory_order_acq_rel))) {
       ++ran;
-      if (failed_.load(std::memory_order_relaxed)) continue;
-      try {
-        fn_(ctx_, i);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(error_mu_);
-        if (!error_) error_ = std::current_exception();
-        failed_.store(true, std::memory_order_relaxed);
-      }
+      chunks_.run(fn_, ctx_, i);
     }
     if (done_.fetch_add(ran, std::memory_order_acq_rel) + ran == n) done_.notify_one();
   }
@@ -172,12 +192,10 @@ class Team {
   alignas(64) std::atomic<uint32_t> gen_{0};     // the newest loop; workers wait on it
   alignas(64) std::atomic<uint64_t> ticket_{0};  // generation | count | next chunk
   alignas(64) std::atomic<uint32_t> done_{0};    // chunks of the current loop done or skipped
-  alignas(64) std::atomic<bool> failed_{false};
+  alignas(64) Chunks chunks_;
   std::atomic<bool> stop_{false};
   detail::ChunkFn fn_ = nullptr;
   void* ctx_ = nullptr;
-  std::mutex error_mu_;
-  std::exception_ptr error_;
 };
 
 struct TeamSlot {
@@ -212,21 +230,10 @@ Team& team_of_this_thread(int threads) {
 // The loop as one OpenMP region (SEQPAR_TEAM=0): chunks handed out one at a time, the first
 // exception rethrown after the region.
 void omp_parallel_for(int64_t n, int threads, detail::ChunkFn fn, void* ctx) {
-  std::exception_ptr error;
-  std::atomic<bool> failed{false};
-  std::mutex error_mu;
+  Chunks chunks;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-  for (int64_t i = 0; i < n; ++i) {
-    if (failed.load(std::memory_order_relaxed)) continue;
-    try {
-      fn(ctx, i);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(error_mu);
-      if (!error) error = std::current_exception();
-      failed = true;
-    }
-  }
-  if (error) std::rethrow_exception(error);
+  for (int64_t i = 0; i < n; ++i) chunks.run(fn, ctx, i);
+  chunks.rethrow();
 }
 
 }  // namespace
