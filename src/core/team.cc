@@ -3,11 +3,13 @@
 // One loop at a time per team. Its chunks are claimed from `ticket_`, one 64-bit word holding the
 // loop's generation (24 bits), its chunk count (20 bits) and the next chunk (20 bits): a worker
 // that wakes late, after its loop ended and the next began, sees another generation in the
-// word it would advance and claims nothing (its claim is a compare-and-swap of the whole word).
-// The caller publishes the loop's function before the word (release), a claim reads it after
-// (acquire), and the caller cannot publish another loop before every chunk of this one is done,
-// so a claimed chunk always runs the function of its own loop. Completion counts chunks, not
-// threads: the caller waits for `done_` to reach the count, never for a worker that claimed none.
+// word it would advance and claims nothing (a thread's first claim in a loop is a
+// compare-and-swap of the whole word; while it holds a chunk not yet counted done the loop cannot
+// end, so its next claims just add one). The caller publishes the loop's function before the word
+// (release), a claim reads it after (acquire), and the caller cannot publish another loop before
+// every chunk of this one is done, so a claimed chunk always runs the function of the loop whose
+// word it advanced. Completion counts chunks, not threads: the caller waits for `done_` to reach
+// the count, never for a worker that claimed none.
 #include "seqpar/core/team.h"
 
 #include <omp.h>
@@ -100,17 +102,16 @@ class Team {
  public:
   explicit Team(int threads) : threads_(threads) {
     g_team_threads.fetch_add(threads);
-    workers_.reserve(static_cast<size_t>(threads - 1));
-    // A worker starting late must still see the first loop: it waits for a generation past 0.
-    for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { serve(0); });
+    try {
+      workers_.reserve(static_cast<size_t>(threads - 1));
+      // A worker starting late must still see the first loop: it waits for a generation past 0.
+      for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { serve(0); });
+    } catch (...) {  // a thread that could not start: the others stop before the error leaves
+      stop_and_join();
+      throw;
+    }
   }
-  ~Team() {
-    stop_.store(true, std::memory_order_relaxed);
-    gen_.fetch_add(1, std::memory_order_release);
-    gen_.notify_all();
-    for (std::thread& w : workers_) w.join();
-    g_team_threads.fetch_sub(threads_);
-  }
+  ~Team() { stop_and_join(); }
   Team(const Team&) = delete;
   Team& operator=(const Team&) = delete;
 
@@ -166,6 +167,14 @@ class Team {
       chunks_.run(fn_, ctx_, i);
     }
     if (done_.fetch_add(ran, std::memory_order_acq_rel) + ran == n) done_.notify_one();
+  }
+
+  void stop_and_join() {
+    stop_.store(true, std::memory_order_relaxed);
+    gen_.fetch_add(1, std::memory_order_release);
+    gen_.notify_all();
+    for (std::thread& w : workers_) w.join();
+    g_team_threads.fetch_sub(threads_);
   }
 
   // The worker's loop: waits for a generation past `seen`, works on it.
