@@ -25,7 +25,6 @@ import os
 import signal
 import sys
 import threading
-import time
 
 import torch
 import torch.nn.functional as F
@@ -256,14 +255,20 @@ def crash(how):
     S, H, D, calls = (32, 2, 16, 20) if how == "exception" else (4, 4096, 256, 2000)
     part = seqpar.Partition(S, 2)
     x = [part.shard(t, r) for t in qkv(1, S, H, H, D)]
+    # The order of events is said through the store, never left to a sleep or a timer.
+    store = torch.distributed.distributed_c10d._get_default_store()
+    if r == 0 and how == "exception":
+        store.set("crash: rank 0 calls", "1")
     if r == 1 and how == "exception":
-        time.sleep(1)  # rank 0 is waiting by now
+        store.wait(["crash: rank 0 calls"], datetime.timedelta(seconds=120))
         raise RuntimeError("injected failure on rank 1")
-    if r == 1:
-        sig = signal.SIGKILL if how == "killed" else signal.SIGSTOP
-        threading.Timer(0.5, lambda: os.kill(os.getpid(), sig)).start()
+    # killed, stopped: at its 10th call rank 1 signals itself from a second thread while the
+    # call's transfers run.
+    sig = signal.SIGKILL if how == "killed" else signal.SIGSTOP
     try:
-        for _ in range(calls):
+        for i in range(calls):
+            if r == 1 and i == 10:
+                threading.Thread(target=os.kill, args=(os.getpid(), sig)).start()
             seqpar.attention(*x, comm=comm, strategy="allgather" if how == "exception" else "ring")
         report(r, f"rank 1 {how} reaches rank 0", False, "the calls returned")
     except seqpar.CommError as e:
