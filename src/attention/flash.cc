@@ -1379,7 +1379,7 @@ void flash_attention_into(const TensorView& q_in, const TensorView& k_in, const 
   // packing; halve them until there are a few items per thread. With still fewer items than
   // threads (decode, short queries), the key blocks are split too: each split yields a partial
   // state and the partials are merged by LSE (merge_into), like ring steps.
-  const int64_t threads = parallel_threads();
+  const int64_t threads = loop_threads();
   const int64_t hk_per_item = stream_kv ? p.nkv : 1;
   const int64_t n_hkchunks = (p.nkv + hk_per_item - 1) / hk_per_item;
   const int64_t g_per_item = std::min(p.group, kMaxTilesPerItem);

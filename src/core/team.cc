@@ -10,6 +10,12 @@
 // every chunk of this one is done, so a claimed chunk always runs the function of the loop whose
 // word it advanced. Completion counts chunks, not threads: the caller waits for `done_` to reach
 // the count, never for a worker that claimed none.
+//
+// Members of a TeamBoard claim chunks of each other's teams as the workers do (any number of late
+// claimers is safe by the same word). While a loop is open its team is named in the owner's slot;
+// a helper counts itself into the slot's visitors before it reads that name, and a team is not
+// destroyed while its thread is on a board until the visitors are gone, so a helper never holds a
+// destroyed team.
 #include "seqpar/core/team.h"
 
 #include <omp.h>
@@ -23,7 +29,11 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
+
+#include "seqpar/core/error.h"
+#include "seqpar/core/trace.h"
 
 namespace seqpar {
 namespace {
@@ -98,6 +108,24 @@ class Chunks {
   std::exception_ptr error_;
 };
 
+// The board the calling thread has joined (OnTeamBoard), none inside a chunk.
+struct Membership {
+  TeamBoard* board = nullptr;
+  int member = 0;
+};
+thread_local Membership t_on;
+
+class Team;
+
+}  // namespace
+
+struct TeamBoard::Slot {
+  alignas(64) std::atomic<Team*> open{nullptr};  // the member's team while a loop is open
+  alignas(64) std::atomic<int> visitors{0};      // helpers that may hold `open`'s team
+};
+
+namespace {
+
 class Team {
  public:
   explicit Team(int threads) : threads_(threads) {
@@ -118,7 +146,8 @@ class Team {
   int threads() const { return threads_; }
 
   // Chunks [0, n) of fn; n < kMaxChunks. The first exception is rethrown after all are done.
-  void run(int64_t n, detail::ChunkFn fn, void* ctx) {
+  // With `slot` (the caller's on a board), the loop is named there while it is open.
+  void run(int64_t n, detail::ChunkFn fn, void* ctx, TeamBoard::Slot* slot) {
     fn_ = fn;
     ctx_ = ctx;
     chunks_.reset();
@@ -127,12 +156,16 @@ class Team {
     ticket_.store(ticket(g, n, 0), std::memory_order_release);
     gen_.store(g, std::memory_order_release);
     gen_.notify_all();
-    // The caller's chunks run with OpenMP's thread count at 1, as the workers' always do: inside a
-    // chunk parallel_threads() is 1 and oneDNN single-threaded.
+    if (slot != nullptr) slot->open.store(this);
+    // The caller's chunks run with OpenMP's thread count at 1 and off the board, as the workers'
+    // and the helpers' do: inside a chunk loop_threads() is 1 and oneDNN single-threaded.
+    const Membership on = std::exchange(t_on, {});
     const int omp_threads = omp_get_max_threads();
     omp_set_num_threads(1);
     work(g);
     omp_set_num_threads(omp_threads);
+    t_on = on;
+    if (slot != nullptr) slot->open.store(nullptr);
     for (int spins = 0, limit = spins_before_sleep();;) {
       const uint32_t d = done_.load(std::memory_order_acquire);
       if (d == static_cast<uint32_t>(n)) break;
@@ -144,15 +177,19 @@ class Team {
     chunks_.rethrow();
   }
 
+  // A board member's help: chunks of the loop open now, if any are unclaimed. The number run.
+  uint32_t help() { return work(gen_.load(std::memory_order_acquire)); }
+
  private:
-  // Claims and runs chunks of generation g until none is left, then counts them done at once.
-  void work(uint32_t g) {
+  // Claims and runs chunks of generation g until none is left, then counts them done at once;
+  // returns how many it ran.
+  uint32_t work(uint32_t g) {
     const uint32_t mine = g & ((1u << kGenBits) - 1);
     // The first claim compares the whole word: since this thread saw g, the loop may have ended
     // and another begun.
     uint64_t t = ticket_.load(std::memory_order_acquire);
     for (;;) {
-      if (gen_of(t) != mine || next_of(t) >= count_of(t)) return;
+      if (gen_of(t) != mine || next_of(t) >= count_of(t)) return 0;
       if (ticket_.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel,
                                         std::memory_order_acquire))
         break;
@@ -167,6 +204,7 @@ class Team {
       chunks_.run(fn_, ctx_, i);
     }
     if (done_.fetch_add(ran, std::memory_order_acq_rel) + ran == n) done_.notify_one();
+    return ran;
   }
 
   void stop_and_join() {
@@ -216,6 +254,11 @@ struct TeamSlot {
   }
 };
 
+// Until no helper may hold the team a slot named (it names none now).
+void wait_for_visitors(TeamBoard::Slot& s) {
+  while (s.visitors.load() != 0) cpu_relax();
+}
+
 // The calling thread's team of `threads` threads, built or rebuilt as needed.
 Team& team_of_this_thread(int threads) {
   static const int registered = [] {
@@ -230,6 +273,7 @@ Team& team_of_this_thread(int threads) {
     slot.forks = forks;
   }
   if (!slot.team || slot.team->threads() != threads) {
+    if (t_on.board != nullptr) wait_for_visitors(t_on.board->slot(t_on.member));
     slot.team.reset();
     slot.team = std::make_unique<Team>(threads);
   }
@@ -249,6 +293,63 @@ void omp_parallel_for(int64_t n, int threads, detail::ChunkFn fn, void* ctx) {
 
 int parallel_threads() { return omp_in_parallel() ? 1 : omp_get_max_threads(); }
 
+int loop_threads() {
+  if (omp_in_parallel()) return 1;
+  return omp_get_max_threads() + (t_on.board != nullptr ? t_on.board->members() - 1 : 0);
+}
+
+TeamBoard::TeamBoard(int members)
+    : members_(std::max(1, members)), slots_(std::make_unique<Slot[]>(members_)) {}
+
+TeamBoard::~TeamBoard() = default;
+
+TeamBoard::Slot& TeamBoard::slot(int member) { return slots_[member]; }
+
+OnTeamBoard::OnTeamBoard(TeamBoard& board, int member) {
+  static const bool help = [] {
+    const char* v = std::getenv("SEQPAR_TEAM_HELP");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  if (help) t_on = {&board, member};
+}
+
+OnTeamBoard::~OnTeamBoard() {
+  // The slot names no team between loops; a helper that read it during the last one may still
+  // hold the team, which the thread's exit would destroy.
+  if (t_on.board != nullptr) wait_for_visitors(t_on.board->slot(t_on.member));
+  t_on = {};
+}
+
+BoardHelp help_on_board() {
+  const Membership on = t_on;
+  if (on.board == nullptr || omp_in_parallel()) return BoardHelp::kIdle;
+  const int members = on.board->members();
+  uint32_t ran = 0;
+  bool open = false;
+  for (int i = 1; i < members; ++i) {
+    const int owner = (on.member + i) % members;
+    TeamBoard::Slot& s = on.board->slot(owner);
+    if (s.open.load(std::memory_order_relaxed) == nullptr) continue;
+    s.visitors.fetch_add(1);
+    if (Team* team = s.open.load()) {
+      open = true;
+      const double t0 = trace::enabled() ? trace::now_us() : 0;
+      t_on = {};
+      const int omp_threads = omp_get_max_threads();
+      omp_set_num_threads(1);
+      const uint32_t n = team->help();
+      omp_set_num_threads(omp_threads);
+      t_on = on;
+      if (n > 0 && trace::enabled())
+        trace::complete(detail::concat("help rank ", owner), "team", trace::Lane::kCompute, t0,
+                        trace::now_us(), {{"chunks", n}});
+      ran += n;
+    }
+    s.visitors.fetch_sub(1);
+  }
+  return ran > 0 ? BoardHelp::kHelped : open ? BoardHelp::kBusy : BoardHelp::kIdle;
+}
+
 bool team_enabled() {
   int e = g_enabled.load(std::memory_order_relaxed);
   if (e < 0) {
@@ -266,13 +367,16 @@ namespace detail {
 void parallel_for(int64_t n, ChunkFn fn, void* ctx) {
   if (n <= 0) return;
   const int threads = parallel_threads();
-  if (threads == 1 || n == 1) {
+  TeamBoard::Slot* slot = t_on.board != nullptr && t_on.board->members() > 1 && !omp_in_parallel()
+                              ? &t_on.board->slot(t_on.member)
+                              : nullptr;
+  if ((threads == 1 && slot == nullptr) || n == 1) {
     for (int64_t i = 0; i < n; ++i) fn(ctx, i);
     return;
   }
   if (!team_enabled()) return omp_parallel_for(n, threads, fn, ctx);
   Team& team = team_of_this_thread(std::min(threads, kMaxThreads));
-  if (n < kMaxChunks) return team.run(n, fn, ctx);
+  if (n < kMaxChunks) return team.run(n, fn, ctx, slot);
   // More chunks than a ticket counts: each claim runs a group of consecutive ones.
   struct Grouped {
     int64_t n, per;
@@ -285,7 +389,7 @@ void parallel_for(int64_t n, ChunkFn fn, void* ctx) {
              for (int64_t j = i * gr.per; j < std::min(gr.n, (i + 1) * gr.per); ++j)
                gr.fn(gr.ctx, j);
            },
-           &g);
+           &g, slot);
 }
 
 }  // namespace detail

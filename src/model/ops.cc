@@ -177,7 +177,7 @@ namespace {
 // block's barrier. The first exception is rethrown once the blocks are done.
 template <typename Fn>
 void over_weight_blocks(int64_t block_bytes, int64_t k, int64_t n, Fn&& fn) {
-  const int team = parallel_threads();
+  const int team = loop_threads();
   int64_t block = std::clamp<int64_t>(block_bytes / (4 * k) / 16 * 16, 16, n);
   if (team > 1)
     block = std::min(block, std::max<int64_t>(16, (n + 4 * team - 1) / (4 * team) / 16 * 16));
@@ -665,7 +665,7 @@ bool all_finite(const Tensor& t) {
       bad |= static_cast<uint32_t>((bits[i] & kExponent) == kExponent);
     return bad;
   };
-  const int team = n < (int64_t{1} << 16) ? 1 : parallel_threads();
+  const int team = n < (int64_t{1} << 16) ? 1 : loop_threads();
   if (team == 1) return !any_bad(0, n);
   std::vector<uint32_t> bad(static_cast<size_t>(team), 0);
   parallel_for(team, [&](int64_t c) { bad[c] = any_bad(n * c / team, n * (c + 1) / team); });

@@ -560,7 +560,7 @@ constexpr int64_t kParallelFloats = int64_t{1} << 15;
 template <typename Rows>
 void over_rows(int64_t rows, int64_t floats_per_row, Rows&& fn) {
   if (rows <= 0) return;
-  const int team = parallel_threads();
+  const int team = loop_threads();
   if (team == 1 || rows == 1 || rows * floats_per_row < kParallelFloats) return fn(0, rows);
   const int64_t chunk = (rows + 4 * team - 1) / (4 * team);
   parallel_for((rows + chunk - 1) / chunk,

@@ -1,8 +1,9 @@
 // The communicator suite (comm_suite.h) on the threads backend for 1, 2, 3, 4 and 8 ranks, plus
 // what only an in-process world can check: ThreadWorld::run's error handling, barrier
-// semantics through shared memory, withdrawing unwaited requests, CommStats and the timeout
-// setting.
+// semantics through shared memory, withdrawing unwaited requests, a waiting rank running
+// another's chunks, CommStats and the timeout setting.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -15,6 +16,7 @@
 
 #include "comm/comm_suite.h"
 #include "seqpar/comm/threads.h"
+#include "seqpar/core/team.h"
 
 namespace seqpar {
 namespace {
@@ -398,6 +400,41 @@ TEST(ThreadWorldRun, AbortDuringAReductionLetsItFinish) {
                                   }),
                  std::runtime_error);
   }
+}
+
+// A rank waiting for another (here in a barrier) runs chunks of the other's open loop (the
+// ranks' TeamBoard, core/team.h). Each rank runs one thread (no team workers), and rank 0's two
+// chunks meet each other, so its loop ends only if rank 1 runs one while it waits. Were it not
+// helped, rank 1's barrier would time out and release rank 0's chunk, and the test fail.
+TEST(ThreadWorldRun, AWaitingRankRunsAnotherRanksChunks) {
+  ScopedEnv spin("SEQPAR_SPIN_US", "100");
+  std::atomic<int> arrived{0};
+  std::vector<std::thread::id> rank_thread(2), ran_on(2);
+  ThreadWorld::run(
+      2,
+      [&](Communicator& c) {
+        omp_set_num_threads(1);
+        rank_thread[c.rank()] = std::this_thread::get_id();
+        if (c.rank() == 0) {
+          parallel_for(2, [&](int64_t i) {
+            arrived.fetch_add(1);
+            for (int seen = arrived.load(); seen < 2; seen = arrived.load()) arrived.wait(seen);
+            arrived.notify_all();
+            ran_on[i] = std::this_thread::get_id();
+          });
+        }
+        try {
+          c.barrier();
+        } catch (...) {
+          arrived.fetch_add(2);  // releases rank 0's chunk
+          arrived.notify_all();
+          throw;
+        }
+      },
+      kSuiteTimeout);
+  EXPECT_NE(ran_on[0], ran_on[1]);
+  for (int i = 0; i < 2; ++i)
+    EXPECT_TRUE(ran_on[i] == rank_thread[0] || ran_on[i] == rank_thread[1]) << "chunk " << i;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 // The rank's thread team (core/team.h): every chunk of every loop exactly once, on at most the
 // team's threads, loops nested in a chunk run in order on its thread, the first exception
 // rethrown and the team usable after it, one team per calling thread, rebuilt when the thread
-// count changes, and usable in a forked child. The oracle is counting: each chunk records itself.
+// count changes, and usable in a forked child; on a TeamBoard, a member's open loop's chunks run
+// on another member that helps, its exceptions reach the owner, and many members' loops at once
+// each run whole. The oracle is counting: each chunk records itself.
 #include <gtest/gtest.h>
 #include <omp.h>
 #include <sys/wait.h>
@@ -86,16 +88,20 @@ TEST(Team, ManyShortLoops) {
   EXPECT_EQ(sum.load(), expected);
 }
 
+// Returns once two threads have called it with `arrived` (two chunks that meet finish only if
+// two threads run them at once).
+void meet(std::atomic<int>& arrived) {
+  arrived.fetch_add(1);
+  for (int seen = arrived.load(); seen < 2; seen = arrived.load()) arrived.wait(seen);
+  arrived.notify_all();
+}
+
 // Two chunks that wait for each other finish only if two threads run them at once: the team
 // runs its chunks concurrently (a team that ran them in turn would hang here).
 TEST(Team, ChunksRunConcurrently) {
   Threads t(2);
   std::atomic<int> arrived{0};
-  parallel_for(2, [&](int64_t) {
-    arrived.fetch_add(1);
-    for (int seen = arrived.load(); seen < 2; seen = arrived.load()) arrived.wait(seen);
-    arrived.notify_all();
-  });
+  parallel_for(2, [&](int64_t) { meet(arrived); });
   EXPECT_EQ(arrived.load(), 2);
 }
 
@@ -109,9 +115,7 @@ TEST(Team, NestedLoopsRunInOrderOnTheChunksThread) {
   std::vector<int> inner_threads(2), omp_threads(2);
   std::vector<bool> same_thread(2, true);
   parallel_for(2, [&](int64_t c) {
-    arrived.fetch_add(1);
-    for (int seen = arrived.load(); seen < 2; seen = arrived.load()) arrived.wait(seen);
-    arrived.notify_all();
+    meet(arrived);
     inner_threads[c] = parallel_threads();
     omp_threads[c] = omp_get_max_threads();
     const std::thread::id me = std::this_thread::get_id();
@@ -186,6 +190,111 @@ TEST(Team, ForkedChildRunsLoops) {
   ASSERT_EQ(waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// Two members of a board, one thread each (no workers): member 0's loop of two chunks that meet
+// ends only if member 1, helping, runs one. Outside a chunk member 0's loops are chunked for 2
+// threads, inside for 1; a thread on no board finds nothing to help.
+TEST(Board, AHelpingMemberRunsAnOpenLoopsChunks) {
+  EXPECT_EQ(help_on_board(), BoardHelp::kIdle);
+  EXPECT_EQ(loop_threads(), parallel_threads());
+  TeamBoard board(2);
+  std::atomic<int> arrived{0};
+  std::atomic<bool> owner_done{false};
+  std::vector<std::thread::id> ran_on(2);
+  std::vector<int> inside(2);
+  std::thread::id owner_id, helper_id;
+  int outside = 0, helped = 0;
+  std::thread owner([&] {
+    omp_set_num_threads(1);
+    OnTeamBoard on(board, 0);
+    owner_id = std::this_thread::get_id();
+    outside = loop_threads();
+    parallel_for(2, [&](int64_t c) {
+      meet(arrived);
+      ran_on[c] = std::this_thread::get_id();
+      inside[c] = loop_threads();
+    });
+    owner_done.store(true);
+  });
+  std::thread helper([&] {
+    omp_set_num_threads(1);
+    OnTeamBoard on(board, 1);
+    helper_id = std::this_thread::get_id();
+    while (!owner_done.load())
+      if (help_on_board() == BoardHelp::kHelped) ++helped;
+  });
+  owner.join();
+  helper.join();
+  EXPECT_EQ(outside, 2);
+  EXPECT_EQ(inside, (std::vector<int>{1, 1}));
+  EXPECT_EQ(helped, 1);
+  EXPECT_TRUE((ran_on[0] == owner_id && ran_on[1] == helper_id) ||
+              (ran_on[0] == helper_id && ran_on[1] == owner_id));
+}
+
+// A chunk that throws on the helping member: the owner's parallel_for rethrows it, the helper
+// goes on, and the owner's next loops (helped as well) run every chunk once.
+TEST(Board, AHelpedChunksExceptionReachesTheOwner) {
+  TeamBoard board(2);
+  std::atomic<int> arrived{0};
+  std::atomic<bool> owner_done{false};
+  bool owner_caught = false, helper_caught = false;
+  std::thread owner([&] {
+    omp_set_num_threads(1);
+    OnTeamBoard on(board, 0);
+    const std::thread::id me = std::this_thread::get_id();
+    try {
+      parallel_for(2, [&](int64_t) {
+        meet(arrived);
+        if (std::this_thread::get_id() != me) throw std::runtime_error("helped chunk failed");
+      });
+    } catch (const std::runtime_error&) {
+      owner_caught = true;
+    }
+    expect_every_chunk_once(1000, 2);
+    owner_done.store(true);
+  });
+  std::thread helper([&] {
+    omp_set_num_threads(1);
+    OnTeamBoard on(board, 1);
+    try {
+      while (!owner_done.load()) help_on_board();
+    } catch (...) {
+      helper_caught = true;
+    }
+  });
+  owner.join();
+  helper.join();
+  EXPECT_TRUE(owner_caught);
+  EXPECT_FALSE(helper_caught);
+}
+
+// Four members (teams of 1 and 2 threads) each run thousands of short loops and help between
+// them, then help until every member is done: each member's sums are its own, whole.
+TEST(Board, ManyMembersLoopsAtOnce) {
+  constexpr int kMembers = 4, kLoops = 3000;
+  TeamBoard board(kMembers);
+  std::atomic<int> done{0};
+  std::vector<int64_t> sums(kMembers, 0), expected(kMembers, 0);
+  std::vector<std::thread> members;
+  for (int r = 0; r < kMembers; ++r)
+    members.emplace_back([&, r] {
+      omp_set_num_threads(1 + r % 2);
+      OnTeamBoard on(board, r);
+      std::atomic<int64_t> sum{0};
+      for (int loop = 0; loop < kLoops; ++loop) {
+        const int64_t n = 1 + (loop + r) % 7;
+        parallel_for(n, [&](int64_t i) { sum.fetch_add(r * 1000 + i + 1); });
+        expected[r] += n * r * 1000 + n * (n + 1) / 2;
+        if (loop % 3 == r % 3) help_on_board();
+      }
+      sums[r] = sum.load();
+      done.fetch_add(1);
+      while (done.load() < kMembers) help_on_board();
+    });
+  for (std::thread& t : members) t.join();
+  for (int r = 0; r < kMembers; ++r) EXPECT_EQ(sums[r], expected[r]) << "member " << r;
 }
 
 }  // namespace

@@ -752,6 +752,7 @@ void ThreadWorld::run(int size, const std::function<void(Communicator&)>& fn,
   };
   auto body = [&](int r) {
     Done counted{mu, running, done};
+    OnTeamBoard member(world.state_->board, r);
     try {
       fn(*comms[r]);
     } catch (abi::__forced_unwind&) {

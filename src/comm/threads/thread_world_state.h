@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "seqpar/comm/communicator.h"
+#include "seqpar/core/team.h"
 
 namespace seqpar {
 
@@ -111,9 +112,17 @@ class ThreadWorldState {
     events.fetch_add(1, std::memory_order_release);
     cv.notify_all();
   }
+  // The ranks' loops (core/team.h): each rank's thread is a member while it runs.
+  TeamBoard board{size};
+
   // With lk holding mu: spins for up to spin_ns, dropping the lock while it watches for the next
   // notify_all_locked, until done() (evaluated under the lock). Returns with lk held; the caller
-  // checks its condition again (and sleeps on cv if it still waits).
+  // checks its condition again (and sleeps on cv if it still waits). While it spins it runs
+  // unclaimed chunks of the loops other ranks have open (help_on_board): a rank that waits for a
+  // slower or descheduled one takes that rank's share. While another rank has a loop open it
+  // spins on, up to kBusySpin, to help with that rank's next loop too (a sleeping rank would not
+  // see it).
+  static constexpr std::chrono::milliseconds kBusySpin{100};
   template <typename Done>
   void spin_until(std::unique_lock<std::mutex>& lk, Done&& done);
   std::atomic<bool> aborted{false};
@@ -144,12 +153,21 @@ inline void cpu_relax() {
 template <typename Done>
 void ThreadWorldState::spin_until(std::unique_lock<std::mutex>& lk, Done&& done) {
   if (spin_ns == 0) return;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(spin_ns);
+  const auto start = std::chrono::steady_clock::now();
+  const auto busy_cap =
+      start + std::max<std::chrono::nanoseconds>(kBusySpin, std::chrono::nanoseconds(spin_ns));
+  auto until = start + std::chrono::nanoseconds(spin_ns);
   bool expired = false;
   while (!expired && !done()) {
     const uint64_t seen = events.load(std::memory_order_acquire);
     lk.unlock();
     for (int i = 1; events.load(std::memory_order_acquire) == seen; ++i) {
+      const BoardHelp help = help_on_board();
+      if (help != BoardHelp::kIdle) {
+        const auto now = std::chrono::steady_clock::now();
+        if (now < busy_cap) until = std::max(until, now + std::chrono::nanoseconds(spin_ns));
+        if (help == BoardHelp::kHelped) continue;
+      }
       cpu_relax();
       if (i % 64 == 0 && std::chrono::steady_clock::now() > until) {
         expired = true;
