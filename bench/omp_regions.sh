@@ -70,16 +70,4 @@ print($r, $team, d['prefill_seconds'], d['decode_seconds_per_token'])" | tee -a 
       awk '{ printf "| %d | %s | %.3f | %.4f |\n", $1, ($2 == 1 ? "team" : "regions"), $3, $4 }'
   done
 done
-python3 - "$runs" <<'PY'
-import statistics, sys
-rows = [line.split() for line in open(sys.argv[1])]
-print("\n| measure | team (median) | regions (median) | regions / team min / median / max |")
-print("|---|---|---|---|")
-for col, name in ((2, "prefill s"), (3, "decode s / token")):
-    team = {r[0]: float(r[col]) for r in rows if r[1] == "1"}
-    regions = {r[0]: float(r[col]) for r in rows if r[1] == "0"}
-    ratios = sorted(regions[k] / team[k] for k in team)
-    print(f"| {name} | {statistics.median(team.values()):.4f} | "
-          f"{statistics.median(regions.values()):.4f} | {ratios[0]:.3f} / "
-          f"{statistics.median(ratios):.3f} / {ratios[-1]:.3f} |")
-PY
+python3 "$here/ab_summary.py" "$runs" team regions

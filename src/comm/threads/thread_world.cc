@@ -3,14 +3,17 @@
 // collectives publish their buffers, meet at a rendezvous of their group, copy what they need
 // from peers' buffers in place, and meet again before returning. No staging copies.
 #include <cxxabi.h>
+#include <pthread.h>
 #include <sched.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <thread>
 
 #include "op_rules.h"
@@ -752,7 +755,12 @@ void ThreadWorld::run(int size, const std::function<void(Communicator&)>& fn,
   };
   auto body = [&](int r) {
     Done counted{mu, running, done};
-    OnTeamBoard member(world.state_->board, r);
+    char name[16];  // as `top -H` and debuggers show the thread (15 characters at most)
+    std::snprintf(name, sizeof(name), "seqpar rank %d", r);
+    pthread_setname_np(pthread_self(), name);
+    // Waiting ranks help only while they spin (not past the CPUs): off the board otherwise.
+    std::optional<OnTeamBoard> member;
+    if (world.state_->spin_ns > 0) member.emplace(world.state_->board, r);
     try {
       fn(*comms[r]);
     } catch (abi::__forced_unwind&) {
