@@ -232,7 +232,7 @@ struct Kernels {
 // others. The few-row products (granule 1) and gemm_q8's tiles of weight rows share it.
 template <typename Cols>
 void over_columns(int64_t n, int64_t granule, Cols&& cols) {
-  const int team = parallel_threads();
+  const int team = loop_threads();
   if (team == 1) return cols(0, n);
   const int64_t chunk = std::max<int64_t>(std::max<int64_t>(16, 4 * granule),
                                           (n + 8 * team - 1) / (8 * team) / granule * granule);

@@ -7,23 +7,27 @@
 // Finite outputs must lie within the error bound simd_ops.h derives for the op and variant;
 // non-finite ones must be what the scalar variant (the reference loops) gives at that place: NaN
 // for NaN, the same signed Inf for Inf. Every variant must also give the same bits for any number
-// of threads.
+// of threads, and on a board of ranks as threads (core/team.h) where another rank takes chunks.
 #include <gtest/gtest.h>
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cfloat>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "seqpar/core/dtype.h"
 #include "seqpar/core/error.h"
+#include "seqpar/core/team.h"
 #include "seqpar/model/ops.h"
 #include "simd_ops.h"
 
@@ -356,8 +360,47 @@ TEST(ModelSimd, RopeWithinBound) {
   }
 }
 
-// Every op's bits for 1, 2, 3 and 7 threads, on shapes large enough to be split (2000 x 300,
-// a prefill's rows).
+// Runs op on member 0 of a board of two threads of one OpenMP thread each (as tp 2's ranks on the
+// threads backend), while member 1 runs the chunks it can claim, until op returns.
+void on_board(const std::function<void()>& op) {
+  TeamBoard board(2);
+  std::atomic<bool> done{false};
+  std::thread helper([&] {
+    omp_set_num_threads(1);
+    OnTeamBoard on(board, 1);
+    while (!done.load()) help_on_board();
+  });
+  std::thread owner([&] {
+    omp_set_num_threads(1);
+    OnTeamBoard on(board, 0);
+    op();
+    done.store(true);
+  });
+  owner.join();
+  helper.join();
+}
+
+// On a board, the products' column loops of a member with one thread are chunked for the
+// board's threads (each column once), so that another member can take a share.
+TEST(ModelSimd, ColumnLoopsOnABoardAreChunkedForItsThreads) {
+  std::vector<std::pair<int64_t, int64_t>> columns;
+  std::mutex mu;
+  on_board([&] {
+    EXPECT_EQ(loop_threads(), 2);
+    over_columns(4096, 16, [&](int64_t j0, int64_t j1) {
+      std::lock_guard<std::mutex> lock(mu);
+      columns.emplace_back(j0, j1);
+    });
+  });
+  std::sort(columns.begin(), columns.end());
+  ASSERT_GE(columns.size(), 2u);
+  EXPECT_EQ(columns.front().first, 0);
+  for (size_t i = 1; i < columns.size(); ++i) EXPECT_EQ(columns[i].first, columns[i - 1].second);
+  EXPECT_EQ(columns.back().second, 4096);
+}
+
+// Every op's bits for 1, 2, 3 and 7 threads and on a board of two one-thread members, on shapes
+// large enough to be split (2000 x 300, a prefill's rows).
 TEST(ModelSimd, ResultsDoNotDependOnThreadCount) {
   const int saved = omp_get_max_threads();
   const int64_t rows = 2000, f = 300, n = rows * f, heads = 5, d = 60;
@@ -405,6 +448,10 @@ TEST(ModelSimd, ResultsDoNotDependOnThreadCount) {
         EXPECT_EQ(std::memcmp(one.data(), many.data(), n * sizeof(float)), 0)
             << name << " " << isa_name(isa) << " with " << t << " threads";
       }
+      std::fill(many.begin(), many.end(), 0.f);
+      on_board([&] { op(many.data()); });
+      EXPECT_EQ(std::memcmp(one.data(), many.data(), n * sizeof(float)), 0)
+          << name << " " << isa_name(isa) << " on a board";
     }
   }
   omp_set_num_threads(saved);
