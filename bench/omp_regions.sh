@@ -3,9 +3,9 @@
 # prefill of a P-token prompt (the whole forward pass and the first token) and per decoded token,
 # with the rank's thread team (core/team.h) and with SEQPAR_TEAM=0 (a region per parallel loop).
 # Counted by an LD_PRELOAD shim (bench/omp_regions.cc), not timed. With --compare ROUNDS, then
-# the two timed: one generate of each per round, alternating, each run's prefill seconds and
-# decode seconds per token, the medians and the ratio regions / team (above 1: the team is
-# faster) as min / median / max.
+# the two timed by bench/generate_ab.sh: one generate of each per round, alternating, each run's
+# prefill seconds and decode seconds per token, the medians and the ratio regions / team (above
+# 1: the team is faster) as min / median / max.
 #
 #   bench/omp_regions.sh --model DIR [--build DIR] [--prompt 256] [--new 8] [--threads 2]
 #                        [--compare ROUNDS] [-- extra flags of seqpar generate]
@@ -37,8 +37,7 @@ done
 make -C "$build" -s seqpar omp_regions >/dev/null
 shim="$build/bench/omp_regions.so"
 ids="$(mktemp)"
-runs="$(mktemp)"
-trap 'rm -f "$ids" "$runs"' EXIT
+trap 'rm -f "$ids"' EXIT
 python3 -c "print(','.join(str(i % 1000 + 1) for i in range($prompt)))" > "$ids"
 generate() {  # SEQPAR_TEAM=$1, $2 new tokens, then any further arguments
   local team=$1 tokens=$2
@@ -60,14 +59,5 @@ for team in 1 0; do
 done
 ((rounds > 0)) || exit 0
 echo
-echo "| round | loops run as | prefill s | decode s / token |"
-echo "|---|---|---|---|"
-for ((r = 1; r <= rounds; r++)); do
-  for team in 1 0; do
-    generate $team "$new" --json 2>/dev/null |
-      python3 -c "import json, sys; d = json.load(sys.stdin); \
-print($r, $team, d['prefill_seconds'], d['decode_seconds_per_token'])" | tee -a "$runs" |
-      awk '{ printf "| %d | %s | %.3f | %.4f |\n", $1, ($2 == 1 ? "team" : "regions"), $3, $4 }'
-  done
-done
-python3 "$here/ab_summary.py" "$runs" team regions
+"$here/generate_ab.sh" --build "$build" --model "$model" --env SEQPAR_TEAM --names "team regions" \
+  --prompt "$prompt" --new "$new" --threads "$threads" --rounds "$rounds" -- "${extra[@]}"
