@@ -330,7 +330,11 @@ BoardHelp help_on_board() {
     const int owner = (on.member + i) % members;
     TeamBoard::Slot& s = on.board->slot(owner);
     if (s.open.load(std::memory_order_relaxed) == nullptr) continue;
-    s.visitors.fetch_add(1);
+    struct Visit {  // counted out however the visit ends
+      std::atomic<int>& visitors;
+      explicit Visit(std::atomic<int>& v) : visitors(v) { visitors.fetch_add(1); }
+      ~Visit() { visitors.fetch_sub(1); }
+    } visit(s.visitors);
     if (Team* team = s.open.load()) {
       open = true;
       const double t0 = trace::enabled() ? trace::now_us() : 0;
@@ -345,7 +349,6 @@ BoardHelp help_on_board() {
                         trace::now_us(), {{"chunks", n}});
       ran += n;
     }
-    s.visitors.fetch_sub(1);
   }
   return ran > 0 ? BoardHelp::kHelped : open ? BoardHelp::kBusy : BoardHelp::kIdle;
 }
