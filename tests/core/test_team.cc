@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -192,40 +193,51 @@ TEST(Team, ForkedChildRunsLoops) {
   EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
-// Two members of a board, one thread each (no workers): member 0's loop of two chunks that meet
-// ends only if member 1, helping, runs one. Outside a chunk member 0's loops are chunked for 2
-// threads, inside for 1; a thread on no board finds nothing to help.
+// On a board of two members of one thread each (no workers): owner() on member 0, and help()
+// again and again on member 1 until owner() has returned.
+void two_members(const std::function<void()>& owner, const std::function<void()>& help) {
+  TeamBoard board(2);
+  std::atomic<bool> owner_done{false};
+  std::thread first([&] {
+    omp_set_num_threads(1);
+    OnTeamBoard on(board, 0);
+    owner();
+    owner_done.store(true);
+  });
+  std::thread second([&] {
+    omp_set_num_threads(1);
+    OnTeamBoard on(board, 1);
+    while (!owner_done.load()) help();
+  });
+  first.join();
+  second.join();
+}
+
+// Member 0's loop of two chunks that meet ends only if member 1, helping, runs one. Outside a
+// chunk member 0's loops are chunked for 2 threads, inside for 1; a thread on no board finds
+// nothing to help.
 TEST(Board, AHelpingMemberRunsAnOpenLoopsChunks) {
   EXPECT_EQ(help_on_board(), BoardHelp::kIdle);
   EXPECT_EQ(loop_threads(), parallel_threads());
-  TeamBoard board(2);
   std::atomic<int> arrived{0};
-  std::atomic<bool> owner_done{false};
   std::vector<std::thread::id> ran_on(2);
   std::vector<int> inside(2);
   std::thread::id owner_id, helper_id;
   int outside = 0, helped = 0;
-  std::thread owner([&] {
-    omp_set_num_threads(1);
-    OnTeamBoard on(board, 0);
-    owner_id = std::this_thread::get_id();
-    outside = loop_threads();
-    parallel_for(2, [&](int64_t c) {
-      meet(arrived);
-      ran_on[c] = std::this_thread::get_id();
-      inside[c] = loop_threads();
-    });
-    owner_done.store(true);
-  });
-  std::thread helper([&] {
-    omp_set_num_threads(1);
-    OnTeamBoard on(board, 1);
-    helper_id = std::this_thread::get_id();
-    while (!owner_done.load())
-      if (help_on_board() == BoardHelp::kHelped) ++helped;
-  });
-  owner.join();
-  helper.join();
+  two_members(
+      [&] {
+        owner_id = std::this_thread::get_id();
+        outside = loop_threads();
+        parallel_for(2, [&](int64_t c) {
+          meet(arrived);
+          ran_on[c] = std::this_thread::get_id();
+          inside[c] = loop_threads();
+        });
+      },
+      [&] {
+        helper_id = std::this_thread::get_id();
+        if (help_on_board() == BoardHelp::kHelped) ++helped;
+      });
   EXPECT_EQ(outside, 2);
   EXPECT_EQ(inside, (std::vector<int>{1, 1}));
   EXPECT_EQ(helped, 1);
@@ -236,36 +248,28 @@ TEST(Board, AHelpingMemberRunsAnOpenLoopsChunks) {
 // A chunk that throws on the helping member: the owner's parallel_for rethrows it, the helper
 // goes on, and the owner's next loops (helped as well) run every chunk once.
 TEST(Board, AHelpedChunksExceptionReachesTheOwner) {
-  TeamBoard board(2);
   std::atomic<int> arrived{0};
-  std::atomic<bool> owner_done{false};
   bool owner_caught = false, helper_caught = false;
-  std::thread owner([&] {
-    omp_set_num_threads(1);
-    OnTeamBoard on(board, 0);
-    const std::thread::id me = std::this_thread::get_id();
-    try {
-      parallel_for(2, [&](int64_t) {
-        meet(arrived);
-        if (std::this_thread::get_id() != me) throw std::runtime_error("helped chunk failed");
+  two_members(
+      [&] {
+        const std::thread::id me = std::this_thread::get_id();
+        try {
+          parallel_for(2, [&](int64_t) {
+            meet(arrived);
+            if (std::this_thread::get_id() != me) throw std::runtime_error("helped chunk failed");
+          });
+        } catch (const std::runtime_error&) {
+          owner_caught = true;
+        }
+        expect_every_chunk_once(1000, 2);
+      },
+      [&] {
+        try {
+          help_on_board();
+        } catch (...) {
+          helper_caught = true;
+        }
       });
-    } catch (const std::runtime_error&) {
-      owner_caught = true;
-    }
-    expect_every_chunk_once(1000, 2);
-    owner_done.store(true);
-  });
-  std::thread helper([&] {
-    omp_set_num_threads(1);
-    OnTeamBoard on(board, 1);
-    try {
-      while (!owner_done.load()) help_on_board();
-    } catch (...) {
-      helper_caught = true;
-    }
-  });
-  owner.join();
-  helper.join();
   EXPECT_TRUE(owner_caught);
   EXPECT_FALSE(helper_caught);
 }

@@ -112,7 +112,8 @@ class ThreadWorldState {
     events.fetch_add(1, std::memory_order_release);
     cv.notify_all();
   }
-  // The ranks' loops (core/team.h): each rank's thread is a member while it runs.
+  // The ranks' loops (core/team.h): each rank's thread is a member while it runs, where the
+  // world's waits spin (spin_ns > 0; they help only while they spin).
   TeamBoard board{size};
 
   // With lk holding mu: spins for up to spin_ns, dropping the lock while it watches for the next
