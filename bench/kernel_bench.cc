@@ -5,13 +5,18 @@
 //                [--kv-heads H] [--batch 1] [--dtype fp32|bf16|fp16] [--rounds 3]
 //                [--threads 1] [--block-q 0] [--block-k 0] [--min-time 0.3]
 //                [--layout contiguous|striped|zigzag|shuffled] [--ranks 4] [--rank 1]
-//                [--compare-panels ROUNDS]
+//                [--compare-panels ROUNDS] [--paired ROUNDS]
 //
 // --compare-panels: per case, the kernel with its panel products (docs/kernel.md "Panel
 // products"; where the CPU's kernels are AVX2) against the kernel with oneDNN's products
 // (SEQPAR_KERNEL_PANELS=0), one call of each per round in alternating order, ROUNDS rounds in one
 // process: each path's median GFLOP/s and the min / median / max of the per-round ratio (> 1:
 // panels faster). Instead of the table below.
+//
+// --paired: per case, the kernel against the GEMM 1024³ in ROUNDS rounds of one timing of each
+// (each >= --min-time, which goes first alternating) in one process: each one's median GFLOP/s
+// and the min / median / max of the per-round ratio of their rates, so a drift of the machine's
+// speed between rounds cancels out of each ratio. Instead of the table below.
 //
 // --layout: queries and keys are the S tokens that rank --rank of --ranks holds of a sequence of
 // S·ranks tokens (the diagonal step of ring attention), so the causal mask is by those global
@@ -75,6 +80,7 @@ struct Options {
   std::string layout = "contiguous";
   int64_t ranks = 4, rank = 1;
   int64_t compare_rounds = 0;
+  int64_t paired_rounds = 0;
 };
 
 Options parse(int argc, char** argv) {
@@ -88,7 +94,7 @@ Options parse(int argc, char** argv) {
           "             [--heads 1] [--kv-heads H] [--batch 1] [--dtype fp32|bf16|fp16]\n"
           "             [--rounds 3] [--threads 1] [--block-q 0] [--block-k 0] [--min-time 0.3]\n"
           "             [--layout contiguous|striped|zigzag|shuffled] [--ranks 4] [--rank 1]\n"
-          "             [--compare-panels ROUNDS]\n");
+          "             [--compare-panels ROUNDS] [--paired ROUNDS]\n");
       std::exit(0);
     }
     if (i + 1 >= argc) usage_error(a + " needs a value (see --help)");
@@ -133,6 +139,8 @@ Options parse(int argc, char** argv) {
       o.rank = std::atoll(v.c_str());
     } else if (a == "--compare-panels") {
       o.compare_rounds = seqpar::bench::parse_one("kernel_bench", a, v);
+    } else if (a == "--paired") {
+      o.paired_rounds = seqpar::bench::parse_one("kernel_bench", a, v);
     } else if (a == "--min-time") {
       o.min_time = seqpar::bench::parse_min_time("kernel_bench", v);
     } else {
@@ -140,6 +148,8 @@ Options parse(int argc, char** argv) {
     }
   }
   if (o.kv_heads == 0) o.kv_heads = o.heads;
+  if (o.compare_rounds > 0 && o.paired_rounds > 0)
+    usage_error("--compare-panels and --paired are two tables; valid: one of them");
   if (o.rank < 0 || o.rank >= o.ranks) {
     usage_error("--rank " + std::to_string(o.rank) + " is invalid; valid: 0.." +
                 std::to_string(o.ranks - 1));
@@ -179,16 +189,24 @@ int main(int argc, char** argv) {
   const auto gemm_type = bf16_mm ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
   Gemm big(1024, 1024, 1024, 1024, 1, false, gemm_type);
   std::printf("kernel: %s\n", info.c_str());
-  std::printf(
-      "threads: %d; best of %d rounds (each timing >= %.2f s); GEMMs in %s; GEMM 1024^3 impl: "
-      "%s\n\n",
-      o.threads, o.rounds, o.min_time, bf16_mm ? "bf16 (fp32 C)" : "fp32", big.impl().c_str());
+  std::printf("threads: %d; %s (each timing >= %.2f s); GEMMs in %s; GEMM 1024^3 impl: %s\n\n",
+              o.threads,
+              o.compare_rounds > 0 || o.paired_rounds > 0
+                  ? "rounds as below"
+                  : ("best of " + std::to_string(o.rounds) + " rounds").c_str(),
+              o.min_time, bf16_mm ? "bf16 (fp32 C)" : "fp32", big.impl().c_str());
   if (o.compare_rounds > 0) {
     std::printf(
         "panel products against oneDNN's, %lld rounds\n| S | D | H/Hkv | B | layout | causal | "
         "dtype | panels GFLOP/s | oneDNN GFLOP/s | panels / oneDNN min | median | max |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         static_cast<long long>(o.compare_rounds));
+  } else if (o.paired_rounds > 0) {
+    std::printf(
+        "kernel against GEMM 1024^3, %lld rounds of one timing each\n| S | D | H/Hkv | B | "
+        "layout | causal | dtype | kernel GFLOP/s | GEMM GFLOP/s | kernel / GEMM min | median | "
+        "max |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        static_cast<long long>(o.paired_rounds));
   } else {
     std::printf(
         "| S | D | H/Hkv | B | layout | causal | dtype | kernel GFLOP/s | GEMM 1024^3 GFLOP/s | "
@@ -242,13 +260,24 @@ int main(int argc, char** argv) {
         const double work =
             4.0 * d *
             static_cast<double>(seqpar::visible_score_elements(o.batch, o.heads, s, s, p.mask));
+        char label[256];
+        std::snprintf(label, sizeof label, "%lld | %lld | %lld/%lld | %lld | %s | %s | %s",
+                      static_cast<long long>(s), static_cast<long long>(d),
+                      static_cast<long long>(o.heads), static_cast<long long>(o.kv_heads),
+                      static_cast<long long>(o.batch), o.layout.c_str(), causal ? "yes" : "no",
+                      std::string(seqpar::dtype_name(o.dtype)).c_str());
+        if (o.paired_rounds > 0) {
+          // Seconds per flop, so that the ratio of a round is the ratio of the two rates.
+          auto call = [&](bool kernel) {
+            if (kernel)
+              return time_per_call([&] { seqpar::flash_attention(q, k, v, p); }, o.min_time) / work;
+            return time_per_call([&] { big.run(); }, o.min_time) / big.flops();
+          };
+          seqpar::bench::print_alternated(label, 1e-9,
+                                          seqpar::bench::alternate(o.paired_rounds, call));
+          continue;
+        }
         if (o.compare_rounds > 0) {
-          char label[256];
-          std::snprintf(label, sizeof label, "%lld | %lld | %lld/%lld | %lld | %s | %s | %s",
-                        static_cast<long long>(s), static_cast<long long>(d),
-                        static_cast<long long>(o.heads), static_cast<long long>(o.kv_heads),
-                        static_cast<long long>(o.batch), o.layout.c_str(), causal ? "yes" : "no",
-                        std::string(seqpar::dtype_name(o.dtype)).c_str());
           auto call = [&](bool panels) {
             if (panels) {
               unsetenv("SEQPAR_KERNEL_PANELS");
