@@ -23,6 +23,7 @@ using V = float;
 constexpr int kW = 1;
 inline V vload(const float* p) { return *p; }
 inline void vstore(float* p, V v) { *p = v; }
+inline V vzero() { return 0.f; }
 inline V vset1(float x) { return x; }
 inline V vadd(V a, V b) { return a + b; }
 inline V vmul(V a, V b) { return a * b; }
@@ -57,28 +58,7 @@ inline void vstore_bf16(uint16_t* p, V v) { *p = ::seqpar::f32_to_bf16(v); }
 #pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
 #endif
 namespace avx2 {
-using V = __m256;
-constexpr int kW = 8;
-inline V vload(const float* p) { return _mm256_loadu_ps(p); }
-inline void vstore(float* p, V v) { _mm256_storeu_ps(p, v); }
-inline V vset1(float x) { return _mm256_set1_ps(x); }
-inline V vadd(V a, V b) { return _mm256_add_ps(a, b); }
-inline V vmul(V a, V b) { return _mm256_mul_ps(a, b); }
-inline V vmax(V a, V b) { return _mm256_max_ps(a, b); }
-inline V vmin(V a, V b) { return _mm256_min_ps(a, b); }
-inline V vfmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-inline float hmax(V v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
-  return _mm_cvtss_f32(m);
-}
-inline float hsum(V v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-  return _mm_cvtss_f32(s);
-}
+#include "../core/simd_vec_avx2.inc"
 // Lane i: the sum of v[i]'s lanes, for the 8 vectors v[0, 8).
 inline V vsum_lanes(const V* v) {
   const __m256 ab = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
@@ -88,13 +68,6 @@ inline V vsum_lanes(const V* v) {
 }
 inline V vpow2_shifted(V r) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(r), 23));
-}
-inline V vload_bf16(const uint16_t* p) {
-  const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
-}
-inline V vload_f16(const uint16_t* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 inline void vstore_bf16(uint16_t* p, V v) {
   // Round to nearest even: u + 0x7fff + ((u >> 16) & 1), keep the upper half.
@@ -119,18 +92,7 @@ inline void vstore_bf16(uint16_t* p, V v) {
 #pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl"))), apply_to = function)
 #endif
 namespace avx512 {
-using V = __m512;
-constexpr int kW = 16;
-inline V vload(const float* p) { return _mm512_loadu_ps(p); }
-inline void vstore(float* p, V v) { _mm512_storeu_ps(p, v); }
-inline V vset1(float x) { return _mm512_set1_ps(x); }
-inline V vadd(V a, V b) { return _mm512_add_ps(a, b); }
-inline V vmul(V a, V b) { return _mm512_mul_ps(a, b); }
-inline V vmax(V a, V b) { return _mm512_max_ps(a, b); }
-inline V vmin(V a, V b) { return _mm512_min_ps(a, b); }
-inline V vfmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-inline float hmax(V v) { return _mm512_reduce_max_ps(v); }
-inline float hsum(V v) { return _mm512_reduce_add_ps(v); }
+#include "../core/simd_vec_avx512.inc"
 // Lane i: the sum of v[i]'s lanes, for the 16 vectors v[0, 16): each folded to 8 lanes, then as
 // AVX2's vsum_lanes on each half.
 inline V vsum_lanes(const V* v) {
@@ -142,13 +104,6 @@ inline V vsum_lanes(const V* v) {
 }
 inline V vpow2_shifted(V r) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_castps_si512(r), 23));
-}
-inline V vload_bf16(const uint16_t* p) {
-  const __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
-}
-inline V vload_f16(const uint16_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 inline void vstore_bf16(uint16_t* p, V v) {
   __m512i u = _mm512_castps_si512(v);

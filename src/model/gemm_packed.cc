@@ -61,12 +61,15 @@ void gemm_packed_scalar(const float* x, int64_t m, const PackedWeight& w, const 
 #pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
 #endif
 namespace avx2 {
+#include "../core/simd_vec_avx2.inc"
+// The tile after the primitives it uses.
+#include "../core/panel_tile.inc"
+static_assert(kPanelW == kPackedPanel);
 
 // Blocking, one thread, m 256 by a 8192 x 2048 bf16 weight and m 256 by 2048 x 8192 (a
 // stand-alone copy of this loop nest on an AMD EPYC Zen 3 core, AVX2): 85-90 GFLOP/s with kDepth
 // 512 and 8 panels against 72 with 128 inputs a pass or 2 panels; rows in blocks of 256 held 89
 // GFLOP/s at m 4096, where all 4096 rows a pass fell to 73 (the tiles' outputs no longer in L2).
-constexpr int64_t kRows = 6;     // rows of x a tile: 12 accumulators, 2 panel vectors, 1 x
 constexpr int64_t kDepth = 512;  // inputs a pass over the rows (each panel's part stays in L1/L2)
 constexpr int64_t kPanels = 8;   // panels packed at a time (128 columns, all k inputs)
 constexpr int64_t kRowBlock = 256;  // rows a block: its outputs of kPanels panels stay in L2
@@ -134,43 +137,6 @@ void pack_panel(const PackedWeight& w, int64_t j, int64_t cols, float* out) {
       out[i * kPackedPanel + c] = c < cols ? value(w, j + c, i) : 0.f;
 }
 
-// R rows of x (row stride ldx, from input i0) by one panel (its inputs i0 .. i0+depth at b) into
-// y's 16 columns (row stride ldy): from zero where first, else from y's values; + bias where
-// bias is not null (the last pass).
-template <int R>
-void tile(const float* x, int64_t ldx, const float* b, int64_t depth, float* y, int64_t ldy,
-          bool first, const float* bias) {
-  __m256 lo[R], hi[R];
-  SEQPAR_UNROLL for (int r = 0; r < R; ++r) {
-    lo[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + r * ldy);
-    hi[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + r * ldy + 8);
-  }
-  for (int64_t i = 0; i < depth; ++i) {
-    const __m256 b0 = _mm256_load_ps(b + i * kPackedPanel);
-    const __m256 b1 = _mm256_load_ps(b + i * kPackedPanel + 8);
-    SEQPAR_UNROLL for (int r = 0; r < R; ++r) {
-      const __m256 xv = _mm256_broadcast_ss(x + r * ldx + i);
-      lo[r] = _mm256_fmadd_ps(xv, b0, lo[r]);
-      hi[r] = _mm256_fmadd_ps(xv, b1, hi[r]);
-    }
-  }
-  if (bias) {
-    const __m256 b0 = _mm256_loadu_ps(bias), b1 = _mm256_loadu_ps(bias + 8);
-    SEQPAR_UNROLL for (int r = 0; r < R; ++r) {
-      lo[r] = _mm256_add_ps(lo[r], b0);
-      hi[r] = _mm256_add_ps(hi[r], b1);
-    }
-  }
-  SEQPAR_UNROLL for (int r = 0; r < R; ++r) {
-    _mm256_storeu_ps(y + r * ldy, lo[r]);
-    _mm256_storeu_ps(y + r * ldy + 8, hi[r]);
-  }
-}
-
-using Tile = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, bool,
-                      const float*);
-constexpr Tile kTiles[kRows] = {&tile<1>, &tile<2>, &tile<3>, &tile<4>, &tile<5>, &tile<6>};
-
 // Columns [j0, j1) of y (j0 a multiple of 16): kPanels panels at a time packed, then every block
 // of rows passes over them, kDepth inputs a pass. A last panel of fewer than 16 columns is
 // computed into a buffer of 16 columns and copied out.
@@ -198,17 +164,18 @@ void columns(const float* x, int64_t m, const PackedWeight& w, const float* bias
       for (int64_t i0 = 0; i0 < k; i0 += kDepth) {
         const int64_t depth = std::min(kDepth, k - i0);
         const bool first = i0 == 0, last = i0 + depth == k;
-        for (int64_t r = r0; r < r1; r += kRows) {
-          const Tile t = kTiles[std::min(kRows, r1 - r) - 1];
+        for (int64_t r = r0; r < r1; r += kPanelRows) {
+          const PanelTile t = kPanelTiles[std::min<int64_t>(kPanelRows, r1 - r) - 1];
           const float* xr = x + r * k + i0;
           for (int64_t p = 0; p < panels; ++p) {
             const float* b = packed + p * k * kPackedPanel + i0 * kPackedPanel;
             const int64_t j = jb + p * kPackedPanel;
             if (edge_cols && p == panels - 1)
-              t(xr, k, b, depth, edge.data() + r * kPackedPanel, kPackedPanel, first,
-                last && bias ? edge_bias : nullptr);
+              t(xr, k, b, depth, edge.data() + r * kPackedPanel, kPackedPanel, !first,
+                last && bias ? edge_bias : nullptr, 0);
             else
-              t(xr, k, b, depth, y + r * ldy + j, ldy, first, last && bias ? bias + j : nullptr);
+              t(xr, k, b, depth, y + r * ldy + j, ldy, !first, last && bias ? bias + j : nullptr,
+                0);
           }
         }
       }

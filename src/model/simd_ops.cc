@@ -267,29 +267,11 @@ void scale_int32_rows(float* y, int64_t rows, int64_t n, int64_t ldc, const floa
 #pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
 #endif
 namespace avx2 {
-using V = __m256;
-constexpr int kW = 8;
-inline V vzero() { return _mm256_setzero_ps(); }
-inline V vload(const float* p) { return _mm256_loadu_ps(p); }
-inline V vadd(V a, V b) { return _mm256_add_ps(a, b); }
-inline V vfmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-inline float hsum(V v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-  return _mm_cvtss_f32(s);
-}
+#include "../core/simd_vec_avx2.inc"
 inline V vload_part(const float* p, int64_t n) {
   alignas(32) float t[kW] = {};
   std::memcpy(t, p, n * sizeof(float));
   return _mm256_load_ps(t);
-}
-inline V vload_bf16(const uint16_t* p) {
-  const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
-}
-inline V vload_f16(const uint16_t* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 inline V vload_bf16_part(const uint16_t* p, int64_t n) {
   alignas(16) uint16_t t[kW] = {};
@@ -301,7 +283,6 @@ inline V vload_f16_part(const uint16_t* p, int64_t n) {
   std::memcpy(t, p, n * sizeof(uint16_t));
   return vload_f16(t);
 }
-inline V vmul(V a, V b) { return _mm256_mul_ps(a, b); }
 inline V vload_i8(const int8_t* p) {
   return _mm256_cvtepi32_ps(
       _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
@@ -312,7 +293,6 @@ inline V vload_i8_part(const int8_t* p, int64_t n) {
   return vload_i8(t);
 }
 inline V vbroadcast_f16(uint16_t h) { return _mm256_set1_ps(_cvtsh_ss(h)); }
-inline void vstore(float* p, V v) { _mm256_storeu_ps(p, v); }
 inline void vstore_part(float* p, V v, int64_t n) {
   alignas(32) float t[kW];
   _mm256_store_ps(t, v);
@@ -358,11 +338,8 @@ inline V vload_i32_part(const int32_t* p, int64_t n) {
   std::memcpy(t, p, n * sizeof(int32_t));
   return vload_i32(t);
 }
-inline V vset1(float a) { return _mm256_set1_ps(a); }
 inline V vsub(V a, V b) { return _mm256_sub_ps(a, b); }
 inline V vdiv(V a, V b) { return _mm256_div_ps(a, b); }
-inline V vmax(V a, V b) { return _mm256_max_ps(a, b); }  // b where either is NaN
-inline V vmin(V a, V b) { return _mm256_min_ps(a, b); }  // b where either is NaN
 inline V vround(V x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline V vfloor(V x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
 inline V vtrunc(V x) { return _mm256_round_ps(x, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC); }
@@ -399,23 +376,11 @@ inline double vdhsum(VD v) {
                              apply_to = function)
 #endif
 namespace avx512 {
-using V = __m512;
-constexpr int kW = 16;
-inline V vzero() { return _mm512_setzero_ps(); }
-inline V vload(const float* p) { return _mm512_loadu_ps(p); }
-inline V vadd(V a, V b) { return _mm512_add_ps(a, b); }
-inline V vfmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-inline float hsum(V v) { return _mm512_reduce_add_ps(v); }
+#include "../core/simd_vec_avx512.inc"
 inline __mmask16 first(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
 inline V vload_part(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(first(n), p); }
 inline V widen_bf16(__m256i h) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-inline V vload_bf16(const uint16_t* p) {
-  return widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-inline V vload_f16(const uint16_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 inline V vload_bf16_part(const uint16_t* p, int64_t n) {
   return widen_bf16(_mm256_maskz_loadu_epi16(first(n), p));
@@ -423,7 +388,6 @@ inline V vload_bf16_part(const uint16_t* p, int64_t n) {
 inline V vload_f16_part(const uint16_t* p, int64_t n) {
   return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(first(n), p));
 }
-inline V vmul(V a, V b) { return _mm512_mul_ps(a, b); }
 inline V vload_i8(const int8_t* p) {
   return _mm512_cvtepi32_ps(
       _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
@@ -432,7 +396,6 @@ inline V vload_i8_part(const int8_t* p, int64_t n) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(first(n), p)));
 }
 inline V vbroadcast_f16(uint16_t h) { return _mm512_set1_ps(_cvtsh_ss(h)); }
-inline void vstore(float* p, V v) { _mm512_storeu_ps(p, v); }
 inline void vstore_part(float* p, V v, int64_t n) { _mm512_mask_storeu_ps(p, first(n), v); }
 inline __m256i high_halves(V v) {
   return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16));
@@ -459,11 +422,8 @@ inline V vload_i32(const int32_t* p) { return _mm512_cvtepi32_ps(_mm512_loadu_si
 inline V vload_i32_part(const int32_t* p, int64_t n) {
   return _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(first(n), p));
 }
-inline V vset1(float a) { return _mm512_set1_ps(a); }
 inline V vsub(V a, V b) { return _mm512_sub_ps(a, b); }
 inline V vdiv(V a, V b) { return _mm512_div_ps(a, b); }
-inline V vmax(V a, V b) { return _mm512_max_ps(a, b); }  // b where either is NaN
-inline V vmin(V a, V b) { return _mm512_min_ps(a, b); }  // b where either is NaN
 inline V vround(V x) {
   return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
