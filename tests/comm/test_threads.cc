@@ -404,8 +404,10 @@ TEST(ThreadWorldRun, AbortDuringAReductionLetsItFinish) {
 
 // A rank waiting for another (here in a barrier) runs chunks of the other's open loop (the
 // ranks' TeamBoard, core/team.h). Each rank runs one thread (no team workers), and rank 0's two
-// chunks meet each other, so its loop ends only if rank 1 runs one while it waits. Were it not
-// helped, rank 1's barrier would time out and release rank 0's chunk, and the test fail.
+// chunks meet each other, so its loop ends only if rank 1 runs one while it waits. Rank 1 enters
+// its barrier once rank 0's loop is open (its first chunk has arrived), so its wait finds the
+// other chunk unclaimed however the two threads were scheduled before. Were it not helped, rank
+// 1's barrier would time out and release rank 0's chunk, and the test fail.
 TEST(ThreadWorldRun, AWaitingRankRunsAnotherRanksChunks) {
   ScopedEnv spin("SEQPAR_SPIN_US", "100");
   std::atomic<int> arrived{0};
@@ -418,11 +420,14 @@ TEST(ThreadWorldRun, AWaitingRankRunsAnotherRanksChunks) {
         if (c.rank() == 0) {
           parallel_for(2, [&](int64_t i) {
             arrived.fetch_add(1);
+            arrived.notify_all();
             for (int seen = arrived.load(); seen < 2; seen = arrived.load()) arrived.wait(seen);
             arrived.notify_all();
             ran_on[i] = std::this_thread::get_id();
           });
         }
+        if (c.rank() == 1)
+          for (int seen = arrived.load(); seen < 1; seen = arrived.load()) arrived.wait(seen);
         try {
           c.barrier();
         } catch (...) {
