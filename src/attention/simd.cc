@@ -26,6 +26,7 @@ inline void vstore(float* p, V v) { *p = v; }
 inline V vzero() { return 0.f; }
 inline V vset1(float x) { return x; }
 inline V vadd(V a, V b) { return a + b; }
+inline V vsub(V a, V b) { return a - b; }
 inline V vmul(V a, V b) { return a * b; }
 inline V vmax(V a, V b) { return a > b ? a : b; }
 inline V vmin(V a, V b) { return a < b ? a : b; }

@@ -338,7 +338,6 @@ inline V vload_i32_part(const int32_t* p, int64_t n) {
   std::memcpy(t, p, n * sizeof(int32_t));
   return vload_i32(t);
 }
-inline V vsub(V a, V b) { return _mm256_sub_ps(a, b); }
 inline V vdiv(V a, V b) { return _mm256_div_ps(a, b); }
 inline V vround(V x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline V vfloor(V x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
@@ -422,7 +421,6 @@ inline V vload_i32(const int32_t* p) { return _mm512_cvtepi32_ps(_mm512_loadu_si
 inline V vload_i32_part(const int32_t* p, int64_t n) {
   return _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(first(n), p));
 }
-inline V vsub(V a, V b) { return _mm512_sub_ps(a, b); }
 inline V vdiv(V a, V b) { return _mm512_div_ps(a, b); }
 inline V vround(V x) {
   return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
