@@ -64,8 +64,6 @@ TEST_F(TraceTest, RecordsSlicesWithRankLaneAndArgs) {
   EXPECT_EQ(ev[0].args[0].second, 4096);
   EXPECT_EQ(ev[1].name, "wait");
   EXPECT_EQ(ev[1].lane, trace::Lane::kComm);
-  EXPECT_GE(ev[1].dur_us, 0);
-  EXPECT_GE(ev[1].ts_us, t0);
   EXPECT_EQ(ev[1].args[0].second, 2);
 }
 
