@@ -110,7 +110,9 @@ if [ -n "$mpiexec" ]; then
         >/dev/null 2>"$tmp/stall.err" </dev/null &
       launcher=$!
       victim=$(mpi_rank_pid $launcher 1)
-      sleep 4  # past MPI_Init and the load, inside the loop
+      # Rank 0 reports a step once every rank has ended it: past MPI_Init and the load.
+      wait_for_line "$tmp/stall.err" "^seqpar denoise: step 1/" ||
+        bad "denoise mpi $mesh: no step reported: $(head -3 "$tmp/stall.err")"
       [ -n "$victim" ] && kill -STOP "$victim"
       wait $launcher; rc=$?
       [ -n "$victim" ] && { kill -CONT "$victim"; kill -KILL "$victim"; } 2>/dev/null

@@ -531,11 +531,14 @@ if [ -n "$mpiexec" ]; then
   for mesh in "--tp 2" "--ring-degree 2"; do
     SEQPAR_TIMEOUT_S=2 timeout -s KILL 90 "$mpiexec" --allow-run-as-root --oversubscribe \
       --mca btl_vader_single_copy_mechanism none -x SEQPAR_TIMEOUT_S -n 2 \
-      "$bin" $(gen --model "$tmp/good" --prompt-ids 1,2 --max-new-tokens 1000000 \
-               --allow-long-context --backend mpi) $mesh >/dev/null 2>"$tmp/stall.err" &
+      "$bin" generate --model "$tmp/good" --prompt-ids 1,2 --max-new-tokens 1000000 \
+      --allow-long-context --backend mpi $mesh >/dev/null 2>"$tmp/stall.err" &
     launcher=$!
     victim=$(mpi_rank_pid $launcher 1)
-    sleep 4  # past MPI_Init and the load, inside the decode loop
+    # Rank 0 reports the prefill (its progress on stderr) once both ranks have passed MPI_Init,
+    # the load and the prompt's collectives: they are in the decode loop.
+    wait_for_line "$tmp/stall.err" "^seqpar generate: prefill of" ||
+      bad "mpi $mesh: no prefill reported: $(head -3 "$tmp/stall.err")"
     [ -n "$victim" ] && kill -STOP "$victim"
     wait $launcher; rc=$?
     [ -n "$victim" ] && { kill -CONT "$victim"; kill -KILL "$victim"; } 2>/dev/null
