@@ -111,7 +111,7 @@ if [ -n "$mpiexec" ]; then
       launcher=$!
       victim=$(mpi_rank_pid $launcher 1)
       # Rank 0 reports a step once every rank has ended it: past MPI_Init and the load.
-      wait_for_line "$tmp/stall.err" "^seqpar denoise: step 1/" ||
+      wait_for_line "$tmp/stall.err" "^seqpar denoise: step 1/" $launcher ||
         bad "denoise mpi $mesh: no step reported: $(head -3 "$tmp/stall.err")"
       [ -n "$victim" ] && kill -STOP "$victim"
       wait $launcher; rc=$?

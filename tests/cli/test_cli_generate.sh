@@ -101,7 +101,7 @@ for r in range(ranks):
             assert n == passes, (r, l, half, n)
     assert any(e["name"] == "attention" and e["cat"] == "kernel" for e in mine), r
     assert any(e["tid"] == 1 and e["cat"] == "comm" for e in mine), r
-assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in x)
+assert all(isinstance(e["dur"], (int, float)) and isinstance(e["ts"], (int, float)) for e in x)
 ' "$2" "$3" "$4" "$5" && ok || bad "$1: trace $2"
 }
 "$bin" $(gen --model "$tmp/sharded" --prompt-ids 1,2,3 --max-new-tokens 3 --tp 2 \
@@ -537,7 +537,7 @@ if [ -n "$mpiexec" ]; then
     victim=$(mpi_rank_pid $launcher 1)
     # Rank 0 reports the prefill (its progress on stderr) once both ranks have passed MPI_Init,
     # the load and the prompt's collectives: they are in the decode loop.
-    wait_for_line "$tmp/stall.err" "^seqpar generate: prefill of" ||
+    wait_for_line "$tmp/stall.err" "^seqpar generate: prefill of" $launcher ||
       bad "mpi $mesh: no prefill reported: $(head -3 "$tmp/stall.err")"
     [ -n "$victim" ] && kill -STOP "$victim"
     wait $launcher; rc=$?
