@@ -209,7 +209,7 @@ if [ -n "$mpiexec" ]; then
   sleep 4
   if [ -n "$victim" ]; then
     kill -STOP "$victim"
-    for _ in $(seq 300); do grep -q "timeout after" "$tmp/mpi.err" && break; sleep 0.1; done
+    wait_for_line "$tmp/mpi.err" "timeout after" $launcher
     kill -CONT "$victim"
   fi
   wait "$launcher"; rc=$?
