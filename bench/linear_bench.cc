@@ -25,6 +25,7 @@
 
 #include "bench_util.h"
 #include "gemm_packed.h"
+#include "seqpar/core/cpu_isa.h"
 #include "seqpar/core/tensor.h"
 #include "seqpar/model/ops.h"
 
@@ -91,7 +92,8 @@ int main(int argc, char** argv) {
         "| packed / oneDNN min | median | max |\n|---|---|---|---|---|---|\n",
         static_cast<long long>(ks[0]), static_cast<long long>(ns[0]), static_cast<long long>(ks[0]),
         dtype.c_str(), std::string(dtype_name(activations)).c_str(),
-        model_simd::gemm_packed() ? "avx2" : "none here", static_cast<long long>(compare_rounds));
+        model_simd::gemm_packed() ? std::string(isa_name(kernel_isa())).c_str() : "none here",
+        static_cast<long long>(compare_rounds));
     const int64_t saved = model_simd::packed_max_rows();
     for (const int64_t m : ms) {
       const Tensor x = random_normal({m, ks[0]}, 1);

@@ -4,12 +4,14 @@
 #include "simd.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "../core/x86_simd.inc"
 #include "seqpar/core/dtype.h"

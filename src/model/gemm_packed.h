@@ -1,9 +1,10 @@
 // fp32 activations times a weight stored narrower than fp32 (bf16, fp16, per-channel int8, Q8_0),
 // for many rows (linear() past its few-row products, up to kPackedMaxRows), private to src/model/:
 // each weight row's fp32 values are made in the product's own packing step (widened, or dequantized
-// as simd_ops.h's dequant_* do: fl(s·q), one rounding), transposed into panels of kPackedPanel
-// columns that stay in the core's cache while every row of x passes over them; no separate
-// conversion pass over the weight, no block of it written out whole and read again.
+// as simd_ops.h's dequant_* do: fl(s·q), one rounding), transposed into panels of two vectors'
+// columns (16 with AVX2, 32 with AVX-512) that stay in the core's cache while every row of x passes
+// over them; no separate conversion pass over the weight, no block of it written out whole and read
+// again.
 //
 // The product, for output (r, j), with ŵ the weight's fp32 values:
 //   acc = 0; for i = 0 .. k-1 in order: acc = fma(x[r, i], ŵ[j, i], acc); y = acc (+ bias[j], one
@@ -18,7 +19,6 @@
 
 namespace seqpar::model_simd {
 
-constexpr int64_t kPackedPanel = 16;  // weight rows (output columns) a panel
 // linear() takes the packed product up to this many rows of x, oneDNN on converted blocks past
 // them. Medians of the ratio over 9 alternating calls in one process (bench/linear_bench
 // --compare-packed 9, a 8192 x 2048 weight, one thread, an AMD EPYC Zen 3 core, AVX2): bf16 0.95-
@@ -49,16 +49,18 @@ using GemmPacked = void (*)(const float* x, int64_t m, const PackedWeight& w, co
 // The portable loop (the reference the tests compare the vector variant's bits with).
 void gemm_packed_scalar(const float* x, int64_t m, const PackedWeight& w, const float* bias,
                         float* y, int64_t ldy);
-// The AVX2 + FMA variant (six rows by two vectors of 8 columns a step); throws
-// seqpar::InvalidArgument where the CPU lacks them.
+// The vector variants (core/panel_tile.inc's tiles): AVX2 + FMA, 6 rows by two vectors of 8
+// columns a step; AVX-512 (F, BW, DQ, VL), 12 rows by two vectors of 16. Each throws
+// seqpar::InvalidArgument where the CPU lacks its instructions.
 void gemm_packed_avx2(const float* x, int64_t m, const PackedWeight& w, const float* bias, float* y,
                       int64_t ldy);
-// The variant linear() takes: AVX2 where SEQPAR_KERNEL_ISA's choice is avx2, else null (the
-// scalar cap, and CPUs with AVX-512, whose variant is not written: linear() converts blocks of
-// the weight and multiplies them with oneDNN there).
+void gemm_packed_avx512(const float* x, int64_t m, const PackedWeight& w, const float* bias,
+                        float* y, int64_t ldy);
+// The variant linear() takes: SEQPAR_KERNEL_ISA's choice (avx2 or avx512), else null (the scalar
+// cap: linear() converts blocks of the weight and multiplies them with oneDNN there).
 GemmPacked gemm_packed();
-// linear()'s path for `seqpar info`: "avx2 packed up to 512 rows, then onednn fp32 of converted
-// blocks", or "onednn fp32 of converted blocks".
+// linear()'s path for `seqpar info`: "avx512 packed up to 512 rows, then onednn fp32 of converted
+// blocks" (or avx2's), or "onednn fp32 of converted blocks".
 const char* gemm_packed_path();
 
 }  // namespace seqpar::model_simd

@@ -2,10 +2,10 @@
 // - the portable reference stays within γ_(k+1)·(Σ|x·ŵ| + |b|) of the float64 sum, ŵ computed
 //   here from each kind's definition (bf16: the upper 16 bits of an fp32; fp16: its value;
 //   per-channel int8: fl(s·q); Q8_0: fl(d·q) with the block's fp16 scale);
-// - the AVX2 variant gives the reference's bits, on 1 to 3 threads, over a sweep of rows (partial
-//   tiles of 6, blocks of 256), inputs (tails past the last 8, passes of 512), outputs (partial
-//   panels of 16, blocks of 128), with and without bias, into a wider row stride (the columns
-//   past n untouched);
+// - the AVX2 and AVX-512 variants give the reference's bits (each where the CPU runs it), on 1 to 3
+//   threads, over a sweep of rows (partial tiles of 6 and 12, blocks of 256), inputs (tails past
+//   the last 8, passes of 512), outputs (partial panels of 16 and 32, blocks of 128), with and
+//   without bias, into a wider row stride (the columns past n untouched);
 // - linear() takes it past its few-row products wherever gemm_packed() names it (and `seqpar
 //   info` says which), and is within the same bound on every path (SEQPAR_KERNEL_ISA=scalar: oneDNN
 //   on converted blocks, tests/CMakeLists.txt).
@@ -141,42 +141,55 @@ TEST(GemmPacked, ReferenceWithinTheBoundOfFloat64) {
         }
 }
 
-TEST(GemmPacked, Avx2GivesTheReferencesBits) {
+TEST(GemmPacked, VariantsGiveTheReferencesBits) {
   std::printf("fp32 activations x narrow weights past the few rows: %s\n", gemm_packed_path());
-  if (!cpu_has(Isa::kAvx2)) GTEST_SKIP() << "no AVX2 on this CPU";
+  struct Variant {
+    Isa isa;
+    GemmPacked gemm;
+  };
+  std::vector<Variant> variants;
+  for (const Variant v :
+       {Variant{Isa::kAvx2, &gemm_packed_avx2}, Variant{Isa::kAvx512, &gemm_packed_avx512}}) {
+    if (cpu_has(v.isa))
+      variants.push_back(v);
+    else
+      std::printf("  %s: not on this CPU, not run\n", std::string(isa_name(v.isa)).c_str());
+  }
+  if (variants.empty()) GTEST_SKIP() << "no AVX2 on this CPU";
   std::mt19937 rng(11);
   const int saved = omp_get_max_threads();
-  // (m, k, n): tiles of 6 rows and their remainders, a block of 256 rows and one past it; inputs
-  // in tails of 1..7 past a multiple of 8, one pass of 512 and a partial second; panels of 16,
-  // partial panels, a block of 8 panels and one past it.
+  // (m, k, n): tiles of 6 (AVX2) and 12 rows (AVX-512) and their remainders, a block of 256 rows
+  // and one past it; inputs in tails of 1..7 past a multiple of 8, one pass of 512 and a partial
+  // second; panels of 16 and 32 columns, partial panels, a block of 128 columns and one past it.
   struct Shape {
     int64_t m, k, n;
   };
   std::vector<Shape> shapes;
-  for (const int64_t m : {1, 5, 6, 7, 13})
+  for (const int64_t m : {1, 5, 6, 7, 12, 13, 25})
     for (const int64_t k : {1, 7, 8, 9, 32, 33, 100})
-      for (const int64_t n : {1, 15, 16, 17, 33}) shapes.push_back({m, k, n});
+      for (const int64_t n : {1, 15, 16, 17, 31, 32, 33, 65}) shapes.push_back({m, k, n});
   for (const Shape s : {Shape{257, 64, 40}, Shape{20, 520, 150}, Shape{70, 1030, 130},
                         Shape{300, 96, 300}, Shape{12, 2048, 256}})
     shapes.push_back(s);
-  for (const Kind kind : kKinds)
-    for (const Shape& s : shapes) {
-      const int64_t k = kind == Kind::kQ8 ? (s.k + kQ8Block - 1) / kQ8Block * kQ8Block : s.k;
-      const Weight w = make_weight(kind, s.n, k, rng);
-      const std::vector<float> x = rows_of_x(s.m, k, rng), b = biases(s.n, rng);
-      const float* bias = (s.m + s.n + k) % 2 == 0 ? b.data() : nullptr;
-      const int64_t ldy = s.n + 3;
-      std::vector<float> want(static_cast<size_t>(s.m * ldy), -1.f);
-      gemm_packed_scalar(x.data(), s.m, w.view(), bias, want.data(), ldy);
-      for (int threads = 1; threads <= 3; ++threads) {
-        omp_set_num_threads(threads);
-        std::vector<float> got(static_cast<size_t>(s.m * ldy), -1.f);
-        gemm_packed_avx2(x.data(), s.m, w.view(), bias, got.data(), ldy);
-        ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
-            << kind_name(kind) << ": m " << s.m << " k " << k << " n " << s.n << " threads "
-            << threads;
+  for (const Variant& v : variants)
+    for (const Kind kind : kKinds)
+      for (const Shape& s : shapes) {
+        const int64_t k = kind == Kind::kQ8 ? (s.k + kQ8Block - 1) / kQ8Block * kQ8Block : s.k;
+        const Weight w = make_weight(kind, s.n, k, rng);
+        const std::vector<float> x = rows_of_x(s.m, k, rng), b = biases(s.n, rng);
+        const float* bias = (s.m + s.n + k) % 2 == 0 ? b.data() : nullptr;
+        const int64_t ldy = s.n + 3;
+        std::vector<float> want(static_cast<size_t>(s.m * ldy), -1.f);
+        gemm_packed_scalar(x.data(), s.m, w.view(), bias, want.data(), ldy);
+        for (int threads = 1; threads <= 3; ++threads) {
+          omp_set_num_threads(threads);
+          std::vector<float> got(static_cast<size_t>(s.m * ldy), -1.f);
+          v.gemm(x.data(), s.m, w.view(), bias, got.data(), ldy);
+          ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
+              << isa_name(v.isa) << " " << kind_name(kind) << ": m " << s.m << " k " << k << " n "
+              << s.n << " threads " << threads;
+        }
       }
-    }
   omp_set_num_threads(saved);
 }
 
