@@ -23,8 +23,9 @@ namespace seqpar::model_simd {
 // them. Medians of the ratio over 9 alternating calls in one process (bench/linear_bench
 // --compare-packed 9, a 8192 x 2048 weight, one thread, an AMD EPYC Zen 3 core, AVX2): bf16 0.95-
 // 1.05x at 128 rows, 1.16-1.17x at 256, 1.02-1.08x at 512, 0.93-1.01x at 1024, 0.95-1.00x at
-// 2048; Q8_0 1.02, 1.13, 1.01, 0.96, 0.89; per-channel int8 1.03, 1.07, 1.01, 0.87, 0.93. Past
-// 512 rows x no longer stays in cache between blocks of columns; a prefetch of the next tile's
+// 2048; Q8_0 1.02, 1.13, 1.01, 0.96, 0.89; per-channel int8 1.03, 1.07, 1.01, 0.87, 0.93. The
+// AVX-512 variant on an Intel Xeon (5 calls each): bf16 1.15, 1.07, 1.05 and 1.01 at 128 to 1024.
+// Past 512 rows x no longer stays in cache between blocks of columns; a prefetch of the next tile's
 // rows recovered little in a stand-alone copy (0.93 -> 0.95 at 2048 rows; not kept).
 constexpr int64_t kPackedMaxRows = 512;  // (gemm_packed_path() names it)
 // The rows up to which linear() takes the packed product: kPackedMaxRows, unless set (0: never;
