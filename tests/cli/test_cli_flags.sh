@@ -195,7 +195,8 @@ py 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if d["guidance_b
 py 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if d["guidance_branches"] == 1 and d["meshes"] and all(m["cfg"] == 1 for m in d["meshes"]) else 1)' "$tmp/nocfg.json" && ok || bad "plan --no-guidance still has cfg 2 meshes"
 
 # plan --ranks-per-node: a ring of 8 over nodes of 2 crosses nodes (slower links) where one node
-# of 8 does not: its transfers are inter-node and its layer takes longer.
+# of 8 does not: its transfers are inter-node and its layer takes longer (the cost model's
+# predicted seconds, the same on every run: no clock is read).
 ring8="$wan --cfg 1 --tp 1 --ring-degree 8 --strategy ring --layout zigzag --top 1 --json"
 "$bin" $ring8 --ranks-per-node 8 >"$tmp/rpn8.json"; "$bin" $ring8 --ranks-per-node 2 >"$tmp/rpn2.json"
 py 'import json,sys

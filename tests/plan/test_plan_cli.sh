@@ -18,6 +18,7 @@ py "$tmp/wan.json" 'd["seq_len"] == 3645 and d["remainder"] == 5 and d["sequence
   && ok || bad "wan: seq_len/remainder"
 py "$tmp/wan.json" 'd["divisibility"]["padded_seq"] == 3648 and any(a["parameter"] == "frames" and a["value"] == 29 for a in d["divisibility"]["alternatives"])' \
   && ok || bad "wan: padding / alternatives"
+# (step_seconds: the cost model's prediction, the same on every run; no clock is read)
 py "$tmp/wan.json" 'len(d["meshes"]) > 0 and all(d["meshes"][i]["step_seconds"] <= d["meshes"][i+1]["step_seconds"] for i in range(len(d["meshes"])-1))' \
   && ok || bad "wan: meshes not ranked"
 py "$tmp/wan.json" 'all("reason" in r for r in d["rejected"]) and len(d["rejected"]) > 0' \

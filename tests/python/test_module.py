@@ -290,9 +290,8 @@ def test_stats_report_the_ring_bytes():
         assert st.bytes_recv == 2 * B * (S - part.count(r)) * HKV * D * 4
         assert st.bytes_sent == 2 * B * (S - part.count(1 - r)) * HKV * D * 4
         assert st.bytes_by_op["send_recv"] == (st.bytes_sent, st.bytes_recv)
-        # (st.seconds and st.exposed_comm_fraction are clock readings: their values are for the
-        # benchmarks, not judged here)
-        assert isinstance(st.exposed_comm_fraction, float) and isinstance(st.seconds, float)
+        # (its seconds and exposed-communication fraction are clock readings: for the benchmarks,
+        # not judged here)
         assert st.work > 0
 
 
