@@ -197,17 +197,16 @@ out=$(timeout "$limit" "$bin" run $small --json --trace /dev/full 2>/dev/null)
 # 7. MPI: a rank stopped outside communication is named by the rank whose collective times out
 # (it used to read as that healthy rank's own timeout). Rank 1 is stopped (SIGSTOP) mid-run.
 if [ -n "$mpiexec" ]; then
-  timeout -s KILL 90 "$mpiexec" --allow-run-as-root --oversubscribe \
+  SEQPAR_PROGRESS=1 timeout -s KILL 90 "$mpiexec" --allow-run-as-root --oversubscribe \
     --mca btl_vader_single_copy_mechanism none -np 2 \
     "$bin" run --backend mpi --strategy allgather --seq 2048 --heads 2 --head-dim 16 \
     --repeat 1000000 --warmup 0 --timeout 2 >"$tmp/mpi.out" 2>"$tmp/mpi.err" &
   launcher=$!
   victim=$(mpi_rank_pid $launcher 1)
   # Stop it once both ranks are past MPI_Init and inside the collectives (a rank stopped during
-  # MPI_Init hangs its peer in Open MPI, before any seqpar timeout): seconds under a sanitizer on
-  # a loaded machine.
-  sleep 4
-  if [ -n "$victim" ]; then
+  # MPI_Init hangs its peer in Open MPI, before any seqpar timeout): rank 0's first progress line
+  # comes after calls whose all-gathers rank 1 took part in.
+  if [ -n "$victim" ] && wait_for_line "$tmp/mpi.err" "^seqpar run: [0-9]+/" $launcher; then
     kill -STOP "$victim"
     wait_for_line "$tmp/mpi.err" "timeout after" $launcher
     kill -CONT "$victim"
