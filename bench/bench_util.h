@@ -183,10 +183,10 @@ class Gemm {
 };
 
 // One thread's sum of n 64-bit words, in the vectors of the kernels' ISA (kernel_isa()). The
-// loads' width sets the rate on Intel cores: the reorder buffer holds so many loads, and
-// 16-byte loads (the compiler's SSE2 without -m flags) keep a quarter of the cache lines in
-// flight that 64-byte ones do: a Xeon core read 11 GB/s so, 15.7 with AVX-512's loads
-// (docs/performance.md section 37). Four accumulators keep the loads independent.
+// loads' width sets the rate on a Xeon core: 11 GB/s with 16-byte loads (the compiler's SSE2
+// without -m flags), 15.7 with AVX-512's 64-byte ones (docs/performance.md section 37; likely
+// the loads a core holds in flight, four a cache line at 16 bytes). Four accumulators keep the
+// loads independent.
 __attribute__((target("avx512f"))) inline uint64_t sum_words_avx512(const uint64_t* p, int64_t n) {
   __m512i a = _mm512_setzero_si512(), b = a, c = a, d = a;
   int64_t i = 0;
