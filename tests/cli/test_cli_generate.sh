@@ -386,10 +386,18 @@ err=$("$bin" $(gen --model "$tmp/good" --prompt-ids 1 --output "$tmp/nodir/x.out
 [ $rc -eq 1 ] && printf '%s' "$err" | grep -q "the folder '$tmp/nodir' does not exist" && ok ||
   bad "--output in a missing folder: exit $rc: $err"
 mkdir -p "$tmp/killed"
-"$bin" $(gen --model "$tmp/good" --prompt-ids 1 --max-new-tokens 1000000 --allow-long-context \
-         --output "$tmp/killed/out.safetensors") >/dev/null 2>&1 &
+"$bin" generate --model "$tmp/good" --prompt-ids 1 --max-new-tokens 1000000 --allow-long-context \
+  --output "$tmp/killed/out.safetensors" >/dev/null 2>"$tmp/killed.err" &
 pid=$!
-sleep 1
+# Killed while it decodes (its prefill reported), with its output open if it opened it early;
+# at most 120 s of polls for the report, a guard against a run that never gives it.
+for _ in $(seq 1200); do
+  grep -q "^seqpar generate: prefill of" "$tmp/killed.err" && break
+  kill -0 $pid 2>/dev/null || break
+  sleep 0.1
+done
+grep -q "^seqpar generate: prefill of" "$tmp/killed.err" && ok ||
+  bad "the run to kill reported no prefill: $(head -3 "$tmp/killed.err")"
 kill -KILL $pid 2>/dev/null; wait $pid 2>/dev/null
 [ -z "$(ls -A "$tmp/killed")" ] && ok || bad "a killed run left: $(ls -A "$tmp/killed")"
 
