@@ -115,14 +115,16 @@ def test_ctrl_c_in_a_model_call(tmp_path):
 
 
 DAEMON_RANKS = """
-import sys, threading, time, numpy as np, seqpar
+import sys, threading, numpy as np, seqpar
 if len(sys.argv) > 1:  # the exit's stop left out: the crash this test guards against
     import atexit
     atexit.unregister(seqpar._core._stop_runs_at_exit)
+computing = threading.Event()
 def rank(comm):
     q = np.random.rand(1, 256, 2, 64).astype(np.float32)
     while True:
         seqpar.attention(q, q, q, comm=comm)
+        computing.set()
 def world():
     try:
         seqpar.ThreadWorld(4, threads=1).run(rank)
@@ -133,7 +135,7 @@ def world():
         except RuntimeError as e:
             print(e)
 threading.Thread(target=world, daemon=True).start()
-time.sleep(0.3)
+computing.wait()  # the interpreter exits once the ranks have run a call
 """
 
 
