@@ -389,14 +389,8 @@ mkdir -p "$tmp/killed"
 "$bin" generate --model "$tmp/good" --prompt-ids 1 --max-new-tokens 1000000 --allow-long-context \
   --output "$tmp/killed/out.safetensors" >/dev/null 2>"$tmp/killed.err" &
 pid=$!
-# Killed while it decodes (its prefill reported), with its output open if it opened it early;
-# at most 120 s of polls for the report, a guard against a run that never gives it.
-for _ in $(seq 1200); do
-  grep -q "^seqpar generate: prefill of" "$tmp/killed.err" && break
-  kill -0 $pid 2>/dev/null || break
-  sleep 0.1
-done
-grep -q "^seqpar generate: prefill of" "$tmp/killed.err" && ok ||
+# Killed while it decodes (its prefill reported), with its output open if it opened it early.
+wait_for_line "$tmp/killed.err" "^seqpar generate: prefill of" $pid && ok ||
   bad "the run to kill reported no prefill: $(head -3 "$tmp/killed.err")"
 kill -KILL $pid 2>/dev/null; wait $pid 2>/dev/null
 [ -z "$(ls -A "$tmp/killed")" ] && ok || bad "a killed run left: $(ls -A "$tmp/killed")"
